@@ -1,0 +1,212 @@
+"""The reference policy: a small decoder-only transformer with scanned layers and rotary positions.
+
+Public API (stable; the checkpoint/evaluator code builds on it):
+
+- ``ModelConfig`` (frozen dataclass): sizes, ``max_sequence_length`` (honest: positions are rotary,
+  there is no position table), ``param_scan_axis``.
+- ``init_params(cfg, rng) -> Params``: the *scanned* parameter pytree (a plain nested dict)::
+
+      {"embed":      {"embedding": (vocab, d_model)},
+       "layers":     {...every leaf stacked along axis ``cfg.param_scan_axis`` (= 1) ...},
+       "final_norm": {"scale": (d_model,)},
+       "lm_head":    {"kernel": (d_model, vocab)}}
+
+  Only the leaves under ``"layers"`` are stacked; every other leaf is per-model. The layer
+  axis is 1, as MaxText trains (``param_scan_axis: 1``): e.g. the query kernel of one layer is
+  ``(d_model, heads, head_dim)`` and stacked it is ``(d_model, num_layers, heads, head_dim)``;
+  a norm scale ``(d_model,)`` stacked is ``(d_model, num_layers)``.
+- ``apply_scanned(cfg, params, tokens) -> logits`` (training model, ``nn.scan`` over the layers).
+- ``apply_unscanned(cfg, outer_params, layer_params, tokens) -> logits`` (eval model): the same
+  function, taking the non-layer params and a sequence of per-layer trees.
+- ``unscan_params(params, axis=PARAM_SCAN_AXIS) -> (outer_params, [layer_0, layer_1, ...])``:
+  per-layer numpy *views* into the stacked arrays (no weight copy).
+- ``param_bytes(params) -> int``.
+
+``tokens`` are int32 ``(batch, length)`` without padding; logits are float32
+``(batch, length, vocab)``. Position ``t`` attends to positions ``<= t``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Params = dict[str, Any]
+
+# MaxText's default layout: the layer axis is the second axis of every stacked leaf.
+PARAM_SCAN_AXIS = 1
+LAYERS_KEY = "layers"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 16
+    d_model: int = 64
+    num_heads: int = 4
+    num_layers: int = 2
+    d_ff: int = 256
+    # Rotary positions work at any length; this is the configured limit, checked on input.
+    max_sequence_length: int = 65536
+    rope_base: float = 10_000.0
+    param_scan_axis: int = PARAM_SCAN_AXIS
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"ModelConfig: d_model={self.d_model} is not divisible by "
+                f"num_heads={self.num_heads}"
+            )
+        if (self.d_model // self.num_heads) % 2:
+            raise ValueError("ModelConfig: head_dim must be even for rotary embeddings")
+        if self.num_layers < 1:
+            raise ValueError(f"ModelConfig: num_layers={self.num_layers} must be >= 1")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+def _rotary(x: jax.Array, base: float) -> jax.Array:
+    """Rotate (batch, length, heads, head_dim) by position (rotate-half convention)."""
+    length, head_dim = x.shape[1], x.shape[-1]
+    half = head_dim // 2
+    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = jnp.arange(length, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    sin = jnp.sin(angles)[None, :, None, :]
+    cos = jnp.cos(angles)[None, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block. ``(carry, _) -> (carry, None)`` so ``nn.scan`` can stack it."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array, _: Any = None) -> tuple[jax.Array, None]:
+        cfg = self.cfg
+        h = nn.RMSNorm(name="attn_norm")(x)
+        proj = {
+            name: nn.DenseGeneral((cfg.num_heads, cfg.head_dim), use_bias=False, name=name)(h)
+            for name in ("query", "key", "value")
+        }
+        q = _rotary(proj["query"], cfg.rope_base)
+        k = _rotary(proj["key"], cfg.rope_base)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(cfg.head_dim))
+        length = x.shape[1]
+        causal = jnp.tril(jnp.ones((length, length), dtype=bool))
+        scores = jnp.where(causal[None, None], scores, jnp.finfo(jnp.float32).min)
+        attn = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), proj["value"])
+        x = x + nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, name="out")(attn)
+        h = nn.RMSNorm(name="mlp_norm")(x)
+        h = nn.gelu(nn.Dense(cfg.d_ff, use_bias=False, name="mlp_in")(h))
+        x = x + nn.Dense(cfg.d_model, use_bias=False, name="mlp_out")(h)
+        return x, None
+
+
+def _embed(cfg: ModelConfig) -> nn.Embed:
+    return nn.Embed(cfg.vocab_size, cfg.d_model, name="embed")
+
+
+def _final_norm() -> nn.RMSNorm:
+    return nn.RMSNorm(name="final_norm")
+
+
+def _lm_head(cfg: ModelConfig) -> nn.Dense:
+    return nn.Dense(cfg.vocab_size, use_bias=False, name="lm_head")
+
+
+class ScannedTransformer(nn.Module):
+    """Training model: one ``Block`` definition scanned ``num_layers`` times."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        x = _embed(cfg)(tokens)
+        layers = nn.scan(
+            Block,
+            variable_axes={"params": cfg.param_scan_axis},
+            split_rngs={"params": True},
+            length=cfg.num_layers,
+        )(cfg, name=LAYERS_KEY)
+        x, _ = layers(x, None)
+        return _lm_head(cfg)(_final_norm()(x)).astype(jnp.float32)
+
+
+def _check_tokens(cfg: ModelConfig, tokens: jax.Array) -> None:
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be (batch, length), got shape {tokens.shape}")
+    if tokens.shape[1] > cfg.max_sequence_length:
+        raise ValueError(
+            f"sequence length {tokens.shape[1]} exceeds max_sequence_length "
+            f"{cfg.max_sequence_length}"
+        )
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
+    """Scanned parameters (layer leaves stacked along ``cfg.param_scan_axis``)."""
+    dummy = jnp.zeros((1, 4), dtype=jnp.int32)
+    variables = ScannedTransformer(cfg).init(rng, dummy)
+    return jax.tree.map(jnp.asarray, dict(variables["params"]))
+
+
+def apply_scanned(cfg: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
+    _check_tokens(cfg, tokens)
+    return ScannedTransformer(cfg).apply({"params": params}, tokens)
+
+
+def apply_unscanned(
+    cfg: ModelConfig,
+    outer_params: Mapping[str, Any],
+    layer_params: Sequence[Mapping[str, Any]],
+    tokens: jax.Array,
+) -> jax.Array:
+    """Eval model: the scanned model's function, applying each layer from its own tree."""
+    _check_tokens(cfg, tokens)
+    if len(layer_params) != cfg.num_layers:
+        raise ValueError(
+            f"apply_unscanned: got {len(layer_params)} layer trees, config has "
+            f"num_layers={cfg.num_layers}"
+        )
+    x = _embed(cfg).apply({"params": outer_params["embed"]}, tokens)
+    block = Block(cfg)
+    for layer in layer_params:
+        x, _ = block.apply({"params": layer}, x)
+    x = _final_norm().apply({"params": outer_params["final_norm"]}, x)
+    return _lm_head(cfg).apply({"params": outer_params["lm_head"]}, x).astype(jnp.float32)
+
+
+def unscan_params(
+    params: Mapping[str, Any], axis: int = PARAM_SCAN_AXIS
+) -> tuple[dict[str, Any], list[Any]]:
+    """Split scanned params into (non-layer params, per-layer trees) without copying weights.
+
+    Each per-layer leaf is a numpy view (basic indexing along ``axis``) into the stacked
+    array, so the stacked buffer is shared, not duplicated. Inputs that are JAX arrays are
+    first turned into numpy with ``np.asarray`` (zero-copy for host-resident arrays).
+    """
+    if LAYERS_KEY not in params:
+        raise KeyError(f"unscan_params: params have no {LAYERS_KEY!r} subtree")
+    stacked = jax.tree.map(np.asarray, params[LAYERS_KEY])
+    leaves = jax.tree.leaves(stacked)
+    sizes = {leaf.shape[axis] for leaf in leaves}
+    if len(sizes) != 1:
+        raise ValueError(f"unscan_params: stacked leaves disagree on the layer axis size: {sizes}")
+    (num_layers,) = sizes
+    index = (slice(None),) * axis
+    layers = [jax.tree.map(lambda a, i=i: a[(*index, i)], stacked) for i in range(num_layers)]
+    outer = {key: value for key, value in params.items() if key != LAYERS_KEY}
+    return outer, layers
+
+
+def param_bytes(params: Any) -> int:
+    return sum(int(np.asarray(leaf).nbytes) for leaf in jax.tree.leaves(params))
