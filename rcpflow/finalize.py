@@ -1,0 +1,189 @@
+"""Finalize: the single writer of the eval section of a run's MLLOG.
+
+It keeps the training section byte for byte, drops whatever eval section an earlier finalize
+wrote, walks the manifest rows by step and, for each row with a valid summary, appends
+``eval_start``, ``tracked_stats``, ``eval_accuracy`` and ``eval_stop``. The first step strictly
+above the target ends the run with ``run_stop status=success`` backdated to that checkpoint's
+weight update; if every step up to ``max_steps`` was evaluated and none passed, ``aborted``.
+Anything else (a gap, a missing or invalid summary, training stopped early) is ``incomplete``
+and gets no ``run_stop``: a terminal event is never fabricated. Invalid input (a manifest or
+summary that cannot be read, a log that does not match) raises and leaves the log untouched.
+The write is atomic, and the same inputs always give the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rcpflow.gate import passes
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import Manifest, ManifestError, load
+from rcpflow.mllog import EVAL_SECTION_KEYS, MLLOG_PREFIX, EventRenderer, MLLogError, parse
+from rcpflow.storage import storage_for
+from rcpflow.summary import EvalSummary, SummaryError, read_summary, summary_problems
+
+Status = Literal["success", "aborted", "incomplete"]
+
+
+class FinalizeInputError(ValueError):
+    """The run's files cannot be finalized as they are; nothing was written."""
+
+
+@dataclass(frozen=True)
+class FinalizeResult:
+    status: Status
+    log_path: str
+    reason: str
+    step: int | None = None
+    samples_count: int | None = None
+    time_ms: int | None = None
+    evaluated_steps: tuple[int, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def verdict(self) -> dict[str, object]:
+        """The CLI's last line: status, plus step/samples_count/time_ms when the run ended."""
+        d: dict[str, object] = {"status": self.status}
+        if self.status != "incomplete":
+            d.update(step=self.step, samples_count=self.samples_count, time_ms=self.time_ms)
+        return d
+
+
+def _is_eval_section_line(line: str) -> bool:
+    pos = line.find(MLLOG_PREFIX)
+    if pos < 0:
+        return False
+    return parse(line)[0].key in EVAL_SECTION_KEYS
+
+
+def _training_section(text: str, log_path: str) -> str:
+    """The log without any eval-section event; every other line kept byte for byte."""
+    try:
+        events = parse(text, where=log_path)
+    except MLLogError as e:
+        raise FinalizeInputError(str(e)) from e
+    if not any(e.key == "run_start" for e in events):
+        raise FinalizeInputError(f"{log_path}: no run_start (training never started?)")
+    kept = [line for line in text.splitlines(keepends=True) if not _is_eval_section_line(line)]
+    section = "".join(kept)
+    return section if section.endswith("\n") or not section else section + "\n"
+
+
+def _check_log_matches(training: str, manifest: Manifest, log_path: str) -> None:
+    if not manifest.rows:
+        return
+    row = manifest.rows[0]
+    events = {e.key: e for e in parse(training, where=log_path)}
+    for key, want in (
+        ("global_batch_size", row.global_batch_size),
+        ("seed", row.seed),
+        ("max_steps", row.max_steps),
+    ):
+        if key in events and events[key].value != want:
+            raise FinalizeInputError(
+                f"{log_path}: {key} {events[key].value!r} does not match the manifest's {want!r}"
+            )
+
+
+def _eval_events(renderer: EventRenderer, step: int, samples: int, s: EvalSummary) -> list[str]:
+    meta = {"step": step, "samples_count": samples}
+    return [
+        renderer.render("start", "eval_start", None, meta, s.eval_start_ms),
+        renderer.render(
+            "event",
+            "tracked_stats",
+            {"validation_time": s.validation_time_s},
+            {"step": step},
+            s.eval_stop_ms,
+        ),
+        renderer.render("event", "eval_accuracy", s.eval_accuracy, meta, s.eval_stop_ms),
+        renderer.render("end", "eval_stop", None, meta, s.eval_stop_ms),
+    ]
+
+
+def finalize(run_dir: str) -> FinalizeResult:
+    layout = RunLayout(run_dir)
+    try:
+        manifest = load(layout.manifest)
+    except ManifestError as e:
+        raise FinalizeInputError(str(e)) from e
+    if not manifest.rows:
+        raise FinalizeInputError(f"{layout.manifest}: no checkpoint rows to evaluate")
+    log_path = manifest.rows[0].mllog_file
+    storage = storage_for(log_path)
+    try:
+        original = storage.read_text(log_path)
+    except FileNotFoundError as e:
+        raise FinalizeInputError(f"{log_path}: MLLOG not found (manifest's mllog_file)") from e
+    training = _training_section(original, log_path)
+    _check_log_matches(training, manifest, log_path)
+
+    renderer = EventRenderer()
+    lines: list[str] = []
+    evaluated: list[int] = []
+    status: Status = "incomplete"
+    reason = ""
+    end_row = None
+    for row in manifest.rows:
+        path = layout.summary(row.step)
+        if not storage_for(path).exists(path):
+            reason = f"step {row.step}: no eval summary at {path}"
+            break
+        try:
+            summary = read_summary(path)
+        except SummaryError as e:
+            raise FinalizeInputError(f"step {row.step}: {e}") from e
+        problems = summary_problems(summary, row)
+        if problems:
+            reason = f"step {row.step}: summary not valid: {'; '.join(problems)}"
+            break
+        lines += _eval_events(renderer, row.step, row.samples_count, summary)
+        evaluated.append(row.step)
+        if passes(summary, row):
+            status, end_row = "success", row
+            reason = (
+                f"step {row.step}: eval_accuracy {summary.eval_accuracy:.4f} > target "
+                f"{row.target_accuracy}"
+            )
+            break
+    else:
+        last = manifest.rows[-1]
+        if last.step == last.max_steps:
+            status, end_row = "aborted", last
+            reason = f"all steps up to max_steps {last.max_steps} evaluated; none above target"
+        else:
+            reason = (
+                f"step {last.step}: training stopped before max_steps {last.max_steps} "
+                "and no checkpoint passed"
+            )
+    if end_row is not None:
+        lines.append(
+            renderer.render(
+                "end",
+                "run_stop",
+                None,
+                {"status": status, "samples_count": end_row.samples_count},
+                end_row.timestamp_ms,
+            )
+        )
+    new_text = training + "".join(line + "\n" for line in lines)
+    if new_text != original:
+
+        def replace(current: bytes | None) -> bytes:
+            # Conditional on the log being what we read: a concurrent writer makes us fail
+            # loudly instead of dropping its lines.
+            if current is None or current.decode() != original:
+                raise FinalizeInputError(f"{log_path}: changed while finalizing; run it again")
+            return new_text.encode()
+
+        storage.update(log_path, replace)
+    return FinalizeResult(
+        status=status,
+        log_path=log_path,
+        reason=reason,
+        step=end_row.step if end_row else None,
+        samples_count=end_row.samples_count if end_row else None,
+        time_ms=end_row.timestamp_ms if end_row else None,
+        evaluated_steps=tuple(evaluated),
+        warnings=manifest.warnings,
+    )

@@ -1,0 +1,249 @@
+"""The manifest of saved checkpoints: ``mllog/eval_checkpoints.jsonl``, one JSON row per step.
+
+The trainer upserts a row once a checkpoint is fully written; the evaluation side loads and
+validates the whole file before trusting any row. Validation errors name ``line N`` (a line that
+is not a row) or ``step N`` (a row that breaks the contract).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rcpflow.layout import dirname, resolve
+from rcpflow.mllog import MLLogError, read_events, run_start_ms
+from rcpflow.storage import storage_for
+
+log = logging.getLogger(__name__)
+
+
+class ManifestError(ValueError):
+    """The manifest breaks the contract; the message names the line or step."""
+
+
+_INT_FIELDS = (
+    "step",
+    "timestamp_ms",
+    "samples_count",
+    "global_batch_size",
+    "batch_size",
+    "num_generations",
+    "val_start_at",
+    "max_steps",
+    "seed",
+)
+# Every row of one run must agree on these.
+_RUN_FIELDS = (
+    "global_batch_size",
+    "batch_size",
+    "num_generations",
+    "val_start_at",
+    "max_steps",
+    "target_accuracy",
+    "seed",
+    "mllog_file",
+)
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    """One saved checkpoint. `batch_size` is prompts per step (gbs / num_generations)."""
+
+    step: int
+    checkpoint_path: str
+    timestamp_ms: int
+    samples_count: int
+    global_batch_size: int
+    batch_size: int
+    num_generations: int
+    val_start_at: int
+    max_steps: int
+    target_accuracy: float
+    seed: int
+    mllog_file: str
+    weights_fingerprint: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> ManifestRow:
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: a row must be a JSON object, got {type(d).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ManifestError(f"{where}: unknown field(s) {', '.join(unknown)}")
+        missing = sorted(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in d and f.default is dataclasses.MISSING
+        )
+        if missing:
+            raise ManifestError(f"{where}: missing field(s) {', '.join(missing)}")
+        for name in _INT_FIELDS:
+            if isinstance(d[name], bool) or not isinstance(d[name], int):
+                raise ManifestError(f"{where}: {name} must be an integer, got {d[name]!r}")
+        for name in ("checkpoint_path", "mllog_file"):
+            if not isinstance(d[name], str) or not d[name]:
+                raise ManifestError(f"{where}: {name} must be a non-empty string")
+        target = d["target_accuracy"]
+        if isinstance(target, bool) or not isinstance(target, int | float) or not 0 <= target <= 1:
+            raise ManifestError(f"{where}: target_accuracy must be a number in [0, 1]")
+        fp = d.get("weights_fingerprint")
+        if fp is not None and not isinstance(fp, str):
+            raise ManifestError(f"{where}: weights_fingerprint must be a string or null")
+        return cls(**{**d, "target_accuracy": float(target)})
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Validated rows sorted by step, with paths resolved against the manifest's folder."""
+
+    path: str
+    rows: tuple[ManifestRow, ...]
+    stale_steps: tuple[int, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def row(self, step: int) -> ManifestRow:
+        for r in self.rows:
+            if r.step == step:
+                return r
+        raise ManifestError(f"step {step}: not in manifest {self.path}")
+
+
+def parse_rows(text: str, where: str) -> list[ManifestRow]:
+    """Rows in file order; a line that is not a row raises naming ``line N``."""
+    rows = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ManifestError(f"{where}: line {line_no}: not JSON ({e.msg})") from e
+        rows.append(ManifestRow.from_dict(d, where=f"{where}: line {line_no}"))
+    return rows
+
+
+def render_rows(rows: Sequence[ManifestRow]) -> bytes:
+    return "".join(r.to_json() + "\n" for r in sorted(rows, key=lambda r: r.step)).encode()
+
+
+def upsert(manifest_path: str, row: ManifestRow) -> None:
+    """Insert or replace the row of ``row.step``, keeping the file sorted by step.
+
+    Safe against a concurrent upsert (the storage's conditional update re-reads and retries).
+    """
+
+    def merge(old: bytes | None) -> bytes:
+        rows = parse_rows(old.decode(), manifest_path) if old else []
+        return render_rows([r for r in rows if r.step != row.step] + [row])
+
+    storage_for(manifest_path).update(manifest_path, merge)
+
+
+def _resolved(row: ManifestRow, base: str) -> ManifestRow:
+    return dataclasses.replace(
+        row,
+        checkpoint_path=resolve(base, row.checkpoint_path),
+        mllog_file=resolve(base, row.mllog_file),
+    )
+
+
+def validate_rows(rows: Sequence[ManifestRow], where: str) -> None:
+    """Contract checks on rows already free of stale ones; raises naming the step."""
+    by_step: dict[int, ManifestRow] = {}
+    for r in rows:
+        if r.step in by_step:
+            raise ManifestError(f"{where}: step {r.step}: appears more than once")
+        by_step[r.step] = r
+    ordered = sorted(rows, key=lambda r: r.step)
+    if not ordered:
+        return
+    first = ordered[0]
+    for r in ordered:
+        for name in _RUN_FIELDS:
+            if getattr(r, name) != getattr(first, name):
+                raise ManifestError(
+                    f"{where}: step {r.step}: {name} {getattr(r, name)!r} differs from "
+                    f"{getattr(first, name)!r} (step {first.step})"
+                )
+        if r.samples_count != r.step * r.global_batch_size:
+            raise ManifestError(
+                f"{where}: step {r.step}: samples_count {r.samples_count} != step * "
+                f"global_batch_size = {r.step * r.global_batch_size}"
+            )
+        if r.batch_size * r.num_generations != r.global_batch_size:
+            raise ManifestError(
+                f"{where}: step {r.step}: batch_size {r.batch_size} x num_generations "
+                f"{r.num_generations} != global_batch_size {r.global_batch_size}"
+            )
+        if r.step > r.max_steps:
+            raise ManifestError(f"{where}: step {r.step}: beyond max_steps {r.max_steps}")
+    if first.step != first.val_start_at:
+        raise ManifestError(
+            f"{where}: step {first.step}: first checkpoint must be the validation start step "
+            f"{first.val_start_at}"
+        )
+    for prev, r in zip(ordered, ordered[1:], strict=False):
+        if r.step != prev.step + 1:
+            raise ManifestError(
+                f"{where}: step {r.step}: gap after step {prev.step} (steps must be contiguous)"
+            )
+        if r.timestamp_ms <= prev.timestamp_ms:
+            raise ManifestError(
+                f"{where}: step {r.step}: timestamp_ms {r.timestamp_ms} is not after step "
+                f"{prev.step}'s {prev.timestamp_ms}"
+            )
+
+
+def load(manifest_path: str, mllog_path: str | None = None) -> Manifest:
+    """Read and validate a manifest.
+
+    Rows older than the MLLOG's ``run_start`` come from an earlier attempt: they are dropped
+    with a warning. The MLLOG is `mllog_path`, else the rows' ``mllog_file``; if neither can be
+    read the stale check is skipped with a warning.
+    """
+    storage = storage_for(manifest_path)
+    try:
+        text = storage.read_text(manifest_path)
+    except FileNotFoundError as e:
+        raise ManifestError(f"{manifest_path}: no manifest (no checkpoint was recorded)") from e
+    base = dirname(manifest_path)
+    rows = [_resolved(r, base) for r in parse_rows(text, manifest_path)]
+    warnings: list[str] = []
+    log_path = mllog_path or (rows[0].mllog_file if rows else None)
+    stale: list[int] = []
+    if log_path is not None:
+        try:
+            start = run_start_ms(read_events(log_path))
+        except FileNotFoundError:
+            start = None
+            warnings.append(f"MLLOG {log_path} not found: stale rows not checked")
+        except MLLogError as e:
+            raise ManifestError(str(e)) from e
+        if start is None and not warnings:
+            warnings.append(f"MLLOG {log_path} has no run_start: stale rows not checked")
+        if start is not None:
+            for r in rows:
+                if r.timestamp_ms < start:
+                    stale.append(r.step)
+                    warnings.append(
+                        f"step {r.step}: timestamp_ms {r.timestamp_ms} is older than run_start "
+                        f"{start} (an earlier attempt); dropped"
+                    )
+            rows = [r for r in rows if r.step not in stale]
+    for w in warnings:
+        log.warning("%s: %s", manifest_path, w)
+    validate_rows(rows, manifest_path)
+    return Manifest(
+        path=manifest_path,
+        rows=tuple(sorted(rows, key=lambda r: r.step)),
+        stale_steps=tuple(stale),
+        warnings=tuple(warnings),
+    )

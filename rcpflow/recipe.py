@@ -1,0 +1,152 @@
+"""The `qwen35_397b_grpo` recipe of MLPerf Training 6.1.0, as data the trainer logs from.
+
+The numbers mirror the official checker files in mlperf-logging
+(`compliance_checker/training_6.1.0/{closed,open}_qwen35_397b_grpo.yaml`), which is what a log is
+judged against; where the benchmark's plan and the checker differ (target `>=` vs `>`), the
+checker wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+BENCHMARK = "qwen35_397b_grpo"
+RULESET = "6.1.0"
+TARGET_ACCURACY = 0.69
+EVAL_SAMPLES = 251
+GENERATIONS_PER_PROMPT = 16
+MAX_SEQUENCE_LENGTH = 65536
+INIT_CHECKPOINT_STEP = 0
+PASS_K = 4
+EVAL_ATTEMPTS_PER_INSTANCE = PASS_K
+TRAIN_TEMPERATURE = 1.0
+TRAIN_TOP_P = 1.0
+EVAL_TEMPERATURE = 0.1
+EVAL_TOP_P = 0.95
+OPTIMIZER = "adamw"
+ADAM_BETA_1 = 0.9
+ADAM_BETA_2 = 0.999
+ADAM_EPSILON = 1e-8
+WEIGHT_DECAY = 0.0
+WARMUP_STEPS = 0
+LR_SCHEDULE = "constant"
+REFERENCE_BATCH_SIZE = 256
+
+Division = Literal["closed", "open"]
+DIVISIONS: tuple[str, ...] = ("closed", "open")
+
+
+def check_global_batch_size(global_batch_size: int) -> int:
+    """Return `global_batch_size` if it is a positive multiple of the 16 generations per prompt."""
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
+        raise ValueError(f"global_batch_size must be an integer, got {global_batch_size!r}")
+    if global_batch_size <= 0 or global_batch_size % GENERATIONS_PER_PROMPT:
+        raise ValueError(
+            f"global_batch_size must be a positive multiple of {GENERATIONS_PER_PROMPT} "
+            f"(prompts x {GENERATIONS_PER_PROMPT} generations), got {global_batch_size}"
+        )
+    return global_batch_size
+
+
+def val_start_at(global_batch_size: int, override: int | None = None) -> int:
+    """First step whose checkpoint is evaluated: ``ceil(2.5 + 3840/gbs)``, or `override` if > 0."""
+    if override is not None and override > 0:
+        return int(override)
+    if global_batch_size <= 0:
+        raise ValueError(f"global_batch_size must be positive, got {global_batch_size}")
+    return math.ceil(2.5 + 3840 / global_batch_size)
+
+
+def closed_learning_rate(global_batch_size: int) -> float:
+    return 1e-6 * (global_batch_size / REFERENCE_BATCH_SIZE) ** 0.5
+
+
+def closed_gradient_clip_norm(global_batch_size: int) -> float:
+    return 0.125 * (REFERENCE_BATCH_SIZE / global_batch_size) ** 0.5
+
+
+@dataclass(frozen=True)
+class Hyperparameters:
+    """Everything the training section of the MLLOG states about the optimisation."""
+
+    division: Division
+    global_batch_size: int
+    num_prompts_per_step: int
+    num_generations_per_prompt: int
+    learning_rate: float
+    gradient_clip_norm: float
+    adam_beta_1: float
+    adam_beta_2: float
+    adam_epsilon: float
+    weight_decay: float
+    warmup_steps: int
+    lr_schedule: str
+    train_temperature: float
+    train_top_p: float
+    eval_temperature: float
+    eval_top_p: float
+    max_sequence_length: int
+    eval_samples: int
+    init_checkpoint_step: int
+    max_steps: int
+
+
+def hyperparameters(
+    division: Division,
+    global_batch_size: int,
+    max_steps: int,
+    learning_rate: float | None = None,
+    gradient_clip_norm: float | None = None,
+) -> Hyperparameters:
+    """The hyperparameters for a division.
+
+    Closed division is the recipe exactly: an override that differs from it is refused rather
+    than silently logged as something the checker would reject. Open division may choose its
+    own learning rate and clip norm; the rest is pinned or kept at the recipe's values.
+    """
+    if division not in DIVISIONS:
+        raise ValueError(f"division must be one of {DIVISIONS}, got {division!r}")
+    check_global_batch_size(global_batch_size)
+    if max_steps <= 0:
+        raise ValueError(f"max_steps must be positive, got {max_steps}")
+    lr = closed_learning_rate(global_batch_size)
+    clip = closed_gradient_clip_norm(global_batch_size)
+    if division == "closed":
+        for name, given, pinned in (
+            ("learning_rate", learning_rate, lr),
+            ("gradient_clip_norm", gradient_clip_norm, clip),
+        ):
+            if given is not None and abs(given - pinned) > 1e-12:
+                raise ValueError(
+                    f"closed division pins {name} to {pinned!r} at global_batch_size "
+                    f"{global_batch_size}; got {given!r} (use division 'open' to change it)"
+                )
+    else:
+        lr = lr if learning_rate is None else float(learning_rate)
+        clip = clip if gradient_clip_norm is None else float(gradient_clip_norm)
+        if lr <= 0 or clip <= 0:
+            raise ValueError("learning_rate and gradient_clip_norm must be positive")
+    return Hyperparameters(
+        division=division,
+        global_batch_size=global_batch_size,
+        num_prompts_per_step=global_batch_size // GENERATIONS_PER_PROMPT,
+        num_generations_per_prompt=GENERATIONS_PER_PROMPT,
+        learning_rate=lr,
+        gradient_clip_norm=clip,
+        adam_beta_1=ADAM_BETA_1,
+        adam_beta_2=ADAM_BETA_2,
+        adam_epsilon=ADAM_EPSILON,
+        weight_decay=WEIGHT_DECAY,
+        warmup_steps=WARMUP_STEPS,
+        lr_schedule=LR_SCHEDULE,
+        train_temperature=TRAIN_TEMPERATURE,
+        train_top_p=TRAIN_TOP_P,
+        eval_temperature=EVAL_TEMPERATURE,
+        eval_top_p=EVAL_TOP_P,
+        max_sequence_length=MAX_SEQUENCE_LENGTH,
+        eval_samples=EVAL_SAMPLES,
+        init_checkpoint_step=INIT_CHECKPOINT_STEP,
+        max_steps=max_steps,
+    )

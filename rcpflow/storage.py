@@ -1,0 +1,213 @@
+"""Read, list and atomically write the small files of a run, on a local disk or on GCS.
+
+One interface for both so that the manifest and the MLLOG have one code path. Writes are atomic
+(a reader never sees half a file) and `update` is a read-modify-write that is safe against a
+concurrent writer: a lock plus rename locally, a generation precondition with retries on GCS.
+Checkpoints are not written here (Orbax/tensorstore do that); only the files the contract owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from functools import lru_cache
+
+from rcpflow.layout import is_gcs
+
+Updater = Callable[[bytes | None], bytes]
+
+
+class StorageError(Exception):
+    """A storage operation failed for a reason the caller cannot fix by retrying."""
+
+
+class Storage(ABC):
+    @abstractmethod
+    def read_bytes(self, path: str) -> bytes:
+        """The content of `path`; FileNotFoundError if it does not exist."""
+
+    def read_text(self, path: str) -> str:
+        return self.read_bytes(path).decode("utf-8")
+
+    @abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[str]:
+        """Full paths of the files under `prefix` (recursively), sorted."""
+
+    @abstractmethod
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace `path` with `data` so that a reader sees the old or the new file, never a mix."""
+
+    @abstractmethod
+    def update(self, path: str, fn: Updater) -> bytes:
+        """Replace `path` with ``fn(old)`` (old is None if absent) without losing a concurrent
+        update; `fn` may be called more than once. Returns what was written."""
+
+    @abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove `path` if it exists."""
+
+
+class LocalStorage(Storage):
+    def read_bytes(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def list(self, prefix: str) -> list[str]:
+        if os.path.isfile(prefix):
+            return [prefix]
+        found = []
+        for dirpath, _, files in os.walk(prefix):
+            # Dot files are our own lock and temp files (see `_locked`, `write_atomic`).
+            found.extend(os.path.join(dirpath, f) for f in files if not f.startswith("."))
+        return sorted(found)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    @contextlib.contextmanager
+    def _locked(self, path: str) -> Iterator[None]:
+        # A sidecar lock file: the data file itself is replaced by rename, so locking it would
+        # lock an inode that the next writer no longer sees.
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        lock_path = os.path.join(directory, f".{os.path.basename(path)}.lock")
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def update(self, path: str, fn: Updater) -> bytes:
+        with self._locked(path):
+            old = self.read_bytes(path) if os.path.exists(path) else None
+            new = fn(old)
+            self.write_atomic(path, new)
+            return new
+
+    def delete(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def split_gcs(path: str) -> tuple[str, str]:
+    """``gs://bucket/a/b`` -> (``bucket``, ``a/b``)."""
+    if not is_gcs(path):
+        raise ValueError(f"not a gs:// path: {path!r}")
+    bucket, _, name = path[len("gs://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"gs:// path without a bucket: {path!r}")
+    return bucket, name
+
+
+class GCSStorage(Storage):
+    """google-cloud-storage; honours ``STORAGE_EMULATOR_HOST`` (the client does)."""
+
+    def __init__(self, max_attempts: int = 20, backoff_s: float = 0.05) -> None:
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+
+    @property
+    def client(self):  # noqa: ANN201 - google.cloud.storage.Client, imported lazily
+        return _gcs_client(os.environ.get("STORAGE_EMULATOR_HOST", ""))
+
+    def _blob(self, path: str):  # noqa: ANN202
+        bucket, name = split_gcs(path)
+        return self.client.bucket(bucket).blob(name)
+
+    def read_bytes(self, path: str) -> bytes:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return self._blob(path).download_as_bytes()
+        except NotFound as e:
+            raise FileNotFoundError(path) from e
+
+    def exists(self, path: str) -> bool:
+        return self._blob(path).exists()
+
+    def list(self, prefix: str) -> list[str]:
+        bucket, name = split_gcs(prefix)
+        folder = name.rstrip("/")
+        # Folder semantics, as on a local disk: listing gs://b/run must not return gs://b/run2/x.
+        return sorted(
+            f"gs://{bucket}/{b.name}"
+            for b in self.client.list_blobs(bucket, prefix=folder)
+            if not folder or b.name == folder or b.name.startswith(folder + "/")
+        )
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        # A GCS object upload is atomic: readers see the old or the new generation.
+        self._blob(path).upload_from_string(data)
+
+    def update(self, path: str, fn: Updater) -> bytes:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        for attempt in range(self.max_attempts):
+            blob = self._blob(path)
+            try:
+                blob.reload()
+                generation = blob.generation
+                old: bytes | None = blob.download_as_bytes(if_generation_match=generation)
+            except NotFound:
+                generation, old = 0, None  # 0: succeed only if the object still does not exist
+            except PreconditionFailed:
+                continue
+            new = fn(old)
+            try:
+                blob.upload_from_string(new, if_generation_match=generation)
+                return new
+            except PreconditionFailed:
+                time.sleep(self.backoff_s * (attempt + 1))
+        raise StorageError(
+            f"{path}: gave up after {self.max_attempts} conflicting concurrent updates"
+        )
+
+    def delete(self, path: str) -> None:
+        from google.api_core.exceptions import NotFound
+
+        with contextlib.suppress(NotFound):
+            self._blob(path).delete()
+
+
+@lru_cache(maxsize=4)
+def _gcs_client(emulator_host: str):  # noqa: ANN202
+    from google.cloud import storage
+
+    if emulator_host:
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(project="emulator", credentials=AnonymousCredentials())
+    return storage.Client()
+
+
+_LOCAL = LocalStorage()
+_GCS = GCSStorage()
+
+
+def storage_for(path: str) -> Storage:
+    """The storage that holds `path`."""
+    return _GCS if is_gcs(path) else _LOCAL
