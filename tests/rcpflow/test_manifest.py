@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,7 +25,7 @@ def test_valid_manifest_resolves_paths(tmp_path):
 def test_upsert_replaces_and_keeps_sorted(tmp_path):
     run = make_run(str(tmp_path), max_steps=20)
     upsert(run.layout.manifest, dataclasses.replace(run.row(19), weights_fingerprint="abc"))
-    rows = parse_rows(open(run.layout.manifest).read(), "m")
+    rows = parse_rows(Path(run.layout.manifest).read_text(), "m")
     assert [r.step for r in rows] == [18, 19, 20]
     assert rows[1].weights_fingerprint == "abc"
 
