@@ -64,8 +64,7 @@ class EventRenderer:
         logger.propagate = False
         self._capture = _Capture()
         logger.addHandler(self._capture)
-        # stack_offset 2: the call site recorded in metadata is our caller's, not this module.
-        self._mllogger = mllog.MLLogger(logger=logger, default_stack_offset=2, root_dir=_ROOT_DIR)
+        self._mllogger = mllog.MLLogger(logger=logger, root_dir=_ROOT_DIR)
 
     def render(
         self,
@@ -74,7 +73,10 @@ class EventRenderer:
         value: Any = None,
         metadata: Mapping[str, Any] | None = None,
         time_ms: int | None = None,
+        caller_depth: int = 1,
     ) -> str:
+        """One MLLOG line. The metadata's call site is `caller_depth` frames above this method
+        (1: whoever called render), so it never depends on who called *that* code."""
         method = {
             "event": self._mllogger.event,
             "start": self._mllogger.start,
@@ -86,7 +88,7 @@ class EventRenderer:
             value=value,
             metadata=dict(metadata) if metadata else None,
             time_ms=time_ms,
-            stack_offset=3,
+            stack_offset=1 + caller_depth,
         )
         lines = [line for line in self._capture.lines if line.startswith(MLLOG_PREFIX)]
         if len(lines) != 1:
@@ -186,7 +188,8 @@ class TrainingLog:
     ) -> None:
         if key in EVAL_SECTION_KEYS:
             raise MLLogError(f"{key!r} belongs to the eval section that `rcpflow finalize` writes")
-        self._lines.append(self._renderer.render(kind, key, value, metadata, time_ms))
+        # depth 3: _log <- event/start/end <- the trainer's line that logged it
+        self._lines.append(self._renderer.render(kind, key, value, metadata, time_ms, 3))
         self._storage.write_atomic(self.path, ("\n".join(self._lines) + "\n").encode())
 
     def event(

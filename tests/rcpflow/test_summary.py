@@ -89,3 +89,16 @@ def test_round_trip_and_strict_read(tmp_path):
 def test_needs_four_attempts():
     with pytest.raises(ValueError, match="attempts_per_instance"):
         _build(attempts_for_accuracy(0.5), attempts_per_instance=recipe.PASS_K - 1)
+
+
+def test_gate_is_strict_at_the_target(tmp_path):
+    import dataclasses
+
+    from rcpflow.gate import passes
+
+    run = make_run(str(tmp_path), max_steps=18)
+    s = _build(attempts_for_accuracy(0.5), checkpoint_timestamp_ms=run.row(18).timestamp_ms)
+    at_target = dataclasses.replace(s, pass_at_k={"1": 0.2, "4": 0.69})
+    above = dataclasses.replace(s, pass_at_k={"1": 0.2, "4": 0.6900001})
+    assert not passes(at_target, run.row(18))
+    assert passes(above, run.row(18))
