@@ -177,28 +177,70 @@ print(json.dumps({"calls": calls}))
 """
 
 
-@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 30)
-def test_concurrent_updates_from_processes_lose_nothing(root: str, tmp_path) -> None:  # noqa: ANN001
-    path = join(root, "mllog", "eval_checkpoints.jsonl")
+# The same, through the manifest's own upsert (what the trainer and a resumed trainer call).
+_MANIFEST_WRITER = """
+import os, sys, time
+from rcpflow.manifest import ManifestRow, upsert
+
+path, offset, ready, go = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+open(ready, "w").close()
+while not os.path.exists(go):
+    time.sleep(0.005)
+for i in range(50):
+    step = 18 + offset + 2 * i
+    upsert(path, ManifestRow(
+        step=step, checkpoint_path=f"../checkpoints/{step}", timestamp_ms=1_000 * step,
+        samples_count=256 * step, global_batch_size=256, batch_size=16, num_generations=16,
+        val_start_at=18, max_steps=200, target_accuracy=0.69, seed=1, mllog_file="seed_1.out",
+    ))
+print("{}")
+"""
+
+
+def run_two_writers(script: str, path: str, tmp_path) -> list[str]:  # noqa: ANN001
+    """Start two writer processes, release them at once, return their last stdout lines."""
     go = tmp_path / "go"
     procs = []
     for k in (0, 1):
         ready = tmp_path / f"ready_{k}"
-        cmd = [sys.executable, "-c", _WRITER, path, str(k), str(ready), str(go)]
+        cmd = [sys.executable, "-c", script, path, str(k), str(ready), str(go)]
         procs.append((ready, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
-    deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
-    while not all(r.exists() for r, _ in procs):
-        assert time.monotonic() < deadline, "writer processes did not start"
-        assert all(p.poll() is None for _, p in procs), [p.stderr.read() for _, p in procs]
-        time.sleep(0.01)
-    go.touch()
-    calls = []
-    for _, p in procs:
-        out, err = p.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-        assert p.returncode == 0, err.decode()
-        calls.append(json.loads(out.decode().splitlines()[-1])["calls"])
+    try:
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+        while not all(r.exists() for r, _ in procs):
+            assert time.monotonic() < deadline, "writer processes did not start"
+            assert all(p.poll() is None for _, p in procs), [p.stderr.read() for _, p in procs]
+            time.sleep(0.01)
+        go.touch()
+        lines = []
+        for _, p in procs:
+            out, err = p.communicate(timeout=SUBPROCESS_TIMEOUT_S)
+            assert p.returncode == 0, err.decode()
+            lines.append(out.decode().splitlines()[-1])
+        return lines
+    finally:
+        for _, p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 30)
+def test_concurrent_updates_from_processes_lose_nothing(root: str, tmp_path) -> None:  # noqa: ANN001
+    path = join(root, "mllog", "eval_checkpoints.jsonl")
+    calls = [json.loads(line)["calls"] for line in run_two_writers(_WRITER, path, tmp_path)]
     assert steps_in(storage_for(path).read_bytes(path)) == list(range(100))
     print(f"update fn calls per writer (50 = no conflict): {calls}")
+
+
+@pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 30)
+def test_concurrent_manifest_upserts_from_processes_lose_nothing(root: str, tmp_path) -> None:  # noqa: ANN001
+    from rcpflow.manifest import parse_rows
+
+    path = join(root, "mllog", "eval_checkpoints.jsonl")
+    run_two_writers(_MANIFEST_WRITER, path, tmp_path)
+    rows = parse_rows(storage_for(path).read_text(path), path)
+    assert [r.step for r in rows] == list(range(18, 118))
+    assert all(r.samples_count == 256 * r.step for r in rows)
 
 
 def test_local_write_atomic_failure_keeps_old_file_and_leaves_no_temp(tmp_path) -> None:  # noqa: ANN001
