@@ -1,0 +1,35 @@
+"""mlperf_grpo_deferred_eval: evaluate an existing run again, without training (backfill).
+
+The same ``evaluation`` group as ``mlperf_grpo_run``: checkpoints in step order until one passes,
+reusing every valid summary already on storage (a run whose summaries already decide it
+launches no evaluation job), then ``finalize`` and the compliance ``check``.
+"""
+
+from airflow.sdk import Param, dag
+
+from tasks.deployment import load_deployment
+from tasks.eval_group import eval_group, existing_run
+
+DEPLOYMENT = load_deployment()
+
+
+@dag(
+    dag_id="mlperf_grpo_deferred_eval",
+    schedule=None,
+    catchup=False,
+    params={
+        "run_dir": Param(
+            type="string",
+            minLength=1,
+            title="Run folder",
+            description="An existing run: absolute local path or gs://bucket/prefix.",
+        ),
+    },
+    tags=["mlperf", "qwen35_397b_grpo", DEPLOYMENT.backend],
+    doc_md=__doc__,
+)
+def mlperf_grpo_deferred_eval() -> None:
+    eval_group(DEPLOYMENT, existing_run())
+
+
+mlperf_grpo_deferred_eval()

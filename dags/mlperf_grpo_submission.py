@@ -1,0 +1,29 @@
+"""mlperf_grpo_submission: a whole qwen35_397b_grpo submission, triggered or on a schedule.
+
+``plan`` (Params checked, bad ones refused by name before anything runs) -> ``run_seed`` (one
+``mlperf_grpo_run`` per seed, waited for) -> ``package`` (results/, systems/, benchmarks/) ->
+the official RCP checker, package checker and result summarizer -> ``report`` (report.md with
+the verdicts of every run and check). The schedule is a deployment setting, off by default.
+"""
+
+from airflow.sdk import dag
+
+from tasks.deployment import load_deployment
+from tasks.submission import submission_params, submission_tasks
+
+DEPLOYMENT = load_deployment()
+
+
+@dag(
+    dag_id="mlperf_grpo_submission",
+    schedule=DEPLOYMENT.schedule,
+    catchup=False,
+    params=submission_params(DEPLOYMENT),
+    tags=["mlperf", "qwen35_397b_grpo", DEPLOYMENT.backend],
+    doc_md=__doc__,
+)
+def mlperf_grpo_submission() -> None:
+    submission_tasks(DEPLOYMENT)
+
+
+mlperf_grpo_submission()

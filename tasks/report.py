@@ -1,0 +1,128 @@
+"""The submission report (markdown): per run, how it ended and its compliance verdict; then
+the RCP checker, package checker and result summarizer verdicts and the score.
+
+Drawn only from what is on storage (MLLOGs and persisted verdicts), so it can be written after
+any failure, and says "not run" where a check never happened rather than guessing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from rcpflow import recipe
+from rcpflow.layout import RunLayout, join
+from rcpflow.storage import storage_for
+from tasks.submission import CHECK_TOOLS, SubmissionSpec, system_description
+from tasks.verdicts import Verdict, read_verdict
+
+log = logging.getLogger(__name__)
+
+REPORT_NAME = "report.md"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    seed: int
+    run_dir: str
+    log_path: str
+    status: str  # success | aborted | no run_stop | no MLLOG
+    step: int | None
+    eval_accuracy: float | None
+    minutes_to_train: float | None
+    evaluated: int
+    compliance: Verdict | None
+
+
+def run_outcome(spec: SubmissionSpec, seed: int) -> RunOutcome:
+    from rcpflow.mllog import read_events, run_start_ms
+
+    run_dir = spec.run_dir(seed)
+    log_path = RunLayout(run_dir).mllog(seed)
+    compliance = read_verdict(run_dir, "compliance_checker")
+    if not storage_for(log_path).exists(log_path):
+        return RunOutcome(seed, run_dir, log_path, "no MLLOG", None, None, None, 0, compliance)
+    events = read_events(log_path)
+    accuracies = {
+        e.metadata["samples_count"]: float(e.value) for e in events if e.key == "eval_accuracy"
+    }
+    stops = [e for e in events if e.key == "run_stop"]
+    if not stops:
+        return RunOutcome(
+            seed, run_dir, log_path, "no run_stop", None, None, None, len(accuracies), compliance
+        )
+    stop = stops[-1]
+    samples = stop.metadata["samples_count"]
+    start = run_start_ms(events)
+    return RunOutcome(
+        seed=seed,
+        run_dir=run_dir,
+        log_path=log_path,
+        status=str(stop.metadata["status"]),
+        step=samples // spec.global_batch_size,
+        eval_accuracy=accuracies.get(samples),
+        minutes_to_train=None if start is None else (stop.time_ms - start) / 60000,
+        evaluated=len(accuracies),
+        compliance=compliance,
+    )
+
+
+def _cell(value: object, fmt: str = "{}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def render_report(spec: SubmissionSpec) -> tuple[str, bool]:
+    """The markdown and whether every verdict passed."""
+    outcomes = [run_outcome(spec, s) for s in spec.seeds]
+    checks = {tool: read_verdict(spec.out_dir, tool) for tool in CHECK_TOOLS}
+    val_start = recipe.val_start_at(spec.global_batch_size, spec.val_start_at)
+    system = system_description(spec)
+    lines = [
+        f"# {recipe.BENCHMARK} submission `{spec.name}`",
+        "",
+        f"MLPerf Training {recipe.RULESET}, {spec.division} division, backend {spec.backend}; "
+        f"global_batch_size {spec.global_batch_size}, max_steps {spec.max_steps}, "
+        f"validation from step {val_start}; target eval_accuracy (pass@4) > {spec.target}.",
+        "",
+        f"- submission folder: `{join(spec.out_dir, 'submission')}`",
+        f"- system: `{system.system_name}`",
+        "",
+        "## Runs",
+        "",
+        "| seed | status | converged at step | eval_accuracy | minutes to train | checkpoints "
+        "evaluated | compliance |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for o in outcomes:
+        compliance = o.compliance.headline().split(": ", 1)[1] if o.compliance else "not run"
+        lines.append(
+            f"| {o.seed} | {o.status} | {_cell(o.step)} | {_cell(o.eval_accuracy, '{:.4f}')} | "
+            f"{_cell(o.minutes_to_train, '{:.3f}')} | {o.evaluated} | {compliance} |"
+        )
+    lines += ["", "## Checkers", ""]
+    for tool, verdict in checks.items():
+        lines.append(f"- {verdict.headline() if verdict else f'{tool}: not run'}")
+        if verdict and not verdict.ok:
+            lines += [f"  - {e}" for e in verdict.errors]
+    for o in outcomes:
+        if o.compliance and not o.compliance.ok:
+            lines.append(f"- compliance of seed {o.seed} ({o.log_path}):")
+            lines += [f"  - {e}" for e in o.compliance.errors]
+    passed = all(o.compliance is not None and o.compliance.ok for o in outcomes) and all(
+        v is not None and v.ok for v in checks.values()
+    )
+    lines += ["", f"**Verdict: {'PASS' if passed else 'FAIL'}**", ""]
+    return "\n".join(lines), passed
+
+
+def report_path(spec: SubmissionSpec) -> str:
+    return join(spec.out_dir, REPORT_NAME)
+
+
+def write_report(spec: SubmissionSpec) -> tuple[str, bool]:
+    text, passed = render_report(spec)
+    path = report_path(spec)
+    storage_for(path).write_atomic(path, text.encode())
+    for line in text.splitlines():
+        log.info("report | %s", line)
+    return path, passed

@@ -1,0 +1,82 @@
+"""The DAG files parse without errors, cheaply: no JAX, no Kubernetes/GKE operator modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from airflow_harness import AIRFLOW_ENV, DAGS, PYTHON, REPO
+
+DAG_IDS = {"mlperf_grpo_run", "mlperf_grpo_deferred_eval", "mlperf_grpo_submission"}
+DAG_FILES = sorted(p.name for p in DAGS.glob("*.py"))
+
+# Modules that cost seconds to import or belong on the accelerator, never in a DAG parse.
+FORBIDDEN = (
+    "jax",
+    "flax",
+    "optax",
+    "orbax",
+    "tpu_jobs",
+    "kubernetes",
+    "kubernetes_asyncio",
+    "airflow.providers.google.cloud.operators.kubernetes_engine",
+    "airflow.providers.google.cloud.hooks.kubernetes_engine",
+    "airflow.providers.cncf.kubernetes.operators.pod",
+    "airflow.providers.cncf.kubernetes.hooks.kubernetes",
+)
+
+_PROBE = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("dagfile", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+print(json.dumps(sorted(sys.modules)))
+"""
+
+GKE_DEPLOYMENT = """
+backend = "gke"
+storage_root = "gs://rcpflow-test/runs"
+
+[gke]
+project_id = "test-project"
+cluster_name = "test-cluster"
+image = "example.com/rcpflow-tpu:test"
+"""
+
+
+def test_dagbag_has_no_import_errors(dagbag) -> None:  # noqa: ANN001
+    assert dagbag.import_errors == {}
+    assert DAG_IDS <= set(dagbag.dag_ids)
+
+
+def _modules_after_parsing(dag_file: Path, extra_env: dict[str, str]) -> list[str]:
+    env = {**os.environ, **AIRFLOW_ENV, **extra_env}
+    proc = subprocess.run(
+        [PYTHON, "-c", _PROBE, str(dag_file)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["local", "gke"])
+@pytest.mark.parametrize("dag_file", DAG_FILES)
+def test_parsing_imports_nothing_heavy(dag_file: str, backend: str, tmp_path: Path) -> None:
+    extra = {}
+    if backend == "gke":
+        toml = tmp_path / "deployment.toml"
+        toml.write_text(GKE_DEPLOYMENT)
+        extra["RCPFLOW_DEPLOYMENT"] = str(toml)
+    modules = _modules_after_parsing(DAGS / dag_file, extra)
+    loaded = [m for m in modules if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
+    assert loaded == [], f"parsing {dag_file} ({backend}) imported {loaded}"
