@@ -17,7 +17,7 @@ import json
 import os
 import platform
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from importlib import metadata
 
@@ -43,18 +43,21 @@ _COUNT_FIELDS = {
     "accelerators_per_node": 0,
 }
 _MAY_BE_EMPTY = frozenset({"hw_notes", "sw_notes"})
+# SystemDescription field -> the MLLOG key it must agree with.
+_FROM_RUNS = {"division": "submission_division", "submitter": "submission_org"}
 
 
 @dataclass(frozen=True)
 class SystemDescription:
-    """``systems/<system_name>.json``. `division` None means "as the runs' logs declare".
+    """``systems/<system_name>.json``. `division` and `submitter` None mean "as the runs' logs
+    declare" (``submission_division``, ``submission_org``).
 
     Defaults describe a single machine of unknown make; `local_system()` fills in what this
     host can tell about itself.
     """
 
     system_name: str = "rcpflow-local-cpu"
-    submitter: str = "rcpflow-demo"
+    submitter: str | None = None
     division: str | None = None
     status: str = "Research, Development, or Internal (RDI)"
     number_of_nodes: str = "1"
@@ -90,7 +93,7 @@ class SystemDescription:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "division" and value is None:
+            if f.name in _FROM_RUNS and value is None:
                 continue
             if not isinstance(value, str):
                 raise ValueError(f"system description: {f.name} must be a string, not {value!r}")
@@ -118,8 +121,9 @@ class SystemDescription:
 
     def to_json(self) -> str:
         """The checker's field names (``accelerator_on-chip_memories`` has a hyphen)."""
-        if self.division is None:
-            raise ValueError("system description: division is not set")
+        for name in _FROM_RUNS:
+            if getattr(self, name) is None:
+                raise ValueError(f"system description: {name} is not set")
         d = {_json_name(f.name): getattr(self, f.name) for f in fields(self)}
         return json.dumps(d, indent=2) + "\n"
 
@@ -185,6 +189,7 @@ class _Run:
     seed: int
     log_path: str
     division: str
+    org: str
 
 
 def _read_run(run_dir: str, seed: int) -> _Run:
@@ -211,7 +216,16 @@ def _read_run(run_dir: str, seed: int) -> _Run:
         raise ValueError(
             f"run {run_dir}: submission_division {division!r} is not one of {DIVISIONS}"
         )
-    return _Run(run_dir, seed, log_path, str(division))
+    return _Run(run_dir, seed, log_path, str(division), str(one("submission_org")))
+
+
+def _agreed(runs: Sequence[_Run], what: str, get: Callable[[_Run], str]) -> str:
+    values = {get(r) for r in runs}
+    if len(values) != 1:
+        raise ValueError(
+            f"{what}: the runs disagree: " + ", ".join(f"{r.run_dir} says {get(r)!r}" for r in runs)
+        )
+    return values.pop()
 
 
 def _readme(runs: Sequence[_Run], system: SystemDescription) -> str:
@@ -249,7 +263,8 @@ def package_submission(
 ) -> str:
     """Write ``out_dir/submission`` for these runs (run i is ``run_dirs[i]`` with ``seeds[i]``)
     and return that folder. `division` and ``system.division`` default to the one the runs'
-    logs declare and must agree with it. `code_dirs` (local source trees) are copied to
+    logs declare and must agree with it; so does ``system.submitter`` (``submission_org``).
+    `code_dirs` (local source trees) are copied to
     ``benchmarks/qwen35_397b_grpo/implementations/<folder name>/``."""
     if not run_dirs:
         raise ValueError("run_dirs: no runs to package")
@@ -260,17 +275,19 @@ def package_submission(
         raise ValueError(f"seeds: {repeated} used by more than one run (each run needs its own)")
     system = system or SystemDescription()
     runs = [_read_run(d, s) for d, s in zip(run_dirs, seeds, strict=True)]
-    declared = {r.division for r in runs}
-    if len(declared) != 1:
-        raise ValueError(
-            "division: the runs disagree: "
-            + ", ".join(f"{r.run_dir} is {r.division}" for r in runs)
-        )
-    (log_division,) = declared
-    for given, what in ((division, "division"), (system.division, "system.division")):
-        if given is not None and given != log_division:
-            raise ValueError(f"{what}: {given!r}, but the runs' logs say {log_division!r}")
-    system = replace(system, division=log_division)
+    declared = {
+        "division": _agreed(runs, "division", lambda r: r.division),
+        "submitter": _agreed(runs, "submitter (submission_org)", lambda r: r.org),
+    }
+    given = [
+        ("division", division, "division"),
+        ("system.division", system.division, "division"),
+        ("system.submitter", system.submitter, "submitter"),
+    ]
+    for what, value, field_name in given:
+        if value is not None and value != declared[field_name]:
+            raise ValueError(f"{what}: {value!r}, but the runs' logs say {declared[field_name]!r}")
+    system = replace(system, **declared)
 
     org = join(out_dir, "submission")
     storage = storage_for(org)

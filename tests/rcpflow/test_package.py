@@ -68,6 +68,7 @@ def test_layout_and_contents(three_runs: list[str], tmp_path: Path) -> None:
         assert files[f"{bench}/result_{i}.txt"] == log
     desc = json.loads(files["systems/rcpflow-local-cpu.json"])
     assert desc["division"] == "closed"  # taken from the runs' logs
+    assert desc["submitter"] == "rcpflow"  # the logs' submission_org
     assert desc["status"] == "Research, Development, or Internal (RDI)"
     assert "accelerator_on-chip_memories" in desc
 
@@ -75,13 +76,16 @@ def test_layout_and_contents(three_runs: list[str], tmp_path: Path) -> None:
 def test_system_description_passes_the_official_system_checker(tmp_path: Path) -> None:
     from mlperf_logging.system_desc_checker.system_desc_checker import check_system_desc
 
-    for system in (SystemDescription(division="closed"), local_system(division="open")):
+    for system in (
+        SystemDescription(division="closed", submitter="me"),
+        local_system(division="open", submitter="me"),
+    ):
         path = tmp_path / f"{system.system_name}-{system.division}.json"
         path.write_text(system.to_json())
         valid, name, _, _ = check_system_desc(str(path), "training", recipe.RULESET)
         assert valid and name == system.system_name
     # ...and that checker really rejects what is missing (so the check above means something).
-    broken = json.loads(SystemDescription(division="closed").to_json())
+    broken = json.loads(SystemDescription(division="closed", submitter="me").to_json())
     del broken["cooling"]
     path = tmp_path / "broken.json"
     path.write_text(json.dumps(broken))
@@ -110,6 +114,13 @@ def test_local_system_describes_this_host() -> None:
 def test_system_description_errors_name_the_field(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         SystemDescription(**{field: value})  # type: ignore[arg-type]
+
+
+def test_to_json_needs_what_the_runs_would_have_filled_in() -> None:
+    with pytest.raises(ValueError, match="division is not set"):
+        SystemDescription(submitter="me").to_json()
+    with pytest.raises(ValueError, match="submitter is not set"):
+        SystemDescription(division="open").to_json()
 
 
 def test_repackaging_gives_the_same_bytes_and_drops_stale_results(
@@ -150,6 +161,8 @@ def test_bad_inputs_are_refused_by_name(three_runs: list[str], tmp_path: Path) -
         package_submission(three_runs, SEEDS, out, division="open")
     with pytest.raises(ValueError, match="system.division: 'open'"):
         package_submission(three_runs, SEEDS, out, SystemDescription(division="open"))
+    with pytest.raises(ValueError, match="system.submitter: 'acme', but the runs' logs say"):
+        package_submission(three_runs, SEEDS, out, SystemDescription(submitter="acme"))
     open_run = finalized_run(str(tmp_path / "open"), 9, accuracies_converging_at(18), "open")
     with pytest.raises(ValueError, match="division: the runs disagree"):
         package_submission([three_runs[0], open_run], [1, 9], out)
