@@ -1,0 +1,265 @@
+"""Render the JobSet (jobset.x-k8s.io/v1alpha2) that runs one rcpflow job on TPU slices.
+
+One replicated job ``slice`` with one child Job per TPU slice; each Job is Indexed with one pod
+per TPU host, pinned to the slice shape by the GKE TPU node labels and asking for its chips as
+``google.com/tpu``. The container command is an argument list (``python -m <module> <args>``):
+nothing here goes through a shell, so Params values stay plain arguments.
+
+Names are deterministic (same DAG, run and job -> same name), so a retried task finds the
+JobSet it created before instead of starting a second one; the spec hash annotation tells
+whether that existing JobSet is the same job. Labels let a person or a sweep find everything
+of one DAG run: ``kubectl get jobsets -l rcpflow.dev/run=<run_label(dag_id, run_id)>``.
+Pure standard library: safe to import at DAG-parse time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tasks.gke.settings import GkeSettings, TpuJobShape
+
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
+JOBSET_KIND = "JobSet"
+JOBSET_PLURAL = "jobsets"
+
+REPLICATED_JOB = "slice"
+CONTAINER = "job"
+# Leaves room for the child names JobSet derives from it (see _check_child_names).
+MAX_NAME_LENGTH = 40
+
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_DAG = "rcpflow.dev/dag"
+LABEL_RUN = "rcpflow.dev/run"
+LABEL_JOB = "rcpflow.dev/job"
+ANNOTATION_DAG_ID = "rcpflow.dev/dag-id"
+ANNOTATION_RUN_ID = "rcpflow.dev/run-id"
+ANNOTATION_SPEC_HASH = "rcpflow.dev/spec-hash"
+# One slice per node pool: the pods of a multi-host slice must share its ICI network.
+ANNOTATION_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+# Set by the JobSet controller on every pod: which child Job (= which slice) it belongs to.
+JOBSET_JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
+
+ROLES = ("train", "evaluate")
+
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class JobSetConflictError(RuntimeError):
+    """A JobSet with the wanted name exists but was rendered from a different spec."""
+
+
+def jobset_name(dag_id: str, run_id: str, job: str) -> str:
+    """DNS-1035 name (<= MAX_NAME_LENGTH chars) for `job` (e.g. ``train``, ``eval-18``) of one
+    DAG run: readable prefix from dag and job, then a hash of all three, so it is unique per
+    (dag_id, run_id, job) and the same on every call."""
+    for what, value in (("dag_id", dag_id), ("run_id", run_id), ("job", job)):
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"jobset_name: {what} must be a non-empty string, got {value!r}")
+    digest = _digest(dag_id, run_id, job)[:10]
+    parts = [p for p in (_slug(dag_id)[:16].strip("-"), _slug(job)[:10].strip("-")) if p]
+    name = "-".join([*parts, digest])
+    if not name[0].isalpha():
+        name = "r" + name
+    return name
+
+
+def run_label(dag_id: str, run_id: str) -> str:
+    """Value of the ``rcpflow.dev/run`` label: exact per DAG run (run ids do not fit a label)."""
+    return _digest(dag_id, run_id)[:16]
+
+
+def render_jobset(
+    settings: GkeSettings,
+    *,
+    role: str,
+    dag_id: str,
+    run_id: str,
+    job: str,
+    module: str,
+    args: Sequence[str],
+) -> dict[str, Any]:
+    """The JobSet object for ``python -m <module> <args...>`` run as `role` (``train`` or
+    ``evaluate``: selects the TPU shape in `settings`), named by `jobset_name`.
+
+    `args` must be strings; they are passed to the process as they are (no shell). Raises
+    ValueError naming the bad argument, or when JobSet's derived pod names would not fit.
+    """
+    if role not in ROLES:
+        raise ValueError(f"render_jobset: role must be one of {ROLES}, got {role!r}")
+    if not isinstance(module, str) or not _MODULE.match(module):
+        raise ValueError(f"render_jobset: module must be a dotted Python module, got {module!r}")
+    if isinstance(args, str) or not isinstance(args, Sequence):
+        raise ValueError("render_jobset: args must be a list of strings, not a single string")
+    for i, arg in enumerate(args):
+        if not isinstance(arg, str):
+            raise ValueError(
+                f"render_jobset: args[{i}] must be a string, got {type(arg).__name__} {arg!r}"
+            )
+        if "\x00" in arg:
+            raise ValueError(f"render_jobset: args[{i}] contains a NUL character")
+    shape = settings.shape(role)
+    name = jobset_name(dag_id, run_id, job)
+    _check_child_names(name, shape)
+
+    labels = {
+        LABEL_MANAGED_BY: "rcpflow",
+        LABEL_COMPONENT: role,
+        LABEL_DAG: _label_value(dag_id),
+        LABEL_RUN: run_label(dag_id, run_id),
+        LABEL_JOB: _label_value(job),
+    }
+    container = {
+        "name": CONTAINER,
+        "image": settings.image,
+        "command": ["python", "-m", module, *args],
+        "env": [
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": "RCPFLOW_NUM_SLICES", "value": str(shape.slices)},
+            {
+                "name": "RCPFLOW_SLICE_INDEX",
+                "valueFrom": {
+                    "fieldRef": {
+                        "fieldPath": f"metadata.annotations['{JOBSET_JOB_INDEX_ANNOTATION}']"
+                    }
+                },
+            },
+        ],
+        "resources": {"limits": {"google.com/tpu": shape.chips_per_host}},
+    }
+    pod_spec = {
+        "serviceAccountName": settings.service_account,
+        # Restarts are the JobSet's failurePolicy (all slices together), never per pod.
+        "restartPolicy": "Never",
+        "nodeSelector": {
+            "cloud.google.com/gke-tpu-accelerator": shape.accelerator,
+            "cloud.google.com/gke-tpu-topology": shape.topology,
+        },
+        "containers": [container],
+    }
+    spec = {
+        "failurePolicy": {"maxRestarts": shape.max_restarts},
+        "replicatedJobs": [
+            {
+                "name": REPLICATED_JOB,
+                "replicas": shape.slices,
+                "template": {
+                    "metadata": {"labels": dict(labels)},
+                    "spec": {
+                        "parallelism": shape.hosts_per_slice,
+                        "completions": shape.hosts_per_slice,
+                        "completionMode": "Indexed",
+                        "backoffLimit": 0,
+                        "template": {
+                            "metadata": {"labels": dict(labels)},
+                            "spec": pod_spec,
+                        },
+                    },
+                },
+            }
+        ],
+    }
+    annotations = {ANNOTATION_DAG_ID: dag_id, ANNOTATION_RUN_ID: run_id}
+    if shape.hosts_per_slice > 1:
+        annotations[ANNOTATION_EXCLUSIVE_TOPOLOGY] = GKE_NODEPOOL_LABEL
+    return with_spec_hash(
+        {
+            "apiVersion": JOBSET_API_VERSION,
+            "kind": JOBSET_KIND,
+            "metadata": {
+                "name": name,
+                "namespace": settings.namespace,
+                "labels": labels,
+                "annotations": annotations,
+            },
+            "spec": spec,
+        }
+    )
+
+
+def spec_hash(spec: Mapping[str, Any]) -> str:
+    """Stable hash of a JobSet spec as rendered (before the cluster adds defaults)."""
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def with_spec_hash(jobset: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `jobset` whose ``rcpflow.dev/spec-hash`` annotation is the hash of its spec."""
+    stamped = json.loads(json.dumps(jobset))
+    metadata = stamped.setdefault("metadata", {})
+    metadata.setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = spec_hash(stamped["spec"])
+    return stamped
+
+
+def jobset_ref(jobset: Mapping[str, Any]) -> dict[str, str]:
+    """``{"name", "namespace"}`` of a JobSet object, after checking it is one (apiVersion,
+    kind, spec, metadata.name/namespace); ValueError naming what is missing."""
+    if not isinstance(jobset, Mapping):
+        raise ValueError(f"expected a JobSet object (a dict), got {type(jobset).__name__}")
+    if jobset.get("apiVersion") != JOBSET_API_VERSION or jobset.get("kind") != JOBSET_KIND:
+        raise ValueError(
+            f"expected apiVersion {JOBSET_API_VERSION} kind {JOBSET_KIND}, got "
+            f"{jobset.get('apiVersion')!r} {jobset.get('kind')!r}"
+        )
+    if not isinstance(jobset.get("spec"), Mapping):
+        raise ValueError("JobSet has no spec")
+    metadata = jobset.get("metadata")
+    if not isinstance(metadata, Mapping):
+        raise ValueError("JobSet has no metadata")
+    ref = {}
+    for key in ("name", "namespace"):
+        value = metadata.get(key)
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"JobSet metadata.{key} must be set (render_jobset sets it)")
+        ref[key] = value
+    return ref
+
+
+def check_adoptable(existing: Mapping[str, Any], wanted: Mapping[str, Any]) -> None:
+    """Allow reusing `existing` (found under the wanted name) only if it was created from the
+    same spec; otherwise JobSetConflictError saying which JobSet and both hashes."""
+    ref = jobset_ref(wanted)
+    want = spec_hash(wanted["spec"])
+    metadata = existing.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    have = annotations.get(ANNOTATION_SPEC_HASH) if isinstance(annotations, Mapping) else None
+    if have != want:
+        raise JobSetConflictError(
+            f"JobSet {ref['namespace']}/{ref['name']} already exists but was not rendered from "
+            f"this spec ({ANNOTATION_SPEC_HASH} {have!r}, wanted {want!r}); delete it or change "
+            "the job before running again"
+        )
+
+
+def _check_child_names(name: str, shape: TpuJobShape) -> None:
+    # The JobSet webhook refuses a JobSet whose child Job or pod names (name-slice-<job>-<pod>
+    # plus a 5-char random suffix) would not be DNS-1035 labels of <= 63 characters.
+    job_name = f"{name}-{REPLICATED_JOB}-{shape.slices - 1}"
+    pod_name = f"{job_name}-{shape.hosts_per_slice - 1}-abcde"
+    if not _DNS1035_LABEL.match(name) or len(pod_name) > 63:
+        raise ValueError(
+            f"JobSet name {name!r} with {shape.slices} slices x {shape.hosts_per_slice} hosts "
+            f"gives pod names like {pod_name!r} ({len(pod_name)} chars); JobSet requires <= 63"
+        )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _label_value(text: str) -> str:
+    # Label values: <= 63 chars of [A-Za-z0-9._-], starting and ending alphanumeric.
+    value = re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63]
+    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()

@@ -1,0 +1,218 @@
+"""Rendered JobSets: valid against the JobSet CRD schema (strict), TPU placement, argument-list
+commands, deterministic names and the adoption check."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tasks.gke import GkeSettings, JobSetConflictError, TpuJobShape, jobset_name, render_jobset
+from tasks.gke.jobset import (
+    ANNOTATION_EXCLUSIVE_TOPOLOGY,
+    ANNOTATION_SPEC_HASH,
+    LABEL_RUN,
+    check_adoptable,
+    jobset_ref,
+    run_label,
+    with_spec_hash,
+)
+
+RUN_ID = "manual__2026-05-01T12:00:00.123456+00:00"
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _train(settings: GkeSettings, **overrides: object) -> dict:
+    kwargs = {
+        "role": "train",
+        "dag_id": "mlperf_grpo_run",
+        "run_id": RUN_ID,
+        "job": "train",
+        "module": "tpu_jobs.train",
+        "args": ["--run-dir", "gs://bucket/runs/seed_1", "--seed", "1", "--max-steps", "40"],
+    }
+    kwargs.update(overrides)
+    return render_jobset(settings, **kwargs)  # type: ignore[arg-type]
+
+
+def _eval(settings: GkeSettings, step: int = 18) -> dict:
+    return render_jobset(
+        settings,
+        role="evaluate",
+        dag_id="mlperf_grpo_run",
+        run_id=RUN_ID,
+        job=f"eval-{step}",
+        module="tpu_jobs.evaluate",
+        args=["--run-dir", "gs://bucket/runs/seed_1", "--step", str(step)],
+    )
+
+
+def _pod(jobset: dict) -> dict:
+    return jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+
+
+SHAPES = {
+    "default": GkeSettings(),
+    "multislice-train": GkeSettings.from_mapping({"train": {"slices": 4, "max_restarts": 2}}),
+    "v6e": GkeSettings.from_mapping(
+        {
+            "train": {"accelerator": "tpu-v6e-slice", "topology": "8x16", "chips_per_host": 4},
+            "evaluate": {"accelerator": "tpu-v6e-slice", "topology": "1x1", "chips_per_host": 1},
+        }
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_rendered_jobsets_pass_the_crd_schema(name: str, strict_jobset, lenient_jobset) -> None:
+    settings = SHAPES[name]
+    for jobset in (_train(settings), _eval(settings)):
+        assert strict_jobset.errors(jobset) == []
+        assert lenient_jobset.errors(jobset) == []
+
+
+def test_misspelt_or_mistyped_fields_fail_validation(strict_jobset, lenient_jobset) -> None:
+    good = _train(GkeSettings())
+    assert strict_jobset.errors(good) == []
+
+    misspelt = json.loads(json.dumps(good))
+    pod = _pod(misspelt)
+    pod["nodeSelecter"] = pod.pop("nodeSelector")
+    errors = strict_jobset.errors(misspelt)
+    assert any("nodeSelecter" in e for e in errors), errors
+    # The CRD as shipped would let it through: Kubernetes prunes unknown fields silently.
+    assert lenient_jobset.errors(misspelt) == []
+
+    misplaced = json.loads(json.dumps(good))
+    misplaced["spec"]["maxRestarts"] = misplaced["spec"].pop("failurePolicy")["maxRestarts"]
+    assert any("maxRestarts" in e for e in strict_jobset.errors(misplaced))
+
+    mistyped = json.loads(json.dumps(good))
+    mistyped["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = "32"
+    assert strict_jobset.errors(mistyped) and lenient_jobset.errors(mistyped)
+
+    bad_label = json.loads(json.dumps(good))
+    bad_label["metadata"]["labels"]["rcpflow.dev/run"] = RUN_ID  # ':' and '+' are not allowed
+    assert any("labels" in e for e in strict_jobset.errors(bad_label))
+
+
+def test_tpu_placement_and_sizes() -> None:
+    settings = GkeSettings()
+    train, evaluate = _train(settings), _eval(settings)
+
+    rjob = train["spec"]["replicatedJobs"][0]
+    assert rjob["replicas"] == 1
+    assert rjob["template"]["spec"]["parallelism"] == rjob["template"]["spec"]["completions"] == 32
+    assert rjob["template"]["spec"]["completionMode"] == "Indexed"
+    assert _pod(train)["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+        "cloud.google.com/gke-tpu-topology": "4x4x8",
+    }
+    assert _pod(train)["containers"][0]["resources"]["limits"] == {"google.com/tpu": 4}
+    assert train["spec"]["failurePolicy"] == {"maxRestarts": 0}
+    # A multi-host slice must sit in one node pool; single-host workers need not.
+    assert train["metadata"]["annotations"][ANNOTATION_EXCLUSIVE_TOPOLOGY] == (
+        "cloud.google.com/gke-nodepool"
+    )
+
+    erjob = evaluate["spec"]["replicatedJobs"][0]
+    assert erjob["replicas"] == 16
+    assert erjob["template"]["spec"]["parallelism"] == 1
+    assert _pod(evaluate)["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x2x1"
+    assert ANNOTATION_EXCLUSIVE_TOPOLOGY not in evaluate["metadata"]["annotations"]
+    env = {e["name"]: e for e in _pod(evaluate)["containers"][0]["env"]}
+    assert env["RCPFLOW_NUM_SLICES"]["value"] == "16"
+    assert "job-index" in env["RCPFLOW_SLICE_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+
+
+def test_command_is_an_argument_list_passed_through_unchanged() -> None:
+    hostile = ["--run-dir", "/tmp/x; rm -rf / #", "--seed", "$(reboot)", "--note", "a b\n'c'"]
+    jobset = _train(GkeSettings(), args=hostile)
+    container = _pod(jobset)["containers"][0]
+    assert container["command"] == ["python", "-m", "tpu_jobs.train", *hostile]
+    assert "args" not in container
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"args": ["--seed", 1]}, "args[1] must be a string, got int 1"),
+        ({"args": "--seed 1"}, "args must be a list of strings"),
+        ({"args": ["a\x00b"]}, "args[0] contains a NUL"),
+        ({"module": "tpu_jobs.train; ls"}, "module must be a dotted Python module"),
+        ({"role": "eval"}, "role must be one of"),
+        ({"run_id": ""}, "run_id must be a non-empty string"),
+    ],
+)
+def test_bad_job_input_is_refused(overrides: dict, message: str) -> None:
+    with pytest.raises(ValueError) as excinfo:
+        _train(GkeSettings(), **overrides)
+    assert message in str(excinfo.value)
+
+
+def test_names_are_dns_safe_deterministic_and_distinct() -> None:
+    names = {
+        jobset_name("mlperf_grpo_run", RUN_ID, "train"),
+        jobset_name("mlperf_grpo_run", RUN_ID, "eval-18"),
+        jobset_name("mlperf_grpo_run", RUN_ID + "x", "train"),
+        jobset_name("mlperf_grpo_deferred_eval", RUN_ID, "eval-18"),
+        jobset_name("9" * 200, "r" * 300, "E" * 90),
+        jobset_name("___", "r", "---"),
+    }
+    assert len(names) == 6
+    for name in names:
+        assert DNS1035.match(name) and len(name) <= 40, name
+    assert jobset_name("mlperf_grpo_run", RUN_ID, "train") == "mlperf-grpo-run-train-61da75ec61"
+
+
+def test_rendering_is_byte_identical_across_calls() -> None:
+    settings = GkeSettings()
+    first = json.dumps(_eval(settings), sort_keys=True)
+    assert json.dumps(_eval(settings), sort_keys=True) == first
+    assert _eval(settings)["metadata"]["labels"][LABEL_RUN] == run_label("mlperf_grpo_run", RUN_ID)
+
+
+def test_child_names_that_would_not_fit_are_refused() -> None:
+    # A 38-char name + "-slice-999999-249999-xxxxx" (pod name as the JobSet webhook checks it).
+    huge = GkeSettings(
+        train=TpuJobShape(
+            accelerator="tpu-v5p-slice", topology="100x100x100", slices=10**6, chips_per_host=4
+        )
+    )
+    long_names = {"dag_id": "averylongdagidentifier", "job": "evaluationstep100"}
+    with pytest.raises(ValueError, match=r"\(64 chars\); JobSet requires <= 63"):
+        _train(huge, **long_names)
+    _train(GkeSettings(), **long_names)  # the same name with the default shape fits
+
+
+def test_adoption_only_of_the_same_spec() -> None:
+    wanted = _eval(GkeSettings())
+    assert with_spec_hash(wanted) == wanted
+    check_adoptable(json.loads(json.dumps(wanted)), wanted)
+
+    other = _eval(GkeSettings(image="rcpflow-tpu:other"))
+    assert other["metadata"]["name"] == wanted["metadata"]["name"]
+    with pytest.raises(JobSetConflictError, match=r"default/mlperf-grpo-run-eval-18-.*spec-hash"):
+        check_adoptable(other, wanted)
+    with pytest.raises(JobSetConflictError):
+        check_adoptable({"metadata": {"name": wanted["metadata"]["name"]}}, wanted)
+
+    edited = json.loads(json.dumps(wanted))
+    edited["spec"]["failurePolicy"]["maxRestarts"] = 5
+    restamped = with_spec_hash(edited)
+    assert (
+        restamped["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+        != wanted["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+    )
+
+
+def test_jobset_ref_checks_the_object() -> None:
+    jobset = _train(GkeSettings(namespace="mlperf"))
+    assert jobset_ref(jobset) == {"name": jobset["metadata"]["name"], "namespace": "mlperf"}
+    with pytest.raises(ValueError, match="apiVersion"):
+        jobset_ref({**jobset, "apiVersion": "batch/v1"})
+    with pytest.raises(ValueError, match="metadata.namespace"):
+        jobset_ref({**jobset, "metadata": {"name": "x"}})
+    with pytest.raises(ValueError, match="got list"):
+        jobset_ref([jobset])  # type: ignore[arg-type]

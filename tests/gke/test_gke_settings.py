@@ -1,0 +1,101 @@
+"""GkeSettings: defaults describe the benchmark's TPU shapes; bad values name their key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tasks.gke import GkeSettings, GkeSettingsError, TpuJobShape
+
+
+def test_defaults_are_the_benchmark_shapes() -> None:
+    settings = GkeSettings()
+    train, evaluate = settings.train, settings.evaluate
+    assert (train.accelerator, train.topology, train.slices) == ("tpu-v5p-slice", "4x4x8", 1)
+    assert (train.total_chips, train.hosts_per_slice) == (128, 32)
+    assert (evaluate.topology, evaluate.slices, evaluate.hosts_per_slice) == ("2x2x1", 16, 1)
+    assert evaluate.total_chips == 64
+    assert settings.shape("train") is train and settings.shape("evaluate") is evaluate
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        GkeSettings().image = "other"  # type: ignore[misc]
+
+
+def test_from_mapping_overrides_and_keeps_the_rest() -> None:
+    settings = GkeSettings.from_mapping(
+        {
+            "project_id": "my-proj",
+            "image": "us-docker.pkg.dev/my-proj/rcpflow/tpu:1",
+            "impersonation_chain": "sa@my-proj.iam.gserviceaccount.com",
+            "train": {"slices": 2, "max_restarts": 1},
+            "evaluate": {"accelerator": "tpu-v6e-slice", "topology": "2x2", "chips_per_host": 4},
+        }
+    )
+    assert settings.project_id == "my-proj"
+    assert settings.impersonation_chain == ("sa@my-proj.iam.gserviceaccount.com",)
+    assert (settings.train.slices, settings.train.topology, settings.train.max_restarts) == (
+        2,
+        "4x4x8",
+        1,
+    )
+    assert settings.train.total_chips == 256
+    assert settings.evaluate.accelerator == "tpu-v6e-slice"
+    assert settings.evaluate.slices == 16  # kept from the default evaluation shape
+    assert settings.location == GkeSettings().location
+    assert GkeSettings.from_mapping({}) == GkeSettings()
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"trian": {}}, "gke: unknown key(s) trian"),
+        ({"train": {"slice": 2}}, "gke.train: unknown key(s) slice"),
+        ({"train": {"topology": "4x4"}}, "gke.train.topology: '4x4' is not a 3-D topology"),
+        ({"train": {"topology": "4x0x8"}}, "gke.train.topology"),
+        ({"train": {"accelerator": "v5p"}}, "gke.train.accelerator: unknown TPU accelerator"),
+        ({"train": {"chips_per_host": 8}}, "gke.train.chips_per_host: 8 is not offered"),
+        ({"evaluate": {"slices": 0}}, "gke.evaluate.slices: must be a positive integer"),
+        ({"evaluate": {"slices": "16"}}, "gke.evaluate.slices: must be a positive integer"),
+        ({"evaluate": {"max_restarts": -1}}, "gke.evaluate.max_restarts: must be >= 0"),
+        (
+            {"evaluate": {"accelerator": "tpu-v6e-slice", "topology": "2x2", "chips_per_host": 8}},
+            "gke.evaluate: topology 2x2 has 4 chips, not a multiple of chips_per_host=8",
+        ),
+        ({"namespace": "Default"}, "gke.namespace: 'Default' is not a Kubernetes name"),
+        ({"service_account": ""}, "gke.service_account: must be a non-empty string"),
+        ({"image": "rcpflow tpu"}, "gke.image: 'rcpflow tpu' contains whitespace"),
+        ({"cluster_name": None}, "gke.cluster_name: must be a non-empty string"),
+        ({"poll_interval_s": 0}, "gke.poll_interval_s: must be a number > 0"),
+        ({"use_dns_endpoint": "yes"}, "gke.use_dns_endpoint: must be true or false"),
+        ({"impersonation_chain": 3}, "gke.impersonation_chain: must be a list"),
+        ({"train": "big"}, "gke.train: must be a mapping, got str"),
+    ],
+)
+def test_bad_values_name_the_key(mapping: dict, message: str) -> None:
+    with pytest.raises(GkeSettingsError) as excinfo:
+        GkeSettings.from_mapping(mapping)
+    assert message in str(excinfo.value)
+
+
+def test_direct_construction_validates_too() -> None:
+    with pytest.raises(GkeSettingsError, match=r"TpuJobShape.topology: '2x2x1x1'"):
+        TpuJobShape(accelerator="tpu-v5p-slice", topology="2x2x1x1", slices=1, chips_per_host=4)
+    with pytest.raises(GkeSettingsError, match=r"gke.namespace"):
+        GkeSettings(namespace="under_score")
+
+
+def test_connection_kwargs_match_the_provider_operators() -> None:
+    import inspect
+
+    from airflow.providers.google.cloud.operators.kubernetes_engine import (
+        GKECreateCustomResourceOperator,
+    )
+
+    params = inspect.signature(GKECreateCustomResourceOperator.__init__).parameters
+    kwargs = GkeSettings(impersonation_chain=("a@b.iam.gserviceaccount.com",)).connection_kwargs()
+    assert set(kwargs) <= set(params), set(kwargs) - set(params)
+    assert kwargs["impersonation_chain"] == ["a@b.iam.gserviceaccount.com"]
+    assert GkeSettings().connection_kwargs()["impersonation_chain"] is None
