@@ -101,7 +101,7 @@ class SystemInfo:
     """What the 6.1 rules make every log disclose about the submission and the run's layout."""
 
     org: str = "rcpflow"
-    platform: str = "cpu-local"
+    platform: str = "rcpflow-local-cpu"  # matches rcpflow.package.local_system().system_name
     status: str = "research"
     precision_linear: str = "fp32"
     precision_attn: str = "fp32"
