@@ -14,16 +14,20 @@ EXIT_INCOMPLETE = 3
 
 
 def _val_start(args: argparse.Namespace) -> int:
-    from rcpflow.recipe import check_global_batch_size, val_start_at
+    from rcpflow.recipe import GENERATIONS_PER_PROMPT, val_start_at
 
-    try:
-        gbs = check_global_batch_size(args.global_batch_size)
-        if args.override is not None and args.override < 0:
-            raise ValueError(f"--override must be >= 0, got {args.override}")
-        print(val_start_at(gbs, args.override))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+    gbs, override = args.global_batch_size, args.override
+    if gbs <= 0 or (override is not None and override < 0):
+        print("error: --global-batch-size must be positive and --override >= 0", file=sys.stderr)
         return EXIT_INVALID
+    if gbs % GENERATIONS_PER_PROMPT:
+        # The formula is defined for any batch, but no valid run has this one: say so.
+        print(
+            f"warning: global_batch_size {gbs} is not a multiple of {GENERATIONS_PER_PROMPT} "
+            "(prompts x generations); the closed division rejects it",
+            file=sys.stderr,
+        )
+    print(val_start_at(gbs, override))
     return EXIT_OK
 
 

@@ -209,7 +209,11 @@ def test_cli_manifest_validate_and_val_start(tmp_path):
     assert p.returncode == 1 and "step 20" in p.stderr
     p = _cli("val-start", "--global-batch-size", "512")
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "10"
-    assert _cli("val-start", "--global-batch-size", "100").returncode == 1
+    p = _cli("val-start", "--global-batch-size", "100")
+    assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "41"
+    assert "not a multiple of 16" in p.stderr
+    assert _cli("val-start", "--global-batch-size", "0").returncode == 1
+    assert _cli("val-start", "--global-batch-size", "256", "--override", "3").stdout.strip() == "3"
 
 
 def test_cli_check(tmp_path):
