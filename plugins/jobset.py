@@ -192,6 +192,12 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
         except ApiException as exc:
             if exc.status != 409:
                 raise
+            self.log.info("JobSet %s/%s already exists", ref["namespace"], ref["name"])
+        # Read it back whatever execute() said: the provider retries a failed create (409 and
+        # 5xx count as transient) on the already-consumed YAML generator, so the retry creates
+        # nothing and still reports success (providers-cncf-kubernetes 10.25). The read also
+        # tells an identical JobSet from an earlier try from a foreign one.
+        try:
             existing = create.hook.get_custom_object(
                 group=JOBSET_GROUP,
                 version=JOBSET_VERSION,
@@ -199,12 +205,15 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
                 name=ref["name"],
                 namespace=ref["namespace"],
             )
-            check_adoptable(existing, body)
-            self.log.info(
-                "JobSet %s/%s already exists with this spec (an earlier try); following it",
-                ref["namespace"],
-                ref["name"],
-            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            raise AirflowException(
+                f"JobSet {ref['namespace']}/{ref['name']} is not on the cluster after the create "
+                "call reported success (a create retried by the provider); a task retry creates "
+                "it again"
+            ) from exc
+        check_adoptable(existing, body)
         return create.cluster_url, create.ssl_ca_cert
 
 

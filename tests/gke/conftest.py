@@ -16,9 +16,12 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import google.auth.credentials
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,3 +144,158 @@ def recorded_status():  # noqa: ANN201 - a loader function
         return json.loads((FIXTURES / name).read_text())
 
     return load
+
+
+class FakeKubeApi:
+    """A stand-in Kubernetes API server for JobSets only, over plain HTTP on 127.0.0.1.
+
+    It answers what the provider's GKE operators and hooks send (create, get, delete of
+    ``/apis/jobset.x-k8s.io/v1alpha2/namespaces/<ns>/jobsets[/<name>]``) like the apiserver
+    does (201, 409 AlreadyExists, 404 NotFound), and serves each JobSet's ``status`` from a
+    script: the i-th GET of a JobSet gets ``statuses[i]`` (the last one repeats), or from
+    ``scripts[prefix]`` for JobSets whose name starts with that prefix. `requests` records
+    (method, path, Authorization header) in order; `deleted` the names deleted.
+    """
+
+    PREFIX = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/"
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.statuses: list[dict[str, Any] | None] = [None]
+        self.scripts: dict[str, list[dict[str, Any] | None]] = {}
+        self.deleted: list[str] = []
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.fail_posts: list[int] = []  # status codes for the next POSTs, consumed in order
+        self._gets: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, code: int, obj: dict[str, Any]) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _route(self) -> tuple[str, str | None] | None:
+                if not self.path.startswith(api.PREFIX):
+                    return None
+                parts = self.path[len(api.PREFIX) :].split("/")
+                if len(parts) == 2 and parts[1] == "jobsets":
+                    return parts[0], None
+                if len(parts) == 3 and parts[1] == "jobsets":
+                    return parts[0], parts[2]
+                return None
+
+            def _status(self, code: int, reason: str) -> None:
+                self._reply(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                   "reason": reason, "code": code})  # fmt: skip
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                route = self._route()
+                with api._lock:
+                    api.requests.append(("POST", self.path, self.headers.get("Authorization")))
+                    if route is None or route[1] is not None:
+                        return self._status(404, "NotFound")
+                    if api.fail_posts:
+                        return self._status(api.fail_posts.pop(0), "ServiceUnavailable")
+                    key = (route[0], body["metadata"]["name"])
+                    if key in api.objects:
+                        return self._status(409, "AlreadyExists")
+                    api.objects[key] = body
+                self._reply(201, body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                route = self._route()
+                with api._lock:
+                    api.requests.append(("GET", self.path, self.headers.get("Authorization")))
+                    if route is None or route[1] is None or route not in api.objects:
+                        return self._status(404, "NotFound")
+                    count = api._gets.get(route, 0)
+                    api._gets[route] = count + 1
+                    script = next(
+                        (v for k, v in api.scripts.items() if route[1].startswith(k)), api.statuses
+                    )
+                    status = script[min(count, len(script) - 1)]
+                    obj = dict(api.objects[route])
+                if status is not None:
+                    obj["status"] = status
+                self._reply(200, obj)
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                route = self._route()
+                with api._lock:
+                    api.requests.append(("DELETE", self.path, self.headers.get("Authorization")))
+                    if route is None or api.objects.pop(route, None) is None:
+                        return self._status(404, "NotFound")
+                    api.deleted.append(route[1])
+                self._reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def methods(self) -> list[str]:
+        return [method for method, _, _ in self.requests]
+
+
+@pytest.fixture
+def fake_kube_api():  # noqa: ANN201 - Iterator[FakeKubeApi]
+    api = FakeKubeApi()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+# Airflow imported by these tests (in-process ones) must not write into ~/airflow; another test
+# folder's harness may have configured it already, which then wins.
+if "AIRFLOW_HOME" not in os.environ and "airflow" not in sys.modules:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="rcpflow-gke-airflow-home-")
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+# A Google connection with no credentials in it (the tests replace the credentials).
+GOOGLE_CONN_ENV = {
+    "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps({"conn_type": "google_cloud_platform"})
+}
+
+
+@pytest.fixture
+def fake_gke(fake_kube_api: FakeKubeApi, monkeypatch: pytest.MonkeyPatch) -> FakeKubeApi:
+    """`fake_kube_api` as the GKE cluster of the provider's hooks: cluster lookup returns its
+    URL, Google credentials are a fixed token (the only parts not exercised for real)."""
+    for key, value in GOOGLE_CONN_ENV.items():
+        monkeypatch.setenv(key, value)
+    from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
+    from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
+
+    monkeypatch.setattr(
+        GKEClusterAuthDetails, "fetch_cluster_info", lambda self: (fake_kube_api.url, "")
+    )
+    monkeypatch.setattr(
+        GoogleBaseHook,
+        "get_credentials_and_project_id",
+        lambda self: (FixedTokenCredentials(), "test-project"),
+    )
+    return fake_kube_api
+
+
+class FixedTokenCredentials(google.auth.credentials.Credentials):
+    """Google credentials whose refresh yields ``test-token`` without any network."""
+
+    def refresh(self, request: Any) -> None:
+        self.token = "test-token"

@@ -1,0 +1,221 @@
+"""jobset_task_group in real Airflow: its shape, and `dag.test()` runs where the JobSet succeeds
+and fails (run deferred, the trigger polled in line, cleanup as teardown), against the
+stand-in Kubernetes API. Also: importing the GKE modules stays cheap."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tasks.gke import GkeSettings
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+
+
+def test_group_shape_run_then_cleanup_as_teardown() -> None:
+    from airflow.sdk import DAG, task, task_group
+
+    from tasks.gke import jobset_task_group
+
+    with DAG("shape", schedule=None) as dag:
+
+        @task
+        def render() -> dict:
+            return {}
+
+        @task
+        def after() -> None:
+            pass
+
+        jobset_task_group("train_job", render(), GkeSettings()) >> after()
+
+        @task_group
+        def evaluate(step: int) -> None:
+            @task
+            def render_eval(step: int) -> dict:
+                return {}
+
+            jobset_task_group("job", render_eval(step), GkeSettings())
+
+        evaluate.expand(step=[18, 19])
+
+    tasks = {t.task_id: t for t in dag.tasks}
+    assert tasks["train_job.run"].upstream_task_ids == {"render"}
+    assert tasks["train_job.cleanup"].is_teardown
+    assert tasks["train_job.cleanup"].upstream_task_ids == {"train_job.run"}
+    # Downstream of the group waits for the work, not for the teardown.
+    assert tasks["after"].upstream_task_ids == {"train_job.run"}
+    assert tasks["evaluate.job.cleanup"].is_teardown
+    assert tasks["evaluate.job.run"].upstream_task_ids == {"evaluate.render_eval"}
+
+
+DAG_FILE = '''
+"""Test DAGs: render a JobSet at run time, run it through jobset_task_group."""
+from airflow.sdk import dag, task
+
+from tasks.gke import GkeSettings, jobset_task_group, render_jobset
+
+SETTINGS = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.05)
+
+
+def build(dag_id):
+    @dag(dag_id=dag_id, schedule=None)
+    def jobset_dag():
+        @task
+        def render(**context) -> dict:
+            run = context["dag_run"]
+            return render_jobset(
+                SETTINGS, role="evaluate", dag_id=run.dag_id, run_id=run.run_id,
+                job="eval-1", module="tpu_jobs.evaluate", args=["--run-dir", "/r", "--step", "1"],
+            )
+
+        @task
+        def after() -> str:
+            return "after ran"
+
+        jobset_task_group("eval_job", render(), SETTINGS) >> after()
+
+    return jobset_dag()
+
+
+gke_ok = build("gke_ok")
+gke_fail = build("gke_fail")
+'''
+
+RUNNER = """
+import json, os, sys
+from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
+from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
+import google.auth.credentials
+
+
+class FixedToken(google.auth.credentials.Credentials):
+    def refresh(self, request):
+        self.token = "test-token"
+
+
+URL = os.environ["FAKE_KUBE_URL"]
+GKEClusterAuthDetails.fetch_cluster_info = lambda self: (URL, "")
+GoogleBaseHook.get_credentials_and_project_id = lambda self: (FixedToken(), "test-project")
+
+from airflow.utils import db
+from airflow.dag_processing.dagbag import DagBag
+from airflow.utils.session import create_session
+
+db.resetdb()
+bag = DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+assert not bag.import_errors, bag.import_errors
+results = {}
+for dag_id in ("gke_ok", "gke_fail"):
+    dr = bag.dags[dag_id].test()
+    with create_session() as session:
+        states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)}
+    results[dag_id] = {"state": str(dr.state), "tasks": states, "run_id": dr.run_id}
+print("RESULT " + json.dumps(results))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_dag_test_runs_the_group_to_success_and_to_failure(
+    tmp_path: Path, fake_kube_api, recorded_status
+) -> None:
+    from tasks.gke import jobset_name
+
+    running = recorded_status("status_running.json")["status"]
+    fake_kube_api.scripts = {
+        "gke-ok-": [None, running, recorded_status("status_succeeded.json")["status"]],
+        "gke-fail-": [running, recorded_status("status_failed_max_restarts.json")["status"]],
+    }
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "gke_test_dags.py").write_text(textwrap.dedent(DAG_FILE))
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path / "home"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(tmp_path / "no-plugins"),
+        "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT": json.dumps({"conn_type": "google_cloud_platform"}),
+        "FAKE_KUBE_URL": fake_kube_api.url,
+    }
+    env.pop("RCPFLOW_DEPLOYMENT", None)
+    proc = subprocess.run(
+        [PYTHON, "-c", RUNNER],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,  # dag.test ignores SIGTERM; subprocess.run kills (SIGKILL) on timeout
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    results = json.loads(lines[-1][len("RESULT ") :])
+
+    ok, fail = results["gke_ok"], results["gke_fail"]
+    assert ok["state"] == "success", ok
+    assert ok["tasks"] == {
+        "render": "success",
+        "eval_job.run": "success",
+        "eval_job.cleanup": "success",
+        "after": "success",
+    }
+    assert fail["state"] == "failed", fail
+    assert fail["tasks"]["eval_job.run"] == "failed"
+    assert fail["tasks"]["eval_job.cleanup"] == "success"  # the teardown ran after the failure
+    assert fail["tasks"]["after"] == "upstream_failed"
+    output = proc.stdout + proc.stderr
+    assert output.count("running trigger in line") == 2  # each run task deferred once
+    assert "ReachedMaxRestarts" in output
+
+    names = {d: jobset_name(d, results[d]["run_id"], "eval-1") for d in ("gke_ok", "gke_fail")}
+    assert sorted(fake_kube_api.deleted) == sorted(names.values())  # both cleaned up
+    assert fake_kube_api.objects == {}
+    assert fake_kube_api.methods().count("POST") == 2
+
+
+LIGHT_IMPORT_CHECK = """
+import sys
+import airflow.sdk  # what every DAG file pays anyway
+before = set(sys.modules)
+import tasks.gke
+import plugins.jobset
+new = sorted(set(sys.modules) - before)
+heavy = [m for m in new if m.split(".")[0] in ("kubernetes", "kubernetes_asyncio", "jax", "google")
+         or m.startswith(("airflow.providers.google.cloud", "airflow.providers.cncf.kubernetes."))]
+heavy += [m for m in ("kubernetes", "kubernetes_asyncio", "jax") if m in sys.modules]
+print("HEAVY", heavy)
+print("NEW", len(new))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_importing_the_gke_modules_pulls_in_no_provider_or_kubernetes(tmp_path: Path) -> None:
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    proc = subprocess.run(
+        [PYTHON, "-c", LIGHT_IMPORT_CHECK],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "HEAVY []" in proc.stdout, proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_tasks_gke_alone_imports_no_airflow(tmp_path: Path) -> None:
+    code = "import sys, tasks.gke; print(sorted(m for m in sys.modules if m.startswith('airflow')))"
+    proc = subprocess.run(
+        [PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=50
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"

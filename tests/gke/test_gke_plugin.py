@@ -1,0 +1,314 @@
+"""plugins/jobset.py: the trigger's status handling, and both operators driving the Google
+provider's real GKE operators and hooks against a stand-in Kubernetes API (`fake_gke`: only the
+cluster lookup and the Google credentials are replaced)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from tasks.gke import GkeSettings, render_jobset
+
+SETTINGS = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.01)
+JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"
+
+
+def _jobset(settings: GkeSettings = SETTINGS, step: int = 18) -> dict[str, Any]:
+    return render_jobset(
+        settings,
+        role="evaluate",
+        dag_id="mlperf_grpo_run",
+        run_id="manual__2026-05-01T12:00:00+00:00",
+        job=f"eval-{step}",
+        module="tpu_jobs.evaluate",
+        args=["--run-dir", "gs://bucket/runs/seed_1", "--step", str(step)],
+    )
+
+
+class FakeTI:
+    """The part of a running task instance the operators use: XCom push/pull, map index."""
+
+    def __init__(self, map_index: int = -1, xcoms: dict | None = None) -> None:
+        self.map_index = map_index
+        self.pushed: dict[str, Any] = {}
+        self.xcoms = xcoms or {}
+        self.pulls: list[tuple] = []
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+    def xcom_pull(self, *, task_ids: str, key: str, map_indexes: int) -> Any:
+        self.pulls.append((task_ids, key, map_indexes))
+        return self.xcoms.get((task_ids, key, map_indexes))
+
+
+def _events(trigger) -> list[dict[str, Any]]:  # noqa: ANN001
+    async def collect() -> list[dict[str, Any]]:
+        return [event.payload async for event in trigger.run()]
+
+    return asyncio.run(asyncio.wait_for(collect(), timeout=60))
+
+
+def _trigger(**overrides: Any):  # noqa: ANN202
+    from plugins.jobset import JobSetTrigger
+
+    kwargs = {
+        "name": "js",
+        "namespace": "default",
+        "cluster_url": "http://127.0.0.1:1",
+        "ssl_ca_cert": "",
+        "use_dns_endpoint": True,
+        "poll_interval_s": 0.0,
+        "max_consecutive_errors": 3,
+    }
+    kwargs.update(overrides)
+    return JobSetTrigger(**kwargs)
+
+
+def _scripted(monkeypatch: pytest.MonkeyPatch, responses: list[Any]) -> list[int]:
+    """Make JobSetTrigger.read_jobset return (or raise) `responses` in order; returns a list
+    that counts the reads."""
+    from plugins.jobset import JobSetTrigger
+
+    reads: list[int] = []
+
+    async def read_jobset(self) -> dict[str, Any]:  # noqa: ANN001
+        item = responses[min(len(reads), len(responses) - 1)]
+        reads.append(1)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    monkeypatch.setattr(JobSetTrigger, "read_jobset", read_jobset)
+    return reads
+
+
+# --- trigger: status handling with a scripted status source --------------------------------
+
+
+def test_trigger_waits_through_running_and_suspended(monkeypatch, recorded_status) -> None:
+    reads = _scripted(
+        monkeypatch,
+        [
+            recorded_status("status_created.json"),
+            recorded_status("status_suspended.json"),
+            recorded_status("status_running.json"),
+            recorded_status("status_restarting.json"),
+            recorded_status("status_succeeded.json"),
+        ],
+    )
+    [event] = _events(_trigger())
+    assert len(reads) == 5
+    assert event["phase"] == "Succeeded"
+    assert "16 succeeded" in event["progress"]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "reason"),
+    [
+        ("status_failed_max_restarts.json", "ReachedMaxRestarts"),
+        ("status_failed_jobs.json", "FailedJobs"),
+    ],
+)
+def test_trigger_reports_failure_with_reason(monkeypatch, recorded_status, fixture, reason) -> None:
+    _scripted(monkeypatch, [recorded_status("status_running.json"), recorded_status(fixture)])
+    [event] = _events(_trigger())
+    assert (event["phase"], event["reason"]) == ("Failed", reason)
+    assert "first failed job" in event["message"]
+
+
+def test_trigger_rides_out_a_few_read_errors(monkeypatch, recorded_status) -> None:
+    reads = _scripted(
+        monkeypatch,
+        [
+            ConnectionResetError("reset"),
+            TimeoutError("slow apiserver"),
+            recorded_status("status_running.json"),
+            ConnectionResetError("reset"),
+            recorded_status("status_succeeded.json"),
+        ],
+    )
+    [event] = _events(_trigger(max_consecutive_errors=3))
+    assert event["phase"] == "Succeeded" and len(reads) == 5
+
+
+def test_trigger_gives_up_after_consecutive_errors(monkeypatch) -> None:
+    reads = _scripted(monkeypatch, [PermissionError("403 Forbidden")])
+    [event] = _events(_trigger(max_consecutive_errors=3))
+    assert event["phase"] == "error" and len(reads) == 3
+    assert "3 reads in a row failed" in event["message"] and "403 Forbidden" in event["message"]
+
+
+def test_trigger_deleted_jobset_and_malformed_status(monkeypatch, recorded_status) -> None:
+    from plugins.jobset import JobSetGone
+
+    _scripted(monkeypatch, [JobSetGone("JobSet default/js not found")])
+    [event] = _events(_trigger())
+    assert (event["phase"], event["reason"]) == ("Failed", "NotFound")
+
+    _scripted(monkeypatch, [recorded_status("status_contradictory.json")])
+    [event] = _events(_trigger())
+    assert event["phase"] == "error" and "contradictory" in event["message"]
+
+
+def test_trigger_serializes_to_an_importable_classpath() -> None:
+    import importlib
+
+    trigger = _trigger(impersonation_chain=["sa@p.iam.gserviceaccount.com"])
+    classpath, kwargs = trigger.serialize()
+    json.dumps(kwargs)  # what the triggerer stores must be JSON
+    module, _, name = classpath.rpartition(".")
+    again = getattr(importlib.import_module(module), name)(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+
+
+# --- operators, without a cluster ----------------------------------------------------------
+
+
+def test_execute_complete_maps_events_to_task_outcomes() -> None:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    from plugins.jobset import RunJobSetOperator
+
+    op = RunJobSetOperator(task_id="run", jobset=_jobset(), **SETTINGS.connection_kwargs())
+    base = {"name": "js", "namespace": "default", "reason": "", "message": "", "progress": "p"}
+    done = op.execute_complete({}, {**base, "phase": "Succeeded"})
+    assert done == {"name": "js", "namespace": "default", "phase": "Succeeded", "progress": "p"}
+
+    failed = {**base, "phase": "Failed", "reason": "ReachedMaxRestarts", "message": "m"}
+    with pytest.raises(AirflowFailException, match=r"default/js failed \(ReachedMaxRestarts\): m"):
+        op.execute_complete({}, failed)
+
+    with pytest.raises(AirflowException, match="could not follow") as excinfo:
+        op.execute_complete({}, {**base, "phase": "error", "message": "3 reads in a row failed"})
+    assert not isinstance(excinfo.value, AirflowFailException)  # retryable
+
+
+def test_a_bad_jobset_is_refused_before_anything_is_recorded() -> None:
+    from plugins.jobset import RunJobSetOperator
+
+    bad = _jobset()
+    del bad["metadata"]["namespace"]
+    ti = FakeTI()
+    op = RunJobSetOperator(task_id="run", jobset=bad, **SETTINGS.connection_kwargs())
+    with pytest.raises(ValueError, match="metadata.namespace"):
+        op.execute({"ti": ti})
+    assert ti.pushed == {}
+
+
+def test_cleanup_without_a_recorded_jobset_does_nothing(fake_gke) -> None:
+    from plugins.jobset import DeleteJobSetOperator
+
+    op = DeleteJobSetOperator(
+        task_id="cleanup", run_task_id="g.run", **SETTINGS.connection_kwargs()
+    )
+    ti = FakeTI(map_index=3)
+    assert op.execute({"ti": ti}) is None
+    assert ti.pulls == [("g.run", "jobset_ref", 3)]
+    assert fake_gke.requests == []
+
+
+# --- operators and trigger through the provider's GKE operators/hooks ----------------------
+
+
+def test_run_creates_defers_and_follows_to_success(fake_gke, recorded_status) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from plugins.jobset import RunJobSetOperator
+
+    jobset = _jobset()
+    name = jobset["metadata"]["name"]
+    fake_gke.statuses = [
+        recorded_status("status_running.json")["status"],
+        recorded_status("status_succeeded.json")["status"],
+    ]
+    op = RunJobSetOperator(task_id="g.run", jobset=jobset, **SETTINGS.connection_kwargs())
+    ti = FakeTI()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})
+
+    assert ti.pushed == {"jobset_ref": {"name": name, "namespace": "default"}}
+    assert fake_gke.requests[0] == ("POST", JOBSETS, "Bearer test-token")
+    assert fake_gke.objects[("default", name)] == jobset  # the rendered object, unchanged
+    assert deferred.value.method_name == "execute_complete"
+    trigger = deferred.value.trigger
+    assert (trigger.name, trigger.cluster_url) == (name, fake_gke.url)
+
+    gets_before = fake_gke.methods().count("GET")
+    [event] = _events(trigger)  # kubernetes_asyncio through GKEKubernetesAsyncHook
+    assert fake_gke.methods().count("GET") > gets_before
+    assert op.execute_complete({"ti": ti}, event)["phase"] == "Succeeded"
+
+
+def test_run_retry_adopts_its_own_jobset_and_refuses_a_foreign_one(fake_gke) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from plugins.jobset import RunJobSetOperator
+    from tasks.gke import JobSetConflictError
+
+    jobset = _jobset()
+    op = RunJobSetOperator(task_id="g.run", jobset=jobset, **SETTINGS.connection_kwargs())
+    for _ in range(2):  # the second try finds the JobSet of the first (409) and follows it
+        with pytest.raises(TaskDeferred):
+            op.execute({"ti": FakeTI()})
+    assert len(fake_gke.objects) == 1
+    assert fake_gke.methods().count("POST") >= 2
+
+    other = _jobset(GkeSettings(use_dns_endpoint=True, image="rcpflow-tpu:other"))
+    assert other["metadata"]["name"] == jobset["metadata"]["name"]
+    op = RunJobSetOperator(task_id="g.run", jobset=other, **SETTINGS.connection_kwargs())
+    with pytest.raises(JobSetConflictError, match="not rendered from this spec"):
+        op.execute({"ti": FakeTI()})
+
+
+def test_run_never_defers_on_a_jobset_the_cluster_does_not_have(fake_gke) -> None:
+    from airflow.sdk.exceptions import AirflowException, TaskDeferred
+
+    from plugins.jobset import RunJobSetOperator
+
+    jobset = _jobset()
+    fake_gke.fail_posts = [503]  # one failed create; the provider retries it
+    op = RunJobSetOperator(task_id="g.run", jobset=jobset, **SETTINGS.connection_kwargs())
+    try:
+        op.execute({"ti": FakeTI()})
+    except TaskDeferred:
+        # A provider whose retry really re-sends the create: then the JobSet must exist.
+        assert ("default", jobset["metadata"]["name"]) in fake_gke.objects
+    except AirflowException as exc:
+        # providers-cncf-kubernetes 10.25 retries on a consumed generator: nothing is created.
+        assert "is not on the cluster" in str(exc)
+        assert fake_gke.objects == {}
+    else:
+        pytest.fail("execute() neither deferred nor failed")
+
+
+def test_trigger_on_a_deleted_jobset_fails_it(fake_gke) -> None:
+    [event] = _events(
+        _trigger(cluster_url=fake_gke.url, name="gone", poll_interval_s=0.01)
+    )  # GET -> 404
+    assert (event["phase"], event["reason"]) == ("Failed", "NotFound")
+
+
+def test_cleanup_deletes_the_recorded_jobset_and_tolerates_absence(fake_gke) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from plugins.jobset import DeleteJobSetOperator, RunJobSetOperator
+
+    jobset = _jobset()
+    ti = FakeTI(map_index=2)
+    run = RunJobSetOperator(task_id="g.run", jobset=jobset, **SETTINGS.connection_kwargs())
+    with pytest.raises(TaskDeferred):
+        run.execute({"ti": ti})
+    ref = ti.pushed["jobset_ref"]
+    ti.xcoms[("g.run", "jobset_ref", 2)] = ref
+
+    cleanup = DeleteJobSetOperator(
+        task_id="g.cleanup", run_task_id="g.run", **SETTINGS.connection_kwargs()
+    )
+    assert cleanup.execute({"ti": ti}) == {**ref, "deleted": True}
+    assert fake_gke.objects == {}
+    assert fake_gke.requests[-1] == ("DELETE", f"{JOBSETS}/{ref['name']}", "Bearer test-token")
+    assert cleanup.execute({"ti": ti}) == {**ref, "deleted": False}  # already gone: fine
