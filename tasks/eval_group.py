@@ -15,12 +15,16 @@ run whose summaries already decide it launches no evaluation job.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import TaskGroup, TriggerRule, XComArg, get_current_context, task, task_group
 
+from rcpflow.manifest import ManifestRow
 from tasks.deployment import Deployment
 
 log = logging.getLogger(__name__)
@@ -49,9 +53,7 @@ def load_rows(run_dir: str) -> list[dict[str, Any]]:
     return [_row_dict(r) for r in manifest.rows]
 
 
-def _row_dict(row: Any) -> dict[str, Any]:
-    import dataclasses
-
+def _row_dict(row: ManifestRow) -> dict[str, Any]:
     return dataclasses.asdict(row)
 
 
@@ -107,91 +109,131 @@ def check_run(run_dir: str) -> dict[str, Any]:
     return {"division": division, "log_path": log_path, "ok": True}
 
 
-def evaluate_row(run_dir: str, row: dict[str, Any], launch: Any) -> dict[str, Any]:
-    """Evaluate one checkpoint unless the gate says a lower step already passed.
+@dataclass(frozen=True)
+class EvalTarget:
+    """One checkpoint to evaluate, with the run's current manifest rows (for the gate)."""
 
-    `launch(run_dir, step)` runs the evaluation job and raises if it fails. Raises
-    AirflowSkipException (gate) or DownstreamTasksSkipped (this step passed), else returns the
-    step's accuracy.
-    """
-    from airflow.sdk.exceptions import AirflowSkipException, DownstreamTasksSkipped
+    run_dir: str
+    row: ManifestRow
+    rows: tuple[ManifestRow, ...]
 
-    from rcpflow.gate import passes, passing_step_below, valid_summary
+    @property
+    def step(self) -> int:
+        return self.row.step
+
+
+def eval_target(run_dir: str, row: dict[str, Any]) -> EvalTarget:
+    """Re-read the manifest rather than trust the XCom copy: the gate must see the run as it
+    is now, and a row that changed since load_manifest is an error, not something to guess."""
     from rcpflow.layout import RunLayout
     from rcpflow.manifest import ManifestError, load
-    from rcpflow.summary import SummaryError, read_summary, summary_problems
 
     step = row["step"]
-    layout = RunLayout(run_dir)
-    # Re-read rather than trust the XCom copy: the gate must see the run as it is now.
-    manifest = load(layout.manifest)
+    manifest = load(RunLayout(run_dir).manifest)
     try:
         current = manifest.row(step)
     except ManifestError as exc:
         raise EvaluationError(f"step {step}: no longer in the manifest: {exc}") from exc
     if _row_dict(current) != row:
-        raise EvaluationError(
-            f"step {step}: manifest row changed since load_manifest; re-run the DAG"
+        raise EvaluationError(f"step {step}: manifest row changed since load_manifest; re-run")
+    return EvalTarget(run_dir=run_dir, row=current, rows=manifest.rows)
+
+
+def skip_if_decided(target: EvalTarget) -> None:
+    """AirflowSkipException when a lower step's valid summary already passes the target."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from rcpflow.gate import passing_step_below
+
+    passed = passing_step_below(target.run_dir, target.step, target.rows)
+    if passed is not None:
+        raise AirflowSkipException(
+            f"step {passed} already passed the target; step {target.step} is not evaluated"
         )
 
-    def skip_if_decided() -> None:
-        passed = passing_step_below(run_dir, step, manifest.rows)
-        if passed is not None:
-            raise AirflowSkipException(
-                f"step {passed} already passed the target; step {step} is not evaluated"
-            )
 
-    skip_if_decided()
-    summary = valid_summary(run_dir, current)
-    if summary is not None:
-        log.info("step %d: reusing the valid summary at %s", step, layout.summary(step))
-    else:
-        try:
-            launch(run_dir, step)
-        except Exception:
-            # With an eval window > 1 a lower step may have passed while this job ran: then its
-            # failure does not matter to the run.
-            skip_if_decided()
-            raise
-        path = layout.summary(step)
-        try:
-            summary = read_summary(path)
-        except FileNotFoundError as exc:
-            raise EvaluationError(f"step {step}: the job wrote no summary at {path}") from exc
-        except SummaryError as exc:
-            raise EvaluationError(f"step {step}: unreadable summary: {exc}") from exc
-        problems = summary_problems(summary, current)
-        if problems:
-            raise EvaluationError(
-                f"step {step}: summary {path} is not valid: " + "; ".join(problems)
-            )
-    accuracy = summary.eval_accuracy
-    reached = passes(summary, current)
+def reusable(target: EvalTarget) -> bool:
+    from rcpflow.gate import valid_summary
+    from rcpflow.layout import RunLayout
+
+    if valid_summary(target.run_dir, target.row) is None:
+        return False
+    log.info(
+        "step %d: reusing the valid summary at %s",
+        target.step,
+        RunLayout(target.run_dir).summary(target.step),
+    )
+    return True
+
+
+def collect(target: EvalTarget) -> dict[str, Any]:
+    """Read and validate the step's summary; when it passes, mark later map indexes skipped
+    (DownstreamTasksSkipped: this instance still ends as success)."""
+    from airflow.sdk.exceptions import DownstreamTasksSkipped
+
+    from rcpflow.gate import passes
+    from rcpflow.layout import RunLayout
+    from rcpflow.summary import SummaryError, read_summary, summary_problems
+
+    step = target.step
+    path = RunLayout(target.run_dir).summary(step)
+    try:
+        summary = read_summary(path)
+    except FileNotFoundError as exc:
+        raise EvaluationError(f"step {step}: the job wrote no summary at {path}") from exc
+    except SummaryError as exc:
+        raise EvaluationError(f"step {step}: unreadable summary: {exc}") from exc
+    problems = summary_problems(summary, target.row)
+    if problems:
+        raise EvaluationError(f"step {step}: summary {path} is not valid: " + "; ".join(problems))
+    reached = passes(summary, target.row)
     log.info(
         "step %d: eval_accuracy (pass@4) %.4f %s target %s",
         step,
-        accuracy,
+        summary.eval_accuracy,
         ">" if reached else "<=",
-        current.target_accuracy,
+        target.row.target_accuracy,
     )
     if reached:
         ti = get_current_context()["ti"]
         later = [
             (ti.task_id, index)
-            for index, r in enumerate(manifest.rows)
+            for index, r in enumerate(target.rows)
             if r.step > step and index > ti.map_index
         ]
         if later:
             log.info("step %d passed: marking %d later checkpoint(s) skipped", step, len(later))
             raise DownstreamTasksSkipped(tasks=later)
-    return {"step": step, "eval_accuracy": accuracy, "target_reached": reached}
+    return {"step": step, "eval_accuracy": summary.eval_accuracy, "target_reached": reached}
 
 
-def local_launch(deployment: Deployment):  # noqa: ANN201 - a closure over the deployment
+def evaluate_row(
+    run_dir: str, row: dict[str, Any], launch: Callable[[str, int], None]
+) -> dict[str, Any]:
+    """Evaluate one checkpoint unless the gate says a lower step already passed.
+
+    `launch(run_dir, step)` runs the evaluation job and raises if it fails.
+    """
+    target = eval_target(run_dir, row)
+    skip_if_decided(target)
+    if not reusable(target):
+        try:
+            launch(run_dir, target.step)
+        except Exception:
+            # With an eval window > 1 a lower step may have passed while this job ran: then
+            # this failure does not matter to the run.
+            skip_if_decided(target)
+            raise
+    return collect(target)
+
+
+def local_launch(deployment: Deployment) -> Callable[[str, int], None]:
     def launch(run_dir: str, step: int) -> None:
-        from tasks.local_jobs import evaluate_command, run_job
+        from tasks.local_jobs import EVALUATE_MODULE, evaluate_args, module_command, run_job
 
-        argv = evaluate_command(deployment.job_python, run_dir=run_dir, step=step)
+        argv = module_command(
+            deployment.job_python, EVALUATE_MODULE, evaluate_args(run_dir=run_dir, step=step)
+        )
         run_job(argv, name=f"evaluate step {step}", env=deployment.job_env)
 
     return launch
@@ -226,7 +268,12 @@ def eval_group(deployment: Deployment, run_dir: str | XComArg) -> TaskGroup:
     @task_group(group_id="evaluation")
     def evaluation(run_dir: str) -> None:
         rows = load_manifest(run_dir)
-        evaluated = evaluate.partial(run_dir=run_dir).expand(row=rows)
+        if deployment.backend == "gke":
+            from tasks.gke_wiring import gke_evaluate
+
+            evaluated, _cleanup = gke_evaluate(deployment, run_dir, rows)
+        else:
+            evaluated = evaluate.partial(run_dir=run_dir).expand(row=rows)
         evaluated >> finalize(run_dir) >> check(run_dir)
 
     return evaluation(run_dir)

@@ -27,8 +27,11 @@ class JobFailed(RuntimeError):
     """A job exited non-zero (or could not start); the message quotes its last output lines."""
 
 
-def train_command(
-    python: str,
+TRAIN_MODULE = "tpu_jobs.train"
+EVALUATE_MODULE = "tpu_jobs.evaluate"
+
+
+def train_args(
     *,
     run_dir: str,
     seed: int,
@@ -37,10 +40,8 @@ def train_command(
     val_start_at: int | None,
     division: str,
 ) -> list[str]:
-    argv = [
-        python,
-        "-m",
-        "tpu_jobs.train",
+    """Arguments of ``python -m tpu_jobs.train`` (the same on every backend)."""
+    args = [
         "--run-dir",
         run_dir,
         "--seed",
@@ -53,12 +54,17 @@ def train_command(
         division,
     ]
     if val_start_at is not None:
-        argv += ["--val-start-at", str(val_start_at)]
-    return argv
+        args += ["--val-start-at", str(val_start_at)]
+    return args
 
 
-def evaluate_command(python: str, *, run_dir: str, step: int) -> list[str]:
-    return [python, "-m", "tpu_jobs.evaluate", "--run-dir", run_dir, "--step", str(step)]
+def evaluate_args(*, run_dir: str, step: int) -> list[str]:
+    """Arguments of ``python -m tpu_jobs.evaluate`` (the same on every backend)."""
+    return ["--run-dir", run_dir, "--step", str(step)]
+
+
+def module_command(python: str, module: str, args: Sequence[str]) -> list[str]:
+    return [python, "-m", module, *args]
 
 
 def _die_with_parent() -> None:

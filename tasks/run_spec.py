@@ -41,6 +41,18 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def train_args(self) -> list[str]:
+        from tasks.local_jobs import train_args
+
+        return train_args(
+            run_dir=self.run_dir,
+            seed=self.seed,
+            global_batch_size=self.global_batch_size,
+            max_steps=self.max_steps,
+            val_start_at=self.val_start_at,
+            division=self.division,
+        )
+
 
 def run_params(*, max_steps: int = 60) -> dict[str, Param]:
     """The Params of mlperf_grpo_run (fresh objects: Param instances must not be shared)."""

@@ -100,18 +100,10 @@ def train_group(deployment: Deployment, spec: XComArg) -> TaskGroup:
 
     @task(execution_timeout=timedelta(minutes=deployment.train_timeout_minutes))
     def train_job(spec: dict[str, Any]) -> None:
-        from tasks.local_jobs import run_job, train_command
+        from tasks.local_jobs import TRAIN_MODULE, module_command, run_job
 
         run = RunSpec(**spec)
-        argv = train_command(
-            deployment.job_python,
-            run_dir=run.run_dir,
-            seed=run.seed,
-            global_batch_size=run.global_batch_size,
-            max_steps=run.max_steps,
-            val_start_at=run.val_start_at,
-            division=run.division,
-        )
+        argv = module_command(deployment.job_python, TRAIN_MODULE, run.train_args())
         run_job(argv, name=f"train seed {run.seed}", env=deployment.job_env)
 
     @task_group(group_id="train")

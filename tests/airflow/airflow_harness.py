@@ -7,9 +7,11 @@ home, the tests would write into the wrong database, so that is refused loudly.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -36,3 +38,65 @@ os.environ.update(AIRFLOW_ENV)
 os.environ.pop("RCPFLOW_DEPLOYMENT", None)
 
 
+@dataclass(frozen=True)
+class DagRunResult:
+    state: str
+    states: dict[tuple[str, int], str]  # (task_id, map_index) -> state
+
+    def mapped(self, task_id: str) -> list[str]:
+        """States of a mapped task's instances, by map index."""
+        found = sorted((i, s) for (t, i), s in self.states.items() if t == task_id)
+        return [s for _, s in found]
+
+
+def write_deployment(path: Path, python: str | None = None, **settings: object) -> Path:
+    """A deployment TOML for tests (local backend unless `settings` says otherwise)."""
+    lines = []
+    if python is not None:
+        lines.append(f"python = {json.dumps(python)}")
+    for key, value in settings.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    lines += ["", "[job_env]", 'JAX_PLATFORMS = "cpu"']
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def recording_python(folder: Path) -> tuple[Path, Path]:
+    """An interpreter wrapper that appends each job's arguments to a file, then runs it for
+    real: tests see exactly which jobs a DAG launched."""
+    record = folder / "jobs.txt"
+    wrapper = folder / "python"
+    wrapper.write_text(
+        f"#!{PYTHON}\n"
+        "import os, sys\n"
+        f"with open({str(record)!r}, 'a') as f:\n"
+        "    f.write(' '.join(sys.argv[1:]) + '\\n')\n"
+        f"os.execv({PYTHON!r}, [{PYTHON!r}, *sys.argv[1:]])\n"
+    )
+    wrapper.chmod(0o755)
+    return wrapper, record
+
+
+def launched_jobs(record: Path) -> list[str]:
+    return record.read_text().splitlines() if record.exists() else []
+
+
+def run_dag_test(dag_id: str, conf: dict, deployment: Path | None = None) -> DagRunResult:
+    """`dag.test()` of a DAG parsed from dags/ under the given deployment file."""
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.utils.session import create_session
+
+    if deployment is None:
+        os.environ.pop("RCPFLOW_DEPLOYMENT", None)
+    else:
+        os.environ["RCPFLOW_DEPLOYMENT"] = str(deployment)
+    try:
+        bag = DagBag(str(DAGS))
+        assert bag.import_errors == {}, bag.import_errors
+        dr = bag.dags[dag_id].test(run_conf=conf)
+        with create_session() as session:
+            tis = dr.get_task_instances(session=session)
+            states = {(ti.task_id, ti.map_index): str(ti.state) for ti in tis}
+        return DagRunResult(state=str(dr.state), states=states)
+    finally:
+        os.environ.pop("RCPFLOW_DEPLOYMENT", None)

@@ -1,0 +1,266 @@
+"""A private Airflow on 127.0.0.1 for the demo and the end-to-end test: start, drive, stop.
+
+The components (api-server, scheduler, dag-processor, triggerer) are started as separate
+processes, each in its own process group, so every one of them can be stopped by the PID we
+hold: SIGINT first (Airflow's clean shutdown; ``airflow standalone`` and ``dags test`` ignore
+SIGTERM), then SIGKILL to the group after a grace period (it also reaches the executor's
+workers and the task processes they forked). Metadata DB: SQLite in AIRFLOW_HOME; executor:
+LocalExecutor with a small parallelism. The REST client is the API's own v2 routes over urllib.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+USER = "admin"
+
+
+class AirflowServerError(RuntimeError):
+    """The local Airflow did not come up or answered an error; the message says which."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    home: Path
+    dags_folder: Path
+    plugins_folder: Path
+    port: int
+    parallelism: int = 4
+    # Extra environment for every component (and so for the tasks and jobs they run).
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class LocalAirflow:
+    """Context manager: ``with LocalAirflow(config) as af: af.trigger(...)``; stops on exit."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.password = secrets.token_urlsafe(12)
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._token: str | None = None
+        self._airflow = str(Path(sys.executable).with_name("airflow"))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.config.port}"
+
+    def environment(self) -> dict[str, str]:
+        c = self.config
+        passwords = c.home / "passwords.json"
+        return {
+            **os.environ,
+            # the components start `airflow ...` children by name
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "AIRFLOW_HOME": str(c.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(c.dags_folder),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(c.plugins_folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(c.parallelism),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(c.port),
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__API_AUTH__JWT_SECRET": self._secret("jwt"),
+            "AIRFLOW__API__SECRET_KEY": self._secret("session"),
+            **c.env,
+        }
+
+    def _secret(self, name: str) -> str:
+        # One secret per home, shared by all components (they must agree on task tokens).
+        path = self.config.home / f".{name}_secret"
+        if not path.exists():
+            path.write_text(secrets.token_urlsafe(32))
+        return path.read_text()
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 180.0) -> None:
+        c = self.config
+        c.home.mkdir(parents=True, exist_ok=True)
+        (c.home / "passwords.json").write_text(json.dumps({USER: self.password}))
+        env = self.environment()
+        logs = c.home / "component-logs"
+        logs.mkdir(exist_ok=True)
+        migrate = subprocess.run(
+            [self._airflow, "db", "migrate"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+            check=False,
+        )
+        if migrate.returncode != 0:
+            tail = migrate.stdout.decode(errors="replace")[-3000:]
+            raise AirflowServerError(f"airflow db migrate failed:\n{tail}")
+        for name in COMPONENTS:
+            with open(logs / f"{name}.log", "ab") as out:
+                self.processes[name] = subprocess.Popen(
+                    [self._airflow, name],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own group: stoppable with all its children
+                )
+        self.wait_healthy(timeout_s)
+
+    def log_file(self, component: str) -> Path:
+        return self.config.home / "component-logs" / f"{component}.log"
+
+    def _check_alive(self) -> None:
+        for name, proc in self.processes.items():
+            if proc.poll() is not None:
+                tail = self.log_file(name).read_text(errors="replace")[-3000:]
+                raise AirflowServerError(
+                    f"airflow {name} exited with status {proc.returncode}:\n{tail}"
+                )
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                health = self._request("GET", "/api/v2/monitor/health", auth=False)
+                states = {k: v.get("status") for k, v in health.items() if isinstance(v, dict)}
+                if states.get("metadatabase") == "healthy" and states.get("scheduler") == "healthy":
+                    return
+                last = str(states)
+            except (OSError, AirflowServerError) as exc:
+                last = str(exc)
+            time.sleep(1.0)
+        raise AirflowServerError(f"Airflow at {self.url} not healthy after {timeout_s}s: {last}")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGINT every component, then SIGKILL each process group still alive after grace."""
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                _signal_group(proc.pid, signal.SIGINT, group=False)
+        deadline = time.monotonic() + grace_s
+        for proc in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        for proc in self.processes.values():
+            # Also whatever the component left in its group (executor workers, task processes).
+            _signal_group(proc.pid, signal.SIGKILL, group=True)
+            if proc.poll() is None:
+                proc.wait(timeout=10)
+
+    def __enter__(self) -> LocalAirflow:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- REST ----------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token()}"
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read().decode()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:2000]
+            raise AirflowServerError(f"{method} {path}: HTTP {exc.code}: {detail}") from exc
+        return json.loads(text) if text else None
+
+    def token(self) -> str:
+        if self._token is None:
+            answer = self._request(
+                "POST", "/auth/token", {"username": USER, "password": self.password}, auth=False
+            )
+            self._token = answer["access_token"]
+        return self._token
+
+    def wait_for_dag(self, dag_id: str, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_alive()
+            try:
+                self._request("GET", f"/api/v2/dags/{dag_id}")
+                return
+            except AirflowServerError as exc:
+                if "HTTP 404" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(1.0)
+
+    def unpause(self, dag_id: str) -> None:
+        self._request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
+
+    def trigger(self, dag_id: str, conf: Mapping[str, Any], run_id: str | None = None) -> str:
+        body: dict[str, Any] = {"logical_date": None, "conf": dict(conf)}
+        if run_id is not None:
+            body["dag_run_id"] = run_id
+        answer = self._request("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)
+        return str(answer["dag_run_id"])
+
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
+        quoted = urllib.parse.quote(run_id, safe="")
+        return self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}")
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        quoted = urllib.parse.quote(run_id, safe="")
+        answer = self._request(
+            "GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances?limit=1000"
+        )
+        return list(answer["task_instances"])
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float, on_poll: Any = None) -> str:
+        """Poll until the run finishes; returns its state. `on_poll()` is called each second."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._check_alive()
+            state = self.dag_run(dag_id, run_id)["state"]
+            if on_poll is not None:
+                on_poll()
+            if state in ("success", "failed"):
+                return str(state)
+            time.sleep(1.0)
+        raise AirflowServerError(f"{dag_id} run {run_id} not finished after {timeout_s}s")
+
+
+def _signal_group(pid: int, sig: signal.Signals, *, group: bool) -> None:
+    try:
+        if group:
+            os.killpg(pid, sig)  # the component was started as the leader of group `pid`
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
