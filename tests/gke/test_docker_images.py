@@ -1,0 +1,180 @@
+"""docker/ stays consistent with the repository (no docker engine here to build the images):
+what the Dockerfiles COPY exists and is not ignored, every pip install is pinned by
+constraints.txt and names extras that pyproject.toml defines, the Python version matches, the
+job image's entry-point modules exist, the Airflow image points Airflow at the copied dags/ and
+plugins/, and the example GKE deployment file is one tasks.deployment accepts."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKER = REPO / "docker"
+DOCKERFILES = ["Dockerfile.tpu", "Dockerfile.airflow"]
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    lines = [ln for ln in dockerfile.read_text().splitlines() if not ln.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    found = []
+    for line in joined.splitlines():
+        if line.strip():
+            op, _, rest = line.strip().partition(" ")
+            found.append((op.upper(), rest.strip()))
+    return found
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for i, line in enumerate((REPO / "constraints.txt").read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)", line)
+        assert match, f"constraints.txt line {i}: {line!r} is not name==version"
+        pins[_normalize(match[1])] = match[2]
+    return pins
+
+
+def _ignored(dockerfile: Path) -> list[str]:
+    ignore = dockerfile.with_name(dockerfile.name + ".dockerignore")
+    assert ignore.is_file(), f"{ignore} missing: the build context would include .venv"
+    return [
+        ln.strip().rstrip("/")
+        for ln in ignore.read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_copied_sources_exist_and_are_not_ignored(name: str) -> None:
+    dockerfile = DOCKER / name
+    ignored = _ignored(dockerfile)
+    assert ".venv" in ignored and ".git" in ignored
+    copies = [args for op, args in _instructions(dockerfile) if op == "COPY"]
+    assert copies
+    for args in copies:
+        *sources, _dest = [a for a in shlex.split(args) if not a.startswith("--")]
+        for source in sources:
+            path = REPO / source.rstrip("/")
+            assert path.exists(), f"{name}: COPY {source}: no such path in the repository"
+            for pattern in ignored:
+                assert not fnmatch.fnmatch(source.rstrip("/"), pattern), (
+                    f"{name}: COPY {source} is excluded by the .dockerignore pattern {pattern!r}"
+                )
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_pip_installs_are_pinned_and_name_real_extras(name: str) -> None:
+    pins = _pins()
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
+    copied: set[str] = set()
+    installs = 0
+    for op, args in _instructions(DOCKER / name):
+        if op == "COPY":
+            copied.update(Path(a).name for a in shlex.split(args)[:-1])
+        if op != "RUN" or "pip install" not in args:
+            continue
+        for command in args.split("&&"):
+            words = shlex.split(command)
+            if words[:2] != ["pip", "install"]:
+                continue
+            installs += 1
+            assert "-c" in words and words[words.index("-c") + 1] == "constraints.txt", (
+                f"{name}: {command.strip()!r} is not pinned by -c constraints.txt"
+            )
+            assert "constraints.txt" in copied, f"{name}: constraints.txt used before COPY"
+            for word in words[2:]:
+                if word.startswith("-") or word == "constraints.txt":
+                    continue
+                requirement = re.fullmatch(r"([^\[\]=<>!~ ]+)(?:\[([^\]]+)\])?", word)
+                assert requirement, f"{name}: cannot read requirement {word!r}"
+                if requirement[1] == ".":
+                    for extra in requirement[2].split(","):
+                        assert extra.strip() in extras, (
+                            f"{name}: extra {extra!r} is not in pyproject.toml ({sorted(extras)})"
+                        )
+                else:
+                    assert _normalize(requirement[1]) in pins, (
+                        f"{name}: {requirement[1]} is installed but not pinned in constraints.txt"
+                    )
+    assert installs, f"{name}: no pip install"
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_base_python_matches_pyproject(name: str) -> None:
+    [base] = [args for op, args in _instructions(DOCKER / name) if op == "FROM"]
+    version = re.search(r"python:?(3\.\d+)", base)
+    assert version, f"{name}: FROM {base} does not name a Python version"
+    assert f">={version[1]}" in PYPROJECT["project"]["requires-python"], base
+
+
+def test_constraints_pin_no_local_project() -> None:
+    text = (REPO / "constraints.txt").read_text()
+    assert "rcpflow" not in _pins()
+    assert not re.search(r"^\s*-e\b|file:|@\s", text, re.MULTILINE), "local paths break builds"
+    assert _pins()["jax"] == _pins()["jaxlib"], "jax[tpu] needs jaxlib at jax's version"
+
+
+def test_job_image_entry_points_exist() -> None:
+    text = (DOCKER / "Dockerfile.tpu").read_text()
+    modules = set(re.findall(r"python -m ([A-Za-z_][\w.]*)", text))
+    assert {"tpu_jobs.train", "tpu_jobs.evaluate"} <= modules
+    for module in modules:
+        base = REPO.joinpath(*module.split("."))
+        assert base.with_suffix(".py").is_file() or (base / "__main__.py").is_file(), (
+            f"Dockerfile.tpu names python -m {module}, which is not in the repository"
+        )
+
+
+def test_airflow_image_points_airflow_at_the_copied_folders() -> None:
+    instructions = _instructions(DOCKER / "Dockerfile.airflow")
+    [workdir] = [args for op, args in instructions if op == "WORKDIR"]
+    env = dict(
+        re.findall(r"(\w+)=(\S+)", " ".join(args for op, args in instructions if op == "ENV"))
+    )
+    destinations = {}
+    for op, args in instructions:
+        if op == "COPY":
+            *sources, dest = shlex.split(args)
+            for source in sources:
+                destinations[source.rstrip("/")] = str(Path(workdir) / dest.rstrip("/"))
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == destinations["dags"]
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == destinations["plugins"]
+    assert "tasks" in destinations and "rcpflow" in destinations
+    assert env["RCPFLOW_DEPLOYMENT"].endswith(".toml")
+
+
+def test_example_gke_deployment_is_valid(strict_jobset) -> None:
+    from tasks.deployment import parse_deployment
+    from tasks.gke import render_jobset
+
+    path = DOCKER / "deployment.gke.example.toml"
+    deployment = parse_deployment(path.read_text(), source=str(path), base_dir=path.parent)
+    assert deployment.backend == "gke"
+    gke = deployment.gke
+    assert gke is not None
+    assert (gke.train.total_chips, gke.evaluate.total_chips, gke.evaluate.slices) == (128, 64, 16)
+    jobset = render_jobset(
+        gke,
+        role="train",
+        dag_id="mlperf_grpo_run",
+        run_id="scheduled__2026-05-01T00:00:00+00:00",
+        job="train",
+        module="tpu_jobs.train",
+        args=["--run-dir", f"{deployment.storage_root}/seed_1", "--seed", "1"],
+    )
+    assert strict_jobset.errors(jobset) == []
+    assert jobset["metadata"]["namespace"] == "mlperf"
