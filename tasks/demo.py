@@ -1,0 +1,237 @@
+"""``make demo``: a whole open-division submission of three seeds through Airflow, on this machine.
+
+Starts a private Airflow on 127.0.0.1 (SQLite, LocalExecutor, the embedded local deployment:
+jobs are CPU JAX subprocesses), triggers ``mlperf_grpo_submission`` with the demo conf (outputs
+under ``runs/demo/``), prints the UI address and login, follows the run (training steps,
+saved checkpoints, evaluated checkpoints, task states), then prints the submission folder and
+the verdicts. Every Airflow process it started is stopped by PID on the way out, also after a
+failure or Ctrl-C. Exit status 0 only when the submission passed every check.
+
+    .venv/bin/python -m tasks.demo [--global-batch-size N] [--max-steps N] [--seeds 1 2 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.airflow_server import LocalAirflow, ServerConfig, free_port
+from tasks.deployment import ENV_VAR, REPO_ROOT
+
+SUBMISSION_DAG = "mlperf_grpo_submission"
+RUN_DAG = "mlperf_grpo_run"
+NAME = "demo"
+HOME = REPO_ROOT / ".airflow" / "demo"
+STORAGE_ROOT = REPO_ROOT / "runs"
+# 2 cores: three trainings (or evaluations) at once keep them busy; the waits are deferred.
+PARALLELISM = 4
+TIMEOUT_S = 14 * 60
+
+# The trainer's progress line, as streamed into the task log by tasks.local_jobs.
+_STEP_LINE = re.compile(r"\bstep\s+(\d+)\b")
+
+
+def demo_conf(seeds: Sequence[int], global_batch_size: int, max_steps: int) -> dict[str, Any]:
+    return {
+        "seeds": list(seeds),
+        "global_batch_size": global_batch_size,
+        "max_steps": max_steps,
+        "val_start_at": None,
+        "target": 0.69,
+        "division": "open",  # the toy policy uses its own learning rate
+        "backend": "local",
+        "storage_root": str(STORAGE_ROOT),
+        "submission_name": NAME,
+        "system": {},
+    }
+
+
+@dataclass
+class Progress:
+    """What has been printed so far, so each event is printed once."""
+
+    started: float = field(default_factory=time.monotonic)
+    train_step: dict[int, int] = field(default_factory=dict)
+    checkpoints: dict[int, int] = field(default_factory=dict)
+    evaluated: dict[int, set[int]] = field(default_factory=dict)
+    task_states: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    log_offsets: dict[Path, int] = field(default_factory=dict)
+
+    def say(self, text: str) -> None:
+        elapsed = int(time.monotonic() - self.started)
+        print(f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {text}", flush=True)
+
+
+def _run_dir(seed: int) -> Path:
+    return STORAGE_ROOT / NAME / "runs" / f"seed_{seed}"
+
+
+def _new_log_lines(progress: Progress, path: Path) -> list[str]:
+    offset = progress.log_offsets.get(path, 0)
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return []
+    end = data.rfind(b"\n") + 1  # only whole lines
+    progress.log_offsets[path] = offset + end
+    return data[:end].decode(errors="replace").splitlines()
+
+
+def _training_lines(progress: Progress, seed: int) -> list[str]:
+    """The trainer's own output lines, from the train task's log files."""
+    folder = HOME / "logs" / f"dag_id={RUN_DAG}" / f"run_id={NAME}__seed_{seed}"
+    lines = []
+    for path in sorted(folder.glob("task_id=train.train_job/**/*.log")):
+        for raw in _new_log_lines(progress, path):
+            try:
+                event = str(json.loads(raw).get("event", ""))
+            except ValueError:
+                event = raw
+            marker = f"train seed {seed} | "
+            if marker in event:
+                lines.append(event.split(marker, 1)[1])
+    return lines
+
+
+def follow_runs(progress: Progress, seeds: Sequence[int]) -> None:
+    """Print new training steps, saved checkpoints and evaluated checkpoints per seed."""
+    from rcpflow.layout import RunLayout
+    from rcpflow.manifest import ManifestError, parse_rows
+    from rcpflow.summary import SummaryError, read_summary
+
+    for seed in seeds:
+        for line in _training_lines(progress, seed):
+            match = _STEP_LINE.search(line)
+            if match and int(match.group(1)) > progress.train_step.get(seed, 0):
+                progress.train_step[seed] = int(match.group(1))
+                progress.say(f"seed {seed}: {line.strip()}")
+        layout = RunLayout(str(_run_dir(seed)))
+        try:
+            rows = parse_rows(Path(layout.manifest).read_text(), layout.manifest)
+        except (OSError, ManifestError):
+            rows = []
+        if rows and max(r.step for r in rows) > progress.checkpoints.get(seed, 0):
+            last = max(r.step for r in rows)
+            progress.checkpoints[seed] = last
+            progress.say(f"seed {seed}: checkpoint of step {last} saved ({len(rows)} so far)")
+        done = progress.evaluated.setdefault(seed, set())
+        for row in sorted(rows, key=lambda r: r.step):
+            if row.step in done or not Path(layout.summary(row.step)).exists():
+                continue
+            try:
+                summary = read_summary(layout.summary(row.step))
+            except (OSError, SummaryError):
+                continue
+            done.add(row.step)
+            verdict = "PASSES" if summary.eval_accuracy > row.target_accuracy else "below"
+            progress.say(
+                f"seed {seed}: checkpoint {row.step} evaluated: pass@4 "
+                f"{summary.eval_accuracy:.3f} ({verdict} target > {row.target_accuracy})"
+            )
+
+
+def follow_tasks(progress: Progress, airflow: LocalAirflow, dag_id: str, run_id: str) -> None:
+    """Print task state changes of one DAG run (skips, failures, finishes)."""
+    for ti in airflow.task_instances(dag_id, run_id):
+        key = (run_id, ti["task_id"], ti["map_index"])
+        state = ti["state"] or "none"
+        if progress.task_states.get(key) == state:
+            continue
+        progress.task_states[key] = state
+        if state in ("success", "failed", "skipped", "upstream_failed", "running", "deferred"):
+            label = ti["task_id"]
+            if ti["map_index"] >= 0:
+                label += f"[{ti.get('rendered_map_index') or ti['map_index']}]"
+            where = "submission" if dag_id == SUBMISSION_DAG else run_id.replace(f"{NAME}__", "")
+            progress.say(f"{where}: {label} {state}")
+
+
+def run_demo(seeds: Sequence[int], global_batch_size: int, max_steps: int) -> int:
+    started = time.monotonic()
+    for path in (HOME, STORAGE_ROOT / NAME):
+        shutil.rmtree(path, ignore_errors=True)  # the demo's own folders: a clean run each time
+    HOME.mkdir(parents=True)
+    os.environ.pop(ENV_VAR, None)  # the embedded default deployment
+    config = ServerConfig(
+        home=HOME,
+        dags_folder=REPO_ROOT / "dags",
+        plugins_folder=REPO_ROOT / "plugins",
+        port=free_port(),
+        parallelism=PARALLELISM,
+        env={"JAX_PLATFORMS": "cpu"},
+    )
+    airflow = LocalAirflow(config)
+    print(f"Starting Airflow in {HOME} (SQLite, LocalExecutor, parallelism {PARALLELISM})")
+    try:
+        airflow.start()
+        print()
+        print(f"  Airflow UI:  {airflow.url}")
+        print(f"  login:       admin / {airflow.password}")
+        print(f"  outputs:     {STORAGE_ROOT / NAME}")
+        print()
+        for dag_id in (SUBMISSION_DAG, RUN_DAG):
+            airflow.wait_for_dag(dag_id)
+            airflow.unpause(dag_id)
+        conf = demo_conf(seeds, global_batch_size, max_steps)
+        run_id = airflow.trigger(SUBMISSION_DAG, conf, run_id=f"{NAME}__{int(time.time())}")
+        print(f"Triggered {SUBMISSION_DAG} run {run_id} with conf {json.dumps(conf)}")
+        progress = Progress()
+
+        def poll() -> None:
+            follow_runs(progress, seeds)
+            follow_tasks(progress, airflow, SUBMISSION_DAG, run_id)
+            for seed in seeds:
+                try:
+                    follow_tasks(progress, airflow, RUN_DAG, f"{NAME}__seed_{seed}")
+                except Exception:  # noqa: BLE001 - that run does not exist yet
+                    continue
+
+        state = airflow.wait_for_run(SUBMISSION_DAG, run_id, TIMEOUT_S, on_poll=poll)
+        poll()
+        print()
+        report = STORAGE_ROOT / NAME / "report.md"
+        print(f"Submission run: {state}")
+        print(f"Submission folder: {STORAGE_ROOT / NAME / 'submission'}")
+        print(f"Report: {report}")
+        print()
+        print(report.read_text() if report.exists() else "(no report was written)")
+        return 0 if state == "success" else 1
+    finally:
+        print("Stopping Airflow ...", flush=True)
+        airflow.stop()
+        minutes = (time.monotonic() - started) / 60
+        print(f"Airflow stopped. Demo wall time: {minutes:.1f} min", flush=True)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--global-batch-size", type=int, default=256)
+    parser.add_argument("--max-steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # so `finally` stops Airflow on kill too
+    try:
+        return run_demo(args.seeds, args.global_batch_size, args.max_steps)
+    except KeyboardInterrupt:
+        print("Interrupted.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

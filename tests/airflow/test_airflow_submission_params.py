@@ -1,0 +1,88 @@
+"""mlperf_grpo_submission refuses bad Params by name, before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow_harness import run_dag_test
+
+from tasks.deployment import load_deployment
+from tasks.run_spec import ParamError
+from tasks.submission import submission_spec
+
+
+def _params(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    params = {
+        "seeds": [1, 2, 3],
+        "global_batch_size": 256,
+        "max_steps": 40,
+        "val_start_at": None,
+        "target": 0.69,
+        "division": "open",
+        "backend": "local",
+        "storage_root": str(tmp_path / "root"),
+        "submission_name": "s1",
+        "system": {},
+    }
+    return {**params, **changes}
+
+
+def test_good_params_give_one_run_per_seed(tmp_path: Path) -> None:
+    spec = submission_spec(_params(tmp_path), run_id="r", deployment=load_deployment())
+    triggers = spec.triggers()
+    assert [t["trigger_run_id"] for t in triggers] == ["s1__seed_1", "s1__seed_2", "s1__seed_3"]
+    assert [t["conf"]["run_dir"] for t in triggers] == [
+        str(tmp_path / "root" / "s1" / "runs" / f"seed_{s}") for s in (1, 2, 3)
+    ]
+    assert {t["conf"]["division"] for t in triggers} == {"open"}
+
+
+def test_submission_name_defaults_to_a_safe_form_of_the_run_id(tmp_path: Path) -> None:
+    params = _params(tmp_path, submission_name=None)
+    spec = submission_spec(
+        params, run_id="manual__2026-01-02T03:04:05+00:00", deployment=load_deployment()
+    )
+    assert spec.name == "manual__2026-01-02T03_04_05_00_00"
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"seeds": [1, 2, 1]}, "seeds: seed(s) [1] repeated"),
+        ({"seeds": [1, 2]}, "seeds: a qwen35_397b_grpo submission has 3 runs"),
+        ({"global_batch_size": 100}, "global_batch_size must be a positive multiple of 16"),
+        ({"target": 0.7}, "target: MLPerf 6.1.0 fixes"),
+        ({"backend": "gke"}, "backend: this Airflow deployment runs jobs on 'local'"),
+        ({"val_start_at": 41}, "val_start_at: validation would start at step 41"),
+        ({"storage_root": "relative/dir"}, "storage_root: 'relative/dir' must be an absolute"),
+        ({"submission_name": "../up"}, "submission_name: '../up' must match"),
+        ({"system": {"colour": "red"}}, "system: unknown field(s) colour"),
+        ({"system": {"status": "made up"}}, "system: system description: status must be one of"),
+    ],
+)
+def test_bad_params_are_refused_naming_the_param(
+    tmp_path: Path, changes: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ParamError) as refused:
+        submission_spec(_params(tmp_path, **changes), run_id="r", deployment=load_deployment())
+    assert named in str(refused.value)
+
+
+@pytest.mark.timeout(300)
+def test_a_cross_field_problem_fails_the_first_task_before_anything_runs(
+    airflow_db: str, tmp_path: Path
+) -> None:
+    # In the JSON schema each value is fine; only together are they wrong (validation would
+    # start after the last step), which the `plan` task catches.
+    conf = _params(tmp_path, val_start_at=41)
+    result = run_dag_test("mlperf_grpo_submission", conf)
+
+    assert result.state == "failed"
+    assert result.states[("plan", -1)] == "failed"
+    assert result.states[("seed_triggers", -1)] == "upstream_failed"
+    assert not any(
+        t.startswith("run_seed") for t, _ in result.states if result.states[(t, _)] == "success"
+    )
+    assert not (tmp_path / "root").exists()  # nothing was written
