@@ -29,15 +29,24 @@ Wiring example (inside a task-group factory in tasks/)::
     from tasks.gke import GkeSettings, jobset_task_group, render_jobset
 
     @task
-    def eval_jobset(run_dir: str, step: int, *, dag_run=None) -> dict:
+    def eval_jobset(run_dir: str, step: int, **context) -> dict:
+        run = context["dag_run"]
         return render_jobset(
-            settings, role="evaluate", dag_id=dag_run.dag_id, run_id=dag_run.run_id,
+            settings, role="evaluate", dag_id=run.dag_id, run_id=run.run_id,
             job=f"eval-{step}", module="tpu_jobs.evaluate",
             args=["--run-dir", run_dir, "--step", str(step)],
         )
 
-    job = jobset_task_group("eval_job", eval_jobset(run_dir, step), settings)
+    job = jobset_task_group(
+        "eval_job", eval_jobset(run_dir, step), settings, job_timeout=timedelta(hours=2)
+    )
     gate >> job >> read_summary   # downstream waits for `run`, not for the teardown
+
+``run`` returns ``{"name", "namespace", "phase", "progress"}`` (its XCom). A Failed JobSet
+fails ``run`` with the controller's reason and no Airflow retry (restarts are the shape's
+``max_restarts``, i.e. the JobSet's failurePolicy); a watch error fails it retryably and the
+retry adopts the same JobSet. Tested: tests/gke (CRD schema, recorded statuses, the provider's
+hooks against a stand-in Kubernetes API, ``dag.test()`` of the group).
 
 The operators and trigger live in ``plugins/jobset.py``; the status reading in
 ``tasks.gke.status`` (``interpret_status``).

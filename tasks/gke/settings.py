@@ -105,7 +105,10 @@ def default_train_shape() -> TpuJobShape:
 
 def default_eval_shape() -> TpuJobShape:
     """Evaluation: 64 chips as 16 independent single-host 2x2x1 v5p workers; evaluation is
-    idempotent (a valid summary is reused), so a restart costs only time."""
+    idempotent (a valid summary is reused), so a restart costs only time.
+
+    Each worker gets RCPFLOW_SLICE_INDEX / RCPFLOW_NUM_SLICES (see tasks.gke.jobset); the
+    evaluator must split the instances by them, else every worker evaluates everything."""
     return TpuJobShape(
         accelerator="tpu-v5p-slice", topology="2x2x1", slices=16, chips_per_host=4, max_restarts=2
     )
