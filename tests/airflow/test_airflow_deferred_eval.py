@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
-from airflow_harness import launched_jobs, recording_python, run_dag_test, write_deployment
-from synthetic_run import make_run
+from airflow_harness import (
+    launched_jobs,
+    recording_python,
+    run_dag_test,
+    train_fast_run,
+    write_deployment,
+)
+from synthetic_run import attempts_for_accuracy, make_run
 
+from rcpflow import recipe
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import load
 from rcpflow.mllog import read_events
+from rcpflow.summary import build_summary, read_summary, write_summary
 
 EVALUATE = "evaluation.evaluate"
 
@@ -59,3 +70,84 @@ def test_gke_backend_takes_the_same_gate_before_touching_a_cluster(
     assert result.mapped(EVALUATE) == ["success", "success", "skipped", "skipped", "skipped"]
     assert result.states[("evaluation.cleanup", -1)] == "success"
     assert result.states[("evaluation.check", -1)] == "success"
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real training run of the fast configuration (checkpoints of steps 2..6)."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    train_fast_run(run_dir)
+    return run_dir
+
+
+def _plant_summary(run_dir: Path, step: int, accuracy: float) -> None:
+    """Prepare the run: a valid summary for `step` with the given pass@4, written through
+    rcpflow for the real manifest row (the toy cannot pass after 6 tiny steps)."""
+    layout = RunLayout(str(run_dir))
+    row = load(layout.manifest).row(step)
+    summary = build_summary(
+        attempts_for_accuracy(accuracy),
+        attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
+        instances=recipe.EVAL_SAMPLES,
+        checkpoint_step=step,
+        checkpoint_timestamp_ms=row.timestamp_ms,
+        samples_count=row.samples_count,
+        target_accuracy=row.target_accuracy,
+        eval_start_ms=row.timestamp_ms + 60_000,
+        eval_stop_ms=row.timestamp_ms + 61_000,
+    )
+    write_summary(layout.summary(step), summary)
+
+
+@pytest.mark.timeout(600)
+def test_real_jobs_evaluate_below_a_passing_middle_checkpoint(
+    airflow_db: str, trained_run: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    _plant_summary(run_dir, 4, 0.80)
+    python, record = recording_python(tmp_path)
+    deployment = write_deployment(tmp_path / "deployment.toml", python=str(python))
+
+    result = run_dag_test("mlperf_grpo_deferred_eval", {"run_dir": str(run_dir)}, deployment)
+
+    assert result.state == "success", result.states
+    # steps 2..6: 2 and 3 evaluated by the real evaluator, 4 reused, 5 and 6 skipped
+    assert result.mapped(EVALUATE) == ["success"] * 3 + ["skipped"] * 2
+    assert sorted(launched_jobs(record)) == [
+        f"-m tpu_jobs.evaluate --run-dir {run_dir} --step 2",
+        f"-m tpu_jobs.evaluate --run-dir {run_dir} --step 3",
+    ]
+    layout = RunLayout(str(run_dir))
+    events = read_events(layout.mllog(1))
+    assert [e.metadata["samples_count"] for e in events if e.key == "eval_accuracy"] == [32, 48, 64]
+    (stop,) = [e for e in events if e.key == "run_stop"]
+    assert stop.metadata["status"] == "success"
+    assert stop.time_ms == load(layout.manifest).row(4).timestamp_ms
+    assert result.states[("evaluation.check", -1)] == "success"  # the official checker agrees
+
+
+@pytest.mark.timeout(600)
+def test_a_failing_evaluation_fails_the_task_and_writes_no_run_stop(
+    airflow_db: str, trained_run: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    # Damage step 3's checkpoint: its weights no longer restore, the evaluator fails (exit 3).
+    for path in (run_dir / "checkpoints" / "3").rglob("*"):
+        if path.is_file() and path.parent.name != "3":
+            path.write_bytes(b"not a checkpoint")
+
+    result = run_dag_test(
+        "mlperf_grpo_deferred_eval",
+        {"run_dir": str(run_dir)},
+        write_deployment(tmp_path / "d.toml"),
+    )
+
+    assert result.state == "failed"
+    assert result.mapped(EVALUATE)[1] == "failed"  # step 3
+    assert result.states[("evaluation.finalize", -1)] == "upstream_failed"
+    layout = RunLayout(str(run_dir))
+    assert "run_stop" not in {e.key for e in read_events(layout.mllog(1))}
+    summary = read_summary(layout.summary(3))
+    assert summary.fatal_error  # the evaluator recorded why; never a valid summary

@@ -1,0 +1,69 @@
+"""dag.test() of mlperf_grpo_run end to end on a short configuration of the real jobs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from airflow_harness import (
+    CONVERGING_RUN,
+    launched_jobs,
+    recording_python,
+    run_dag_test,
+    write_deployment,
+)
+
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import load
+from rcpflow.mllog import read_events
+from tasks.verdicts import read_verdict
+
+
+@pytest.mark.timeout(600)
+def test_run_dag_trains_evaluates_until_the_target_and_checks(
+    airflow_db: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    python, record = recording_python(tmp_path)
+    deployment = write_deployment(tmp_path / "deployment.toml", python=str(python))
+    conf = {**CONVERGING_RUN, "run_dir": str(run_dir)}
+
+    result = run_dag_test("mlperf_grpo_run", conf, deployment)
+
+    assert result.state == "success", result.states
+    assert result.states[("train.train_job", -1)] == "success"
+    assert result.states[("train.check_outputs", -1)] == "success"
+    layout = RunLayout(str(run_dir))
+    rows = load(layout.manifest).rows
+    assert [r.step for r in rows] == list(range(24, 35))  # a checkpoint per step from 24
+    events = read_events(layout.mllog(1))
+    (stop,) = [e for e in events if e.key == "run_stop"]
+    assert stop.metadata["status"] == "success"
+    passed = stop.metadata["samples_count"] // 256
+    assert stop.time_ms == next(r.timestamp_ms for r in rows if r.step == passed)
+    logged = {
+        e.metadata["samples_count"] // 256: float(e.value)
+        for e in events
+        if e.key == "eval_accuracy"
+    }
+    # the log holds every step from 24 up to the first one above 0.69, and no later one
+    assert sorted(logged) == list(range(24, passed + 1))
+    assert all(acc <= 0.69 for step, acc in logged.items() if step < passed)
+    assert logged[passed] > 0.69
+    # each logged step was evaluated by a real job; no job is launched twice; dag.test runs
+    # mapped instances in random order, so a later step may have been evaluated speculatively
+    jobs = launched_jobs(record)
+    assert sum(j.split()[1] == "tpu_jobs.train" for j in jobs) == 1
+    evaluated = [int(j.split("--step ")[1]) for j in jobs if j.split()[1] == "tpu_jobs.evaluate"]
+    assert len(evaluated) == len(set(evaluated))
+    assert set(range(24, passed + 1)) <= set(evaluated)
+    for step in evaluated:
+        assert json.loads(Path(layout.summary(step)).read_text())["checkpoint_step"] == step
+    # instances for steps after the passing one are skipped unless they ran first
+    states = dict(zip(range(24, 35), result.mapped("evaluation.evaluate"), strict=True))
+    assert all(states[s] == "success" for s in range(24, passed + 1))
+    assert all(states[s] in ("skipped", "success") for s in range(passed + 1, 35))
+    verdict = read_verdict(str(run_dir), "compliance_checker")
+    assert verdict is not None and verdict.ok, verdict
+    assert result.states[("evaluation.check", -1)] == "success"
