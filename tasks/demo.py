@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -36,9 +35,6 @@ STORAGE_ROOT = REPO_ROOT / "runs"
 # 2 cores: three trainings (or evaluations) at once keep them busy; the waits are deferred.
 PARALLELISM = 4
 TIMEOUT_S = 14 * 60
-
-# The trainer's progress line, as streamed into the task log by tasks.local_jobs.
-_STEP_LINE = re.compile(r"\bstep\s+(\d+)\b")
 
 
 def demo_conf(seeds: Sequence[int], global_batch_size: int, max_steps: int) -> dict[str, Any]:
@@ -105,6 +101,17 @@ def _training_lines(progress: Progress, seed: int) -> list[str]:
     return lines
 
 
+def _training_step(line: str) -> dict[str, Any] | None:
+    """The trainer prints one JSON object per update (step, mean_reward, loss, timestamp_ms)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if isinstance(record, dict) and isinstance(record.get("step"), int) and "mean_reward" in record:
+        return record
+    return None
+
+
 def follow_runs(progress: Progress, seeds: Sequence[int]) -> None:
     """Print new training steps, saved checkpoints and evaluated checkpoints per seed."""
     from rcpflow.layout import RunLayout
@@ -113,10 +120,13 @@ def follow_runs(progress: Progress, seeds: Sequence[int]) -> None:
 
     for seed in seeds:
         for line in _training_lines(progress, seed):
-            match = _STEP_LINE.search(line)
-            if match and int(match.group(1)) > progress.train_step.get(seed, 0):
-                progress.train_step[seed] = int(match.group(1))
-                progress.say(f"seed {seed}: {line.strip()}")
+            step = _training_step(line)
+            if step is not None and step["step"] > progress.train_step.get(seed, 0):
+                progress.train_step[seed] = step["step"]
+                progress.say(
+                    f"seed {seed}: training step {step['step']}, mean reward "
+                    f"{step['mean_reward']:.3f}"
+                )
         layout = RunLayout(str(_run_dir(seed)))
         try:
             rows = parse_rows(Path(layout.manifest).read_text(), layout.manifest)
