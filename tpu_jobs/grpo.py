@@ -16,6 +16,7 @@ trajectory it would have had without the interruption.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from typing import Any, NamedTuple
 
 import jax
@@ -112,10 +113,12 @@ def rollout_key(seed: int, step: int) -> jax.Array:
 TrainStep = Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, StepMetrics]]
 
 
+@cache
 def make_train_step(cfg: ModelConfig, hp: Hyperparameters) -> TrainStep:
     """A jitted ``(state, prompts, key) -> (state, metrics)``: rollouts, rewards, one update.
 
-    ``prompts`` is ``(hp.num_prompts_per_step, task.PROMPT_LENGTH)``.
+    ``prompts`` is ``(hp.num_prompts_per_step, task.PROMPT_LENGTH)``. Cached per settings, so
+    callers share one compiled program.
     """
     optimizer = make_optimizer(hp)
     generations = hp.num_generations_per_prompt
@@ -142,7 +145,7 @@ def make_train_step(cfg: ModelConfig, hp: Hyperparameters) -> TrainStep:
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         metrics = StepMetrics(
-            mean_reward=rewards.mean(), loss=loss, grad_norm=optax.global_norm(grads)
+            mean_reward=rewards.mean(), loss=loss, grad_norm=optax.tree.norm(grads)
         )
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 

@@ -1,0 +1,164 @@
+"""The training job end to end: run layout, MLLOG, flags, determinism and resume after a crash."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rcpflow import manifest
+from rcpflow.layout import RunLayout
+from rcpflow.mllog import parse, run_start_ms
+from rcpflow.storage import storage_for
+from tpu_jobs import train
+from tpu_jobs.checkpoint import is_complete, read_meta
+from tpu_jobs.evaluate import MODEL_CONFIG_KEY
+from tpu_jobs.model import ModelConfig
+from tpu_jobs.rcp_hooks import RcpHooks
+
+pytestmark = pytest.mark.timeout(600)
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["--global-batch-size", "32", "--val-start-at", "2"]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_jobs.train", *args],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env=None if env is None else {**os.environ, **env},
+    )  # fmt: skip
+
+
+def events(run_dir: str, seed: int) -> list:
+    path = RunLayout(run_dir).mllog(seed)
+    return parse(storage_for(path).read_text(path), where=path)
+
+
+def value(evs: list, key: str) -> object:
+    (found,) = [e.value for e in evs if e.key == key]
+    return found
+
+
+def check_run(run_dir: str, seed: int, steps: list[int]) -> manifest.Manifest:
+    layout = RunLayout(run_dir)
+    loaded = manifest.load(layout.manifest)
+    assert [r.step for r in loaded.rows] == steps and not loaded.stale_steps
+    evs = events(run_dir, seed)
+    start = run_start_ms(evs)
+    stamps = [r.timestamp_ms for r in loaded.rows]
+    assert start is not None and start <= stamps[0]
+    assert stamps == sorted(set(stamps))  # strictly increasing
+    (stop,) = [e for e in evs if e.key == "block_stop"]
+    assert stop.time_ms == stamps[-1]  # backdated to the last weight update
+    assert stop.metadata["step"] == steps[-1]
+    assert stop.metadata["samples_count"] == steps[-1] * 32
+    assert len([e for e in evs if e.key == "run_start"]) == 1
+    for row in loaded.rows:
+        assert is_complete(layout.checkpoint(row.step))
+        assert row.samples_count == row.step * 32 and row.seed == seed
+    return loaded
+
+
+def test_cli_fast_run_writes_the_run_layout(tmp_path: Path) -> None:
+    run_dir = str(tmp_path / "run")
+    proc = cli("--run-dir", run_dir, "--seed", "3", *FAST, "--max-steps", "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = check_run(run_dir, 3, [2, 3, 4])
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    printed = {rec["step"]: rec["timestamp_ms"] for rec in lines if "step" in rec}
+    assert sorted(printed) == [1, 2, 3, 4]
+    assert [printed[r.step] for r in loaded.rows] == [r.timestamp_ms for r in loaded.rows]
+    evs = events(run_dir, 3)
+    # What is logged is what was used: the open division's toy learning rate.
+    assert value(evs, "submission_division") == "open"
+    assert value(evs, "opt_base_learning_rate") == train.OPEN_LEARNING_RATE
+    assert value(evs, "global_batch_size") == 32 and value(evs, "seed") == 3
+    assert value(evs, "max_sequence_length") == ModelConfig().max_sequence_length == 65536
+    # The evaluator rebuilds the model from the checkpoint's own record.
+    meta = read_meta(RunLayout(run_dir).checkpoint(4))
+    assert meta.extra[MODEL_CONFIG_KEY] == dataclasses.asdict(ModelConfig())
+    assert meta.weights_fingerprint == loaded.rows[-1].weights_fingerprint
+
+
+def test_resume_after_a_crash_continues_the_same_trajectory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def config(name: str) -> train.TrainConfig:
+        return train.TrainConfig(
+            run_dir=str(tmp_path / name), seed=1, global_batch_size=32, max_steps=5,
+            val_start_at=2,
+        )  # fmt: skip
+
+    reference = train.train(config("reference"))
+    assert reference.resumed_from is None and len(reference.mean_rewards) == 5
+
+    original = RcpHooks.after_update
+
+    def crash_at_4(self: RcpHooks, step: int, params: object, state: object) -> int:
+        if step == 4:
+            raise RuntimeError("simulated preemption before update 4 was recorded")
+        return original(self, step, params, state)
+
+    monkeypatch.setattr(RcpHooks, "after_update", crash_at_4)
+    with pytest.raises(RuntimeError, match="simulated preemption"):
+        train.train(config("crashed"))
+    crashed = str(tmp_path / "crashed")
+    assert [r.step for r in manifest.load(RunLayout(crashed).manifest).rows] == [2, 3]
+    assert not [e for e in events(crashed, 1) if e.key == "block_stop"]
+    monkeypatch.setattr(RcpHooks, "after_update", original)
+
+    resumed = train.train(config("crashed"))
+    assert (resumed.resumed_from, resumed.first_step) == (3, 4)
+    assert resumed.mean_rewards == reference.mean_rewards[3:]
+    got = check_run(crashed, 1, [2, 3, 4, 5])
+    want = check_run(str(tmp_path / "reference"), 1, [2, 3, 4, 5])
+    # Same seed, same weights at every step, whether or not the run was interrupted.
+    assert [r.weights_fingerprint for r in got.rows] == [r.weights_fingerprint for r in want.rows]
+
+    again = train.train(config("crashed"))  # a finished run: nothing more is trained or logged
+    assert again.mean_rewards == () and again.resumed_from == 5
+    check_run(crashed, 1, [2, 3, 4, 5])
+
+
+def test_divisions_and_their_learning_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--run-dir", "unused", "--seed", "0"]
+    closed = train.hyperparameters_for(train.parse_args([*base, "--division", "closed"]))
+    assert (closed.learning_rate, closed.gradient_clip_norm) == (1e-6, 0.125)
+    opened = train.hyperparameters_for(train.parse_args(base))
+    assert opened.division == "open" and opened.learning_rate == train.OPEN_LEARNING_RATE
+    chosen = train.parse_args([*base, "--learning-rate", "0.01"])
+    assert train.hyperparameters_for(chosen).learning_rate == 0.01
+    with pytest.raises(SystemExit) as exc:
+        train.parse_args([*base, "--division", "closed", "--learning-rate", "3e-3"])
+    assert exc.value.code == 2
+    assert "closed division pins learning_rate" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-steps", "10"], "--max-steps 10 is below the validation start step 18"),
+        (["--global-batch-size", "40"], "global_batch_size must be a positive multiple of 16"),
+        (["--val-start-at", "0"], "--val-start-at must be positive"),
+    ],
+)
+def test_bad_flags_are_refused_by_name(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        train.parse_args(["--run-dir", "unused", "--seed", "0", *args])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.gcs
+def test_cli_on_gcs(gcs, gcs_prefix: str) -> None:  # noqa: ANN001 - conftest's emulator
+    run_dir = f"{gcs_prefix}/run"
+    proc = cli("--run-dir", run_dir, "--seed", "2", *FAST, "--max-steps", "3", env=gcs.env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_run(run_dir, 2, [2, 3])
