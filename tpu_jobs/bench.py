@@ -5,9 +5,9 @@
 Measured here, on whatever machine runs it (all numbers are wall-clock on this machine, so only
 the ratios travel):
 
-1. toy trainer (GRPO step of the default policy at gbs 256): step time with the RCP hooks saving
-   a checkpoint after every step vs no checkpointing -> the async save's stall on the loop;
-   plus the blocking part of one save (the `save()` call when no earlier save is in flight);
+1. toy trainer (a GRPO step of `tpu_jobs.train`'s default configuration): step time with the
+   RCP hooks saving a checkpoint after every step vs no checkpointing (the async save's stall
+   on the loop), and the blocking part of one save (`save()` with no earlier save in flight);
 2. restore throughput of a scanned checkpoint (numpy, uncompressed) vs a raw read of the same
    files from the same disk (both from the page cache: the bench reads them once first);
 3. unscan (per-layer views) time vs restore time, and vs an unscan that copies each layer;
@@ -37,13 +37,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rcpflow import recipe
 from tpu_jobs import checkpoint as ck
 from tpu_jobs import grpo
-from tpu_jobs.model import ModelConfig, param_bytes, unscan_params
+from tpu_jobs.model import param_bytes, unscan_params
 from tpu_jobs.rcp_hooks import RcpHooks
-
-GBS = 256
+from tpu_jobs.train import TrainConfig, hyperparameters_for
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -58,6 +56,7 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
 
 @dataclass(frozen=True)
 class TrainerNumbers:
+    global_batch_size: int
     param_bytes: int
     step_s_off: float
     step_s_on: float
@@ -66,9 +65,14 @@ class TrainerNumbers:
     fingerprint_s: float
 
 
+ROUNDS = 3
+
+
 def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
-    cfg = ModelConfig()
-    hp = recipe.hyperparameters("closed", GBS, max_steps=3 * steps + 10)
+    # The trainer's default configuration (division, learning rate, policy).
+    config = TrainConfig(run_dir=str(workdir / "run"), seed=0, max_steps=3 * steps + 10)
+    cfg = config.model
+    hp = hyperparameters_for(config)
     step_fn = grpo.make_train_step(cfg, hp)
     state = grpo.init_state(cfg, hp, seed=0)
 
@@ -79,24 +83,36 @@ def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
 
     for step in range(1, 4):  # compile and warm up
         state = one(state, step)
+    step = 3
 
-    t0 = time.perf_counter()
-    for step in range(4, 4 + steps):
-        state = one(state, step)
-    step_s_off = (time.perf_counter() - t0) / steps
-
-    # The same loop through the hooks, a checkpoint after every step (val_start_at=1).
-    hooks = RcpHooks(str(workdir / "run"), 0, hp, val_start_at=1)
+    # Interleaved blocks (off, on, off, on, ...) so that load from other processes on a shared
+    # machine hits both alike. The hooks save a checkpoint after every step (val_start_at=1);
+    # an "on" block ends by waiting for its last save, so no save spills into the next block.
+    hooks = RcpHooks(config.run_dir, 0, hp, val_start_at=1)
     hooks.on_init_start()
     hooks.on_run_start()
-    first = 4 + steps
-    # The hooks count updates from 1; continue the trajectory but number the hooks' steps anew.
-    t0 = time.perf_counter()
-    for i in range(steps):
-        state = one(state, first + i)
-        hooks.after_update(i + 1, state.params, {"step": state.step, "opt": state.opt_state})
-    step_s_on = (time.perf_counter() - t0) / steps
-    drain_s, _ = timed(hooks.on_train_end)
+    hooks_step = 0
+    off_s = on_s = drain_s = 0.0
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(steps // ROUNDS):
+            step += 1
+            state = one(state, step)
+        off_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(steps // ROUNDS):
+            step += 1
+            hooks_step += 1
+            state = one(state, step)
+            hooks.after_update(hooks_step, state.params, {"opt": state.opt_state})
+        t1 = time.perf_counter()
+        hooks.flush()
+        drain_s += time.perf_counter() - t1
+        on_s += time.perf_counter() - t0
+    hooks.on_train_end()
+    timed_steps = ROUNDS * (steps // ROUNDS)
+    step_s_off, step_s_on = off_s / timed_steps, on_s / timed_steps
+    drain_s /= ROUNDS
 
     # The blocking part alone: save() with no earlier save in flight.
     saver = ck.CheckpointSaver(str(workdir / "blocking"))
@@ -109,6 +125,7 @@ def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
         saver.wait()
     saver.close()
     return TrainerNumbers(
+        global_batch_size=hp.global_batch_size,
         param_bytes=param_bytes(state.params),
         step_s_off=step_s_off,
         step_s_on=step_s_on,
@@ -221,7 +238,7 @@ Only the ratios are meant to be compared across machines. No test asserts any of
 | ratio | value | meaning |
 | --- | --- | --- |
 | step time, checkpoint every step / none | {ratios["ckpt_on_off"]:.2f} | the async save's stall \
-on the toy loop ({steps} steps each) |
+on the toy loop ({steps} steps each, in {ROUNDS} interleaved blocks) |
 | save() blocking part / step time | {ratios["blocking_step"]:.2f} | what one save costs the loop \
 when no earlier save is still writing |
 | restore / raw read throughput | {ratios["restore_raw"]:.2f} | Orbax numpy restore vs reading the \
@@ -235,11 +252,11 @@ layer out |
 
 | quantity | value |
 | --- | --- |
-| toy trainer steps/s (gbs {GBS}, no checkpointing) | {1 / t.step_s_off:.1f} |
+| toy trainer steps/s (gbs {t.global_batch_size}, no checkpointing) | {1 / t.step_s_off:.1f} |
 | toy step time, no checkpointing | {t.step_s_off * 1e3:.1f} ms |
 | toy step time, RCP hooks + checkpoint every step | {t.step_s_on * 1e3:.1f} ms |
 | save() blocking part (no save in flight) | {t.save_blocking_s * 1e3:.1f} ms |
-| draining the last save at the end of training | {t.drain_s * 1e3:.1f} ms |
+| waiting for the last save of a block (included above) | {t.drain_s * 1e3:.1f} ms |
 | toy policy parameters | {t.param_bytes / 1e6:.2f} MB |
 | weights fingerprint (sha256) of the toy policy | {t.fingerprint_s * 1e3:.2f} ms |
 | restore throughput (numpy, uncompressed, {mb:.0f} MB) | {gbps(r.nbytes, r.restore_s):.2f} GB/s |

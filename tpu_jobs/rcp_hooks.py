@@ -262,10 +262,15 @@ class RcpHooks:
         self._record(self.saver.poll())
         return timestamp_ms
 
+    def flush(self) -> None:
+        """Block until the saves in flight have finished and upsert their rows (e.g. before the
+        trainer exits on a preemption notice)."""
+        self._record(self.saver.wait())
+
     def on_train_end(self) -> None:
         """Wait for the saves in flight, upsert their rows, then log ``block_stop`` backdated to
         the last weight update. Idempotent; a resumed run that had already ended logs nothing."""
-        self._record(self.saver.wait())
+        self.flush()
         self.saver.close()
         if self._ended:
             return
