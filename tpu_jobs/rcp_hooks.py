@@ -21,10 +21,10 @@ Wiring into another trainer's loop (MaxText, Tunix, ...)::
     hp = recipe.hyperparameters("closed", global_batch_size=256, max_steps=40)
     hooks = RcpHooks(run_dir, seed, hp, val_start_at=recipe.val_start_at(256))
     resumed = hooks.resume(params_like=params, state_like=opt_state)   # None on a fresh run
-    if resumed is not None:
-        params, opt_state, first_step = resumed.params, resumed.state, resumed.step + 1
-    else:
-        first_step = 1
+    first_step = 1
+    if resumed is not None:          # its log already ended: skip the loop, keep on_train_end
+        params, opt_state = resumed.params, resumed.state
+        first_step = hp.max_steps + 1 if resumed.finished else resumed.step + 1
     hooks.on_init_start()          # no-op when resumed: the log of the run continues
     ...compile, warm up...
     hooks.on_run_start()
@@ -32,7 +32,6 @@ Wiring into another trainer's loop (MaxText, Tunix, ...)::
         for step in range(first_step, hp.max_steps + 1):
             params, opt_state = train_step(params, opt_state, batch(step))
             hooks.after_update(step, params, opt_state)   # step = updates done so far
-            if converged_by_my_own_measure(): break       # optional; evaluation is offline
         hooks.on_train_end()       # waits for saves, last rows, backdated block_stop
 
 Steps count optimizer updates (the first update is step 1), so ``samples_count = step * gbs``.
