@@ -22,8 +22,9 @@ Wiring into another trainer's loop (MaxText, Tunix, ...)::
     hooks = RcpHooks(run_dir, seed, hp, val_start_at=recipe.val_start_at(256))
     resumed = hooks.resume(params_like=params, state_like=opt_state)   # None on a fresh run
     first_step = 1
-    if resumed is not None:          # its log already ended: skip the loop, keep on_train_end
+    if resumed is not None:
         params, opt_state = resumed.params, resumed.state
+        # finished: the log already has its block_stop; run no update, only on_train_end().
         first_step = hp.max_steps + 1 if resumed.finished else resumed.step + 1
     hooks.on_init_start()          # no-op when resumed: the log of the run continues
     ...compile, warm up...
