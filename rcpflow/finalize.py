@@ -85,20 +85,20 @@ def _check_log_matches(training: str, manifest: Manifest, log_path: str) -> None
             )
 
 
-def _eval_events(renderer: EventRenderer, step: int, samples: int, s: EvalSummary) -> list[str]:
+def eval_events(renderer: EventRenderer, summary: EvalSummary) -> list[str]:
+    """The four MLLOG lines of one evaluated checkpoint, in the order the checker reads them."""
+    step, samples = summary.checkpoint_step, summary.samples_count
     meta = {"step": step, "samples_count": samples}
+    stop = summary.eval_stop_ms
     return [
-        renderer.render("start", "eval_start", None, meta, s.eval_start_ms),
+        renderer.render("start", "eval_start", None, meta, summary.eval_start_ms),
         renderer.render(
-            "event",
-            "tracked_stats",
-            {"validation_time": s.validation_time_s},
-            {"step": step},
-            s.eval_stop_ms,
+            "event", "tracked_stats", {"validation_time": summary.validation_time_s},
+            {"step": step}, stop,
         ),
-        renderer.render("event", "eval_accuracy", s.eval_accuracy, meta, s.eval_stop_ms),
-        renderer.render("end", "eval_stop", None, meta, s.eval_stop_ms),
-    ]
+        renderer.render("event", "eval_accuracy", summary.eval_accuracy, meta, stop),
+        renderer.render("end", "eval_stop", None, meta, stop),
+    ]  # fmt: skip
 
 
 def finalize(run_dir: str) -> FinalizeResult:
@@ -137,7 +137,7 @@ def finalize(run_dir: str) -> FinalizeResult:
         if problems:
             reason = f"step {row.step}: summary not valid: {'; '.join(problems)}"
             break
-        lines += _eval_events(renderer, row.step, row.samples_count, summary)
+        lines += eval_events(renderer, summary)  # valid: its step and samples are the row's
         evaluated.append(row.step)
         if passes(summary, row):
             status, end_row = "success", row

@@ -36,6 +36,7 @@ import jax
 import numpy as np
 
 from rcpflow import gate, recipe
+from rcpflow.finalize import eval_events
 from rcpflow.layout import RunLayout, join
 from rcpflow.manifest import ManifestError, load
 from rcpflow.mllog import EventRenderer, require_mlperf_logging
@@ -178,19 +179,7 @@ def evaluate(target: Target) -> tuple[EvalSummary, CheckpointMeta | None]:
 def write_eval_mllog(path: str, summary: EvalSummary) -> None:
     """The eval events of one checkpoint, rendered by the official mllog API (standalone mode)."""
     require_mlperf_logging()
-    renderer = EventRenderer()
-    meta = {"step": summary.checkpoint_step, "samples_count": summary.samples_count}
-    lines = [
-        renderer.render("start", "eval_start", None, meta, summary.eval_start_ms),
-        renderer.render(
-            "event", "tracked_stats", {"validation_time": summary.validation_time_s},
-            {"step": summary.checkpoint_step}, summary.eval_stop_ms,
-        ),
-        renderer.render(
-            "event", "eval_accuracy", summary.eval_accuracy, meta, summary.eval_stop_ms
-        ),
-        renderer.render("end", "eval_stop", None, meta, summary.eval_stop_ms),
-    ]  # fmt: skip
+    lines = eval_events(EventRenderer(), summary)
     storage_for(path).write_atomic(path, "".join(line + "\n" for line in lines).encode())
 
 
