@@ -160,7 +160,13 @@ class LocalAirflow:
         raise AirflowServerError(f"Airflow at {self.url} not healthy after {timeout_s}s: {last}")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGINT every component, then SIGKILL each process group still alive after grace."""
+        """SIGINT every component, then SIGKILL whatever of it is left after the grace period.
+
+        Task supervisors start their own sessions, so a component's process group does not
+        hold its tasks: the PIDs of every descendant are taken before signalling (once a
+        supervisor dies its children are re-parented and could no longer be found).
+        """
+        descendants = _descendants({p.pid for p in self.processes.values() if p.poll() is None})
         for proc in self.processes.values():
             if proc.poll() is None:
                 _signal_group(proc.pid, signal.SIGINT, group=False)
@@ -169,8 +175,10 @@ class LocalAirflow:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         for proc in self.processes.values():
-            # Also whatever the component left in its group (executor workers, task processes).
             _signal_group(proc.pid, signal.SIGKILL, group=True)
+        for pid in sorted(descendants):
+            _signal_group(pid, signal.SIGKILL, group=False)
+        for proc in self.processes.values():
             if proc.poll() is None:
                 proc.wait(timeout=10)
 
@@ -254,6 +262,28 @@ class LocalAirflow:
                 return str(state)
             time.sleep(1.0)
         raise AirflowServerError(f"{dag_id} run {run_id} not finished after {timeout_s}s")
+
+
+def _descendants(roots: set[int]) -> set[int]:
+    """PIDs of all living descendants of `roots` (from /proc: pid -> parent pid)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid ...": comm may contain spaces and parentheses
+        parents[int(entry)] = int(stat[stat.rfind(")") + 2 :].split()[1])
+    found: set[int] = set()
+    frontier = set(roots)
+    while frontier:
+        children = {pid for pid, ppid in parents.items() if ppid in frontier} - found
+        found |= children
+        frontier = children
+    return found
 
 
 def _signal_group(pid: int, sig: signal.Signals, *, group: bool) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.airflow_server import LocalAirflow, ServerConfig, free_port
+from tasks.airflow_server import AirflowServerError, LocalAirflow, ServerConfig, free_port
 from tasks.deployment import ENV_VAR, REPO_ROOT
 
 SUBMISSION_DAG = "mlperf_grpo_submission"
@@ -152,20 +152,51 @@ def follow_runs(progress: Progress, seeds: Sequence[int]) -> None:
             )
 
 
-def follow_tasks(progress: Progress, airflow: LocalAirflow, dag_id: str, run_id: str) -> None:
-    """Print task state changes of one DAG run (skips, failures, finishes)."""
+def _steps(seed: int) -> list[int]:
+    """Manifest steps of a seed's run, in map-index order of its evaluate instances."""
+    from rcpflow.layout import RunLayout
+    from rcpflow.manifest import ManifestError, parse_rows
+
+    path = RunLayout(str(_run_dir(seed))).manifest
+    try:
+        return sorted(r.step for r in parse_rows(Path(path).read_text(), path))
+    except (OSError, ManifestError):
+        return []
+
+
+def follow_tasks(
+    progress: Progress, airflow: LocalAirflow, dag_id: str, run_id: str, seed: int | None = None
+) -> None:
+    """Print task state changes of one DAG run; skipped evaluations as one line per poll."""
+    where = "submission" if seed is None else f"seed {seed}"
+    skipped: list[str] = []
+    steps = _steps(seed) if seed is not None else []
     for ti in airflow.task_instances(dag_id, run_id):
         key = (run_id, ti["task_id"], ti["map_index"])
         state = ti["state"] or "none"
         if progress.task_states.get(key) == state:
             continue
         progress.task_states[key] = state
-        if state in ("success", "failed", "skipped", "upstream_failed", "running", "deferred"):
-            label = ti["task_id"]
-            if ti["map_index"] >= 0:
-                label += f"[{ti.get('rendered_map_index') or ti['map_index']}]"
-            where = "submission" if dag_id == SUBMISSION_DAG else run_id.replace(f"{NAME}__", "")
+        task_id, index = ti["task_id"], ti["map_index"]
+        label = task_id
+        if index >= 0:
+            if task_id == "evaluation.evaluate" and index < len(steps):
+                label = f"evaluate step {steps[index]}"
+            else:
+                label += f"[{ti['rendered_map_index'] or index}]"
+        if task_id == "evaluation.evaluate":
+            # evaluated checkpoints are reported from their summaries (follow_runs)
+            if state == "skipped":
+                skipped.append(label.removeprefix("evaluate step "))
+            elif state in ("failed", "upstream_failed"):
+                progress.say(f"{where}: {label} {state}")
+            continue
+        if state in ("running", "deferred", "success", "failed", "skipped", "upstream_failed"):
             progress.say(f"{where}: {label} {state}")
+    if skipped:
+        progress.say(
+            f"{where}: evaluation of step(s) {', '.join(skipped)} skipped (a lower step passed)"
+        )
 
 
 def run_demo(seeds: Sequence[int], global_batch_size: int, max_steps: int) -> int:
@@ -204,8 +235,8 @@ def run_demo(seeds: Sequence[int], global_batch_size: int, max_steps: int) -> in
             follow_tasks(progress, airflow, SUBMISSION_DAG, run_id)
             for seed in seeds:
                 try:
-                    follow_tasks(progress, airflow, RUN_DAG, f"{NAME}__seed_{seed}")
-                except Exception:  # noqa: BLE001 - that run does not exist yet
+                    follow_tasks(progress, airflow, RUN_DAG, f"{NAME}__seed_{seed}", seed)
+                except AirflowServerError:  # that run does not exist yet
                     continue
 
         state = airflow.wait_for_run(SUBMISSION_DAG, run_id, TIMEOUT_S, on_poll=poll)
