@@ -363,7 +363,9 @@ def result_summary(spec: dict[str, Any], org: str) -> dict[str, Any]:
     return _run_check("result_summarizer", spec, org)
 
 
-@task(trigger_rule=TriggerRule.ALL_DONE)
+# After any outcome of the runs and checks, but not when `plan` refused the Params: then
+# there is no submission to report on (its one success is `plan`'s).
+@task(trigger_rule=TriggerRule.ALL_DONE_MIN_ONE_SUCCESS)
 def report(spec: dict[str, Any]) -> str:
     from tasks.report import write_report
 
