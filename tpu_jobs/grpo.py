@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from rcpflow.recipe import Hyperparameters
@@ -152,6 +153,6 @@ def make_train_step(cfg: ModelConfig, hp: Hyperparameters) -> TrainStep:
     return jax.jit(train_step)
 
 
-def prompts_for_step(hp: Hyperparameters, seed: int, step: int) -> Any:
+def prompts_for_step(hp: Hyperparameters, seed: int, step: int) -> np.ndarray:
     """Training prompts of update number ``step`` (1-based)."""
     return task.train_prompts(seed, step, hp.num_prompts_per_step)

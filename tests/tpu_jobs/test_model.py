@@ -38,7 +38,7 @@ def test_layer_leaves_are_stacked_on_axis_1_and_nothing_else_is() -> None:
     assert CFG.param_scan_axis == 1
     for leaf in jax.tree.leaves(params[LAYERS_KEY]):
         assert leaf.ndim >= 2 and leaf.shape[1] == CFG.num_layers
-    assert params[LAYERS_KEY]["query"]["kernel"].shape == (64, 3, 4, 16)
+    assert params[LAYERS_KEY]["query"]["kernel"].shape == (64, 3, 8, 8)
     assert params[LAYERS_KEY]["attn_norm"]["scale"].shape == (64, 3)
     assert params["embed"]["embedding"].shape == (16, 64)
     assert params["lm_head"]["kernel"].shape == (64, 16)
@@ -106,5 +106,5 @@ def test_input_and_config_errors_name_the_problem() -> None:
     with pytest.raises(ValueError, match="got 2 layer trees"):
         apply_unscanned(CFG, outer, layers[:2], _tokens())
     with pytest.raises(ValueError, match="not divisible by num_heads"):
-        ModelConfig(d_model=66, num_heads=4)
+        ModelConfig(d_model=66, num_heads=8)
     assert ModelConfig().max_sequence_length == 65536
