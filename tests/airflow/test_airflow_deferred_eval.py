@@ -151,3 +151,27 @@ def test_a_failing_evaluation_fails_the_task_and_writes_no_run_stop(
     assert "run_stop" not in {e.key for e in read_events(layout.mllog(1))}
     summary = read_summary(layout.summary(3))
     assert summary.fatal_error  # the evaluator recorded why; never a valid summary
+
+
+@pytest.mark.timeout(300)
+def test_a_run_without_a_verdict_fails_finalize_and_gets_no_run_stop(
+    airflow_db: str, tmp_path: Path
+) -> None:
+    # Training stopped at step 20 of 24 and no checkpoint passed: not aborted, incomplete.
+    run = make_run(
+        str(tmp_path / "run"),
+        max_steps=24,
+        last_step=20,
+        accuracies={18: 0.3, 19: 0.4, 20: 0.5},
+    )
+    python, record = recording_python(tmp_path)
+    deployment = write_deployment(tmp_path / "deployment.toml", python=str(python))
+
+    result = run_dag_test("mlperf_grpo_deferred_eval", {"run_dir": run.run_dir}, deployment)
+
+    assert result.state == "failed"
+    assert launched_jobs(record) == []
+    assert result.mapped(EVALUATE) == ["success"] * 3
+    assert result.states[("evaluation.finalize", -1)] == "failed"
+    assert result.states[("evaluation.check", -1)] == "upstream_failed"
+    assert "run_stop" not in {e.key for e in read_events(run.layout.mllog(1))}

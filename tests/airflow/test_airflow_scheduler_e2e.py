@@ -4,6 +4,7 @@ through the REST API with conf, followed to completion, stopped by PID."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,39 +24,47 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_run_dag_under_the_scheduler(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+    """A real Airflow (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1; after the
+    module, stopped by PID and checked to be gone."""
     config = ServerConfig(
-        home=tmp_path / "airflow",
+        home=tmp_path_factory.mktemp("airflow"),
         dags_folder=DAGS,
         plugins_folder=REPO / "plugins",
         port=free_port(),
-        parallelism=2,
+        parallelism=3,
         env={"JAX_PLATFORMS": "cpu", "RCPFLOW_DEPLOYMENT": ""},  # the embedded default
     )
-    run_dir = tmp_path / "run"
-    airflow = LocalAirflow(config)
+    server = LocalAirflow(config)
     try:
-        airflow.start()
+        server.start()
         for dag_id in ("mlperf_grpo_run", "mlperf_grpo_submission"):
-            airflow.wait_for_dag(dag_id)
-        # An out-of-schema conf is refused by the API before a run exists.
-        with pytest.raises(AirflowServerError, match="HTTP 400"):
-            airflow.trigger("mlperf_grpo_submission", {"seeds": [1, 1, 2]})
-        with pytest.raises(AirflowServerError, match="HTTP 400"):
-            airflow.trigger(
-                "mlperf_grpo_run",
-                {**CONVERGING_RUN, "run_dir": str(run_dir), "global_batch_size": 100},
-            )
-
-        run_id = airflow.trigger("mlperf_grpo_run", {**CONVERGING_RUN, "run_dir": str(run_dir)})
-        state = airflow.wait_for_run("mlperf_grpo_run", run_id, timeout_s=600)
-        tis = airflow.task_instances("mlperf_grpo_run", run_id)
+            server.wait_for_dag(dag_id)
+        yield server
     finally:
-        pids = [p.pid for p in airflow.processes.values()]
-        airflow.stop()
+        pids = [p.pid for p in server.processes.values()]
+        server.stop()
     assert pids and not any(_alive(pid) for pid in pids)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_bad_conf_is_refused_by_the_api(server: LocalAirflow, tmp_path: Path) -> None:
+    with pytest.raises(AirflowServerError, match="HTTP 400"):
+        server.trigger("mlperf_grpo_submission", {"seeds": [1, 1, 2]})
+    bad = {**CONVERGING_RUN, "run_dir": str(tmp_path / "run"), "global_batch_size": 100}
+    with pytest.raises(AirflowServerError, match="HTTP 400"):
+        server.trigger("mlperf_grpo_run", bad)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_run_dag_under_the_scheduler(server: LocalAirflow, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_id = server.trigger("mlperf_grpo_run", {**CONVERGING_RUN, "run_dir": str(run_dir)})
+    state = server.wait_for_run("mlperf_grpo_run", run_id, timeout_s=600)
+    tis = server.task_instances("mlperf_grpo_run", run_id)
 
     states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
     assert state == "success", states
@@ -70,11 +79,50 @@ def test_run_dag_under_the_scheduler(tmp_path: Path) -> None:
     evals = sorted(
         (t for t in tis if t["task_id"] == "evaluation.evaluate"), key=lambda t: t["map_index"]
     )
-    steps = [24 + t["map_index"] for t in evals]
-    assert steps == list(range(24, 35))
+    assert [24 + t["map_index"] for t in evals] == list(range(24, 35))
     ran = [t for t in evals if t["state"] == "success"]
     assert [24 + t["map_index"] for t in ran] == list(range(24, passed + 1))
     assert [t["rendered_map_index"] for t in ran] == [f"step {s}" for s in range(24, passed + 1)]
     assert all(t["state"] == "skipped" for t in evals if 24 + t["map_index"] > passed)
     for earlier, later in zip(ran, ran[1:], strict=False):
         assert earlier["end_date"] <= later["start_date"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_submission_of_three_seeds_passes_every_checker(
+    server: LocalAirflow, tmp_path: Path
+) -> None:
+    conf = {
+        "seeds": [1, 2, 3],
+        "global_batch_size": 256,
+        "max_steps": 32,
+        "val_start_at": 24,
+        "target": 0.69,
+        "division": "open",
+        "backend": "local",
+        "storage_root": str(tmp_path),
+        "submission_name": "e2e",
+        "system": {"system_name": "e2e-cpu"},
+    }
+    run_id = server.trigger("mlperf_grpo_submission", conf)
+    state = server.wait_for_run("mlperf_grpo_submission", run_id, timeout_s=840)
+    tis = server.task_instances("mlperf_grpo_submission", run_id)
+
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
+    assert state == "success", states
+    assert [states[("run_seed", i)] for i in range(3)] == ["success"] * 3
+    out = tmp_path / "e2e"
+    for seed in (1, 2, 3):
+        run_state = server.dag_run("mlperf_grpo_run", f"e2e__seed_{seed}")["state"]
+        assert run_state == "success"
+        assert read_verdict(str(out / "runs" / f"seed_{seed}"), "compliance_checker").ok
+    results = out / "submission" / "results" / "e2e-cpu" / "qwen35_397b_grpo"
+    assert sorted(p.name for p in results.iterdir()) == [f"result_{i}.txt" for i in range(3)]
+    assert (out / "submission" / "systems" / "e2e-cpu.json").exists()
+    for tool in ("rcp_checker", "package_checker", "result_summarizer"):
+        verdict = read_verdict(str(out), tool)
+        assert verdict is not None and verdict.ok, verdict
+    assert read_verdict(str(out), "result_summarizer").score_minutes > 0
+    report = (out / "report.md").read_text()
+    assert "**Verdict: PASS**" in report
