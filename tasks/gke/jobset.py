@@ -46,6 +46,11 @@ ANNOTATION_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 # Set by the JobSet controller on every pod: which child Job (= which slice) it belongs to.
 JOBSET_JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
+# Also on every pod: the JobSet's uid and how often it was restarted. Together they name one
+# launch of the job, shared by all its pods and new on a restart or a re-created JobSet, so the
+# sharded evaluator can tell this launch's shard files from an earlier one's.
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
+JOBSET_RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 
 ROLES = ("train", "evaluate")
 
@@ -131,6 +136,21 @@ def render_jobset(
                         "fieldPath": f"metadata.annotations['{JOBSET_JOB_INDEX_ANNOTATION}']"
                     }
                 },
+            },
+            {
+                "name": "RCPFLOW_JOBSET_UID",
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOBSET_UID_LABEL}']"}},
+            },
+            {
+                "name": "RCPFLOW_RESTART_ATTEMPT",
+                "valueFrom": {
+                    "fieldRef": {"fieldPath": f"metadata.labels['{JOBSET_RESTART_ATTEMPT_LABEL}']"}
+                },
+            },
+            # Kubernetes expands $(VAR) from the variables defined above it.
+            {
+                "name": "RCPFLOW_ATTEMPT_ID",
+                "value": "$(RCPFLOW_JOBSET_UID)/$(RCPFLOW_RESTART_ATTEMPT)",
             },
         ],
         "resources": {"limits": {"google.com/tpu": shape.chips_per_host}},

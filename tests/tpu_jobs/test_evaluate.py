@@ -24,6 +24,7 @@ from rcpflow.mllog import parse
 from rcpflow.passk import mean_pass_at_k
 from rcpflow.summary import read_summary, summary_problems
 from tpu_jobs import checkpoint as ck
+from tpu_jobs import eval_shards as es
 from tpu_jobs import evaluate, task
 from tpu_jobs.model import ModelConfig, apply_scanned, apply_unscanned, init_params, unscan_params
 from tpu_jobs.rcp_hooks import RcpHooks
@@ -214,3 +215,203 @@ def test_standalone_refuses_half_written_checkpoint(built_run, tmp_path) -> None
     out = tmp_path / "out"
     assert evaluate.main(["--checkpoint", step_path, "--output-dir", str(out)]) == 3
     assert "not a complete checkpoint" in read_summary(str(out / "summary.json")).fatal_error
+
+
+# --- sharded evaluation (a GKE JobSet of N workers) -----------------------------------------
+
+SHARD_ENV = (es.SLICE_INDEX_ENV, es.NUM_SLICES_ENV, es.ATTEMPT_ID_ENV)
+WALL_CLOCK = ("eval_start_ms", "eval_stop_ms")
+
+
+@pytest.fixture(autouse=True)
+def no_shard_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in SHARD_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def shard_args(
+    run_dir: str, step: int, k: int, n: int, attempt: str, timeout_s: float
+) -> list[str]:
+    return [
+        "--run-dir", run_dir, "--step", str(step), "--shard-index", str(k), "--num-shards", str(n),
+        "--attempt-id", attempt, "--shard-timeout-s", str(timeout_s),
+    ]  # fmt: skip
+
+
+def attempts_of(instances: range) -> int:
+    return len(instances) * recipe.EVAL_ATTEMPTS_PER_INSTANCE
+
+
+def listing(attempts_dir: str) -> list[str]:
+    return sorted(p.name for p in Path(attempts_dir).iterdir())
+
+
+def without_wall_clock(summary) -> dict:
+    d = dataclasses.asdict(summary)
+    return {k: v for k, v in d.items() if k not in WALL_CLOCK}
+
+
+def test_three_concurrent_shards_give_the_one_shard_result(built_run, tmp_path) -> None:
+    one = copy_run(built_run[0], tmp_path / "one")
+    three = copy_run(built_run[0], tmp_path / "three")
+    env = {k: v for k, v in os.environ.items() if k not in SHARD_ENV}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tpu_jobs.evaluate", *shard_args(three, 3, k, 3, "t1", 240)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for k in range(3)
+    ]
+    try:
+        assert evaluate.main(["--run-dir", one, "--step", "3"]) == 0  # meanwhile, one shard
+        outputs = [proc.communicate(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for k, (proc, (_, err)) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, f"worker {k}: {err[-3000:]}"
+    assert "shard 1 of 3 written" in outputs[1][0] and "shard 2 of 3 written" in outputs[2][0]
+
+    row = manifest.load(RunLayout(three).manifest).row(3)
+    s1, s3 = (read_summary(RunLayout(d).summary(3)) for d in (one, three))
+    assert summary_problems(s3, row) == []
+    assert without_wall_clock(s3) == without_wall_clock(s1)
+    # Not a trivial agreement: the sampled attempts are a mix of right and wrong answers.
+    assert 0 < s1.resolved_attempts < s1.expected_attempts
+    a1, a3 = (RunLayout(d).attempts_dir(3) for d in (one, three))
+    assert (
+        Path(a3, evaluate.ATTEMPTS_FILE).read_bytes()
+        == Path(a1, evaluate.ATTEMPTS_FILE).read_bytes()
+    )
+    assert listing(a1) == [evaluate.ATTEMPTS_FILE]  # one shard: no shard files, as before
+    assert listing(a3) == [evaluate.ATTEMPTS_FILE] + [f"shard_{k}-of-3.jsonl" for k in range(3)]
+    for k in range(3):
+        lines = Path(a3, f"shard_{k}-of-3.jsonl").read_text().splitlines()
+        header = json.loads(lines[0])
+        assert header["identity"]["attempt_id"] == "t1" and header["fatal_error"] is None
+        assert header["identity"]["weights_fingerprint"] == row.weights_fingerprint
+        instances = {json.loads(line)["instance"] for line in lines[1:]}
+        assert instances == set(range(k, 251, 3))
+
+
+def test_missing_shard_gives_incomplete_summary_and_nonzero_exit(
+    built_run, tmp_path, capsys
+) -> None:
+    run_dir = copy_run(built_run[0], tmp_path / "run")
+    layout = RunLayout(run_dir)
+    row = manifest.load(layout.manifest).row(4)
+    code = evaluate.main(shard_args(run_dir, 4, 0, 3, "try1", 0.5))
+    assert code == evaluate.EXIT_INCOMPLETE
+    assert "shard(s) [1, 2] of 3 did not arrive" in capsys.readouterr().err
+    summary = read_summary(layout.summary(4))
+    assert not summary.complete and summary.fatal_error is None and not summary.target_reached
+    assert summary.missing_attempts == attempts_of(range(1, 251, 3)) + attempts_of(range(2, 251, 3))
+    assert summary.completed_attempts == attempts_of(range(0, 251, 3))
+    assert gate.valid_summary(run_dir, row) is None  # never valid: no run_stop can come of it
+
+    # The retry is a new attempt: all three workers again, then a valid summary.
+    for k in (1, 2, 0):
+        assert evaluate.main(shard_args(run_dir, 4, k, 3, "try2", 60)) == 0
+    assert gate.valid_summary(run_dir, row) is not None
+
+
+def test_stale_shard_from_an_earlier_attempt_is_not_merged(
+    built_run, tmp_path, capsys, monkeypatch
+) -> None:
+    run_dir = copy_run(built_run[0], tmp_path / "run")
+    layout = RunLayout(run_dir)
+    # Shard 2 from an earlier attempt: same checkpoint, so even the same attempts.
+    assert evaluate.main(shard_args(run_dir, 3, 2, 3, "old", 60)) == 0
+    # Worker 1 of this attempt learns its place from the environment, as a JobSet pod does.
+    monkeypatch.setenv(es.SLICE_INDEX_ENV, "1")
+    monkeypatch.setenv(es.NUM_SLICES_ENV, "3")
+    monkeypatch.setenv(es.ATTEMPT_ID_ENV, "new")
+    assert evaluate.main(["--run-dir", run_dir, "--step", "3"]) == 0
+    assert Path(layout.attempts_dir(3), "shard_1-of-3.jsonl").exists()
+    capsys.readouterr()
+    code = evaluate.main(["--run-dir", run_dir, "--step", "3", "--shard-index", "0",
+                          "--shard-timeout-s", "0.5"])  # fmt: skip
+    assert code == evaluate.EXIT_INCOMPLETE
+    out = capsys.readouterr().out
+    assert "ignoring" in out and "shard_2-of-3.jsonl" in out and "attempt_id 'old' != 'new'" in out
+    summary = read_summary(layout.summary(3))
+    assert summary.missing_attempts == attempts_of(range(2, 251, 3))
+
+
+def test_fatal_error_in_another_worker_reaches_the_summary(built_run, tmp_path, capsys) -> None:
+    run_dir = copy_run(built_run[0], tmp_path / "run")
+    layout = RunLayout(run_dir)
+    row = manifest.load(layout.manifest).row(3)
+    kernel = built_run[1][3]["lm_head"]["kernel"]
+    needle = kernel.tobytes()[:64]
+    data_files = [p for p in Path(row.checkpoint_path, "params").rglob("*") if p.is_file()]
+    [target] = [p for p in data_files if needle in p.read_bytes()]
+    pristine = target.read_bytes()
+    corrupted = bytearray(pristine)
+    corrupted[pristine.index(needle) + 5] ^= 0x10
+    target.write_bytes(bytes(corrupted))
+    # Worker 2 reads the damaged bytes (say, a bad read on its host): it records the error in its
+    # shard and exits 0, so the JobSet does not restart worker 0 before it writes the summary.
+    assert evaluate.main(shard_args(run_dir, 3, 2, 3, "t", 60)) == 0
+    assert "FingerprintMismatchError" in capsys.readouterr().err
+    target.write_bytes(pristine)
+    assert evaluate.main(shard_args(run_dir, 3, 1, 3, "t", 60)) == 0
+    assert evaluate.main(shard_args(run_dir, 3, 0, 3, "t", 60)) == evaluate.EXIT_FATAL
+    summary = read_summary(layout.summary(3))
+    assert summary.fatal_error.startswith("shard 2 of 3: FingerprintMismatchError")
+    assert not summary.complete and gate.valid_summary(run_dir, row) is None
+    assert not Path(layout.attempts_dir(3), evaluate.ATTEMPTS_FILE).exists()
+
+
+def test_every_worker_reuses_a_valid_summary(built_run, tmp_path, capsys) -> None:
+    run_dir = copy_run(built_run[0], tmp_path / "run")
+    layout = RunLayout(run_dir)
+    assert evaluate.main(["--run-dir", run_dir, "--step", "4"]) == 0
+    before = Path(layout.summary(4)).read_bytes()
+    capsys.readouterr()
+    for k in (2, 0):
+        assert evaluate.main(shard_args(run_dir, 4, k, 3, "later", 0)) == 0
+        assert "reusing valid summary" in capsys.readouterr().out
+    assert Path(layout.summary(4)).read_bytes() == before
+    assert listing(layout.attempts_dir(4)) == [evaluate.ATTEMPTS_FILE]  # no shard was computed
+
+
+def test_explicit_flags_win_over_the_environment(built_run, tmp_path, monkeypatch) -> None:
+    run_dir = copy_run(built_run[0], tmp_path / "run")
+    layout = RunLayout(run_dir)
+    monkeypatch.setenv(es.SLICE_INDEX_ENV, "1")
+    monkeypatch.setenv(es.NUM_SLICES_ENV, "3")
+    monkeypatch.setenv(es.ATTEMPT_ID_ENV, "env")
+    args = ["--run-dir", run_dir, "--step", "4", "--num-shards", "1", "--shard-index", "0"]
+    assert evaluate.main(args) == 0
+    assert listing(layout.attempts_dir(4)) == [evaluate.ATTEMPTS_FILE]
+    assert read_summary(layout.summary(4)).complete
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--num-shards", "3", "--attempt-id", "a"], {}, "--shard-index: not given"),
+        ([], {es.SLICE_INDEX_ENV: "x", es.NUM_SLICES_ENV: "3"},
+         f"--shard-index (from {es.SLICE_INDEX_ENV}='x'): not an integer"),
+        (["--shard-index", "3", "--num-shards", "3", "--attempt-id", "a"], {},
+         "--shard-index: shard index 3 is out of range 0..2"),
+        (["--shard-index", "1", "--num-shards", "3"], {}, "--attempt-id: needed with 3 shards"),
+        (["--shard-index", "one"], {}, "argument --shard-index: invalid int value"),
+        (["--shard-timeout-s", "-1"], {}, "--shard-timeout-s must be >= 0"),
+    ],
+)  # fmt: skip
+def test_bad_shard_settings_fail_naming_the_flag(tmp_path, monkeypatch, capsys, args, env, needle):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main(["--run-dir", str(tmp_path), "--step", "3", *args])
+    assert exit_info.value.code == 2
+    assert needle in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()
