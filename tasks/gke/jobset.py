@@ -95,8 +95,9 @@ def render_jobset(
     """The JobSet object for ``python -m <module> <args...>`` run as `role` (``train`` or
     ``evaluate``: selects the TPU shape in `settings`), named by `jobset_name`.
 
-    `args` must be strings; they are passed to the process as they are (no shell). Raises
-    ValueError naming the bad argument, or when JobSet's derived pod names would not fit.
+    `args` must be strings; they are passed to the process as they are (no shell, and no
+    Kubernetes ``$(VAR)`` expansion: ``$(`` is escaped). Raises ValueError naming the bad
+    argument, or when JobSet's derived pod names would not fit.
     """
     if role not in ROLES:
         raise ValueError(f"render_jobset: role must be one of {ROLES}, got {role!r}")
@@ -125,7 +126,9 @@ def render_jobset(
     container = {
         "name": CONTAINER,
         "image": settings.image,
-        "command": ["python", "-m", module, *args],
+        # Kubernetes expands $(VAR) in command args; $$ is its escape, so a Param value can
+        # never read the pod's environment.
+        "command": ["python", "-m", module, *(a.replace("$(", "$$(") for a in args)],
         "env": [
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             {"name": "RCPFLOW_NUM_SLICES", "value": str(shape.slices)},

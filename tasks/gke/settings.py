@@ -108,7 +108,7 @@ def default_eval_shape() -> TpuJobShape:
     idempotent (a valid summary is reused), so a restart costs only time.
 
     Each worker gets RCPFLOW_SLICE_INDEX / RCPFLOW_NUM_SLICES (see tasks.gke.jobset); the
-    evaluator must split the instances by them, else every worker evaluates everything."""
+    evaluator evaluates its share of the instances and worker 0 merges the shards."""
     return TpuJobShape(
         accelerator="tpu-v5p-slice", topology="2x2x1", slices=16, chips_per_host=4, max_restarts=2
     )

@@ -130,7 +130,10 @@ def test_command_is_an_argument_list_passed_through_unchanged() -> None:
     hostile = ["--run-dir", "/tmp/x; rm -rf / #", "--seed", "$(reboot)", "--note", "a b\n'c'"]
     jobset = _train(GkeSettings(), args=hostile)
     container = _pod(jobset)["containers"][0]
-    assert container["command"] == ["python", "-m", "tpu_jobs.train", *hostile]
+    # Kubernetes would expand $(VAR) itself; the escaped form reaches the process verbatim
+    escaped = [a.replace("$(", "$$(") for a in hostile]
+    assert container["command"] == ["python", "-m", "tpu_jobs.train", *escaped]
+    assert "$$(reboot)" in container["command"]
     assert "args" not in container
 
 
