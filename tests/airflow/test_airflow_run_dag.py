@@ -36,7 +36,8 @@ def test_run_dag_trains_evaluates_until_the_target_and_checks(
     assert result.states[("train.check_outputs", -1)] == "success"
     layout = RunLayout(str(run_dir))
     rows = load(layout.manifest).rows
-    assert [r.step for r in rows] == list(range(24, 35))  # a checkpoint per step from 24
+    first, last = CONVERGING_RUN["val_start_at"], CONVERGING_RUN["max_steps"]
+    assert [r.step for r in rows] == list(range(first, last + 1))  # a checkpoint per step
     events = read_events(layout.mllog(1))
     (stop,) = [e for e in events if e.key == "run_stop"]
     assert stop.metadata["status"] == "success"
@@ -47,8 +48,9 @@ def test_run_dag_trains_evaluates_until_the_target_and_checks(
         for e in events
         if e.key == "eval_accuracy"
     }
-    # the log holds every step from 24 up to the first one above 0.69, and no later one
-    assert sorted(logged) == list(range(24, passed + 1))
+    # the log holds every step from the first up to the first one above 0.69, and no later one
+    assert first < passed < last  # the toy learns: some steps below, some left to skip
+    assert sorted(logged) == list(range(first, passed + 1))
     assert all(acc <= 0.69 for step, acc in logged.items() if step < passed)
     assert logged[passed] > 0.69
     # each logged step was evaluated by a real job; no job is launched twice; dag.test runs
@@ -57,13 +59,13 @@ def test_run_dag_trains_evaluates_until_the_target_and_checks(
     assert sum(j.split()[1] == "tpu_jobs.train" for j in jobs) == 1
     evaluated = [int(j.split("--step ")[1]) for j in jobs if j.split()[1] == "tpu_jobs.evaluate"]
     assert len(evaluated) == len(set(evaluated))
-    assert set(range(24, passed + 1)) <= set(evaluated)
+    assert set(range(first, passed + 1)) <= set(evaluated)
     for step in evaluated:
         assert json.loads(Path(layout.summary(step)).read_text())["checkpoint_step"] == step
     # instances for steps after the passing one are skipped unless they ran first
-    states = dict(zip(range(24, 35), result.mapped("evaluation.evaluate"), strict=True))
-    assert all(states[s] == "success" for s in range(24, passed + 1))
-    assert all(states[s] in ("skipped", "success") for s in range(passed + 1, 35))
+    states = dict(zip(range(first, last + 1), result.mapped("evaluation.evaluate"), strict=True))
+    assert all(states[s] == "success" for s in range(first, passed + 1))
+    assert all(states[s] in ("skipped", "success") for s in range(passed + 1, last + 1))
     verdict = read_verdict(str(run_dir), "compliance_checker")
     assert verdict is not None and verdict.ok, verdict
     assert result.states[("evaluation.check", -1)] == "success"

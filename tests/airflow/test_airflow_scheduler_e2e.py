@@ -76,14 +76,16 @@ def test_run_dag_under_the_scheduler(server: LocalAirflow, tmp_path: Path) -> No
     assert verdict is not None and verdict.ok
     # With the eval window of 1 the scheduler evaluates in step order, one at a time, and
     # never starts a step after the passing one.
+    first, last = CONVERGING_RUN["val_start_at"], CONVERGING_RUN["max_steps"]
+    assert first < passed < last
     evals = sorted(
         (t for t in tis if t["task_id"] == "evaluation.evaluate"), key=lambda t: t["map_index"]
     )
-    assert [24 + t["map_index"] for t in evals] == list(range(24, 35))
+    assert [first + t["map_index"] for t in evals] == list(range(first, last + 1))
     ran = [t for t in evals if t["state"] == "success"]
-    assert [24 + t["map_index"] for t in ran] == list(range(24, passed + 1))
-    assert [t["rendered_map_index"] for t in ran] == [f"step {s}" for s in range(24, passed + 1)]
-    assert all(t["state"] == "skipped" for t in evals if 24 + t["map_index"] > passed)
+    assert [first + t["map_index"] for t in ran] == list(range(first, passed + 1))
+    assert [t["rendered_map_index"] for t in ran] == [f"step {s}" for s in range(first, passed + 1)]
+    assert all(t["state"] == "skipped" for t in evals if first + t["map_index"] > passed)
     for earlier, later in zip(ran, ran[1:], strict=False):
         assert earlier["end_date"] <= later["start_date"]
 
@@ -96,8 +98,8 @@ def test_submission_of_three_seeds_passes_every_checker(
     conf = {
         "seeds": [1, 2, 3],
         "global_batch_size": 256,
-        "max_steps": 32,
-        "val_start_at": 24,
+        "max_steps": 30,
+        "val_start_at": None,  # the recipe's 18
         "target": 0.69,
         "division": "open",
         "backend": "local",
