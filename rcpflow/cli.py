@@ -72,14 +72,27 @@ def _check(args: argparse.Namespace) -> int:
     import tempfile
 
     from rcpflow.checkers import compliance
+    from rcpflow.mllog import MLLogError, read_events
+    from rcpflow.storage import storage_for
 
+    if not storage_for(args.log).exists(args.log):
+        print(f"error: {args.log}: no such MLLOG", file=sys.stderr)
+        return EXIT_INVALID
+    division = args.division
+    if division is None:  # the rules the log itself asks to be judged by
+        try:
+            declared = [e.value for e in read_events(args.log) if e.key == "submission_division"]
+        except MLLogError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_INVALID
+        division = declared[0] if declared and declared[0] in ("closed", "open") else "closed"
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="rcpflow-check-")
-    result = compliance(args.log, division=args.division, log_dir=log_dir)
+    result = compliance(args.log, division=division, log_dir=log_dir)
     for line in result.errors:
         print(line, file=sys.stderr)
     print(
-        f"{'PASSED' if result.ok else 'FAILED'}: compliance checker ({args.division}, "
-        f"ruleset 6.1.0) on {args.log}; its log: {result.log_file}"
+        f"{'PASSED' if result.ok else 'FAILED'}: compliance checker ({division}, ruleset "
+        f"6.1.0) on {args.log}; its log: {result.log_file}"
     )
     return EXIT_OK if result.ok else EXIT_INVALID
 
@@ -110,7 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("check", help="official compliance checker verdict, exit 0/1")
     c.add_argument("log")
-    c.add_argument("--division", choices=("closed", "open"), default="closed")
+    c.add_argument(
+        "--division",
+        choices=("closed", "open"),
+        default=None,
+        help="rules to apply (default: the division the log declares, else closed)",
+    )
     c.add_argument("--log-dir", default=None, help="where the checker's own log goes")
     c.set_defaults(func=_check)
     return p

@@ -219,7 +219,19 @@ def test_cli_manifest_validate_and_val_start(tmp_path):
 def test_cli_check(tmp_path):
     run = make_run(str(tmp_path / "run"), accuracies={18: 0.9})
     finalize(run.run_dir)
-    p = _cli("check", run.layout.mllog(1), "--division", "closed", "--log-dir", str(tmp_path))
+    log = run.layout.mllog(1)
+    p = _cli("check", log, "--division", "closed", "--log-dir", str(tmp_path))
     assert p.returncode == 0, p.stdout + p.stderr
-    p = _cli("check", run.layout.mllog(1), "--division", "open", "--log-dir", str(tmp_path))
-    assert p.returncode in (0, 1)  # open rules are looser; the verdict is the checker's
+    p = _cli("check", log, "--log-dir", str(tmp_path))  # the log declares closed
+    assert p.returncode == 0 and "(closed," in p.stdout
+    p = _cli("check", log, "--division", "open", "--log-dir", str(tmp_path))
+    assert p.returncode == 1 and "submission_division" in p.stderr
+    p = _cli("check", str(tmp_path / "missing.out"))
+    assert p.returncode == 1 and "no such MLLOG" in p.stderr
+
+
+def test_cli_check_open_log_by_default(tmp_path):
+    run = make_run(str(tmp_path / "run"), division="open", accuracies={18: 0.9})
+    finalize(run.run_dir)
+    p = _cli("check", run.layout.mllog(1), "--log-dir", str(tmp_path))
+    assert p.returncode == 0 and "(open," in p.stdout, p.stdout + p.stderr
