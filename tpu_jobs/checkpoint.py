@@ -18,10 +18,15 @@ it is committed atomically with the weights) and copied into the manifest row; `
 recomputes it on what was read and raises `FingerprintMismatchError` before anyone can score a
 mis-restored model.
 
-Saves are asynchronous: `CheckpointSaver.save` returns once the arrays are snapshotted, the
-write and commit run in Orbax's background thread. Orbax keeps at most one save in flight (the
-next `save` first waits for the previous one); `poll` reports the saves that have finished since
-the last call and `wait` blocks for all of them.
+Saves are asynchronous, and the training loop never waits for a write: `CheckpointSaver.save`
+copies the arrays to host memory (a snapshot that later updates, in place or donated, cannot
+change) and queues the step; one worker thread per saver runs the Orbax saves one at a time, in
+step order, each to its commit, then hands the committed step to `on_commit` (the RCP hooks
+upsert the manifest row there). The loop waits only when `max_pending` steps are already queued
+or writing (backpressure: at most that many snapshots held in host memory). Orbax 0.12.8 has no
+option for this: `CheckpointManager.save` and `AsyncCheckpointer.save` both first wait for the
+previous save to finish. A save that fails stops the queue (later steps would leave a gap in the
+manifest) and every later call on the saver raises `SaveFailedError` naming the step.
 
 Restore for evaluation reads the ``params`` item as numpy arrays; the eval model then takes
 per-layer views of the stacked arrays (`tpu_jobs.model.unscan_params`), so no weight is copied
@@ -32,7 +37,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +62,9 @@ META_ITEM = "meta"
 COMMIT_MARKER = "commit_success.txt"
 FINGERPRINT_ALGORITHM = "sha256"
 META_FORMAT = 1
+# Two snapshots absorb one save slower than a step without stalling the loop, for one extra copy
+# of params + state in host memory. Raise it when saves outlast steps only for a short while.
+DEFAULT_MAX_PENDING = 2
 
 PyTree = Any
 
@@ -65,6 +75,10 @@ class CheckpointError(RuntimeError):
 
 class FingerprintMismatchError(CheckpointError):
     """The restored weights are not the weights that were saved."""
+
+
+class SaveFailedError(CheckpointError):
+    """A queued save failed in the background; the saver accepts no more saves."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +142,7 @@ def weights_fingerprint(params: PyTree) -> str:
     for name, leaf in named:
         array = np.ascontiguousarray(np.asarray(leaf))
         digest.update(f"{name}|{array.dtype.str}|{array.shape}\n".encode())
-        digest.update(memoryview(array).cast("B"))
+        digest.update(array.reshape(-1).view(np.uint8))
     return f"{FINGERPRINT_ALGORITHM}:{digest.hexdigest()}"
 
 
@@ -150,11 +164,68 @@ def _numpy_restore_args(tree_metadata: PyTree) -> PyTree:
     return jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree_metadata)
 
 
-class CheckpointSaver:
-    """Asynchronous step checkpoints under one folder (local path or ``gs://``)."""
+def host_snapshot(tree: PyTree, what: str) -> PyTree:
+    """`tree` with every array leaf copied into a numpy array that owns its memory.
 
-    def __init__(self, directory: str) -> None:
+    What a background save may hold on to: a JAX array passed in may be donated or (on CPU, where
+    ``np.asarray`` is a view of the device buffer) reused by the next update, but this copy is
+    read by nobody else. Other leaves (Python scalars, strings) are immutable and kept as they are.
+    Arrays spread over several hosts cannot be copied here and are refused by name.
+    """
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for _, leaf in leaves:
+        if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
+            leaf.copy_to_host_async()  # start every transfer before waiting on the first
+
+    def copy(path: jax.tree_util.KeyPath, leaf: Any) -> Any:
+        if isinstance(leaf, jax.Array):
+            name = f"{what}/{_leaf_name(path)}"
+            if not leaf.is_fully_addressable:
+                raise CheckpointError(
+                    f"{name}: array spans several hosts; host snapshots need it on this one"
+                )
+            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                raise CheckpointError(
+                    f"{name}: typed PRNG key; save jax.random.key_data(key) instead"
+                )
+        if isinstance(leaf, jax.Array | np.ndarray):
+            return np.array(leaf, copy=True)
+        return leaf
+
+    return jax.tree_util.tree_map_with_path(copy, tree)
+
+
+@dataclass(frozen=True)
+class _Job:
+    step: int
+    params: PyTree  # host snapshots (`host_snapshot`)
+    state: PyTree
+    timestamp_ms: int
+    extra: Mapping[str, Any]
+
+
+class CheckpointSaver:
+    """Step checkpoints under one folder (local path or ``gs://``), written in the background.
+
+    `save` returns once the arrays are copied to host memory; one worker thread writes the queued
+    steps in order, each to its Orbax commit, then calls ``on_commit(saved)`` (in that thread, in
+    step order, before the next step's write starts). `wait` blocks until the queue is empty.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        on_commit: Callable[[SavedCheckpoint], None] | None = None,
+    ) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be at least 1, got {max_pending}")
         self.directory = directory.rstrip("/") if directory.startswith("gs://") else directory
+        self.max_pending = max_pending
+        self._on_commit = on_commit
+        # Synchronous Orbax saves: the worker thread is the asynchrony; an Orbax background
+        # thread on top would only add a thread per save and more CPU.
         # cleanup_tmp_directories: a save cut short by a crash left a half-written step folder;
         # Orbax removes it before this saver's first save, so the step can be saved again.
         self._manager = ocp.CheckpointManager(
@@ -162,19 +233,31 @@ class CheckpointSaver:
             item_handlers=_handlers(),
             options=ocp.CheckpointManagerOptions(
                 cleanup_tmp_directories=True,
-                enable_async_checkpointing=True,
+                enable_async_checkpointing=False,
                 save_root_metadata=False,
             ),
         )
-        self._pending: dict[int, CheckpointMeta] = {}
+        self._manager_lock = threading.Lock()  # the worker's save vs. the caller's reads
+        self._steps_on_open = frozenset(self._manager.all_steps())
+        self._cond = threading.Condition()
+        # Guarded by _cond: steps queued or writing (the head is the one writing), committed steps
+        # not yet returned by `wait`, the first failure, the worker if one runs.
+        self._queue: deque[_Job] = deque()
+        self._committed: list[SavedCheckpoint] = []
+        self._failure: tuple[str, BaseException] | None = None
+        self._worker: threading.Thread | None = None
+        self._last_step: int | None = None
+        self._closed = False
 
     def step_path(self, step: int) -> str:
         return join(self.directory, str(step))
 
     def complete_steps(self) -> list[int]:
         """Steps whose checkpoint is fully written, ascending (re-read from storage)."""
-        self._manager.reload()
-        return [s for s in sorted(self._manager.all_steps()) if is_complete(self.step_path(s))]
+        with self._manager_lock:
+            self._manager.reload()
+            steps = sorted(self._manager.all_steps())
+        return [s for s in steps if is_complete(self.step_path(s))]
 
     def save(
         self,
@@ -184,80 +267,140 @@ class CheckpointSaver:
         *,
         timestamp_ms: int,
         extra: Mapping[str, Any] | None = None,
-    ) -> CheckpointMeta:
-        """Start saving `params` (scanned) and `state` as step `step`; returns without waiting for
-        the write. `params` and `state` must stay alive (not donated) until `save` returns."""
-        if step in self._pending:
-            raise CheckpointError(f"step {step}: a save of this step is already in flight")
-        meta = CheckpointMeta(
-            step=step,
-            timestamp_ms=timestamp_ms,
-            weights_fingerprint=weights_fingerprint(params),
-            extra=dict(extra or {}),
-        )
+    ) -> None:
+        """Queue step `step`: `params` (scanned) and `state` are copied to host memory before this
+        returns, so the caller may then donate or overwrite them. Blocks only while `max_pending`
+        saves are unfinished. Steps must increase from call to call. Raises `SaveFailedError` if an
+        earlier save failed."""
+        with self._cond:
+            self._raise_if_failed()
+            if self._closed:
+                raise CheckpointError(f"step {step}: save() after close()")
+            if self._last_step is not None and step <= self._last_step:
+                raise CheckpointError(
+                    f"step {step}: saves must be in increasing step order (last was "
+                    f"{self._last_step})"
+                )
+            if step in self._steps_on_open:
+                raise CheckpointError(
+                    f"step {step}: a complete checkpoint already exists at {self.step_path(step)}"
+                )
+            while len(self._queue) >= self.max_pending and self._failure is None:
+                self._cond.wait()
+            self._raise_if_failed()
         try:
+            job = _Job(
+                step=step,
+                params=host_snapshot(params, PARAMS_ITEM),
+                state=host_snapshot(state, STATE_ITEM),
+                timestamp_ms=timestamp_ms,
+                extra=dict(extra or {}),
+            )
+        except CheckpointError as e:
+            raise CheckpointError(f"step {step}: {e}") from e
+        with self._cond:
+            self._raise_if_failed()
+            self._queue.append(job)
+            self._last_step = step
+            if self._worker is None:
+                # A daemon: Orbax cannot write once interpreter shutdown has begun (its executors
+                # refuse work), so a process that exits without wait() drops the queued saves as
+                # a crash would (no commit, no row). It exits whenever the queue is empty.
+                self._worker = threading.Thread(
+                    target=self._work, name=f"checkpoint-saver:{self.directory}", daemon=True
+                )
+                self._worker.start()
+
+    def pending(self) -> list[int]:
+        """Steps queued or being written, ascending."""
+        with self._cond:
+            return [job.step for job in self._queue]
+
+    def wait(self) -> list[SavedCheckpoint]:
+        """Block until every queued save has committed; return the committed saves not yet
+        returned, ascending. Raises `SaveFailedError` if one failed."""
+        with self._cond:
+            while self._queue and self._failure is None:
+                self._cond.wait()
+            self._raise_if_failed()
+            done, self._committed = self._committed, []
+            return done
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            message, cause = self._failure
+            raise SaveFailedError(message) from cause
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._queue or self._failure is not None:
+                    self._worker = None
+                    self._cond.notify_all()
+                    return
+                job = self._queue[0]  # stays pending (counted by max_pending) until committed
+            stage = "write"
+            try:
+                saved = self._write(job)
+                stage = "on_commit"
+                if self._on_commit is not None:
+                    self._on_commit(saved)
+            except BaseException as e:  # noqa: BLE001 - raised in the training thread instead
+                with self._cond:
+                    dropped = [j.step for j in self._queue if j.step != job.step]
+                    what = (
+                        "could not be saved"
+                        if stage == "write"
+                        else f"was committed at {self.step_path(job.step)} but on_commit failed"
+                    )
+                    self._failure = (
+                        f"step {job.step}: checkpoint {what}: {e!r}"
+                        + (
+                            f"; steps {dropped} were queued after it and not saved"
+                            if dropped
+                            else ""
+                        )
+                        + "; the saver accepts no more saves",
+                        e,
+                    )
+                    self._queue.clear()
+                    self._worker = None
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._queue.popleft()
+                self._committed.append(saved)
+                self._cond.notify_all()
+
+    def _write(self, job: _Job) -> SavedCheckpoint:
+        meta = CheckpointMeta(
+            step=job.step,
+            timestamp_ms=job.timestamp_ms,
+            weights_fingerprint=weights_fingerprint(job.params),
+            extra=job.extra,
+        )
+        with self._manager_lock:
             saved = self._manager.save(
-                step,
+                job.step,
                 args=ocp.args.Composite(
                     **{
-                        PARAMS_ITEM: ocp.args.PyTreeSave(params),
-                        STATE_ITEM: ocp.args.PyTreeSave(state),
+                        PARAMS_ITEM: ocp.args.PyTreeSave(job.params),
+                        STATE_ITEM: ocp.args.PyTreeSave(job.state),
                         META_ITEM: ocp.args.JsonSave(meta.to_json()),
                     }
                 ),
                 force=True,
             )
-        except ocp.checkpoint_manager.StepAlreadyExistsError as e:
-            raise CheckpointError(
-                f"step {step}: a complete checkpoint already exists at {self.step_path(step)}"
-            ) from e
-        except Exception as e:
-            # The previous step's save failed in the background; its error surfaces here.
-            raise CheckpointError(
-                f"step {step}: could not start the save (an earlier save failed?): {e}"
-            ) from e
         if not saved:
-            raise CheckpointError(f"step {step}: Orbax declined to save this step")
-        self._pending[step] = meta
-        return meta
-
-    def in_flight(self) -> list[int]:
-        return sorted(self._pending)
-
-    def poll(self) -> list[SavedCheckpoint]:
-        """Saves that finished since the last call, ascending by step; never blocks on a write.
-
-        Orbax runs one save at a time, so every pending step but the newest has finished once
-        the newest was started; the newest is finished when no save is in progress.
-        """
-        if not self._pending:
-            return []
-        newest = max(self._pending)
-        done = [s for s in self._pending if s != newest]
-        if not self._manager.is_saving_in_progress():
-            done.append(newest)
-        return self._collect(sorted(done))
-
-    def wait(self) -> list[SavedCheckpoint]:
-        """Block until every started save has finished; return those not yet reported."""
-        try:
-            self._manager.wait_until_finished()
-        except Exception as e:
-            raise CheckpointError(f"steps {self.in_flight()}: a background save failed: {e}") from e
-        return self._collect(self.in_flight())
-
-    def _collect(self, steps: list[int]) -> list[SavedCheckpoint]:
-        finished = []
-        for step in steps:
-            path = self.step_path(step)
-            # Orbax logs (rather than raises) some commit failures: trust only the marker.
-            if not is_complete(path):
-                raise CheckpointError(
-                    f"step {step}: save ended but {path} has no {COMMIT_MARKER} "
-                    "(the write failed; see the Orbax log above)"
-                )
-            finished.append(SavedCheckpoint(step=step, path=path, meta=self._pending.pop(step)))
-        return finished
+            raise CheckpointError(f"step {job.step}: Orbax declined to save this step")
+        path = self.step_path(job.step)
+        # Orbax logs (rather than raises) some commit failures: trust only the marker.
+        if not is_complete(path):
+            raise CheckpointError(
+                f"step {job.step}: save ended but {path} has no {COMMIT_MARKER} (the write "
+                "failed; see the Orbax log above)"
+            )
+        return SavedCheckpoint(step=job.step, path=path, meta=meta)
 
     def read_meta(self, step: int) -> CheckpointMeta:
         return read_meta(self.step_path(step))
@@ -272,29 +415,38 @@ class CheckpointSaver:
         path = self.step_path(step)
         if not is_complete(path):
             raise CheckpointError(f"step {step}: {path} is not a complete checkpoint")
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    PARAMS_ITEM: ocp.args.PyTreeRestore(
-                        item=params_like,
-                        restore_args=ocp.checkpoint_utils.construct_restore_args(params_like),
-                    ),
-                    STATE_ITEM: ocp.args.PyTreeRestore(
-                        item=state_like,
-                        restore_args=ocp.checkpoint_utils.construct_restore_args(state_like),
-                    ),
-                    META_ITEM: ocp.args.JsonRestore(),
-                }
-            ),
-        )
+        with self._manager_lock:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        PARAMS_ITEM: ocp.args.PyTreeRestore(
+                            item=params_like,
+                            restore_args=ocp.checkpoint_utils.construct_restore_args(params_like),
+                        ),
+                        STATE_ITEM: ocp.args.PyTreeRestore(
+                            item=state_like,
+                            restore_args=ocp.checkpoint_utils.construct_restore_args(state_like),
+                        ),
+                        META_ITEM: ocp.args.JsonRestore(),
+                    }
+                ),
+            )
         meta = CheckpointMeta.from_json(restored[META_ITEM], where=path)
         verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=path)
         return restored[PARAMS_ITEM], restored[STATE_ITEM], meta
 
     def close(self) -> None:
-        """Wait for the save in flight (its result stays reported by `wait`/`poll`) and close."""
-        self._manager.close()
+        """Let the queued saves finish (committed ones stay returned by `wait`), close Orbax's
+        manager; raises `SaveFailedError` if a save failed. Idempotent."""
+        with self._cond:
+            self._closed = True
+            while self._queue and self._failure is None:
+                self._cond.wait()
+        with self._manager_lock:
+            self._manager.close()
+        with self._cond:
+            self._raise_if_failed()
 
 
 def _reader() -> ocp.Checkpointer:

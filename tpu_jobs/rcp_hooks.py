@@ -7,8 +7,12 @@ know nothing of the model, the optimizer or the loop. They own
   at the end one ``block_stop`` backdated to the last weight update);
 - the weight-update timestamp of every step: taken after the update has completed
   (``jax.block_until_ready``) and before the checkpoint write starts;
-- from ``val_start_at`` on, an asynchronous Orbax checkpoint of every step (the loop does not
-  wait for the write), and its manifest row, upserted only once that save has finished;
+- from ``val_start_at`` on, an Orbax checkpoint of every step that the loop does not wait for:
+  `after_update` copies params and state to host memory and queues them; a background thread
+  writes the queued steps in step order, and upserts each step's manifest row once its
+  checkpoint has committed (`tpu_jobs.checkpoint.CheckpointSaver`). The loop waits only when
+  `max_pending_saves` steps are already queued or writing (backpressure, bounding host memory);
+  a failed save is raised in the training thread by the next `after_update`/`flush`;
 - resuming after a crash from the newest complete checkpoint: a half-written checkpoint is
   ignored (and removed by Orbax), a complete checkpoint whose row was not yet written gets its
   row from the checkpoint's own record, rows are keyed by step so none is ever duplicated.
@@ -29,15 +33,17 @@ Wiring into another trainer's loop (MaxText, Tunix, ...)::
     hooks.on_init_start()          # no-op when resumed: the log of the run continues
     ...compile, warm up...
     hooks.on_run_start()
-    with hooks:                    # on an exception: records finished saves, no block_stop
+    with hooks:                    # on an exception: finishes queued saves, no block_stop
         for step in range(first_step, hp.max_steps + 1):
             params, opt_state = train_step(params, opt_state, batch(step))
             hooks.after_update(step, params, opt_state)   # step = updates done so far
-        hooks.on_train_end()       # waits for saves, last rows, backdated block_stop
+        hooks.on_train_end()       # waits for queued saves and their rows, backdated block_stop
 
 Steps count optimizer updates (the first update is step 1), so ``samples_count = step * gbs``.
-The trainer must not donate the buffers passed to `after_update` before it returns (the save
-snapshots them while `after_update` runs).
+The trainer must not donate the buffers passed to `after_update` before it returns; once it has
+returned, the step's checkpoint is taken from a host copy, whatever the trainer does to them.
+Saving, fingerprinting and the manifest upsert all happen in the saver's thread, so they compete
+with the training step only for CPU (and Python's GIL), never by making the loop wait.
 """
 
 from __future__ import annotations
@@ -54,10 +60,18 @@ from rcpflow import manifest, recipe
 from rcpflow.layout import RunLayout, join
 from rcpflow.mllog import SystemInfo, TrainingLog, read_events, run_start_ms
 from rcpflow.storage import storage_for
-from tpu_jobs.checkpoint import CheckpointError, CheckpointSaver, SavedCheckpoint
+from tpu_jobs.checkpoint import (
+    DEFAULT_MAX_PENDING,
+    CheckpointError,
+    CheckpointSaver,
+    SavedCheckpoint,
+    SaveFailedError,
+)
 
 PyTree = Any
 RUN_IDENTITY_KEY = "run"
+# A clock behind the previous update's timestamp by more than this is an error, not a wait.
+CLOCK_STEP_BACK_MS = 1000
 
 
 def now_ms() -> int:
@@ -90,7 +104,7 @@ class RcpHooks:
         system: SystemInfo | None = None,
         train_samples: int | None = None,
         checkpoint_extra: Mapping[str, Any] | None = None,
-        saver: CheckpointSaver | None = None,
+        max_pending_saves: int = DEFAULT_MAX_PENDING,
     ) -> None:
         hp = hyperparameters
         if not 1 <= val_start_at <= hp.max_steps:
@@ -109,7 +123,10 @@ class RcpHooks:
         self.train_samples = (
             hp.max_steps * hp.global_batch_size if train_samples is None else train_samples
         )
-        self.saver = saver if saver is not None else CheckpointSaver(self.layout.checkpoints_dir)
+        # The saver's thread upserts each row right after its checkpoint commits, in step order.
+        self.saver = CheckpointSaver(
+            self.layout.checkpoints_dir, max_pending=max_pending_saves, on_commit=self._record_row
+        )
         self._identity = {
             "seed": seed,
             "global_batch_size": hp.global_batch_size,
@@ -148,9 +165,8 @@ class RcpHooks:
             weights_fingerprint=saved.meta.weights_fingerprint,
         )
 
-    def _record(self, finished: list[SavedCheckpoint]) -> None:
-        for saved in finished:
-            manifest.upsert(self.layout.manifest, self._row(saved))
+    def _record_row(self, saved: SavedCheckpoint) -> None:
+        manifest.upsert(self.layout.manifest, self._row(saved))
 
     # -- resume ---------------------------------------------------------------------------
 
@@ -215,7 +231,7 @@ class RcpHooks:
             meta = self.saver.read_meta(step)
             saved = SavedCheckpoint(step=step, path=self.saver.step_path(step), meta=meta)
             if rows.get(step) != self._row(saved):
-                self._record([saved])
+                self._record_row(saved)
 
     # -- the training loop ----------------------------------------------------------------
 
@@ -244,7 +260,9 @@ class RcpHooks:
         """Call right after optimizer update number `step`; returns its timestamp_ms.
 
         Blocks until `params` are computed, takes the timestamp, then (from val_start_at on)
-        starts the asynchronous save and upserts the rows of saves that have finished.
+        copies `params` and `state` to host memory and queues their save; it waits for earlier
+        saves only when `max_pending_saves` of them are unfinished. Raises
+        `tpu_jobs.checkpoint.SaveFailedError` if an earlier save failed (its step is named).
         """
         if self._ended:
             raise RuntimeError(f"step {step}: after_update() after on_train_end()")
@@ -256,20 +274,31 @@ class RcpHooks:
             raise ValueError(f"step {step}: outside 1..max_steps ({self.hp.max_steps})")
         jax.block_until_ready(params)
         timestamp_ms = now_ms()
+        # Timestamps must strictly increase (manifest contract) and are in ms: two updates done
+        # within one ms (a tiny model, now that saves no longer slow the loop) wait for the next
+        # tick, so every timestamp stays a clock reading taken after its update completed.
+        last = self._last_update_ms
+        if last is not None and timestamp_ms < last - CLOCK_STEP_BACK_MS:
+            raise RuntimeError(
+                f"step {step}: the clock reads {timestamp_ms} ms, before step {self._last_step}'s "
+                f"timestamp {last} ms (clock stepped back?); timestamps must increase"
+            )
+        while last is not None and timestamp_ms <= last:
+            time.sleep(0.0002)
+            timestamp_ms = now_ms()
         self._last_step, self._last_update_ms = step, timestamp_ms
         if step >= self.val_start_at:
             self.saver.save(step, params, state, timestamp_ms=timestamp_ms, extra=self._extra)
-        self._record(self.saver.poll())
         return timestamp_ms
 
     def flush(self) -> None:
-        """Block until the saves in flight have finished and upsert their rows (e.g. before the
-        trainer exits on a preemption notice)."""
-        self._record(self.saver.wait())
+        """Block until every queued save has committed and has its row (e.g. before the trainer
+        exits on a preemption notice); raises `SaveFailedError` if one failed."""
+        self.saver.wait()
 
     def on_train_end(self) -> None:
-        """Wait for the saves in flight, upsert their rows, then log ``block_stop`` backdated to
-        the last weight update. Idempotent; a resumed run that had already ended logs nothing."""
+        """Wait for the queued saves and their rows, then log ``block_stop`` backdated to the
+        last weight update. Idempotent; a resumed run that had already ended logs nothing."""
         self.flush()
         self.saver.close()
         if self._ended:
@@ -296,15 +325,14 @@ class RcpHooks:
     ) -> None:
         if exc_type is None:
             return
-        # Training failed: keep the rows of saves that did complete (a resume needs no repair
-        # for them), but end nothing: no block_stop for a run that did not finish.
-        try:
-            self._record(self.saver.wait())
-        except Exception as e:  # noqa: BLE001 - the training error is the one to report
-            exc.add_note(f"(also: recording finished checkpoints failed: {e})")
+        # Training failed: finish the queued saves of updates that did complete, with their rows
+        # (a resume continues from them), but end nothing: no block_stop for an unfinished run.
         try:
             self.saver.close()
-        except Exception as e:  # noqa: BLE001
+        except SaveFailedError as e:
+            if not isinstance(exc, SaveFailedError):  # else it is the failure being raised
+                exc.add_note(f"(also: a checkpoint save failed: {e})")
+        except Exception as e:  # noqa: BLE001 - the training error is the one to report
             exc.add_note(f"(also: closing the checkpoint saver failed: {e})")
 
     @property

@@ -6,7 +6,7 @@ state is an optimizer-like pytree plus a raw PRNG key.
 
     python hooks_driver.py RUN_DIR --seed S --gbs G --max-steps M --val-start-at V
         [--crash-at-commit STEP]   die (os._exit) while Orbax commits STEP's checkpoint
-        [--crash-after-save STEP]  die after STEP's save completed, before its row is written
+        [--crash-after-save STEP]  die after STEP's checkpoint committed, before its row is written
 
 Prints one JSON line per update: {"step", "timestamp_ms", "resumed_from"}.
 """
@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from rcpflow import recipe
+from tpu_jobs.checkpoint import SavedCheckpoint
 from tpu_jobs.rcp_hooks import RcpHooks
 
 NUM_LAYERS = 3
@@ -71,6 +72,19 @@ def install_commit_crash(step: int) -> None:
         cls.finalize = finalize
 
 
+def install_row_crash(step: int) -> None:
+    """Kill the process in the saver's thread once `step`'s checkpoint has committed, just
+    before its manifest row is upserted."""
+    original = RcpHooks._record_row
+
+    def record_row(self: RcpHooks, saved: SavedCheckpoint) -> None:
+        if saved.step == step:
+            os._exit(CRASH_EXIT_CODE)
+        original(self, saved)
+
+    RcpHooks._record_row = record_row
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
@@ -83,6 +97,8 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     if args.crash_at_commit is not None:
         install_commit_crash(args.crash_at_commit)
+    if args.crash_after_save is not None:
+        install_row_crash(args.crash_after_save)
 
     hp = recipe.hyperparameters("closed", args.gbs, args.max_steps)
     hooks = RcpHooks(
@@ -102,9 +118,6 @@ def main(argv: list[str]) -> int:
             print(json.dumps({"step": step, "timestamp_ms": ts,
                               "resumed_from": None if resumed is None else resumed.step}),
                   flush=True)  # fmt: skip
-            if step == args.crash_after_save:
-                hooks.saver.wait()  # the save is complete and committed; its row is not written
-                os._exit(CRASH_EXIT_CODE)
         hooks.on_train_end()
     return 0
 

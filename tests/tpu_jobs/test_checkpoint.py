@@ -1,9 +1,11 @@
-"""Orbax checkpoints: async save, completion tracking, numpy restore, views, fingerprints."""
+"""Orbax checkpoints: background save queue, completion tracking, numpy restore, views,
+fingerprints."""
 
 from __future__ import annotations
 
 import glob
 import os
+import threading
 from pathlib import Path
 
 import jax
@@ -67,6 +69,13 @@ def test_fingerprint_is_canonical_and_sensitive() -> None:
     assert ck.weights_fingerprint(renamed) != fp
 
 
+def test_fingerprint_of_bfloat16_weights() -> None:
+    weights = jnp.arange(6, dtype=jnp.bfloat16).reshape(2, 3)
+    fp = ck.weights_fingerprint({"w": weights})
+    assert fp == ck.weights_fingerprint({"w": np.asarray(weights)})
+    assert fp != ck.weights_fingerprint({"w": weights.astype(jnp.float16)})
+
+
 def test_fingerprint_of_views_equals_fingerprint_of_copies() -> None:
     stacked = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
     view = stacked[:, 1]  # non-contiguous
@@ -77,30 +86,158 @@ def test_fingerprint_of_views_equals_fingerprint_of_copies() -> None:
 # -- save, completion, restore --------------------------------------------------------------
 
 
-def test_async_save_reports_each_step_once_and_only_when_committed(tmp_path) -> None:
+def test_saves_commit_in_step_order_each_reported_once_only_when_committed(tmp_path) -> None:
     directory = str(tmp_path / "checkpoints")
-    saver, saved = save_steps(directory, [])
-    reported: list[int] = []
+    seen: list[tuple[int, bool, str]] = []
+
+    def on_commit(saved: ck.SavedCheckpoint) -> None:
+        seen.append((saved.step, ck.is_complete(saved.path), threading.current_thread().name))
+
+    saver = ck.CheckpointSaver(directory, on_commit=on_commit)
+    saved = {}
     for step in (4, 5, 6):
         params = jax.tree.map(lambda x, s=step: x * 2 + s, model_params())
         saved[step] = params
-        meta = saver.save(step, params, train_state(), timestamp_ms=10 * step, extra={"k": step})
-        assert meta.weights_fingerprint == ck.weights_fingerprint(params)
-        for done in saver.poll():
-            assert ck.is_complete(done.path)  # reported only once committed
-            reported.append(done.step)
-    for done in saver.wait():
-        assert ck.is_complete(done.path)
-        reported.append(done.step)
+        saver.save(step, params, train_state(), timestamp_ms=10 * step, extra={"k": step})
+    done = saver.wait()
+    assert [d.step for d in done] == [4, 5, 6]
+    assert all(ck.is_complete(d.path) for d in done)
+    # Called once per step, in step order, after the commit, off the calling thread.
+    assert [(step, complete) for step, complete, _ in seen] == [(4, True), (5, True), (6, True)]
+    assert threading.current_thread().name not in {name for _, _, name in seen}
+    assert saver.wait() == [] and saver.pending() == []
     saver.close()
-    assert reported == [4, 5, 6]
-    assert saver.poll() == [] and saver.wait() == []
     assert ck.CheckpointSaver(directory).complete_steps() == [4, 5, 6]
     for step, params in saved.items():
         meta = ck.read_meta(os.path.join(directory, str(step)))
         assert meta.step == step and meta.timestamp_ms == 10 * step
         assert meta.extra == {"k": step}
         assert meta.weights_fingerprint == ck.weights_fingerprint(params)
+
+
+class Gate:
+    """Holds the saver's writes of chosen steps until released; records what happened when."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, hold: set[int]) -> None:
+        self.hold = hold
+        self.open = threading.Event()
+        self.events: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+        original = ck.CheckpointSaver._write
+
+        def write(saver: ck.CheckpointSaver, job: object) -> ck.SavedCheckpoint:
+            if job.step in self.hold:  # type: ignore[attr-defined]
+                # Released by the test; the timeout only ends a test whose assertion has failed.
+                self.open.wait(timeout=60)
+            saved = original(saver, job)
+            self.note("committed", saved.step)
+            return saved
+
+        monkeypatch.setattr(ck.CheckpointSaver, "_write", write)
+
+    def note(self, what: str, step: int) -> None:
+        with self._lock:
+            self.events.append((what, step))
+
+
+def test_save_snapshots_the_arrays_before_returning(tmp_path, monkeypatch) -> None:
+    """The write happens after the caller has overwritten its arrays in place; the checkpoint
+    still holds the values passed to save()."""
+    gate = Gate(monkeypatch, hold={1})
+    saver = ck.CheckpointSaver(str(tmp_path / "c"))
+    weights = np.arange(12, dtype=np.float32).reshape(3, 4)
+    device = {"w": jnp.full((3, 4), 7.0)}
+    saver.save(1, {"layers": {"w": weights}, "d": device}, {"n": np.int32(1)}, timestamp_ms=1)
+    expected = ck.weights_fingerprint({"layers": {"w": weights.copy()}, "d": device})
+    weights[:] = -1.0  # the trainer's next update, in place
+    assert gate.events == [] and saver.pending() == [1]  # not written yet
+    gate.open.set()
+    [done] = saver.wait()
+    saver.close()
+    params, meta = ck.restore_params(done.path, expected_fingerprint=expected)
+    np.testing.assert_array_equal(params["layers"]["w"], np.arange(12).reshape(3, 4))
+    assert meta.weights_fingerprint == expected
+
+
+def test_backpressure_at_max_pending(tmp_path, monkeypatch) -> None:
+    gate = Gate(monkeypatch, hold={1})
+    saver = ck.CheckpointSaver(str(tmp_path / "c"), max_pending=2)
+    saver.save(1, model_params(), train_state(), timestamp_ms=1)
+    saver.save(2, model_params(), train_state(), timestamp_ms=2)  # 2 pending: does not wait
+    assert saver.pending() == [1, 2]
+    returned = threading.Event()
+
+    def third() -> None:
+        saver.save(3, model_params(), train_state(), timestamp_ms=3)
+        gate.note("save 3 returned", 3)
+        returned.set()
+
+    caller = threading.Thread(target=third)
+    caller.start()
+    # Would have returned by now without backpressure; the order below is what is asserted.
+    returned.wait(timeout=2)
+    gate.open.set()
+    caller.join(timeout=120)
+    assert not caller.is_alive()
+    assert gate.events.index(("committed", 1)) < gate.events.index(("save 3 returned", 3))
+    assert [d.step for d in saver.wait()] == [1, 2, 3]
+    saver.close()
+
+
+def test_a_failed_save_is_raised_by_every_later_call_and_stops_the_queue(
+    tmp_path, monkeypatch
+) -> None:
+    release = threading.Event()
+    original = ck.CheckpointSaver._write
+
+    def write(saver: ck.CheckpointSaver, job: object) -> ck.SavedCheckpoint:
+        if job.step == 2:  # type: ignore[attr-defined]
+            release.wait(timeout=60)  # fails once step 3 is queued behind it
+            raise OSError("disk full (simulated)")
+        return original(saver, job)
+
+    monkeypatch.setattr(ck.CheckpointSaver, "_write", write)
+    committed: list[int] = []
+    directory = tmp_path / "c"
+    saver = ck.CheckpointSaver(
+        str(directory), max_pending=3, on_commit=lambda s: committed.append(s.step)
+    )
+    for step in (1, 2, 3):
+        saver.save(step, model_params(), train_state(), timestamp_ms=step)
+    release.set()
+    with pytest.raises(ck.SaveFailedError, match=r"step 2: .*disk full.*steps \[3\] were queued"):
+        saver.wait()
+    with pytest.raises(ck.SaveFailedError, match="step 2"):
+        saver.save(4, model_params(), train_state(), timestamp_ms=4)
+    with pytest.raises(ck.SaveFailedError, match="step 2"):
+        saver.close()
+    assert committed == [1]  # 3 was never written: a gap after 2 would break the manifest
+    assert ck.CheckpointSaver(str(directory)).complete_steps() == [1]
+
+
+def test_on_commit_failure_is_raised_and_names_the_committed_step(tmp_path) -> None:
+    def on_commit(saved: ck.SavedCheckpoint) -> None:
+        raise RuntimeError("manifest unreachable (simulated)")
+
+    saver = ck.CheckpointSaver(str(tmp_path / "c"), on_commit=on_commit)
+    saver.save(1, model_params(), train_state(), timestamp_ms=1)
+    with pytest.raises(ck.SaveFailedError, match="step 1: checkpoint was committed at .* but "):
+        saver.wait()
+    assert ck.is_complete(str(tmp_path / "c" / "1"))
+
+
+def test_bad_saves_are_refused_by_name(tmp_path) -> None:
+    saver = ck.CheckpointSaver(str(tmp_path / "c"))
+    saver.save(5, model_params(), train_state(), timestamp_ms=5)
+    with pytest.raises(ck.CheckpointError, match="step 5: saves must be in increasing step order"):
+        saver.save(5, model_params(), train_state(), timestamp_ms=6)
+    with pytest.raises(ck.CheckpointError, match="step 6: train_state/key: typed PRNG key"):
+        saver.save(6, model_params(), {"key": jax.random.key(0)}, timestamp_ms=6)
+    saver.close()
+    with pytest.raises(ck.CheckpointError, match="step 7: save\\(\\) after close"):
+        saver.save(7, model_params(), train_state(), timestamp_ms=7)
+    with pytest.raises(ValueError, match="max_pending must be at least 1"):
+        ck.CheckpointSaver(str(tmp_path / "d"), max_pending=0)
 
 
 def test_saving_an_existing_step_is_refused(tmp_path) -> None:
@@ -216,7 +353,7 @@ def test_half_written_checkpoint_is_not_complete_and_is_cleaned(tmp_path) -> Non
 def test_gcs_save_restore_bit_exact_and_half_written_ignored(gcs, gcs_prefix) -> None:
     directory = f"{gcs_prefix}/checkpoints"
     saver, saved = save_steps(directory, [7, 8])
-    done = {d.step: d for d in saver.poll() + saver.wait()}
+    done = {d.step: d for d in saver.wait()}
     saver.close()
     assert sorted(done) == [7, 8]
     for step in (7, 8):

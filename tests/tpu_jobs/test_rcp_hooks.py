@@ -7,10 +7,12 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from rcpflow import manifest, recipe
@@ -163,6 +165,107 @@ def test_rerun_of_a_finished_run_changes_nothing(tmp_path) -> None:
     rc, updates = drive(run_dir)
     assert rc == 0 and updates == []
     assert (Path(layout.manifest).read_bytes(), Path(layout.mllog(0)).read_bytes()) == before
+
+
+class Recorder:
+    """What happened, in order, across the training thread and the saver's thread."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self._lock = threading.Lock()
+
+    def note(self, *event: object) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def of(self, kind: str) -> list[tuple]:
+        with self._lock:
+            return [e for e in self.events if e[0] == kind]
+
+
+def stand_in_loop(hooks: RcpHooks, record: Recorder) -> dict[int, tuple[int, str]]:
+    """Steps 1..MAX_STEPS of a trainer that updates its (device) weights between calls."""
+    params = {"layers": {"w": jnp.zeros((4, 3, 4))}, "head": jnp.ones(4)}
+    passed = {}
+    for step in range(1, MAX_STEPS + 1):
+        params = jax.tree.map(lambda x, s=step: x + s, params)
+        timestamp_ms = hooks.after_update(step, params, {"count": jnp.int32(step)})
+        record.note("returned", step)
+        passed[step] = (timestamp_ms, ck.weights_fingerprint(params))
+    return passed
+
+
+def test_loop_does_not_wait_for_slow_writes_and_rows_follow_commits(tmp_path, monkeypatch) -> None:
+    """Every checkpoint write is held back until the whole loop has run: no after_update waits
+    for one. Then each row appears only once its checkpoint is complete, in step order."""
+    run_dir = str(tmp_path / "run")
+    layout = RunLayout(run_dir)
+    record = Recorder()
+    release = threading.Event()
+    write, record_row = ck.CheckpointSaver._write, RcpHooks._record_row
+
+    def slow_write(saver: ck.CheckpointSaver, job: object) -> ck.SavedCheckpoint:
+        # Only a loop that waits for this write would reach the timeout (and fail below).
+        release.wait(timeout=30)
+        return write(saver, job)
+
+    def recording_row(hooks: RcpHooks, saved: ck.SavedCheckpoint) -> None:
+        existing = storage_for(layout.manifest).exists(layout.manifest)
+        before = [r.step for r in rows_of(run_dir)] if existing else []
+        record.note("row", saved.step, ck.is_complete(saved.path), before)
+        record_row(hooks, saved)
+
+    monkeypatch.setattr(ck.CheckpointSaver, "_write", slow_write)
+    monkeypatch.setattr(RcpHooks, "_record_row", recording_row)
+    hp = recipe.hyperparameters("closed", GBS, MAX_STEPS)
+    hooks = RcpHooks(run_dir, 0, hp, VAL_START, max_pending_saves=MAX_STEPS)
+    hooks.on_init_start()
+    hooks.on_run_start()
+    with hooks:
+        passed = stand_in_loop(hooks, record)
+        saved_steps = list(range(VAL_START, MAX_STEPS + 1))
+        # Every after_update has returned while no write has finished: nothing is committed.
+        assert hooks.saver.pending() == saved_steps
+        assert record.of("row") == []
+        assert not storage_for(layout.manifest).exists(layout.manifest)
+        release.set()
+        hooks.on_train_end()
+    # In particular, after_update of step k+1 returned before step k's checkpoint committed.
+    kinds = [e[0] for e in record.events]
+    assert kinds == ["returned"] * MAX_STEPS + ["row"] * len(saved_steps)
+    assert record.of("row") == [
+        ("row", step, True, list(range(VAL_START, step))) for step in saved_steps
+    ]
+    rows = assert_finished_run(run_dir)
+    assert [(r.timestamp_ms, r.weights_fingerprint) for r in rows] == [passed[r.step] for r in rows]
+
+
+def test_a_failed_save_is_raised_in_the_training_thread(tmp_path, monkeypatch) -> None:
+    run_dir = str(tmp_path / "run")
+    write = ck.CheckpointSaver._write
+
+    def failing_write(saver: ck.CheckpointSaver, job: object) -> ck.SavedCheckpoint:
+        if job.step == 4:  # type: ignore[attr-defined]
+            raise OSError("bucket unreachable (simulated)")
+        return write(saver, job)
+
+    monkeypatch.setattr(ck.CheckpointSaver, "_write", failing_write)
+    hooks = RcpHooks(run_dir, 0, recipe.hyperparameters("closed", GBS, MAX_STEPS), VAL_START)
+    hooks.on_init_start()
+    hooks.on_run_start()
+    # Raised by whichever call comes first after the failure: after_update(5 or 6) or the end.
+    with (
+        pytest.raises(ck.SaveFailedError, match="step 4: .*bucket unreachable") as failure,
+        hooks,
+    ):
+        stand_in_loop(hooks, Recorder())
+        hooks.on_train_end()
+    # Reported once: closing the saver on the way out does not add the same failure as a note.
+    assert getattr(failure.value, "__notes__", []) == []
+    assert [r.step for r in assert_consistent(run_dir)] == [3]
+    assert not ck.is_complete(str(tmp_path / "run" / "checkpoints" / "4"))
+    keys = [e.key for e in read_events(RunLayout(run_dir).mllog(0))]
+    assert "block_stop" not in keys  # the run did not finish
 
 
 def _hooks(run_dir: str, gbs: int = GBS) -> RcpHooks:
