@@ -54,16 +54,10 @@ class RunSpec:
         )
 
 
-def run_params(*, max_steps: int = 60) -> dict[str, Param]:
-    """The Params of mlperf_grpo_run (fresh objects: Param instances must not be shared)."""
+def training_params(*, max_steps: int = 60) -> dict[str, Param]:
+    """The Params that shape training, shared by the run and submission DAGs (fresh objects:
+    Param instances must not be shared between DAGs)."""
     return {
-        "run_dir": Param(
-            type="string",
-            minLength=1,
-            title="Run folder",
-            description="Absolute local path or gs://bucket/prefix; created if missing.",
-        ),
-        "seed": Param(1, type="integer", minimum=0, title="Seed"),
         "global_batch_size": Param(
             256,
             type="integer",
@@ -81,6 +75,20 @@ def run_params(*, max_steps: int = 60) -> dict[str, Param]:
             description="Empty: ceil(2.5 + 3840 / global_batch_size).",
         ),
         "division": Param("closed", type="string", enum=list(recipe.DIVISIONS), title="Division"),
+    }
+
+
+def run_params(*, max_steps: int = 60) -> dict[str, Param]:
+    """The Params of mlperf_grpo_run."""
+    return {
+        "run_dir": Param(
+            type="string",
+            minLength=1,
+            title="Run folder",
+            description="Absolute local path or gs://bucket/prefix; created if missing.",
+        ),
+        "seed": Param(1, type="integer", minimum=0, title="Seed"),
+        **training_params(max_steps=max_steps),
     }
 
 

@@ -34,7 +34,7 @@ from airflow.sdk import Param, TriggerRule, XComArg, get_current_context, task
 from rcpflow import recipe
 from rcpflow.layout import join
 from tasks.deployment import BACKENDS, Deployment
-from tasks.run_spec import ParamError, RunSpec, check_path
+from tasks.run_spec import ParamError, RunSpec, check_path, training_params
 
 log = logging.getLogger(__name__)
 
@@ -110,21 +110,7 @@ def submission_params(deployment: Deployment) -> dict[str, Param]:
             title="Seeds",
             description=f"{RUNS_PER_SUBMISSION} distinct seeds: one run each.",
         ),
-        "global_batch_size": Param(
-            256,
-            type="integer",
-            minimum=recipe.GENERATIONS_PER_PROMPT,
-            multipleOf=recipe.GENERATIONS_PER_PROMPT,
-            title="Global batch size",
-        ),
-        "max_steps": Param(60, type="integer", minimum=1, title="Max steps"),
-        "val_start_at": Param(
-            None,
-            type=["null", "integer"],
-            minimum=1,
-            title="Validation start override",
-            description="Empty: ceil(2.5 + 3840 / global_batch_size).",
-        ),
+        **training_params(max_steps=60),
         "target": Param(
             recipe.TARGET_ACCURACY,
             type="number",
@@ -136,7 +122,6 @@ def submission_params(deployment: Deployment) -> dict[str, Param]:
                 f"{recipe.TARGET_ACCURACY} in both divisions, other values are refused."
             ),
         ),
-        "division": Param("closed", type="string", enum=list(recipe.DIVISIONS), title="Division"),
         "backend": Param(
             deployment.backend,
             type="string",
