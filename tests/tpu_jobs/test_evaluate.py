@@ -75,6 +75,19 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def flip_a_bit_of_lm_head(saved_params, checkpoint_path: str) -> tuple[Path, bytes]:
+    """Flip one bit inside the saved lm_head kernel's bytes (Orbax restores it without
+    complaint); returns the data file and its pristine bytes, to undo the damage."""
+    needle = saved_params["lm_head"]["kernel"].tobytes()[:64]
+    data_files = [p for p in Path(checkpoint_path, "params").rglob("*") if p.is_file()]
+    [target] = [p for p in data_files if needle in p.read_bytes()]
+    pristine = target.read_bytes()
+    corrupted = bytearray(pristine)
+    corrupted[pristine.index(needle) + 5] ^= 0x10
+    target.write_bytes(bytes(corrupted))
+    return target, pristine
+
+
 def test_restored_unscanned_model_equals_saved_scanned_model(built_run) -> None:
     run_dir, saved = built_run
     row = manifest.load(RunLayout(run_dir).manifest).row(4)
@@ -167,14 +180,7 @@ def test_corrupted_weights_give_fatal_summary_then_a_fixed_checkpoint_is_re_eval
     run_dir = copy_run(built_run[0], tmp_path / "run")
     layout = RunLayout(run_dir)
     row = manifest.load(layout.manifest).row(3)
-    kernel = built_run[1][3]["lm_head"]["kernel"]
-    needle = kernel.tobytes()[:64]
-    data_files = [p for p in Path(row.checkpoint_path, "params").rglob("*") if p.is_file()]
-    [target] = [p for p in data_files if needle in p.read_bytes()]
-    pristine = target.read_bytes()
-    corrupted = bytearray(pristine)
-    corrupted[pristine.index(needle) + 5] ^= 0x10
-    target.write_bytes(bytes(corrupted))
+    target, pristine = flip_a_bit_of_lm_head(built_run[1][3], row.checkpoint_path)
     proc = cli("--run-dir", run_dir, "--step", "3")
     assert proc.returncode == evaluate.EXIT_FATAL
     assert "FingerprintMismatchError" in proc.stderr
@@ -348,14 +354,7 @@ def test_fatal_error_in_another_worker_reaches_the_summary(built_run, tmp_path, 
     run_dir = copy_run(built_run[0], tmp_path / "run")
     layout = RunLayout(run_dir)
     row = manifest.load(layout.manifest).row(3)
-    kernel = built_run[1][3]["lm_head"]["kernel"]
-    needle = kernel.tobytes()[:64]
-    data_files = [p for p in Path(row.checkpoint_path, "params").rglob("*") if p.is_file()]
-    [target] = [p for p in data_files if needle in p.read_bytes()]
-    pristine = target.read_bytes()
-    corrupted = bytearray(pristine)
-    corrupted[pristine.index(needle) + 5] ^= 0x10
-    target.write_bytes(bytes(corrupted))
+    target, pristine = flip_a_bit_of_lm_head(built_run[1][3], row.checkpoint_path)
     # Worker 2 reads the damaged bytes (say, a bad read on its host): it records the error in its
     # shard and exits 0, so the JobSet does not restart worker 0 before it writes the summary.
     assert evaluate.main(shard_args(run_dir, 3, 2, 3, "t", 60)) == 0
