@@ -342,7 +342,7 @@ class JobSetTrigger(BaseTrigger):
             except JobSetGone as exc:
                 yield TriggerEvent(self._event("Failed", reason="NotFound", message=str(exc)))
                 return
-            except Exception as exc:  # noqa: BLE001 - API/network trouble: read again, bounded
+            except Exception as exc:
                 errors += 1
                 self.log.warning("%s: read %d failed: %r", where, errors, exc)
                 if errors >= self.max_consecutive_errors:

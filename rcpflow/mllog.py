@@ -35,7 +35,7 @@ class MLLogError(ValueError):
 def require_mlperf_logging() -> None:
     """Fail at start, with the fix in the message, when RCP logging is asked for but impossible."""
     try:
-        import mlperf_logging.mllog  # noqa: F401
+        import mlperf_logging.mllog
     except ImportError as e:
         raise RuntimeError(
             "RCP logging is on but the official `mlperf-logging` package is not importable "

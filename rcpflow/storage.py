@@ -131,10 +131,10 @@ class GCSStorage(Storage):
         self.backoff_s = backoff_s
 
     @property
-    def client(self):  # noqa: ANN201 - google.cloud.storage.Client, imported lazily
+    def client(self):
         return _gcs_client(os.environ.get("STORAGE_EMULATOR_HOST", ""))
 
-    def _blob(self, path: str):  # noqa: ANN202
+    def _blob(self, path: str):
         bucket, name = split_gcs(path)
         return self.client.bucket(bucket).blob(name)
 
@@ -194,7 +194,7 @@ class GCSStorage(Storage):
 
 
 @lru_cache(maxsize=4)
-def _gcs_client(emulator_host: str):  # noqa: ANN202
+def _gcs_client(emulator_host: str):
     from google.cloud import storage
 
     if emulator_host:

@@ -231,7 +231,7 @@ def submission_spec(
     return spec
 
 
-def system_description(spec: SubmissionSpec):  # noqa: ANN201 - rcpflow.package type, lazily
+def system_description(spec: SubmissionSpec):
     from rcpflow.package import SystemDescription, local_system
 
     try:
@@ -257,7 +257,7 @@ def _code_dirs() -> list[str]:
 # ---- tasks -------------------------------------------------------------------------------------
 
 
-def plan_submission_task(deployment: Deployment):  # noqa: ANN201 - a TaskFlow task
+def plan_submission_task(deployment: Deployment):
     @task(task_id="plan")
     def plan() -> dict[str, Any]:
         context = get_current_context()
@@ -268,7 +268,7 @@ def plan_submission_task(deployment: Deployment):  # noqa: ANN201 - a TaskFlow t
     return plan
 
 
-def seed_runs(triggers: XComArg, *, poke_interval: int = 10):  # noqa: ANN201 - mapped operator
+def seed_runs(triggers: XComArg, *, poke_interval: int = 10):
     """One mlperf_grpo_run per seed, waited for without holding a worker slot (deferred)."""
     from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 

@@ -50,7 +50,7 @@ class GCSEmulator:
             "NO_GCE_CHECK": "true",
         }
 
-    def client(self):  # noqa: ANN201 - google.cloud.storage.Client
+    def client(self):
         """A google-cloud-storage client bound to the emulator (independent of os.environ)."""
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
@@ -69,7 +69,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.05) -> None:  # noqa: ANN001
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.05) -> None:
     """Poll `predicate` until it returns true; TimeoutError naming `what` otherwise."""
     deadline = time.monotonic() + timeout_s
     while not predicate():

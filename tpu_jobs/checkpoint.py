@@ -50,11 +50,11 @@ import numpy as np
 # hierarchical namespace, which waits up to 60 s when no credentials exist (the emulator case).
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-import orbax.checkpoint as ocp  # noqa: E402  (after the gcsfs setting above)
-from etils import epath  # noqa: E402
+import orbax.checkpoint as ocp
+from etils import epath
 
-from rcpflow.layout import join  # noqa: E402
-from rcpflow.storage import storage_for  # noqa: E402
+from rcpflow.layout import join
+from rcpflow.storage import storage_for
 
 PARAMS_ITEM = "params"
 STATE_ITEM = "train_state"
@@ -345,7 +345,7 @@ class CheckpointSaver:
                 stage = "on_commit"
                 if self._on_commit is not None:
                     self._on_commit(saved)
-            except BaseException as e:  # noqa: BLE001 - raised in the training thread instead
+            except BaseException as e:
                 with self._cond:
                     dropped = [j.step for j in self._queue if j.step != job.step]
                     what = (

@@ -279,7 +279,7 @@ def _evaluate_shard(
             )
         cfg = model_config(meta, target.checkpoint_path)
         records = run_attempts(cfg, params, sharding.instances(recipe.EVAL_SAMPLES))
-    except Exception as e:  # noqa: BLE001 - every failure must end as a fatal summary
+    except Exception as e:
         fatal = f"{type(e).__name__}: {e}"
         records = []
     shard = Shard(
@@ -330,7 +330,7 @@ def evaluate(
             body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
             path = join(target.attempts_dir, ATTEMPTS_FILE)
             storage_for(path).write_atomic(path, body.encode())
-        except Exception as e:  # noqa: BLE001 - as any other failure: a fatal summary
+        except Exception as e:
             fatal, records = f"{type(e).__name__}: {e}", []
     attempts: list[list[AttemptResult]] = [[] for _ in range(recipe.EVAL_SAMPLES)]
     for r in records:

@@ -332,7 +332,7 @@ class RcpHooks:
         except SaveFailedError as e:
             if not isinstance(exc, SaveFailedError):  # else it is the failure being raised
                 exc.add_note(f"(also: a checkpoint save failed: {e})")
-        except Exception as e:  # noqa: BLE001 - the training error is the one to report
+        except Exception as e:
             exc.add_note(f"(also: closing the checkpoint saver failed: {e})")
 
     @property

@@ -16,7 +16,7 @@ def airflow_db() -> str:
 
 
 @pytest.fixture(scope="session")
-def dagbag(airflow_db: str):  # noqa: ANN201
+def dagbag(airflow_db: str):
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(str(DAGS))

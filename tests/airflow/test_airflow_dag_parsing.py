@@ -47,7 +47,7 @@ image = "example.com/rcpflow-tpu:test"
 """
 
 
-def test_dagbag_has_no_import_errors(dagbag) -> None:  # noqa: ANN001
+def test_dagbag_has_no_import_errors(dagbag) -> None:
     assert dagbag.import_errors == {}
     assert set(dagbag.dag_ids) >= DAG_IDS
 

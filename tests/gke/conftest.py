@@ -95,7 +95,7 @@ def crd_schema() -> dict[str, Any]:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    crd = yaml.load(path.read_text(), Loader=loader)  # noqa: S506 - a safe loader
+    crd = yaml.load(path.read_text(), Loader=loader)
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha2", f"{path}: first version is {version['name']}"
     return version["schema"]["openAPIV3Schema"]
@@ -137,7 +137,7 @@ def lenient_jobset(crd_schema: dict[str, Any]) -> SchemaCheck:
 
 
 @pytest.fixture(scope="session")
-def recorded_status():  # noqa: ANN201 - a loader function
+def recorded_status():
     """Load a recorded JobSet object from fixtures/ by file name."""
 
     def load(name: str) -> dict[str, Any]:
@@ -199,7 +199,7 @@ class FakeKubeApi:
                 self._reply(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                                    "reason": reason, "code": code})  # fmt: skip
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 route = self._route()
                 with api._lock:
@@ -214,7 +214,7 @@ class FakeKubeApi:
                     api.objects[key] = body
                 self._reply(201, body)
 
-            def do_GET(self) -> None:  # noqa: N802
+            def do_GET(self) -> None:
                 route = self._route()
                 with api._lock:
                     api.requests.append(("GET", self.path, self.headers.get("Authorization")))
@@ -231,7 +231,7 @@ class FakeKubeApi:
                     obj["status"] = status
                 self._reply(200, obj)
 
-            def do_DELETE(self) -> None:  # noqa: N802
+            def do_DELETE(self) -> None:
                 route = self._route()
                 with api._lock:
                     api.requests.append(("DELETE", self.path, self.headers.get("Authorization")))
@@ -254,7 +254,7 @@ class FakeKubeApi:
 
 
 @pytest.fixture
-def fake_kube_api():  # noqa: ANN201 - Iterator[FakeKubeApi]
+def fake_kube_api():
     api = FakeKubeApi()
     try:
         yield api

@@ -45,14 +45,14 @@ class FakeTI:
         return self.xcoms.get((task_ids, key, map_indexes))
 
 
-def _events(trigger) -> list[dict[str, Any]]:  # noqa: ANN001
+def _events(trigger) -> list[dict[str, Any]]:
     async def collect() -> list[dict[str, Any]]:
         return [event.payload async for event in trigger.run()]
 
     return asyncio.run(asyncio.wait_for(collect(), timeout=60))
 
 
-def _trigger(**overrides: Any):  # noqa: ANN202
+def _trigger(**overrides: Any):
     from plugins.jobset import JobSetTrigger
 
     kwargs = {
@@ -75,7 +75,7 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, responses: list[Any]) -> list[int
 
     reads: list[int] = []
 
-    async def read_jobset(self) -> dict[str, Any]:  # noqa: ANN001
+    async def read_jobset(self) -> dict[str, Any]:
         item = responses[min(len(reads), len(responses) - 1)]
         reads.append(1)
         if isinstance(item, BaseException):

@@ -18,7 +18,7 @@ SUBPROCESS_TIMEOUT_S = 120
 
 
 @pytest.fixture(params=["local", pytest.param("gcs", marks=pytest.mark.gcs)])
-def root(request: pytest.FixtureRequest, tmp_path) -> str:  # noqa: ANN001
+def root(request: pytest.FixtureRequest, tmp_path) -> str:
     """A fresh, empty folder: a local directory or a ``gs://`` prefix on the emulator."""
     if request.param == "local":
         return str(tmp_path / "store")
@@ -40,7 +40,7 @@ def steps_in(data: bytes) -> list[int]:
     return [json.loads(line)["step"] for line in data.decode().splitlines()]
 
 
-def test_storage_for_picks_backend_by_scheme(tmp_path) -> None:  # noqa: ANN001
+def test_storage_for_picks_backend_by_scheme(tmp_path) -> None:
     assert isinstance(storage_for(str(tmp_path)), LocalStorage)
     assert isinstance(storage_for("gs://bucket/prefix/x"), GCSStorage)
 
@@ -96,7 +96,7 @@ def test_update_creates_then_modifies(root: str) -> None:
     path = join(root, "m.jsonl")
     seen: list[bytes | None] = []
 
-    def add(step: int):  # noqa: ANN202
+    def add(step: int):
         def fn(old: bytes | None) -> bytes:
             seen.append(old)
             return upsert_row(old, {"step": step})
@@ -139,7 +139,7 @@ def test_concurrent_updates_from_threads_lose_nothing(root: str) -> None:
                     return new
 
                 s.update(path, fn)
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=writer, args=(k,)) for k in (0, 1)]
@@ -197,7 +197,7 @@ print("{}")
 """
 
 
-def run_two_writers(script: str, path: str, tmp_path) -> list[str]:  # noqa: ANN001
+def run_two_writers(script: str, path: str, tmp_path) -> list[str]:
     """Start two writer processes, release them at once, return their last stdout lines."""
     go = tmp_path / "go"
     procs = []
@@ -225,7 +225,7 @@ def run_two_writers(script: str, path: str, tmp_path) -> list[str]:  # noqa: ANN
 
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 30)
-def test_concurrent_updates_from_processes_lose_nothing(root: str, tmp_path) -> None:  # noqa: ANN001
+def test_concurrent_updates_from_processes_lose_nothing(root: str, tmp_path) -> None:
     path = join(root, "mllog", "eval_checkpoints.jsonl")
     calls = [json.loads(line)["calls"] for line in run_two_writers(_WRITER, path, tmp_path)]
     assert steps_in(storage_for(path).read_bytes(path)) == list(range(100))
@@ -233,7 +233,7 @@ def test_concurrent_updates_from_processes_lose_nothing(root: str, tmp_path) -> 
 
 
 @pytest.mark.timeout(SUBPROCESS_TIMEOUT_S + 30)
-def test_concurrent_manifest_upserts_from_processes_lose_nothing(root: str, tmp_path) -> None:  # noqa: ANN001
+def test_concurrent_manifest_upserts_from_processes_lose_nothing(root: str, tmp_path) -> None:
     from rcpflow.manifest import parse_rows
 
     path = join(root, "mllog", "eval_checkpoints.jsonl")
@@ -243,7 +243,7 @@ def test_concurrent_manifest_upserts_from_processes_lose_nothing(root: str, tmp_
     assert all(r.samples_count == 256 * r.step for r in rows)
 
 
-def test_local_write_atomic_failure_keeps_old_file_and_leaves_no_temp(tmp_path) -> None:  # noqa: ANN001
+def test_local_write_atomic_failure_keeps_old_file_and_leaves_no_temp(tmp_path) -> None:
     s = LocalStorage()
     path = str(tmp_path / "summary.json")
     s.write_atomic(path, b"old")

@@ -10,7 +10,7 @@ from rcpflow.storage import GCSStorage, StorageError, split_gcs, storage_for
 pytestmark = pytest.mark.gcs
 
 
-def test_emulator_refuses_a_stale_generation(gcs, gcs_prefix: str) -> None:  # noqa: ANN001
+def test_emulator_refuses_a_stale_generation(gcs, gcs_prefix: str) -> None:
     # Without this, the retry tests below would prove nothing.
     bucket, name = split_gcs(gcs_prefix + "/obj")
     blob = gcs.client().bucket(bucket).blob(name)
@@ -77,7 +77,7 @@ def test_update_gives_up_after_bounded_attempts(gcs_prefix: str) -> None:
     assert s.read_bytes(path) == b"3"
 
 
-def test_objects_written_by_another_client_are_visible(gcs, gcs_prefix: str) -> None:  # noqa: ANN001
+def test_objects_written_by_another_client_are_visible(gcs, gcs_prefix: str) -> None:
     # Objects written by another client (e.g. Orbax, the Airflow GCS hook) are visible.
     bucket, name = split_gcs(gcs_prefix + "/checkpoints/18/meta")
     gcs.client().bucket(bucket).blob(name).upload_from_string(b"m")

@@ -64,7 +64,7 @@ def install_commit_crash(step: int) -> None:
     for cls in (atomicity.AtomicRenameTemporaryPath, atomicity.CommitFileTemporaryPath):
         original = cls.finalize
 
-        async def finalize(self, _original=original) -> None:  # noqa: ANN001
+        async def finalize(self, _original=original) -> None:
             if self.get_final().name == str(step):
                 os._exit(CRASH_EXIT_CODE)
             await _original(self)

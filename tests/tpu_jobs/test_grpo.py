@@ -71,7 +71,7 @@ def test_optimizer_refuses_what_it_does_not_implement() -> None:
         grpo.make_optimizer(dataclasses.replace(hp, lr_schedule="cosine"))
 
 
-def _run(hp, seed: int, steps: int) -> tuple[grpo.TrainState, list[float]]:  # noqa: ANN001
+def _run(hp, seed: int, steps: int) -> tuple[grpo.TrainState, list[float]]:
     state = grpo.init_state(CFG, hp, seed)
     step_fn = grpo.make_train_step(CFG, hp)
     rewards = []
@@ -93,7 +93,7 @@ def test_same_seed_same_trajectory() -> None:
     assert not np.array_equal(a.params["embed"]["embedding"], c.params["embed"]["embedding"])
 
 
-def _eval_accuracy(params) -> float:  # noqa: ANN001
+def _eval_accuracy(params) -> float:
     prompts = task.eval_prompts()
     completions = sample(
         scanned_logits_fn(CFG), params, prompts, jax.random.key(99),

@@ -34,7 +34,7 @@ def test_nucleus_keeps_the_smallest_top_set_reaching_top_p() -> None:
     assert kept(0.3) == [0]  # the most likely token always stays
 
 
-def frequencies(logits: np.ndarray, temperature: float, top_p: float, n: int = 20_000):  # noqa: ANN201
+def frequencies(logits: np.ndarray, temperature: float, top_p: float, n: int = 20_000):
     prompts = np.zeros((n, 2), dtype=np.int32)
     out = sample(
         fixed_logits, jnp.asarray(logits, jnp.float32), prompts, jax.random.key(0),

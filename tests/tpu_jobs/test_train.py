@@ -157,7 +157,7 @@ def test_bad_flags_are_refused_by_name(
 
 
 @pytest.mark.gcs
-def test_cli_on_gcs(gcs, gcs_prefix: str) -> None:  # noqa: ANN001 - conftest's emulator
+def test_cli_on_gcs(gcs, gcs_prefix: str) -> None:
     run_dir = f"{gcs_prefix}/run"
     proc = cli("--run-dir", run_dir, "--seed", "2", *FAST, "--max-steps", "3", env=gcs.env)
     assert proc.returncode == 0, proc.stderr[-3000:]
