@@ -1,12 +1,9 @@
-"""The gate steps of one run, as plain functions: shared by the local evaluate task and the GKE
-evaluate operator, so both backends decide the same way.
+"""The steps of a run around its jobs, as plain functions every backend's tasks call.
 
-Before a job: `eval_target` (the row as the manifest has it now), `skip_if_decided` (a lower
-step's valid summary already passes: skip), `reusable` (a valid summary exists: no job). After
-it: `collect` (validate the summary; when it passes, mark later map indexes skipped). Instances
-run in any order, so the decision is always drawn from storage, never from which ran before;
-marking later ones skipped only saves time. Also the run's other checks: the training outputs,
-``finalize`` and the compliance checker.
+Evaluation instances run in any order, so whether a step is evaluated is decided from the
+summaries on storage alone (`skip_if_decided`, `reusable`), never from which instance ran
+before; `collect` marking later instances skipped only saves time. Also the checks after
+training, ``finalize`` and the compliance checker.
 """
 
 from __future__ import annotations

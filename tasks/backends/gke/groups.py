@@ -1,12 +1,9 @@
-"""Task-group builders of the GKE backend: a JobSet's create -> wait (deferred) -> delete.
+"""Task-group builders of the GKE backend: every JobSet is created, waited for (deferred) and
+deleted by a teardown, which also runs when the job fails.
 
-``jobset_task_group`` is the ml-auto-solutions shape: ``run`` (create the JobSet, defer until
-it is terminal, fail with the controller's reason) -> ``cleanup`` (delete it; a teardown, so it
-runs when ``run`` fails too). Downstream of the group waits for ``run``, not for the teardown.
-The training job renders its JobSet at run time (its name needs the run id) in
-``train_jobset``; evaluation is one mapped deferrable operator, so ``max_active_tis_per_dagrun``
-(which counts deferred instances) is the eval window exactly as on the local backend, and one
-teardown deletes every JobSet its instances recorded.
+Evaluation is one mapped deferrable operator rather than a group per step, so that
+``max_active_tis_per_dagrun`` (which counts deferred instances) is the eval window exactly as
+on the local backend.
 """
 
 from __future__ import annotations
