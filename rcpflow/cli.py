@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from rcpflow.recipe import DIVISIONS
+
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -85,7 +87,7 @@ def _check(args: argparse.Namespace) -> int:
         except MLLogError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_INVALID
-        division = declared[0] if declared and declared[0] in ("closed", "open") else "closed"
+        division = declared[0] if declared and declared[0] in DIVISIONS else "closed"
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="rcpflow-check-")
     result = compliance(args.log, division=division, log_dir=log_dir)
     for line in result.errors:
@@ -125,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("log")
     c.add_argument(
         "--division",
-        choices=("closed", "open"),
+        choices=DIVISIONS,
         default=None,
         help="rules to apply (default: the division the log declares, else closed)",
     )

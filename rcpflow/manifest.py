@@ -8,6 +8,7 @@ is not a row) or ``step N`` (a row that breaks the contract).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 from collections.abc import Sequence
@@ -190,7 +191,7 @@ def validate_rows(rows: Sequence[ManifestRow], where: str) -> None:
             f"{where}: step {first.step}: first checkpoint must be the validation start step "
             f"{first.val_start_at}"
         )
-    for prev, r in zip(ordered, ordered[1:], strict=False):
+    for prev, r in itertools.pairwise(ordered):
         if r.step != prev.step + 1:
             raise ManifestError(
                 f"{where}: step {r.step}: gap after step {prev.step} (steps must be contiguous)"

@@ -76,7 +76,7 @@ def test_round_trip_and_strict_read(tmp_path):
     d = json.loads(s.to_json())
     del d["complete"]
     (tmp_path / "bad.json").write_text(json.dumps(d))
-    with pytest.raises(SummaryError, match="missing field.*complete"):
+    with pytest.raises(SummaryError, match=r"missing field.*complete"):
         read_summary(str(tmp_path / "bad.json"))
     d = json.loads(s.to_json())
     d["pass_at_k"]["4"] = 1.5
