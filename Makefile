@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # Local runs are CPU-only; name the platform so JAX does not probe for accelerators.
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: setup test test-fast demo bench lint format clean
+.PHONY: setup test test-fast check demo bench lint format clean
 
 setup: $(STAMP)
 
@@ -17,8 +17,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[all]'
 	touch $(STAMP)
 
-test: setup
+# What CI runs (.ci/run): lint, formatting, types, then the whole suite.
+test: check
 	$(PY) -m pytest
+
+# Lint, formatting and types: the same checks as .pre-commit-config.yaml.
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The suite without the slow end-to-end tests (CI runs everything).
 test-fast: setup
@@ -30,9 +37,7 @@ demo: setup
 bench: setup
 	$(PY) -m tpu_jobs.bench
 
-lint: setup
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+lint: check
 
 format: setup
 	$(VENV)/bin/ruff format .
