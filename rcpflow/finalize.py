@@ -21,7 +21,8 @@ from rcpflow.layout import RunLayout
 from rcpflow.manifest import Manifest, ManifestError, load
 from rcpflow.mllog import EVAL_SECTION_KEYS, MLLOG_PREFIX, EventRenderer, MLLogError, parse
 from rcpflow.storage import storage_for
-from rcpflow.summary import EvalSummary, SummaryError, read_summary, summary_problems
+from rcpflow.summary import EvalSummary
+from rcpflow.verify import evaluate_step
 
 Status = Literal["success", "aborted", "incomplete"]
 
@@ -125,18 +126,16 @@ def finalize(run_dir: str) -> FinalizeResult:
     reason = ""
     end_row = None
     for row in manifest.rows:
-        path = layout.summary(row.step)
-        if not storage_for(path).exists(path):
-            reason = f"step {row.step}: no eval summary at {path}"
+        found = evaluate_step(run_dir, row)
+        if found.state == "missing":
+            reason = f"step {row.step}: no eval summary at {found.summary_path}"
             break
-        try:
-            summary = read_summary(path)
-        except SummaryError as e:
-            raise FinalizeInputError(f"step {row.step}: {e}") from e
-        problems = summary_problems(summary, row)
-        if problems:
-            reason = f"step {row.step}: summary not valid: {'; '.join(problems)}"
+        if found.state == "unreadable":
+            raise FinalizeInputError(f"step {row.step}: {found.problems[0]}")
+        if found.summary is None or not found.valid:
+            reason = f"step {row.step}: summary not valid: {'; '.join(found.problems)}"
             break
+        summary = found.summary
         lines += eval_events(renderer, summary)  # valid: its step and samples are the row's
         evaluated.append(row.step)
         if passes(summary, row):

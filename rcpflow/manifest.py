@@ -193,14 +193,18 @@ def validate_rows(rows: Sequence[ManifestRow], where: str) -> None:
         )
     for prev, r in itertools.pairwise(ordered):
         if r.step != prev.step + 1:
-            raise ManifestError(
-                f"{where}: step {r.step}: gap after step {prev.step} (steps must be contiguous)"
-            )
+            raise ManifestError(f"{where}: {gap_message(prev.step, r.step)}")
         if r.timestamp_ms <= prev.timestamp_ms:
             raise ManifestError(
                 f"{where}: step {r.step}: timestamp_ms {r.timestamp_ms} is not after step "
                 f"{prev.step}'s {prev.timestamp_ms}"
             )
+
+
+def gap_message(before: int, after: int) -> str:
+    """``steps 20 missing between 19 and 21`` (``steps 20..22`` for a longer gap)."""
+    missing = f"{before + 1}" if after - before == 2 else f"{before + 1}..{after - 1}"
+    return f"steps {missing} missing between {before} and {after} (steps must be contiguous)"
 
 
 def load(manifest_path: str, mllog_path: str | None = None) -> Manifest:
