@@ -56,6 +56,27 @@ def _manifest_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _manifest_add(args: argparse.Namespace) -> int:
+    from rcpflow.recorder import RecorderError, add_row
+
+    try:
+        row, added = add_row(
+            args.run_dir,
+            args.step,
+            args.checkpoint,
+            args.timestamp_ms,
+            seed=args.seed,
+            val_start_at=args.val_start_at,
+            weights_fingerprint=args.weights_fingerprint,
+        )
+    except RecorderError as e:
+        print(f"invalid: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    what = "added" if added else "already there (identical)"
+    print(f"step {row.step}: row {what}: {row.checkpoint_path} at {row.timestamp_ms}")
+    return EXIT_OK
+
+
 def _finalize(args: argparse.Namespace) -> int:
     from rcpflow.finalize import FinalizeInputError, finalize
 
@@ -158,6 +179,19 @@ def build_parser() -> argparse.ArgumentParser:
     mv.add_argument("manifest")
     mv.add_argument("--mllog", default=None, help="MLLOG for the stale-row check")
     mv.set_defaults(func=_manifest_validate)
+    ma = msub.add_parser(
+        "add",
+        help="record a committed checkpoint (trainers that are not Python); the run's fields "
+        "come from its MLLOG; exit 0 added or identical, 1 refused (names the step and why)",
+    )
+    ma.add_argument("run_dir")
+    ma.add_argument("--step", type=int, required=True)
+    ma.add_argument("--checkpoint", required=True, help="the committed checkpoint (must exist)")
+    ma.add_argument("--timestamp-ms", type=int, required=True, help="its weight-update time")
+    ma.add_argument("--seed", type=int, help="picks mllog/seed_<n>.out (default: the only one)")
+    ma.add_argument("--val-start-at", type=int, help="default: the rows', else the recipe's")
+    ma.add_argument("--weights-fingerprint")
+    ma.set_defaults(func=_manifest_add)
 
     e = sub.add_parser("eval", help="evaluation results")
     esub = e.add_subparsers(dest="eval_command", required=True)
