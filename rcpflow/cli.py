@@ -77,6 +77,14 @@ def _manifest_add(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _status(args: argparse.Namespace) -> int:
+    from rcpflow.status import render_table, run_status
+
+    status = run_status(args.run_dir)
+    print(status.to_json() if args.json else render_table(status), end="")
+    return EXIT_INVALID if status.manifest_error is not None else EXIT_OK
+
+
 def _finalize(args: argparse.Namespace) -> int:
     from rcpflow.finalize import FinalizeInputError, finalize
 
@@ -221,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("run_dir")
     f.set_defaults(func=_finalize)
+
+    st = sub.add_parser(
+        "status",
+        help="per checkpoint: summary, gate decision, and what finalize would write now; exit 0, "
+        "1 when the manifest cannot be read",
+    )
+    st.add_argument("run_dir")
+    st.add_argument("--json", action="store_true", help="the same data as JSON")
+    st.set_defaults(func=_status)
 
     c = sub.add_parser("check", help="official compliance checker verdict, exit 0/1")
     c.add_argument("log")
