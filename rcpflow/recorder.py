@@ -236,27 +236,29 @@ class TrainingRecorder:
         if not log_exists and not rows_exist:
             return None
         where = self.mllog_path
-        if not log_exists:
-            if not self.rcp_logging:
-                raise RecorderError("resume without RCP logging is not supported: no log to check")
-            raise RecorderError(
-                f"cannot resume: {self.layout.manifest} exists but the run's MLLOG {where} does not"
-            )
-        events = read_events(self.mllog_path)
-        run_start = run_start_ms(events)
-        if run_start is None:
-            raise RecorderError(f"cannot resume: {where} has no run_start (start afresh?)")
-        for key, want in (
-            ("seed", self.seed),
-            ("global_batch_size", self.hp.global_batch_size),
-            ("max_steps", self.hp.max_steps),
-            ("submission_division", self.hp.division),
-        ):
-            got = _header_value(events, key, where)
-            if got != want:
+        run_start: int | None = None
+        events: list[Event] = []
+        if self.rcp_logging:
+            if not log_exists:
                 raise RecorderError(
-                    f"cannot resume: {where} logs {key} {got!r}, this run has {want!r}"
+                    f"cannot resume: {self.layout.manifest} exists but the run's MLLOG {where} "
+                    "does not"
                 )
+            events = read_events(self.mllog_path)
+            run_start = run_start_ms(events)
+            if run_start is None:
+                raise RecorderError(f"cannot resume: {where} has no run_start (start afresh?)")
+            for key, want in (
+                ("seed", self.seed),
+                ("global_batch_size", self.hp.global_batch_size),
+                ("max_steps", self.hp.max_steps),
+                ("submission_division", self.hp.division),
+            ):
+                got = _header_value(events, key, where)
+                if got != want:
+                    raise RecorderError(
+                        f"cannot resume: {where} logs {key} {got!r}, this run has {want!r}"
+                    )
         rows = sorted(_current_rows(self.layout.manifest, run_start), key=lambda r: r.step)
         try:
             manifest.validate_rows(rows, self.layout.manifest)
@@ -273,7 +275,12 @@ class TrainingRecorder:
             self._log = TrainingLog(self.mllog_path, append=True) if self.rcp_logging else None
             self._resumed = True
             self._ended = bool(stops)
-            self._run_start = run_start
+            # Without a log the rows' own clock stands in for run_start (none is before it).
+            self._run_start = (
+                run_start
+                if run_start is not None
+                else min((r.timestamp_ms for r in rows), default=0)
+            )
             self._committed = {r.step: r for r in rows}
             if rows:
                 self._last_step, self._last_update_ms = rows[-1].step, rows[-1].timestamp_ms

@@ -17,7 +17,7 @@ from rcpflow.finalize import finalize
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events
-from rcpflow.recorder import RecorderError, TrainingRecorder
+from rcpflow.recorder import RecorderError, Resumed, TrainingRecorder
 
 GBS, MAX_STEPS, VAL_START = 256, 24, 18
 T0 = 1_700_000_000_000
@@ -259,3 +259,24 @@ def test_manifest_add_for_a_trainer_that_is_not_python(tmp_path):
     ]
     p = add(20, T0 + 80_000, "--val-start-at", "10")
     assert p.returncode == 1 and "val_start_at 10 differs" in p.stderr
+
+
+def test_without_rcp_logging_rows_are_recorded_and_resumed(tmp_path):
+    run_dir = str(tmp_path / "run")
+    hp = recipe.hyperparameters("closed", GBS, MAX_STEPS)
+
+    def make() -> TrainingRecorder:
+        return TrainingRecorder(
+            run_dir, seed=1, hyperparameters=hp, val_start_at=VAL_START, rcp_logging=False
+        )
+
+    rec = make()
+    rec.on_init_start(T0)
+    rec.on_run_start(T0 + 30_000)
+    train(rec, run_dir, range(1, 20))
+    assert not Path(RunLayout(run_dir).mllog(1)).exists()
+    again = make()
+    assert again.resume() == Resumed(step=19, timestamp_ms=T0 + 79_000, finished=False)
+    train(again, run_dir, range(20, MAX_STEPS + 1))
+    again.on_train_end()
+    assert [r.step for r in load(RunLayout(run_dir).manifest).rows] == list(range(18, 25))
