@@ -42,6 +42,7 @@ import numpy as np
 
 from tpu_jobs import checkpoint as ck
 from tpu_jobs import grpo
+from tpu_jobs.fingerprint import weights_fingerprint
 from tpu_jobs.model import param_bytes, unscan_params
 from tpu_jobs.rcp_hooks import RcpHooks
 from tpu_jobs.train import TrainConfig, hyperparameters_for
@@ -162,7 +163,7 @@ def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
         drain_s_one=one_deep.drain_s / ROUNDS,
         save_blocking_s=statistics.median(blocking[1:]),
         save_write_s=statistics.median(writes[1:]),
-        fingerprint_s=median_time(lambda: ck.weights_fingerprint(state.params), 20),
+        fingerprint_s=median_time(lambda: weights_fingerprint(state.params), 20),
     )
 
 
@@ -211,7 +212,7 @@ def bench_restore(workdir: Path, megabytes: int) -> RestoreNumbers:
     restored: Any = None
     for _ in range(3):
         t, (restored, _) = timed(lambda: ck.restore_params(saved.path))
-        v, _ = timed(lambda tree=restored: ck.weights_fingerprint(tree))
+        v, _ = timed(lambda tree=restored: weights_fingerprint(tree))
         restores.append(t - v)  # restore_params verifies the fingerprint; count it apart
         verifies.append(v)
     raw = median_time(lambda: read_all(files), 3)
