@@ -1,6 +1,6 @@
 """`make bench`: checkpoint and trainer speeds as ratios measured in one run, into BENCHMARKS.md.
 
-    python -m tpu_jobs.bench [--output BENCHMARKS.md] [--steps 30] [--restore-mb 128]
+    python -m tpu_jobs.devtools.bench [--output BENCHMARKS.md] [--steps 30] [--restore-mb 128]
 
 Measured here, on whatever machine runs it (all numbers are wall-clock on this machine, so only
 the ratios travel):
@@ -257,7 +257,7 @@ def render(t: TrainerNumbers, r: RestoreNumbers, steps: int, when: str, where: s
     blocks = f"{ROUNDS} interleaved blocks of {t.block_steps} steps each"
     return f"""# Benchmarks
 
-Written by `make bench` (`python -m tpu_jobs.bench`); every number below comes from one run.
+Written by `make bench` (`python -m tpu_jobs.devtools.bench`); all numbers below come from one run.
 Only the ratios are meant to be compared across machines. No test asserts any of these.
 
 - Date: {when}
@@ -362,7 +362,7 @@ def ratios_of(t: TrainerNumbers, r: RestoreNumbers) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m tpu_jobs.bench", description=__doc__.split("\n")[0]
+        prog="python -m tpu_jobs.devtools.bench", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file to (re)write")
     ap.add_argument("--steps", type=int, default=30, help="toy steps timed per configuration")
