@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 from rcpflow import recipe
 from rcpflow.layout import is_gcs
+from rcpflow.recipe import DIVISIONS
 from rcpflow.storage import storage_for
 
 USAGE = "training"
-DIVISIONS = ("closed", "open")
 DEFAULT_TIMEOUT_S = 600.0
 PACKAGE_SUCCESS_LINE = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS !"
 TIMEOUT_RETURNCODE = 124  # as timeout(1) reports it

@@ -8,6 +8,7 @@ atomically. The training side writes no ``run_stop`` and no eval events: those b
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ class MLLogError(ValueError):
 def require_mlperf_logging() -> None:
     """Fail at start, with the fix in the message, when RCP logging is asked for but impossible."""
     try:
-        import mlperf_logging.mllog
+        importlib.import_module("mlperf_logging.mllog")
     except ImportError as e:
         raise RuntimeError(
             "RCP logging is on but the official `mlperf-logging` package is not importable "

@@ -24,6 +24,7 @@ from importlib import metadata
 from rcpflow import recipe
 from rcpflow.layout import RunLayout, is_gcs, join
 from rcpflow.mllog import read_events
+from rcpflow.recipe import DIVISIONS
 from rcpflow.storage import storage_for
 
 # `status` values the 6.1.0 system description checker accepts for training.
@@ -33,7 +34,6 @@ STATUSES = (
     "Research, Development, or Internal (RDI)",
     "Preview",
 )
-DIVISIONS = ("closed", "open")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 # Fields the result summarizer converts with int(); accelerators may be 0 (a CPU-only system).
 _COUNT_FIELDS = {

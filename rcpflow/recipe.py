@@ -35,7 +35,7 @@ LR_SCHEDULE = "constant"
 REFERENCE_BATCH_SIZE = 256
 
 Division = Literal["closed", "open"]
-DIVISIONS: tuple[str, ...] = ("closed", "open")
+DIVISIONS: tuple[Division, ...] = ("closed", "open")
 
 
 def check_global_batch_size(global_batch_size: int) -> int:

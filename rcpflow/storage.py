@@ -16,8 +16,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from rcpflow.layout import is_gcs
+
+if TYPE_CHECKING:
+    from google.cloud import storage
 
 Updater = Callable[[bytes | None], bytes]
 
@@ -66,7 +70,7 @@ class LocalStorage(Storage):
     def list(self, prefix: str) -> list[str]:
         if os.path.isfile(prefix):
             return [prefix]
-        found = []
+        found: list[str] = []
         for dirpath, _, files in os.walk(prefix):
             # Dot files are our own lock and temp files (see `_locked`, `write_atomic`).
             found.extend(os.path.join(dirpath, f) for f in files if not f.startswith("."))
@@ -131,10 +135,10 @@ class GCSStorage(Storage):
         self.backoff_s = backoff_s
 
     @property
-    def client(self):
+    def client(self) -> storage.Client:
         return _gcs_client(os.environ.get("STORAGE_EMULATOR_HOST", ""))
 
-    def _blob(self, path: str):
+    def _blob(self, path: str) -> storage.Blob:
         bucket, name = split_gcs(path)
         return self.client.bucket(bucket).blob(name)
 
@@ -194,7 +198,7 @@ class GCSStorage(Storage):
 
 
 @lru_cache(maxsize=4)
-def _gcs_client(emulator_host: str):
+def _gcs_client(emulator_host: str) -> storage.Client:
     from google.cloud import storage
 
     if emulator_host:

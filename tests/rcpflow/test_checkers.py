@@ -116,7 +116,7 @@ def test_unknown_division_is_refused(tmp_path: Path) -> None:
 
 
 def test_missing_log_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="nope.out"):
+    with pytest.raises(FileNotFoundError, match=r"nope\.out"):
         checkers.compliance(str(tmp_path / "nope.out"), log_dir=str(tmp_path))
 
 

@@ -51,39 +51,43 @@ def _rewrite(path, rows):
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda rows: rows[:2] + rows[3:], "step 21: gap after step 19"),
+        (lambda rows: rows[:2] + rows[3:], "steps 20 missing between 19 and 21"),
         (lambda rows: rows[1:], "step 19: first checkpoint must be the validation start step 18"),
         (
-            lambda rows: rows[:1] + [dataclasses.replace(rows[1], seed=7)] + rows[2:],
+            lambda rows: [*rows[:1], dataclasses.replace(rows[1], seed=7), *rows[2:]],
             "step 19: seed 7 differs",
         ),
         (
             lambda rows: (
-                rows[:3]
-                + [dataclasses.replace(rows[3], global_batch_size=512, samples_count=21 * 512)]
+                [
+                    *rows[:3],
+                    dataclasses.replace(rows[3], global_batch_size=512, samples_count=21 * 512),
+                ]
             ),
             "step 21: global_batch_size 512 differs",
         ),
         (
-            lambda rows: [dataclasses.replace(rows[0], samples_count=1)] + rows[1:],
+            lambda rows: [dataclasses.replace(rows[0], samples_count=1), *rows[1:]],
             "step 18: samples_count 1 != step",
         ),
         (
-            lambda rows: rows[:1] + [dataclasses.replace(rows[1], target_accuracy=0.5)] + rows[2:],
+            lambda rows: [*rows[:1], dataclasses.replace(rows[1], target_accuracy=0.5), *rows[2:]],
             "step 19: target_accuracy",
         ),
-        (lambda rows: rows + [rows[-1]], "step 21: appears more than once"),
+        (lambda rows: [*rows, rows[-1]], "step 21: appears more than once"),
         (
             lambda rows: (
-                rows[:1]
-                + [dataclasses.replace(rows[1], timestamp_ms=rows[0].timestamp_ms)]
-                + rows[2:]
+                [
+                    *rows[:1],
+                    dataclasses.replace(rows[1], timestamp_ms=rows[0].timestamp_ms),
+                    *rows[2:],
+                ]
             ),
             "step 19: timestamp_ms",
         ),
         (
             lambda rows: (
-                rows[:1] + [dataclasses.replace(rows[1], mllog_file="other.out")] + rows[2:]
+                [*rows[:1], dataclasses.replace(rows[1], mllog_file="other.out"), *rows[2:]]
             ),
             "step 19: mllog_file",
         ),
@@ -162,7 +166,7 @@ def test_property_valid_iff_contiguous_from_start(tmp_path_factory, steps):
     if contiguous:
         assert [r.step for r in load(run.layout.manifest).rows] == sorted(steps)
     else:
-        with pytest.raises(ManifestError, match=r"step \d+"):
+        with pytest.raises(ManifestError, match=r"steps? \d+"):
             load(run.layout.manifest)
 
 

@@ -159,9 +159,9 @@ def test_bad_inputs_are_refused_by_name(three_runs: list[str], tmp_path: Path) -
         package_submission(three_runs[:1], [7], out)
     with pytest.raises(ValueError, match="division: 'open', but the runs' logs say 'closed'"):
         package_submission(three_runs, SEEDS, out, division="open")
-    with pytest.raises(ValueError, match="system.division: 'open'"):
+    with pytest.raises(ValueError, match=r"system\.division: 'open'"):
         package_submission(three_runs, SEEDS, out, SystemDescription(division="open"))
-    with pytest.raises(ValueError, match="system.submitter: 'acme', but the runs' logs say"):
+    with pytest.raises(ValueError, match=r"system\.submitter: 'acme', but the runs' logs say"):
         package_submission(three_runs, SEEDS, out, SystemDescription(submitter="acme"))
     open_run = finalized_run(str(tmp_path / "open"), 9, accuracies_converging_at(18), "open")
     with pytest.raises(ValueError, match="division: the runs disagree"):

@@ -71,7 +71,7 @@ def test_update_gives_up_after_bounded_attempts(gcs_prefix: str) -> None:
         s.write_atomic(path, str(calls).encode())  # someone else always writes first
         return b"never written"
 
-    with pytest.raises(StorageError, match="contended.txt"):
+    with pytest.raises(StorageError, match=r"contended\.txt"):
         s.update(path, always_loses)
     assert calls == 3
     assert s.read_bytes(path) == b"3"
