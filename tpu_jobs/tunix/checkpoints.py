@@ -158,7 +158,6 @@ def restore_params(path: str) -> dict[str, Any]:
     return _unwrap(restored)
 
 
-
 class CommitWatcher:
     """Waits, in its own thread, for each expected step to commit; then calls `on_commit`.
 

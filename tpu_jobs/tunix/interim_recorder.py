@@ -186,7 +186,9 @@ class TrainingRecorder:
         self._ended = True
         if self._log is not None and self._last is not None:
             step, t = self._last
-            self._log.block_stop(samples_count=step * self.hp.global_batch_size, step=step, time_ms=t)
+            self._log.block_stop(
+                samples_count=step * self.hp.global_batch_size, step=step, time_ms=t
+            )
 
 
 def _now_ms() -> int:

@@ -85,6 +85,8 @@ def last_logits(model: qwen3.Qwen3, tokens: jax.Array) -> jax.Array:
     """Next-token logits after each full row of `tokens` ``(B, L)`` (no padding, no cache)."""
     b, length = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (b, length))
-    causal = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), dtype=jnp.bool_)), (b, length, length))
+    causal = jnp.broadcast_to(
+        jnp.tril(jnp.ones((length, length), dtype=jnp.bool_)), (b, length, length)
+    )
     logits, _ = model(tokens, positions, None, causal)
     return logits[:, -1, :]

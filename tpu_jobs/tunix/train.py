@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -205,9 +204,7 @@ class StepRecording:
             self.watcher.close()
 
 
-def committed_checkpoints(
-    root: str, identity: dict[str, int], val_start: int
-) -> list[Committed]:
+def committed_checkpoints(root: str, identity: dict[str, int], val_start: int) -> list[Committed]:
     found = []
     for step in checkpoints.complete_steps(root):
         path = checkpoints.step_path(root, step)
@@ -350,7 +347,9 @@ def train(config: TrainConfig) -> TrainResult:
     if trainer.train_steps != hp.max_steps:
         raise CheckpointError(f"Tunix stopped at step {trainer.train_steps} of {hp.max_steps}")
     recorder.on_train_end()
-    return TrainResult(first_step=restored + 1, last_step=hp.max_steps, resumed_from=restored or None)
+    return TrainResult(
+        first_step=restored + 1, last_step=hp.max_steps, resumed_from=restored or None
+    )
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:

@@ -1,4 +1,4 @@
-"""The toy task's token ids as a tokenizer Tunix accepts (``encode, decode, bos_id, eos_id, pad_id``).
+"""The toy task's token ids as a tokenizer Tunix accepts (encode, decode, bos/eos/pad ids).
 
 Tunix's rollout works on text: a prompt is rendered as space-separated token names
 (``"<bos> 3 1 4 1 <sep>"``) and a completion decodes back to names. The ids are the toy task's
@@ -77,4 +77,6 @@ def exact_match_reward(
 ) -> list[float]:
     """The task's reward on text: 1.0 when the completion is exactly the answer's tokens."""
     del prompts
-    return [1.0 if c.split() == a.split() else 0.0 for c, a in zip(completions, answer, strict=True)]
+    return [
+        1.0 if c.split() == a.split() else 0.0 for c, a in zip(completions, answer, strict=True)
+    ]
