@@ -244,6 +244,66 @@ def batches(
         yield vocab.batch(seed, step, hp.num_prompts_per_step)
 
 
+@dataclass(frozen=True)
+class Job:
+    """Tunix's pieces of one run, built and wired, not yet trained."""
+
+    cluster: rlc.RLCluster
+    trainer: Any  # the actor's tunix.rl.trainer.Trainer
+    learner: grpo_learner.GRPOLearner
+    rollout: base_rollout.RolloutConfig
+
+
+def build_job(
+    config: TrainConfig, hp: recipe.Hyperparameters, val_start: int, root: str | None
+) -> Job:
+    """RLCluster + GRPOLearner; `root` None: no checkpoints at all (for the bench's baseline).
+    With checkpoints, Tunix restores the newest committed one of `root` here."""
+    mesh = policy.mesh()
+    rollout = base_rollout.RolloutConfig(
+        max_tokens_to_generate=task.ANSWER_LENGTH,
+        temperature=hp.train_temperature,
+        top_p=hp.train_top_p,
+        top_k=None,
+        max_prompt_length=task.PROMPT_LENGTH,
+        kv_cache_size=task.PROMPT_LENGTH + task.ANSWER_LENGTH + 1,
+        eos_tokens=[vocab.EOS],
+    )
+    training = rlc.RLTrainingConfig(
+        actor_optimizer=optimizer(hp),
+        eval_every_n_steps=hp.max_steps + 1,  # no Tunix-side eval: evaluation is offline
+        max_steps=hp.max_steps,
+        checkpoint_root_directory=root,
+        checkpointing_options=None
+        if root is None
+        else checkpoints.options(val_start, hp.max_steps),
+        pbar_description=None,
+    )
+    cluster = rlc.RLCluster(
+        actor=policy.build(config.policy, config.seed),
+        reference=None,
+        tokenizer=vocab.DigitTokenizer(),
+        cluster_config=rlc.ClusterConfig(
+            role_to_mesh={rlc.Role.ACTOR: mesh, rlc.Role.REFERENCE: mesh, rlc.Role.ROLLOUT: mesh},
+            rollout_engine="vanilla",
+            offload_to_cpu=False,
+            training_config=training,
+            rollout_config=rollout,
+        ),
+    )
+    learner = grpo_learner.GRPOLearner(
+        rl_cluster=cluster,
+        algo_config=grpo_learner.GRPOConfig(
+            num_generations=hp.num_generations_per_prompt,
+            num_iterations=1,
+            beta=0.0,
+            epsilon=GRPO_EPSILON,
+        ),
+        reward_fns=vocab.exact_match_reward,
+    )
+    return Job(cluster=cluster, trainer=cluster.actor_trainer, learner=learner, rollout=rollout)
+
+
 def _say(record: dict[str, object]) -> None:
     print(json.dumps(record, sort_keys=True), flush=True)
 
@@ -264,53 +324,14 @@ def train(config: TrainConfig) -> TrainResult:
     )
     resumed = recorder.resume(committed_checkpoints(root, identity, val_start))
     recorder.on_init_start()
-    mesh = policy.mesh()
-    rollout = base_rollout.RolloutConfig(
-        max_tokens_to_generate=task.ANSWER_LENGTH,
-        temperature=hp.train_temperature,
-        top_p=hp.train_top_p,
-        top_k=None,
-        max_prompt_length=task.PROMPT_LENGTH,
-        kv_cache_size=task.PROMPT_LENGTH + task.ANSWER_LENGTH + 1,
-        eos_tokens=[vocab.EOS],
-    )
-    training = rlc.RLTrainingConfig(
-        actor_optimizer=optimizer(hp),
-        eval_every_n_steps=hp.max_steps + 1,  # no Tunix-side eval: evaluation is offline
-        max_steps=hp.max_steps,
-        checkpoint_root_directory=root,
-        checkpointing_options=checkpoints.options(val_start, hp.max_steps),
-        pbar_description=None,
-    )
-    cluster = rlc.RLCluster(
-        actor=policy.build(config.policy, config.seed),
-        reference=None,
-        tokenizer=vocab.DigitTokenizer(),
-        cluster_config=rlc.ClusterConfig(
-            role_to_mesh={rlc.Role.ACTOR: mesh, rlc.Role.REFERENCE: mesh, rlc.Role.ROLLOUT: mesh},
-            rollout_engine="vanilla",
-            offload_to_cpu=False,
-            training_config=training,
-            rollout_config=rollout,
-        ),
-    )
-    trainer = cluster.actor_trainer
+    job = build_job(config, hp, val_start, root)
+    cluster, trainer, learner, rollout = job.cluster, job.trainer, job.learner, job.rollout
     restored = 0 if resumed is None else resumed.step
     if trainer.train_steps != restored:
         raise CheckpointError(
             f"Tunix restored step {trainer.train_steps}, the newest committed checkpoint is "
             f"step {restored}"
         )
-    learner = grpo_learner.GRPOLearner(
-        rl_cluster=cluster,
-        algo_config=grpo_learner.GRPOConfig(
-            num_generations=hp.num_generations_per_prompt,
-            num_iterations=1,
-            beta=0.0,
-            epsilon=GRPO_EPSILON,
-        ),
-        reward_fns=vocab.exact_match_reward,
-    )
     recording = StepRecording(
         recorder,
         trainer,

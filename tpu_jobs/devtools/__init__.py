@@ -1,0 +1,1 @@
+"""Developer tools: benchmarks and measurement scripts, not part of a submission."""
