@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # Local runs are CPU-only; name the platform so JAX does not probe for accelerators.
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: setup test test-fast demo bench lint format clean
+.PHONY: setup system-packages test test-fast check demo bench lint format clean
 
 setup: $(STAMP)
 
@@ -17,8 +17,28 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[all]'
 	touch $(STAMP)
 
-test: setup
+# What CI runs (.ci/run): lint, formatting, types, then the whole suite.
+test: check system-packages
 	$(PY) -m pytest
+
+# Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Chromium and its driver
+# for the UI test), installed when missing; CI runs as root.
+SYSTEM_PACKAGES := postgresql chromium chromium-driver
+system-packages:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
+	done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages: $$missing"; \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	fi
+
+# Lint, formatting and types: the same checks as .pre-commit-config.yaml.
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The suite without the slow end-to-end tests (CI runs everything).
 test-fast: setup
@@ -30,9 +50,7 @@ demo: setup
 bench: setup
 	$(PY) -m tpu_jobs.bench
 
-lint: setup
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+lint: check
 
 format: setup
 	$(VENV)/bin/ruff format .
