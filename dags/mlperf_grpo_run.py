@@ -3,18 +3,21 @@
 ``plan`` (check the Params) -> ``train`` (the training job on the deployment's backend, then its
 outputs checked) -> ``evaluation`` (every saved checkpoint in step order until one passes,
 later ones skipped; ``finalize`` writes the eval section and ``run_stop``; ``check`` runs the
-official compliance checker). Triggered by ``mlperf_grpo_submission`` per seed, or by hand.
+official compliance checker). With the deployment's ``eval_schedule = "during_training"`` the
+evaluation starts alongside training and stops it at the verdict. Triggered by
+``mlperf_grpo_submission`` per seed, or by hand.
 """
 
 from airflow.sdk import dag
 
 from tasks.backends.base import backend_for
 from tasks.deployment import load_deployment
-from tasks.run.evaluation import evaluation_group
-from tasks.run.spec import plan_run, run_dir_of, run_params
+from tasks.run.schedules import evaluation_for
+from tasks.run.spec import plan_run, run_params
 from tasks.run.train import train_group
 
-BACKEND = backend_for(load_deployment())
+DEPLOYMENT = load_deployment()
+BACKEND = backend_for(DEPLOYMENT)
 
 
 @dag(
@@ -27,7 +30,7 @@ BACKEND = backend_for(load_deployment())
 )
 def mlperf_grpo_run() -> None:
     spec = plan_run()
-    train_group(BACKEND, spec) >> evaluation_group(BACKEND, run_dir_of(spec))
+    evaluation_for(BACKEND, DEPLOYMENT, spec, train_group(BACKEND, spec))
 
 
 mlperf_grpo_run()

@@ -4,6 +4,7 @@
 <run_dir>/mllog/eval_checkpoints.jsonl   the manifest of saved checkpoints
 <run_dir>/checkpoints/<step>/            Orbax checkpoint of that step
 <run_dir>/eval/step_<step>/summary.json  evaluation of that checkpoint (+ attempts/)
+<run_dir>/stop_request.json              the verdict is decided: the trainer may stop
 """
 
 from __future__ import annotations
@@ -88,3 +89,8 @@ class RunLayout:
 
     def attempts_dir(self, step: int) -> str:
         return join(self.eval_dir(step), "attempts")
+
+    @property
+    def stop_request(self) -> str:
+        """Where the orchestrator asks the trainer to stop, once the verdict is decided."""
+        return join(self.root, "stop_request.json")

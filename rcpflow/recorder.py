@@ -16,6 +16,7 @@ Call order (a saver thread may call `on_checkpoint_committed` while the loop goe
     for step in ...:
         ...update...; ts = rec.on_update(step)        # after the update completed
         ...save; once committed: rec.on_checkpoint_committed(step, path)
+        if rec.stop_requested(): break                # the run's verdict is decided
     rec.on_train_end()            # block_stop at the last update's timestamp
 
 A checkpoint the trainer committed before a crash but whose row is missing is recorded after the
@@ -34,7 +35,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rcpflow import manifest, recipe
+from rcpflow import manifest, recipe, stop_request
 from rcpflow.layout import RunLayout, is_gcs, join
 from rcpflow.manifest import ManifestError, ManifestRow
 from rcpflow.mllog import Event, SystemInfo, TrainingLog, read_events, run_start_ms
@@ -388,6 +389,26 @@ class TrainingRecorder:
             self._committed[step] = row
         manifest.upsert(self.layout.manifest, row)
         return row
+
+    def stop_requested(self) -> bool:
+        """Has the orchestrator asked this run to stop, its verdict being decided? Call after
+        each step; if True, end with `on_train_end` (block_stop at the last update). Only a
+        request that names this run and a checkpoint this recorder committed (same step and
+        weight-update time) counts; without one this costs one existence check."""
+        with self._lock:
+            identity = stop_request.RunIdentity(
+                seed=self.seed,
+                global_batch_size=self.hp.global_batch_size,
+                val_start_at=self.val_start_at,
+                max_steps=self.hp.max_steps,
+                run_start_ms=self._run_start if self.rcp_logging else None,
+            )
+            committed = dict(self._committed)
+        request = stop_request.for_run(self.layout.root, identity)
+        if request is None:
+            return False
+        row = committed.get(request.step)
+        return row is not None and row.timestamp_ms == request.timestamp_ms
 
     def on_train_end(self) -> None:
         """``block_stop`` backdated to the last weight update. Idempotent; a resumed run that

@@ -28,11 +28,14 @@ EMBEDDED = "<embedded default>"
 
 BackendName = Literal["local", "gke"]
 BACKEND_NAMES: tuple[BackendName, ...] = typing.get_args(BackendName)
+# When a run's checkpoints are evaluated (README: "Evaluation schedule"); the MLLOG is the same.
+EvalSchedule = Literal["after_training", "during_training"]
 
 DEFAULT_TOML = """
 backend = "local"
 storage_root = "runs"
 eval_window = 1
+eval_schedule = "after_training"
 submission_schedule = ""
 train_timeout_minutes = 60
 eval_timeout_minutes = 30
@@ -57,6 +60,12 @@ class Deployment:
     # How many evaluate instances of one run at once (max_active_tis_per_dagrun):
     # 1 = strictly in step order, more = speculative (faster verdict, some wasted evaluation).
     eval_window: int = 1
+    # after_training: evaluate the manifest's rows once training has ended; during_training:
+    # evaluate each planned step as soon as its checkpoint is committed, and ask the trainer
+    # to stop once the verdict is decided (tasks.run.during).
+    eval_schedule: EvalSchedule = "after_training"
+    # How often a waiting evaluation (during_training) reads the run's manifest.
+    checkpoint_poll_seconds: float = 5.0
     # Interpreter of local jobs; empty means the Airflow worker's own (its venv has tpu_jobs).
     python: str = ""
     # Cron expression or preset for mlperf_grpo_submission; empty = triggered only.
@@ -78,6 +87,10 @@ class Deployment:
         ):
             if value < minimum:
                 raise SettingError(name, f"must be >= {minimum}, got {value}")
+        if self.checkpoint_poll_seconds <= 0:
+            raise SettingError(
+                "checkpoint_poll_seconds", f"must be > 0, got {self.checkpoint_poll_seconds}"
+            )
         if not self.storage_root:
             raise SettingError("storage_root", "must not be empty")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import jax
 
-from rcpflow import manifest, recipe
+from rcpflow import manifest, recipe, stop_request
 from rcpflow.layout import RunLayout, join
 from rcpflow.mllog import SystemInfo, TrainingLog, read_events, run_start_ms
 from rcpflow.storage import storage_for
@@ -120,6 +120,7 @@ class RcpHooks:
         self._ended = False
         self._last_step: int | None = None
         self._last_update_ms: int | None = None
+        self._run_start_ms: int | None = None  # the MLLOG's; names the run in a stop request
 
     # -- paths and rows -------------------------------------------------------------------
 
@@ -182,6 +183,7 @@ class RcpHooks:
                     f"cannot resume at step {newest}: {self.mllog_path} has no run_start"
                 )
             self._ended = any(e.key == "block_stop" for e in events)
+            self._run_start_ms = run_start
             self._log = TrainingLog(self.mllog_path, append=True)
         self._repair_manifest(complete, run_start)
         params, state, meta = self.saver.restore_train_state(newest, params_like, state_like)
@@ -233,6 +235,7 @@ class RcpHooks:
         if self._log is None:
             raise RuntimeError("on_run_start() before on_init_start()")
         t = now_ms() if time_ms is None else time_ms
+        self._run_start_ms = t
         self._log.init_stop(time_ms=t)
         self._log.run_start(time_ms=t)
         self._log.block_start(samples_count=0, step=0, time_ms=t)
@@ -272,6 +275,22 @@ class RcpHooks:
         if step >= self.val_start_at:
             self.saver.save(step, params, state, timestamp_ms=timestamp_ms, extra=self._extra)
         return timestamp_ms
+
+    def stop_requested(self) -> bool:
+        """After a step: has the orchestrator asked this run to stop (its verdict is decided)?
+        Only a request naming this run and a step it has trained counts (`rcpflow.stop_request`);
+        then end with `on_train_end`, which finishes the queued saves and their rows."""
+        identity = stop_request.RunIdentity(
+            seed=self.seed,
+            global_batch_size=self.hp.global_batch_size,
+            val_start_at=self.val_start_at,
+            max_steps=self.hp.max_steps,
+            run_start_ms=self._run_start_ms,
+        )
+        request = stop_request.for_run(self.layout.root, identity)
+        return (
+            request is not None and self._last_step is not None and request.step <= self._last_step
+        )
 
     def flush(self) -> None:
         """Block until every queued save has committed and has its row (e.g. before the trainer

@@ -1,9 +1,10 @@
 """The GRPO training job: ``python -m tpu_jobs.train --run-dir D --seed S [...]``.
 
 Trains the toy policy on the toy task with GRPO and produces a compliant run through the RCP
-hooks. Evaluation is offline (``python -m tpu_jobs.evaluate``), so training always runs
-``--max-steps`` updates; a re-run with the same arguments after a crash resumes from the newest
-complete checkpoint. Open division (the default) trains at the toy's own learning rate, which
+hooks. Evaluation is offline (``python -m tpu_jobs.evaluate``), so training runs ``--max-steps``
+updates unless the orchestrator asks it to stop once the verdict is decided (checked after each
+step, `rcpflow.stop_request`); a re-run with the same arguments after a crash resumes from the
+newest complete checkpoint. Open division (the default) trains at the toy's own learning rate, which
 closed division forbids. Prints one JSON line per update; exits 0 when training finished, 2 on
 bad arguments (the message names the flag).
 """
@@ -119,6 +120,7 @@ def train(config: TrainConfig) -> TrainResult:
     )
     hooks.on_run_start()
     rewards: list[float] = []
+    last_step = min(first_step - 1, hp.max_steps)
     with hooks:
         for step in range(first_step, hp.max_steps + 1):
             state, metrics = step_fn(
@@ -136,10 +138,14 @@ def train(config: TrainConfig) -> TrainResult:
                     "timestamp_ms": timestamp_ms,
                 }
             )
+            last_step = step
+            if hooks.stop_requested():
+                _say({"event": "stop_requested", "step": step})
+                break
         hooks.on_train_end()
     return TrainResult(
         first_step=first_step,
-        last_step=hp.max_steps,
+        last_step=last_step,
         resumed_from=None if resumed is None else resumed.step,
         mean_rewards=tuple(rewards),
     )

@@ -25,6 +25,7 @@ from tasks.run.gate import evaluate_row
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
+    from airflow.sdk.bases.decorator import Task
     from airflow.sdk.definitions._internal.mixins import DependencyMixin
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,8 @@ class LocalBackend:
 
         return train_job(spec)
 
-    def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
+    def _evaluate_task(self) -> Task[[XComValue, XComValue], dict[str, Any]]:
+        """The ``evaluate`` task (a decorated function: expand it, or call it in a mapped group)."""
         deployment, command = self.deployment, self.evaluate_command
 
         def launch(run_dir: str, step: int) -> None:
@@ -142,7 +144,13 @@ class LocalBackend:
             retries=deployment.eval_retries,
             execution_timeout=timedelta(minutes=deployment.eval_timeout_minutes),
         )
-        def evaluate(run_dir: str, row: dict[str, Any]) -> dict[str, Any]:
+        def evaluate(run_dir: XComValue, row: XComValue) -> dict[str, Any]:
             return evaluate_row(run_dir, row, launch, get_current_context()["ti"])
 
-        return evaluate.partial(run_dir=run_dir).expand(row=rows)
+        return evaluate
+
+    def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
+        return self._evaluate_task().partial(run_dir=run_dir).expand(row=rows)
+
+    def evaluate_checkpoint(self, run_dir: str | XComArg, row: XComArg) -> DependencyMixin:
+        return self._evaluate_task()(run_dir, row)

@@ -22,6 +22,7 @@ from rcpflow.gate import passes, passing_step_below, valid_summary
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
+from rcpflow.stop_request import honoured_by
 from rcpflow.verify import evaluate_step
 from tasks.run.spec import RunSpec
 from tasks.verdicts import record, tool_log_dir
@@ -41,7 +42,8 @@ class TrainingOutputError(RuntimeError):
 
 
 def check_training_outputs(spec: RunSpec) -> dict[str, Any]:
-    """The manifest is valid and covers val_start_at..max_steps; the MLLOG is a training section."""
+    """The manifest is valid and covers val_start_at..max_steps (or up to where a stop request
+    of this run ended training); the MLLOG is a training section."""
     layout = RunLayout(spec.run_dir)
     try:
         manifest = load(layout.manifest)
@@ -65,10 +67,14 @@ def check_training_outputs(spec: RunSpec) -> dict[str, Any]:
                 f"the run asked for {value!r}"
             )
     if last.step != spec.max_steps:
-        raise TrainingOutputError(
-            f"{layout.manifest}: last checkpoint is step {last.step}, training should have "
-            f"saved every step up to max_steps {spec.max_steps}"
-        )
+        # Evaluation during training may have asked the trainer to stop at the verdict.
+        stop = honoured_by(spec.run_dir, manifest.rows)
+        if stop is None:
+            raise TrainingOutputError(
+                f"{layout.manifest}: last checkpoint is step {last.step}, training should have "
+                f"saved every step up to max_steps {spec.max_steps}"
+            )
+        log.info("training stopped at step %d on request: %s", last.step, stop.reason)
     log_path = layout.mllog(spec.seed)
     if first.mllog_file != log_path:
         raise TrainingOutputError(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
-from tasks.backends.gke.groups import evaluate_jobsets, train_jobset_group
+from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
 from tasks.backends.gke.settings import GkeSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
 from tasks.jobs import EVALUATE_JOB, TRAIN_JOB, JobCommand
@@ -50,6 +50,16 @@ class GkeBackend:
             self.evaluate_command,
             run_dir,
             rows,
+            eval_window=self.deployment.eval_window,
+            job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
+        )
+
+    def evaluate_checkpoint(self, run_dir: str | XComArg, row: XComArg) -> DependencyMixin:
+        return evaluate_jobset(
+            self.settings,
+            self.evaluate_command,
+            run_dir,
+            row,
             eval_window=self.deployment.eval_window,
             job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
         )

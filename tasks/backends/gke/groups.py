@@ -97,3 +97,32 @@ def evaluate_jobsets(
     )
     evaluate >> cleanup.as_teardown()
     return evaluate
+
+
+def evaluate_jobset(
+    settings: GkeSettings,
+    command: JobCommand,
+    run_dir: str | XComArg,
+    row: XComArg,
+    *,
+    eval_window: int,
+    job_timeout: timedelta,
+) -> DependencyMixin:
+    """``evaluate`` of one row inside a mapped task group (evaluation during training) and its
+    per-index ``cleanup`` teardown (deletes only that instance's JobSet)."""
+    # run_dir and row are template fields: an XComArg is resolved before execute
+    resolved: dict[str, Any] = {"run_dir": run_dir, "row": row}
+    evaluate = EvaluateJobSetOperator(
+        task_id="evaluate",
+        settings=settings,
+        command=command,
+        map_index_template="step {{ task.row['step'] }}",
+        max_active_tis_per_dagrun=eval_window,
+        job_timeout=job_timeout,
+        **resolved,
+    )
+    cleanup = DeleteJobSetOperator(
+        task_id="cleanup", run_task_id=evaluate.task_id, **settings.connection_kwargs()
+    )
+    evaluate >> cleanup.as_teardown()
+    return evaluate

@@ -1,0 +1,203 @@
+"""The stop request: how the orchestrator tells a trainer that its run's verdict is decided.
+
+With evaluation during training, the verdict can be known before ``max_steps``: a checkpoint
+passes the target and every lower one was evaluated below it. Then `request_stop` writes
+``<run_dir>/stop_request.json``, and the trainer, which checks `stop_requested` after each
+step, ends cleanly (queued saves finished, rows written, ``block_stop`` at its last update).
+
+What keeps a stop request safe:
+- it is written only when the run's persisted summaries decide success (`decided_step`, the
+  same walk as finalize's); anything else (a missing, invalid or unreadable summary below the
+  passing step, no pass yet) writes nothing;
+- it names the run (`RunIdentity`: seed, batch size, validation start, max_steps and the
+  MLLOG's ``run_start``), so a trainer of another run in the same folder ignores it;
+- it names the passing step and its weight-update time, which the trainer must have committed:
+  a stop never comes before the checkpoint that decided the run is recorded;
+- writing it again gives the same bytes (idempotent), and a malformed file is never a stop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+
+from rcpflow.finalize import FinalizeInputError, decide
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import ManifestError, ManifestRow, load
+from rcpflow.mllog import MLLogError, read_events, run_start_ms
+from rcpflow.storage import storage_for
+
+log = logging.getLogger(__name__)
+
+FORMAT = "rcpflow.stop_request.v1"
+
+
+class StopRequestError(ValueError):
+    """A stop request file is not one this module wrote; the message names the field."""
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """Which run a stop request is for: what a trainer knows about its own run."""
+
+    seed: int
+    global_batch_size: int
+    val_start_at: int
+    max_steps: int
+    run_start_ms: int | None  # None only for a trainer without an MLLOG (rcp_logging off)
+
+    @classmethod
+    def of_row(cls, row: ManifestRow, run_start_ms: int | None) -> RunIdentity:
+        return cls(
+            seed=row.seed,
+            global_batch_size=row.global_batch_size,
+            val_start_at=row.val_start_at,
+            max_steps=row.max_steps,
+            run_start_ms=run_start_ms,
+        )
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    run: RunIdentity
+    step: int  # the first passing checkpoint
+    timestamp_ms: int  # its weight-update time (the run_stop finalize will write)
+    reason: str
+
+    def to_json(self) -> bytes:
+        d = {"format": FORMAT, **asdict(self)}
+        return (json.dumps(d, sort_keys=True, indent=1) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> StopRequest:
+        """Parse a stop request; StopRequestError naming the field when it is not one."""
+        try:
+            d = json.loads(data)
+        except ValueError as exc:
+            raise StopRequestError(f"{where}: not JSON ({exc})") from exc
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise StopRequestError(f"{where}: format is not {FORMAT!r}")
+        run = d.get("run")
+        if not isinstance(run, dict) or set(run) != set(RunIdentity.__dataclass_fields__):
+            raise StopRequestError(
+                f"{where}: run must name {sorted(RunIdentity.__dataclass_fields__)}"
+            )
+        for key, value in [
+            *run.items(),
+            ("step", d.get("step")),
+            ("timestamp_ms", d.get("timestamp_ms")),
+        ]:
+            if value is None and key == "run_start_ms":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise StopRequestError(f"{where}: {key} {value!r} is not an integer")
+        if not isinstance(d.get("reason"), str):
+            raise StopRequestError(f"{where}: reason is not a string")
+        return cls(
+            run=RunIdentity(**run),
+            step=d["step"],
+            timestamp_ms=d["timestamp_ms"],
+            reason=d["reason"],
+        )
+
+
+def read(run_dir: str) -> StopRequest | None:
+    """The stop request in `run_dir`, if there is one; StopRequestError when it is malformed."""
+    path = RunLayout(run_dir).stop_request
+    storage = storage_for(path)
+    if not storage.exists(path):
+        return None
+    try:
+        data = storage.read_bytes(path)
+    except FileNotFoundError:
+        return None
+    return StopRequest.from_json(data, path)
+
+
+def for_run(run_dir: str, identity: RunIdentity) -> StopRequest | None:
+    """The stop request in `run_dir` if it names this run; another run's or a malformed one is
+    None (logged): never a reason to stop. Costs one existence check when there is none."""
+    try:
+        request = read(run_dir)
+    except StopRequestError as exc:
+        log.warning("ignoring the stop request: %s", exc)
+        return None
+    if request is None:
+        return None
+    if request.run != identity:
+        log.warning(
+            "ignoring the stop request in %s: it is for run %s, not this one %s",
+            run_dir,
+            request.run,
+            identity,
+        )
+        return None
+    return request
+
+
+def decided_step(run_dir: str, rows: tuple[ManifestRow, ...]) -> ManifestRow | None:
+    """The row of the first passing checkpoint when the persisted summaries decide success
+    (every lower row has a valid summary below the target), else None."""
+    try:
+        verdict = decide(run_dir, rows)
+    except FinalizeInputError as exc:  # an unreadable summary decides nothing
+        log.info("verdict not decided: %s", exc)
+        return None
+    return verdict.end_row if verdict.status == "success" else None
+
+
+def request_stop(run_dir: str) -> StopRequest | None:
+    """Write the stop request if the run's verdict is decided; returns it (the one already
+    there when it is for this run: same bytes), or None when nothing is decided (nothing
+    written). A request left by another run in the folder is replaced."""
+    layout = RunLayout(run_dir)
+    try:
+        manifest = load(layout.manifest)
+    except ManifestError as exc:
+        log.info("verdict not decided: %s", exc)
+        return None
+    if not manifest.rows:
+        return None
+    passed = decided_step(run_dir, manifest.rows)
+    if passed is None:
+        return None
+    try:
+        start = run_start_ms(read_events(passed.mllog_file))
+    except (FileNotFoundError, MLLogError):
+        start = None
+    request = StopRequest(
+        run=RunIdentity.of_row(passed, start),
+        step=passed.step,
+        timestamp_ms=passed.timestamp_ms,
+        reason=f"step {passed.step} passed the target and every lower step was evaluated below it",
+    )
+
+    def keep_or_write(current: bytes | None) -> bytes:
+        if current is not None:
+            try:
+                if StopRequest.from_json(current, layout.stop_request).run == request.run:
+                    return current
+            except StopRequestError:
+                pass  # not a request: ours replaces it
+        return request.to_json()
+
+    written = storage_for(layout.stop_request).update(layout.stop_request, keep_or_write)
+    return StopRequest.from_json(written, layout.stop_request)
+
+
+def honoured_by(run_dir: str, rows: tuple[ManifestRow, ...]) -> StopRequest | None:
+    """The stop request that explains a run whose rows end before max_steps: one for this run
+    (identity from its rows and MLLOG) naming one of `rows` with its weight-update time."""
+    if not rows:
+        return None
+    try:
+        start = run_start_ms(read_events(rows[0].mllog_file))
+    except (FileNotFoundError, MLLogError):
+        start = None
+    request = for_run(run_dir, RunIdentity.of_row(rows[0], start))
+    if request is None:
+        return None
+    by_step = {r.step: r for r in rows}
+    row = by_step.get(request.step)
+    return request if row is not None and row.timestamp_ms == request.timestamp_ms else None

@@ -1,0 +1,79 @@
+"""Where training stands for one planned checkpoint, read from the run's files alone.
+
+Evaluation during training waits for each planned step's checkpoint. The answer comes from
+storage, so it is the same on a laptop and on GKE and in any order of asking:
+- ``committed``: the manifest (validated, stale rows of an earlier attempt dropped) has the
+  step's row, so its checkpoint is complete and may be evaluated;
+- ``ended``: the MLLOG of the current attempt has its ``block_stop`` (training ended, at
+  max_steps or stopped at the verdict) and the step has no row: it never will;
+- ``pending``: neither yet (also when training has not written its log or manifest yet).
+A manifest or log that cannot be read as one is an error naming the file, not a wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import ManifestError, ManifestRow, load
+from rcpflow.mllog import MLLogError, read_events, run_start_ms
+from rcpflow.storage import storage_for
+
+State = Literal["committed", "ended", "pending"]
+
+
+class ProgressError(ValueError):
+    """The run's manifest or MLLOG is unreadable or invalid; the message names it."""
+
+
+@dataclass(frozen=True)
+class CheckpointProgress:
+    step: int
+    state: State
+    row: ManifestRow | None  # when committed
+    rows: tuple[ManifestRow, ...]  # the run's current rows, by step
+    detail: str
+
+
+def _block_stop_step(log_path: str) -> int | None:
+    """The step of the current attempt's block_stop, if training has ended."""
+    storage = storage_for(log_path)
+    if not storage.exists(log_path):
+        return None
+    try:
+        events = read_events(log_path)
+    except FileNotFoundError:
+        return None
+    except MLLogError as exc:
+        raise ProgressError(str(exc)) from exc
+    start = run_start_ms(events)
+    stops = [e for e in events if e.key == "block_stop" and (start is None or e.time_ms >= start)]
+    if not stops:
+        return None
+    step = stops[-1].metadata.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ProgressError(f"{log_path}: line {stops[-1].line_no}: block_stop has no step")
+    return step
+
+
+def checkpoint_progress(run_dir: str, step: int, seed: int) -> CheckpointProgress:
+    """Where training stands for `step` of the run of `seed` in `run_dir`."""
+    layout = RunLayout(run_dir)
+    rows: tuple[ManifestRow, ...] = ()
+    if storage_for(layout.manifest).exists(layout.manifest):
+        try:
+            rows = load(layout.manifest, layout.mllog(seed)).rows
+        except ManifestError as exc:
+            raise ProgressError(f"manifest: {exc}") from exc
+    last = rows[-1].step if rows else None
+    for row in rows:
+        if row.step == step:
+            return CheckpointProgress(step, "committed", row, rows, f"step {step} committed")
+    ended_at = _block_stop_step(layout.mllog(seed))
+    if ended_at is not None:
+        newest = "no checkpoint row" if last is None else f"the last row is step {last}"
+        detail = f"training ended (block_stop at step {ended_at}) without step {step}: {newest}"
+        return CheckpointProgress(step, "ended", None, rows, detail)
+    waiting = "no row yet" if last is None else f"newest row step {last}"
+    return CheckpointProgress(step, "pending", None, rows, f"step {step}: waiting ({waiting})")

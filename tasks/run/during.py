@@ -1,0 +1,89 @@
+"""Evaluation during training (deployment ``eval_schedule = "during_training"``).
+
+The steps to evaluate are known when the run is planned (``val_start_at..max_steps``), so the
+``evaluation`` group maps a task group ``checkpoint`` over them and starts it alongside
+training. Per planned step:
+
+- ``wait`` (`WaitForCheckpointOperator`) defers until the step's checkpoint is committed (or
+  skips: training ended without it, or a lower step already passed). Deferred instances count
+  against ``max_active_tis_per_dagrun`` in Airflow 3.3 (measured; the scheduler's concurrency
+  map counts DEFERRED), so the wait carries no limit: it holds no worker slot anyway;
+- ``evaluate`` is the backend's evaluation of that row, behind the gate of `tasks.run.gate`,
+  with ``max_active_tis_per_dagrun = eval_window``: the window bounds what evaluates, not what
+  waits;
+- ``stop_if_decided`` writes the stop request (`rcpflow.stop_request`) once the persisted
+  summaries decide the run, so the trainer ends at its next step instead of at max_steps.
+
+``finalize`` and ``check`` wait for every step and for the train group, and are the same as
+after training: the MLLOG does not depend on when the checkpoints were evaluated.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import TaskGroup, XComArg, task, task_group
+from airflow.sdk.definitions.xcom_arg import PlainXComArg
+
+from rcpflow.stop_request import request_stop
+from tasks.run.evaluation import check, finalize
+from tasks.run.operators import WaitForCheckpointOperator
+from tasks.run.spec import RunSpec, XComValue
+
+if TYPE_CHECKING:
+    from tasks.backends.base import Backend
+    from tasks.deployment import Deployment
+
+log = logging.getLogger(__name__)
+
+TRAIN_GROUP_ID = "train"
+
+
+@task
+def planned_steps(spec: XComValue) -> list[int]:
+    """The steps whose checkpoints training will save: val_start_at..max_steps."""
+    run = RunSpec.from_dict(spec)
+    return list(range(run.effective_val_start_at, run.max_steps + 1))
+
+
+@task
+def stop_if_decided(run_dir: XComValue) -> dict[str, Any] | None:
+    """Write the stop request when the run's summaries now decide it (else nothing)."""
+    request = request_stop(run_dir)
+    if request is None:
+        log.info("the run's verdict is not decided yet: training goes on")
+        return None
+    log.info("verdict decided: %s; stop request in %s", request.reason, run_dir)
+    return {"step": request.step, "timestamp_ms": request.timestamp_ms}
+
+
+def during_training_group(
+    backend: Backend, deployment: Deployment, spec: XComArg, train: TaskGroup
+) -> TaskGroup:
+    """TaskGroup ``evaluation`` for the RunSpec dict `spec` resolves to, alongside `train`."""
+    if not isinstance(spec, PlainXComArg):
+        raise TypeError(f"expected the output of plan_run, got {spec!r}")
+    run_dir, seed = spec["run_dir"], spec["seed"]
+    wait_timeout = timedelta(minutes=deployment.train_timeout_minutes + 5)
+
+    with TaskGroup(group_id="evaluation") as group:
+
+        @task_group(group_id="checkpoint")
+        def checkpoint(step: int) -> None:
+            wait = WaitForCheckpointOperator(
+                task_id="wait",
+                run_dir=run_dir,
+                step=step,
+                seed=seed,
+                train_group_id=TRAIN_GROUP_ID,
+                poll_interval_s=deployment.checkpoint_poll_seconds,
+                timeout=wait_timeout,
+                map_index_template="step {{ task.step }}",
+            )
+            backend.evaluate_checkpoint(run_dir, wait.output) >> stop_if_decided(run_dir)
+
+        steps = checkpoint.expand(step=planned_steps(spec))
+        [steps, train] >> finalize(run_dir) >> check(run_dir)
+    return group

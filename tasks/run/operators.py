@@ -1,0 +1,126 @@
+"""`WaitForCheckpointOperator`: the first half of evaluating a planned step during training.
+
+It returns the step's manifest row once its checkpoint is committed (the input of the step's
+``evaluate``), after deferring to `tasks.run.triggers.CheckpointTrigger` while it is not: the
+wait holds no worker slot and is not counted in the eval window. It skips, saying why, when a
+lower step already passed (the gate of `tasks.run.gate`), when training ended without that
+checkpoint (stopped at the verdict) or when training failed. When the train group has not
+started (``dag.test()`` runs one task at a time; a busy scheduler may queue training), it gives
+its place back and comes again (up_for_reschedule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator, XComArg
+from airflow.sdk.exceptions import (
+    AirflowFailException,
+    AirflowRescheduleException,
+    AirflowSkipException,
+)
+
+from rcpflow.gate import passing_step_below
+from rcpflow.training_progress import CheckpointProgress, ProgressError, checkpoint_progress
+from tasks.run.triggers import CheckpointTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+log = logging.getLogger(__name__)
+
+
+class WaitForCheckpointOperator(BaseOperator):
+    """Wait, deferred, for the checkpoint of `step` of the run of `seed` in `run_dir`; return
+    its manifest row as a dict. `timeout` bounds the whole wait (a failed deferral ends in a
+    failed task); the train group is `train_group_id` of the same DAG run."""
+
+    template_fields: Sequence[str] = ("run_dir", "step", "seed")
+    ui_color = "#f1f3f4"
+
+    def __init__(
+        self,
+        *,
+        run_dir: str | XComArg,  # template fields: an XComArg is resolved before execute
+        step: int | XComArg,
+        seed: int | XComArg,
+        train_group_id: str = "train",
+        poll_interval_s: float = 5.0,
+        timeout: timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.run_dir = run_dir
+        self.step = step
+        self.seed = seed
+        self.train_group_id = train_group_id
+        self.poll_interval_s = poll_interval_s
+        self.timeout = timeout
+
+    def _args(self) -> tuple[str, int, int]:
+        run_dir, step, seed = self.run_dir, self.step, self.seed
+        if not isinstance(run_dir, str) or not isinstance(step, int) or not isinstance(seed, int):
+            raise TypeError(f"unresolved arguments: {run_dir!r}, {step!r}, {seed!r}")
+        return run_dir, step, seed
+
+    def _progress(self) -> CheckpointProgress:
+        run_dir, step, seed = self._args()
+        try:
+            return checkpoint_progress(run_dir, step, seed)
+        except ProgressError as exc:
+            raise AirflowFailException(f"step {step}: {exc}") from exc
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        progress = self._progress()
+        if progress.state != "pending":
+            return self._finish(progress)
+        dag_run = context["dag_run"]
+        run_dir, step, seed = self._args()
+        log.info("%s; deferring", progress.detail)
+        self.defer(
+            trigger=CheckpointTrigger(
+                run_dir=run_dir,
+                step=step,
+                seed=seed,
+                dag_id=dag_run.dag_id,
+                run_id=dag_run.run_id,
+                train_group_id=self.train_group_id,
+                poll_interval_s=self.poll_interval_s,
+                start_grace_s=3 * self.poll_interval_s,
+            ),
+            method_name="execute_complete",
+            timeout=self.timeout,
+        )
+
+    def execute_complete(self, context: Context, event: Mapping[str, Any]) -> dict[str, Any]:
+        state, detail = event["state"], event["detail"]
+        if state == "error":
+            raise AirflowFailException(f"step {self.step}: {detail}")
+        if state == "training_failed":
+            raise AirflowSkipException(f"step {self.step} is not evaluated: {detail}")
+        if state == "not_started":
+            log.info("step %s: %s; waiting again later", self.step, detail)
+            raise AirflowRescheduleException(
+                reschedule_date=datetime.now(tz=UTC) + timedelta(seconds=self.poll_interval_s)
+            )
+        return self._finish(self._progress())
+
+    def _finish(self, progress: CheckpointProgress) -> dict[str, Any]:
+        if progress.state == "pending":  # only after a trigger said otherwise: files went back
+            raise AirflowFailException(f"step {self.step}: {progress.detail} after the wait ended")
+        if progress.state == "ended":
+            raise AirflowSkipException(f"step {self.step} is not evaluated: {progress.detail}")
+        row = progress.row
+        if row is None:
+            raise AirflowFailException(f"step {self.step}: committed without a row")
+        passed = passing_step_below(self._args()[0], row.step, progress.rows)
+        if passed is not None:
+            raise AirflowSkipException(
+                f"step {passed} already passed the target; step {row.step} is not evaluated"
+            )
+        log.info("step %d: checkpoint committed at %s", row.step, row.checkpoint_path)
+        return dataclasses.asdict(row)
