@@ -153,4 +153,4 @@ class LocalBackend:
         return self._evaluate_task().partial(run_dir=run_dir).expand(row=rows)
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, row: XComArg) -> DependencyMixin:
-        return self._evaluate_task()(run_dir, row)
+        return self._evaluate_task()(run_dir=run_dir, row=row)

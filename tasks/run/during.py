@@ -48,12 +48,13 @@ def planned_steps(spec: XComValue) -> list[int]:
     return list(range(run.effective_val_start_at, run.max_steps + 1))
 
 
-@task
-def stop_if_decided(run_dir: XComValue) -> dict[str, Any] | None:
-    """Write the stop request when the run's summaries now decide it (else nothing)."""
+@task(map_index_template="step {{ task.op_kwargs['step'] }}")
+def stop_if_decided(run_dir: XComValue, step: XComValue) -> dict[str, Any] | None:
+    """Write the stop request when the run's summaries now decide it (else nothing); runs
+    after the evaluation of `step`."""
     request = request_stop(run_dir)
     if request is None:
-        log.info("the run's verdict is not decided yet: training goes on")
+        log.info("after step %s the run's verdict is not decided yet: training goes on", step)
         return None
     log.info("verdict decided: %s; stop request in %s", request.reason, run_dir)
     return {"step": request.step, "timestamp_ms": request.timestamp_ms}
@@ -82,7 +83,9 @@ def during_training_group(
                 timeout=wait_timeout,
                 map_index_template="step {{ task.step }}",
             )
-            backend.evaluate_checkpoint(run_dir, wait.output) >> stop_if_decided(run_dir)
+            backend.evaluate_checkpoint(run_dir, wait.output) >> stop_if_decided(
+                run_dir=run_dir, step=step
+            )
 
         steps = checkpoint.expand(step=planned_steps(spec))
         [steps, train] >> finalize(run_dir) >> check(run_dir)
