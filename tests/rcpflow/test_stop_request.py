@@ -140,7 +140,7 @@ def test_a_malformed_request_is_never_a_stop(tmp_path: Path, content: bytes) -> 
     Path(run.layout.stop_request).write_bytes(content)
     ours = RunIdentity(1, 256, VAL_START, 24, T0 + 60_000)
     assert stop_request.for_run(run.run_dir, ours) is None
-    with pytest.raises(stop_request.StopRequestError, match="stop_request.json"):
+    with pytest.raises(stop_request.StopRequestError, match=r"stop_request\.json"):
         stop_request.read(run.run_dir)
 
 
@@ -223,9 +223,8 @@ def test_an_earlier_attempts_block_stop_is_not_the_end(tmp_path: Path) -> None:
     log = Path(run.layout.mllog(1))
     # a new attempt started after the old block_stop (a later run_start): not ended
     later = max(e.time_ms for e in read_events(str(log))) + 1
-    line = (
-        ':::MLLOG {"namespace": "", "time_ms": %d, "event_type": "INTERVAL_START", '
-        '"key": "run_start", "value": null, "metadata": {}}\n' % later
-    )
+    event = {"namespace": "", "time_ms": later, "event_type": "INTERVAL_START",
+             "key": "run_start", "value": None, "metadata": {}}  # fmt: skip
+    line = f":::MLLOG {json.dumps(event)}\n"
     log.write_text(log.read_text() + line)
     assert checkpoint_progress(run.run_dir, 20, seed=1).state == "pending"
