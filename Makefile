@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # Local runs are CPU-only; name the platform so JAX does not probe for accelerators.
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: setup system-packages test test-fast check demo bench lint format clean
+.PHONY: setup system-packages test test-fast check demo bench bench-verdict lint format clean
 
 setup: $(STAMP)
 
@@ -49,6 +49,9 @@ demo: setup
 
 bench: setup
 	$(PY) -m tpu_jobs.devtools.bench
+
+bench-verdict: setup
+	$(PY) -m tasks.devtools.verdict_bench
 
 lint: check
 

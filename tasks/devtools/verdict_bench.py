@@ -1,0 +1,280 @@
+"""``make bench-verdict``: time to verdict, evaluating after training vs during it, measured in
+one run under the real scheduler, into BENCHMARKS.md (its own section).
+
+    python -m tasks.devtools.verdict_bench [--seed 1] [--max-steps 30] [--d-ff 2048]
+
+One seed of ``mlperf_grpo_run`` on the local backend, four times: ``eval_schedule``
+{after_training, during_training} x ``eval_window`` {1, 3}, each on a fresh private Airflow
+(`tasks.devtools.airflow_server`: api-server, scheduler, dag-processor, triggerer on
+127.0.0.1). The trainer is the toy with a wider feed-forward layer, so that a training step is
+not negligible against an evaluation (the default toy trains a whole run in less time than one
+evaluation takes). Same seed, same trajectory: every configuration crosses the target at the
+same step, which the bench checks.
+
+Per configuration, from the run's own files (manifest, summaries) and the trigger time:
+- verdict: when the persisted summaries first decided the run (the latest ``eval_stop`` of the
+  steps up to the passing one: only then is every lower step known to be below target);
+- verdict ratio = (verdict - trigger) / ((passing step's weight update - trigger) + that
+  step's evaluation time): 1.0 is evaluating each checkpoint the moment it exists, with no
+  orchestration cost;
+- steps trained (the manifest's last row; fewer than max_steps when training was stopped at
+  the verdict), evaluations run (summaries written) and how many of them were beyond the
+  passing step (wasted).
+Also the measured training-step / evaluation time ratio of the configuration. No JAX here: the
+jobs are subprocesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import load
+from rcpflow.summary import read_summary
+from tasks.deployment import ENV_VAR, REPO_ROOT
+from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
+
+RUN_DAG = "mlperf_grpo_run"
+WORKDIR = REPO_ROOT / ".airflow" / "verdict_bench"
+SECTION_START = "<!-- verdict-bench:start -->"
+SECTION_END = "<!-- verdict-bench:end -->"
+CONFIGS: tuple[tuple[str, int], ...] = (
+    ("after_training", 1),
+    ("after_training", 3),
+    ("during_training", 1),
+    ("during_training", 3),
+)
+RUN_TIMEOUT_S = 40 * 60
+
+
+@dataclass(frozen=True)
+class Outcome:
+    schedule: str
+    window: int
+    passing_step: int
+    verdict_ratio: float
+    trigger_to_verdict_s: float
+    trigger_to_run_end_s: float
+    steps_trained: int
+    max_steps: int
+    evaluations: int
+    wasted: int
+    step_s: float  # median training step (weight update to weight update)
+    eval_s: float  # median evaluation (eval_start to eval_stop)
+
+
+def job_python(folder: Path, d_ff: int) -> Path:
+    """An interpreter for the deployment that runs the training job with a wider policy
+    (``--d-ff``) and everything else as given."""
+    wrapper = folder / "python"
+    wrapper.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "args = sys.argv[1:]\n"
+        "if args[:2] == ['-m', 'tpu_jobs.train']:\n"
+        f"    args += ['--d-ff', '{d_ff}']\n"
+        f"os.execv({sys.executable!r}, [{sys.executable!r}, *args])\n"
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def deployment(folder: Path, python: Path, schedule: str, window: int) -> Path:
+    path = folder / "deployment.toml"
+    path.write_text(
+        f"python = {json.dumps(str(python))}\n"
+        f'eval_schedule = "{schedule}"\n'
+        f"eval_window = {window}\n"
+        "checkpoint_poll_seconds = 1.0\n"
+        "\n[job_env]\n"
+        'JAX_PLATFORMS = "cpu"\n'
+    )
+    return path
+
+
+def measure(run_dir: str, schedule: str, window: int, trigger_ms: int, end_ms: int) -> Outcome:
+    layout = RunLayout(run_dir)
+    rows = load(layout.manifest).rows
+    summaries = {}
+    for row in rows:
+        if Path(layout.summary(row.step)).exists():
+            summaries[row.step] = read_summary(layout.summary(row.step))
+    passing = [s for s in sorted(summaries) if summaries[s].eval_accuracy > rows[0].target_accuracy]
+    if not passing:
+        raise RuntimeError(f"{run_dir}: no checkpoint passed; raise --max-steps")
+    step = passing[0]
+    below = [summaries.get(s) for s in range(rows[0].step, step)]
+    if any(s is None for s in below):
+        raise RuntimeError(f"{run_dir}: a step below {step} was not evaluated")
+    decided_ms = max(s.eval_stop_ms for s in summaries.values() if s.checkpoint_step <= step)
+    passed = summaries[step]
+    update_ms = next(r.timestamp_ms for r in rows if r.step == step)
+    eval_ms = passed.eval_stop_ms - passed.eval_start_ms
+    ideal = (update_ms - trigger_ms) + eval_ms
+    stamps = [r.timestamp_ms for r in rows]
+    return Outcome(
+        schedule=schedule,
+        window=window,
+        passing_step=step,
+        verdict_ratio=(decided_ms - trigger_ms) / ideal,
+        trigger_to_verdict_s=(decided_ms - trigger_ms) / 1000,
+        trigger_to_run_end_s=(end_ms - trigger_ms) / 1000,
+        steps_trained=rows[-1].step,
+        max_steps=rows[0].max_steps,
+        evaluations=len(summaries),
+        wasted=sum(1 for s in summaries if s > step),
+        step_s=statistics.median(b - a for a, b in itertools.pairwise(stamps)) / 1000,
+        eval_s=statistics.median(
+            (s.eval_stop_ms - s.eval_start_ms) / 1000 for s in summaries.values()
+        ),
+    )
+
+
+def run_config(
+    schedule: str, window: int, *, seed: int, max_steps: int, val_start_at: int, d_ff: int
+) -> Outcome:
+    folder = WORKDIR / f"{schedule}_w{window}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    python = job_python(folder, d_ff)
+    config = ServerConfig(
+        home=folder / "airflow",
+        dags_folder=REPO_ROOT / "dags",
+        plugins_folder=REPO_ROOT / "plugins",
+        port=free_port(),
+        parallelism=window + 2,  # training, the window, and a task around them
+        env={
+            "JAX_PLATFORMS": "cpu",
+            ENV_VAR: str(deployment(folder, python, schedule, window)),
+        },
+    )
+    run_dir = str(folder / "run")
+    conf = {
+        "run_dir": run_dir,
+        "seed": seed,
+        "global_batch_size": 256,
+        "max_steps": max_steps,
+        "val_start_at": val_start_at,
+        "division": "open",
+    }
+    with LocalAirflow(config) as airflow:
+        airflow.wait_for_dag(RUN_DAG)
+        airflow.unpause(RUN_DAG)
+        trigger_ms = time.time_ns() // 1_000_000
+        run_id = airflow.trigger(RUN_DAG, conf)
+        state = airflow.wait_for_run(RUN_DAG, run_id, RUN_TIMEOUT_S)
+        end_ms = time.time_ns() // 1_000_000
+        if state != "success":
+            states = {t["task_id"]: t["state"] for t in airflow.task_instances(RUN_DAG, run_id)}
+            raise RuntimeError(f"{schedule} W={window}: run {state}: {states}")
+    outcome = measure(run_dir, schedule, window, trigger_ms, end_ms)
+    print(json.dumps(outcome.__dict__), flush=True)
+    return outcome
+
+
+def table(outcomes: Sequence[Outcome]) -> str:
+    lines = [
+        "| schedule | W | verdict ratio | trigger to verdict | steps trained | evaluations run "
+        "(wasted) | trigger to run end |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for o in outcomes:
+        lines.append(
+            f"| {o.schedule.removesuffix('_training')} | {o.window} | {o.verdict_ratio:.2f} "
+            f"| {o.trigger_to_verdict_s:.0f} s | {o.steps_trained} of {o.max_steps} "
+            f"| {o.evaluations} ({o.wasted}) | {o.trigger_to_run_end_s:.0f} s |"
+        )
+    return "\n".join(lines)
+
+
+def section(outcomes: Sequence[Outcome], seed: int, val_start_at: int, d_ff: int, load: str) -> str:
+    step_s = statistics.median(o.step_s for o in outcomes)
+    eval_s = statistics.median(o.eval_s for o in outcomes)
+    steps = sorted({o.passing_step for o in outcomes})
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join(
+        [
+            SECTION_START,
+            "## Time to verdict: evaluating after training vs during it",
+            "",
+            "Written by `make bench-verdict` (`python -m tasks.devtools.verdict_bench`): one seed "
+            "of `mlperf_grpo_run` under the real scheduler (local Airflow on 127.0.0.1), once per "
+            "configuration, all in one run.",
+            "",
+            f"- Date: {now}; {platform.machine()}, nproc {os.cpu_count()}; load average at "
+            f"start {load}",
+            f"- Seed {seed}, gbs 256, checkpoints evaluated from step {val_start_at}, the toy "
+            f"policy with d_ff {d_ff}; first passing step: {', '.join(map(str, steps))}",
+            f"- Training step / evaluation time: {step_s:.2f} s / {eval_s:.1f} s = "
+            f"{step_s / eval_s:.3f} (medians over all configurations)",
+            "",
+            table(outcomes),
+            "",
+            "- verdict ratio = (verdict - trigger) / ((passing step's weight update - trigger) + "
+            "that step's evaluation time); the verdict is when the summaries first decided the "
+            "run (the latest `eval_stop` of the steps up to the passing one).",
+            "- Steps trained: the manifest's last row. During training, the DAG writes the stop "
+            "request when the verdict is decided and the trainer ends after its current step; "
+            "after training, training always runs to max_steps first.",
+            "- Evaluations run counts the summaries written; wasted ones are beyond the passing "
+            "step (speculative evaluation with W > 1).",
+            SECTION_END,
+        ]
+    )
+
+
+def write_section(path: Path, text: str) -> None:
+    old = path.read_text() if path.exists() else ""
+    if SECTION_START in old and SECTION_END in old:
+        before, rest = old.split(SECTION_START, 1)
+        after = rest.split(SECTION_END, 1)[1]
+        new = before + text + after
+    else:
+        new = old.rstrip("\n") + "\n\n" + text + "\n"
+    path.write_text(new)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=30)
+    parser.add_argument("--val-start-at", type=int, default=18)
+    parser.add_argument("--d-ff", type=int, default=2048)
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
+    parser.add_argument("--only", choices=[f"{s}:{w}" for s, w in CONFIGS], nargs="*", default=None)
+    args = parser.parse_args(argv)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    configs = [c for c in CONFIGS if args.only is None or f"{c[0]}:{c[1]}" in args.only]
+    outcomes = [
+        run_config(
+            schedule,
+            window,
+            seed=args.seed,
+            max_steps=args.max_steps,
+            val_start_at=args.val_start_at,
+            d_ff=args.d_ff,
+        )
+        for schedule, window in configs
+    ]
+    if len({o.passing_step for o in outcomes}) != 1:
+        print("warning: the configurations passed at different steps", file=sys.stderr)
+    text = section(outcomes, args.seed, args.val_start_at, args.d_ff, load)
+    print(text)
+    write_section(args.output, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Evaluation during training under a real scheduler (Airflow on 127.0.0.1, started by the
+test, deployment ``eval_schedule = "during_training"``, eval window 2).
+
+The trainer is the toy with a wider feed-forward layer, so that its steps are slow enough for
+evaluations to decide the run while it trains. While training runs, the planned steps' waits
+are deferred (on the triggerer: more of them than the scheduler has worker slots); once a
+checkpoint passes and every lower one is below target the DAG writes the stop request and the
+trainer ends before max_steps. A failed evaluation of a low step decides nothing: training
+runs to max_steps and the run fails without run_stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from airflow_harness import DAGS, PYTHON, REPO, write_deployment
+
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import load
+from rcpflow.mllog import read_events
+from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
+from tasks.verdicts import read_verdict
+
+PARALLELISM = 4
+D_FF = 2048
+RUN = {
+    "seed": 1,
+    "global_batch_size": 256,
+    "max_steps": 40,
+    "val_start_at": 18,
+    "division": "open",
+}
+WAIT = "evaluation.checkpoint.wait"
+EVALUATE = "evaluation.checkpoint.evaluate"
+
+
+def job_python(folder: Path) -> Path:
+    """The jobs' interpreter: training with a wider policy; the evaluation of step N fails
+    when the run folder's parent holds a file ``fail_eval_N`` (set by a test)."""
+    wrapper = folder / "python"
+    wrapper.write_text(
+        f"#!{PYTHON}\n"
+        "import os, sys\n"
+        "args = sys.argv[1:]\n"
+        "if args[:2] == ['-m', 'tpu_jobs.train']:\n"
+        f"    args += ['--d-ff', '{D_FF}']\n"
+        "if args[:2] == ['-m', 'tpu_jobs.evaluate']:\n"
+        "    run_dir, step = args[args.index('--run-dir') + 1], args[-1]\n"
+        "    if os.path.exists(os.path.join(os.path.dirname(run_dir), 'fail_eval_' + step)):\n"
+        "        sys.exit('evaluation failed on purpose')\n"
+        f"os.execv({PYTHON!r}, [{PYTHON!r}, *args])\n"
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+    folder = tmp_path_factory.mktemp("during")
+    deployment = write_deployment(
+        folder / "deployment.toml",
+        python=str(job_python(folder)),
+        eval_schedule="during_training",
+        eval_window=2,
+        checkpoint_poll_seconds=1.0,
+    )
+    config = ServerConfig(
+        home=folder / "airflow",
+        dags_folder=DAGS,
+        plugins_folder=REPO / "plugins",
+        port=free_port(),
+        parallelism=PARALLELISM,
+        env={"JAX_PLATFORMS": "cpu", "RCPFLOW_DEPLOYMENT": str(deployment)},
+    )
+    server = LocalAirflow(config)
+    try:
+        server.start()
+        server.wait_for_dag("mlperf_grpo_run")
+        yield server
+    finally:
+        server.stop()
+
+
+def follow(server: LocalAirflow, run_id: str, timeout_s: float) -> tuple[str, list[dict]]:
+    """Run to its end; returns its state and, per poll while training ran, the task states."""
+    seen: list[dict] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = server.dag_run("mlperf_grpo_run", run_id)["state"]
+        tis = server.task_instances("mlperf_grpo_run", run_id)
+        train = [t["state"] for t in tis if t["task_id"] == "train.train_job"]
+        if train == ["running"]:
+            seen.append({(t["task_id"], t["map_index"]): t["state"] for t in tis})
+        if state in ("success", "failed"):
+            return state, seen
+        time.sleep(1.0)
+    raise AssertionError(f"run {run_id} not finished after {timeout_s}s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_training_stops_at_the_verdict(server: LocalAirflow, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_id = server.trigger("mlperf_grpo_run", {**RUN, "run_dir": str(run_dir)})
+    state, while_training = follow(server, run_id, timeout_s=1400)
+    tis = server.task_instances("mlperf_grpo_run", run_id)
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
+    assert state == "success", states
+
+    # Waiting instances hold no worker slot: while training ran, more waits were deferred at
+    # once than the scheduler has slots, and what ran never exceeded them.
+    deferred = [sum(1 for (t, _), s in poll.items() if t == WAIT and s == "deferred")
+                for poll in while_training]  # fmt: skip
+    assert deferred and max(deferred) > PARALLELISM, deferred
+    for poll in while_training:
+        assert sum(1 for s in poll.values() if s in ("running", "queued")) <= PARALLELISM
+        # the eval window bounds what evaluates, not what waits
+        assert sum(1 for (t, _), s in poll.items() if t == EVALUATE and s == "running") <= 2
+
+    layout = RunLayout(str(run_dir))
+    events = read_events(layout.mllog(1))
+    (stop,) = [e for e in events if e.key == "run_stop"]
+    assert stop.metadata["status"] == "success"
+    passed = stop.metadata["samples_count"] // 256
+    rows = load(layout.manifest).rows
+    # stopped at the verdict: fewer rows than planned, every one a complete checkpoint
+    assert passed <= rows[-1].step < RUN["max_steps"]
+    assert [r.step for r in rows] == list(range(RUN["val_start_at"], rows[-1].step + 1))
+    (block_stop,) = [e for e in events if e.key == "block_stop"]
+    assert block_stop.time_ms == rows[-1].timestamp_ms
+    request = json.loads(Path(layout.stop_request).read_text())
+    assert request["step"] == passed
+    assert stop.time_ms == next(r.timestamp_ms for r in rows if r.step == passed)
+    # waits of steps never trained skipped, saying so; nothing beyond was evaluated
+    planned = range(RUN["val_start_at"], RUN["max_steps"] + 1)
+    for index, step in enumerate(planned):
+        if step > rows[-1].step:
+            assert states[(WAIT, index)] == "skipped"
+            assert states[(EVALUATE, index)] == "skipped"
+    verdict = read_verdict(str(run_dir), "compliance_checker")
+    assert verdict is not None and verdict.ok, verdict
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_failed_low_evaluation_does_not_stop_training(
+    server: LocalAirflow, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    (tmp_path / f"fail_eval_{RUN['val_start_at']}").write_text("")
+    conf = {**RUN, "max_steps": 26, "run_dir": str(run_dir)}
+    run_id = server.trigger("mlperf_grpo_run", conf)
+    state, _ = follow(server, run_id, timeout_s=1400)
+    tis = server.task_instances("mlperf_grpo_run", run_id)
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
+
+    assert state == "failed"
+    assert states[(EVALUATE, 0)] == "failed"
+    assert states[("evaluation.finalize", -1)] == "upstream_failed"
+    layout = RunLayout(str(run_dir))
+    assert not os.path.exists(layout.stop_request)
+    assert [r.step for r in load(layout.manifest).rows] == list(range(18, 27))
+    assert "run_stop" not in [e.key for e in read_events(layout.mllog(1))]
+    assert states[("train.check_outputs", -1)] == "success"
