@@ -126,7 +126,7 @@ class LocalBackend:
 
         return train_job(spec)
 
-    def _evaluate_task(self) -> Task[[XComValue, XComValue], dict[str, Any]]:
+    def _evaluate_task(self) -> Task[..., dict[str, Any]]:
         """The ``evaluate`` task (a decorated function: expand it, or call it in a mapped group)."""
         deployment, command = self.deployment, self.evaluate_command
 
