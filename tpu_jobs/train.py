@@ -191,28 +191,12 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
         help=f"open division only (default {OPEN_LEARNING_RATE}); closed uses the recipe's",
     )
     parser.add_argument(
-        "--d-model",
-        type=int,
-        default=ModelConfig.d_model,
-        help="policy width (default %(default)s)",
-    )
-    parser.add_argument(
-        "--d-ff",
-        type=int,
-        default=ModelConfig.d_ff,
-        help="feed-forward width (default %(default)s)",
-    )
-    parser.add_argument(
         "--rcp-logging",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="write the MLLOG training section (default on)",
     )
     args = parser.parse_args(argv)
-    try:
-        model = ModelConfig(d_model=args.d_model, d_ff=args.d_ff)
-    except ValueError as e:
-        parser.error(f"--d-model/--d-ff: {e}")
     if args.val_start_at is not None and args.val_start_at <= 0:
         parser.error(f"--val-start-at must be positive, got {args.val_start_at}")
     config = TrainConfig(
@@ -224,7 +208,6 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
         division=args.division,
         learning_rate=args.learning_rate,
         rcp_logging=args.rcp_logging,
-        model=model,
     )
     try:
         hp = hyperparameters_for(config)

@@ -1,15 +1,16 @@
 """``make bench-verdict``: time to verdict, evaluating after training vs during it, measured in
 one run under the real scheduler, into BENCHMARKS.md (its own section).
 
-    python -m tasks.devtools.verdict_bench [--seed 1] [--max-steps 30] [--d-ff 2048]
+    python -m tasks.devtools.verdict_bench [--seed 1] [--global-batch-size 1024] [--max-steps 20]
 
 One seed of ``mlperf_grpo_run`` on the local backend, four times: ``eval_schedule``
 {after_training, during_training} x ``eval_window`` {1, 3}, each on a fresh private Airflow
 (`tasks.devtools.airflow_server`: api-server, scheduler, dag-processor, triggerer on
-127.0.0.1). The trainer is the toy with a wider feed-forward layer, so that a training step is
-not negligible against an evaluation (the default toy trains a whole run in less time than one
-evaluation takes). Same seed, same trajectory: every configuration crosses the target at the
-same step, which the bench checks.
+127.0.0.1). The trainer is the toy at a large global batch (1024 generations per step, 4x the
+default), so that a training step is not negligible against an evaluation (at the default
+batch the toy trains a whole run in less time than one evaluation takes); validation starts at
+the recipe's step for that batch. Same seed, same trajectory: every configuration crosses the
+target at the same step, which the bench checks.
 
 Per configuration, from the run's own files (manifest, summaries) and the trigger time:
 - verdict: when the persisted summaries first decided the run (the latest ``eval_stop`` of the
@@ -40,6 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rcpflow import recipe
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.summary import read_summary
@@ -75,26 +77,9 @@ class Outcome:
     eval_s: float  # median evaluation (eval_start to eval_stop)
 
 
-def job_python(folder: Path, d_ff: int) -> Path:
-    """An interpreter for the deployment that runs the training job with a wider policy
-    (``--d-ff``) and everything else as given."""
-    wrapper = folder / "python"
-    wrapper.write_text(
-        f"#!{sys.executable}\n"
-        "import os, sys\n"
-        "args = sys.argv[1:]\n"
-        "if args[:2] == ['-m', 'tpu_jobs.train']:\n"
-        f"    args += ['--d-ff', '{d_ff}']\n"
-        f"os.execv({sys.executable!r}, [{sys.executable!r}, *args])\n"
-    )
-    wrapper.chmod(0o755)
-    return wrapper
-
-
-def deployment(folder: Path, python: Path, schedule: str, window: int) -> Path:
+def deployment(folder: Path, schedule: str, window: int) -> Path:
     path = folder / "deployment.toml"
     path.write_text(
-        f"python = {json.dumps(str(python))}\n"
         f'eval_schedule = "{schedule}"\n'
         f"eval_window = {window}\n"
         "checkpoint_poll_seconds = 1.0\n"
@@ -143,12 +128,11 @@ def measure(run_dir: str, schedule: str, window: int, trigger_ms: int, end_ms: i
 
 
 def run_config(
-    schedule: str, window: int, *, seed: int, max_steps: int, val_start_at: int, d_ff: int
+    schedule: str, window: int, *, seed: int, global_batch_size: int, max_steps: int
 ) -> Outcome:
     folder = WORKDIR / f"{schedule}_w{window}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    python = job_python(folder, d_ff)
     config = ServerConfig(
         home=folder / "airflow",
         dags_folder=REPO_ROOT / "dags",
@@ -157,16 +141,16 @@ def run_config(
         parallelism=window + 2,  # training, the window, and a task around them
         env={
             "JAX_PLATFORMS": "cpu",
-            ENV_VAR: str(deployment(folder, python, schedule, window)),
+            ENV_VAR: str(deployment(folder, schedule, window)),
         },
     )
     run_dir = str(folder / "run")
     conf = {
         "run_dir": run_dir,
         "seed": seed,
-        "global_batch_size": 256,
+        "global_batch_size": global_batch_size,
         "max_steps": max_steps,
-        "val_start_at": val_start_at,
+        "val_start_at": None,  # the recipe's
         "division": "open",
     }
     with LocalAirflow(config) as airflow:
@@ -199,7 +183,7 @@ def table(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def section(outcomes: Sequence[Outcome], seed: int, val_start_at: int, d_ff: int, load: str) -> str:
+def section(outcomes: Sequence[Outcome], seed: int, global_batch_size: int, load: str) -> str:
     step_s = statistics.median(o.step_s for o in outcomes)
     eval_s = statistics.median(o.eval_s for o in outcomes)
     steps = sorted({o.passing_step for o in outcomes})
@@ -215,8 +199,10 @@ def section(outcomes: Sequence[Outcome], seed: int, val_start_at: int, d_ff: int
             "",
             f"- Date: {now}; {platform.machine()}, nproc {os.cpu_count()}; load average at "
             f"start {load}",
-            f"- Seed {seed}, gbs 256, checkpoints evaluated from step {val_start_at}, the toy "
-            f"policy with d_ff {d_ff}; first passing step: {', '.join(map(str, steps))}",
+            f"- Seed {seed}, the toy policy at global batch size {global_batch_size}, "
+            f"checkpoints from the recipe's validation start (step "
+            f"{recipe.val_start_at(global_batch_size)}); first passing step: "
+            f"{', '.join(map(str, steps))}",
             f"- Training step / evaluation time: {step_s:.2f} s / {eval_s:.1f} s = "
             f"{step_s / eval_s:.3f} (medians over all configurations)",
             "",
@@ -249,9 +235,8 @@ def write_section(path: Path, text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--max-steps", type=int, default=30)
-    parser.add_argument("--val-start-at", type=int, default=18)
-    parser.add_argument("--d-ff", type=int, default=2048)
+    parser.add_argument("--global-batch-size", type=int, default=1024)
+    parser.add_argument("--max-steps", type=int, default=20)
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", choices=[f"{s}:{w}" for s, w in CONFIGS], nargs="*", default=None)
     args = parser.parse_args(argv)
@@ -262,15 +247,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             schedule,
             window,
             seed=args.seed,
+            global_batch_size=args.global_batch_size,
             max_steps=args.max_steps,
-            val_start_at=args.val_start_at,
-            d_ff=args.d_ff,
         )
         for schedule, window in configs
     ]
     if len({o.passing_step for o in outcomes}) != 1:
         print("warning: the configurations passed at different steps", file=sys.stderr)
-    text = section(outcomes, args.seed, args.val_start_at, args.d_ff, load)
+    text = section(outcomes, args.seed, args.global_batch_size, load)
     print(text)
     write_section(args.output, text)
     return 0

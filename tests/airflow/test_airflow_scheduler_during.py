@@ -1,8 +1,9 @@
 """Evaluation during training under a real scheduler (Airflow on 127.0.0.1, started by the
 test, deployment ``eval_schedule = "during_training"``, eval window 2).
 
-The trainer is the toy with a wider feed-forward layer, so that its steps are slow enough for
-evaluations to decide the run while it trains. While training runs, the planned steps' waits
+The trainer is the toy at a large global batch (1024: its steps are slow enough for evaluations
+to decide the run while it trains; seed 1 crosses the target at step 13 or 14, validation from
+the recipe's step 7). While training runs, the planned steps' waits
 are deferred (on the triggerer: more of them than the scheduler has worker slots); once a
 checkpoint passes and every lower one is below target the DAG writes the stop request and the
 trainer ends before max_steps. A failed evaluation of a low step decides nothing: training
@@ -27,28 +28,26 @@ from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
 from tasks.verdicts import read_verdict
 
 PARALLELISM = 4
-D_FF = 2048
 RUN = {
     "seed": 1,
-    "global_batch_size": 256,
-    "max_steps": 40,
-    "val_start_at": 18,
+    "global_batch_size": 1024,
+    "max_steps": 60,
+    "val_start_at": None,  # the recipe's 7
     "division": "open",
 }
+VAL_START = 7
 WAIT = "evaluation.checkpoint.wait"
 EVALUATE = "evaluation.checkpoint.evaluate"
 
 
 def job_python(folder: Path) -> Path:
-    """The jobs' interpreter: training with a wider policy; the evaluation of step N fails
-    when the run folder's parent holds a file ``fail_eval_N`` (set by a test)."""
+    """The jobs' interpreter: the evaluation of step N fails when the run folder's parent holds
+    a file ``fail_eval_N`` (set by a test); every job runs for real otherwise."""
     wrapper = folder / "python"
     wrapper.write_text(
         f"#!{PYTHON}\n"
         "import os, sys\n"
         "args = sys.argv[1:]\n"
-        "if args[:2] == ['-m', 'tpu_jobs.train']:\n"
-        f"    args += ['--d-ff', '{D_FF}']\n"
         "if args[:2] == ['-m', 'tpu_jobs.evaluate']:\n"
         "    run_dir, step = args[args.index('--run-dir') + 1], args[-1]\n"
         "    if os.path.exists(os.path.join(os.path.dirname(run_dir), 'fail_eval_' + step)):\n"
@@ -126,18 +125,18 @@ def test_training_stops_at_the_verdict(server: LocalAirflow, tmp_path: Path) -> 
     events = read_events(layout.mllog(1))
     (stop,) = [e for e in events if e.key == "run_stop"]
     assert stop.metadata["status"] == "success"
-    passed = stop.metadata["samples_count"] // 256
+    passed = stop.metadata["samples_count"] // RUN["global_batch_size"]
     rows = load(layout.manifest).rows
     # stopped at the verdict: fewer rows than planned, every one a complete checkpoint
     assert passed <= rows[-1].step < RUN["max_steps"]
-    assert [r.step for r in rows] == list(range(RUN["val_start_at"], rows[-1].step + 1))
+    assert [r.step for r in rows] == list(range(VAL_START, rows[-1].step + 1))
     (block_stop,) = [e for e in events if e.key == "block_stop"]
     assert block_stop.time_ms == rows[-1].timestamp_ms
     request = json.loads(Path(layout.stop_request).read_text())
     assert request["step"] == passed
     assert stop.time_ms == next(r.timestamp_ms for r in rows if r.step == passed)
     # waits of steps never trained skipped, saying so; nothing beyond was evaluated
-    planned = range(RUN["val_start_at"], RUN["max_steps"] + 1)
+    planned = range(VAL_START, RUN["max_steps"] + 1)
     for index, step in enumerate(planned):
         if step > rows[-1].step:
             assert states[(WAIT, index)] == "skipped"
@@ -153,7 +152,7 @@ def test_a_failed_low_evaluation_does_not_stop_training(
 ) -> None:
     run_dir = tmp_path / "run"
     (tmp_path / f"fail_eval_{RUN['val_start_at']}").write_text("")
-    conf = {**RUN, "max_steps": 26, "run_dir": str(run_dir)}
+    conf = {**RUN, "max_steps": 16, "run_dir": str(run_dir)}
     run_id = server.trigger("mlperf_grpo_run", conf)
     state, _ = follow(server, run_id, timeout_s=1400)
     tis = server.task_instances("mlperf_grpo_run", run_id)
@@ -164,6 +163,6 @@ def test_a_failed_low_evaluation_does_not_stop_training(
     assert states[("evaluation.finalize", -1)] == "upstream_failed"
     layout = RunLayout(str(run_dir))
     assert not os.path.exists(layout.stop_request)
-    assert [r.step for r in load(layout.manifest).rows] == list(range(18, 27))
+    assert [r.step for r in load(layout.manifest).rows] == list(range(VAL_START, 17))
     assert "run_stop" not in [e.key for e in read_events(layout.mllog(1))]
     assert states[("train.check_outputs", -1)] == "success"
