@@ -201,3 +201,13 @@ def honoured_by(run_dir: str, rows: tuple[ManifestRow, ...]) -> StopRequest | No
     by_step = {r.step: r for r in rows}
     row = by_step.get(request.step)
     return request if row is not None and row.timestamp_ms == request.timestamp_ms else None
+
+
+def current(run_dir: str) -> StopRequest | None:
+    """The stop request that stands for the run now in `run_dir` (`honoured_by` its current
+    manifest rows), if any: what an orchestrator may act on when the trainer does not."""
+    try:
+        rows = load(RunLayout(run_dir).manifest).rows
+    except ManifestError:
+        return None
+    return honoured_by(run_dir, rows)

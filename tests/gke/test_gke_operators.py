@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -327,3 +328,46 @@ def test_cleanup_deletes_the_recorded_jobset_and_tolerates_absence(fake_gke) -> 
     assert fake_gke.objects == {}
     assert fake_gke.requests[-1] == ("DELETE", f"{JOBSETS}/{ref['name']}", "Bearer test-token")
     assert cleanup.execute({"ti": ti}) == {**ref, "deleted": False}  # already gone: fine
+
+
+def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_path) -> None:
+    """Evaluation during training decided the run and wrote the stop request; a trainer that
+    has not ended `stop_grace_s` later has its JobSet deleted, and the run task succeeds with
+    what was committed. A request of another run in the folder deletes nothing."""
+    from airflow.sdk.exceptions import TaskDeferred
+    from synthetic_run import make_run
+
+    from rcpflow.stop_request import request_stop
+    from tasks.backends.gke.operators import RunJobSetOperator
+
+    run = make_run(str(tmp_path / "run"), last_step=20, accuracies={18: 0.3, 19: 0.8})
+    jobset = _jobset()
+    op = RunJobSetOperator(
+        task_id="run", jobset=jobset, stop_run_dir=run.run_dir, stop_grace=timedelta(0),
+        **SETTINGS.connection_kwargs(),
+    )  # fmt: skip
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": FakeTI()})
+    name = jobset["metadata"]["name"]
+    assert request_stop(run.run_dir) is not None
+
+    [event] = _events(deferred.value.trigger)  # the JobSet has no status: still running
+    assert (event["phase"], event["reason"]) == ("Stopped", "StopRequest")
+    assert fake_gke.deleted == [name] and fake_gke.objects == {}
+    assert op.execute_complete({}, event)["phase"] == "Stopped"
+
+
+def test_a_stop_request_of_another_run_deletes_nothing(
+    fake_gke, monkeypatch, recorded_status, tmp_path
+) -> None:
+    from synthetic_run import T0, make_run
+
+    from rcpflow.stop_request import RunIdentity, StopRequest
+
+    run = make_run(str(tmp_path / "run"), last_step=20)
+    other = StopRequest(RunIdentity(1, 256, 18, 24, T0 - 1), 19, run.row(19).timestamp_ms, "old")
+    (tmp_path / "run" / "stop_request.json").write_bytes(other.to_json())
+    _scripted(monkeypatch, [recorded_status("status_running.json")] * 3
+              + [recorded_status("status_succeeded.json")])  # fmt: skip
+    [event] = _events(_trigger(stop_run_dir=run.run_dir, stop_grace_s=0))
+    assert event["phase"] == "Succeeded"

@@ -10,6 +10,7 @@ from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_j
 from tasks.backends.gke.settings import GkeSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
 from tasks.jobs import EVALUATE_JOB, TRAIN_JOB, JobCommand
+from tasks.run.spec import run_dir_of
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
@@ -37,11 +38,15 @@ class GkeBackend:
         self.evaluate_command = evaluate_command
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
+        # Under evaluation during training the JobSet is deleted if the trainer has not ended
+        # a grace period after the run's stop request (the trainer reads it from storage).
+        during = self.deployment.eval_schedule == "during_training"
         return train_jobset_group(
             self.settings,
             self.train_command,
             spec,
             job_timeout=timedelta(minutes=self.deployment.train_timeout_minutes),
+            stop_run_dir=run_dir_of(spec) if during else None,
         )
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:

@@ -34,10 +34,13 @@ def jobset_task_group(
     settings: GkeSettings,
     *,
     job_timeout: timedelta | None = None,
+    stop_run_dir: XComArg | None = None,
+    stop_grace: timedelta = timedelta(minutes=10),
 ) -> TaskGroup:
     """TaskGroup `group_id`: ``run`` (RunJobSetOperator) -> ``cleanup`` (DeleteJobSetOperator
     as a teardown of ``run``) for the JobSet `jobset` resolves to. Works inside a mapped task
-    group (one JobSet per map index); `job_timeout` bounds the wait."""
+    group (one JobSet per map index); `job_timeout` bounds the wait; with `stop_run_dir` the
+    JobSet is deleted `stop_grace` after a stop request of that run if still running."""
     cluster = settings.connection_kwargs()
     with TaskGroup(group_id=group_id) as group:
         run = RunJobSetOperator(
@@ -45,6 +48,8 @@ def jobset_task_group(
             jobset=jobset,
             poll_interval_s=settings.poll_interval_s,
             job_timeout=job_timeout,
+            stop_run_dir=stop_run_dir,
+            stop_grace=stop_grace,
             **cluster,
         )
         cleanup = DeleteJobSetOperator(task_id="cleanup", run_task_id=run.task_id, **cluster)
@@ -53,7 +58,12 @@ def jobset_task_group(
 
 
 def train_jobset_group(
-    settings: GkeSettings, command: JobCommand, spec: XComArg, *, job_timeout: timedelta
+    settings: GkeSettings,
+    command: JobCommand,
+    spec: XComArg,
+    *,
+    job_timeout: timedelta,
+    stop_run_dir: XComArg | None = None,
 ) -> TaskGroup:
     """``train_jobset`` (render the training JobSet) -> TaskGroup ``job`` (run -> cleanup)."""
 
@@ -70,7 +80,9 @@ def train_jobset_group(
             command=command.render({"python": "python", **run.job_values()}),
         )
 
-    return jobset_task_group("job", train_jobset(spec), settings, job_timeout=job_timeout)
+    return jobset_task_group(
+        "job", train_jobset(spec), settings, job_timeout=job_timeout, stop_run_dir=stop_run_dir
+    )
 
 
 def evaluate_jobsets(

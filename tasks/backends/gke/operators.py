@@ -97,7 +97,9 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
     the still-running JobSet. `job_timeout` bounds the wait (None: no bound).
     """
 
-    template_fields: Sequence[str] = ("jobset", "location", "cluster_name", "project_id")
+    template_fields: Sequence[str] = (
+        "jobset", "location", "cluster_name", "project_id", "stop_run_dir",
+    )  # fmt: skip
     template_fields_renderers: ClassVar[dict[str, str]] = {"jobset": "json"}
     ui_color = "#e8f0fe"
 
@@ -114,10 +116,16 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
         use_dns_endpoint: bool = False,
         poll_interval_s: float = 30.0,
         job_timeout: timedelta | None = None,
+        stop_run_dir: str | XComArg | None = None,
+        stop_grace: timedelta = timedelta(minutes=10),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.jobset = jobset
+        # training under evaluation during training: delete the JobSet if it is still running
+        # `stop_grace` after the run's stop request (the trainer should have ended by then)
+        self.stop_run_dir = stop_run_dir
+        self.stop_grace = stop_grace
         self._set_cluster_args(
             location=location,
             cluster_name=cluster_name,
@@ -151,6 +159,8 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
                 impersonation_chain=self.impersonation_chain,
                 use_dns_endpoint=self.use_dns_endpoint,
                 poll_interval_s=self.poll_interval_s,
+                stop_run_dir=self.stop_run_dir if isinstance(self.stop_run_dir, str) else None,
+                stop_grace_s=self.stop_grace.total_seconds(),
             ),
             method_name="execute_complete",
             timeout=self.job_timeout,
@@ -161,6 +171,10 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
         phase = event["phase"]
         if phase == "Succeeded":
             self.log.info("%s succeeded [%s]", where, event["progress"])
+            return {k: event[k] for k in ("name", "namespace", "phase", "progress")}
+        if phase == "Stopped":
+            # the verdict was decided; what the job committed before is what the run has
+            self.log.warning("%s deleted: %s [%s]", where, event["message"], event["progress"])
             return {k: event[k] for k in ("name", "namespace", "phase", "progress")}
         if phase == "Failed":
             raise AirflowFailException(

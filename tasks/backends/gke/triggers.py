@@ -7,12 +7,14 @@ modules are imported only in `read_jobset`, so importing this module stays cheap
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Sequence
 from functools import cached_property
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from rcpflow.stop_request import current
 from tasks.backends.gke.render import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
 from tasks.backends.gke.status import JobSetStatusError, interpret_status
 
@@ -25,7 +27,10 @@ class JobSetTrigger(BaseTrigger):
     """Poll a JobSet every `poll_interval_s` until it is terminal; one event:
     ``{"phase": "Succeeded"|"Failed"|"error", "name", "namespace", "reason", "message",
     "progress"}``. A JobSet that disappears is Failed (reason NotFound); `max_consecutive_errors`
-    failed reads in a row give ``error``; a malformed status gives ``error`` at once."""
+    failed reads in a row give ``error``; a malformed status gives ``error`` at once. With
+    `stop_run_dir` (training under evaluation during training), a JobSet still running
+    `stop_grace_s` after a stop request of that run appeared (`rcpflow.stop_request.current`)
+    is deleted: phase ``Stopped``."""
 
     def __init__(
         self,
@@ -39,6 +44,8 @@ class JobSetTrigger(BaseTrigger):
         use_dns_endpoint: bool = False,
         poll_interval_s: float = 30.0,
         max_consecutive_errors: int = 5,
+        stop_run_dir: str | None = None,
+        stop_grace_s: float = 600.0,
     ) -> None:
         super().__init__()
         self.name = name
@@ -50,6 +57,8 @@ class JobSetTrigger(BaseTrigger):
         self.use_dns_endpoint = use_dns_endpoint
         self.poll_interval_s = poll_interval_s
         self.max_consecutive_errors = max_consecutive_errors
+        self.stop_run_dir = stop_run_dir
+        self.stop_grace_s = stop_grace_s
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         # This module's path; plugins.jobset keeps the path of older releases importable.
@@ -65,6 +74,8 @@ class JobSetTrigger(BaseTrigger):
                 "use_dns_endpoint": self.use_dns_endpoint,
                 "poll_interval_s": self.poll_interval_s,
                 "max_consecutive_errors": self.max_consecutive_errors,
+                "stop_run_dir": self.stop_run_dir,
+                "stop_grace_s": self.stop_grace_s,
             },
         )
 
@@ -72,6 +83,7 @@ class JobSetTrigger(BaseTrigger):
         where = f"JobSet {self.namespace}/{self.name}"
         errors = 0
         last_line = None
+        stop_seen: float | None = None
         while True:
             try:
                 jobset = await self.read_jobset()
@@ -107,6 +119,20 @@ class JobSetTrigger(BaseTrigger):
                     )
                 )
                 return
+            if self.stop_run_dir is not None:
+                if stop_seen is None:
+                    request = await asyncio.to_thread(current, self.stop_run_dir)
+                    if request is not None:
+                        stop_seen = time.monotonic()
+                        self.log.info("%s: stop requested: %s", where, request.reason)
+                if stop_seen is not None and time.monotonic() - stop_seen >= self.stop_grace_s:
+                    await self.delete_jobset()
+                    message = f"still running {self.stop_grace_s:.0f} s after the stop request"
+                    self.log.warning("%s: %s: deleted", where, message)
+                    yield TriggerEvent(
+                        self._event("Stopped", reason="StopRequest", message=message, progress=line)
+                    )
+                    return
             await asyncio.sleep(self.poll_interval_s)
 
     def _event(
@@ -139,6 +165,24 @@ class JobSetTrigger(BaseTrigger):
                 if exc.status == 404:
                     raise JobSetGone(f"JobSet {self.namespace}/{self.name} not found") from exc
                 raise
+
+    async def delete_jobset(self) -> None:
+        """Delete the JobSet (and so its pods); one that is already gone is fine."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        async with self._hook.get_conn() as api_client:
+            try:
+                await CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                    group=JOBSET_GROUP,
+                    version=JOBSET_VERSION,
+                    namespace=self.namespace,
+                    plural=JOBSET_PLURAL,
+                    name=self.name,
+                )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
     @cached_property
     def _hook(self) -> Any:
