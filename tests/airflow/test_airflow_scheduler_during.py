@@ -2,8 +2,9 @@
 test, deployment ``eval_schedule = "during_training"``, eval window 2).
 
 The trainer is the toy at a large global batch (1024: its steps are slow enough for evaluations
-to decide the run while it trains; seed 1 crosses the target at step 13 or 14, validation from
-the recipe's step 7). While training runs, the planned steps' waits
+to decide the run while it trains); seed 1 crosses the target at step 13 (measured: pass@4
+0.689 at step 12, 0.777 at 14), and checkpoints are evaluated from step 12 so that the verdict
+comes well before max_steps. While training runs, the planned steps' waits
 are deferred (on the triggerer: more of them than the scheduler has worker slots); once a
 checkpoint passes and every lower one is below target the DAG writes the stop request and the
 trainer ends before max_steps. A failed evaluation of a low step decides nothing: training
@@ -32,10 +33,10 @@ RUN = {
     "seed": 1,
     "global_batch_size": 1024,
     "max_steps": 60,
-    "val_start_at": None,  # the recipe's 7
+    "val_start_at": 12,
     "division": "open",
 }
-VAL_START = 7
+VAL_START = 12
 WAIT = "evaluation.checkpoint.wait"
 EVALUATE = "evaluation.checkpoint.evaluate"
 
@@ -152,7 +153,7 @@ def test_a_failed_low_evaluation_does_not_stop_training(
 ) -> None:
     run_dir = tmp_path / "run"
     (tmp_path / f"fail_eval_{RUN['val_start_at']}").write_text("")
-    conf = {**RUN, "max_steps": 16, "run_dir": str(run_dir)}
+    conf = {**RUN, "max_steps": 16, "val_start_at": None, "run_dir": str(run_dir)}
     run_id = server.trigger("mlperf_grpo_run", conf)
     state, _ = follow(server, run_id, timeout_s=1400)
     tis = server.task_instances("mlperf_grpo_run", run_id)
@@ -163,6 +164,6 @@ def test_a_failed_low_evaluation_does_not_stop_training(
     assert states[("evaluation.finalize", -1)] == "upstream_failed"
     layout = RunLayout(str(run_dir))
     assert not os.path.exists(layout.stop_request)
-    assert [r.step for r in load(layout.manifest).rows] == list(range(VAL_START, 17))
+    assert [r.step for r in load(layout.manifest).rows] == list(range(7, 17))
     assert "run_stop" not in [e.key for e in read_events(layout.mllog(1))]
     assert states[("train.check_outputs", -1)] == "success"
