@@ -152,7 +152,7 @@ def test_a_failed_low_evaluation_does_not_stop_training(
     server: LocalAirflow, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    (tmp_path / f"fail_eval_{RUN['val_start_at']}").write_text("")
+    (tmp_path / "fail_eval_7").write_text("")  # the recipe's first validation step
     conf = {**RUN, "max_steps": 16, "val_start_at": None, "run_dir": str(run_dir)}
     run_id = server.trigger("mlperf_grpo_run", conf)
     state, _ = follow(server, run_id, timeout_s=1400)
