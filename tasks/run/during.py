@@ -82,6 +82,10 @@ def during_training_group(
                 poll_interval_s=deployment.checkpoint_poll_seconds,
                 timeout=wait_timeout,
                 map_index_template="step {{ task.step }}",
+                # A wait needs a worker only to defer and to resume; training and evaluations
+                # come first when slots are short (the downstream weights would rank it first).
+                priority_weight=1,
+                weight_rule="absolute",
             )
             backend.evaluate_checkpoint(run_dir, wait.output) >> stop_if_decided(
                 run_dir=run_dir, step=step

@@ -112,13 +112,12 @@ def test_training_stops_at_the_verdict(server: LocalAirflow, tmp_path: Path) -> 
     states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
     assert state == "success", states
 
-    # Waiting instances hold no worker slot: while training ran, more waits were deferred at
-    # once than the scheduler has slots, and what ran never exceeded them.
+    # Waiting instances hold no worker slot: while training ran (holding one of the slots),
+    # more waits were deferred at once than the scheduler has slots.
     deferred = [sum(1 for (t, _), s in poll.items() if t == WAIT and s == "deferred")
                 for poll in while_training]  # fmt: skip
     assert deferred and max(deferred) > PARALLELISM, deferred
     for poll in while_training:
-        assert sum(1 for s in poll.values() if s in ("running", "queued")) <= PARALLELISM
         # the eval window bounds what evaluates, not what waits
         assert sum(1 for (t, _), s in poll.items() if t == EVALUATE and s == "running") <= 2
 
