@@ -244,11 +244,19 @@ class LocalAirflow:
         return self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}")
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """Every task instance of the run (page by page: the API caps a page at 100)."""
         quoted = urllib.parse.quote(run_id, safe="")
-        answer = self._request(
-            "GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances?limit=1000"
-        )
-        return list(answer["task_instances"])
+        found: list[dict[str, Any]] = []
+        while True:
+            answer = self._request(
+                "GET",
+                f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances"
+                f"?limit=100&offset={len(found)}&order_by=id",
+            )
+            page = list(answer["task_instances"])
+            found += page
+            if not page or len(found) >= answer["total_entries"]:
+                return found
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float, on_poll: Any = None) -> str:
         """Poll until the run finishes; returns its state. `on_poll()` is called each second."""
