@@ -1,7 +1,7 @@
 """``make bench-verdict``: time to verdict, evaluating after training vs during it, measured in
 one run under the real scheduler, into BENCHMARKS.md (its own section).
 
-    python -m tasks.devtools.verdict_bench [--seed 1] [--global-batch-size 1024] [--max-steps 20]
+    python -m tasks.devtools.verdict_bench [--seed 1] [--global-batch-size 1024] [--max-steps 60]
 
 One seed of ``mlperf_grpo_run`` on the local backend, four times: ``eval_schedule``
 {after_training, during_training} x ``eval_window`` {1, 3}, each on a fresh private Airflow
@@ -281,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--global-batch-size", type=int, default=1024)
-    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--max-steps", type=int, default=60)
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", choices=[f"{s}:{w}" for s, w in CONFIGS], nargs="*", default=None)
     args = parser.parse_args(argv)
