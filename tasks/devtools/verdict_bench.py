@@ -185,9 +185,11 @@ def run_config(
             raise RuntimeError(f"{schedule} W={window}: run {state}: {states}")
     # evaluate instances are labelled "step N" in both schedules
     started = {
-        int(t["rendered_map_index"].split()[1]): iso_ms(t["start_date"])
+        int(t["rendered_map_index"].removeprefix("step ")): iso_ms(t["start_date"])
         for t in tis
-        if t["task_id"].endswith(".evaluate") and t["start_date"] and t["rendered_map_index"]
+        if t["task_id"].endswith(".evaluate")
+        and t["start_date"]
+        and str(t["rendered_map_index"]).startswith("step ")
     }
     outcome = measure(run_dir, schedule, window, trigger_ms, end_ms, started)
     print(json.dumps(outcome.__dict__), flush=True)
