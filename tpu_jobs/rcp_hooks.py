@@ -13,7 +13,7 @@ params and state only as pytrees of arrays; a step is one optimizer update, so
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -22,7 +22,7 @@ import jax
 
 from rcpflow import recipe
 from rcpflow.mllog import SystemInfo
-from rcpflow.recorder import TrainingRecorder
+from rcpflow.recorder import Resumed, TrainingRecorder
 from rcpflow.storage import storage_for
 from tpu_jobs.checkpoint import (
     DEFAULT_MAX_PENDING,
@@ -34,6 +34,55 @@ from tpu_jobs.saver import SaveFailedError
 
 PyTree = Any
 RUN_IDENTITY_KEY = "run"
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A complete checkpoint as its manifest row records it."""
+
+    step: int
+    path: str
+    timestamp_ms: int  # the update's time, recorded in the checkpoint at save
+    weights_fingerprint: str
+
+
+def resume_recorder(
+    recorder: TrainingRecorder,
+    complete: Sequence[int],
+    *,
+    path_of: Callable[[int], str],
+    committed: Callable[[int], Committed],
+) -> Resumed | None:
+    """Resume `recorder` over a trainer's `complete` checkpoints (steps from val_start_at,
+    ascending, at least one): every current row must point at one of them; those above the last
+    row (the crash came between a commit and its row) get the row they would have had, with the
+    update time recorded in the checkpoint (`committed(step)`, read only for them)."""
+    log = recorder.mllog_path
+    if recorder.rcp_logging and not storage_for(log).exists(log):
+        raise CheckpointError(
+            f"cannot resume at step {complete[-1]}: the run's MLLOG {log} is missing"
+        )
+    resumed = recorder.resume()
+    last_row = None if resumed is None else resumed.step
+    if last_row is not None:
+        # The recorder's rows are contiguous from val_start_at.
+        for step in range(recorder.val_start_at, last_row + 1):
+            if step not in complete:
+                raise CheckpointError(
+                    f"step {step}: manifest row points at {path_of(step)}, which is not a "
+                    "complete checkpoint (deleted by hand?); refusing to resume over it"
+                )
+    missing = [committed(s) for s in complete if last_row is None or s > last_row]
+    if resumed is None and missing:
+        # Neither log nor row (rcp_logging off, the crash before the first row): the first
+        # checkpoint's update time stands in for run_start, as the rows' would.
+        recorder.on_run_start(time_ms=missing[0].timestamp_ms)
+    for c in missing:
+        recorder.on_update(c.step, timestamp_ms=c.timestamp_ms)
+        recorder.on_checkpoint_committed(
+            c.step, c.path, {"weights_fingerprint": c.weights_fingerprint}
+        )
+    return resumed
 
 
 @dataclass(frozen=True)
@@ -126,6 +175,12 @@ class RcpHooks:
             saved.step, saved.path, {"weights_fingerprint": saved.meta.weights_fingerprint}
         )
 
+    def _committed(self, step: int) -> Committed:
+        meta = self.saver.read_meta(step)
+        return Committed(
+            step, self.saver.step_path(step), meta.timestamp_ms, meta.weights_fingerprint
+        )
+
     # -- resume ---------------------------------------------------------------------------
 
     def resume(self, params_like: PyTree, state_like: PyTree) -> ResumePoint | None:
@@ -147,31 +202,9 @@ class RcpHooks:
                 f"step {newest}: checkpoint at {self.saver.step_path(newest)} belongs to run "
                 f"{found}, not to this one {self._identity}; use another run_dir"
             )
-        if self.rcp_logging and not storage_for(self.mllog_path).exists(self.mllog_path):
-            raise CheckpointError(
-                f"cannot resume at step {newest}: the run's MLLOG {self.mllog_path} is missing"
-            )
-        rec = self.recorder
-        resumed = rec.resume()
-        last_row = None if resumed is None else resumed.step
-        if last_row is not None:
-            # The recorder's rows are contiguous from val_start_at.
-            for step in range(self.val_start_at, last_row + 1):
-                if step not in complete:
-                    raise CheckpointError(
-                        f"step {step}: manifest row points at {self.saver.step_path(step)}, "
-                        "which is not a complete checkpoint (deleted by hand?); refusing to "
-                        "resume over it"
-                    )
-        missing = [s for s in complete if last_row is None or s > last_row]
-        if resumed is None and missing:
-            # Neither log nor row (rcp_logging off, the crash before the first row): the first
-            # checkpoint's update time stands in for run_start, as the rows' would.
-            rec.on_run_start(time_ms=self.saver.read_meta(missing[0]).timestamp_ms)
-        for step in missing:
-            meta = newest_meta if step == newest else self.saver.read_meta(step)
-            rec.on_update(step, timestamp_ms=meta.timestamp_ms)
-            self._record_row(SavedCheckpoint(step=step, path=self.saver.step_path(step), meta=meta))
+        resumed = resume_recorder(
+            self.recorder, complete, path_of=self.saver.step_path, committed=self._committed
+        )
         params, state, meta = self.saver.restore_train_state(newest, params_like, state_like)
         return ResumePoint(
             step=newest,

@@ -33,8 +33,8 @@ from tunix.rl import rl_cluster as rlc
 
 from rcpflow import recipe
 from rcpflow.mllog import SystemInfo
+from rcpflow.recorder import TrainingRecorder
 from tpu_jobs.tunix import train
-from tpu_jobs.tunix.interim_recorder import TrainingRecorder
 
 VARIANTS = ("plain", "checkpoints", "recorded")
 

@@ -51,10 +51,12 @@ from tunix.rl.rollout import base_rollout
 from rcpflow import recipe
 from rcpflow.layout import RunLayout, join
 from rcpflow.mllog import SystemInfo, require_mlperf_logging
+from rcpflow.recorder import TrainingRecorder
 from tpu_jobs import task
-from tpu_jobs.checkpoint import CheckpointError, weights_fingerprint
+from tpu_jobs.checkpoint import CheckpointError
+from tpu_jobs.fingerprint import weights_fingerprint
+from tpu_jobs.rcp_hooks import Committed, resume_recorder
 from tpu_jobs.tunix import checkpoints, policy, vocab
-from tpu_jobs.tunix.interim_recorder import Committed, TrainingRecorder
 
 DEFAULT_GLOBAL_BATCH_SIZE = 256
 DEFAULT_MAX_STEPS = 60
@@ -64,10 +66,6 @@ OPEN_LEARNING_RATE = 3e-3
 CHECKPOINT_ROOT = "checkpoints"  # under the run dir; Tunix adds actor/<step>
 GRPO_EPSILON = 0.2
 ROLLOUT_SEED_STRIDE = 1_000_003
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)
@@ -122,11 +120,6 @@ def run_identity(config: TrainConfig, hp: recipe.Hyperparameters, val_start: int
     }
 
 
-def manifest_path_of(step: int) -> str:
-    """A step's checkpoint as its manifest row names it: relative to the manifest's folder."""
-    return join("..", CHECKPOINT_ROOT, checkpoints.ACTOR_DIR, str(step))
-
-
 class StepRecording:
     """RCP recording inside Tunix's loop, on the actor trainer's checkpoint-metadata call.
 
@@ -172,7 +165,7 @@ class StepRecording:
             raise CheckpointError(f"step {step}: Tunix skipped from update {self._last_step}")
         actor = nnx.state(self.trainer.model, nnx.Param)
         jax.block_until_ready(actor)
-        timestamp_ms = self.recorder.on_update(step, now_ms())
+        timestamp_ms = self.recorder.on_update(step)
         self._last_step = step
         self.timestamps[step] = timestamp_ms
         self._current = {}
@@ -193,7 +186,7 @@ class StepRecording:
         if found != self._records[step]:
             raise CheckpointError(f"step {step}: {path} records {found}, not {self._records[step]}")
         self.recorder.on_checkpoint_committed(
-            step, manifest_path_of(step), extra={"weights_fingerprint": found.weights_fingerprint}
+            step, path, extra={"weights_fingerprint": found.weights_fingerprint}
         )
 
     def finish(self) -> None:
@@ -205,6 +198,7 @@ class StepRecording:
 
 
 def committed_checkpoints(root: str, identity: dict[str, int], val_start: int) -> list[Committed]:
+    """This run's committed checkpoints, ascending; one of another run is an error."""
     found = []
     for step in checkpoints.complete_steps(root):
         path = checkpoints.step_path(root, step)
@@ -222,9 +216,9 @@ def committed_checkpoints(root: str, identity: dict[str, int], val_start: int) -
         found.append(
             Committed(
                 step=step,
-                checkpoint_path=manifest_path_of(step),
+                path=path,
                 timestamp_ms=record.timestamp_ms,
-                extra={"weights_fingerprint": record.weights_fingerprint},
+                weights_fingerprint=record.weights_fingerprint,
             )
         )
     return found
@@ -322,11 +316,18 @@ def train(config: TrainConfig) -> TrainResult:
         system=SystemInfo(micro_batch_size=hp.global_batch_size),
         rcp_logging=config.rcp_logging,
     )
-    resumed = recorder.resume(committed_checkpoints(root, identity, val_start))
+    committed = {c.step: c for c in committed_checkpoints(root, identity, val_start)}
+    if committed:
+        resume_recorder(
+            recorder,
+            sorted(committed),
+            path_of=lambda step: checkpoints.step_path(root, step),
+            committed=committed.__getitem__,
+        )
     recorder.on_init_start()
     job = build_job(config, hp, val_start, root)
     cluster, trainer, learner, rollout = job.cluster, job.trainer, job.learner, job.rollout
-    restored = 0 if resumed is None else resumed.step
+    restored = max(committed, default=0)
     if trainer.train_steps != restored:
         raise CheckpointError(
             f"Tunix restored step {trainer.train_steps}, the newest committed checkpoint is "
@@ -345,7 +346,7 @@ def train(config: TrainConfig) -> TrainResult:
         {
             "event": "start",
             "trainer": "tunix",
-            "resumed_from": None if resumed is None else resumed.step,
+            "resumed_from": restored or None,
             "division": hp.division,
             "learning_rate": hp.learning_rate,
             "gradient_clip_norm": hp.gradient_clip_norm,
