@@ -44,8 +44,8 @@ check: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
-demo: setup
-	$(PY) -m tasks.devtools.demo
+demo: setup  # TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml)
+	$(PY) -m tasks.devtools.demo --trainer $(or $(TRAINER),toy)
 
 bench: setup
 	$(PY) -m tpu_jobs.devtools.bench

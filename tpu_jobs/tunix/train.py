@@ -68,6 +68,10 @@ GRPO_EPSILON = 0.2
 ROLLOUT_SEED_STRIDE = 1_000_003
 
 
+def _say(record: dict[str, object]) -> None:
+    print(json.dumps(record, sort_keys=True), flush=True)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     run_dir: str
@@ -168,6 +172,7 @@ class StepRecording:
         timestamp_ms = self.recorder.on_update(step)
         self._last_step = step
         self.timestamps[step] = timestamp_ms
+        _say({"step": step, "timestamp_ms": timestamp_ms})  # progress, as the update happens
         self._current = {}
         if step >= self.val_start_at:
             record = checkpoints.CheckpointRecord(
@@ -298,10 +303,6 @@ def build_job(
     return Job(cluster=cluster, trainer=cluster.actor_trainer, learner=learner, rollout=rollout)
 
 
-def _say(record: dict[str, object]) -> None:
-    print(json.dumps(record, sort_keys=True), flush=True)
-
-
 def train(config: TrainConfig) -> TrainResult:
     hp = hyperparameters_for(config)
     val_start = recipe.val_start_at(hp.global_batch_size, config.val_start_at)
@@ -364,8 +365,6 @@ def train(config: TrainConfig) -> TrainResult:
             cluster.close()
     finally:
         recording.finish()
-    for step in sorted(recording.timestamps):
-        _say({"step": step, "timestamp_ms": recording.timestamps[step]})
     if trainer.train_steps != hp.max_steps:
         raise CheckpointError(f"Tunix stopped at step {trainer.train_steps} of {hp.max_steps}")
     recorder.on_train_end()
