@@ -49,6 +49,7 @@ demo: setup  # TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deploym
 
 bench: setup
 	$(PY) -m tpu_jobs.devtools.bench
+	$(PY) -m tpu_jobs.devtools.tunix_bench
 
 lint: check
 

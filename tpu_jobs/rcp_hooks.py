@@ -145,10 +145,7 @@ class RcpHooks:
             train_samples=train_samples,
         )
         self.layout = self.recorder.layout
-        self.seed = seed
-        self.hp = hyperparameters
         self.val_start_at = val_start_at
-        self.rcp_logging = rcp_logging
         # The saver's thread hands each checkpoint to the recorder right after it commits.
         self.saver = CheckpointSaver(
             self.layout.checkpoints_dir, max_pending=max_pending_saves, on_commit=self._record_row

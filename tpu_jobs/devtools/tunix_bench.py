@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ def section(
     versions = ", ".join(
         f"{name} {version}"
         for name, version in (
-            ("google-tunix", _version("google-tunix")),
+            ("google-tunix", version("google-tunix")),
             ("jax", jax.__version__),
             ("orbax-checkpoint", orbax.checkpoint.__version__),
         )
@@ -159,12 +160,6 @@ On this shared 2-core machine the ratios move by several percent from run to run
 average above); compare them, not the milliseconds.
 {SECTION_END}
 """
-
-
-def _version(dist: str) -> str:
-    from importlib.metadata import version
-
-    return version(dist)
 
 
 def write_section(path: Path, text: str) -> None:
