@@ -29,6 +29,7 @@ import argparse
 import datetime
 import itertools
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -115,22 +116,29 @@ def one_block(variant: str, steps: int, warmup: int) -> Block:
 
 
 def section(
-    med: dict[str, float], recording_s: float, timed: int, args: argparse.Namespace, where: str
+    med: dict[str, float],
+    per_round: list[float],
+    recording_s: float,
+    timed: int,
+    args: argparse.Namespace,
+    where: str,
 ) -> str:
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     versions = ", ".join(
-        f"{name} {version}"
-        for name, version in (
+        f"{dist} {number}"
+        for dist, number in (
             ("google-tunix", version("google-tunix")),
             ("jax", jax.__version__),
             ("orbax-checkpoint", orbax.checkpoint.__version__),
         )
     )
+    rounds = ", ".join(f"{x:.2f}" for x in per_round)
+    load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return f"""{SECTION_START}
 ## Tunix job (`python -m tpu_jobs.devtools.tunix_bench`)
 
 - Date: {when}; {versions}; JAX backend {jax.default_backend()}, {jax.device_count()} device(s)
-- Machine: {where}
+- Machine: {where}; load average at the end {load_end}
 - {args.rounds} rounds of three interleaved blocks (plain, checkpoints, recorded; order rotated
   per round), each a fresh RLCluster (gbs 256, seed 0) of {args.steps} updates; the first
   {args.warmup} (compilation) and the final drain left out: {timed} timed steps per variant.
@@ -142,6 +150,8 @@ Tunix's own async Orbax save of each step |
 | step time, recorded / Tunix checkpoints | {med["recorded"] / med["checkpoints"]:.3f} | \
 what rcpflow's recording adds (goal: at most 1.05) |
 | step time, recorded / none | {med["recorded"] / med["plain"]:.3f} | both together |
+| recorded / checkpoints, per round | {rounds} | \
+its spread: the noise this run could not resolve |
 | recording call / recorded step time | {recording_s / med["recorded"]:.3f} | \
 time in the loop's recording call (block on the update, timestamp, fingerprint) |
 
@@ -156,8 +166,8 @@ A step is timed from one rollout's start to the next's, so the recording call (r
 right after dispatching the update, before the save) is inside it; the wait there for the new
 parameters is mostly time the next rollout would wait anyway (JAX dispatches asynchronously).
 The manifest rows are written by a watcher thread after Orbax commits, never by the loop.
-On this shared 2-core machine the ratios move by several percent from run to run (the load
-average above); compare them, not the milliseconds.
+On a shared machine the per-round ratios show how much of a difference is noise (the load
+averages above: a ratio below 1 means the noise was larger than the recording's cost).
 {SECTION_END}
 """
 
@@ -185,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error("--steps must leave at least two timed steps after --warmup")
     where = machine()
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    block_medians: dict[tuple[int, str], float] = {}
     recording: list[float] = []
     for r in range(args.rounds):
         order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
@@ -192,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             block = one_block(variant, args.steps, args.warmup)
             times[variant].extend(block.step_s)
             recording.extend(block.recording_s)
-            median = round(statistics.median(block.step_s), 4)
+            block_medians[r, variant] = statistics.median(block.step_s)
+            median = round(block_medians[r, variant], 4)
             print(json.dumps({"round": r, "variant": variant, "median_step_s": median}), flush=True)
     med = {v: statistics.median(t) for v, t in times.items()}
     recording_s = statistics.median(recording)
@@ -210,7 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         flush=True,
     )
-    write_section(Path(args.output), section(med, recording_s, len(times["plain"]), args, where))
+    per_round = [
+        block_medians[r, "recorded"] / block_medians[r, "checkpoints"] for r in range(args.rounds)
+    ]
+    text = section(med, per_round, recording_s, len(times["plain"]), args, where)
+    write_section(Path(args.output), text)
     print(f"wrote the Tunix section of {args.output}", flush=True)
     return 0
 

@@ -153,7 +153,6 @@ class StepRecording:
         self._last_step = last_step
         self._current: dict[str, Any] = {}
         self._records: dict[int, checkpoints.CheckpointRecord] = {}
-        self.timestamps: dict[int, int] = {}
         self.watcher = checkpoints.CommitWatcher(checkpoint_root, self._committed)
         trainer.custom_checkpoint_metadata_fn = self._metadata
 
@@ -171,7 +170,6 @@ class StepRecording:
         jax.block_until_ready(actor)
         timestamp_ms = self.recorder.on_update(step)
         self._last_step = step
-        self.timestamps[step] = timestamp_ms
         _say({"step": step, "timestamp_ms": timestamp_ms})  # progress, as the update happens
         self._current = {}
         if step >= self.val_start_at:
