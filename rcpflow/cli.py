@@ -140,11 +140,13 @@ def _eval_import(args: argparse.Namespace) -> int:
     times = (args.eval_start_ms, args.eval_stop_ms)
     if (times[0] is None) != (times[1] is None):
         return _usage("--eval-start-ms and --eval-stop-ms go together")
+    if args.eval_times_from is not None and times[0] is not None:
+        return _usage("--eval-times-from or --eval-start-ms/--eval-stop-ms, not both")
     if args.from_tree is not None:
         if args.source is not None or args.step is not None or args.format or times[0] is not None:
             return _usage("--from-tree takes no SOURCE, --step, --format or eval times")
         try:
-            result = import_tree(args.run_dir, args.from_tree)
+            result = import_tree(args.run_dir, args.from_tree, eval_times_from=args.eval_times_from)
         except EvalImportError as e:
             print(f"invalid: {e}", file=sys.stderr)
             return EXIT_INVALID
@@ -164,6 +166,7 @@ def _eval_import(args: argparse.Namespace) -> int:
             eval_times=None if times[0] is None else (times[0], times[1]),
             fmt=args.format,
             attempts=args.attempts,
+            eval_times_from=args.eval_times_from,
         )
     except EvalImportError as e:
         print(f"invalid: {e}", file=sys.stderr)
@@ -213,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     ei.add_argument("--step", type=int, help="the manifest row the result belongs to")
     ei.add_argument("--eval-start-ms", type=int, help="eval wall clock (else from the source)")
     ei.add_argument("--eval-stop-ms", type=int)
+    ei.add_argument(
+        "--eval-times-from",
+        metavar="LOG",
+        help="the evaluating pipeline's MLLOG: eval times from its eval_start/eval_stop of the "
+        "row's samples_count (Tunix's summaries carry none)",
+    )
     ei.add_argument("--format", choices=SOURCE_FORMATS, help="default: detected")
     ei.add_argument("--attempts", help="attempt records beside a summary (default: its attempts/)")
     ei.add_argument(
