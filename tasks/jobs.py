@@ -94,11 +94,12 @@ def check_template(role: Role, item: str, known: frozenset[str] | None = None) -
         if name in allowed:
             continue
         others = [r for r in ROLES if r != role and name in PLACEHOLDERS[r]]
-        why = (
-            f"{{{name}}} is a placeholder of {' and '.join(others)} jobs, not of {role} jobs"
-            if others
-            else f"unknown placeholder {{{name}}}"
-        )
+        if name in PLACEHOLDERS[role]:
+            why = f"{{{name}}} has no value here"
+        elif others:
+            why = f"{{{name}}} is a placeholder of {' and '.join(others)} jobs, not of {role} jobs"
+        else:
+            why = f"unknown placeholder {{{name}}}"
         raise JobCommandError(f"{item!r}: {why} (known: {', '.join(sorted(allowed))})")
     return frozenset(names)
 
