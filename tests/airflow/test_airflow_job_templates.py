@@ -105,3 +105,12 @@ def test_result_formats_are_rcpflow_eval_imports_own() -> None:
     from tasks.job_templates import ResultFormat
 
     assert set(typing.get_args(ResultFormat)) == {"rcpflow", "tunix-tree", *SOURCE_FORMATS}
+
+
+def test_the_readme_worked_deployment_file_parses(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Bring your own trainer and evaluator", 1)[1]
+    text = section.split("```toml\n", 1)[1].split("```", 1)[0]
+    d = _parse(text, tmp_path)
+    assert d.jobs.train.command[1] == "/opt/my_trainer/train.py"
+    assert d.jobs.evaluate.result == EvalResult("tunix-tree", "{run_dir}/tunix_eval")
