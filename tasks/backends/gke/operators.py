@@ -37,11 +37,13 @@ from tasks.backends.gke.settings import GkeSettings
 from tasks.backends.gke.triggers import JobSetTrigger
 from tasks.job_templates import EvaluateJob
 from tasks.run.eval_result import Baseline, baseline, import_result, now_ms
-from tasks.run.gate import collect, eval_target, reusable, skip_if_decided
+from tasks.run.gate import EvaluationError, collect, eval_target, reusable, skip_if_decided
 from tasks.run.job_values import evaluate_values
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from rcpflow.manifest import ManifestRow
 
 log = logging.getLogger(__name__)
 
@@ -349,23 +351,30 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         target = eval_target(self.run_dir, dict(self.row))
         try:
             super().execute_complete(context, event)
+            if self.job.result.imported:
+                self._import_result(context, target.row)
         except Exception:
             skip_if_decided(target)  # a lower step passed meanwhile: this failure is moot
             raise
-        if self.job.result.imported:
-            ti = context["ti"]
-            start = ti.xcom_pull(
-                task_ids=ti.task_id, key=EVAL_START_XCOM_KEY, map_indexes=ti.map_index
-            )
-            values = evaluate_values(self.run_dir, target.row, "python")
-            imported = import_result(
-                self.job.result,
-                values,
-                Baseline.from_dict(start["baseline"]),
-                (start["ms"], now_ms()),
-            )
-            self.log.info("%s", imported.describe())
         return collect(target, context["ti"])
+
+    def _import_result(self, context: Context, row: ManifestRow) -> None:
+        """The foreign result of the JobSet that just succeeded, with the wall clock from just
+        before its creation to now as the eval times (`tasks.run.eval_result`)."""
+        ti = context["ti"]
+        start = ti.xcom_pull(task_ids=ti.task_id, key=EVAL_START_XCOM_KEY, map_indexes=ti.map_index)
+        if start is None:
+            raise EvaluationError(
+                f"step {row.step}: no {EVAL_START_XCOM_KEY} recorded before the JobSet was "
+                "created: its eval times are unknown; clear the task to evaluate again"
+            )
+        imported = import_result(
+            self.job.result,
+            evaluate_values(self.run_dir, row, "python"),
+            Baseline.from_dict(start["baseline"]),
+            (start["ms"], now_ms()),
+        )
+        self.log.info("%s", imported.describe())
 
 
 class DeleteEvalJobSetsOperator(_GkeClusterArgs, BaseOperator):
