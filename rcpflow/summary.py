@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rcpflow import recipe
+from rcpflow import jsonio, recipe
 from rcpflow.manifest import ManifestRow
 from rcpflow.passk import mean_pass_at_k
 from rcpflow.storage import storage_for
@@ -77,9 +77,9 @@ class EvalSummary:
     @classmethod
     def from_json(cls, text: str, where: str) -> EvalSummary:
         try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SummaryError(f"{where}: not JSON ({e.msg} at line {e.lineno})") from e
+            d = jsonio.loads(text, where)  # duplicate keys, NaN, too deep: invalid
+        except jsonio.JSONInputError as e:
+            raise SummaryError(str(e)) from e
         if not isinstance(d, dict):
             raise SummaryError(f"{where}: a summary must be a JSON object")
         fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -229,7 +229,13 @@ def summary_problems(summary: EvalSummary, row: ManifestRow) -> list[str]:
 
 
 def read_summary(path: str) -> EvalSummary:
-    return EvalSummary.from_json(storage_for(path).read_text(path), where=path)
+    try:
+        text = jsonio.decode_utf8(storage_for(path).read_bytes(path), path)
+    except jsonio.JSONInputError as e:
+        raise SummaryError(str(e)) from e
+    except (IsADirectoryError, NotADirectoryError) as e:
+        raise SummaryError(f"{path}: {e.strerror}") from e
+    return EvalSummary.from_json(text, where=path)
 
 
 def write_summary(path: str, summary: EvalSummary) -> None:
