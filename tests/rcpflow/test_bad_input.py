@@ -654,3 +654,31 @@ def test_live_or_foreign_temp_files_are_left_alone(tmp_path):
         f.write_bytes(b"")
     LocalStorage().write_atomic(str(target), b"{}")
     assert ours.exists() and foreign.exists()
+
+
+def test_duplicate_key_or_non_utf8_in_an_imported_summary_is_invalid(tmp_path):
+    from rcpflow.eval_import import EvalImportError, import_eval
+
+    run = _run(tmp_path, accuracies={18: 0.5})
+    text = Path(run.layout.summary(18)).read_text()
+    source = tmp_path / "foreign" / "summary.json"
+    source.parent.mkdir()
+    source.write_text(text.replace('"complete": true', '"complete": false,\n  "complete": true'))
+    with pytest.raises(EvalImportError, match="duplicate key 'complete'"):
+        import_eval(run.run_dir, 18, str(source))
+    source.write_bytes(text.replace('"fatal_error": null', '"x": "\xe9"').encode("latin-1"))
+    with pytest.raises(EvalImportError, match="not UTF-8"):
+        import_eval(run.run_dir, 18, str(source))
+
+
+def test_non_utf8_attempts_file_makes_the_summary_invalid_naming_it(tmp_path):
+    from rcpflow.verify import attempts_file, evaluate_step
+
+    run = _run(tmp_path)
+    path = Path(attempts_file(run.run_dir, 18))
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"instance": 0, "attempt": 0, "status": "r\xe9solved"}\n')
+    found = evaluate_step(run.run_dir, run.row(18))
+    assert found.state == "invalid"
+    assert any("attempts.jsonl: line 1: not UTF-8" in p for p in found.problems), found.problems
+    assert finalize(run.run_dir).status == "incomplete"
