@@ -173,6 +173,26 @@ def upsert(manifest_path: str, row: ManifestRow) -> None:
     storage_for(manifest_path).update(manifest_path, merge)
 
 
+def remove(manifest_path: str, step: int) -> None:
+    """Drop the row of `step` if there is one (its checkpoint is gone and will be saved again)."""
+
+    def without(old: bytes | None) -> bytes:
+        rows = parse_rows(_decode(old, manifest_path), manifest_path) if old else []
+        return render_rows([r for r in rows if r.step != step])
+
+    storage_for(manifest_path).update(manifest_path, without)
+
+
+def read_rows(manifest_path: str) -> list[ManifestRow]:
+    """The rows of the manifest as written (not resolved, not validated); [] if there is none.
+    Raises ManifestError naming the line, also for bytes that are not UTF-8."""
+    try:
+        data = storage_for(manifest_path).read_bytes(manifest_path)
+    except FileNotFoundError:
+        return []
+    return parse_rows(_decode(data, manifest_path), manifest_path)
+
+
 def _resolved(row: ManifestRow, base: str) -> ManifestRow:
     return dataclasses.replace(
         row,
