@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from rcpflow.layout import is_gcs
 
 if TYPE_CHECKING:
-    from google.cloud import storage
+    import google.cloud.storage as storage
 
 Updater = Callable[[bytes | None], bytes]
 
@@ -285,7 +285,7 @@ def _gcs_errors(path: str) -> Iterator[None]:
 
 @lru_cache(maxsize=4)
 def _gcs_client(emulator_host: str) -> storage.Client:
-    from google.cloud import storage
+    import google.cloud.storage as storage
 
     if emulator_host:
         from google.auth.credentials import AnonymousCredentials
