@@ -21,12 +21,11 @@ and valid) wins; the others are reported.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rcpflow import recipe
+from rcpflow import jsonio, recipe
 from rcpflow.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_attempts
 from rcpflow.layout import RunLayout, dirname, join
 from rcpflow.manifest import ManifestError, ManifestRow, load
@@ -128,6 +127,13 @@ def _read(path: str, what: str) -> bytes:
         raise EvalImportError(f"{path}: no such {what}") from e
 
 
+def _read_text(path: str, what: str) -> str:
+    try:
+        return jsonio.decode_utf8(_read(path, what), path)
+    except jsonio.JSONInputError as e:
+        raise EvalImportError(str(e)) from e
+
+
 def _row(run_dir: str, step: int) -> ManifestRow:
     try:
         return load(RunLayout(run_dir).manifest).row(step)
@@ -171,8 +177,8 @@ def eval_times_from_log(log_path: str, row: ManifestRow) -> tuple[int, int]:
 def detect(text: str, where: str) -> SourceFormat:
     """The format of a source: a JSON object with a summary's fields, else attempt records."""
     try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
+        whole = jsonio.loads(text, where, strict=False)  # strictness is for the import itself
+    except jsonio.JSONInputError:
         whole = None
     if isinstance(whole, dict) and set(whole) >= _SUMMARY_KEYS:
         # Told apart for the report only: Tunix writes rcp_logged and no eval times.
@@ -238,7 +244,7 @@ def import_eval(
         if eval_times is not None:
             raise EvalImportError("eval times: give them or a log to read them from, not both")
         eval_times = eval_times_from_log(eval_times_from, row)
-    text = _read(source, "source").decode("utf-8")
+    text = _read_text(source, "source")
     detected = detect(text, source)
     summary_source = detected in _SUMMARY_FORMATS
     # rcpflow's and Tunix's summaries differ only in the eval times: one reader for both.
@@ -251,7 +257,10 @@ def import_eval(
     attempts_text: str | None = None
     not_counted = 0
     if summary_source:
-        d: Any = json.loads(text)
+        try:
+            d: Any = jsonio.loads(text, source)  # duplicate keys, NaN: not a summary to trust
+        except jsonio.JSONInputError as e:
+            raise EvalImportError(str(e)) from e
         has_times = all(k in d for k in TIME_FIELDS)
         if eval_times is None and not has_times:
             raise EvalImportError(
@@ -269,7 +278,7 @@ def import_eval(
             attempts = beside if storage_for(beside).exists(beside) else None
         problems = validity_problems(summary, row)
         if attempts is not None:
-            attempts_text = _read(attempts, "attempts file").decode("utf-8")
+            attempts_text = _read_text(attempts, "attempts file")
             found = _parse_attempts(attempts_text, attempts, None)
             not_counted = found.not_counted
             problems += recomputed_problems(summary, found.per_instance(), attempts)

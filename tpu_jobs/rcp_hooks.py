@@ -9,6 +9,8 @@ update, so ``samples_count = step * gbs``.
 
 from __future__ import annotations
 
+import logging
+import textwrap
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,18 +21,49 @@ import jax
 
 from rcpflow import manifest, recipe
 from rcpflow.layout import RunLayout, join
-from rcpflow.mllog import SystemInfo, TrainingLog, read_events, run_start_ms
+from rcpflow.mllog import MLLogError, SystemInfo, TrainingLog, read_events, run_start_ms
 from rcpflow.storage import storage_for
 from tpu_jobs.checkpoint import (
     DEFAULT_MAX_PENDING,
     CheckpointError,
     CheckpointSaver,
     SavedCheckpoint,
+    check_readable,
 )
 from tpu_jobs.saver import SaveFailedError
 
 PyTree = Any
 RUN_IDENTITY_KEY = "run"
+RESUME_PAST_CORRUPT_FLAG = "--resume-past-corrupt"
+LOG_LOST = " (it cannot be rebuilt: restore it, or start the run afresh in another run_dir)"
+# The trainer flag that sets each field of a run's identity.
+_IDENTITY_FLAGS = {
+    "seed": "--seed",
+    "global_batch_size": "--global-batch-size",
+    "val_start_at": "--val-start-at",
+    "max_steps": "--max-steps",
+}
+log = logging.getLogger(__name__)
+
+
+class RunMismatchError(CheckpointError):
+    """The run folder holds another run than these arguments describe (a bad argument)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """The newest complete checkpoint cannot be restored; `resume(past_corrupt=True)` skips it."""
+
+
+def _differing_flags(found: object, ours: Mapping[str, object]) -> str:
+    if not isinstance(found, Mapping):
+        return "no rcpflow run identity in the checkpoint"
+    return ", ".join(
+        f"{flag} {ours[k]} vs the run's {found.get(k)}"
+        for k, flag in _IDENTITY_FLAGS.items()
+        if found.get(k) != ours[k]
+    )
+
+
 # A clock behind the previous update's timestamp by more than this is an error, not a wait.
 CLOCK_STEP_BACK_MS = 1000
 
@@ -151,40 +184,51 @@ class RcpHooks:
 
     # -- resume ---------------------------------------------------------------------------
 
-    def resume(self, params_like: PyTree, state_like: PyTree) -> ResumePoint | None:
+    def resume(
+        self, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
+    ) -> ResumePoint | None:
         """Restore the newest complete checkpoint of this run, or None if there is none.
 
         Call before `on_init_start`. Repairs the manifest first: a complete checkpoint without
         its row (the crash came between the commit and the upsert) gets the row it would have
         had; a current row pointing at no complete checkpoint is an error, never papered over.
+        A newest checkpoint that cannot be restored raises `CorruptCheckpointError`; with
+        `past_corrupt` it is deleted with its row instead and the one before it is resumed, so
+        that step is trained (and its row written) again.
         """
         complete = [s for s in self.saver.complete_steps() if s >= self.val_start_at]
         if not complete:
             return None
         newest = complete[-1]
-        meta = self.saver.read_meta(newest)
+        path = self.saver.step_path(newest)
+        try:
+            meta = self.saver.read_meta(newest)
+        except Exception as e:  # whatever Orbax raises on a broken folder
+            return self._past_corrupt(newest, e, params_like, state_like, past_corrupt)
         found = meta.extra.get(RUN_IDENTITY_KEY)
         if found != self._identity:
-            raise CheckpointError(
-                f"step {newest}: checkpoint at {self.saver.step_path(newest)} belongs to run "
-                f"{found}, not to this one {self._identity}; use another run_dir"
+            raise RunMismatchError(
+                f"step {newest}: checkpoint at {path} belongs to run {found}, not to this one "
+                f"{self._identity} ({_differing_flags(found, self._identity)}); resume with that "
+                "run's arguments, or use another run_dir"
             )
         run_start = None
         if self.rcp_logging:
-            if not storage_for(self.mllog_path).exists(self.mllog_path):
-                raise CheckpointError(
-                    f"cannot resume at step {newest}: the run's MLLOG {self.mllog_path} is missing"
-                )
-            events = read_events(self.mllog_path)
-            run_start = run_start_ms(events)
-            if run_start is None:
-                raise CheckpointError(
-                    f"cannot resume at step {newest}: {self.mllog_path} has no run_start"
-                )
-            self._ended = any(e.key == "block_stop" for e in events)
-            self._log = TrainingLog(self.mllog_path, append=True)
+            run_start = self._check_log(newest)
         self._repair_manifest(complete, run_start)
-        params, state, meta = self.saver.restore_train_state(newest, params_like, state_like)
+        try:
+            params, state, meta = self.saver.restore_train_state(newest, params_like, state_like)
+        except Exception as e:  # a complete checkpoint of this run that will not load
+            try:
+                check_readable(path)
+            except Exception as broken:  # broken on storage, not just unlike the targets
+                return self._past_corrupt(newest, broken, params_like, state_like, past_corrupt)
+            raise CheckpointError(
+                f"step {newest}: {path} reads on its own but not into this trainer's params "
+                f"and state (another model?): {textwrap.shorten(str(e), 400)}"
+            ) from e
+        if self.rcp_logging:
+            self._log = TrainingLog(self.mllog_path, append=True)
         self._resumed = True
         self._last_step, self._last_update_ms = newest, meta.timestamp_ms
         return ResumePoint(
@@ -195,12 +239,53 @@ class RcpHooks:
             finished=self._ended,
         )
 
+    def _check_log(self, newest: int) -> int:
+        """The log a resume continues: there, readable, with the run's start; its run_start."""
+        where = f"cannot resume at step {newest}: the run's MLLOG {self.mllog_path}"
+        if not storage_for(self.mllog_path).exists(self.mllog_path):
+            raise CheckpointError(f"{where} is missing{LOG_LOST}")
+        try:
+            events = read_events(self.mllog_path)
+        except MLLogError as e:
+            raise CheckpointError(f"cannot resume at step {newest}: {e}{LOG_LOST}") from e
+        run_start = run_start_ms(events)
+        keys = [e.key for e in events]
+        if run_start is None or "block_start" not in keys:
+            raise CheckpointError(f"{where} has no run_start/block_start (cut short?){LOG_LOST}")
+        self._ended = "block_stop" in keys
+        return run_start
+
+    def _past_corrupt(
+        self,
+        step: int,
+        error: Exception,
+        params_like: PyTree,
+        state_like: PyTree,
+        past_corrupt: bool,
+    ) -> ResumePoint | None:
+        path = self.saver.step_path(step)
+        reason = textwrap.shorten(f"{type(error).__name__}: {error}", 400, placeholder=" ...")
+        if not past_corrupt:
+            raise CorruptCheckpointError(
+                f"step {step}: the newest checkpoint {path} cannot be restored ({reason}); "
+                f"resume past it ({RESUME_PAST_CORRUPT_FLAG}) to delete it and train step "
+                f"{step} again"
+            ) from error
+        if self.rcp_logging:
+            self._check_log(step)  # the resume continues this log: it must be there, readable
+        if self._ended:
+            raise CheckpointError(
+                f"step {step}: the newest checkpoint {path} cannot be restored ({reason}), and "
+                "the run's MLLOG has already ended (block_stop): its last step cannot be trained "
+                "again; start the run afresh in another run_dir"
+            ) from error
+        self.saver.delete(step)
+        manifest.remove(self.layout.manifest, step)
+        log.warning("step %d: deleted the checkpoint that cannot be restored (%s)", step, reason)
+        return self.resume(params_like, state_like, past_corrupt=True)
+
     def _repair_manifest(self, complete: list[int], run_start: int | None) -> None:
-        storage = storage_for(self.layout.manifest)
-        rows = {}
-        if storage.exists(self.layout.manifest):
-            text = storage.read_text(self.layout.manifest)
-            rows = {r.step: r for r in manifest.parse_rows(text, self.layout.manifest)}
+        rows = {r.step: r for r in manifest.read_rows(self.layout.manifest)}
         for step, row in rows.items():
             current = run_start is None or row.timestamp_ms >= run_start
             if current and step not in complete:
