@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from tasks.backends.gke.settings import GkeSettings
+from tasks.job_templates import Jobs
 from tasks.settings import SettingError, read_table
 
 ENV_VAR = "RCPFLOW_DEPLOYMENT"
@@ -68,8 +69,15 @@ class Deployment:
     job_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # The [gke] table; None when the file has none (the gke backend refuses that).
     gke: GkeSettings | None = None
+    # The [jobs] table: command, env, image of each job, the evaluate job's result.
+    jobs: Jobs = field(default_factory=Jobs)
 
     def __post_init__(self) -> None:
+        for key in self.jobs.images():
+            if self.backend != "gke":
+                raise SettingError(
+                    f"jobs.{key}", f"only the gke backend runs images (backend is {self.backend!r})"
+                )
         for name, value, minimum in (
             ("eval_window", self.eval_window, 1),
             ("train_timeout_minutes", self.train_timeout_minutes, 1),

@@ -278,6 +278,16 @@ class CheckpointSaver:
     def read_meta(self, step: int) -> CheckpointMeta:
         return read_meta(self.step_path(step))
 
+    def delete(self, step: int) -> None:
+        """Remove step `step`'s checkpoint (one that cannot be restored), so it can be saved
+        again. Only before the first `save`."""
+        if self.pending():
+            raise CheckpointError(f"step {step}: cannot delete a checkpoint while saves are queued")
+        with self._manager_lock:
+            self._manager.delete(step)
+            self._manager.reload()
+        self._steps_on_open = self._steps_on_open - {step}
+
     def restore_train_state(
         self, step: int, params_like: PyTree, state_like: PyTree
     ) -> tuple[PyTree, PyTree, CheckpointMeta]:
@@ -333,6 +343,37 @@ def read_meta(step_path: str) -> CheckpointMeta:
         epath.Path(step_path), args=ocp.args.Composite(**{META_ITEM: ocp.args.JsonRestore()})
     )
     return CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+
+
+def check_readable(step_path: str) -> None:
+    """Read every item of a complete checkpoint on its own terms (its own tree metadata, numpy
+    arrays) and verify the weights against its recorded fingerprint; raises naming the folder.
+
+    Tells a checkpoint that is broken on storage from one that does not fit what a caller tries
+    to restore it into (another model): the second reads fine here.
+    """
+    if not is_complete(step_path):
+        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
+    reader = _reader()
+    path = epath.Path(step_path)
+    try:
+        items = reader.metadata(path).item_metadata
+        restored = reader.restore(
+            path,
+            args=ocp.args.Composite(
+                **{
+                    item: ocp.args.PyTreeRestore(restore_args=_numpy_restore_args(items[item].tree))
+                    for item in (PARAMS_ITEM, STATE_ITEM)
+                },
+                **{META_ITEM: ocp.args.JsonRestore()},
+            ),
+        )
+        meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+        verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=step_path)
+    except (CheckpointError, FingerprintMismatchError):
+        raise
+    except Exception as e:  # whatever Orbax or tensorstore raise on a broken folder
+        raise CheckpointError(f"{step_path}: cannot be read: {e!r}") from e
 
 
 def restore_params(

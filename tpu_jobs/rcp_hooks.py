@@ -13,6 +13,8 @@ params and state only as pytrees of arrays; a step is one optimizer update, so
 
 from __future__ import annotations
 
+import logging
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -20,20 +22,65 @@ from typing import Any
 
 import jax
 
-from rcpflow import recipe
-from rcpflow.mllog import SystemInfo
-from rcpflow.recorder import Resumed, TrainingRecorder
+from rcpflow import manifest, recipe
+from rcpflow.mllog import MLLogError, SystemInfo, read_events, run_start_ms
+from rcpflow.recorder import RecorderError, Resumed, TrainingRecorder
 from rcpflow.storage import storage_for
 from tpu_jobs.checkpoint import (
     DEFAULT_MAX_PENDING,
     CheckpointError,
     CheckpointSaver,
     SavedCheckpoint,
+    check_readable,
 )
 from tpu_jobs.saver import SaveFailedError
 
 PyTree = Any
 RUN_IDENTITY_KEY = "run"
+RESUME_PAST_CORRUPT_FLAG = "--resume-past-corrupt"
+LOG_LOST = " (it cannot be rebuilt: restore it, or start the run afresh in another run_dir)"
+# The trainer flag that sets each field of a run's identity.
+_IDENTITY_FLAGS = {
+    "seed": "--seed",
+    "global_batch_size": "--global-batch-size",
+    "val_start_at": "--val-start-at",
+    "max_steps": "--max-steps",
+}
+log = logging.getLogger(__name__)
+
+
+class RunMismatchError(CheckpointError):
+    """The run folder holds another run than these arguments describe (a bad argument)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """The newest complete checkpoint cannot be restored; `resume(past_corrupt=True)` skips it."""
+
+
+def _differing_flags(found: object, ours: Mapping[str, object]) -> str:
+    if not isinstance(found, Mapping):
+        return "no rcpflow run identity in the checkpoint"
+    return ", ".join(
+        f"{flag} {ours[k]} vs the run's {found.get(k)}"
+        for k, flag in _IDENTITY_FLAGS.items()
+        if found.get(k) != ours[k]
+    )
+
+
+def check_log(path: str, newest: int) -> bool:
+    """The log a resume continues: there, readable, with the run's start; True when it has
+    already ended (``block_stop``). Raises `CheckpointError` naming what is wrong."""
+    where = f"cannot resume at step {newest}: the run's MLLOG {path}"
+    if not storage_for(path).exists(path):
+        raise CheckpointError(f"{where} is missing{LOG_LOST}")
+    try:
+        events = read_events(path)
+    except MLLogError as e:
+        raise CheckpointError(f"cannot resume at step {newest}: {e}{LOG_LOST}") from e
+    keys = [e.key for e in events]
+    if run_start_ms(events) is None or "block_start" not in keys:
+        raise CheckpointError(f"{where} has no run_start/block_start (cut short?){LOG_LOST}")
+    return "block_stop" in keys
 
 
 @dataclass(frozen=True)
@@ -56,12 +103,22 @@ def resume_recorder(
     """Resume `recorder` over a trainer's `complete` checkpoints (steps from val_start_at,
     ascending, at least one): every current row must point at one of them; those above the last
     row (the crash came between a commit and its row) get the row they would have had, with the
-    update time recorded in the checkpoint (`committed(step)`, read only for them)."""
-    log = recorder.mllog_path
-    if recorder.rcp_logging and not storage_for(log).exists(log):
-        raise CheckpointError(
-            f"cannot resume at step {complete[-1]}: the run's MLLOG {log} is missing"
-        )
+    update time recorded in the checkpoint (`committed(step)`, read only for them). The
+    recorder's refusals (rows or log not this run's) are raised as `CheckpointError`."""
+    if recorder.rcp_logging:
+        check_log(recorder.mllog_path, complete[-1])
+    try:
+        return _resume(recorder, complete, path_of, committed)
+    except RecorderError as e:
+        raise CheckpointError(str(e)) from e
+
+
+def _resume(
+    recorder: TrainingRecorder,
+    complete: Sequence[int],
+    path_of: Callable[[int], str],
+    committed: Callable[[int], Committed],
+) -> Resumed | None:
     resumed = recorder.resume()
     last_row = None if resumed is None else resumed.step
     if last_row is not None:
@@ -135,15 +192,22 @@ class RcpHooks:
     ) -> None:
         if RUN_IDENTITY_KEY in (checkpoint_extra or {}):
             raise ValueError(f"checkpoint_extra must not use the reserved key {RUN_IDENTITY_KEY!r}")
-        self.recorder = TrainingRecorder(
-            run_dir,
-            seed=seed,
-            hyperparameters=hyperparameters,
-            val_start_at=val_start_at,
-            system=system,
-            rcp_logging=rcp_logging,
-            train_samples=train_samples,
-        )
+
+        def new_recorder() -> TrainingRecorder:
+            return TrainingRecorder(
+                run_dir,
+                seed=seed,
+                hyperparameters=hyperparameters,
+                val_start_at=val_start_at,
+                system=system,
+                rcp_logging=rcp_logging,
+                train_samples=train_samples,
+            )
+
+        # A resume past a corrupt checkpoint starts over with a recorder that has not read the
+        # manifest yet.
+        self._new_recorder = new_recorder
+        self.recorder = new_recorder()
         self.layout = self.recorder.layout
         self.val_start_at = val_start_at
         # The saver's thread hands each checkpoint to the recorder right after it commits.
@@ -180,29 +244,50 @@ class RcpHooks:
 
     # -- resume ---------------------------------------------------------------------------
 
-    def resume(self, params_like: PyTree, state_like: PyTree) -> ResumePoint | None:
+    def resume(
+        self, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
+    ) -> ResumePoint | None:
         """Restore the newest complete checkpoint of this run, or None if there is none.
 
-        Call before `on_init_start`. The recorder resumes from the manifest and the log; a
-        complete checkpoint above its last row (the crash came between the commit and the row)
-        then gets the row it would have had, with the update time recorded in the checkpoint. A
-        current row pointing at no complete checkpoint is an error, never papered over.
+        Call before `on_init_start`. The recorder resumes from the manifest and the log first
+        (`resume_recorder`): a complete checkpoint above its last row (the crash came between
+        the commit and the row) gets the row it would have had; a current row pointing at no
+        complete checkpoint is an error, never papered over. Then the newest is restored.
+        A newest checkpoint that cannot be restored raises `CorruptCheckpointError`; with
+        `past_corrupt` it is deleted with its row instead and the one before it is resumed, so
+        that step is trained (and its row written) again.
         """
         complete = [s for s in self.saver.complete_steps() if s >= self.val_start_at]
         if not complete:
             return None
         newest = complete[-1]
-        newest_meta = self.saver.read_meta(newest)
-        found = newest_meta.extra.get(RUN_IDENTITY_KEY)
+        path = self.saver.step_path(newest)
+        try:
+            meta = self.saver.read_meta(newest)
+        except Exception as e:  # whatever Orbax raises on a broken folder
+            return self._past_corrupt(newest, e, params_like, state_like, past_corrupt)
+        found = meta.extra.get(RUN_IDENTITY_KEY)
         if found != self._identity:
-            raise CheckpointError(
-                f"step {newest}: checkpoint at {self.saver.step_path(newest)} belongs to run "
-                f"{found}, not to this one {self._identity}; use another run_dir"
+            raise RunMismatchError(
+                f"step {newest}: checkpoint at {path} belongs to run {found}, not to this one "
+                f"{self._identity} ({_differing_flags(found, self._identity)}); resume with that "
+                "run's arguments, or use another run_dir"
             )
+        # Before the restore, which may take minutes: the log and the manifest are checked here.
         resumed = resume_recorder(
             self.recorder, complete, path_of=self.saver.step_path, committed=self._committed
         )
-        params, state, meta = self.saver.restore_train_state(newest, params_like, state_like)
+        try:
+            params, state, meta = self.saver.restore_train_state(newest, params_like, state_like)
+        except Exception as e:  # a complete checkpoint of this run that will not load
+            try:
+                check_readable(path)
+            except Exception as broken:  # broken on storage, not just unlike the targets
+                return self._past_corrupt(newest, broken, params_like, state_like, past_corrupt)
+            raise CheckpointError(
+                f"step {newest}: {path} reads on its own but not into this trainer's params "
+                f"and state (another model?): {textwrap.shorten(str(e), 400)}"
+            ) from e
         return ResumePoint(
             step=newest,
             params=params,
@@ -210,6 +295,35 @@ class RcpHooks:
             timestamp_ms=meta.timestamp_ms,
             finished=resumed is not None and resumed.finished,
         )
+
+    def _past_corrupt(
+        self,
+        step: int,
+        error: Exception,
+        params_like: PyTree,
+        state_like: PyTree,
+        past_corrupt: bool,
+    ) -> ResumePoint | None:
+        path = self.saver.step_path(step)
+        reason = textwrap.shorten(f"{type(error).__name__}: {error}", 400, placeholder=" ...")
+        if not past_corrupt:
+            raise CorruptCheckpointError(
+                f"step {step}: the newest checkpoint {path} cannot be restored ({reason}); "
+                f"resume past it ({RESUME_PAST_CORRUPT_FLAG}) to delete it and train step "
+                f"{step} again"
+            ) from error
+        # The resume continues this log: it must be there, readable, and not ended.
+        if self.recorder.rcp_logging and check_log(self.mllog_path, step):
+            raise CheckpointError(
+                f"step {step}: the newest checkpoint {path} cannot be restored ({reason}), and "
+                "the run's MLLOG has already ended (block_stop): its last step cannot be trained "
+                "again; start the run afresh in another run_dir"
+            ) from error
+        self.saver.delete(step)
+        manifest.remove(self.layout.manifest, step)
+        log.warning("step %d: deleted the checkpoint that cannot be restored (%s)", step, reason)
+        self.recorder = self._new_recorder()  # one that has not read the removed row
+        return self.resume(params_like, state_like, past_corrupt=True)
 
     # -- the training loop ----------------------------------------------------------------
 

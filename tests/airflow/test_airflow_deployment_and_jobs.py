@@ -137,8 +137,13 @@ def test_a_command_fills_each_item_on_its_own() -> None:
 @pytest.mark.parametrize(
     ("role", "argv", "named"),
     [
-        ("evaluate", ("{python}", "--seed", "{seed}"), "argv[2] '{seed}': unknown placeholder"),
-        ("train", ("{python}", "{step}"), "unknown placeholder {step}"),
+        ("evaluate", ("{python}", "--x", "{sed}"), "argv[2] '{sed}': unknown placeholder {sed}"),
+        (
+            "evaluate",
+            ("{python}", "{max_steps}"),
+            "{max_steps} is a placeholder of train jobs, not of evaluate jobs",
+        ),
+        ("train", ("{python}", "{step}"), "{step} is a placeholder of evaluate jobs, not of train"),
         ("train", ("{seed!r}",), "a placeholder is a bare {name}, got {seed!r}"),
         ("train", ("{seed:>4}",), "a placeholder is a bare {name}, got {seed:>4}"),
         ("train", ("{}",), "a placeholder is a bare {name}"),

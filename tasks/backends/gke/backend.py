@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, ClassVar
 from tasks.backends.gke.groups import evaluate_jobsets, train_jobset_group
 from tasks.backends.gke.settings import GkeSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
-from tasks.jobs import EVALUATE_JOB, TRAIN_JOB, JobCommand
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
@@ -23,23 +22,16 @@ class GkeBackend:
     name: ClassVar[BackendName] = "gke"
     jobs_run_on_worker: ClassVar[bool] = False
 
-    def __init__(
-        self,
-        deployment: Deployment,
-        train_command: JobCommand = TRAIN_JOB,
-        evaluate_command: JobCommand = EVALUATE_JOB,
-    ) -> None:
+    def __init__(self, deployment: Deployment) -> None:
         if deployment.gke is None:
             raise DeploymentError(f"{deployment.source}: backend 'gke' needs a [gke] table")
         self.deployment = deployment
         self.settings: GkeSettings = deployment.gke
-        self.train_command = train_command
-        self.evaluate_command = evaluate_command
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
         return train_jobset_group(
             self.settings,
-            self.train_command,
+            self.deployment.jobs.train,
             spec,
             job_timeout=timedelta(minutes=self.deployment.train_timeout_minutes),
         )
@@ -47,7 +39,7 @@ class GkeBackend:
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
         return evaluate_jobsets(
             self.settings,
-            self.evaluate_command,
+            self.deployment.jobs.evaluate,
             run_dir,
             rows,
             eval_window=self.deployment.eval_window,

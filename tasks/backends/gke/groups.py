@@ -21,7 +21,8 @@ from tasks.backends.gke.operators import (
 )
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
-from tasks.jobs import JobCommand
+from tasks.job_templates import EvaluateJob, TrainJob
+from tasks.run.job_values import train_values
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def jobset_task_group(
 
 
 def train_jobset_group(
-    settings: GkeSettings, command: JobCommand, spec: XComArg, *, job_timeout: timedelta
+    settings: GkeSettings, job: TrainJob, spec: XComArg, *, job_timeout: timedelta
 ) -> TaskGroup:
     """``train_jobset`` (render the training JobSet) -> TaskGroup ``job`` (run -> cleanup)."""
 
@@ -67,7 +68,9 @@ def train_jobset_group(
             dag_id=dag_run.dag_id,
             run_id=dag_run.run_id,
             job="train",
-            command=command.render({"python": "python", **run.job_values()}),
+            command=job.job_command.render(train_values(run, "python")),
+            image=job.image,
+            env=job.env,
         )
 
     return jobset_task_group("job", train_jobset(spec), settings, job_timeout=job_timeout)
@@ -75,7 +78,7 @@ def train_jobset_group(
 
 def evaluate_jobsets(
     settings: GkeSettings,
-    command: JobCommand,
+    job: EvaluateJob,
     run_dir: str | XComArg,
     rows: XComArg,
     *,
@@ -86,7 +89,7 @@ def evaluate_jobsets(
     evaluate = EvaluateJobSetOperator.partial(
         task_id="evaluate",
         settings=settings,
-        command=command,
+        job=job,
         run_dir=run_dir,
         map_index_template="step {{ task.row['step'] }}",
         max_active_tis_per_dagrun=eval_window,

@@ -35,17 +35,24 @@ from tasks.backends.gke.render import (
 )
 from tasks.backends.gke.settings import GkeSettings
 from tasks.backends.gke.triggers import JobSetTrigger
-from tasks.jobs import JobCommand
-from tasks.run.gate import collect, eval_target, reusable, skip_if_decided
+from tasks.job_templates import EvaluateJob
+from tasks.run.eval_result import Baseline, baseline, import_result, now_ms
+from tasks.run.gate import EvaluationError, collect, eval_target, reusable, skip_if_decided
+from tasks.run.job_values import evaluate_values
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from rcpflow.manifest import ManifestRow
 
 log = logging.getLogger(__name__)
 
 # XCom key under which the run task records which JobSet it is about to create, before
 # creating it, so that the cleanup teardown can delete it whatever happened afterwards.
 REF_XCOM_KEY = "jobset_ref"
+# XCom key of a foreign evaluate job's start: its wall clock and what was at its result path
+# (read back when the deferred task resumes, in another process).
+EVAL_START_XCOM_KEY = "eval_start"
 
 
 class _GkeClusterArgs:
@@ -287,8 +294,9 @@ def _delete_jobset(op: _GkeClusterArgs, context: Context, ref: Mapping[str, str]
 
 
 class EvaluateJobSetOperator(RunJobSetOperator):
-    """Evaluate one manifest row as a JobSet of the `command` template, behind the gate of
-    `tasks.run.gate`: a decided or already evaluated step creates nothing on the cluster."""
+    """Evaluate one manifest row as a JobSet of the `job` template, behind the gate of
+    `tasks.run.gate`: a decided or already evaluated step creates nothing on the cluster. A
+    foreign result is imported when the JobSet succeeded (`tasks.run.eval_result`)."""
 
     template_fields = (*RunJobSetOperator.template_fields, "run_dir", "row")
 
@@ -296,7 +304,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         self,
         *,
         settings: GkeSettings,
-        command: JobCommand,
+        job: EvaluateJob,
         run_dir: str,
         row: Mapping[str, Any],
         job_timeout: timedelta | None = None,
@@ -311,7 +319,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
             **kwargs,
         )
         self.settings = settings
-        self.command = command
+        self.job = job
         self.run_dir = run_dir
         self.row = row
 
@@ -321,29 +329,52 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         if reusable(target):
             return collect(target, context["ti"])
         dag_run = context["dag_run"]
-        values: dict[str, str | int] = {
-            "python": "python",
-            "run_dir": self.run_dir,
-            "step": target.step,
-        }
+        values = evaluate_values(self.run_dir, target.row, "python")
         self.jobset = render_jobset(
             self.settings,
             role="evaluate",
             dag_id=dag_run.dag_id,
             run_id=dag_run.run_id,
             job=f"eval-{target.step}",
-            command=self.command.render(values),
+            command=self.job.job_command.render(values),
+            image=self.job.image,
+            env=self.job.env,
         )
+        if self.job.result.imported:
+            before = baseline(self.job.result, values)
+            context["ti"].xcom_push(
+                key=EVAL_START_XCOM_KEY, value={"ms": now_ms(), "baseline": before.to_dict()}
+            )
         return super().execute(context)
 
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> Any:
         target = eval_target(self.run_dir, dict(self.row))
         try:
             super().execute_complete(context, event)
+            if self.job.result.imported:
+                self._import_result(context, target.row)
         except Exception:
             skip_if_decided(target)  # a lower step passed meanwhile: this failure is moot
             raise
         return collect(target, context["ti"])
+
+    def _import_result(self, context: Context, row: ManifestRow) -> None:
+        """The foreign result of the JobSet that just succeeded, with the wall clock from just
+        before its creation to now as the eval times (`tasks.run.eval_result`)."""
+        ti = context["ti"]
+        start = ti.xcom_pull(task_ids=ti.task_id, key=EVAL_START_XCOM_KEY, map_indexes=ti.map_index)
+        if start is None:
+            raise EvaluationError(
+                f"step {row.step}: no {EVAL_START_XCOM_KEY} recorded before the JobSet was "
+                "created: its eval times are unknown; clear the task to evaluate again"
+            )
+        imported = import_result(
+            self.job.result,
+            evaluate_values(self.run_dir, row, "python"),
+            Baseline.from_dict(start["baseline"]),
+            (start["ms"], now_ms()),
+        )
+        self.log.info("%s", imported.describe())
 
 
 class DeleteEvalJobSetsOperator(_GkeClusterArgs, BaseOperator):

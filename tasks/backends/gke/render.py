@@ -85,9 +85,12 @@ def render_jobset(
     run_id: str,
     job: str,
     command: Sequence[str],
+    image: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The JobSet object that runs `command` (an argument list) as `role`, on the TPU shape
-    `settings` gives that role, named by `jobset_name`.
+    `settings` gives that role, named by `jobset_name`; in `image` (None: the settings' image)
+    with `env` added to the variables rcpflow sets (literal values: ``$(`` is escaped).
 
     The items are passed to the process as they are (no shell, and no Kubernetes ``$(VAR)``
     expansion: ``$(`` is escaped). Raises ValueError naming the bad item, or when JobSet's
@@ -117,7 +120,7 @@ def render_jobset(
     }
     container = {
         "name": CONTAINER,
-        "image": settings.image,
+        "image": settings.image if image is None else image,
         # Kubernetes expands $(VAR) in command args; $$ is its escape, so a Param value can
         # never read the pod's environment.
         "command": [a.replace("$(", "$$(") for a in command],
@@ -147,6 +150,7 @@ def render_jobset(
                 "name": "RCPFLOW_ATTEMPT_ID",
                 "value": "$(RCPFLOW_JOBSET_UID)/$(RCPFLOW_RESTART_ATTEMPT)",
             },
+            *({"name": k, "value": v.replace("$(", "$$(")} for k, v in sorted((env or {}).items())),
         ],
         "resources": {"limits": {"google.com/tpu": shape.chips_per_host}},
     }
