@@ -1,7 +1,8 @@
 """dag.test() of mlperf_grpo_run with the Tunix deployment (docker/deployment.tunix.toml): the
 job templates run Tunix's GRPO trainer and its evaluator on the local backend, to a compliant log.
 
-Skipped only when the ``tunix`` extra is not installed (CI installs it with ``.[all]``).
+The DAG test is skipped only when the ``tunix`` extra is not installed (CI installs it with
+``.[all]``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from airflow_harness import REPO, launched_jobs, recording_python, run_dag_test
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events
+from tasks.deployment import parse_deployment
 from tasks.verdicts import read_verdict
-
-pytest.importorskip("tunix", reason="google-tunix (the project's `tunix` extra) is not installed")
 
 TUNIX_DEPLOYMENT = REPO / "docker" / "deployment.tunix.toml"
 # Seed 0 of the Tunix policy at gbs 256 passes pass@4 > 0.69 at step 20 (measured on CPU, one
@@ -30,9 +30,20 @@ TUNIX_RUN = {
 }
 
 
+def test_the_tunix_deployment_runs_the_tunix_jobs_locally() -> None:
+    d = parse_deployment(
+        TUNIX_DEPLOYMENT.read_text(), source=str(TUNIX_DEPLOYMENT), base_dir=TUNIX_DEPLOYMENT.parent
+    )
+    assert d.backend == "local" and d.storage_root == str(REPO / "runs")
+    assert d.jobs.train.command[:3] == ("{python}", "-m", "tpu_jobs.tunix_train")
+    assert d.jobs.evaluate.command[:3] == ("{python}", "-m", "tpu_jobs.tunix_evaluate")
+    assert d.jobs.evaluate.result.format == "rcpflow"  # the evaluator writes rcpflow's summary
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_run_dag_with_the_tunix_jobs_ends_compliant(airflow_db: str, tmp_path: Path) -> None:
+    pytest.importorskip("tunix", reason="google-tunix (the project's `tunix` extra) is missing")
     run_dir = tmp_path / "run"
     python, record = recording_python(tmp_path)
     # The shipped file, with only the interpreter swapped for the recording one (a top-level key
