@@ -151,7 +151,7 @@ Tunix's own async Orbax save of each step |
 what rcpflow's recording adds (goal: at most 1.05) |
 | step time, recorded / none | {med["recorded"] / med["plain"]:.3f} | both together |
 | recorded / checkpoints, per round | {rounds} | \
-its spread: the noise this run could not resolve |
+its spread over the rounds: how much of the difference is noise |
 | recording call / recorded step time | {recording_s / med["recorded"]:.3f} | \
 time in the loop's recording call (block on the update, timestamp, fingerprint) |
 
