@@ -80,8 +80,12 @@ def _child_dirs(folder: str) -> list[str]:
 
 def resolve_under(root: str, relative: str) -> str:
     """`root`/`relative` for a relative path of plain names; NotUnderRoot otherwise."""
-    parts = [p for p in relative.strip("/").split("/") if p]
-    if not parts or not all(_SAFE_PART.match(p) and p not in (".", "..") for p in parts):
+    parts = [p for p in relative.rstrip("/").split("/") if p]
+    if (
+        relative.startswith("/")
+        or not parts
+        or not all(_SAFE_PART.match(p) and p not in (".", "..") for p in parts)
+    ):
         raise NotUnderRoot(f"{relative!r} is not a folder below the storage root")
     return join(root, *parts) if is_gcs(root) else os.path.join(root, *parts)
 
