@@ -61,10 +61,17 @@ class SubmissionEntry:
         return None
 
     @property
-    def passed(self) -> bool:
-        return all(r.compliance is not None and r.compliance.ok for r in self.runs) and all(
-            v is not None and v.ok for _, v in self.verdicts
-        )
+    def all_verdicts(self) -> list[Verdict | None]:
+        """Every check of this submission: each run's compliance, then the checkers."""
+        return [r.compliance for r in self.runs] + [v for _, v in self.verdicts]
+
+    @property
+    def verdict(self) -> str:
+        """PASS when every check ran and passed, FAIL when one that ran failed, else PENDING."""
+        verdicts = self.all_verdicts
+        if any(v is not None and not v.ok for v in verdicts):
+            return "FAIL"
+        return "PASS" if all(v is not None for v in verdicts) else "PENDING"
 
 
 def _child_dirs(folder: str) -> list[str]:

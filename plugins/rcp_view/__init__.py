@@ -31,13 +31,14 @@ FASTAPI_APPS: list[dict[str, Any]] = [
 ]
 
 EXTERNAL_VIEWS: list[dict[str, Any]] = [
-    # The nav entry: the submissions under the storage root, in an iframe at /plugin/mlperf-rcp.
+    # A top-level nav entry: the submissions under the storage root, in an iframe at
+    # /plugin/mlperf-rcp.
     {
         "name": "MLPerf RCP",
         "href": f"{URL_PREFIX}/",
         "url_route": NAV_ROUTE,
         "destination": "nav",
-        "category": "browse",
+        "nav_top_level": True,
     },
     # A tab on every DAG run's page: the submission or run that DAG run worked on.
     {

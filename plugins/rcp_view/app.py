@@ -33,6 +33,7 @@ from tasks.status_adapter import RunStatus, run_status
 from tasks.storage_index import (
     COMPLIANCE_TOOL,
     NotUnderRoot,
+    SubmissionEntry,
     resolve_under,
     submission_entry,
     submission_names,
@@ -56,7 +57,7 @@ def _run_dir(path: str) -> str:
         raise HTTPException(404, str(exc)) from exc
 
 
-def _submission(name: str) -> Any:
+def _submission(name: str) -> SubmissionEntry:
     try:
         return submission_entry(storage_root(), name)
     except NotUnderRoot as exc:
@@ -83,6 +84,14 @@ def _json(value: Any) -> JSONResponse:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return JSONResponse(dataclasses.asdict(value))
     return JSONResponse(value)
+
+
+def _submission_json(entry: SubmissionEntry) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(entry),
+        "verdict": entry.verdict,
+        "score_minutes": entry.score_minutes,
+    }
 
 
 def _text_file(path: str, download_name: str) -> Response:
@@ -118,12 +127,12 @@ def create_app() -> FastAPI:
     def api_submissions() -> JSONResponse:
         root = storage_root()
         entries = [submission_entry(root, n) for n in submission_names(root)]
-        submissions = [dataclasses.asdict(e) for e in entries]
+        submissions = [_submission_json(e) for e in entries]
         return _json({"storage_root": root, "submissions": submissions})
 
     @app.get("/api/submission")
     def api_submission(name: SubmissionName) -> JSONResponse:
-        return _json(_submission(name))
+        return _json(_submission_json(_submission(name)))
 
     @app.get("/api/run")
     def api_run(path: RunPath) -> JSONResponse:

@@ -62,8 +62,12 @@ def _verdict(verdict: Verdict | None) -> str:
     return f"<span class='{cls}'>{_e(verdict.headline())}</span>"
 
 
-def _pass_fail(passed: bool) -> str:
-    return "<span class='ok'>PASS</span>" if passed else "<span class='fail'>FAIL</span>"
+def _overall(entry: SubmissionEntry) -> str:
+    verdict = entry.verdict
+    cls = {"PASS": "ok", "FAIL": "fail"}.get(verdict, "muted")
+    missing = sum(v is None for v in entry.all_verdicts)
+    note = f" ({missing} checks not run yet)" if verdict == "PENDING" else ""
+    return f"<span class='{cls}'>{_e(verdict + note)}</span>"
 
 
 def _verdict_errors(verdict: Verdict | None) -> str:
@@ -130,7 +134,7 @@ def index_page(root: str, entries: Sequence[SubmissionEntry], base: str) -> str:
         rows = []
         for e in entries:
             score = "-" if e.score_minutes is None else f"{e.score_minutes:.4f} min"
-            verdict = _pass_fail(e.passed)
+            verdict = _overall(e)
             checks = "<br>".join(_verdict(v) for _, v in e.verdicts)
             rows.append(
                 f"<tr data-submission='{_e(e.name)}'>"
@@ -162,7 +166,7 @@ def _plot_block(kind: str, **params: str) -> str:
 
 def submission_page(entry: SubmissionEntry, base: str) -> str:
     score = "-" if entry.score_minutes is None else f"{entry.score_minutes:.4f} minutes"
-    verdict = _pass_fail(entry.passed)
+    verdict = _overall(entry)
     report = (
         _link(_q("file/report", name=entry.name), "report.md")
         if entry.report_path

@@ -121,6 +121,9 @@ def test_submissions_json_is_what_storage_holds(get: Any, storage_root: Path) ->
     assert rcp is not None and verdicts["rcp_checker"]["ok"] == rcp.ok
     assert verdicts["rcp_checker"]["errors"] == list(rcp.errors)
     assert verdicts["package_checker"] is None and verdicts["result_summarizer"] is None
+    # every compliance check and the RCP checker ran; two checkers did not: not a verdict yet
+    assert sub["verdict"] == ("PENDING" if rcp.ok else "FAIL") and sub["score_minutes"] is None
+    assert get(f"/rcp/api/submission?name={NAME}").json() == sub
     runs = sub["runs"]
     assert [r["seed"] for r in runs] == [1, 2, 3]
     assert [r["dag_run_id"] for r in runs] == [f"{NAME}__seed_{s}" for s in (1, 2, 3)]
@@ -151,6 +154,7 @@ def test_run_page_lists_every_step_and_links_the_grid(get: Any) -> None:
     assert "success: converged at step 20" in page
     assert "compliance_checker: PASS" in page
     sub = get(f"/rcp/submission?name={NAME}").text
+    assert "PENDING (2 checks not run yet)" in sub
     assert f"/dags/mlperf_grpo_run/runs/{NAME}__seed_1' target='_top'" in sub
 
 
