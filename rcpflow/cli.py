@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from rcpflow.eval_import import SOURCE_FORMATS
 from rcpflow.recipe import DIVISIONS
 
 EXIT_OK = 0
@@ -55,6 +56,35 @@ def _manifest_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _manifest_add(args: argparse.Namespace) -> int:
+    from rcpflow.recorder import RecorderError, add_row
+
+    try:
+        row, added = add_row(
+            args.run_dir,
+            args.step,
+            args.checkpoint,
+            args.timestamp_ms,
+            seed=args.seed,
+            val_start_at=args.val_start_at,
+            weights_fingerprint=args.weights_fingerprint,
+        )
+    except RecorderError as e:
+        print(f"invalid: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    what = "added" if added else "already there (identical)"
+    print(f"step {row.step}: row {what}: {row.checkpoint_path} at {row.timestamp_ms}")
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rcpflow.status import render_table, run_status
+
+    status = run_status(args.run_dir)
+    print(status.to_json() if args.json else render_table(status), end="")
+    return EXIT_INVALID if status.manifest_error is not None else EXIT_OK
+
+
 def _finalize(args: argparse.Namespace) -> int:
     from rcpflow.finalize import FinalizeInputError, finalize
 
@@ -99,6 +129,49 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_INVALID
 
 
+def _usage(message: str) -> int:
+    print(f"usage error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _eval_import(args: argparse.Namespace) -> int:
+    from rcpflow.eval_import import EvalImportError, import_eval, import_tree
+
+    times = (args.eval_start_ms, args.eval_stop_ms)
+    if (times[0] is None) != (times[1] is None):
+        return _usage("--eval-start-ms and --eval-stop-ms go together")
+    if args.from_tree is not None:
+        if args.source is not None or args.step is not None or args.format or times[0] is not None:
+            return _usage("--from-tree takes no SOURCE, --step, --format or eval times")
+        try:
+            result = import_tree(args.run_dir, args.from_tree)
+        except EvalImportError as e:
+            print(f"invalid: {e}", file=sys.stderr)
+            return EXIT_INVALID
+        for step in result.steps:
+            print(step.describe())
+        if not result.steps:
+            print(f"invalid: {args.from_tree}: no step_<N>/<attempt>/summary.json", file=sys.stderr)
+            return EXIT_INVALID
+        return EXIT_OK if result.all_imported else EXIT_INVALID
+    if args.source is None or args.step is None:
+        return _usage("give --step N SOURCE, or --from-tree DIR")
+    try:
+        imported = import_eval(
+            args.run_dir,
+            args.step,
+            args.source,
+            eval_times=None if times[0] is None else (times[0], times[1]),
+            fmt=args.format,
+            attempts=args.attempts,
+        )
+    except EvalImportError as e:
+        print(f"invalid: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    print(imported.describe())
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rcpflow", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -114,6 +187,40 @@ def build_parser() -> argparse.ArgumentParser:
     mv.add_argument("manifest")
     mv.add_argument("--mllog", default=None, help="MLLOG for the stale-row check")
     mv.set_defaults(func=_manifest_validate)
+    ma = msub.add_parser(
+        "add",
+        help="record a committed checkpoint (trainers that are not Python); the run's fields "
+        "come from its MLLOG; exit 0 added or identical, 1 refused (names the step and why)",
+    )
+    ma.add_argument("run_dir")
+    ma.add_argument("--step", type=int, required=True)
+    ma.add_argument("--checkpoint", required=True, help="the committed checkpoint (must exist)")
+    ma.add_argument("--timestamp-ms", type=int, required=True, help="its weight-update time")
+    ma.add_argument("--seed", type=int, help="picks mllog/seed_<n>.out (default: the only one)")
+    ma.add_argument("--val-start-at", type=int, help="default: the rows', else the recipe's")
+    ma.add_argument("--weights-fingerprint")
+    ma.set_defaults(func=_manifest_add)
+
+    e = sub.add_parser("eval", help="evaluation results")
+    esub = e.add_subparsers(dest="eval_command", required=True)
+    ei = esub.add_parser(
+        "import",
+        help="verify another evaluator's result and write eval/step_N/summary.json; exit 0 "
+        "imported, 1 invalid (names the file, field or line; nothing written), 2 usage",
+    )
+    ei.add_argument("run_dir")
+    ei.add_argument("source", nargs="?", help="summary.json or attempt records (local or gs://)")
+    ei.add_argument("--step", type=int, help="the manifest row the result belongs to")
+    ei.add_argument("--eval-start-ms", type=int, help="eval wall clock (else from the source)")
+    ei.add_argument("--eval-stop-ms", type=int)
+    ei.add_argument("--format", choices=SOURCE_FORMATS, help="default: detected")
+    ei.add_argument("--attempts", help="attempt records beside a summary (default: its attempts/)")
+    ei.add_argument(
+        "--from-tree",
+        metavar="DIR",
+        help="import every step of DIR/step_<N>/<stamp>-<id>/summary.json (newest valid one)",
+    )
+    ei.set_defaults(func=_eval_import)
 
     f = sub.add_parser(
         "finalize",
@@ -122,6 +229,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("run_dir")
     f.set_defaults(func=_finalize)
+
+    st = sub.add_parser(
+        "status",
+        help="per checkpoint: summary, gate decision, and what finalize would write now; exit 0, "
+        "1 when the manifest cannot be read",
+    )
+    st.add_argument("run_dir")
+    st.add_argument("--json", action="store_true", help="the same data as JSON")
+    st.set_defaults(func=_status)
 
     c = sub.add_parser("check", help="official compliance checker verdict, exit 0/1")
     c.add_argument("log")
@@ -137,7 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse fills positionals from the first run of them, so in `eval import RUN_DIR --step N
+    # SOURCE` the SOURCE after the option comes back unparsed: it is the source.
+    importing = args.command == "eval" and args.eval_command == "import"
+    if importing and args.source is None and len(extra) == 1 and not extra[0].startswith("-"):
+        args.source, extra = extra[0], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.func(args)
 
 

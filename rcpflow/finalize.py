@@ -13,15 +13,17 @@ The write is atomic, and the same inputs always give the same bytes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from rcpflow.gate import passes
 from rcpflow.layout import RunLayout
-from rcpflow.manifest import Manifest, ManifestError, load
+from rcpflow.manifest import Manifest, ManifestError, ManifestRow, load
 from rcpflow.mllog import EVAL_SECTION_KEYS, MLLOG_PREFIX, EventRenderer, MLLogError, parse
 from rcpflow.storage import storage_for
-from rcpflow.summary import EvalSummary, SummaryError, read_summary, summary_problems
+from rcpflow.summary import EvalSummary
+from rcpflow.verify import evaluate_step
 
 Status = Literal["success", "aborted", "incomplete"]
 
@@ -101,6 +103,49 @@ def eval_events(renderer: EventRenderer, summary: EvalSummary) -> list[str]:
     ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the eval section says, decided from the run's summaries."""
+
+    status: Status
+    reason: str
+    end_row: ManifestRow | None  # the row run_stop is backdated to
+    evaluated: tuple[EvalSummary, ...]  # valid summaries in step order, up to the decision
+
+
+def decide(run_dir: str, rows: Sequence[ManifestRow]) -> Verdict:
+    """Walk `rows` by step: the first valid summary above the target ends the run (success);
+    all up to max_steps valid and none above: aborted; a missing or invalid one first:
+    incomplete. An unreadable summary raises `FinalizeInputError`."""
+    evaluated: list[EvalSummary] = []
+    for row in rows:
+        found = evaluate_step(run_dir, row)
+        if found.state == "missing":
+            reason = f"step {row.step}: no eval summary at {found.summary_path}"
+            return Verdict("incomplete", reason, None, tuple(evaluated))
+        if found.state == "unreadable":
+            raise FinalizeInputError(f"step {row.step}: {found.problems[0]}")
+        if found.summary is None or not found.valid:
+            reason = f"step {row.step}: summary not valid: {'; '.join(found.problems)}"
+            return Verdict("incomplete", reason, None, tuple(evaluated))
+        evaluated.append(found.summary)
+        if passes(found.summary, row):
+            reason = (
+                f"step {row.step}: eval_accuracy {found.summary.eval_accuracy:.4f} > target "
+                f"{row.target_accuracy}"
+            )
+            return Verdict("success", reason, row, tuple(evaluated))
+    last = rows[-1]
+    if last.step == last.max_steps:
+        reason = f"all steps up to max_steps {last.max_steps} evaluated; none above target"
+        return Verdict("aborted", reason, last, tuple(evaluated))
+    reason = (
+        f"step {last.step}: training stopped before max_steps {last.max_steps} and no "
+        "checkpoint passed"
+    )
+    return Verdict("incomplete", reason, None, tuple(evaluated))
+
+
 def finalize(run_dir: str) -> FinalizeResult:
     layout = RunLayout(run_dir)
     try:
@@ -118,44 +163,12 @@ def finalize(run_dir: str) -> FinalizeResult:
     training = _training_section(original, log_path)
     _check_log_matches(training, manifest, log_path)
 
+    verdict = decide(run_dir, manifest.rows)
+    status, end_row = verdict.status, verdict.end_row
     renderer = EventRenderer()
     lines: list[str] = []
-    evaluated: list[int] = []
-    status: Status = "incomplete"
-    reason = ""
-    end_row = None
-    for row in manifest.rows:
-        path = layout.summary(row.step)
-        if not storage_for(path).exists(path):
-            reason = f"step {row.step}: no eval summary at {path}"
-            break
-        try:
-            summary = read_summary(path)
-        except SummaryError as e:
-            raise FinalizeInputError(f"step {row.step}: {e}") from e
-        problems = summary_problems(summary, row)
-        if problems:
-            reason = f"step {row.step}: summary not valid: {'; '.join(problems)}"
-            break
+    for summary in verdict.evaluated:
         lines += eval_events(renderer, summary)  # valid: its step and samples are the row's
-        evaluated.append(row.step)
-        if passes(summary, row):
-            status, end_row = "success", row
-            reason = (
-                f"step {row.step}: eval_accuracy {summary.eval_accuracy:.4f} > target "
-                f"{row.target_accuracy}"
-            )
-            break
-    else:
-        last = manifest.rows[-1]
-        if last.step == last.max_steps:
-            status, end_row = "aborted", last
-            reason = f"all steps up to max_steps {last.max_steps} evaluated; none above target"
-        else:
-            reason = (
-                f"step {last.step}: training stopped before max_steps {last.max_steps} "
-                "and no checkpoint passed"
-            )
     if end_row is not None:
         lines.append(
             renderer.render(
@@ -180,10 +193,10 @@ def finalize(run_dir: str) -> FinalizeResult:
     return FinalizeResult(
         status=status,
         log_path=log_path,
-        reason=reason,
+        reason=verdict.reason,
         step=end_row.step if end_row else None,
         samples_count=end_row.samples_count if end_row else None,
         time_ms=end_row.timestamp_ms if end_row else None,
-        evaluated_steps=tuple(evaluated),
+        evaluated_steps=tuple(s.checkpoint_step for s in verdict.evaluated),
         warnings=manifest.warnings,
     )

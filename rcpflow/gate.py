@@ -10,22 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rcpflow.layout import RunLayout
 from rcpflow.manifest import ManifestRow
-from rcpflow.storage import storage_for
-from rcpflow.summary import EvalSummary, SummaryError, read_summary, summary_problems
+from rcpflow.summary import EvalSummary
+from rcpflow.verify import evaluate_step
 
 
 def valid_summary(run_dir: str, row: ManifestRow) -> EvalSummary | None:
-    """The summary of `row`'s checkpoint if one exists and is valid for it (to reuse), else None."""
-    path = RunLayout(run_dir).summary(row.step)
-    if not storage_for(path).exists(path):
-        return None
-    try:
-        summary = read_summary(path)
-    except SummaryError:
-        return None  # unreadable: evaluate again rather than trust it
-    return None if summary_problems(summary, row) else summary
+    """The summary of `row`'s checkpoint if one exists and is valid for it (to reuse), else None:
+    an unreadable or invalid one is evaluated again rather than trusted."""
+    found = evaluate_step(run_dir, row)
+    return found.summary if found.valid else None
 
 
 def passes(summary: EvalSummary, row: ManifestRow) -> bool:

@@ -156,8 +156,10 @@ def _resolved(row: ManifestRow, base: str) -> ManifestRow:
     )
 
 
-def validate_rows(rows: Sequence[ManifestRow], where: str) -> None:
-    """Contract checks on rows already free of stale ones; raises naming the step."""
+def check_consistent(rows: Sequence[ManifestRow], where: str) -> None:
+    """Rows that may belong to one run, in any order and not yet contiguous: one per step,
+    agreeing on the run's fields, with samples_count = step x gbs and timestamps that increase
+    with the step. Raises naming the step."""
     by_step: dict[int, ManifestRow] = {}
     for r in rows:
         if r.step in by_step:
@@ -186,6 +188,25 @@ def validate_rows(rows: Sequence[ManifestRow], where: str) -> None:
             )
         if r.step > r.max_steps:
             raise ManifestError(f"{where}: step {r.step}: beyond max_steps {r.max_steps}")
+        if r.step < r.val_start_at:
+            raise ManifestError(
+                f"{where}: step {r.step}: before val_start_at {r.val_start_at} (never evaluated)"
+            )
+    for prev, r in itertools.pairwise(ordered):
+        if r.timestamp_ms <= prev.timestamp_ms:
+            raise ManifestError(
+                f"{where}: step {r.step}: timestamp_ms {r.timestamp_ms} is not after step "
+                f"{prev.step}'s {prev.timestamp_ms}"
+            )
+
+
+def validate_rows(rows: Sequence[ManifestRow], where: str) -> None:
+    """Contract checks on rows already free of stale ones; raises naming the step."""
+    check_consistent(rows, where)
+    ordered = sorted(rows, key=lambda r: r.step)
+    if not ordered:
+        return
+    first = ordered[0]
     if first.step != first.val_start_at:
         raise ManifestError(
             f"{where}: step {first.step}: first checkpoint must be the validation start step "
@@ -193,14 +214,13 @@ def validate_rows(rows: Sequence[ManifestRow], where: str) -> None:
         )
     for prev, r in itertools.pairwise(ordered):
         if r.step != prev.step + 1:
-            raise ManifestError(
-                f"{where}: step {r.step}: gap after step {prev.step} (steps must be contiguous)"
-            )
-        if r.timestamp_ms <= prev.timestamp_ms:
-            raise ManifestError(
-                f"{where}: step {r.step}: timestamp_ms {r.timestamp_ms} is not after step "
-                f"{prev.step}'s {prev.timestamp_ms}"
-            )
+            raise ManifestError(f"{where}: {gap_message(prev.step, r.step)}")
+
+
+def gap_message(before: int, after: int) -> str:
+    """``steps 20 missing between 19 and 21`` (``steps 20..22`` for a longer gap)."""
+    missing = f"{before + 1}" if after - before == 2 else f"{before + 1}..{after - 1}"
+    return f"steps {missing} missing between {before} and {after} (steps must be contiguous)"
 
 
 def load(manifest_path: str, mllog_path: str | None = None) -> Manifest:

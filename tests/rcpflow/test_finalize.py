@@ -206,7 +206,7 @@ def test_cli_manifest_validate_and_val_start(tmp_path):
     assert p.returncode == 0 and "3 rows" in p.stdout
     Path(run.layout.manifest).write_text(run.row(18).to_json() + "\n" + run.row(20).to_json())
     p = _cli("manifest", "validate", run.layout.manifest)
-    assert p.returncode == 1 and "step 20" in p.stderr
+    assert p.returncode == 1 and "steps 19 missing between 18 and 20" in p.stderr
     p = _cli("val-start", "--global-batch-size", "512")
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "10"
     p = _cli("val-start", "--global-batch-size", "100")

@@ -1,0 +1,210 @@
+"""Per-attempt evaluation records, in the formats evaluators write, as attempts per task.
+
+Three formats, one JSON object a line, told apart by their fields (or named by the caller):
+
+- ``rcpflow``: rcpflow's evaluator (`instance` 0..250, `attempt` 0..3, `status` resolved / failed /
+  error, `reward`); every record counts, an (instance, attempt) twice is an error.
+- ``deepswe``: Tunix's DeepSWE records (`schema` canon.p46.deepswe-eval.trajectory.v4). A task is
+  its `task_key` (= `docker_image`); per (task, `sample_index`) the *valid* record counts. Invalid
+  records are infrastructure failures that tool retried: never counted (retrying a valid failure
+  would bias the rate), so two valid records of one (task, sample) are an error.
+- ``r2egym``: R2E-Gym trajectories; a task is its `docker_image`, `reward` 1.0 is resolved,
+  `exit_reason` "env_exception" is an infrastructure failure (not counted), at most 4 others.
+
+A record that contradicts itself (Tunix's `solved` != valid and reward == 1.0, a valid record
+with a status that is not a model outcome) is an error naming the line. Tasks are mapped onto the
+benchmark's fixed 251: a task with fewer than 4 counted attempts leaves the rest missing (the
+summary is then incomplete, never a pass); more than 251 tasks is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rcpflow import recipe
+from rcpflow.summary import AttemptResult
+
+AttemptFormat = Literal["rcpflow", "deepswe", "r2egym"]
+ATTEMPT_FORMATS: tuple[AttemptFormat, ...] = ("rcpflow", "deepswe", "r2egym")
+DEEPSWE_SCHEMA = "canon.p46.deepswe-eval.trajectory.v4"
+# Tunix's completed model outcomes, solved or not; anything else is an infrastructure failure.
+DEEPSWE_VALID_STATUSES = frozenset(
+    {"SUCCEEDED", "MAX_STEPS_REACHED", "MAX_CONTEXT_LIMIT_REACHED", "MODEL_TIMEOUT", "TIMEOUT"}
+)
+R2EGYM_INFRA_FAILURE = "env_exception"
+RCPFLOW_STATUSES = ("resolved", "failed", "error")
+
+
+class AttemptsError(ValueError):
+    """Records that cannot be counted; the message names the file and line (or task)."""
+
+
+@dataclass(frozen=True)
+class TaskAttempts:
+    task: str
+    attempts: tuple[AttemptResult, ...]
+
+
+@dataclass(frozen=True)
+class AttemptSet:
+    """The counted attempts of one evaluation, per task, sorted by task."""
+
+    format: AttemptFormat
+    tasks: tuple[TaskAttempts, ...]
+    # Records that were not counted: infrastructure failures the evaluator retried.
+    not_counted: int
+
+    def per_instance(self) -> list[list[AttemptResult]]:
+        return [list(t.attempts) for t in self.tasks]
+
+    @property
+    def short_tasks(self) -> tuple[str, ...]:
+        """Tasks with fewer counted attempts than the benchmark needs."""
+        need = recipe.EVAL_ATTEMPTS_PER_INSTANCE
+        return tuple(t.task for t in self.tasks if len(t.attempts) < need)
+
+
+def detect_format(record: Mapping[str, Any]) -> AttemptFormat | None:
+    if "schema" in record:
+        return "deepswe"
+    if "docker_image" in record and "exit_reason" in record:
+        return "r2egym"
+    if {"instance", "attempt", "status"} <= set(record):
+        return "rcpflow"
+    return None
+
+
+def _number(record: Mapping[str, Any], key: str, where: str) -> float:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise AttemptsError(f"{where}: {key} must be a number, got {value!r}")
+    return float(value)
+
+
+def _int(record: Mapping[str, Any], key: str, where: str, limit: int) -> int:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+        raise AttemptsError(f"{where}: {key} must be an integer in 0..{limit - 1}, got {value!r}")
+    return value
+
+
+def _str(record: Mapping[str, Any], key: str, where: str) -> str:
+    value = record.get(key)
+    if not isinstance(value, str) or not value:
+        raise AttemptsError(f"{where}: {key} must be a non-empty string, got {value!r}")
+    return value
+
+
+# A reader turns one record into (task, slot, attempt), or None when it is not counted. A slot
+# (the attempt's index) may occur once per task; None: the format numbers no attempts.
+Counted = tuple[str, object | None, AttemptResult] | None
+
+
+def _rcpflow(record: Mapping[str, Any], where: str) -> Counted:
+    instance = _int(record, "instance", where, recipe.EVAL_SAMPLES)
+    attempt = _int(record, "attempt", where, recipe.EVAL_ATTEMPTS_PER_INSTANCE)
+    status = record.get("status")
+    if status not in RCPFLOW_STATUSES:
+        raise AttemptsError(f"{where}: status {status!r} is not one of {RCPFLOW_STATUSES}")
+    reward = _number(record, "reward", where)
+    if (status == "resolved") != (reward == 1.0) and status != "error":
+        raise AttemptsError(f"{where}: status {status} does not match reward {reward}")
+    return f"{instance:03d}", attempt, AttemptResult(status, reward)
+
+
+def _deepswe(record: Mapping[str, Any], where: str) -> Counted:
+    if record.get("schema") != DEEPSWE_SCHEMA:
+        raise AttemptsError(f"{where}: schema {record.get('schema')!r} is not {DEEPSWE_SCHEMA}")
+    task = _str(record, "task_key", where)
+    if record.get("docker_image") != task:
+        raise AttemptsError(
+            f"{where}: task_key {task!r} != docker_image {record.get('docker_image')!r}"
+        )
+    sample = _int(record, "sample_index", where, recipe.EVAL_ATTEMPTS_PER_INSTANCE)
+    valid, solved = record.get("valid"), record.get("solved")
+    if not isinstance(valid, bool) or not isinstance(solved, bool):
+        raise AttemptsError(f"{where}: valid and solved must be booleans")
+    status = _str(record, "status", where)
+    reward = _number(record, "reward", where)
+    if solved != (valid and reward == 1.0):
+        raise AttemptsError(
+            f"{where}: solved {solved} but valid {valid} and reward {reward} (solved means "
+            "valid and reward 1.0)"
+        )
+    if not valid:
+        return None
+    if status not in DEEPSWE_VALID_STATUSES:
+        raise AttemptsError(
+            f"{where}: valid record with status {status!r}, not a model outcome "
+            f"({', '.join(sorted(DEEPSWE_VALID_STATUSES))})"
+        )
+    return task, sample, AttemptResult("resolved" if solved else "failed", reward, label=status)
+
+
+def _r2egym(record: Mapping[str, Any], where: str) -> Counted:
+    task = _str(record, "docker_image", where)
+    reason = _str(record, "exit_reason", where)
+    reward = _number(record, "reward", where)
+    if reason == R2EGYM_INFRA_FAILURE:
+        return None
+    outcome = "resolved" if reward == 1.0 else "failed"
+    return task, None, AttemptResult(outcome, reward, label=reason)
+
+
+_READERS: dict[AttemptFormat, Callable[[Mapping[str, Any], str], Counted]] = {
+    "rcpflow": _rcpflow,
+    "deepswe": _deepswe,
+    "r2egym": _r2egym,
+}
+
+
+def parse_attempts(text: str, where: str, fmt: AttemptFormat | None = None) -> AttemptSet:
+    """The counted attempts of `text`; the format is detected from the first record unless
+    given, and every record must be of that format."""
+    per_task: dict[str, list[AttemptResult]] = {}
+    slots: set[tuple[str, object]] = set()
+    not_counted = 0
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        at = f"{where}: line {line_no}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise AttemptsError(f"{at}: not JSON ({e.msg})") from e
+        if not isinstance(record, dict):
+            raise AttemptsError(f"{at}: a record must be a JSON object")
+        found = detect_format(record)
+        if fmt is None:
+            if found is None:
+                raise AttemptsError(f"{at}: not an attempt record of {', '.join(ATTEMPT_FORMATS)}")
+            fmt = found
+        elif found != fmt:
+            raise AttemptsError(f"{at}: not a {fmt} record ({found or 'unknown'} format)")
+        counted = _READERS[fmt](record, at)
+        if counted is None:
+            not_counted += 1
+            continue
+        task, slot, attempt = counted
+        if slot is not None:
+            if (task, slot) in slots:
+                raise AttemptsError(f"{at}: task {task} attempt {slot} is counted twice")
+            slots.add((task, slot))
+        per_task.setdefault(task, []).append(attempt)
+    if fmt is None:
+        raise AttemptsError(f"{where}: no attempt records")
+    for task, attempts in per_task.items():
+        if len(attempts) > recipe.EVAL_ATTEMPTS_PER_INSTANCE:
+            raise AttemptsError(
+                f"{where}: task {task}: {len(attempts)} counted attempts, "
+                f"{recipe.EVAL_ATTEMPTS_PER_INSTANCE} expected"
+            )
+    if len(per_task) > recipe.EVAL_SAMPLES:
+        raise AttemptsError(
+            f"{where}: {len(per_task)} tasks, the benchmark evaluates {recipe.EVAL_SAMPLES}"
+        )
+    tasks = tuple(TaskAttempts(t, tuple(per_task[t])) for t in sorted(per_task))
+    return AttemptSet(format=fmt, tasks=tasks, not_counted=not_counted)

@@ -1,0 +1,312 @@
+"""Import another evaluator's result for one checkpoint into a run: ``eval/step_<n>/summary.json``.
+
+A source (a local path or ``gs://``) is a summary (rcpflow's, or Tunix's, which has no eval wall
+clock) or per-attempt records (`rcpflow.attempts`: rcpflow's, Tunix DeepSWE, R2E-Gym). The
+result must be about manifest row N's checkpoint (a summary built from attempts takes the row's
+step, timestamp and samples), and is verified as every summary is (`rcpflow.summary`); attempts
+given beside a summary must give its pass@k. Eval times come from the caller (the pipeline's
+clock, as Tunix's pipeline did) or the source; neither: refused, a time is never invented.
+Anything not valid is refused with the file, field or line, and nothing is written. What is
+written is rcpflow's canonical summary (its `target_reached` is rcpflow's ``>``) and, verbatim,
+the attempts it was built from; the same source gives the same bytes. The MLLOG is never touched:
+finalize writes it from what is imported here.
+
+`import_tree` backfills an old run from a Tunix-style tree
+``DIR/step_<N>/<stamp>-<id>/summary.json``: per step the newest attempt that imports (complete
+and valid) wins; the others are reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rcpflow import recipe
+from rcpflow.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_attempts
+from rcpflow.layout import RunLayout, dirname, join
+from rcpflow.manifest import ManifestError, ManifestRow, load
+from rcpflow.storage import storage_for
+from rcpflow.summary import (
+    TIME_FIELDS,
+    EvalSummary,
+    Problem,
+    SummaryError,
+    build_summary,
+    recomputed_problems,
+    validity_problems,
+    write_summary,
+)
+from rcpflow.verify import ATTEMPTS_FILE, attempts_file
+
+SourceFormat = Literal["rcpflow-summary", "tunix-summary", "rcpflow-attempts", "deepswe", "r2egym"]
+SOURCE_FORMATS: tuple[SourceFormat, ...] = (
+    "rcpflow-summary",
+    "tunix-summary",
+    "rcpflow-attempts",
+    "deepswe",
+    "r2egym",
+)
+_ATTEMPT_FORMATS: dict[SourceFormat, AttemptFormat] = {
+    "rcpflow-attempts": "rcpflow",
+    "deepswe": "deepswe",
+    "r2egym": "r2egym",
+}
+_SUMMARY_FORMATS: tuple[SourceFormat, ...] = ("rcpflow-summary", "tunix-summary")
+_SUMMARY_KEYS = frozenset({"instances", "pass_at_k"})
+_TREE_SUMMARY = re.compile(r"/step_(\d+)/([^/]+)/summary\.json")
+# Tasks named when some have too few attempts; the rest are counted.
+_NAMED_TASKS = 5
+
+
+class EvalImportError(ValueError):
+    """The source cannot be imported for that step; names the file, field or line."""
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    step: int
+    source: str
+    format: SourceFormat
+    summary_path: str
+    summary: EvalSummary
+    attempts_source: str | None  # the attempts the summary was built from or checked against
+    attempts_path: str | None  # where they were copied in the run
+    times_from: Literal["source", "caller"]
+    not_counted: int  # infrastructure failures the evaluator retried: in no count
+    notes: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        s = self.summary
+        verdict = ">" if s.eval_accuracy > s.target_accuracy else "<="
+        parts = [
+            f"step {self.step}: imported {self.format} {self.source} -> {self.summary_path}",
+            f"pass@{recipe.PASS_K} {s.eval_accuracy:.4f} ({verdict} target {s.target_accuracy})",
+            f"{s.resolved_attempts}/{s.expected_attempts} attempts resolved",
+            f"eval times from the {self.times_from}",
+        ]
+        if self.not_counted:
+            parts.append(f"{self.not_counted} retried infrastructure failures not counted")
+        return ", ".join(parts + list(self.notes))
+
+
+@dataclass(frozen=True)
+class StepImport:
+    """One step of a tree: what was imported, and every newer attempt that was rejected."""
+
+    step: int
+    imported: ImportResult | None
+    rejected: tuple[tuple[str, str], ...]  # (source, why)
+
+    def describe(self) -> str:
+        lines = (
+            [self.imported.describe()] if self.imported else [f"step {self.step}: nothing imported"]
+        )
+        lines += [f"step {self.step}: rejected: {why}" for _, why in self.rejected]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TreeImport:
+    tree: str
+    steps: tuple[StepImport, ...]
+
+    @property
+    def all_imported(self) -> bool:
+        return all(s.imported is not None for s in self.steps)
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        return storage_for(path).read_bytes(path)
+    except FileNotFoundError as e:
+        raise EvalImportError(f"{path}: no such {what}") from e
+
+
+def _row(run_dir: str, step: int) -> ManifestRow:
+    try:
+        return load(RunLayout(run_dir).manifest).row(step)
+    except ManifestError as e:
+        raise EvalImportError(str(e)) from e
+
+
+def detect(text: str, where: str) -> SourceFormat:
+    """The format of a source: a JSON object with a summary's fields, else attempt records."""
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict) and set(whole) >= _SUMMARY_KEYS:
+        # Told apart for the report only: Tunix writes rcp_logged and no eval times.
+        tunix = "rcp_logged" in whole or not any(k in whole for k in TIME_FIELDS)
+        return "tunix-summary" if tunix else "rcpflow-summary"
+    try:
+        found = parse_attempts(text, where)
+    except AttemptsError as e:
+        raise EvalImportError(f"{where}: neither a summary nor attempt records ({e})") from e
+    return {v: k for k, v in _ATTEMPT_FORMATS.items()}[found.format]
+
+
+def _short_tasks(found: AttemptSet) -> list[Problem]:
+    short = found.short_tasks
+    missing_tasks = recipe.EVAL_SAMPLES - len(found.tasks)
+    out = []
+    if short:
+        named = ", ".join(short[:_NAMED_TASKS]) + (", ..." if len(short) > _NAMED_TASKS else "")
+        out.append(
+            Problem(
+                "attempts",
+                f"{len(short)} task(s) with fewer than {recipe.EVAL_ATTEMPTS_PER_INSTANCE} "
+                f"valid attempts: {named}",
+            )
+        )
+    if missing_tasks:
+        out.append(
+            Problem(
+                "attempts",
+                f"{len(found.tasks)} of {recipe.EVAL_SAMPLES} tasks have records; "
+                f"{missing_tasks} never ran",
+            )
+        )
+    return out
+
+
+def _parse_attempts(text: str, where: str, fmt: AttemptFormat | None) -> AttemptSet:
+    try:
+        return parse_attempts(text, where, fmt)
+    except AttemptsError as e:
+        raise EvalImportError(str(e)) from e
+
+
+def import_eval(
+    run_dir: str,
+    step: int,
+    source: str,
+    *,
+    eval_times: tuple[int, int] | None = None,
+    fmt: SourceFormat | None = None,
+    attempts: str | None = None,
+) -> ImportResult:
+    """Verify `source` as the evaluation of manifest row `step` and write it into `run_dir`.
+
+    `attempts` names the records beside a summary source (default: its folder's
+    ``attempts/attempts.jsonl`` when there is one). Raises `EvalImportError`, writing nothing.
+    """
+    row = _row(run_dir, step)
+    text = _read(source, "source").decode("utf-8")
+    detected = detect(text, source)
+    summary_source = detected in _SUMMARY_FORMATS
+    # rcpflow's and Tunix's summaries differ only in the eval times: one reader for both.
+    if fmt is not None and fmt != detected and not (summary_source and fmt in _SUMMARY_FORMATS):
+        raise EvalImportError(f"{source}: --format {fmt} but the file is {detected}")
+    if eval_times is not None and eval_times[1] < eval_times[0]:
+        raise EvalImportError(f"eval times: stop {eval_times[1]} is before start {eval_times[0]}")
+    layout = RunLayout(run_dir)
+    notes: list[str] = []
+    attempts_text: str | None = None
+    not_counted = 0
+    if summary_source:
+        d: Any = json.loads(text)
+        has_times = all(k in d for k in TIME_FIELDS)
+        if eval_times is None and not has_times:
+            raise EvalImportError(
+                f"{source}: no eval_start_ms/eval_stop_ms (a {detected} carries no eval wall "
+                "clock): give --eval-start-ms and --eval-stop-ms; a time is never invented"
+            )
+        if eval_times is not None and has_times:
+            notes.append(f"the source's times {d['eval_start_ms']}..{d['eval_stop_ms']} replaced")
+        try:
+            summary = EvalSummary.from_dict(d, source, eval_times)
+        except SummaryError as e:
+            raise EvalImportError(str(e)) from e
+        if attempts is None:
+            beside = join(dirname(source), "attempts", ATTEMPTS_FILE)
+            attempts = beside if storage_for(beside).exists(beside) else None
+        problems = validity_problems(summary, row)
+        if attempts is not None:
+            attempts_text = _read(attempts, "attempts file").decode("utf-8")
+            found = _parse_attempts(attempts_text, attempts, None)
+            not_counted = found.not_counted
+            problems += recomputed_problems(summary, found.per_instance(), attempts)
+        times_from: Literal["source", "caller"] = "caller" if eval_times else "source"
+    else:
+        if attempts is not None:
+            raise EvalImportError(f"{attempts}: a second attempts file for attempt records")
+        if eval_times is None:
+            raise EvalImportError(
+                f"{source}: attempt records carry no eval wall clock: give --eval-start-ms and "
+                "--eval-stop-ms; a time is never invented"
+            )
+        found = _parse_attempts(text, source, _ATTEMPT_FORMATS[detected])
+        not_counted = found.not_counted
+        summary = build_summary(
+            found.per_instance(),
+            attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
+            instances=recipe.EVAL_SAMPLES,
+            checkpoint_step=row.step,
+            checkpoint_timestamp_ms=row.timestamp_ms,
+            samples_count=row.samples_count,
+            target_accuracy=row.target_accuracy,
+            eval_start_ms=eval_times[0],
+            eval_stop_ms=eval_times[1],
+        )
+        problems = _short_tasks(found) + validity_problems(summary, row)
+        attempts, attempts_text, times_from = source, text, "caller"
+    if problems:
+        raise EvalImportError(
+            f"{source}: not valid for step {step}: " + "; ".join(map(str, problems))
+        )
+    reached = summary.eval_accuracy > row.target_accuracy  # valid: complete, no fatal error
+    if reached != summary.target_reached:
+        notes.append(f"target_reached {reached} (the source said {summary.target_reached})")
+        summary = dataclasses.replace(summary, target_reached=reached)
+    # Attempts first: a crash between the two writes leaves a summary that disagrees with them
+    # (not valid, evaluated again), never an unchecked one.
+    copied = attempts_file(run_dir, step)
+    if attempts_text is not None:
+        storage_for(copied).write_atomic(copied, attempts_text.encode())
+    else:
+        storage_for(copied).delete(copied)  # an earlier evaluation's attempts are not these
+    path = layout.summary(step)
+    write_summary(path, summary)
+    return ImportResult(
+        step=step,
+        source=source,
+        format=fmt or detected,
+        summary_path=path,
+        summary=summary,
+        attempts_source=attempts,
+        attempts_path=copied if attempts_text is not None else None,
+        times_from=times_from,
+        not_counted=not_counted,
+        notes=tuple(notes),
+    )
+
+
+def tree_summaries(tree: str) -> dict[int, list[str]]:
+    """Summaries of a Tunix-style tree per step, newest attempt first (stamps sort by time)."""
+    root = tree.rstrip("/")
+    found: dict[int, list[tuple[str, str]]] = {}
+    for path in storage_for(root).list(root):
+        m = _TREE_SUMMARY.fullmatch(path[len(root) :])
+        if m is not None:
+            found.setdefault(int(m.group(1)), []).append((m.group(2), path))
+    return {s: [p for _, p in sorted(v, reverse=True)] for s, v in sorted(found.items())}
+
+
+def import_tree(run_dir: str, tree: str) -> TreeImport:
+    """Per step of `tree`, import the newest attempt that is complete and valid."""
+    steps = []
+    for step, sources in tree_summaries(tree).items():
+        rejected: list[tuple[str, str]] = []
+        imported = None
+        for source in sources:
+            try:
+                imported = import_eval(run_dir, step, source)
+                break
+            except EvalImportError as e:
+                rejected.append((source, str(e)))
+        steps.append(StepImport(step=step, imported=imported, rejected=tuple(rejected)))
+    return TreeImport(tree=tree, steps=tuple(steps))

@@ -1,0 +1,82 @@
+"""Whether a run's evaluation of one checkpoint stands: its summary, checked against everything.
+
+One answer for the gate, finalize and `rcpflow status`: the summary at ``eval/step_<n>/`` must be
+readable, valid for the manifest row (`rcpflow.summary.validity_problems`) and, when the attempts
+it was built from are there (``attempts/attempts.jsonl``, in any format `rcpflow.attempts`
+reads), give the same pass@k as they do. Anything else is not a pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rcpflow.attempts import AttemptsError, parse_attempts
+from rcpflow.layout import RunLayout, join
+from rcpflow.manifest import ManifestRow
+from rcpflow.storage import storage_for
+from rcpflow.summary import (
+    EvalSummary,
+    Problem,
+    SummaryError,
+    read_summary,
+    recomputed_problems,
+    validity_problems,
+)
+
+ATTEMPTS_FILE = "attempts.jsonl"
+SummaryState = Literal["missing", "unreadable", "invalid", "valid"]
+
+
+@dataclass(frozen=True)
+class StepEvaluation:
+    """What the run holds for one checkpoint's evaluation."""
+
+    step: int
+    summary_path: str
+    state: SummaryState
+    summary: EvalSummary | None  # None when missing or unreadable
+    problems: tuple[str, ...]  # why it is not valid; empty when valid
+
+    @property
+    def valid(self) -> bool:
+        return self.state == "valid"
+
+
+def attempts_file(run_dir: str, step: int) -> str:
+    return join(RunLayout(run_dir).attempts_dir(step), ATTEMPTS_FILE)
+
+
+def attempts_problems(summary: EvalSummary, path: str) -> list[Problem]:
+    """`summary` against the attempts file at `path` (which must exist)."""
+    try:
+        found = parse_attempts(storage_for(path).read_text(path), where=path)
+    except AttemptsError as e:
+        return [Problem("attempts", str(e))]
+    return recomputed_problems(summary, found.per_instance(), where=path)
+
+
+def check_summary(
+    summary: EvalSummary, row: ManifestRow, attempts_path: str | None
+) -> list[Problem]:
+    """Validity for `row`, plus agreement with the attempts file if one is given."""
+    problems = validity_problems(summary, row)
+    if attempts_path is not None:
+        problems += attempts_problems(summary, attempts_path)
+    return problems
+
+
+def evaluate_step(run_dir: str, row: ManifestRow) -> StepEvaluation:
+    path = RunLayout(run_dir).summary(row.step)
+    if not storage_for(path).exists(path):
+        return StepEvaluation(row.step, path, "missing", None, ("no summary",))
+    try:
+        summary = read_summary(path)
+    except SummaryError as e:
+        return StepEvaluation(row.step, path, "unreadable", None, (str(e),))
+    attempts = attempts_file(run_dir, row.step)
+    problems = check_summary(
+        summary, row, attempts if storage_for(attempts).exists(attempts) else None
+    )
+    state: SummaryState = "invalid" if problems else "valid"
+    return StepEvaluation(row.step, path, state, summary, tuple(str(p) for p in problems))
