@@ -1,10 +1,10 @@
 """The convergence plot: pass@4 by step for each seed against the 0.69 target.
 
-Drawn from what rcpflow says about each run (its status: which steps have a valid summary and
-their pass@4, which one passed, which the gate skips) and from the official RCP file (where the
-reference runs converged at this batch size). Steps without a valid summary are drawn along the
-bottom, marked skipped (a lower step passed), invalid, or not evaluated yet, so nothing missing
-looks like a low score. PNG or SVG, of exactly the requested pixel size.
+Drawn from what `rcpflow.status` says about each run (which steps have a valid summary and
+their pass@4, which one the gate found passing, which it skips) and from the official RCP file
+(where the reference runs converged at this batch size). Steps without a valid summary are
+drawn along the bottom, marked skipped (a lower step passed), invalid, or not evaluated yet, so
+nothing missing looks like a low score. PNG or SVG, of exactly the requested pixel size.
 
 matplotlib is imported only when drawing (never by a DAG parse or a plugin load), with the
 object API and the Agg canvas: no pyplot state, safe in a threaded API server. The same data
@@ -20,7 +20,7 @@ from typing import Literal
 
 from rcpflow import recipe
 from rcpflow.rcp_reference import RcpFileError, ReferencePoint, reference_point
-from tasks.status_adapter import RunStatus
+from rcpflow.status import RunStatus
 
 ImageFormat = Literal["png", "svg"]
 FORMATS: tuple[ImageFormat, ...] = ("png", "svg")
@@ -67,36 +67,37 @@ def image_format(name: str) -> ImageFormat:
     raise ValueError(f"image format must be one of {', '.join(FORMATS)}, got {name!r}")
 
 
-def seed_curve(status: RunStatus) -> SeedCurve:
-    rows = status.rows
+def seed_curve(seed: int, status: RunStatus) -> SeedCurve:
+    steps = status.steps
     return SeedCurve(
-        seed=-1 if status.seed is None else status.seed,
-        points=tuple((r.step, r.pass_at_4) for r in rows if r.pass_at_4 is not None),
-        passing_step=status.passing_step,
-        skipped=tuple(r.step for r in rows if r.gate == "skip" and r.evaluation != "valid"),
-        invalid=tuple(r.step for r in rows if r.evaluation == "invalid" and r.gate != "skip"),
-        not_evaluated=tuple(
-            r.step for r in rows if r.evaluation == "not evaluated" and r.gate != "skip"
+        seed=seed,
+        points=tuple((s.step, s.eval_accuracy) for s in steps if s.eval_accuracy is not None),
+        passing_step=next((s.step for s in steps if s.gate == "passes"), None),
+        skipped=tuple(s.step for s in steps if s.gate == "skip" and s.eval_accuracy is None),
+        invalid=tuple(
+            s.step for s in steps if s.summary in ("invalid", "unreadable") and s.gate != "skip"
         ),
+        not_evaluated=tuple(s.step for s in steps if s.summary == "missing" and s.gate != "skip"),
     )
 
 
-def convergence_data(title: str, statuses: Sequence[RunStatus]) -> ConvergenceData:
-    """The plot's data for the runs of one submission (or one run)."""
-    sizes = {s.global_batch_size for s in statuses if s.global_batch_size is not None}
-    gbs = sizes.pop() if len(sizes) == 1 else None
-    targets = {s.target_accuracy for s in statuses if s.target_accuracy is not None}
-    target = targets.pop() if len(targets) == 1 else recipe.TARGET_ACCURACY
+def convergence_data(
+    title: str,
+    curves: Sequence[SeedCurve],
+    global_batch_size: int | None,
+    target: float = recipe.TARGET_ACCURACY,
+) -> ConvergenceData:
+    """The plot's data; the reference point is the official one for `global_batch_size`."""
     try:
-        reference = None if gbs is None else reference_point(gbs)
+        reference = None if global_batch_size is None else reference_point(global_batch_size)
     except RcpFileError:
         reference = None
     return ConvergenceData(
         title=title,
-        global_batch_size=gbs,
+        global_batch_size=global_batch_size,
         target=target,
         reference=reference,
-        curves=tuple(seed_curve(s) for s in sorted(statuses, key=lambda s: s.seed or 0)),
+        curves=tuple(sorted(curves, key=lambda c: c.seed)),
     )
 
 

@@ -2,10 +2,12 @@
 
 A submission is a folder ``<root>/<name>/`` with ``runs/seed_<s>/`` (see `tasks.submission`);
 its checker verdicts are the ``checks/<tool>.json`` files the check tasks wrote, a run's
-compliance verdict its own ``checks/compliance_checker.json``. Everything is read from storage
-(rcpflow's readers, `tasks.verdicts`), nothing is recomputed: this is what the RCP view and the
-HTML report show. Paths handed in from outside (a URL) are resolved with `resolve_under`, which
-refuses anything that is not below the root.
+compliance verdict its own ``checks/compliance_checker.json``. A run is what `rcpflow.status`
+says of it (per step: checkpoint, summary, gate; what finalize would write), with the settings
+its manifest rows carry and the ``run_stop`` its MLLOG holds. Everything is read from storage
+with rcpflow's readers and `tasks.verdicts`, nothing is decided here: this is what the RCP view,
+the convergence plot and the HTML report show. Paths handed in from outside (a URL) are
+resolved with `resolve_under`, which refuses anything that is not below the root.
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rcpflow.layout import is_gcs, join
+from rcpflow import recipe
+from rcpflow.layout import RunLayout, is_gcs, join
+from rcpflow.manifest import ManifestError, load
+from rcpflow.mllog import MLLogError, read_events
+from rcpflow.status import RunStatus, run_status
 from rcpflow.storage import storage_for
-from tasks.status_adapter import RunStatus, run_status
+from tasks.convergence import ConvergenceData, convergence_data, seed_curve
 from tasks.submission import CHECK_TOOLS, RUN_DAG_ID
 from tasks.verdicts import Verdict, read_verdict
 
@@ -31,14 +38,50 @@ class NotUnderRoot(ValueError):
 
 
 @dataclass(frozen=True)
-class RunEntry:
-    submission: str
+class RunSettings:
+    """What every manifest row of the run agrees on."""
+
     seed: int
+    global_batch_size: int
+    val_start_at: int
+    max_steps: int
+    target_accuracy: float
+    mllog_path: str
+
+
+@dataclass(frozen=True)
+class LoggedStop:
+    """The ``run_stop`` finalize wrote into the MLLOG."""
+
+    status: str
+    time_ms: int
+    samples_count: int
+    step: int
+
+
+@dataclass(frozen=True)
+class RunView:
     path: str  # relative to the storage root
     run_dir: str
-    dag_run_id: str  # the mlperf_grpo_run run the submission triggered for this seed
-    status: RunStatus
+    status: RunStatus  # rcpflow.status
+    settings: RunSettings | None  # None: no usable manifest rows
+    logged_stop: LoggedStop | None  # None: not finalized, or finalize ended it without one
     compliance: Verdict | None
+
+    @property
+    def passing_step(self) -> int | None:
+        """The step the gate found passing (the lower steps' summaries are all below target)."""
+        return next((s.step for s in self.status.steps if s.gate == "passes"), None)
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    """One seed of a submission."""
+
+    submission: str
+    seed: int
+    dag_run_id: str  # the mlperf_grpo_run run the submission triggered for this seed
+    run: RunView
 
     @property
     def dag_id(self) -> str:
@@ -63,7 +106,7 @@ class SubmissionEntry:
     @property
     def all_verdicts(self) -> list[Verdict | None]:
         """Every check of this submission: each run's compliance, then the checkers."""
-        return [r.compliance for r in self.runs] + [v for _, v in self.verdicts]
+        return [r.run.compliance for r in self.runs] + [v for _, v in self.verdicts]
 
     @property
     def verdict(self) -> str:
@@ -106,18 +149,54 @@ def submission_names(root: str) -> list[str]:
     return [n for n in _child_dirs(root) if seeds_of(join(root, n))]
 
 
-def run_entry(root: str, submission: str, seed: int) -> RunEntry:
-    path = posixpath.join(submission, "runs", f"seed_{seed}")
-    run_dir = resolve_under(root, path)
-    return RunEntry(
-        submission=submission,
-        seed=seed,
+def run_settings(run_dir: str) -> RunSettings | None:
+    try:
+        rows = load(RunLayout(run_dir).manifest).rows
+    except ManifestError:
+        return None  # rcpflow.status names the reason
+    if not rows:
+        return None
+    r = rows[0]
+    return RunSettings(
+        r.seed, r.global_batch_size, r.val_start_at, r.max_steps, r.target_accuracy, r.mllog_file
+    )
+
+
+def _logged_stop(settings: RunSettings) -> LoggedStop | None:
+    try:
+        events = read_events(settings.mllog_path)
+    except (FileNotFoundError, MLLogError):
+        return None
+    stops = [e for e in events if e.key == "run_stop"]
+    if not stops:
+        return None
+    stop = stops[-1]
+    samples = int(stop.metadata["samples_count"])
+    status = str(stop.metadata["status"])
+    return LoggedStop(status, stop.time_ms, samples, samples // settings.global_batch_size)
+
+
+def run_view(root: str, path: str) -> RunView:
+    """The run at `path` below `root` (NotUnderRoot if `path` is not a plain relative path)."""
+    return read_run(resolve_under(root, path), path.strip("/"))
+
+
+def read_run(run_dir: str, path: str) -> RunView:
+    """The run in `run_dir`, named `path` (how the caller shows it)."""
+    settings = run_settings(run_dir)
+    return RunView(
         path=path,
         run_dir=run_dir,
-        dag_run_id=f"{submission}__seed_{seed}",
         status=run_status(run_dir),
+        settings=settings,
+        logged_stop=_logged_stop(settings) if settings else None,
         compliance=read_verdict(run_dir, COMPLIANCE_TOOL),
     )
+
+
+def run_entry(root: str, submission: str, seed: int) -> RunEntry:
+    path = posixpath.join(submission, "runs", f"seed_{seed}")
+    return RunEntry(submission, seed, f"{submission}__seed_{seed}", run_view(root, path))
 
 
 def submission_entry(root: str, name: str) -> SubmissionEntry:
@@ -132,4 +211,18 @@ def submission_entry(root: str, name: str) -> SubmissionEntry:
         runs=tuple(run_entry(root, name, s) for s in seeds),
         verdicts=tuple((tool, read_verdict(folder, tool)) for tool in CHECK_TOOLS),
         report_path=report if storage_for(report).exists(report) else None,
+    )
+
+
+def convergence(title: str, runs: Sequence[RunView]) -> ConvergenceData:
+    """The convergence plot's data for these runs (one submission's, or a single run)."""
+    settings = [r.settings for r in runs if r.settings is not None]
+    sizes = {s.global_batch_size for s in settings}
+    targets = {s.target_accuracy for s in settings}
+    curves = [seed_curve(r.settings.seed, r.status) for r in runs if r.settings is not None]
+    return convergence_data(
+        title,
+        curves,
+        sizes.pop() if len(sizes) == 1 else None,  # a mix has no one reference point
+        targets.pop() if len(targets) == 1 else recipe.TARGET_ACCURACY,
     )

@@ -27,18 +27,19 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from plugins.rcp_view import URL_PREFIX, pages
 from rcpflow.layout import RunLayout, is_gcs
 from rcpflow.storage import storage_for
-from tasks.convergence import MEDIA_TYPES, convergence_data, image_format, render
+from tasks.convergence import MEDIA_TYPES, image_format, render
 from tasks.deployment import load_deployment
-from tasks.status_adapter import RunStatus, run_status
 from tasks.storage_index import (
-    COMPLIANCE_TOOL,
     NotUnderRoot,
+    RunView,
     SubmissionEntry,
+    convergence,
     resolve_under,
+    run_settings,
+    run_view,
     submission_entry,
     submission_names,
 )
-from tasks.verdicts import read_verdict
 
 MAX_PLOT_PX = 2400
 RunPath = Annotated[str, Query(description="run folder, relative to the storage root")]
@@ -53,6 +54,13 @@ def storage_root() -> str:
 def _run_dir(path: str) -> str:
     try:
         return resolve_under(storage_root(), path)
+    except NotUnderRoot as exc:
+        raise HTTPException(404, str(exc)) from exc
+
+
+def _run(path: str) -> RunView:
+    try:
+        return run_view(storage_root(), path)
     except NotUnderRoot as exc:
         raise HTTPException(404, str(exc)) from exc
 
@@ -86,9 +94,16 @@ def _json(value: Any) -> JSONResponse:
     return JSONResponse(value)
 
 
+def _run_json(view: RunView) -> dict[str, Any]:
+    return {**dataclasses.asdict(view), "passing_step": view.passing_step}
+
+
 def _submission_json(entry: SubmissionEntry) -> dict[str, Any]:
     return {
         **dataclasses.asdict(entry),
+        "runs": [
+            {"seed": r.seed, "dag_run_id": r.dag_run_id, **_run_json(r.run)} for r in entry.runs
+        ],
         "verdict": entry.verdict,
         "score_minutes": entry.score_minutes,
     }
@@ -105,12 +120,12 @@ def _text_file(path: str, download_name: str) -> Response:
     )
 
 
-def _plot(statuses: list[RunStatus], title: str, fmt: str, width: int, height: int) -> Response:
+def _plot(runs: list[RunView], title: str, fmt: str, width: int, height: int) -> Response:
     try:
         checked = image_format(fmt)
     except ValueError as exc:
         raise HTTPException(404, str(exc)) from exc
-    image = render(convergence_data(title, statuses), checked, (width, height))
+    image = render(convergence(title, runs), checked, (width, height))
     return Response(image, media_type=MEDIA_TYPES[checked])
 
 
@@ -136,7 +151,7 @@ def create_app() -> FastAPI:
 
     @app.get("/api/run")
     def api_run(path: RunPath) -> JSONResponse:
-        return _json(run_status(_run_dir(path)))
+        return _json(_run_json(_run(path)))
 
     # ---- pages --------------------------------------------------------------------------
 
@@ -152,13 +167,7 @@ def create_app() -> FastAPI:
 
     @app.get("/run", response_class=HTMLResponse)
     def run_page(request: Request, path: RunPath) -> HTMLResponse:
-        run_dir = _run_dir(path)
-        status = run_status(run_dir)
-        return HTMLResponse(
-            pages.run_page(
-                path, status, read_verdict(run_dir, COMPLIANCE_TOOL), _airflow_base(request)
-            )
-        )
+        return HTMLResponse(pages.run_page(_run(path), _airflow_base(request)))
 
     @app.get("/dag-run/{dag_id}/{run_id}", response_class=HTMLResponse, response_model=None)
     def dag_run_page(request: Request, dag_id: str, run_id: str, session: SessionDep) -> Response:
@@ -187,21 +196,21 @@ def create_app() -> FastAPI:
 
     @app.get("/plot/run.{fmt}")
     def run_plot(path: RunPath, fmt: str, width: PlotPx = 960, height: PlotPx = 540) -> Response:
-        return _plot([run_status(_run_dir(path))], f"run {path}", fmt, width, height)
+        return _plot([_run(path)], f"run {path}", fmt, width, height)
 
     @app.get("/plot/submission.{fmt}")
     def submission_plot(
         name: SubmissionName, fmt: str, width: PlotPx = 960, height: PlotPx = 540
     ) -> Response:
         entry = _submission(name)
-        return _plot([r.status for r in entry.runs], f"submission {name}", fmt, width, height)
+        return _plot([r.run for r in entry.runs], f"submission {name}", fmt, width, height)
 
     @app.get("/file/mllog")
     def mllog_file(path: RunPath) -> Response:
-        status = run_status(_run_dir(path))
-        if status.mllog_path is None:
-            raise HTTPException(404, f"{path}: no manifest, so no MLLOG is known")
-        return _text_file(status.mllog_path, os.path.basename(status.mllog_path))
+        settings = run_settings(_run_dir(path))
+        if settings is None:
+            raise HTTPException(404, f"{path}: no usable manifest, so no MLLOG is known")
+        return _text_file(settings.mllog_path, os.path.basename(settings.mllog_path))
 
     @app.get("/file/manifest")
     def manifest_file(path: RunPath) -> Response:
@@ -209,7 +218,8 @@ def create_app() -> FastAPI:
 
     @app.get("/file/summary")
     def summary_file(path: RunPath, step: Annotated[int, Query(ge=0)]) -> Response:
-        return _text_file(RunLayout(_run_dir(path)).summary(step), f"summary_step_{step}.json")
+        summary = RunLayout(_run_dir(path)).summary(step)
+        return _text_file(summary, f"summary_step_{step}.json")
 
     @app.get("/file/report")
     def report_file(name: SubmissionName) -> Response:

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from urllib.parse import quote, urlencode
 
 from rcpflow import recipe
-from tasks.status_adapter import RunStatus, StepStatus
-from tasks.storage_index import RunEntry, SubmissionEntry
+from rcpflow.status import StepStatus
+from tasks.storage_index import RunEntry, RunView, SubmissionEntry
 from tasks.verdicts import Verdict
 
 _STYLE = """
@@ -84,13 +84,13 @@ def _q(route: str, **params: object) -> str:
     return f"{route}?{urlencode(params)}"
 
 
-def run_outcome(status: RunStatus) -> str:
-    """How the run ended, in the words of its MLLOG (finalize's ``run_stop``)."""
-    if status.manifest_error is not None:
-        return f"no valid manifest: {status.manifest_error}"
-    stop = status.run_stop
+def run_outcome(run: RunView) -> str:
+    """How the run ended, in the words of its MLLOG (the ``run_stop`` finalize wrote)."""
+    if run.status.manifest_error is not None:
+        return f"no usable manifest: {run.status.manifest_error}"
+    stop = run.logged_stop
     if stop is None:
-        return "no run_stop (not finalized, or incomplete)"
+        return "no run_stop yet"
     if stop.status == "success":
         return f"success: converged at step {stop.step}"
     if stop.status == "aborted":
@@ -98,15 +98,25 @@ def run_outcome(status: RunStatus) -> str:
     return f"{stop.status} at step {stop.step}"
 
 
-def _run_row(base: str, run: RunEntry) -> str:
-    s = run.status
+def _finalize_now(run: RunView) -> str:
+    now = run.status.finalize
+    if now is None:
+        return "-"
+    stop = f", run_stop at step {now.run_stop_step}" if now.run_stop_step is not None else ""
+    return f"{now.status}{stop} ({now.reason})"
+
+
+def _run_row(base: str, entry: RunEntry) -> str:
+    run = entry.run
+    passing = run.passing_step
     return (
-        f"<tr data-seed='{run.seed}'><td>{run.seed}</td>"
+        f"<tr data-seed='{entry.seed}'><td>{entry.seed}</td>"
         f"<td>{_link(_q('run', path=run.path), run.path)}</td>"
-        f"<td class='outcome'>{_e(run_outcome(s))}</td>"
-        f"<td>{_e(s.passing_step if s.passing_step is not None else '-')}</td>"
+        f"<td class='outcome'>{_e(run_outcome(run))}</td>"
+        f"<td>{_e(passing if passing is not None else '-')}</td>"
         f"<td>{_verdict(run.compliance)}</td>"
-        f"<td>{_link(_grid(base, run.dag_id, run.dag_run_id), run.dag_run_id, top=True)}</td></tr>"
+        f"<td>{_link(_grid(base, entry.dag_id, entry.dag_run_id), entry.dag_run_id, top=True)}"
+        "</td></tr>"
     )
 
 
@@ -140,7 +150,7 @@ def index_page(root: str, entries: Sequence[SubmissionEntry], base: str) -> str:
                 f"<tr data-submission='{_e(e.name)}'>"
                 f"<td>{_link(_q('submission', name=e.name), e.name)}</td><td>{verdict}</td>"
                 f"<td>{_e(score)}</td><td>{checks}</td>"
-                f"<td>{'<br>'.join(_e(f'seed {r.seed}: {run_outcome(r.status)}') for r in e.runs)}"
+                f"<td>{'<br>'.join(_e(f'seed {r.seed}: {run_outcome(r.run)}') for r in e.runs)}"
                 "</td></tr>"
             )
         body = (
@@ -173,9 +183,9 @@ def submission_page(entry: SubmissionEntry, base: str) -> str:
         else "<span class='muted'>no report.md yet</span>"
     )
     compliance = "".join(
-        f"<p>compliance of seed {r.seed}:</p>{_verdict_errors(r.compliance)}"
+        f"<p>compliance of seed {r.seed}:</p>{_verdict_errors(r.run.compliance)}"
         for r in entry.runs
-        if r.compliance is not None and not r.compliance.ok
+        if r.run.compliance is not None and not r.run.compliance.ok
     )
     return _page(
         f"submission {entry.name}",
@@ -190,36 +200,36 @@ def submission_page(entry: SubmissionEntry, base: str) -> str:
     )
 
 
-def _gate(row: StepStatus) -> str:
-    if row.gate == "skip":
-        return f"skip (step {row.decided_by} passed)"
-    return row.gate
+def _gate(step: StepStatus) -> str:
+    if step.gate == "skip":
+        return f"skip (step {step.skipped_for} passed)"
+    return step.gate
 
 
-def _step_row(path: str, row: StepStatus) -> str:
-    cls = "passed" if row.passed else ("skip" if row.gate == "skip" else "")
-    accuracy = "-" if row.pass_at_4 is None else f"{row.pass_at_4:.4f}"
-    evaluation = _e(row.evaluation)
-    if row.problem:
-        evaluation += f"<br><code>{_e(row.problem)}</code>"
-    if row.evaluation != "not evaluated":
-        evaluation += " " + _link(_q("file/summary", path=path, step=row.step), "summary.json")
+def _step_row(path: str, step: StepStatus) -> str:
+    passed = step.gate == "passes"
+    cls = "passed" if passed else ("skip" if step.gate == "skip" else "")
+    accuracy = "-" if step.eval_accuracy is None else f"{step.eval_accuracy:.4f}"
+    evaluation = _e(step.summary)
+    if step.problems:
+        evaluation += f"<br><code>{_e('; '.join(step.problems))}</code>"
+    if step.summary != "missing":
+        evaluation += " " + _link(_q("file/summary", path=path, step=step.step), "summary.json")
     return (
-        f"<tr class='{cls}' data-step='{row.step}'><td>{row.step}</td>"
-        f"<td>{_e(_time(row.timestamp_ms))}</td><td>{row.samples_count}</td>"
-        f"<td>{'yes' if row.checkpoint_present else 'no'}</td><td>{evaluation}</td>"
-        f"<td class='pass4'>{_e(accuracy)}</td><td>{_e(_gate(row))}</td>"
-        f"<td>{'passes' if row.passed else ''}</td></tr>"
+        f"<tr class='{cls}' data-step='{step.step}'><td>{step.step}</td>"
+        f"<td>{_e(_time(step.timestamp_ms))}</td><td>{step.samples_count}</td>"
+        f"<td>{'yes' if step.checkpoint_present else 'no'}</td><td>{evaluation}</td>"
+        f"<td class='pass4'>{_e(accuracy)}</td><td>{_e(_gate(step))}</td></tr>"
     )
 
 
-def run_page(path: str, status: RunStatus, compliance: Verdict | None, base: str) -> str:
+def run_page(run: RunView, base: str) -> str:
     head = (
         "<tr><th>step</th><th>weight update (UTC)</th><th>samples</th><th>checkpoint</th>"
-        "<th>evaluation</th><th>pass@4</th><th>gate</th><th></th></tr>"
+        "<th>summary</th><th>pass@4</th><th>gate</th></tr>"
     )
-    rows = "".join(_step_row(path, r) for r in status.rows)
-    stop = status.run_stop
+    rows = "".join(_step_row(run.path, s) for s in run.status.steps)
+    stop = run.logged_stop
     stop_text = (
         "none"
         if stop is None
@@ -228,25 +238,31 @@ def run_page(path: str, status: RunStatus, compliance: Verdict | None, base: str
     )
     files = " · ".join(
         [
-            _link(_q("file/mllog", path=path), "MLLOG"),
-            _link(_q("file/manifest", path=path), "manifest"),
+            _link(_q("file/mllog", path=run.path), "MLLOG"),
+            _link(_q("file/manifest", path=run.path), "manifest"),
         ]
     )
+    s = run.settings
     settings = (
-        f"seed {_e(status.seed)}, global_batch_size {_e(status.global_batch_size)}, "
-        f"validation from step {_e(status.val_start_at)}, max_steps {_e(status.max_steps)}, "
-        f"target pass@4 &gt; {_e(status.target_accuracy)}"
+        "no usable manifest rows"
+        if s is None
+        else f"seed {s.seed}, global_batch_size {s.global_batch_size}, validation from step "
+        f"{s.val_start_at}, max_steps {s.max_steps}, target pass@4 &gt; {s.target_accuracy}"
     )
+    warnings = "".join(f"<li>{_e(w)}</li>" for w in run.status.warnings)
     return _page(
-        f"run {path}",
-        f"<p>{_link('./', 'all submissions')}</p><h1>Run <code>{_e(path)}</code></h1>"
+        f"run {run.path}",
+        f"<p>{_link('./', 'all submissions')}</p><h1>Run <code>{_e(run.path)}</code></h1>"
         f"<p class='muted'>{settings}</p>"
-        f"<p>Outcome: <span id='outcome'>{_e(run_outcome(status))}</span></p>"
+        f"<p>Outcome: <span id='outcome'>{_e(run_outcome(run))}</span></p>"
         f"<p>run_stop in the MLLOG: <span id='run-stop'>{_e(stop_text)}</span></p>"
-        f"<p>Official compliance checker: <span id='compliance'>{_verdict(compliance)}</span>"
-        f"{_verdict_errors(compliance)}</p><p>Files: {files}</p>"
-        f"<h2>Checkpoints</h2><table id='steps'>{head}{rows}</table>"
-        f"<h2>Convergence</h2>{_plot_block('run', path=path)}",
+        f"<p>finalize would write now: <span id='finalize-now'>{_e(_finalize_now(run))}</span>"
+        f"</p><p>Official compliance checker: <span id='compliance'>"
+        f"{_verdict(run.compliance)}</span>{_verdict_errors(run.compliance)}</p>"
+        f"<p>Files: {files}</p>"
+        + (f"<ul class='muted'>{warnings}</ul>" if warnings else "")
+        + f"<h2>Checkpoints</h2><table id='steps'>{head}{rows}</table>"
+        f"<h2>Convergence</h2>{_plot_block('run', path=run.path)}",
     )
 
 

@@ -5,6 +5,7 @@ packaging) and judged by the real checkers (their verdicts persisted as the chec
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from synthetic_run import make_run
 from rcpflow import checkers, recipe
 from rcpflow.finalize import finalize
 from rcpflow.package import SystemDescription, package_submission
-from tasks.status_adapter import run_status
+from rcpflow.status import run_status
 from tasks.verdicts import read_verdict, record
 
 pytestmark = pytest.mark.timeout(300)
@@ -130,20 +131,21 @@ def test_submissions_json_is_what_storage_holds(get: Any, storage_root: Path) ->
     for r in runs:
         compliance = read_verdict(r["run_dir"], "compliance_checker")
         assert compliance is not None and r["compliance"]["ok"] == compliance.ok
-        assert r["status"]["passing_step"] == CONVERGES_AT[r["seed"]]
-        assert r["status"]["run_stop"]["status"] == "success"
+        assert r["passing_step"] == CONVERGES_AT[r["seed"]]
+        assert r["logged_stop"]["status"] == "success"
+        assert r["status"]["finalize"]["status"] == "success"
+        assert r["settings"]["global_batch_size"] == 256
 
 
 def test_run_json_is_rcpflows_status(get: Any, storage_root: Path) -> None:
     body = get(f"/rcp/api/run?path={NAME}/runs/seed_2").json()
     status = run_status(str(storage_root / NAME / "runs" / "seed_2"))
-    assert body["passing_step"] == status.passing_step == 19
-    assert [r["step"] for r in body["rows"]] == [r.step for r in status.rows]
-    assert [r["gate"] for r in body["rows"]] == [r.gate for r in status.rows]
-    by_step = {r["step"]: r for r in body["rows"]}
-    assert by_step[19]["passed"] and by_step[19]["pass_at_4"] > 0.69
-    assert by_step[20]["gate"] == "skip" and by_step[20]["decided_by"] == 19
-    assert body["run_stop"]["time_ms"] == by_step[19]["timestamp_ms"]  # backdated
+    assert body["status"] == json.loads(status.to_json())
+    assert body["passing_step"] == 19
+    by_step = {s["step"]: s for s in body["status"]["steps"]}
+    assert by_step[19]["gate"] == "passes" and by_step[19]["eval_accuracy"] > 0.69
+    assert by_step[20]["gate"] == "skip" and by_step[20]["skipped_for"] == 19
+    assert body["logged_stop"]["time_ms"] == by_step[19]["timestamp_ms"]  # backdated
 
 
 def test_run_page_lists_every_step_and_links_the_grid(get: Any) -> None:
@@ -167,6 +169,18 @@ def test_plots(get: Any, fmt: str, media: str) -> None:
     assert get(f"/rcp/plot/run.{fmt}?path={NAME}/runs/seed_3").status_code == 200
     assert get(f"/rcp/plot/run.gif?path={NAME}/runs/seed_3").status_code == 404
     assert get(f"/rcp/plot/run.png?path={NAME}/runs/seed_3&width=99999").status_code == 422
+
+
+def test_a_mix_of_batch_sizes_has_no_reference_point(storage_root: Path, tmp_path: Path) -> None:
+    from tasks.storage_index import convergence, run_view
+
+    one = run_view(str(storage_root), f"{NAME}/runs/seed_1")
+    toy = make_run(str(tmp_path / "toy" / "runs" / "seed_1"), global_batch_size=16,
+                   max_steps=4, val_start_at=2, accuracies={2: 0.2})  # fmt: skip
+    data = convergence("mix", [one, run_view(str(tmp_path), "toy/runs/seed_1")])
+    assert data.global_batch_size is None and data.reference is None
+    assert [c.seed for c in data.curves] == [1, toy.seed]
+    assert convergence("one", [one]).reference is not None
 
 
 def test_files_download_as_text(get: Any, storage_root: Path) -> None:

@@ -11,8 +11,8 @@ from PIL import Image
 from synthetic_run import make_run, write_eval
 
 from rcpflow.finalize import finalize
-from tasks.convergence import convergence_data, image_format, render
-from tasks.status_adapter import run_status
+from rcpflow.status import run_status
+from tasks.convergence import ConvergenceData, convergence_data, image_format, render, seed_curve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,9 +30,14 @@ def _submission(root: Path):
     return runs
 
 
+def _data(runs, gbs: int | None = 256) -> ConvergenceData:
+    curves = [seed_curve(seed, run_status(run.run_dir)) for seed, run in runs.items()]
+    return convergence_data("s", curves, gbs)
+
+
 def test_plot_data_follows_the_runs(tmp_path: Path) -> None:
     runs = _submission(tmp_path)
-    data = convergence_data("s", [run_status(r.run_dir) for r in runs.values()])
+    data = _data(runs)
     assert (data.global_batch_size, data.target) == (256, 0.69)
     assert data.reference is not None and data.reference.step == 18
     one, two, three = data.curves
@@ -54,7 +59,7 @@ def test_finalized_run_and_toy_batch_without_reference(tmp_path: Path) -> None:
         accuracies={2: 0.2, 3: 0.3, 4: 0.4},
     )  # fmt: skip
     assert finalize(run.run_dir).status == "aborted"
-    data = convergence_data("toy", [run_status(run.run_dir)])
+    data = _data({1: run}, gbs=16)
     assert data.reference is None
     assert data.reference_note == "no reference RCP for global_batch_size 16"
     (curve,) = data.curves
@@ -64,7 +69,7 @@ def test_finalized_run_and_toy_batch_without_reference(tmp_path: Path) -> None:
 @pytest.mark.parametrize("size", [(960, 540), (640, 480)])
 def test_png_has_the_requested_size_and_is_reproducible(tmp_path: Path, size) -> None:
     runs = _submission(tmp_path)
-    data = convergence_data("s", [run_status(r.run_dir) for r in runs.values()])
+    data = _data(runs)
     png = render(data, "png", size)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert Image.open(io.BytesIO(png)).size == size
@@ -73,7 +78,7 @@ def test_png_has_the_requested_size_and_is_reproducible(tmp_path: Path, size) ->
 
 def test_svg_is_xml_with_the_target_and_reproducible(tmp_path: Path) -> None:
     runs = _submission(tmp_path)
-    data = convergence_data("s", [run_status(r.run_dir) for r in runs.values()])
+    data = _data(runs)
     svg = render(data, "svg")
     root = ET.fromstring(svg)
     assert root.tag.endswith("svg") and root.attrib["viewBox"] == "0 0 691.2 388.8"  # 960x540 px
