@@ -48,7 +48,7 @@ demo: setup
 	$(PY) -m tasks.demo
 
 bench: setup
-	$(PY) -m tpu_jobs.bench
+	$(PY) -m tpu_jobs.devtools.bench
 
 lint: check
 

@@ -1,44 +1,16 @@
-"""Orbax checkpoints of a scanned policy: async save with a weights fingerprint, numpy restore.
+"""Orbax checkpoints of a scanned policy: the step folder's layout, its save, and restores.
 
-One step's checkpoint is the folder ``<checkpoints_dir>/<step>/`` that Orbax's
-``CheckpointManager`` writes, with three items:
-
-    params/        the policy parameters in the SCANNED layout, as trained (uncompressed PyTree)
-    train_state/   whatever else the trainer needs to resume (optimizer state, rng, ...)
-    meta/          JSON: step, timestamp_ms, weights_fingerprint, and the trainer's own `extra`
-
-Orbax writes a step into a temporary location and marks it finished last (``commit_success.txt``
-in the step folder: written just before the atomic rename on a local disk, written after all
-data on GCS). A step folder without that marker is half-written: it is never listed as complete,
-never restored, and Orbax removes it when the next saver opens the folder.
-
-The fingerprint (`weights_fingerprint`) is a sha256 over the parameter bytes in a canonical leaf
-order. It is computed from the in-memory weights at save time, stored inside the checkpoint (so
-it is committed atomically with the weights) and copied into the manifest row; `restore_params`
-recomputes it on what was read and raises `FingerprintMismatchError` before anyone can score a
-mis-restored model.
-
-Saves are asynchronous, and the training loop never waits for a write: `CheckpointSaver.save`
-copies the arrays to host memory (a snapshot that later updates, in place or donated, cannot
-change) and queues the step; one worker thread per saver runs the Orbax saves one at a time, in
-step order, each to its commit, then hands the committed step to `on_commit` (the RCP hooks
-upsert the manifest row there). The loop waits only when `max_pending` steps are already queued
-or writing (backpressure: at most that many snapshots held in host memory). Orbax 0.12.8 has no
-option for this: `CheckpointManager.save` and `AsyncCheckpointer.save` both first wait for the
-previous save to finish. A save that fails stops the queue (later steps would leave a gap in the
-manifest) and every later call on the saver raises `SaveFailedError` naming the step.
-
-Restore for evaluation reads the ``params`` item as numpy arrays; the eval model then takes
-per-layer views of the stacked arrays (`tpu_jobs.model.unscan_params`), so no weight is copied
-between the read and the model.
+A step's checkpoint is ``<checkpoints_dir>/<step>/`` with the items ``params/`` (scanned layout,
+uncompressed), ``train_state/`` and ``meta/`` (JSON: step, timestamp, weights fingerprint, the
+trainer's `extra`). Only a folder with Orbax's commit marker is complete; anything else is never
+listed, restored or evaluated. Saves are queued on host snapshots (`tpu_jobs.saver`); restores
+for evaluation read numpy arrays and verify the fingerprint (`tpu_jobs.fingerprint`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -55,12 +27,18 @@ from etils import epath
 
 from rcpflow.layout import join
 from rcpflow.storage import storage_for
+from tpu_jobs.fingerprint import (
+    FingerprintMismatchError,
+    leaf_name,
+    verify_fingerprint,
+    weights_fingerprint,
+)
+from tpu_jobs.saver import OrderedSaveQueue
 
 PARAMS_ITEM = "params"
 STATE_ITEM = "train_state"
 META_ITEM = "meta"
 COMMIT_MARKER = "commit_success.txt"
-FINGERPRINT_ALGORITHM = "sha256"
 META_FORMAT = 1
 # Two snapshots absorb one save slower than a step without stalling the loop, for one extra copy
 # of params + state in host memory. Raise it when saves outlast steps only for a short while.
@@ -70,15 +48,7 @@ PyTree = Any
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint is missing, half-written, or its save failed; the message names the step."""
-
-
-class FingerprintMismatchError(CheckpointError):
-    """The restored weights are not the weights that were saved."""
-
-
-class SaveFailedError(CheckpointError):
-    """A queued save failed in the background; the saver accepts no more saves."""
+    """A checkpoint is missing, half-written, or cannot be saved; the message names the step."""
 
 
 @dataclass(frozen=True)
@@ -123,29 +93,6 @@ class SavedCheckpoint:
     meta: CheckpointMeta
 
 
-def _leaf_name(path: jax.tree_util.KeyPath) -> str:
-    return jax.tree_util.keystr(path, simple=True, separator="/")
-
-
-def weights_fingerprint(params: PyTree) -> str:
-    """``sha256:<hex>`` over every leaf's name, dtype, shape and bytes, leaves sorted by name.
-
-    Independent of the container types (dict, FrozenDict) and of where the arrays live (JAX
-    device arrays are read to host; numpy views are hashed as their logical contents).
-    """
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    named = sorted(((_leaf_name(p), leaf) for p, leaf in leaves), key=lambda item: item[0])
-    names = [name for name, _ in named]
-    if len(set(names)) != len(names):
-        raise ValueError("weights_fingerprint: two parameter leaves have the same name")
-    digest = hashlib.sha256()
-    for name, leaf in named:
-        array = np.ascontiguousarray(np.asarray(leaf))
-        digest.update(f"{name}|{array.dtype.str}|{array.shape}\n".encode())
-        digest.update(array.reshape(-1).view(np.uint8))
-    return f"{FINGERPRINT_ALGORITHM}:{digest.hexdigest()}"
-
-
 def is_complete(step_path: str) -> bool:
     """True if the checkpoint folder `step_path` was fully written (Orbax's commit marker)."""
     return storage_for(step_path).exists(join(step_path, COMMIT_MARKER))
@@ -179,7 +126,7 @@ def host_snapshot(tree: PyTree, what: str) -> PyTree:
 
     def copy(path: jax.tree_util.KeyPath, leaf: Any) -> Any:
         if isinstance(leaf, jax.Array):
-            name = f"{what}/{_leaf_name(path)}"
+            name = f"{what}/{leaf_name(path)}"
             if not leaf.is_fully_addressable:
                 raise CheckpointError(
                     f"{name}: array spans several hosts; host snapshots need it on this one"
@@ -196,9 +143,11 @@ def host_snapshot(tree: PyTree, what: str) -> PyTree:
 
 
 @dataclass(frozen=True)
-class _Job:
+class StepSnapshot:
+    """One queued save: host copies (`host_snapshot`) of a step's params and state."""
+
     step: int
-    params: PyTree  # host snapshots (`host_snapshot`)
+    params: PyTree
     state: PyTree
     timestamp_ms: int
     extra: Mapping[str, Any]
@@ -207,9 +156,9 @@ class _Job:
 class CheckpointSaver:
     """Step checkpoints under one folder (local path or ``gs://``), written in the background.
 
-    `save` returns once the arrays are copied to host memory; one worker thread writes the queued
-    steps in order, each to its Orbax commit, then calls ``on_commit(saved)`` (in that thread, in
-    step order, before the next step's write starts). `wait` blocks until the queue is empty.
+    `save` returns once the arrays are copied to host memory; the queue (`OrderedSaveQueue`)
+    writes the steps in order, each to its Orbax commit, then calls ``on_commit(saved)`` (in its
+    thread, in step order, before the next step's write starts). `wait` blocks until it is empty.
     """
 
     def __init__(
@@ -219,13 +168,17 @@ class CheckpointSaver:
         max_pending: int = DEFAULT_MAX_PENDING,
         on_commit: Callable[[SavedCheckpoint], None] | None = None,
     ) -> None:
-        if max_pending < 1:
-            raise ValueError(f"max_pending must be at least 1, got {max_pending}")
         self.directory = directory.rstrip("/") if directory.startswith("gs://") else directory
+        self._queue: OrderedSaveQueue[StepSnapshot, SavedCheckpoint] = OrderedSaveQueue(
+            self._write,
+            max_pending=max_pending,
+            on_commit=on_commit,
+            thread_name=f"checkpoint-saver:{self.directory}",
+        )
         self.max_pending = max_pending
-        self._on_commit = on_commit
-        # Synchronous Orbax saves: the worker thread is the asynchrony; an Orbax background
-        # thread on top would only add a thread per save and more CPU.
+        # Synchronous Orbax saves: the queue's thread is the asynchrony; an Orbax background
+        # thread on top would only add a thread per save and more CPU. Orbax 0.12.8 offers no
+        # bounded queue of its own: its async save first waits for the previous save to finish.
         # cleanup_tmp_directories: a save cut short by a crash left a half-written step folder;
         # Orbax removes it before this saver's first save, so the step can be saved again.
         self._manager = ocp.CheckpointManager(
@@ -239,15 +192,6 @@ class CheckpointSaver:
         )
         self._manager_lock = threading.Lock()  # the worker's save vs. the caller's reads
         self._steps_on_open = frozenset(self._manager.all_steps())
-        self._cond = threading.Condition()
-        # Guarded by _cond: steps queued or writing (the head is the one writing), committed steps
-        # not yet returned by `wait`, the first failure, the worker if one runs.
-        self._queue: deque[_Job] = deque()
-        self._committed: list[SavedCheckpoint] = []
-        self._failure: tuple[str, BaseException] | None = None
-        self._worker: threading.Thread | None = None
-        self._last_step: int | None = None
-        self._closed = False
 
     def step_path(self, step: int) -> str:
         return join(self.directory, str(step))
@@ -272,107 +216,36 @@ class CheckpointSaver:
         returns, so the caller may then donate or overwrite them. Blocks only while `max_pending`
         saves are unfinished. Steps must increase from call to call. Raises `SaveFailedError` if an
         earlier save failed."""
-        with self._cond:
-            self._raise_if_failed()
-            if self._closed:
-                raise CheckpointError(f"step {step}: save() after close()")
-            if self._last_step is not None and step <= self._last_step:
-                raise CheckpointError(
-                    f"step {step}: saves must be in increasing step order (last was "
-                    f"{self._last_step})"
-                )
-            if step in self._steps_on_open:
-                raise CheckpointError(
-                    f"step {step}: a complete checkpoint already exists at {self.step_path(step)}"
-                )
-            while len(self._queue) >= self.max_pending and self._failure is None:
-                self._cond.wait()
-            self._raise_if_failed()
-        try:
-            job = _Job(
-                step=step,
-                params=host_snapshot(params, PARAMS_ITEM),
-                state=host_snapshot(state, STATE_ITEM),
-                timestamp_ms=timestamp_ms,
-                extra=dict(extra or {}),
+        self._queue.check(step)  # a failed save, close() or the step order are named first
+        if step in self._steps_on_open:
+            raise CheckpointError(
+                f"step {step}: a complete checkpoint already exists at {self.step_path(step)}"
             )
-        except CheckpointError as e:
-            raise CheckpointError(f"step {step}: {e}") from e
-        with self._cond:
-            self._raise_if_failed()
-            self._queue.append(job)
-            self._last_step = step
-            if self._worker is None:
-                # A daemon: Orbax cannot write once interpreter shutdown has begun (its executors
-                # refuse work), so a process that exits without wait() drops the queued saves as
-                # a crash would (no commit, no row). It exits whenever the queue is empty.
-                self._worker = threading.Thread(
-                    target=self._work, name=f"checkpoint-saver:{self.directory}", daemon=True
+
+        def snapshot() -> StepSnapshot:
+            try:
+                return StepSnapshot(
+                    step=step,
+                    params=host_snapshot(params, PARAMS_ITEM),
+                    state=host_snapshot(state, STATE_ITEM),
+                    timestamp_ms=timestamp_ms,
+                    extra=dict(extra or {}),
                 )
-                self._worker.start()
+            except CheckpointError as e:
+                raise CheckpointError(f"step {step}: {e}") from e
+
+        self._queue.put(step, snapshot)
 
     def pending(self) -> list[int]:
         """Steps queued or being written, ascending."""
-        with self._cond:
-            return [job.step for job in self._queue]
+        return self._queue.pending()
 
     def wait(self) -> list[SavedCheckpoint]:
         """Block until every queued save has committed; return the committed saves not yet
         returned, ascending. Raises `SaveFailedError` if one failed."""
-        with self._cond:
-            while self._queue and self._failure is None:
-                self._cond.wait()
-            self._raise_if_failed()
-            done, self._committed = self._committed, []
-            return done
+        return self._queue.wait()
 
-    def _raise_if_failed(self) -> None:
-        if self._failure is not None:
-            message, cause = self._failure
-            raise SaveFailedError(message) from cause
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                if not self._queue or self._failure is not None:
-                    self._worker = None
-                    self._cond.notify_all()
-                    return
-                job = self._queue[0]  # stays pending (counted by max_pending) until committed
-            stage = "write"
-            try:
-                saved = self._write(job)
-                stage = "on_commit"
-                if self._on_commit is not None:
-                    self._on_commit(saved)
-            except BaseException as e:
-                with self._cond:
-                    dropped = [j.step for j in self._queue if j.step != job.step]
-                    what = (
-                        "could not be saved"
-                        if stage == "write"
-                        else f"was committed at {self.step_path(job.step)} but on_commit failed"
-                    )
-                    self._failure = (
-                        f"step {job.step}: checkpoint {what}: {e!r}"
-                        + (
-                            f"; steps {dropped} were queued after it and not saved"
-                            if dropped
-                            else ""
-                        )
-                        + "; the saver accepts no more saves",
-                        e,
-                    )
-                    self._queue.clear()
-                    self._worker = None
-                    self._cond.notify_all()
-                return
-            with self._cond:
-                self._queue.popleft()
-                self._committed.append(saved)
-                self._cond.notify_all()
-
-    def _write(self, job: _Job) -> SavedCheckpoint:
+    def _write(self, job: StepSnapshot) -> SavedCheckpoint:
         meta = CheckpointMeta(
             step=job.step,
             timestamp_ms=job.timestamp_ms,
@@ -439,14 +312,11 @@ class CheckpointSaver:
     def close(self) -> None:
         """Let the queued saves finish (committed ones stay returned by `wait`), close Orbax's
         manager; raises `SaveFailedError` if a save failed. Idempotent."""
-        with self._cond:
-            self._closed = True
-            while self._queue and self._failure is None:
-                self._cond.wait()
-        with self._manager_lock:
-            self._manager.close()
-        with self._cond:
-            self._raise_if_failed()
+        try:
+            self._queue.close()
+        finally:
+            with self._manager_lock:
+                self._manager.close()
 
 
 def _reader() -> ocp.Checkpointer:
@@ -465,23 +335,14 @@ def read_meta(step_path: str) -> CheckpointMeta:
     return CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
 
 
-def verify_fingerprint(params: PyTree, expected: str, where: str) -> None:
-    got = weights_fingerprint(params)
-    if got != expected:
-        raise FingerprintMismatchError(
-            f"{where}: restored weights have fingerprint {got}, expected {expected}: the "
-            "checkpoint is not the one recorded (or was corrupted); refusing to use it"
-        )
-
-
 def restore_params(
     step_path: str, expected_fingerprint: str | None = None
 ) -> tuple[PyTree, CheckpointMeta]:
     """Read the scanned params of a complete checkpoint as numpy arrays and verify them.
 
     `expected_fingerprint` is the manifest row's; without one (standalone evaluation) the
-    checkpoint's own recorded fingerprint is the reference. Raises `CheckpointError` (or its
-    subclass `FingerprintMismatchError`) naming the checkpoint.
+    checkpoint's own recorded fingerprint is the reference. Raises `CheckpointError` or
+    `FingerprintMismatchError` naming the checkpoint.
     """
     if not is_complete(step_path):
         raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")

@@ -1,30 +1,12 @@
 """Sharded evaluation: which instances a worker owns, its shard file, and worker 0's gathering.
 
-An evaluation may run as N workers (on GKE: a JobSet of 16 single-host TPU slices; each pod
-learns its index from ``RCPFLOW_SLICE_INDEX``, N from ``RCPFLOW_NUM_SLICES`` and the launch it
-belongs to from ``RCPFLOW_ATTEMPT_ID``). Worker k evaluates the instances i with i % N == k and
-writes them in one atomic write to
-
-    <eval_dir>/attempts/shard_<k>-of-<N>.jsonl
-        line 1      header: {"kind": "rcpflow.eval_shard", "identity": {...}, "shard_index": k,
-                             "fatal_error": null or "...", "records": R, "start_ms", "written_ms"}
-        lines 2..   R attempt records, sorted by (instance, attempt)
-
-A worker whose evaluation failed (e.g. a fingerprint mismatch) writes a shard with the error and
-no records. Worker 0 evaluates its own shard, then polls storage for the other N - 1
-(`gather_shards`) and builds the summary from all of them.
-
-Which files belong to *this* evaluation is decided by the header's identity
-(`EvalIdentity`): the attempt id that every worker of one launch shares (on GKE the JobSet's
-uid and restart count), the checkpoint (path, step, timestamp, expected fingerprint), the
-sampling settings and N. A file whose identity differs was left by an earlier attempt, another
-checkpoint or older code: it is ignored (and said so), and worker 0 keeps waiting for the live
-worker to overwrite it. Two simpler rules are wrong: worker 0 clearing the folder when it starts
-can delete a shard that a faster worker of the same attempt already wrote (pods start minutes
-apart), and matching the checkpoint alone would merge a shard that recorded a transient error
-in an earlier attempt into the retry, failing it again.
-
-Pure Python on `rcpflow.storage`; no JAX.
+Worker k of N evaluates the instances i with i % N == k and writes them, in one atomic write, to
+``attempts/shard_<k>-of-<N>.jsonl``: a JSON header (identity, shard index, fatal error, record
+count, times) then the records. A file belongs to this evaluation only if its identity matches
+(`EvalIdentity`: the launch's attempt id, the checkpoint, the sampling settings, N); any other is
+stale, ignored with a word, and worker 0 waits for the live worker to overwrite it. Clearing the
+folder at start could delete a faster worker's shard, and matching on the checkpoint alone would
+merge an earlier attempt's transient error into a retry. Pure Python on `rcpflow.storage`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,11 @@
 """The reference policy: a small decoder-only transformer with scanned layers and rotary positions.
 
-Public API (stable; the checkpoint/evaluator code builds on it):
-
-- ``ModelConfig`` (frozen dataclass): sizes, ``max_sequence_length`` (honest: positions are rotary,
-  there is no position table), ``param_scan_axis``.
-- ``init_params(cfg, rng) -> Params``: the *scanned* parameter pytree (a plain nested dict)::
-
-      {"embed":      {"embedding": (vocab, d_model)},
-       "layers":     {...every leaf stacked along axis ``cfg.param_scan_axis`` (= 1) ...},
-       "final_norm": {"scale": (d_model,)},
-       "lm_head":    {"kernel": (d_model, vocab)}}
-
-  Only the leaves under ``"layers"`` are stacked; every other leaf is per-model. The layer
-  axis is 1, as MaxText trains (``param_scan_axis: 1``): e.g. the query kernel of one layer is
-  ``(d_model, heads, head_dim)`` and stacked it is ``(d_model, num_layers, heads, head_dim)``;
-  a norm scale ``(d_model,)`` stacked is ``(d_model, num_layers)``.
-- ``apply_scanned(cfg, params, tokens) -> logits`` (training model, ``nn.scan`` over the layers).
-- ``apply_unscanned(cfg, outer_params, layer_params, tokens) -> logits`` (eval model): the same
-  function, taking the non-layer params and a sequence of per-layer trees.
-- ``unscan_params(params, axis=PARAM_SCAN_AXIS) -> (outer_params, [layer_0, layer_1, ...])``:
-  per-layer numpy *views* into the stacked arrays (no weight copy).
-- ``param_bytes(params) -> int``.
-
-``tokens`` are int32 ``(batch, length)`` without padding; logits are float32
-``(batch, length, vocab)``. Position ``t`` attends to positions ``<= t``.
+`init_params` returns the SCANNED pytree ``{"embed", "layers", "final_norm", "lm_head"}`` in
+which only the leaves under ``"layers"`` are stacked, along axis 1 as MaxText trains
+(``param_scan_axis: 1``; e.g. a norm scale ``(d_model,)`` stacked is ``(d_model, num_layers)``).
+`apply_scanned` is the training model; `apply_unscanned` is the same function applying each layer
+from its own tree, fed by `unscan_params`' per-layer numpy views (no weight copied). Tokens are
+int32 ``(batch, length)`` without padding; logits float32; position t attends to positions <= t.
 """
 
 from __future__ import annotations
@@ -43,6 +25,9 @@ Params = dict[str, Any]
 # MaxText's default layout: the layer axis is the second axis of every stacked leaf.
 PARAM_SCAN_AXIS = 1
 LAYERS_KEY = "layers"
+# Key in a checkpoint's `extra` record under which the trainer stores its ModelConfig fields; the
+# evaluator rebuilds the model from it.
+MODEL_CONFIG_KEY = "model_config"
 
 
 @dataclass(frozen=True)

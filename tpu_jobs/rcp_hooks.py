@@ -1,49 +1,10 @@
 """RCP training hooks: what any trainer calls to produce a compliant ``qwen35_397b_grpo`` run.
 
-Framework-agnostic: the hooks see parameters and trainer state only as pytrees of JAX arrays and
-know nothing of the model, the optimizer or the loop. They own
-
-- the training section of the MLLOG (header, ``init_stop``, ``run_start``, ``block_start``, and
-  at the end one ``block_stop`` backdated to the last weight update);
-- the weight-update timestamp of every step: taken after the update has completed
-  (``jax.block_until_ready``) and before the checkpoint write starts;
-- from ``val_start_at`` on, an Orbax checkpoint of every step that the loop does not wait for:
-  `after_update` copies params and state to host memory and queues them; a background thread
-  writes the queued steps in step order, and upserts each step's manifest row once its
-  checkpoint has committed (`tpu_jobs.checkpoint.CheckpointSaver`). The loop waits only when
-  `max_pending_saves` steps are already queued or writing (backpressure, bounding host memory);
-  a failed save is raised in the training thread by the next `after_update`/`flush`;
-- resuming after a crash from the newest complete checkpoint: a half-written checkpoint is
-  ignored (and removed by Orbax), a complete checkpoint whose row was not yet written gets its
-  row from the checkpoint's own record, rows are keyed by step so none is ever duplicated.
-
-Wiring into another trainer's loop (MaxText, Tunix, ...)::
-
-    from rcpflow import recipe
-    from tpu_jobs.rcp_hooks import RcpHooks
-
-    hp = recipe.hyperparameters("closed", global_batch_size=256, max_steps=40)
-    hooks = RcpHooks(run_dir, seed, hp, val_start_at=recipe.val_start_at(256))
-    resumed = hooks.resume(params_like=params, state_like=opt_state)   # None on a fresh run
-    first_step = 1
-    if resumed is not None:
-        params, opt_state = resumed.params, resumed.state
-        # finished: the log already has its block_stop; run no update, only on_train_end().
-        first_step = hp.max_steps + 1 if resumed.finished else resumed.step + 1
-    hooks.on_init_start()          # no-op when resumed: the log of the run continues
-    ...compile, warm up...
-    hooks.on_run_start()
-    with hooks:                    # on an exception: finishes queued saves, no block_stop
-        for step in range(first_step, hp.max_steps + 1):
-            params, opt_state = train_step(params, opt_state, batch(step))
-            hooks.after_update(step, params, opt_state)   # step = updates done so far
-        hooks.on_train_end()       # waits for queued saves and their rows, backdated block_stop
-
-Steps count optimizer updates (the first update is step 1), so ``samples_count = step * gbs``.
-The trainer must not donate the buffers passed to `after_update` before it returns; once it has
-returned, the step's checkpoint is taken from a host copy, whatever the trainer does to them.
-Saving, fingerprinting and the manifest upsert all happen in the saver's thread, so they compete
-with the training step only for CPU (and Python's GIL), never by making the loop wait.
+The hooks decide the training section of the MLLOG (ending in a ``block_stop`` backdated to the
+last weight update), each step's weight-update timestamp (taken once the update has completed),
+from ``val_start_at`` on a background checkpoint of every step with its manifest row, and how a
+crashed run resumes. They see params and state only as pytrees of arrays; a step is one optimizer
+update, so ``samples_count = step * gbs``.
 """
 
 from __future__ import annotations
@@ -65,8 +26,8 @@ from tpu_jobs.checkpoint import (
     CheckpointError,
     CheckpointSaver,
     SavedCheckpoint,
-    SaveFailedError,
 )
+from tpu_jobs.saver import SaveFailedError
 
 PyTree = Any
 RUN_IDENTITY_KEY = "run"
@@ -91,7 +52,27 @@ class ResumePoint:
 
 
 class RcpHooks:
-    """Per-run hooks; see the module docstring for the call order."""
+    """Per-run hooks. In another trainer's loop (MaxText, Tunix, ...)::
+
+        hp = recipe.hyperparameters("closed", global_batch_size=gbs, max_steps=40)
+        hooks = RcpHooks(run_dir, seed, hp, val_start_at=recipe.val_start_at(gbs))
+        resumed = hooks.resume(params_like=params, state_like=opt_state)  # None: fresh run
+        first_step = 1
+        if resumed is not None:
+            params, opt_state = resumed.params, resumed.state
+            first_step = hp.max_steps + 1 if resumed.finished else resumed.step + 1
+        hooks.on_init_start()        # no-op when resumed: the run's log continues
+        ...compile, warm up...
+        hooks.on_run_start()
+        with hooks:                  # on an exception: finish queued saves, no block_stop
+            for step in range(first_step, hp.max_steps + 1):
+                params, opt_state = train_step(params, opt_state, batch(step))
+                hooks.after_update(step, params, opt_state)
+            hooks.on_train_end()     # waits for the saves and their rows, then block_stop
+
+    Saving, fingerprinting and the manifest upsert run in the saver's thread: they compete with
+    the training step for CPU only, never by making the loop wait.
+    """
 
     def __init__(
         self,
@@ -261,8 +242,9 @@ class RcpHooks:
 
         Blocks until `params` are computed, takes the timestamp, then (from val_start_at on)
         copies `params` and `state` to host memory and queues their save; it waits for earlier
-        saves only when `max_pending_saves` of them are unfinished. Raises
-        `tpu_jobs.checkpoint.SaveFailedError` if an earlier save failed (its step is named).
+        saves only when `max_pending_saves` of them are unfinished. The trainer must not donate
+        `params` or `state` before this returns; afterwards the save holds its own host copy.
+        Raises `tpu_jobs.saver.SaveFailedError` if an earlier save failed (its step is named).
         """
         if self._ended:
             raise RuntimeError(f"step {step}: after_update() after on_train_end()")

@@ -1,28 +1,11 @@
 """The GRPO training job: ``python -m tpu_jobs.train --run-dir D --seed S [...]``.
 
-Trains the toy policy (`tpu_jobs.model`) on the toy task (`tpu_jobs.task`) with GRPO
-(`tpu_jobs.grpo`) and produces a compliant run through the RCP hooks (`tpu_jobs.rcp_hooks`):
-the MLLOG training section, from ``val_start_at`` on an Orbax checkpoint of every step with its
-manifest row, and the ``block_stop`` backdated to the last weight update. Evaluation is offline
-(``python -m tpu_jobs.evaluate``), so training always runs ``--max-steps`` updates.
-
-Flags:
-    --run-dir D               local folder or gs://bucket/prefix (the run layout of rcpflow)
-    --seed S                  the run's seed: same seed, same trajectory (also after a resume)
-    --global-batch-size N     generations per step, prompts x 16 (default 256)
-    --max-steps M             optimizer updates (default 50)
-    --val-start-at V          first checkpointed step (default: the recipe, ceil(2.5+3840/N))
-    --division closed|open    default open: the toy learns at its own learning rate, which
-                              closed division forbids (closed runs the recipe exactly:
-                              lr 1e-6 at gbs 256, on which the toy does not learn)
-    --learning-rate LR        open division only (default 3e-3); what is used is what is logged
-    --rcp-logging/--no-rcp-logging   write the MLLOG training section (default on)
-
-A re-run with the same arguments after a crash resumes from the newest complete checkpoint
-(the hooks restore it; the loop continues at the next step).
-
-Prints one JSON line per update (step, mean training reward, loss, timestamp_ms) and exits 0
-when training finished; 2 on bad arguments (the message names the flag).
+Trains the toy policy on the toy task with GRPO and produces a compliant run through the RCP
+hooks. Evaluation is offline (``python -m tpu_jobs.evaluate``), so training always runs
+``--max-steps`` updates; a re-run with the same arguments after a crash resumes from the newest
+complete checkpoint. Open division (the default) trains at the toy's own learning rate, which
+closed division forbids. Prints one JSON line per update; exits 0 when training finished, 2 on
+bad arguments (the message names the flag).
 """
 
 from __future__ import annotations
@@ -32,7 +15,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -40,8 +23,7 @@ import jax.numpy as jnp
 from rcpflow import recipe
 from rcpflow.mllog import SystemInfo, require_mlperf_logging
 from tpu_jobs import grpo
-from tpu_jobs.evaluate import MODEL_CONFIG_KEY
-from tpu_jobs.model import ModelConfig
+from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
 from tpu_jobs.rcp_hooks import RcpHooks
 
 DEFAULT_GLOBAL_BATCH_SIZE = 256
@@ -63,7 +45,7 @@ class TrainConfig:
     division: str = DEFAULT_DIVISION
     learning_rate: float | None = None  # None: the division's default
     rcp_logging: bool = True
-    model: ModelConfig = ModelConfig()
+    model: ModelConfig = field(default_factory=ModelConfig)
 
 
 @dataclass(frozen=True)
@@ -168,18 +150,46 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
         prog="python -m tpu_jobs.train", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--run-dir", required=True, help="local folder or gs://bucket/prefix")
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH_SIZE)
-    parser.add_argument("--max-steps", type=int, default=DEFAULT_MAX_STEPS)
-    parser.add_argument("--val-start-at", type=int, default=None)
-    parser.add_argument("--division", choices=recipe.DIVISIONS, default=DEFAULT_DIVISION)
+    parser.add_argument(
+        "--seed", type=int, required=True, help="same seed, same trajectory (also after a resume)"
+    )
+    parser.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=DEFAULT_GLOBAL_BATCH_SIZE,
+        help=f"generations per step, prompts x 16 (default {DEFAULT_GLOBAL_BATCH_SIZE})",
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=DEFAULT_MAX_STEPS,
+        help=f"optimizer updates (default {DEFAULT_MAX_STEPS})",
+    )
+    parser.add_argument(
+        "--val-start-at",
+        type=int,
+        default=None,
+        help="first checkpointed step (default: the recipe's, ceil(2.5+3840/gbs))",
+    )
+    parser.add_argument(
+        "--division",
+        choices=recipe.DIVISIONS,
+        default=DEFAULT_DIVISION,
+        help="closed runs the recipe exactly (lr 1e-6 at gbs 256, on which the toy does not "
+        "learn); open (default) allows the toy's learning rate",
+    )
     parser.add_argument(
         "--learning-rate",
         type=float,
         default=None,
         help=f"open division only (default {OPEN_LEARNING_RATE}); closed uses the recipe's",
     )
-    parser.add_argument("--rcp-logging", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--rcp-logging",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write the MLLOG training section (default on)",
+    )
     args = parser.parse_args(argv)
     if args.val_start_at is not None and args.val_start_at <= 0:
         parser.error(f"--val-start-at must be positive, got {args.val_start_at}")

@@ -1,5 +1,5 @@
-"""Orbax checkpoints: background save queue, completion tracking, numpy restore, views,
-fingerprints."""
+"""Orbax checkpoints: saves through the background queue, completion tracking, numpy restore,
+views, and the fingerprint check on restore."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from tpu_jobs import checkpoint as ck
+from tpu_jobs.fingerprint import FingerprintMismatchError, weights_fingerprint
 from tpu_jobs.model import ModelConfig, init_params, unscan_params
+from tpu_jobs.saver import SaveFailedError, SaveQueueError
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,43 +48,6 @@ def assert_tree_equal(a: dict, b: dict) -> None:
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-# -- fingerprint ----------------------------------------------------------------------------
-
-
-def test_fingerprint_is_canonical_and_sensitive() -> None:
-    params = model_params()
-    fp = ck.weights_fingerprint(params)
-    assert fp.startswith("sha256:") and len(fp) == len("sha256:") + 64
-    # Same weights, other containers / key insertion order / host vs device arrays.
-    reordered = {k: params[k] for k in reversed(list(params))}
-    as_numpy = jax.tree.map(np.asarray, params)
-    assert ck.weights_fingerprint(reordered) == fp
-    assert ck.weights_fingerprint(as_numpy) == fp
-    # One element changed, a dtype changed, a leaf renamed: all different.
-    leaf = np.array(as_numpy["lm_head"]["kernel"])
-    leaf[0, 0] = np.nextafter(leaf[0, 0], np.float32(np.inf))
-    changed = {**as_numpy, "lm_head": {"kernel": leaf}}
-    assert ck.weights_fingerprint(changed) != fp
-    cast = {**as_numpy, "lm_head": {"kernel": leaf.astype(np.float64)}}
-    assert ck.weights_fingerprint(cast) != ck.weights_fingerprint(changed)
-    renamed = {**as_numpy, "lm_head": {"kernel2": as_numpy["lm_head"]["kernel"]}}
-    assert ck.weights_fingerprint(renamed) != fp
-
-
-def test_fingerprint_of_bfloat16_weights() -> None:
-    weights = jnp.arange(6, dtype=jnp.bfloat16).reshape(2, 3)
-    fp = ck.weights_fingerprint({"w": weights})
-    assert fp == ck.weights_fingerprint({"w": np.asarray(weights)})
-    assert fp != ck.weights_fingerprint({"w": weights.astype(jnp.float16)})
-
-
-def test_fingerprint_of_views_equals_fingerprint_of_copies() -> None:
-    stacked = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
-    view = stacked[:, 1]  # non-contiguous
-    assert not view.flags["C_CONTIGUOUS"]
-    assert ck.weights_fingerprint({"a": view}) == ck.weights_fingerprint({"a": view.copy()})
-
-
 # -- save, completion, restore --------------------------------------------------------------
 
 
@@ -112,7 +77,7 @@ def test_saves_commit_in_step_order_each_reported_once_only_when_committed(tmp_p
         meta = ck.read_meta(os.path.join(directory, str(step)))
         assert meta.step == step and meta.timestamp_ms == 10 * step
         assert meta.extra == {"k": step}
-        assert meta.weights_fingerprint == ck.weights_fingerprint(params)
+        assert meta.weights_fingerprint == weights_fingerprint(params)
 
 
 class Gate:
@@ -125,8 +90,8 @@ class Gate:
         self._lock = threading.Lock()
         original = ck.CheckpointSaver._write
 
-        def write(saver: ck.CheckpointSaver, job: object) -> ck.SavedCheckpoint:
-            if job.step in self.hold:  # type: ignore[attr-defined]
+        def write(saver: ck.CheckpointSaver, job: ck.StepSnapshot) -> ck.SavedCheckpoint:
+            if job.step in self.hold:
                 # Released by the test; the timeout only ends a test whose assertion has failed.
                 self.open.wait(timeout=60)
             saved = original(saver, job)
@@ -148,7 +113,7 @@ def test_save_snapshots_the_arrays_before_returning(tmp_path, monkeypatch) -> No
     weights = np.arange(12, dtype=np.float32).reshape(3, 4)
     device = {"w": jnp.full((3, 4), 7.0)}
     saver.save(1, {"layers": {"w": weights}, "d": device}, {"n": np.int32(1)}, timestamp_ms=1)
-    expected = ck.weights_fingerprint({"layers": {"w": weights.copy()}, "d": device})
+    expected = weights_fingerprint({"layers": {"w": weights.copy()}, "d": device})
     weights[:] = -1.0  # the trainer's next update, in place
     assert gate.events == [] and saver.pending() == [1]  # not written yet
     gate.open.set()
@@ -190,8 +155,8 @@ def test_a_failed_save_is_raised_by_every_later_call_and_stops_the_queue(
     release = threading.Event()
     original = ck.CheckpointSaver._write
 
-    def write(saver: ck.CheckpointSaver, job: object) -> ck.SavedCheckpoint:
-        if job.step == 2:  # type: ignore[attr-defined]
+    def write(saver: ck.CheckpointSaver, job: ck.StepSnapshot) -> ck.SavedCheckpoint:
+        if job.step == 2:
             release.wait(timeout=60)  # fails once step 3 is queued behind it
             raise OSError("disk full (simulated)")
         return original(saver, job)
@@ -205,11 +170,11 @@ def test_a_failed_save_is_raised_by_every_later_call_and_stops_the_queue(
     for step in (1, 2, 3):
         saver.save(step, model_params(), train_state(), timestamp_ms=step)
     release.set()
-    with pytest.raises(ck.SaveFailedError, match=r"step 2: .*disk full.*steps \[3\] were queued"):
+    with pytest.raises(SaveFailedError, match=r"step 2: .*disk full.*steps \[3\] were queued"):
         saver.wait()
-    with pytest.raises(ck.SaveFailedError, match="step 2"):
+    with pytest.raises(SaveFailedError, match="step 2"):
         saver.save(4, model_params(), train_state(), timestamp_ms=4)
-    with pytest.raises(ck.SaveFailedError, match="step 2"):
+    with pytest.raises(SaveFailedError, match="step 2"):
         saver.close()
     assert committed == [1]  # 3 was never written: a gap after 2 would break the manifest
     assert ck.CheckpointSaver(str(directory)).complete_steps() == [1]
@@ -221,7 +186,7 @@ def test_on_commit_failure_is_raised_and_names_the_committed_step(tmp_path) -> N
 
     saver = ck.CheckpointSaver(str(tmp_path / "c"), on_commit=on_commit)
     saver.save(1, model_params(), train_state(), timestamp_ms=1)
-    with pytest.raises(ck.SaveFailedError, match="step 1: checkpoint was committed at .* but "):
+    with pytest.raises(SaveFailedError, match=r"step 1: checkpoint was committed at .* but "):
         saver.wait()
     assert ck.is_complete(str(tmp_path / "c" / "1"))
 
@@ -229,12 +194,12 @@ def test_on_commit_failure_is_raised_and_names_the_committed_step(tmp_path) -> N
 def test_bad_saves_are_refused_by_name(tmp_path) -> None:
     saver = ck.CheckpointSaver(str(tmp_path / "c"))
     saver.save(5, model_params(), train_state(), timestamp_ms=5)
-    with pytest.raises(ck.CheckpointError, match="step 5: saves must be in increasing step order"):
+    with pytest.raises(SaveQueueError, match="step 5: saves must be in increasing step order"):
         saver.save(5, model_params(), train_state(), timestamp_ms=6)
     with pytest.raises(ck.CheckpointError, match="step 6: train_state/key: typed PRNG key"):
         saver.save(6, model_params(), {"key": jax.random.key(0)}, timestamp_ms=6)
     saver.close()
-    with pytest.raises(ck.CheckpointError, match="step 7: save\\(\\) after close"):
+    with pytest.raises(SaveQueueError, match="step 7: save\\(\\) after close"):
         saver.save(7, model_params(), train_state(), timestamp_ms=7)
     with pytest.raises(ValueError, match="max_pending must be at least 1"):
         ck.CheckpointSaver(str(tmp_path / "d"), max_pending=0)
@@ -298,7 +263,7 @@ def test_manifest_fingerprint_mismatch_is_refused(tmp_path) -> None:
     saver, _ = save_steps(str(tmp_path / "c"), [1, 2])
     done = {d.step: d for d in saver.wait()}
     saver.close()
-    with pytest.raises(ck.FingerprintMismatchError, match="manifest expects"):
+    with pytest.raises(FingerprintMismatchError, match="manifest expects"):
         ck.restore_params(done[2].path, expected_fingerprint=done[1].meta.weights_fingerprint)
 
 
@@ -319,7 +284,7 @@ def test_flipped_bit_in_weights_is_caught_by_fingerprint(tmp_path) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x01
     path.write_bytes(bytes(data))
-    with pytest.raises(ck.FingerprintMismatchError, match="refusing to use it"):
+    with pytest.raises(FingerprintMismatchError, match="refusing to use it"):
         ck.restore_params(done.path, expected_fingerprint=done.meta.weights_fingerprint)
 
 

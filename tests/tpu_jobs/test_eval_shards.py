@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ ENV = {es.SLICE_INDEX_ENV: "2", es.NUM_SLICES_ENV: "3", es.ATTEMPT_ID_ENV: "uid-
 
 
 def identity(**overrides: object) -> es.EvalIdentity:
-    fields = {
+    fields: dict[str, Any] = {
         "attempt_id": "a1",
         "num_shards": 3,
         "checkpoint_path": "/run/checkpoints/3",
@@ -30,7 +31,7 @@ def identity(**overrides: object) -> es.EvalIdentity:
         "sampling": {"seed": 0, "temperature": 0.1, "top_p": 0.95},
     }
     fields.update(overrides)
-    return es.EvalIdentity(**fields)  # type: ignore[arg-type]
+    return es.EvalIdentity(**fields)
 
 
 def records(index: int, ident: es.EvalIdentity) -> tuple[dict, ...]:
@@ -268,7 +269,7 @@ def test_gather_refuses_a_malformed_shard_of_this_evaluation(tmp_path: Path) -> 
     ident = identity()
     path = es.write_shard(str(tmp_path), ident, shard(1, ident))
     _rewrite(path, lambda ls: ls[:-1])
-    with pytest.raises(es.ShardError, match="shard_1-of-3.jsonl"):
+    with pytest.raises(es.ShardError, match=r"shard_1-of-3\.jsonl"):
         gather(tmp_path, ident, FakeTime(), timeout_s=600)
 
 

@@ -26,7 +26,15 @@ from rcpflow.summary import read_summary, summary_problems
 from tpu_jobs import checkpoint as ck
 from tpu_jobs import eval_shards as es
 from tpu_jobs import evaluate, task
-from tpu_jobs.model import ModelConfig, apply_scanned, apply_unscanned, init_params, unscan_params
+from tpu_jobs.eval_orchestration import ATTEMPTS_FILE, model_config
+from tpu_jobs.model import (
+    MODEL_CONFIG_KEY,
+    ModelConfig,
+    apply_scanned,
+    apply_unscanned,
+    init_params,
+    unscan_params,
+)
 from tpu_jobs.rcp_hooks import RcpHooks
 
 pytestmark = pytest.mark.timeout(600)
@@ -41,7 +49,7 @@ def build_run(run_dir: str) -> dict[int, dict]:
     hp = recipe.hyperparameters("closed", GBS, MAX_STEPS)
     hooks = RcpHooks(
         run_dir, 0, hp, VAL_START,
-        checkpoint_extra={evaluate.MODEL_CONFIG_KEY: dataclasses.asdict(CFG)},
+        checkpoint_extra={MODEL_CONFIG_KEY: dataclasses.asdict(CFG)},
     )  # fmt: skip
     params = init_params(CFG, jax.random.PRNGKey(0))
     saved = {}
@@ -92,7 +100,7 @@ def test_restored_unscanned_model_equals_saved_scanned_model(built_run) -> None:
     run_dir, saved = built_run
     row = manifest.load(RunLayout(run_dir).manifest).row(4)
     params, meta = ck.restore_params(row.checkpoint_path, row.weights_fingerprint)
-    assert evaluate.model_config(meta, "t") == CFG
+    assert model_config(meta, "t") == CFG
     outer, layers = unscan_params(params, axis=CFG.param_scan_axis)
     for i, layer in enumerate(layers):
         for view, stacked, original in zip(
@@ -125,7 +133,7 @@ def test_evaluate_step_writes_valid_summary_and_attempts_then_reuses(built_run, 
     assert summary.checkpoint_timestamp_ms == row.timestamp_ms
     records = [
         json.loads(line)
-        for line in Path(layout.attempts_dir(3), evaluate.ATTEMPTS_FILE).read_text().splitlines()
+        for line in Path(layout.attempts_dir(3), ATTEMPTS_FILE).read_text().splitlines()
     ]
     assert len(records) == 1004
     assert {(r["instance"], r["attempt"]) for r in records} == {
@@ -151,10 +159,10 @@ def test_evaluation_is_deterministic(built_run, tmp_path) -> None:
     run_dir = copy_run(built_run[0], tmp_path / "run")
     layout = RunLayout(run_dir)
     assert evaluate.main(["--run-dir", run_dir, "--step", "4"]) == 0
-    first = Path(layout.attempts_dir(4), evaluate.ATTEMPTS_FILE).read_bytes()
+    first = Path(layout.attempts_dir(4), ATTEMPTS_FILE).read_bytes()
     os.remove(layout.summary(4))
     assert evaluate.main(["--run-dir", run_dir, "--step", "4"]) == 0
-    assert Path(layout.attempts_dir(4), evaluate.ATTEMPTS_FILE).read_bytes() == first
+    assert Path(layout.attempts_dir(4), ATTEMPTS_FILE).read_bytes() == first
 
 
 def test_fingerprint_mismatch_gives_fatal_summary_and_nonzero_exit(built_run, tmp_path) -> None:
@@ -269,7 +277,7 @@ def test_three_concurrent_shards_give_the_one_shard_result(built_run, tmp_path) 
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for k in range(3)
     ]
     try:
@@ -291,12 +299,9 @@ def test_three_concurrent_shards_give_the_one_shard_result(built_run, tmp_path) 
     # Not a trivial agreement: the sampled attempts are a mix of right and wrong answers.
     assert 0 < s1.resolved_attempts < s1.expected_attempts
     a1, a3 = (RunLayout(d).attempts_dir(3) for d in (one, three))
-    assert (
-        Path(a3, evaluate.ATTEMPTS_FILE).read_bytes()
-        == Path(a1, evaluate.ATTEMPTS_FILE).read_bytes()
-    )
-    assert listing(a1) == [evaluate.ATTEMPTS_FILE]  # one shard: no shard files, as before
-    assert listing(a3) == [evaluate.ATTEMPTS_FILE] + [f"shard_{k}-of-3.jsonl" for k in range(3)]
+    assert Path(a3, ATTEMPTS_FILE).read_bytes() == Path(a1, ATTEMPTS_FILE).read_bytes()
+    assert listing(a1) == [ATTEMPTS_FILE]  # one shard: no shard files, as before
+    assert listing(a3) == [ATTEMPTS_FILE] + [f"shard_{k}-of-3.jsonl" for k in range(3)]
     for k in range(3):
         lines = Path(a3, f"shard_{k}-of-3.jsonl").read_text().splitlines()
         header = json.loads(lines[0])
@@ -365,7 +370,7 @@ def test_fatal_error_in_another_worker_reaches_the_summary(built_run, tmp_path, 
     summary = read_summary(layout.summary(3))
     assert summary.fatal_error.startswith("shard 2 of 3: FingerprintMismatchError")
     assert not summary.complete and gate.valid_summary(run_dir, row) is None
-    assert not Path(layout.attempts_dir(3), evaluate.ATTEMPTS_FILE).exists()
+    assert not Path(layout.attempts_dir(3), ATTEMPTS_FILE).exists()
 
 
 def test_every_worker_reuses_a_valid_summary(built_run, tmp_path, capsys) -> None:
@@ -378,7 +383,7 @@ def test_every_worker_reuses_a_valid_summary(built_run, tmp_path, capsys) -> Non
         assert evaluate.main(shard_args(run_dir, 4, k, 3, "later", 0)) == 0
         assert "reusing valid summary" in capsys.readouterr().out
     assert Path(layout.summary(4)).read_bytes() == before
-    assert listing(layout.attempts_dir(4)) == [evaluate.ATTEMPTS_FILE]  # no shard was computed
+    assert listing(layout.attempts_dir(4)) == [ATTEMPTS_FILE]  # no shard was computed
 
 
 def test_explicit_flags_win_over_the_environment(built_run, tmp_path, monkeypatch) -> None:
@@ -389,7 +394,7 @@ def test_explicit_flags_win_over_the_environment(built_run, tmp_path, monkeypatc
     monkeypatch.setenv(es.ATTEMPT_ID_ENV, "env")
     args = ["--run-dir", run_dir, "--step", "4", "--num-shards", "1", "--shard-index", "0"]
     assert evaluate.main(args) == 0
-    assert listing(layout.attempts_dir(4)) == [evaluate.ATTEMPTS_FILE]
+    assert listing(layout.attempts_dir(4)) == [ATTEMPTS_FILE]
     assert read_summary(layout.summary(4)).complete
 
 

@@ -7,6 +7,7 @@ process killed in the middle of its checkpointing and re-run.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -72,7 +73,7 @@ def check_timestamps(run_dir: str, rows: list[manifest.ManifestRow], local: bool
     start = run_start_ms(events)
     assert start is not None
     stamps = [r.timestamp_ms for r in rows]
-    assert all(b > a for a, b in zip(stamps, stamps[1:], strict=False))  # strictly increasing
+    assert all(b > a for a, b in itertools.pairwise(stamps))  # strictly increasing
     assert stamps[0] > start
     [block_stop] = [e for e in events if e.key == "block_stop"]
     assert block_stop.time_ms == stamps[-1]  # backdated to the last weight update

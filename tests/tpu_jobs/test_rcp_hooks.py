@@ -20,7 +20,9 @@ from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.storage import storage_for
 from tpu_jobs import checkpoint as ck
+from tpu_jobs.fingerprint import weights_fingerprint
 from tpu_jobs.rcp_hooks import RcpHooks
+from tpu_jobs.saver import SaveFailedError
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -191,7 +193,7 @@ def stand_in_loop(hooks: RcpHooks, record: Recorder) -> dict[int, tuple[int, str
         params = jax.tree.map(lambda x, s=step: x + s, params)
         timestamp_ms = hooks.after_update(step, params, {"count": jnp.int32(step)})
         record.note("returned", step)
-        passed[step] = (timestamp_ms, ck.weights_fingerprint(params))
+        passed[step] = (timestamp_ms, weights_fingerprint(params))
     return passed
 
 
@@ -204,7 +206,7 @@ def test_loop_does_not_wait_for_slow_writes_and_rows_follow_commits(tmp_path, mo
     release = threading.Event()
     write, record_row = ck.CheckpointSaver._write, RcpHooks._record_row
 
-    def slow_write(saver: ck.CheckpointSaver, job: object) -> ck.SavedCheckpoint:
+    def slow_write(saver: ck.CheckpointSaver, job: ck.StepSnapshot) -> ck.SavedCheckpoint:
         # Only a loop that waits for this write would reach the timeout (and fail below).
         release.wait(timeout=30)
         return write(saver, job)
@@ -244,8 +246,8 @@ def test_a_failed_save_is_raised_in_the_training_thread(tmp_path, monkeypatch) -
     run_dir = str(tmp_path / "run")
     write = ck.CheckpointSaver._write
 
-    def failing_write(saver: ck.CheckpointSaver, job: object) -> ck.SavedCheckpoint:
-        if job.step == 4:  # type: ignore[attr-defined]
+    def failing_write(saver: ck.CheckpointSaver, job: ck.StepSnapshot) -> ck.SavedCheckpoint:
+        if job.step == 4:
             raise OSError("bucket unreachable (simulated)")
         return write(saver, job)
 
@@ -255,7 +257,7 @@ def test_a_failed_save_is_raised_in_the_training_thread(tmp_path, monkeypatch) -
     hooks.on_run_start()
     # Raised by whichever call comes first after the failure: after_update(5 or 6) or the end.
     with (
-        pytest.raises(ck.SaveFailedError, match="step 4: .*bucket unreachable") as failure,
+        pytest.raises(SaveFailedError, match=r"step 4: .*bucket unreachable") as failure,
         hooks,
     ):
         stand_in_loop(hooks, Recorder())
@@ -276,7 +278,7 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path) -> None:
     run_dir = str(tmp_path / "run")
     assert drive(run_dir, "--crash-after-save", "4")[0] == CRASH_EXIT_CODE
     hooks = _hooks(run_dir, gbs=64)
-    with pytest.raises(ck.CheckpointError, match="step 4: .* belongs to run"):
+    with pytest.raises(ck.CheckpointError, match=r"step 4: .* belongs to run"):
         hooks.resume(params_like={}, state_like={})
     hooks.saver.close()
 
@@ -300,7 +302,7 @@ def test_after_update_rejects_skipped_or_out_of_range_steps(tmp_path) -> None:
     with pytest.raises(ValueError, match="step 3: expected step 2"):
         hooks.after_update(3, params, {})
     fresh = _hooks(str(tmp_path / "other"))
-    with pytest.raises(ValueError, match="step 7: outside 1..max_steps"):
+    with pytest.raises(ValueError, match=r"step 7: outside 1\.\.max_steps"):
         fresh.after_update(MAX_STEPS + 1, params, {})
     with pytest.raises(ValueError, match="val_start_at 9"):
         RcpHooks(str(tmp_path / "x"), 0, recipe.hyperparameters("closed", GBS, MAX_STEPS), 9)

@@ -17,8 +17,7 @@ from rcpflow.mllog import parse, run_start_ms
 from rcpflow.storage import storage_for
 from tpu_jobs import train
 from tpu_jobs.checkpoint import is_complete, read_meta
-from tpu_jobs.evaluate import MODEL_CONFIG_KEY
-from tpu_jobs.model import ModelConfig
+from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
 from tpu_jobs.rcp_hooks import RcpHooks
 
 pytestmark = pytest.mark.timeout(600)

@@ -1,6 +1,6 @@
 """`make bench`: checkpoint and trainer speeds as ratios measured in one run, into BENCHMARKS.md.
 
-    python -m tpu_jobs.bench [--output BENCHMARKS.md] [--steps 30] [--restore-mb 128]
+    python -m tpu_jobs.devtools.bench [--output BENCHMARKS.md] [--steps 30] [--restore-mb 128]
 
 Measured here, on whatever machine runs it (all numbers are wall-clock on this machine, so only
 the ratios travel):
@@ -42,6 +42,7 @@ import numpy as np
 
 from tpu_jobs import checkpoint as ck
 from tpu_jobs import grpo
+from tpu_jobs.fingerprint import weights_fingerprint
 from tpu_jobs.model import param_bytes, unscan_params
 from tpu_jobs.rcp_hooks import RcpHooks
 from tpu_jobs.train import TrainConfig, hyperparameters_for
@@ -162,7 +163,7 @@ def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
         drain_s_one=one_deep.drain_s / ROUNDS,
         save_blocking_s=statistics.median(blocking[1:]),
         save_write_s=statistics.median(writes[1:]),
-        fingerprint_s=median_time(lambda: ck.weights_fingerprint(state.params), 20),
+        fingerprint_s=median_time(lambda: weights_fingerprint(state.params), 20),
     )
 
 
@@ -211,7 +212,7 @@ def bench_restore(workdir: Path, megabytes: int) -> RestoreNumbers:
     restored: Any = None
     for _ in range(3):
         t, (restored, _) = timed(lambda: ck.restore_params(saved.path))
-        v, _ = timed(lambda tree=restored: ck.weights_fingerprint(tree))
+        v, _ = timed(lambda tree=restored: weights_fingerprint(tree))
         restores.append(t - v)  # restore_params verifies the fingerprint; count it apart
         verifies.append(v)
     raw = median_time(lambda: read_all(files), 3)
@@ -256,7 +257,7 @@ def render(t: TrainerNumbers, r: RestoreNumbers, steps: int, when: str, where: s
     blocks = f"{ROUNDS} interleaved blocks of {t.block_steps} steps each"
     return f"""# Benchmarks
 
-Written by `make bench` (`python -m tpu_jobs.bench`); every number below comes from one run.
+Written by `make bench` (`python -m tpu_jobs.devtools.bench`); all numbers below come from one run.
 Only the ratios are meant to be compared across machines. No test asserts any of these.
 
 - Date: {when}
@@ -361,7 +362,7 @@ def ratios_of(t: TrainerNumbers, r: RestoreNumbers) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m tpu_jobs.bench", description=__doc__.split("\n")[0]
+        prog="python -m tpu_jobs.devtools.bench", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file to (re)write")
     ap.add_argument("--steps", type=int, default=30, help="toy steps timed per configuration")

@@ -1,0 +1,1 @@
+"""Developer tools (benchmarks), not runtime code: no job imports them; images leave them out."""

@@ -1,0 +1,204 @@
+"""One checkpoint's evaluation across its shards: restore, verify, attempts, the summary.
+
+One shard writes the attempts, then the summary (the commit point). With N shards each worker
+writes its shard file (`tpu_jobs.eval_shards`); worker 0 then waits up to a timeout for the
+others and merges them. Nothing raises: a restore, fingerprint or evaluation error (any shard's)
+becomes the summary's ``fatal_error``, and a shard missing at the timeout leaves its attempts
+missing; either summary is never valid, so the run can never end on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+
+from rcpflow import recipe
+from rcpflow.layout import join
+from rcpflow.storage import storage_for
+from rcpflow.summary import AttemptResult, EvalSummary, build_summary, write_summary
+from tpu_jobs.checkpoint import CheckpointMeta, restore_params
+from tpu_jobs.eval_sampling import run_attempts, sampling_settings
+from tpu_jobs.eval_shards import (
+    SINGLE,
+    EvalIdentity,
+    Gathered,
+    Record,
+    Shard,
+    ShardError,
+    Sharding,
+    gather_shards,
+    merge_records,
+    write_shard,
+)
+from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
+from tpu_jobs.rcp_hooks import RUN_IDENTITY_KEY
+
+# Worker 0's wait for the other shards, after its own; below the deployment's 30-minute watch of
+# an eval JobSet, so the incomplete summary is written before Airflow gives up on the job.
+DEFAULT_SHARD_TIMEOUT_S = 20 * 60.0
+ATTEMPTS_FILE = "attempts.jsonl"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is being evaluated and where the results go."""
+
+    checkpoint_path: str
+    expected_fingerprint: str | None
+    step: int | None  # known from the manifest row; standalone: read from the checkpoint
+    timestamp_ms: int | None
+    samples_count: int | None
+    target_accuracy: float
+    summary_path: str
+    attempts_dir: str
+
+
+@dataclass(frozen=True)
+class CheckpointFacts:
+    """Step, timestamp and samples of the checkpoint; -1 where a failed restore left them
+    unknown (standalone mode learns them from the checkpoint)."""
+
+    step: int
+    timestamp_ms: int
+    samples_count: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one worker did: worker 0 (or the only worker) has the summary; the others only
+    wrote their shard."""
+
+    summary: EvalSummary | None
+    own_fatal_error: str | None
+    missing_shards: tuple[int, ...] = ()
+    shard_path: str | None = None
+
+
+def model_config(meta: CheckpointMeta, where: str) -> ModelConfig:
+    if MODEL_CONFIG_KEY not in meta.extra:
+        raise ValueError(
+            f"{where}: checkpoint records no {MODEL_CONFIG_KEY!r}; cannot build the model"
+        )
+    return ModelConfig(**meta.extra[MODEL_CONFIG_KEY])
+
+
+def _identity(target: Target, sharding: Sharding) -> EvalIdentity:
+    return EvalIdentity(
+        attempt_id=sharding.attempt_id,
+        num_shards=sharding.count,
+        checkpoint_path=target.checkpoint_path,
+        step=target.step,
+        timestamp_ms=target.timestamp_ms,
+        weights_fingerprint=target.expected_fingerprint,
+        instances=recipe.EVAL_SAMPLES,
+        attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
+        sampling=sampling_settings(),
+    )
+
+
+def _evaluate_shard(
+    target: Target, sharding: Sharding, start_ms: int
+) -> tuple[Shard, CheckpointFacts]:
+    """Restore, verify, sample this worker's instances. Any failure becomes the shard's
+    `fatal_error` (with no records) instead of an exception."""
+    facts = CheckpointFacts(
+        step=-1 if target.step is None else target.step,
+        timestamp_ms=-1 if target.timestamp_ms is None else target.timestamp_ms,
+        samples_count=-1 if target.samples_count is None else target.samples_count,
+    )
+    records: list[Record] = []
+    fatal: str | None = None
+    try:
+        params, meta = restore_params(target.checkpoint_path, target.expected_fingerprint)
+        if target.step is None:
+            gbs = int(meta.extra[RUN_IDENTITY_KEY]["global_batch_size"])
+            facts = CheckpointFacts(meta.step, meta.timestamp_ms, meta.step * gbs)
+        elif meta.step != target.step:
+            raise ValueError(
+                f"{target.checkpoint_path}: holds step {meta.step}, the manifest row is step "
+                f"{target.step}"
+            )
+        cfg = model_config(meta, target.checkpoint_path)
+        records = run_attempts(cfg, params, sharding.instances(recipe.EVAL_SAMPLES))
+    except Exception as e:
+        fatal = f"{type(e).__name__}: {e}"
+        records = []
+    shard = Shard(
+        index=sharding.index, path="", fatal_error=fatal, start_ms=start_ms, records=tuple(records)
+    )
+    return shard, facts
+
+
+def evaluate(
+    target: Target,
+    sharding: Sharding = SINGLE,
+    shard_timeout_s: float = DEFAULT_SHARD_TIMEOUT_S,
+) -> Outcome:
+    """Evaluate this worker's share of `target`. One shard: write attempts then the summary
+    (the commit point). Several: write this worker's shard; worker 0 then gathers the others
+    and writes the merged attempts and the summary. Failures end in a summary with
+    `fatal_error` (written too), not in an exception."""
+    start = now_ms()
+    identity = _identity(target, sharding)
+    own, facts = _evaluate_shard(target, sharding, start)
+    if sharding.count == 1:
+        gathered = Gathered(shards={0: own}, missing=())
+    else:
+        path = write_shard(target.attempts_dir, identity, own)
+        own = dataclasses.replace(own, path=path)
+        if not sharding.coordinator:
+            return Outcome(summary=None, own_fatal_error=own.fatal_error, shard_path=path)
+        gathered = Gathered(shards={0: own}, missing=())
+        if own.fatal_error is None:  # a fatal error of its own decides; no need to wait
+            try:
+                gathered = gather_shards(
+                    target.attempts_dir, identity, own, timeout_s=shard_timeout_s
+                )
+            except ShardError as e:
+                gathered = Gathered(
+                    shards={0: dataclasses.replace(own, fatal_error=f"ShardError: {e}")},
+                    missing=(),
+                )
+    fatal_shard = gathered.fatal
+    fatal: str | None = None
+    if fatal_shard is not None:
+        fatal = fatal_shard.fatal_error
+        if sharding.count > 1 and fatal_shard.index != 0:
+            fatal = f"shard {fatal_shard.index} of {sharding.count}: {fatal}"
+    records = [] if fatal else merge_records([gathered.shards[k] for k in sorted(gathered.shards)])
+    if fatal is None:
+        try:
+            body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in records)
+            path = join(target.attempts_dir, ATTEMPTS_FILE)
+            storage_for(path).write_atomic(path, body.encode())
+        except Exception as e:
+            fatal, records = f"{type(e).__name__}: {e}", []
+    attempts: list[list[AttemptResult]] = [[] for _ in range(recipe.EVAL_SAMPLES)]
+    for r in records:
+        attempts[r["instance"]].append(AttemptResult(status=r["status"], reward=float(r["reward"])))
+    summary = build_summary(
+        attempts,
+        attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
+        instances=recipe.EVAL_SAMPLES,
+        checkpoint_step=facts.step,
+        checkpoint_timestamp_ms=facts.timestamp_ms,
+        samples_count=facts.samples_count,
+        target_accuracy=target.target_accuracy,
+        # The evaluation began when its first worker did (pods start at different times).
+        eval_start_ms=min(s.start_ms for s in gathered.shards.values()),
+        eval_stop_ms=now_ms(),
+        fatal_error=fatal,
+    )
+    write_summary(target.summary_path, summary)
+    return Outcome(
+        summary=summary,
+        own_fatal_error=own.fatal_error,
+        missing_shards=gathered.missing if fatal is None else (),
+        shard_path=own.path or None,
+    )
