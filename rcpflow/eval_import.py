@@ -28,6 +28,7 @@ from rcpflow import recipe
 from rcpflow.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_attempts
 from rcpflow.layout import RunLayout, dirname, join
 from rcpflow.manifest import ManifestError, ManifestRow, load
+from rcpflow.progress import Progress
 from rcpflow.storage import storage_for
 from rcpflow.summary import (
     TIME_FIELDS,
@@ -296,10 +297,15 @@ def tree_summaries(tree: str) -> dict[int, list[str]]:
     return {s: [p for _, p in sorted(v, reverse=True)] for s, v in sorted(found.items())}
 
 
-def import_tree(run_dir: str, tree: str) -> TreeImport:
+def import_tree(run_dir: str, tree: str, progress: Progress | None = None) -> TreeImport:
     """Per step of `tree`, import the newest attempt that is complete and valid."""
+    found = tree_summaries(tree)
+    if progress is not None:
+        progress.total = len(found)
     steps = []
-    for step, sources in tree_summaries(tree).items():
+    for step, sources in found.items():
+        if progress is not None:
+            progress.advance(f"step {step}")
         rejected: list[tuple[str, str]] = []
         imported = None
         for source in sources:
