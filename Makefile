@@ -45,7 +45,7 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
 demo: setup
-	$(PY) -m tasks.demo
+	$(PY) -m tasks.devtools.demo
 
 bench: setup
 	$(PY) -m tpu_jobs.devtools.bench

@@ -7,10 +7,12 @@ launches no evaluation job), then ``finalize`` and the compliance ``check``.
 
 from airflow.sdk import Param, dag
 
+from tasks.backends.base import backend_for
 from tasks.deployment import load_deployment
-from tasks.eval_group import eval_group, existing_run
+from tasks.run.evaluation import evaluation_group
+from tasks.run.spec import existing_run
 
-DEPLOYMENT = load_deployment()
+BACKEND = backend_for(load_deployment())
 
 
 @dag(
@@ -25,11 +27,11 @@ DEPLOYMENT = load_deployment()
             description="An existing run: absolute local path or gs://bucket/prefix.",
         ),
     },
-    tags=["mlperf", "qwen35_397b_grpo", DEPLOYMENT.backend],
+    tags=["mlperf", "qwen35_397b_grpo", BACKEND.name],
     doc_md=__doc__,
 )
 def mlperf_grpo_deferred_eval() -> None:
-    eval_group(DEPLOYMENT, existing_run())
+    evaluation_group(BACKEND, existing_run())
 
 
 mlperf_grpo_deferred_eval()

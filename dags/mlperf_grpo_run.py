@@ -8,12 +8,13 @@ official compliance checker). Triggered by ``mlperf_grpo_submission`` per seed, 
 
 from airflow.sdk import dag
 
+from tasks.backends.base import backend_for
 from tasks.deployment import load_deployment
-from tasks.eval_group import eval_group
-from tasks.run_spec import plan_run, run_params
-from tasks.train_group import train_group
+from tasks.run.evaluation import evaluation_group
+from tasks.run.spec import plan_run, run_dir_of, run_params
+from tasks.run.train import train_group
 
-DEPLOYMENT = load_deployment()
+BACKEND = backend_for(load_deployment())
 
 
 @dag(
@@ -21,12 +22,12 @@ DEPLOYMENT = load_deployment()
     schedule=None,
     catchup=False,
     params=run_params(),
-    tags=["mlperf", "qwen35_397b_grpo", DEPLOYMENT.backend],
+    tags=["mlperf", "qwen35_397b_grpo", BACKEND.name],
     doc_md=__doc__,
 )
 def mlperf_grpo_run() -> None:
-    spec = plan_run.override(task_id="plan")()
-    train_group(DEPLOYMENT, spec) >> eval_group(DEPLOYMENT, spec["run_dir"])
+    spec = plan_run()
+    train_group(BACKEND, spec) >> evaluation_group(BACKEND, run_dir_of(spec))
 
 
 mlperf_grpo_run()

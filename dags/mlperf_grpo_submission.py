@@ -3,13 +3,23 @@
 ``plan`` (Params checked, bad ones refused by name before anything runs) -> ``run_seed`` (one
 ``mlperf_grpo_run`` per seed, waited for) -> ``package`` (results/, systems/, benchmarks/) ->
 the official RCP checker, package checker and result summarizer -> ``report`` (report.md with
-the verdicts of every run and check). The schedule is a deployment setting, off by default.
+the verdicts of every run and check; runs after any outcome). The schedule is a deployment
+setting, off by default.
 """
 
 from airflow.sdk import dag
 
 from tasks.deployment import load_deployment
-from tasks.submission import submission_params, submission_tasks
+from tasks.submission.spec import plan_submission, submission_params
+from tasks.submission.tasks import (
+    package,
+    package_check,
+    rcp_check,
+    report,
+    result_summary,
+    seed_runs,
+    seed_triggers,
+)
 
 DEPLOYMENT = load_deployment()
 
@@ -23,7 +33,12 @@ DEPLOYMENT = load_deployment()
     doc_md=__doc__,
 )
 def mlperf_grpo_submission() -> None:
-    submission_tasks(DEPLOYMENT)
+    spec = plan_submission(DEPLOYMENT.backend, DEPLOYMENT.source)
+    runs = seed_runs(seed_triggers(spec))
+    org = package(spec)
+    runs >> org
+    checks = [rcp_check(spec, org), package_check(spec, org), result_summary(spec, org)]
+    checks >> report(spec)
 
 
 mlperf_grpo_submission()

@@ -1,32 +1,34 @@
 """Deployment settings: which backend runs the jobs, where runs are stored, the eval window.
 
-DAG structure depends on these (a local subprocess task vs. a GKE JobSet group; the number of
-evaluations at once), so they are read at parse time, cheaply: a small TOML file named by the
-environment variable ``RCPFLOW_DEPLOYMENT``, else the embedded local default below. Relative
-paths in a file resolve against that file's folder; in the embedded default, against the
-repository root. Run-time choices (seeds, batch size, ...) are DAG Params, not settings.
+DAG structure depends on these, so they are read at parse time, cheaply: a TOML file named by
+``RCPFLOW_DEPLOYMENT``, else the embedded local default. Relative paths resolve against the
+file's folder (the repository root for the default). Run-time choices are DAG Params.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
 import tomllib
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Literal
 
-if TYPE_CHECKING:
-    from tasks.gke.settings import GkeSettings
+from tasks.backends.gke.settings import GkeSettings
+from tasks.settings import SettingError, read_table
 
 ENV_VAR = "RCPFLOW_DEPLOYMENT"
-BACKENDS = ("local", "gke")
 REPO_ROOT = Path(__file__).resolve().parents[1]
+EMBEDDED = "<embedded default>"
 
-# The embedded default: everything on this machine, CPU JAX, runs under <repo>/runs.
+BackendName = Literal["local", "gke"]
+BACKEND_NAMES: tuple[BackendName, ...] = typing.get_args(BackendName)
+
 DEFAULT_TOML = """
 backend = "local"
 storage_root = "runs"
@@ -47,10 +49,10 @@ class DeploymentError(ValueError):
 
 @dataclass(frozen=True)
 class Deployment:
-    """Parse-time settings of one Airflow deployment of rcpflow."""
+    """Parse-time settings of one Airflow deployment of rcpflow (the keys of the file)."""
 
-    source: str  # the file these came from, or "<embedded default>"
-    backend: str = "local"
+    source: str  # the file these came from, or EMBEDDED; not a key of the file
+    backend: BackendName = "local"
     storage_root: str = str(REPO_ROOT / "runs")
     # How many evaluate instances of one run at once (max_active_tis_per_dagrun):
     # 1 = strictly in step order, more = speculative (faster verdict, some wasted evaluation).
@@ -64,8 +66,20 @@ class Deployment:
     eval_retries: int = 0
     # Extra environment of local jobs (e.g. JAX_PLATFORMS=cpu).
     job_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    # The [gke] table as tasks.gke reads it; None when the file has none.
+    # The [gke] table; None when the file has none (the gke backend refuses that).
     gke: GkeSettings | None = None
+
+    def __post_init__(self) -> None:
+        for name, value, minimum in (
+            ("eval_window", self.eval_window, 1),
+            ("train_timeout_minutes", self.train_timeout_minutes, 1),
+            ("eval_timeout_minutes", self.eval_timeout_minutes, 1),
+            ("eval_retries", self.eval_retries, 0),
+        ):
+            if value < minimum:
+                raise SettingError(name, f"must be >= {minimum}, got {value}")
+        if not self.storage_root:
+            raise SettingError("storage_root", "must not be empty")
 
     @property
     def job_python(self) -> str:
@@ -76,76 +90,27 @@ class Deployment:
         return self.submission_schedule or None
 
 
-def _check_type(source: str, key: str, value: Any, expected: type) -> None:
-    # bool is an int in Python, never a valid count here
-    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise DeploymentError(
-            f"{source}: {key} must be {expected.__name__}, got {type(value).__name__} {value!r}"
-        )
-
-
 def parse_deployment(text: str, *, source: str, base_dir: Path) -> Deployment:
     """Settings from TOML text; unknown keys and wrong types are errors naming the key."""
     try:
-        raw = tomllib.loads(text)
+        table = tomllib.loads(text)
+        deployment = read_table(Deployment, table, fixed={"source": source})
     except tomllib.TOMLDecodeError as exc:
         raise DeploymentError(f"{source}: not valid TOML: {exc}") from exc
-    known = {f.name: f for f in fields(Deployment) if f.name != "source"}
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise DeploymentError(f"{source}: unknown key(s) {', '.join(unknown)}")
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key == "job_env":
-            _check_type(source, key, value, dict)
-            for name, item in value.items():
-                _check_type(source, f"job_env.{name}", item, str)
-            values[key] = MappingProxyType(dict(value))
-        elif key == "gke":
-            _check_type(source, key, value, dict)
-            from tasks.gke.settings import GkeSettings, GkeSettingsError
-
-            try:
-                values[key] = GkeSettings.from_mapping(value, where="gke")
-            except GkeSettingsError as exc:
-                raise DeploymentError(f"{source}: {exc}") from exc
-        elif key in (
-            "eval_window",
-            "train_timeout_minutes",
-            "eval_timeout_minutes",
-            "eval_retries",
-        ):
-            _check_type(source, key, value, int)
-            minimum = 0 if key == "eval_retries" else 1
-            if value < minimum:
-                raise DeploymentError(f"{source}: {key} must be >= {minimum}, got {value}")
-            values[key] = value
-        else:
-            _check_type(source, key, value, str)
-            values[key] = value
-    backend = values.get("backend", "local")
-    if backend not in BACKENDS:
-        raise DeploymentError(f"{source}: backend must be one of {BACKENDS}, got {backend!r}")
-    if "storage_root" in values:
-        root = values["storage_root"]
-        if not root:
-            raise DeploymentError(f"{source}: storage_root must not be empty")
-        if not root.startswith("gs://"):
-            values["storage_root"] = str((base_dir / root).resolve())
-        else:
-            values["storage_root"] = root.rstrip("/")
-    if values.get("python"):
-        python = values["python"]
-        values["python"] = str((base_dir / python).resolve()) if os.sep in python else python
-    if backend == "gke" and values.get("gke") is None:
-        raise DeploymentError(f"{source}: backend 'gke' needs a [gke] table")
-    return Deployment(source=source, **values)
+    except SettingError as exc:
+        raise DeploymentError(f"{source}: {exc}") from exc
+    root, python = deployment.storage_root, deployment.python
+    if "storage_root" in table:
+        root = root.rstrip("/") if root.startswith("gs://") else str((base_dir / root).resolve())
+    if os.sep in python:
+        python = str((base_dir / python).resolve())
+    return dataclasses.replace(deployment, storage_root=root, python=python)
 
 
 @functools.lru_cache(maxsize=4)
 def _load(path: str | None) -> Deployment:
     if path is None:
-        return parse_deployment(DEFAULT_TOML, source="<embedded default>", base_dir=REPO_ROOT)
+        return parse_deployment(DEFAULT_TOML, source=EMBEDDED, base_dir=REPO_ROOT)
     file = Path(path).expanduser().resolve()
     try:
         text = file.read_text()

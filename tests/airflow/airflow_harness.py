@@ -19,6 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "dags"
+PLUGINS = REPO / "plugins"
 PYTHON = sys.executable
 
 HOME = tempfile.mkdtemp(prefix="rcpflow-airflow-home-")
@@ -26,7 +27,7 @@ AIRFLOW_ENV = {
     "AIRFLOW_HOME": HOME,
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-    "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(PLUGINS),
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
     "JAX_PLATFORMS": "cpu",
 }
@@ -43,10 +44,16 @@ os.environ.pop("RCPFLOW_DEPLOYMENT", None)
 class DagRunResult:
     state: str
     states: dict[tuple[str, int], str]  # (task_id, map_index) -> state
+    labels: dict[tuple[str, int], str | None]  # (task_id, map_index) -> rendered map index
 
     def mapped(self, task_id: str) -> list[str]:
         """States of a mapped task's instances, by map index."""
         found = sorted((i, s) for (t, i), s in self.states.items() if t == task_id)
+        return [s for _, s in found]
+
+    def mapped_labels(self, task_id: str) -> list[str | None]:
+        """Rendered map indexes of a mapped task's instances, by map index."""
+        found = sorted((i, s) for (t, i), s in self.labels.items() if t == task_id)
         return [s for _, s in found]
 
 
@@ -98,7 +105,8 @@ def run_dag_test(dag_id: str, conf: dict, deployment: Path | None = None) -> Dag
         with create_session() as session:
             tis = dr.get_task_instances(session=session)
             states = {(ti.task_id, ti.map_index): str(ti.state) for ti in tis}
-        return DagRunResult(state=str(dr.state), states=states)
+            labels = {(ti.task_id, ti.map_index): ti.rendered_map_index for ti in tis}
+        return DagRunResult(state=str(dr.state), states=states, labels=labels)
     finally:
         os.environ.pop("RCPFLOW_DEPLOYMENT", None)
 

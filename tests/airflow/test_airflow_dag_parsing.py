@@ -1,4 +1,5 @@
-"""The DAG files parse without errors, cheaply: no JAX, no Kubernetes/GKE operator modules."""
+"""The DAG files parse without errors, cheaply (no JAX, no Kubernetes/GKE operator modules), and
+so do the plugin modules; Airflow's plugin manager registers the rcpflow plugin."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from airflow_harness import AIRFLOW_ENV, DAGS, PYTHON, REPO
+from airflow_harness import AIRFLOW_ENV, DAGS, PLUGINS, PYTHON, REPO
 
 DAG_IDS = {"mlperf_grpo_run", "mlperf_grpo_deferred_eval", "mlperf_grpo_submission"}
 DAG_FILES = sorted(p.name for p in DAGS.glob("*.py"))
+PLUGIN_FILES = sorted(p.name for p in PLUGINS.glob("*.py") if p.name != "__init__.py")
 
 # Modules that cost seconds to import or belong on the accelerator, never in a DAG parse.
 FORBIDDEN = (
@@ -30,7 +32,7 @@ FORBIDDEN = (
 
 _PROBE = """
 import importlib.util, json, sys
-spec = importlib.util.spec_from_file_location("dagfile", sys.argv[1])
+spec = importlib.util.spec_from_file_location("probed", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 print(json.dumps(sorted(sys.modules)))
@@ -52,10 +54,10 @@ def test_dagbag_has_no_import_errors(dagbag) -> None:
     assert set(dagbag.dag_ids) >= DAG_IDS
 
 
-def _modules_after_parsing(dag_file: Path, extra_env: dict[str, str]) -> list[str]:
+def _modules_after_parsing(path: Path, extra_env: dict[str, str]) -> list[str]:
     env = {**os.environ, **AIRFLOW_ENV, **extra_env}
     proc = subprocess.run(
-        [PYTHON, "-c", _PROBE, str(dag_file)],
+        [PYTHON, "-c", _PROBE, str(path)],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -79,6 +81,41 @@ def test_parsing_imports_nothing_heavy(dag_file: str, backend: str, tmp_path: Pa
     modules = _modules_after_parsing(DAGS / dag_file, extra)
     loaded = [m for m in modules if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
     assert loaded == [], f"parsing {dag_file} ({backend}) imported {loaded}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("plugin_file", PLUGIN_FILES)
+def test_loading_a_plugin_module_imports_nothing_heavy(plugin_file: str) -> None:
+    # every Airflow component (api-server, scheduler, triggerer) imports these
+    modules = _modules_after_parsing(PLUGINS / plugin_file, {})
+    loaded = [m for m in modules if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
+    assert loaded == [], f"loading {plugin_file} imported {loaded}"
+    assert "tasks.devtools" not in {m.rsplit(".", 1)[0] for m in modules}
+
+
+_PLUGINS = """
+import json
+from airflow import plugins_manager
+plugins, errors = plugins_manager._get_plugins()
+print(json.dumps({"names": sorted(p.name for p in plugins), "errors": errors}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_airflow_registers_the_rcpflow_plugin() -> None:
+    proc = subprocess.run(
+        [PYTHON, "-c", _PLUGINS],
+        env={**os.environ, **AIRFLOW_ENV},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["errors"] == {}
+    assert "rcpflow" in found["names"]
 
 
 _SERIALIZE = """

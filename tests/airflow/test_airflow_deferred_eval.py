@@ -43,6 +43,8 @@ def test_decided_run_launches_no_job_and_stops_at_the_first_pass(
     assert launched_jobs(record) == []  # every needed summary was already there
     # steps 18..24: 18-20 evaluated (reused), 21-24 skipped because 20 passed
     assert result.mapped(EVALUATE) == ["success"] * 3 + ["skipped"] * 4
+    # labelled by step before anything runs, so the skipped ones are too
+    assert result.mapped_labels(EVALUATE) == [f"step {s}" for s in range(18, 25)]
     assert result.states[("evaluation.finalize", -1)] == "success"
     assert result.states[("evaluation.check", -1)] == "success"
     stops = [e for e in read_events(run.layout.mllog(1)) if e.key == "run_stop"]
@@ -68,6 +70,7 @@ def test_gke_backend_takes_the_same_gate_before_touching_a_cluster(
 
     assert result.state == "success", result.states
     assert result.mapped(EVALUATE) == ["success", "success", "skipped", "skipped", "skipped"]
+    assert result.mapped_labels(EVALUATE) == [f"step {s}" for s in range(18, 23)]
     assert result.states[("evaluation.cleanup", -1)] == "success"
     assert result.states[("evaluation.check", -1)] == "success"
 

@@ -1,15 +1,28 @@
-"""Deployment settings and the local job runner, without running Airflow."""
+"""Deployment settings, the backends they choose, the job commands and the local job runner,
+without running Airflow."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 
-from tasks.deployment import REPO_ROOT, DeploymentError, load_deployment, parse_deployment
-from tasks.local_jobs import JobFailed, module_command, run_job, train_args
+from tasks.backends.base import BACKENDS, backend_for
+from tasks.backends.gke.backend import GkeBackend
+from tasks.backends.local import JobFailed, LocalBackend, run_job
+from tasks.deployment import (
+    BACKEND_NAMES,
+    REPO_ROOT,
+    BackendName,
+    DeploymentError,
+    load_deployment,
+    parse_deployment,
+)
+from tasks.jobs import EVALUATE_JOB, PLACEHOLDERS, ROLES, TRAIN_JOB, JobCommand, JobCommandError
+from tasks.run.spec import RunSpec
 
 
 def test_embedded_default_is_local_cpu_under_the_repo(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,54 +36,132 @@ def test_embedded_default_is_local_cpu_under_the_repo(monkeypatch: pytest.Monkey
 
 def test_a_file_overrides_and_resolves_relative_paths(tmp_path: Path) -> None:
     text = 'storage_root = "out"\neval_window = 3\nsubmission_schedule = "@weekly"\n'
+    text += 'python = "venv/bin/python"\n'
     d = parse_deployment(text, source="f.toml", base_dir=tmp_path)
     assert d.storage_root == str(tmp_path / "out")
     assert (d.eval_window, d.schedule) == (3, "@weekly")
+    assert d.job_python == str(tmp_path / "venv" / "bin" / "python")
     gcs = parse_deployment('storage_root = "gs://b/p/"\n', source="f.toml", base_dir=tmp_path)
     assert gcs.storage_root == "gs://b/p"
+
+
+def test_the_gke_table_is_read_with_its_nested_shapes(tmp_path: Path) -> None:
+    text = 'backend = "gke"\n[gke]\nimage = "i:1"\n[gke.train]\nslices = 2\n'
+    d = parse_deployment(text, source="f.toml", base_dir=tmp_path)
+    assert d.gke is not None
+    assert (d.gke.image, d.gke.train.slices, d.gke.train.topology) == ("i:1", 2, "4x4x8")
+    assert d.gke.evaluate.slices == 16  # a table left out keeps its default shape
 
 
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("eval_windw = 2\n", "unknown key(s) eval_windw"),
-        ('eval_window = "2"\n', "eval_window must be int"),
-        ("eval_window = 0\n", "eval_window must be >= 1"),
-        ('backend = "k8s"\n', "backend must be one of"),
-        ('backend = "gke"\n', "backend 'gke' needs a [gke] table"),
+        ("eval_windw = 2\n", "unknown key(s) eval_windw (allowed: backend,"),
+        ('source = "x"\n', "unknown key(s) source"),  # not a setting
+        ('eval_window = "2"\n', "eval_window: must be int, got str '2'"),
+        ("eval_window = true\n", "eval_window: must be int, got bool True"),
+        ("eval_window = 0\n", "eval_window: must be >= 1, got 0"),
+        ("eval_retries = -1\n", "eval_retries: must be >= 0, got -1"),
+        ('storage_root = ""\n', "storage_root: must not be empty"),
+        ('backend = "k8s"\n', "backend: must be one of 'local', 'gke', got 'k8s'"),
         ('[gke]\ncluster_nam = "x"\n', "gke: unknown key(s) cluster_nam"),
-        ("[job_env]\nX = 1\n", "job_env.X must be str"),
+        ('[gke.train]\ntopology = "4x4"\n', "gke.train.topology: '4x4' is not a 3-D topology"),
+        ("[gke.evaluate]\nslices = 0\n", "gke.evaluate.slices: must be >= 1, got 0"),
+        ("gke = 3\n", "gke: must be a table, got int"),
+        ("[job_env]\nX = 1\n", "job_env.X: must be str, got int 1"),
         ("eval_window = \n", "not valid TOML"),
     ],
 )
-def test_bad_settings_name_the_key(tmp_path: Path, text: str, named: str) -> None:
+def test_bad_settings_name_the_file_and_the_key(tmp_path: Path, text: str, named: str) -> None:
     with pytest.raises(DeploymentError) as refused:
         parse_deployment(text, source="f.toml", base_dir=tmp_path)
+    assert str(refused.value).startswith("f.toml: ")
     assert named in str(refused.value)
-    assert "f.toml" in str(refused.value)
 
 
-def test_job_arguments_are_a_list_without_a_shell() -> None:
-    argv = module_command(
-        "/py",
-        "tpu_jobs.train",
-        train_args(
-            run_dir="/r; rm -rf /",
-            seed=1,
-            global_batch_size=256,
-            max_steps=40,
-            val_start_at=None,
-            division="open",
-        ),
-    )
+def test_every_backend_name_has_a_backend_and_the_deployment_chooses_it(tmp_path: Path) -> None:
+    assert set(BACKENDS) == set(BACKEND_NAMES) == set(typing.get_args(BackendName))
+    assert all(cls.name == name for name, cls in BACKENDS.items())
+    local = backend_for(parse_deployment("", source="f.toml", base_dir=tmp_path))
+    assert isinstance(local, LocalBackend)
+    text = 'backend = "gke"\n[gke]\nimage = "i:1"\n'
+    gke = backend_for(parse_deployment(text, source="f.toml", base_dir=tmp_path))
+    assert isinstance(gke, GkeBackend) and gke.settings.image == "i:1"
+
+
+def test_the_gke_backend_needs_its_table(tmp_path: Path) -> None:
+    deployment = parse_deployment('backend = "gke"\n', source="f.toml", base_dir=tmp_path)
+    with pytest.raises(DeploymentError, match=r"^f.toml: backend 'gke' needs a \[gke\] table"):
+        backend_for(deployment)
+
+
+def _spec(**changes: object) -> RunSpec:
+    fields = {
+        "run_dir": "/r; rm -rf /",
+        "seed": 1,
+        "global_batch_size": 256,
+        "max_steps": 40,
+        "val_start_at": None,
+        "division": "open",
+    }
+    return RunSpec.from_dict({**fields, **changes})
+
+
+def test_the_default_commands_are_argument_lists_without_a_shell() -> None:
+    argv = TRAIN_JOB.render({"python": "/py", **_spec().job_values()})
     assert argv[:3] == ["/py", "-m", "tpu_jobs.train"]
     assert argv[argv.index("--run-dir") + 1] == "/r; rm -rf /"  # one argument, never parsed
-    assert "--val-start-at" not in argv
+    assert argv[argv.index("--val-start-at") + 1] == "18"  # the recipe's ceil(2.5 + 3840/256)
+    override = TRAIN_JOB.render({"python": "/py", **_spec(val_start_at=5).job_values()})
+    assert override[override.index("--val-start-at") + 1] == "5"
+    assert EVALUATE_JOB.render({"python": "p", "run_dir": "/r", "step": 18}) == [
+        "p",
+        "-m",
+        "tpu_jobs.evaluate",
+        "--run-dir",
+        "/r",
+        "--step",
+        "18",
+    ]
+    for command in (TRAIN_JOB, EVALUATE_JOB):
+        assert command.role in ROLES and command.placeholders <= PLACEHOLDERS[command.role]
+
+
+def test_a_command_fills_each_item_on_its_own() -> None:
+    command = JobCommand("evaluate", ("{python}", "--out={run_dir}/step_{step}", "{{literal}}"))
+    values = {"python": "py", "run_dir": "/a b", "step": 3}
+    assert command.render(values) == ["py", "--out=/a b/step_3", "{literal}"]
+    assert command.render({**values, "run_dir": "{step}"})[1] == "--out={step}/step_3"
+
+
+@pytest.mark.parametrize(
+    ("role", "argv", "named"),
+    [
+        ("evaluate", ("{python}", "--seed", "{seed}"), "argv[2] '{seed}': unknown placeholder"),
+        ("train", ("{python}", "{step}"), "unknown placeholder {step}"),
+        ("train", ("{seed!r}",), "a placeholder is a bare {name}, got {seed!r}"),
+        ("train", ("{seed:>4}",), "a placeholder is a bare {name}, got {seed:>4}"),
+        ("train", ("{}",), "a placeholder is a bare {name}"),
+        ("train", ("{run_dir",), "argv[0] '{run_dir'"),
+        ("train", (), "argv is empty"),
+    ],
+)
+def test_malformed_commands_are_refused_naming_the_item(
+    role: typing.Any, argv: tuple[str, ...], named: str
+) -> None:
+    with pytest.raises(JobCommandError) as refused:
+        JobCommand(role, argv)
+    assert named in str(refused.value)
+
+
+def test_rendering_without_a_value_names_the_placeholder() -> None:
+    with pytest.raises(JobCommandError, match="evaluate command: no value for step"):
+        EVALUATE_JOB.render({"python": "p", "run_dir": "/r"})
 
 
 @pytest.mark.timeout(60)
 def test_run_job_streams_output_and_fails_with_its_tail(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="tasks.local_jobs")
+    caplog.set_level(logging.INFO, logger="tasks.backends.local")
     run_job([sys.executable, "-c", "print('step 1'); print('step 2')"], name="ok job")
     assert "ok job | step 1" in caplog.text and "ok job | step 2" in caplog.text
     code = "import sys; print('about to fail'); sys.exit(3)"

@@ -3,6 +3,7 @@ through the REST API with conf, followed to completion, stopped by PID."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from airflow_harness import CONVERGING_RUN, DAGS, REPO
 
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events
-from tasks.airflow_server import AirflowServerError, LocalAirflow, ServerConfig, free_port
+from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow, ServerConfig, free_port
 from tasks.verdicts import read_verdict
 
 
@@ -86,7 +87,7 @@ def test_run_dag_under_the_scheduler(server: LocalAirflow, tmp_path: Path) -> No
     assert [first + t["map_index"] for t in ran] == list(range(first, passed + 1))
     assert [t["rendered_map_index"] for t in ran] == [f"step {s}" for s in range(first, passed + 1)]
     assert all(t["state"] == "skipped" for t in evals if first + t["map_index"] > passed)
-    for earlier, later in zip(ran, ran[1:], strict=False):
+    for earlier, later in itertools.pairwise(ran):
         assert earlier["end_date"] <= later["start_date"]
 
 

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from airflow_harness import run_dag_test
 
-from tasks.deployment import load_deployment
-from tasks.run_spec import ParamError
-from tasks.submission import submission_spec
+from tasks.run.spec import ParamError
+from tasks.submission.spec import submission_spec
+
+LOCAL = {"backend": "local", "source": "<embedded default>"}
 
 
 def _params(tmp_path: Path, **changes: Any) -> dict[str, Any]:
@@ -30,7 +31,7 @@ def _params(tmp_path: Path, **changes: Any) -> dict[str, Any]:
 
 
 def test_good_params_give_one_run_per_seed(tmp_path: Path) -> None:
-    spec = submission_spec(_params(tmp_path), run_id="r", deployment=load_deployment())
+    spec = submission_spec(_params(tmp_path), run_id="r", **LOCAL)
     triggers = spec.triggers()
     assert [t["trigger_run_id"] for t in triggers] == ["s1__seed_1", "s1__seed_2", "s1__seed_3"]
     assert [t["conf"]["run_dir"] for t in triggers] == [
@@ -41,9 +42,7 @@ def test_good_params_give_one_run_per_seed(tmp_path: Path) -> None:
 
 def test_submission_name_defaults_to_a_safe_form_of_the_run_id(tmp_path: Path) -> None:
     params = _params(tmp_path, submission_name=None)
-    spec = submission_spec(
-        params, run_id="manual__2026-01-02T03:04:05+00:00", deployment=load_deployment()
-    )
+    spec = submission_spec(params, run_id="manual__2026-01-02T03:04:05+00:00", **LOCAL)
     assert spec.name == "manual__2026-01-02T03_04_05_00_00"
 
 
@@ -66,8 +65,16 @@ def test_bad_params_are_refused_naming_the_param(
     tmp_path: Path, changes: dict[str, Any], named: str
 ) -> None:
     with pytest.raises(ParamError) as refused:
-        submission_spec(_params(tmp_path, **changes), run_id="r", deployment=load_deployment())
+        submission_spec(_params(tmp_path, **changes), run_id="r", **LOCAL)
     assert named in str(refused.value)
+
+
+def test_a_backend_whose_jobs_run_elsewhere_needs_a_system_description(tmp_path: Path) -> None:
+    gke = {"backend": "gke", "source": "d.toml"}
+    with pytest.raises(ParamError, match="system: on gke the defaults would describe"):
+        submission_spec(_params(tmp_path, backend="gke"), run_id="r", **gke)
+    named = _params(tmp_path, backend="gke", system={"system_name": "tpu-v5p-128"})
+    assert submission_spec(named, run_id="r", **gke).backend == "gke"
 
 
 @pytest.mark.timeout(300)

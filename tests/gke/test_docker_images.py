@@ -158,8 +158,9 @@ def test_airflow_image_points_airflow_at_the_copied_folders() -> None:
 
 
 def test_example_gke_deployment_is_valid(strict_jobset) -> None:
+    from tasks.backends.gke.render import render_jobset
     from tasks.deployment import parse_deployment
-    from tasks.gke import render_jobset
+    from tasks.jobs import TRAIN_JOB
 
     path = DOCKER / "deployment.gke.example.toml"
     deployment = parse_deployment(path.read_text(), source=str(path), base_dir=path.parent)
@@ -173,8 +174,37 @@ def test_example_gke_deployment_is_valid(strict_jobset) -> None:
         dag_id="mlperf_grpo_run",
         run_id="scheduled__2026-05-01T00:00:00+00:00",
         job="train",
-        module="tpu_jobs.train",
-        args=["--run-dir", f"{deployment.storage_root}/seed_1", "--seed", "1"],
+        command=TRAIN_JOB.render(
+            {
+                "python": "python",
+                "run_dir": f"{deployment.storage_root}/seed_1",
+                "seed": 1,
+                "global_batch_size": 256,
+                "max_steps": 60,
+                "val_start_at": 18,
+                "division": "closed",
+            }
+        ),
     )
     assert strict_jobset.errors(jobset) == []
     assert jobset["metadata"]["namespace"] == "mlperf"
+
+
+def test_the_airflow_image_leaves_the_developer_tools_out() -> None:
+    ignored = _ignored(DOCKER / "Dockerfile.airflow")
+    assert "tasks/devtools" in ignored
+    copies = [a for op, a in _instructions(DOCKER / "Dockerfile.airflow") if op == "COPY"]
+    assert any(shlex.split(a)[0].rstrip("/") == "tasks" for a in copies)  # the rest of tasks/
+    assert (REPO / "tasks" / "devtools" / "demo.py").is_file()  # what the pattern names exists
+    # runtime code never reaches into the tools
+    for path in (REPO / "tasks").rglob("*.py"):
+        if "devtools" not in path.parts:
+            assert "tasks.devtools" not in path.read_text(), path
+
+
+def test_job_image_runs_the_default_job_commands() -> None:
+    from tasks.jobs import EVALUATE_JOB, TRAIN_JOB
+
+    text = (DOCKER / "Dockerfile.tpu").read_text()
+    for command in (TRAIN_JOB, EVALUATE_JOB):
+        assert command.argv[1] == "-m" and f"python -m {command.argv[2]}" in text

@@ -8,18 +8,23 @@ import re
 
 import pytest
 
-from tasks.gke import GkeSettings, JobSetConflictError, TpuJobShape, jobset_name, render_jobset
-from tasks.gke.jobset import (
+from tasks.backends.gke.render import (
     ANNOTATION_EXCLUSIVE_TOPOLOGY,
     ANNOTATION_SPEC_HASH,
     LABEL_RUN,
+    JobSetConflictError,
     check_adoptable,
+    jobset_name,
     jobset_ref,
+    render_jobset,
     run_label,
     with_spec_hash,
 )
+from tasks.backends.gke.settings import GkeSettings, TpuJobShape
+from tasks.settings import read_table
 
 RUN_ID = "manual__2026-05-01T12:00:00.123456+00:00"
+TRAIN = ["python", "-m", "tpu_jobs.train"]
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -29,8 +34,7 @@ def _train(settings: GkeSettings, **overrides: object) -> dict:
         "dag_id": "mlperf_grpo_run",
         "run_id": RUN_ID,
         "job": "train",
-        "module": "tpu_jobs.train",
-        "args": ["--run-dir", "gs://bucket/runs/seed_1", "--seed", "1", "--max-steps", "40"],
+        "command": [*TRAIN, "--run-dir", "gs://b/runs/seed_1", "--seed", "1", "--max-steps", "40"],
     }
     kwargs.update(overrides)
     return render_jobset(settings, **kwargs)  # type: ignore[arg-type]
@@ -43,8 +47,15 @@ def _eval(settings: GkeSettings, step: int = 18) -> dict:
         dag_id="mlperf_grpo_run",
         run_id=RUN_ID,
         job=f"eval-{step}",
-        module="tpu_jobs.evaluate",
-        args=["--run-dir", "gs://bucket/runs/seed_1", "--step", str(step)],
+        command=[
+            "python",
+            "-m",
+            "tpu_jobs.evaluate",
+            "--run-dir",
+            "gs://b/runs/s1",
+            "--step",
+            str(step),
+        ],
     )
 
 
@@ -54,12 +65,13 @@ def _pod(jobset: dict) -> dict:
 
 SHAPES = {
     "default": GkeSettings(),
-    "multislice-train": GkeSettings.from_mapping({"train": {"slices": 4, "max_restarts": 2}}),
-    "v6e": GkeSettings.from_mapping(
+    "multislice-train": read_table(GkeSettings, {"train": {"slices": 4, "max_restarts": 2}}),
+    "v6e": read_table(
+        GkeSettings,
         {
             "train": {"accelerator": "tpu-v6e-slice", "topology": "8x16", "chips_per_host": 4},
             "evaluate": {"accelerator": "tpu-v6e-slice", "topology": "1x1", "chips_per_host": 1},
-        }
+        },
     ),
 }
 
@@ -128,11 +140,11 @@ def test_tpu_placement_and_sizes() -> None:
 
 def test_command_is_an_argument_list_passed_through_unchanged() -> None:
     hostile = ["--run-dir", "/tmp/x; rm -rf / #", "--seed", "$(reboot)", "--note", "a b\n'c'"]
-    jobset = _train(GkeSettings(), args=hostile)
+    jobset = _train(GkeSettings(), command=[*TRAIN, *hostile])
     container = _pod(jobset)["containers"][0]
     # Kubernetes would expand $(VAR) itself; the escaped form reaches the process verbatim
     escaped = [a.replace("$(", "$$(") for a in hostile]
-    assert container["command"] == ["python", "-m", "tpu_jobs.train", *escaped]
+    assert container["command"] == [*TRAIN, *escaped]
     assert "$$(reboot)" in container["command"]
     assert "args" not in container
 
@@ -140,10 +152,10 @@ def test_command_is_an_argument_list_passed_through_unchanged() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"args": ["--seed", 1]}, "args[1] must be a string, got int 1"),
-        ({"args": "--seed 1"}, "args must be a list of strings"),
-        ({"args": ["a\x00b"]}, "args[0] contains a NUL"),
-        ({"module": "tpu_jobs.train; ls"}, "module must be a dotted Python module"),
+        ({"command": [*TRAIN, "--seed", 1]}, "command[4] must be a string, got int 1"),
+        ({"command": "python -m tpu_jobs.train"}, "command must be a non-empty list of strings"),
+        ({"command": []}, "command must be a non-empty list of strings"),
+        ({"command": ["a\x00b"]}, "command[0] contains a NUL"),
         ({"role": "eval"}, "role must be one of"),
         ({"run_id": ""}, "run_id must be a non-empty string"),
     ],
@@ -215,7 +227,7 @@ def test_jobset_ref_checks_the_object() -> None:
     assert jobset_ref(jobset) == {"name": jobset["metadata"]["name"], "namespace": "mlperf"}
     with pytest.raises(ValueError, match="apiVersion"):
         jobset_ref({**jobset, "apiVersion": "batch/v1"})
-    with pytest.raises(ValueError, match="metadata.namespace"):
+    with pytest.raises(ValueError, match=r"metadata\.namespace"):
         jobset_ref({**jobset, "metadata": {"name": "x"}})
     with pytest.raises(ValueError, match="got list"):
         jobset_ref([jobset])  # type: ignore[arg-type]

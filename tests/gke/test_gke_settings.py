@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from tasks.gke import GkeSettings, GkeSettingsError, TpuJobShape
+from tasks.backends.gke.settings import GkeSettings, TpuJobShape
+from tasks.settings import SettingError, read_table
 
 
 def test_defaults_are_the_benchmark_shapes() -> None:
@@ -24,15 +25,16 @@ def test_settings_are_frozen() -> None:
         GkeSettings().image = "other"  # type: ignore[misc]
 
 
-def test_from_mapping_overrides_and_keeps_the_rest() -> None:
-    settings = GkeSettings.from_mapping(
+def test_a_table_overrides_and_keeps_the_rest() -> None:
+    settings = read_table(
+        GkeSettings,
         {
             "project_id": "my-proj",
             "image": "us-docker.pkg.dev/my-proj/rcpflow/tpu:1",
-            "impersonation_chain": "sa@my-proj.iam.gserviceaccount.com",
+            "impersonation_chain": ["sa@my-proj.iam.gserviceaccount.com"],
             "train": {"slices": 2, "max_restarts": 1},
             "evaluate": {"accelerator": "tpu-v6e-slice", "topology": "2x2", "chips_per_host": 4},
-        }
+        },
     )
     assert settings.project_id == "my-proj"
     assert settings.impersonation_chain == ("sa@my-proj.iam.gserviceaccount.com",)
@@ -45,7 +47,7 @@ def test_from_mapping_overrides_and_keeps_the_rest() -> None:
     assert settings.evaluate.accelerator == "tpu-v6e-slice"
     assert settings.evaluate.slices == 16  # kept from the default evaluation shape
     assert settings.location == GkeSettings().location
-    assert GkeSettings.from_mapping({}) == GkeSettings()
+    assert read_table(GkeSettings, {}, "gke") == GkeSettings()
 
 
 @pytest.mark.parametrize(
@@ -57,8 +59,9 @@ def test_from_mapping_overrides_and_keeps_the_rest() -> None:
         ({"train": {"topology": "4x0x8"}}, "gke.train.topology"),
         ({"train": {"accelerator": "v5p"}}, "gke.train.accelerator: unknown TPU accelerator"),
         ({"train": {"chips_per_host": 8}}, "gke.train.chips_per_host: 8 is not offered"),
-        ({"evaluate": {"slices": 0}}, "gke.evaluate.slices: must be a positive integer"),
-        ({"evaluate": {"slices": "16"}}, "gke.evaluate.slices: must be a positive integer"),
+        ({"evaluate": {"slices": 0}}, "gke.evaluate.slices: must be >= 1, got 0"),
+        ({"evaluate": {"slices": "16"}}, "gke.evaluate.slices: must be int, got str '16'"),
+        ({"evaluate": {"slices": True}}, "gke.evaluate.slices: must be int, got bool True"),
         ({"evaluate": {"max_restarts": -1}}, "gke.evaluate.max_restarts: must be >= 0"),
         (
             {"evaluate": {"accelerator": "tpu-v6e-slice", "topology": "2x2", "chips_per_host": 8}},
@@ -67,23 +70,26 @@ def test_from_mapping_overrides_and_keeps_the_rest() -> None:
         ({"namespace": "Default"}, "gke.namespace: 'Default' is not a Kubernetes name"),
         ({"service_account": ""}, "gke.service_account: must be a non-empty string"),
         ({"image": "rcpflow tpu"}, "gke.image: 'rcpflow tpu' contains whitespace"),
-        ({"cluster_name": None}, "gke.cluster_name: must be a non-empty string"),
-        ({"poll_interval_s": 0}, "gke.poll_interval_s: must be a number > 0"),
-        ({"use_dns_endpoint": "yes"}, "gke.use_dns_endpoint: must be true or false"),
-        ({"impersonation_chain": 3}, "gke.impersonation_chain: must be a list"),
-        ({"train": "big"}, "gke.train: must be a mapping, got str"),
+        ({"cluster_name": None}, "gke.cluster_name: must be str, got NoneType None"),
+        ({"poll_interval_s": 0}, "gke.poll_interval_s: must be > 0"),
+        ({"poll_interval_s": "30"}, "gke.poll_interval_s: must be float, got str"),
+        ({"use_dns_endpoint": "yes"}, "gke.use_dns_endpoint: must be bool, got str 'yes'"),
+        ({"impersonation_chain": 3}, "gke.impersonation_chain: must be a list of str"),
+        ({"impersonation_chain": ["a@b", 3]}, "gke.impersonation_chain: must be a list of str"),
+        ({"impersonation_chain": [""]}, "gke.impersonation_chain: account emails must not be"),
+        ({"train": "big"}, "gke.train: must be a table, got str"),
     ],
 )
 def test_bad_values_name_the_key(mapping: dict, message: str) -> None:
-    with pytest.raises(GkeSettingsError) as excinfo:
-        GkeSettings.from_mapping(mapping)
+    with pytest.raises(SettingError) as excinfo:
+        read_table(GkeSettings, mapping, "gke")
     assert message in str(excinfo.value)
 
 
 def test_direct_construction_validates_too() -> None:
-    with pytest.raises(GkeSettingsError, match=r"TpuJobShape.topology: '2x2x1x1'"):
+    with pytest.raises(SettingError, match=r"^topology: '2x2x1x1'"):
         TpuJobShape(accelerator="tpu-v5p-slice", topology="2x2x1x1", slices=1, chips_per_host=4)
-    with pytest.raises(GkeSettingsError, match=r"gke.namespace"):
+    with pytest.raises(SettingError, match=r"^namespace: 'under_score'"):
         GkeSettings(namespace="under_score")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.gke import JobSetStatusError, interpret_status
+from tasks.backends.gke.status import JobSetStatusError, interpret_status
 
 FIXTURES = [
     "status_created.json",

@@ -7,7 +7,7 @@ saved checkpoints, evaluated checkpoints, task states), then prints the submissi
 the verdicts. Every Airflow process it started is stopped by PID on the way out, also after a
 failure or Ctrl-C. Exit status 0 only when the submission passed every check.
 
-    .venv/bin/python -m tasks.demo [--global-batch-size N] [--max-steps N] [--seeds 1 2 3]
+    .venv/bin/python -m tasks.devtools.demo [--global-batch-size N] [--max-steps N] [--seeds 1 2 3]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.airflow_server import AirflowServerError, LocalAirflow, ServerConfig, free_port
 from tasks.deployment import ENV_VAR, REPO_ROOT
+from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow, ServerConfig, free_port
 
 SUBMISSION_DAG = "mlperf_grpo_submission"
 RUN_DAG = "mlperf_grpo_run"

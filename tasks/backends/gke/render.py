@@ -2,14 +2,11 @@
 
 One replicated job ``slice`` with one child Job per TPU slice; each Job is Indexed with one pod
 per TPU host, pinned to the slice shape by the GKE TPU node labels and asking for its chips as
-``google.com/tpu``. The container command is an argument list (``python -m <module> <args>``):
-nothing here goes through a shell, so Params values stay plain arguments.
+``google.com/tpu``. The container command is the job's argument list: no shell.
 
-Names are deterministic (same DAG, run and job -> same name), so a retried task finds the
-JobSet it created before instead of starting a second one; the spec hash annotation tells
-whether that existing JobSet is the same job. Labels let a person or a sweep find everything
-of one DAG run: ``kubectl get jobsets -l rcpflow.dev/run=<run_label(dag_id, run_id)>``.
-Pure standard library: safe to import at DAG-parse time.
+Names are deterministic per (DAG, run, job), so a retried task finds the JobSet it created
+before; the spec hash annotation tells whether that JobSet is the same job. The
+``rcpflow.dev/run`` label finds everything of one DAG run. Pure standard library.
 """
 
 from __future__ import annotations
@@ -20,7 +17,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.gke.settings import GkeSettings, TpuJobShape
+from tasks.backends.gke.settings import GkeSettings, TpuJobShape
+from tasks.jobs import ROLES, Role
 
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"
@@ -52,10 +50,7 @@ JOBSET_JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 
-ROLES = ("train", "evaluate")
-
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 class JobSetConflictError(RuntimeError):
@@ -85,33 +80,30 @@ def run_label(dag_id: str, run_id: str) -> str:
 def render_jobset(
     settings: GkeSettings,
     *,
-    role: str,
+    role: Role,
     dag_id: str,
     run_id: str,
     job: str,
-    module: str,
-    args: Sequence[str],
+    command: Sequence[str],
 ) -> dict[str, Any]:
-    """The JobSet object for ``python -m <module> <args...>`` run as `role` (``train`` or
-    ``evaluate``: selects the TPU shape in `settings`), named by `jobset_name`.
+    """The JobSet object that runs `command` (an argument list) as `role`, on the TPU shape
+    `settings` gives that role, named by `jobset_name`.
 
-    `args` must be strings; they are passed to the process as they are (no shell, and no
-    Kubernetes ``$(VAR)`` expansion: ``$(`` is escaped). Raises ValueError naming the bad
-    argument, or when JobSet's derived pod names would not fit.
+    The items are passed to the process as they are (no shell, and no Kubernetes ``$(VAR)``
+    expansion: ``$(`` is escaped). Raises ValueError naming the bad item, or when JobSet's
+    derived pod names would not fit.
     """
     if role not in ROLES:
         raise ValueError(f"render_jobset: role must be one of {ROLES}, got {role!r}")
-    if not isinstance(module, str) or not _MODULE.match(module):
-        raise ValueError(f"render_jobset: module must be a dotted Python module, got {module!r}")
-    if isinstance(args, str) or not isinstance(args, Sequence):
-        raise ValueError("render_jobset: args must be a list of strings, not a single string")
-    for i, arg in enumerate(args):
+    if isinstance(command, str) or not isinstance(command, Sequence) or not command:
+        raise ValueError("render_jobset: command must be a non-empty list of strings")
+    for i, arg in enumerate(command):
         if not isinstance(arg, str):
             raise ValueError(
-                f"render_jobset: args[{i}] must be a string, got {type(arg).__name__} {arg!r}"
+                f"render_jobset: command[{i}] must be a string, got {type(arg).__name__} {arg!r}"
             )
         if "\x00" in arg:
-            raise ValueError(f"render_jobset: args[{i}] contains a NUL character")
+            raise ValueError(f"render_jobset: command[{i}] contains a NUL character")
     shape = settings.shape(role)
     name = jobset_name(dag_id, run_id, job)
     _check_child_names(name, shape)
@@ -128,7 +120,7 @@ def render_jobset(
         "image": settings.image,
         # Kubernetes expands $(VAR) in command args; $$ is its escape, so a Param value can
         # never read the pod's environment.
-        "command": ["python", "-m", module, *(a.replace("$(", "$$(") for a in args)],
+        "command": [a.replace("$(", "$$(") for a in command],
         "env": [
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             {"name": "RCPFLOW_NUM_SLICES", "value": str(shape.slices)},

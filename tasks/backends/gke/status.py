@@ -43,7 +43,7 @@ class JobSetStatus:
 
     def describe(self) -> str:
         """One line for a log or a task failure."""
-        text = self.phase
+        text: str = self.phase
         if self.reason:
             text += f" ({self.reason})"
         if self.message:

@@ -1,6 +1,6 @@
-"""plugins/jobset.py: the trigger's status handling, and both operators driving the Google
-provider's real GKE operators and hooks against a stand-in Kubernetes API (`fake_gke`: only the
-cluster lookup and the Google credentials are replaced)."""
+"""tasks.backends.gke operators and trigger: the trigger's status handling, its classpaths, and
+the operators driving the Google provider's real GKE operators and hooks against a stand-in
+Kubernetes API (`fake_gke`: only the cluster lookup and the Google credentials are replaced)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tasks.gke import GkeSettings, render_jobset
+from tasks.backends.gke.render import render_jobset
+from tasks.backends.gke.settings import GkeSettings
 
 SETTINGS = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.01)
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"
@@ -23,8 +24,7 @@ def _jobset(settings: GkeSettings = SETTINGS, step: int = 18) -> dict[str, Any]:
         dag_id="mlperf_grpo_run",
         run_id="manual__2026-05-01T12:00:00+00:00",
         job=f"eval-{step}",
-        module="tpu_jobs.evaluate",
-        args=["--run-dir", "gs://bucket/runs/seed_1", "--step", str(step)],
+        command=["python", "-m", "tpu_jobs.evaluate", "--run-dir", "gs://b/r", "--step", str(step)],
     )
 
 
@@ -53,7 +53,7 @@ def _events(trigger) -> list[dict[str, Any]]:
 
 
 def _trigger(**overrides: Any):
-    from plugins.jobset import JobSetTrigger
+    from tasks.backends.gke.triggers import JobSetTrigger
 
     kwargs = {
         "name": "js",
@@ -71,7 +71,7 @@ def _trigger(**overrides: Any):
 def _scripted(monkeypatch: pytest.MonkeyPatch, responses: list[Any]) -> list[int]:
     """Make JobSetTrigger.read_jobset return (or raise) `responses` in order; returns a list
     that counts the reads."""
-    from plugins.jobset import JobSetTrigger
+    from tasks.backends.gke.triggers import JobSetTrigger
 
     reads: list[int] = []
 
@@ -143,7 +143,7 @@ def test_trigger_gives_up_after_consecutive_errors(monkeypatch) -> None:
 
 
 def test_trigger_deleted_jobset_and_malformed_status(monkeypatch, recorded_status) -> None:
-    from plugins.jobset import JobSetGone
+    from tasks.backends.gke.triggers import JobSetGone
 
     _scripted(monkeypatch, [JobSetGone("JobSet default/js not found")])
     [event] = _events(_trigger())
@@ -155,14 +155,29 @@ def test_trigger_deleted_jobset_and_malformed_status(monkeypatch, recorded_statu
 
 
 def test_trigger_serializes_to_an_importable_classpath() -> None:
-    import importlib
-
     trigger = _trigger(impersonation_chain=["sa@p.iam.gserviceaccount.com"])
     classpath, kwargs = trigger.serialize()
+    assert classpath == "tasks.backends.gke.triggers.JobSetTrigger"
     json.dumps(kwargs)  # what the triggerer stores must be JSON
-    module, _, name = classpath.rpartition(".")
-    again = getattr(importlib.import_module(module), name)(**kwargs)
+    again = _resolve(classpath)(**kwargs)
     assert again.serialize() == (classpath, kwargs)
+
+
+def test_the_classpath_of_earlier_releases_still_resolves() -> None:
+    # A task deferred before the move has "plugins.jobset.JobSetTrigger" in the trigger table.
+    from tasks.backends.gke.triggers import JobSetTrigger
+
+    old = _resolve("plugins.jobset.JobSetTrigger")
+    assert old is JobSetTrigger
+    _classpath, kwargs = _trigger().serialize()
+    assert old(**kwargs).serialize() == _trigger().serialize()
+
+
+def _resolve(classpath: str) -> Any:
+    """The class as the triggerer finds it (Airflow's own import_string)."""
+    from airflow.sdk.module_loading import import_string
+
+    return import_string(classpath)
 
 
 # --- operators, without a cluster ----------------------------------------------------------
@@ -171,7 +186,7 @@ def test_trigger_serializes_to_an_importable_classpath() -> None:
 def test_execute_complete_maps_events_to_task_outcomes() -> None:
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-    from plugins.jobset import RunJobSetOperator
+    from tasks.backends.gke.operators import RunJobSetOperator
 
     op = RunJobSetOperator(task_id="run", jobset=_jobset(), **SETTINGS.connection_kwargs())
     base = {"name": "js", "namespace": "default", "reason": "", "message": "", "progress": "p"}
@@ -188,19 +203,19 @@ def test_execute_complete_maps_events_to_task_outcomes() -> None:
 
 
 def test_a_bad_jobset_is_refused_before_anything_is_recorded() -> None:
-    from plugins.jobset import RunJobSetOperator
+    from tasks.backends.gke.operators import RunJobSetOperator
 
     bad = _jobset()
     del bad["metadata"]["namespace"]
     ti = FakeTI()
     op = RunJobSetOperator(task_id="run", jobset=bad, **SETTINGS.connection_kwargs())
-    with pytest.raises(ValueError, match="metadata.namespace"):
+    with pytest.raises(ValueError, match=r"metadata\.namespace"):
         op.execute({"ti": ti})
     assert ti.pushed == {}
 
 
 def test_cleanup_without_a_recorded_jobset_does_nothing(fake_gke) -> None:
-    from plugins.jobset import DeleteJobSetOperator
+    from tasks.backends.gke.operators import DeleteJobSetOperator
 
     op = DeleteJobSetOperator(
         task_id="cleanup", run_task_id="g.run", **SETTINGS.connection_kwargs()
@@ -217,7 +232,7 @@ def test_cleanup_without_a_recorded_jobset_does_nothing(fake_gke) -> None:
 def test_run_creates_defers_and_follows_to_success(fake_gke, recorded_status) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from plugins.jobset import RunJobSetOperator
+    from tasks.backends.gke.operators import RunJobSetOperator
 
     jobset = _jobset()
     name = jobset["metadata"]["name"]
@@ -246,8 +261,8 @@ def test_run_creates_defers_and_follows_to_success(fake_gke, recorded_status) ->
 def test_run_retry_adopts_its_own_jobset_and_refuses_a_foreign_one(fake_gke) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from plugins.jobset import RunJobSetOperator
-    from tasks.gke import JobSetConflictError
+    from tasks.backends.gke.operators import RunJobSetOperator
+    from tasks.backends.gke.render import JobSetConflictError
 
     jobset = _jobset()
     op = RunJobSetOperator(task_id="g.run", jobset=jobset, **SETTINGS.connection_kwargs())
@@ -267,7 +282,7 @@ def test_run_retry_adopts_its_own_jobset_and_refuses_a_foreign_one(fake_gke) -> 
 def test_run_never_defers_on_a_jobset_the_cluster_does_not_have(fake_gke) -> None:
     from airflow.sdk.exceptions import AirflowException, TaskDeferred
 
-    from plugins.jobset import RunJobSetOperator
+    from tasks.backends.gke.operators import RunJobSetOperator
 
     jobset = _jobset()
     fake_gke.fail_posts = [503]  # one failed create; the provider retries it
@@ -295,7 +310,7 @@ def test_trigger_on_a_deleted_jobset_fails_it(fake_gke) -> None:
 def test_cleanup_deletes_the_recorded_jobset_and_tolerates_absence(fake_gke) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from plugins.jobset import DeleteJobSetOperator, RunJobSetOperator
+    from tasks.backends.gke.operators import DeleteJobSetOperator, RunJobSetOperator
 
     jobset = _jobset()
     ti = FakeTI(map_index=2)

@@ -1,16 +1,9 @@
-"""The ``evaluation`` TaskGroup, shared by the run DAG and the deferred-eval DAG.
+"""The steps of a run around its jobs, as plain functions every backend's tasks call.
 
-``load_manifest`` -> ``evaluate`` mapped over the manifest rows (labelled ``step N``) ->
-``finalize`` -> ``check``.
-
-Short-circuit: an ``evaluate`` instance decides from the summaries on storage (`rcpflow.gate`),
-never from which instance ran before it, because instances run in any order (``dag.test()``
-shuffles them, a retried instance runs after later ones, an eval window > 1 runs several at
-once). If a lower step's valid summary already passes, the instance skips, saying which step
-passed. When an instance passes it also marks the later map indexes skipped
-(``DownstreamTasksSkipped``) so the scheduler does not start them; that only saves time, the
-gate alone is what makes the result right. A valid summary is reused, never recomputed, so a
-run whose summaries already decide it launches no evaluation job.
+Evaluation instances run in any order, so whether a step is evaluated is decided from the
+summaries on storage alone (`skip_if_decided`, `reusable`), never from which instance ran
+before; `collect` marking later instances skipped only saves time. Also the checks after
+training, ``finalize`` and the compliance checker.
 """
 
 from __future__ import annotations
@@ -19,13 +12,22 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import TaskGroup, TriggerRule, XComArg, get_current_context, task, task_group
+from airflow.sdk.exceptions import AirflowSkipException, DownstreamTasksSkipped
 
-from rcpflow.manifest import ManifestRow
-from tasks.deployment import Deployment
+from rcpflow.checkers import compliance
+from rcpflow.finalize import FinalizeInputError, finalize
+from rcpflow.gate import passes, passing_step_below, valid_summary
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import ManifestError, ManifestRow, load
+from rcpflow.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
+from rcpflow.summary import SummaryError, read_summary, summary_problems
+from tasks.run.spec import RunSpec
+from tasks.verdicts import record, tool_log_dir
+
+if TYPE_CHECKING:
+    from airflow.sdk.types import RuntimeTaskInstanceProtocol
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +36,66 @@ class EvaluationError(RuntimeError):
     """An evaluation job finished without leaving a valid summary; the message says why."""
 
 
+class TrainingOutputError(RuntimeError):
+    """The training job exited 0 but its outputs are not a usable run; names what is wrong."""
+
+
+def check_training_outputs(spec: RunSpec) -> dict[str, Any]:
+    """The manifest is valid and covers val_start_at..max_steps; the MLLOG is a training section."""
+    layout = RunLayout(spec.run_dir)
+    try:
+        manifest = load(layout.manifest)
+    except ManifestError as exc:
+        raise TrainingOutputError(f"manifest: {exc}") from exc
+    for warning in manifest.warnings:
+        log.warning("manifest: %s", warning)
+    if not manifest.rows:
+        raise TrainingOutputError(f"{layout.manifest}: no checkpoint rows after training")
+    first, last = manifest.rows[0], manifest.rows[-1]
+    expected = {
+        "seed": spec.seed,
+        "global_batch_size": spec.global_batch_size,
+        "max_steps": spec.max_steps,
+        "val_start_at": spec.effective_val_start_at,
+    }
+    for name, value in expected.items():
+        if getattr(first, name) != value:
+            raise TrainingOutputError(
+                f"{layout.manifest}: step {first.step}: {name} is {getattr(first, name)!r}, "
+                f"the run asked for {value!r}"
+            )
+    if last.step != spec.max_steps:
+        raise TrainingOutputError(
+            f"{layout.manifest}: last checkpoint is step {last.step}, training should have "
+            f"saved every step up to max_steps {spec.max_steps}"
+        )
+    log_path = layout.mllog(spec.seed)
+    if first.mllog_file != log_path:
+        raise TrainingOutputError(
+            f"{layout.manifest}: rows name MLLOG {first.mllog_file}, expected {log_path}"
+        )
+    try:
+        events = read_events(log_path)
+    except FileNotFoundError as exc:
+        raise TrainingOutputError(f"{log_path}: no MLLOG after training") from exc
+    if run_start_ms(events) is None:
+        raise TrainingOutputError(f"{log_path}: no run_start")
+    eval_keys = sorted({e.key for e in events} & EVAL_SECTION_KEYS)
+    if eval_keys:
+        # finalize writes these after evaluation; a fresh training log must not have them
+        raise TrainingOutputError(f"{log_path}: training log already has {', '.join(eval_keys)}")
+    log.info(
+        "training outputs ok: %d checkpoints, steps %d..%d, MLLOG %s",
+        len(manifest.rows),
+        first.step,
+        last.step,
+        log_path,
+    )
+    return {"checkpoints": len(manifest.rows), "first_step": first.step, "last_step": last.step}
+
+
 def load_rows(run_dir: str) -> list[dict[str, Any]]:
     """The manifest's rows (validated, stale ones dropped) as JSON-able dicts, by step."""
-    from rcpflow.layout import RunLayout
-    from rcpflow.manifest import load
 
     manifest = load(RunLayout(run_dir).manifest)
     for warning in manifest.warnings:
@@ -59,7 +117,6 @@ def _row_dict(row: ManifestRow) -> dict[str, Any]:
 
 def finalize_run(run_dir: str) -> dict[str, Any]:
     """`rcpflow.finalize`, refusing to end green without a run_stop."""
-    from rcpflow.finalize import FinalizeInputError, finalize
 
     try:
         result = finalize(run_dir)
@@ -77,7 +134,6 @@ def finalize_run(run_dir: str) -> dict[str, Any]:
 
 def log_division(log_path: str) -> str:
     """The division the MLLOG declares (what the trainer was asked to run)."""
-    from rcpflow.mllog import read_events
 
     declared = [e.value for e in read_events(log_path) if e.key == "submission_division"]
     if len(declared) != 1:
@@ -89,10 +145,6 @@ def log_division(log_path: str) -> str:
 
 def check_run(run_dir: str) -> dict[str, Any]:
     """The official compliance checker on the run's MLLOG, for the division it declares."""
-    from rcpflow.checkers import compliance
-    from rcpflow.layout import RunLayout
-    from rcpflow.manifest import load
-    from tasks.verdicts import record, tool_log_dir
 
     layout = RunLayout(run_dir)
     log_path = load(layout.manifest).rows[0].mllog_file
@@ -125,8 +177,6 @@ class EvalTarget:
 def eval_target(run_dir: str, row: dict[str, Any]) -> EvalTarget:
     """Re-read the manifest rather than trust the XCom copy: the gate must see the run as it
     is now, and a row that changed since load_manifest is an error, not something to guess."""
-    from rcpflow.layout import RunLayout
-    from rcpflow.manifest import ManifestError, load
 
     step = row["step"]
     manifest = load(RunLayout(run_dir).manifest)
@@ -141,9 +191,6 @@ def eval_target(run_dir: str, row: dict[str, Any]) -> EvalTarget:
 
 def skip_if_decided(target: EvalTarget) -> None:
     """AirflowSkipException when a lower step's valid summary already passes the target."""
-    from airflow.sdk.exceptions import AirflowSkipException
-
-    from rcpflow.gate import passing_step_below
 
     passed = passing_step_below(target.run_dir, target.step, target.rows)
     if passed is not None:
@@ -153,8 +200,6 @@ def skip_if_decided(target: EvalTarget) -> None:
 
 
 def reusable(target: EvalTarget) -> bool:
-    from rcpflow.gate import valid_summary
-    from rcpflow.layout import RunLayout
 
     if valid_summary(target.run_dir, target.row) is None:
         return False
@@ -166,14 +211,9 @@ def reusable(target: EvalTarget) -> bool:
     return True
 
 
-def collect(target: EvalTarget) -> dict[str, Any]:
+def collect(target: EvalTarget, ti: RuntimeTaskInstanceProtocol) -> dict[str, Any]:
     """Read and validate the step's summary; when it passes, mark later map indexes skipped
     (DownstreamTasksSkipped: this instance still ends as success)."""
-    from airflow.sdk.exceptions import DownstreamTasksSkipped
-
-    from rcpflow.gate import passes
-    from rcpflow.layout import RunLayout
-    from rcpflow.summary import SummaryError, read_summary, summary_problems
 
     step = target.step
     path = RunLayout(target.run_dir).summary(step)
@@ -195,7 +235,8 @@ def collect(target: EvalTarget) -> dict[str, Any]:
         target.row.target_accuracy,
     )
     if reached:
-        ti = get_current_context()["ti"]
+        if ti.map_index is None:
+            raise EvaluationError(f"step {step}: collect runs in a mapped evaluate instance")
         later = [
             (ti.task_id, index)
             for index, r in enumerate(target.rows)
@@ -208,12 +249,13 @@ def collect(target: EvalTarget) -> dict[str, Any]:
 
 
 def evaluate_row(
-    run_dir: str, row: dict[str, Any], launch: Callable[[str, int], None]
+    run_dir: str,
+    row: dict[str, Any],
+    launch: Callable[[str, int], None],
+    ti: RuntimeTaskInstanceProtocol,
 ) -> dict[str, Any]:
-    """Evaluate one checkpoint unless the gate says a lower step already passed.
-
-    `launch(run_dir, step)` runs the evaluation job and raises if it fails.
-    """
+    """Evaluate one checkpoint unless the gate says a lower step already passed;
+    `launch(run_dir, step)` runs the evaluation job and raises if it fails."""
     target = eval_target(run_dir, row)
     skip_if_decided(target)
     if not reusable(target):
@@ -224,72 +266,4 @@ def evaluate_row(
             # this failure does not matter to the run.
             skip_if_decided(target)
             raise
-    return collect(target)
-
-
-def local_launch(deployment: Deployment) -> Callable[[str, int], None]:
-    def launch(run_dir: str, step: int) -> None:
-        from tasks.local_jobs import EVALUATE_MODULE, evaluate_args, module_command, run_job
-
-        argv = module_command(
-            deployment.job_python, EVALUATE_MODULE, evaluate_args(run_dir=run_dir, step=step)
-        )
-        run_job(argv, name=f"evaluate step {step}", env=deployment.job_env)
-
-    return launch
-
-
-def eval_group(deployment: Deployment, run_dir: str | XComArg) -> TaskGroup:
-    """TaskGroup ``evaluation`` over the run at `run_dir` (a value, template or XComArg)."""
-
-    @task
-    def load_manifest(run_dir: str) -> list[dict[str, Any]]:
-        return load_rows(run_dir)
-
-    @task(
-        map_index_template="step {{ eval_step }}",
-        max_active_tis_per_dagrun=deployment.eval_window,
-        retries=deployment.eval_retries,
-        execution_timeout=timedelta(minutes=deployment.eval_timeout_minutes),
-    )
-    def evaluate(run_dir: str, row: dict[str, Any]) -> dict[str, Any]:
-        get_current_context()["eval_step"] = row["step"]  # type: ignore[typeddict-unknown-key]
-        return evaluate_row(run_dir, row, local_launch(deployment))
-
-    # A skipped evaluate (decided by a lower step) must not stop finalize; a failed one must.
-    @task(trigger_rule=TriggerRule.NONE_FAILED)
-    def finalize(run_dir: str) -> dict[str, Any]:
-        return finalize_run(run_dir)
-
-    @task
-    def check(run_dir: str) -> dict[str, Any]:
-        return check_run(run_dir)
-
-    @task_group(group_id="evaluation")
-    def evaluation(run_dir: str) -> None:
-        rows = load_manifest(run_dir)
-        if deployment.backend == "gke":
-            from tasks.gke_wiring import gke_evaluate
-
-            evaluated, _cleanup = gke_evaluate(deployment, run_dir, rows)
-        else:
-            evaluated = evaluate.partial(run_dir=run_dir).expand(row=rows)
-        evaluated >> finalize(run_dir) >> check(run_dir)
-
-    return evaluation(run_dir)
-
-
-@task
-def existing_run() -> str:
-    """First task of a deferred evaluation: the run_dir Param, checked to hold a manifest."""
-    from rcpflow.layout import RunLayout
-    from rcpflow.storage import storage_for
-    from tasks.run_spec import check_path
-
-    run_dir = check_path("run_dir", get_current_context()["params"]["run_dir"])
-    manifest = RunLayout(run_dir).manifest
-    if not storage_for(manifest).exists(manifest):
-        raise EvaluationError(
-            f"run_dir: {run_dir} has no manifest at {manifest}; nothing to evaluate"
-        )
-    return run_dir
+    return collect(target, ti)

@@ -1,8 +1,7 @@
 """What one run (one seed) is asked to do: the Params of ``mlperf_grpo_run`` and their checks.
 
-The JSON schema on each Param lets the UI form and REST ``conf`` refuse malformed input before a
-run is created; `run_spec` repeats the checks a schema cannot express (across fields, paths) in
-the run's first task, so a bad request fails before anything is trained, naming the Param.
+The Params' JSON schema refuses malformed input before a run is created; `run_spec` repeats
+what a schema cannot express (across fields, paths) in the run's first task, ``plan``.
 """
 
 from __future__ import annotations
@@ -14,11 +13,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow.sdk import Param, get_current_context, task
+from airflow.sdk import Param, XComArg, get_current_context, task
+from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from rcpflow import recipe
+from rcpflow.layout import RunLayout
+from rcpflow.recipe import DIVISIONS, Division
+from rcpflow.storage import storage_for
 
 log = logging.getLogger(__name__)
+
+# A task parameter wired from another task's output: a JSON value from XCom at run time, the
+# XComArg that resolves to it in a DAG body. The task parses it into a typed spec first thing.
+XComValue = Any
 
 
 class ParamError(ValueError):
@@ -32,7 +39,11 @@ class RunSpec:
     global_batch_size: int
     max_steps: int
     val_start_at: int | None  # the override; None = the recipe's ceil(2.5 + 3840/gbs)
-    division: str
+    division: Division
+
+    @classmethod
+    def from_dict(cls, d: XComValue) -> RunSpec:
+        return cls(**d)
 
     @property
     def effective_val_start_at(self) -> int:
@@ -41,17 +52,16 @@ class RunSpec:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def train_args(self) -> list[str]:
-        from tasks.local_jobs import train_args
-
-        return train_args(
-            run_dir=self.run_dir,
-            seed=self.seed,
-            global_batch_size=self.global_batch_size,
-            max_steps=self.max_steps,
-            val_start_at=self.val_start_at,
-            division=self.division,
-        )
+    def job_values(self) -> dict[str, str | int]:
+        """The placeholder values of the training command (tasks.jobs)."""
+        return {
+            "run_dir": self.run_dir,
+            "seed": self.seed,
+            "global_batch_size": self.global_batch_size,
+            "max_steps": self.max_steps,
+            "val_start_at": self.effective_val_start_at,
+            "division": self.division,
+        }
 
 
 def training_params(*, max_steps: int = 60) -> dict[str, Param]:
@@ -74,7 +84,7 @@ def training_params(*, max_steps: int = 60) -> dict[str, Param]:
             title="Validation start override",
             description="Empty: ceil(2.5 + 3840 / global_batch_size).",
         ),
-        "division": Param("closed", type="string", enum=list(recipe.DIVISIONS), title="Division"),
+        "division": Param("closed", type="string", enum=list(DIVISIONS), title="Division"),
     }
 
 
@@ -124,8 +134,8 @@ def run_spec(params: Mapping[str, Any]) -> RunSpec:
     if override is not None:
         override = _int(params, "val_start_at", 1)
     division = params["division"]
-    if division not in recipe.DIVISIONS:
-        raise ParamError(f"division: must be one of {recipe.DIVISIONS}, got {division!r}")
+    if division not in DIVISIONS:
+        raise ParamError(f"division: must be one of {DIVISIONS}, got {division!r}")
     spec = RunSpec(
         run_dir=check_path("run_dir", params["run_dir"]),
         seed=_int(params, "seed", 0),
@@ -142,9 +152,30 @@ def run_spec(params: Mapping[str, Any]) -> RunSpec:
     return spec
 
 
-@task(multiple_outputs=True)
+class RunNotFound(ValueError):
+    """The run_dir Param of a deferred evaluation names a folder without a manifest."""
+
+
+@task(task_id="plan", multiple_outputs=True)
 def plan_run() -> dict[str, Any]:
     """First task of a run: the validated RunSpec (fails naming the Param, before any job)."""
     spec = run_spec(get_current_context()["params"])
     log.info("run spec: %s", spec)
     return spec.to_dict()
+
+
+def run_dir_of(plan: XComArg) -> XComArg:
+    """The ``run_dir`` output of `plan_run` (a multiple_outputs task: one XCom per key)."""
+    if not isinstance(plan, PlainXComArg):
+        raise TypeError(f"expected the output of plan_run, got {plan!r}")
+    return plan["run_dir"]
+
+
+@task
+def existing_run() -> str:
+    """First task of a deferred evaluation: the run_dir Param, checked to hold a manifest."""
+    run_dir = check_path("run_dir", get_current_context()["params"]["run_dir"])
+    manifest = RunLayout(run_dir).manifest
+    if not storage_for(manifest).exists(manifest):
+        raise RunNotFound(f"run_dir: {run_dir} has no manifest at {manifest}; nothing to evaluate")
+    return run_dir

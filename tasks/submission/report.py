@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from rcpflow import recipe
 from rcpflow.layout import RunLayout, join
+from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.storage import storage_for
-from tasks.submission import CHECK_TOOLS, SubmissionSpec, system_description
+from tasks.submission.spec import CHECK_TOOLS, SubmissionSpec, system_description
 from tasks.verdicts import Verdict, read_verdict
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,6 @@ class RunOutcome:
 
 
 def run_outcome(spec: SubmissionSpec, seed: int) -> RunOutcome:
-    from rcpflow.mllog import read_events, run_start_ms
-
     run_dir = spec.run_dir(seed)
     log_path = RunLayout(run_dir).mllog(seed)
     compliance = read_verdict(run_dir, "compliance_checker")

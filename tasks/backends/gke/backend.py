@@ -1,0 +1,55 @@
+"""The GKE backend: jobs as JobSets on TPU slices, created and watched by the operators of
+`tasks.backends.gke.operators` (the Google provider's GKE hooks underneath)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, ClassVar
+
+from tasks.backends.gke.groups import evaluate_jobsets, train_jobset_group
+from tasks.backends.gke.settings import GkeSettings
+from tasks.deployment import BackendName, Deployment, DeploymentError
+from tasks.jobs import EVALUATE_JOB, TRAIN_JOB, JobCommand
+
+if TYPE_CHECKING:
+    from airflow.sdk import XComArg
+    from airflow.sdk.definitions._internal.mixins import DependencyMixin
+
+
+class GkeBackend:
+    """Training as one JobSet group (render -> run, deferred -> cleanup teardown); evaluation
+    as one mapped deferrable operator with a cleanup teardown."""
+
+    name: ClassVar[BackendName] = "gke"
+    jobs_run_on_worker: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        train_command: JobCommand = TRAIN_JOB,
+        evaluate_command: JobCommand = EVALUATE_JOB,
+    ) -> None:
+        if deployment.gke is None:
+            raise DeploymentError(f"{deployment.source}: backend 'gke' needs a [gke] table")
+        self.deployment = deployment
+        self.settings: GkeSettings = deployment.gke
+        self.train_command = train_command
+        self.evaluate_command = evaluate_command
+
+    def train_job(self, spec: XComArg) -> DependencyMixin:
+        return train_jobset_group(
+            self.settings,
+            self.train_command,
+            spec,
+            job_timeout=timedelta(minutes=self.deployment.train_timeout_minutes),
+        )
+
+    def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
+        return evaluate_jobsets(
+            self.settings,
+            self.evaluate_command,
+            run_dir,
+            rows,
+            eval_window=self.deployment.eval_window,
+            job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
+        )

@@ -1,0 +1,99 @@
+"""Task-group builders of the GKE backend: every JobSet is created, waited for (deferred) and
+deleted by a teardown, which also runs when the job fails.
+
+Evaluation is one mapped deferrable operator rather than a group per step, so that
+``max_active_tis_per_dagrun`` (which counts deferred instances) is the eval window exactly as
+on the local backend.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import TaskGroup, XComArg, get_current_context, task
+
+from tasks.backends.gke.operators import (
+    DeleteEvalJobSetsOperator,
+    DeleteJobSetOperator,
+    EvaluateJobSetOperator,
+    RunJobSetOperator,
+)
+from tasks.backends.gke.render import render_jobset
+from tasks.backends.gke.settings import GkeSettings
+from tasks.jobs import JobCommand
+from tasks.run.spec import RunSpec, XComValue
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions._internal.mixins import DependencyMixin
+
+
+def jobset_task_group(
+    group_id: str,
+    jobset: XComArg,
+    settings: GkeSettings,
+    *,
+    job_timeout: timedelta | None = None,
+) -> TaskGroup:
+    """TaskGroup `group_id`: ``run`` (RunJobSetOperator) -> ``cleanup`` (DeleteJobSetOperator
+    as a teardown of ``run``) for the JobSet `jobset` resolves to. Works inside a mapped task
+    group (one JobSet per map index); `job_timeout` bounds the wait."""
+    cluster = settings.connection_kwargs()
+    with TaskGroup(group_id=group_id) as group:
+        run = RunJobSetOperator(
+            task_id="run",
+            jobset=jobset,
+            poll_interval_s=settings.poll_interval_s,
+            job_timeout=job_timeout,
+            **cluster,
+        )
+        cleanup = DeleteJobSetOperator(task_id="cleanup", run_task_id=run.task_id, **cluster)
+        run >> cleanup.as_teardown()
+    return group
+
+
+def train_jobset_group(
+    settings: GkeSettings, command: JobCommand, spec: XComArg, *, job_timeout: timedelta
+) -> TaskGroup:
+    """``train_jobset`` (render the training JobSet) -> TaskGroup ``job`` (run -> cleanup)."""
+
+    @task
+    def train_jobset(spec: XComValue) -> dict[str, Any]:
+        dag_run = get_current_context()["dag_run"]
+        run = RunSpec.from_dict(spec)
+        return render_jobset(
+            settings,
+            role="train",
+            dag_id=dag_run.dag_id,
+            run_id=dag_run.run_id,
+            job="train",
+            command=command.render({"python": "python", **run.job_values()}),
+        )
+
+    return jobset_task_group("job", train_jobset(spec), settings, job_timeout=job_timeout)
+
+
+def evaluate_jobsets(
+    settings: GkeSettings,
+    command: JobCommand,
+    run_dir: str | XComArg,
+    rows: XComArg,
+    *,
+    eval_window: int,
+    job_timeout: timedelta,
+) -> DependencyMixin:
+    """The mapped ``evaluate`` operator (one instance per row) and its ``cleanup`` teardown."""
+    evaluate = EvaluateJobSetOperator.partial(
+        task_id="evaluate",
+        settings=settings,
+        command=command,
+        run_dir=run_dir,
+        map_index_template="step {{ task.row['step'] }}",
+        max_active_tis_per_dagrun=eval_window,
+        job_timeout=job_timeout,
+    ).expand(row=rows)
+    cleanup = DeleteEvalJobSetsOperator(
+        task_id="cleanup", run_task_id=evaluate.task_id, settings=settings
+    )
+    evaluate >> cleanup.as_teardown()
+    return evaluate

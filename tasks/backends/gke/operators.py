@@ -1,0 +1,375 @@
+"""The operators that run JobSets on GKE and delete them.
+
+- `RunJobSetOperator` creates the JobSet with the Google provider's
+  `GKECreateCustomResourceOperator`, then defers to `JobSetTrigger` until it is terminal. An
+  existing JobSet (a retry) is adopted only when it was rendered from the same spec.
+- `DeleteJobSetOperator` deletes it (a teardown; an absent JobSet is fine).
+- `EvaluateJobSetOperator` evaluates one manifest row as a JobSet behind the gate of
+  `tasks.run.gate`; `DeleteEvalJobSetsOperator` deletes what all its instances created.
+
+The provider and kubernetes modules cost seconds to import, so only `_create` and `_delete_jobset`
+import them; importing this module at DAG-parse time stays cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import BaseOperator, XComArg
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from tasks.backends.gke.render import (
+    JOBSET_API_VERSION,
+    JOBSET_GROUP,
+    JOBSET_KIND,
+    JOBSET_PLURAL,
+    JOBSET_VERSION,
+    check_adoptable,
+    jobset_ref,
+    render_jobset,
+    with_spec_hash,
+)
+from tasks.backends.gke.settings import GkeSettings
+from tasks.backends.gke.triggers import JobSetTrigger
+from tasks.jobs import JobCommand
+from tasks.run.gate import collect, eval_target, reusable, skip_if_decided
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+log = logging.getLogger(__name__)
+
+# XCom key under which the run task records which JobSet it is about to create, before
+# creating it, so that the cleanup teardown can delete it whatever happened afterwards.
+REF_XCOM_KEY = "jobset_ref"
+
+
+class _GkeClusterArgs:
+    """The cluster arguments shared by the operators, as the provider's GKE operators take
+    them."""
+
+    task_id: str
+
+    def _set_cluster_args(
+        self,
+        *,
+        location: str,
+        cluster_name: str,
+        project_id: str | None,
+        gcp_conn_id: str,
+        impersonation_chain: str | Sequence[str] | None,
+        use_internal_ip: bool,
+        use_dns_endpoint: bool,
+    ) -> None:
+        self.location = location
+        self.cluster_name = cluster_name
+        self.project_id = project_id
+        self.gcp_conn_id = gcp_conn_id
+        self.impersonation_chain = impersonation_chain
+        self.use_internal_ip = use_internal_ip
+        self.use_dns_endpoint = use_dns_endpoint
+
+    def _cluster_args(self) -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "location": self.location,
+            "cluster_name": self.cluster_name,
+            "gcp_conn_id": self.gcp_conn_id,
+            "impersonation_chain": self.impersonation_chain,
+            "use_internal_ip": self.use_internal_ip,
+            "use_dns_endpoint": self.use_dns_endpoint,
+        }
+        if self.project_id is not None:
+            args["project_id"] = self.project_id
+        return args
+
+
+class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
+    """Create `jobset` (a JobSet object; usually the XComArg of a task that called
+    `render_jobset`) on the GKE cluster and wait, deferred, until it finishes.
+
+    Returns ``{"name", "namespace", "phase", "progress"}``. A Failed JobSet fails the task
+    without Airflow retries (restarts belong to the JobSet's failurePolicy.maxRestarts); an
+    error while watching (API unreachable) fails it with retries allowed, and the retry adopts
+    the still-running JobSet. `job_timeout` bounds the wait (None: no bound).
+    """
+
+    template_fields: Sequence[str] = ("jobset", "location", "cluster_name", "project_id")
+    template_fields_renderers: ClassVar[dict[str, str]] = {"jobset": "json"}
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        jobset: Mapping[str, Any] | XComArg,  # an XComArg is resolved before execute
+        location: str,
+        cluster_name: str,
+        project_id: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        use_internal_ip: bool = False,
+        use_dns_endpoint: bool = False,
+        poll_interval_s: float = 30.0,
+        job_timeout: timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.jobset = jobset
+        self._set_cluster_args(
+            location=location,
+            cluster_name=cluster_name,
+            project_id=project_id,
+            gcp_conn_id=gcp_conn_id,
+            impersonation_chain=impersonation_chain,
+            use_internal_ip=use_internal_ip,
+            use_dns_endpoint=use_dns_endpoint,
+        )
+        self.poll_interval_s = poll_interval_s
+        self.job_timeout = job_timeout
+
+    def execute(self, context: Context) -> None:
+        jobset = self.jobset
+        if not isinstance(jobset, Mapping):
+            raise ValueError(f"expected a JobSet object (a dict), got {type(jobset).__name__}")
+        ref = jobset_ref(jobset)
+        body = with_spec_hash(jobset)
+        context["ti"].xcom_push(key=REF_XCOM_KEY, value=ref)
+        cluster_url, ssl_ca_cert = self._create(context, body)
+        self.log.info(
+            "JobSet %s/%s submitted; waiting for it to finish", ref["namespace"], ref["name"]
+        )
+        self.defer(
+            trigger=JobSetTrigger(
+                name=ref["name"],
+                namespace=ref["namespace"],
+                cluster_url=cluster_url,
+                ssl_ca_cert=ssl_ca_cert,
+                gcp_conn_id=self.gcp_conn_id,
+                impersonation_chain=self.impersonation_chain,
+                use_dns_endpoint=self.use_dns_endpoint,
+                poll_interval_s=self.poll_interval_s,
+            ),
+            method_name="execute_complete",
+            timeout=self.job_timeout,
+        )
+
+    def execute_complete(self, context: Context, event: Mapping[str, Any]) -> dict[str, str]:
+        where = f"JobSet {event['namespace']}/{event['name']}"
+        phase = event["phase"]
+        if phase == "Succeeded":
+            self.log.info("%s succeeded [%s]", where, event["progress"])
+            return {k: event[k] for k in ("name", "namespace", "phase", "progress")}
+        if phase == "Failed":
+            raise AirflowFailException(
+                f"{where} failed ({event['reason']}): {event['message']} [{event['progress']}]. "
+                "Restarts are the JobSet's failurePolicy.maxRestarts; an Airflow retry would "
+                "only find the same failed JobSet (clear the task group to run it again)."
+            )
+        raise AirflowException(f"{where}: could not follow its status: {event['message']}")
+
+    def _create(self, context: Context, body: dict[str, Any]) -> tuple[str, str]:
+        """Create the JobSet (or adopt an identical existing one); return the cluster's URL and
+        CA certificate for the trigger."""
+        from airflow.providers.google.cloud.operators.kubernetes_engine import (
+            GKECreateCustomResourceOperator,
+        )
+        from kubernetes.client.exceptions import ApiException
+
+        ref = jobset_ref(body)
+        create = GKECreateCustomResourceOperator(
+            task_id=f"{self.task_id}__create",
+            yaml_conf=json.dumps(body),
+            custom_resource_definition=True,
+            namespace=ref["namespace"],
+            **self._cluster_args(),
+        )
+        try:
+            create.execute(context)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.log.info("JobSet %s/%s already exists", ref["namespace"], ref["name"])
+        # Read it back whatever execute() said: the provider retries a failed create (409 and
+        # 5xx count as transient) on the already-consumed YAML generator, so the retry creates
+        # nothing and still reports success (providers-cncf-kubernetes 10.25). The read also
+        # tells an identical JobSet from an earlier try from a foreign one.
+        try:
+            existing = create.hook.get_custom_object(
+                group=JOBSET_GROUP,
+                version=JOBSET_VERSION,
+                plural=JOBSET_PLURAL,
+                name=ref["name"],
+                namespace=ref["namespace"],
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            raise AirflowException(
+                f"JobSet {ref['namespace']}/{ref['name']} is not on the cluster after the create "
+                "call reported success (a create retried by the provider); a task retry creates "
+                "it again"
+            ) from exc
+        check_adoptable(existing, body)
+        return create.cluster_url, create.ssl_ca_cert
+
+
+class DeleteJobSetOperator(_GkeClusterArgs, BaseOperator):
+    """Delete the JobSet that the task `run_task_id` (a RunJobSetOperator, same map index)
+    recorded. Nothing recorded, or already gone: logged, success. Use as a teardown."""
+
+    template_fields: Sequence[str] = ("location", "cluster_name", "project_id")
+    ui_color = "#fce8e6"
+
+    def __init__(
+        self,
+        *,
+        run_task_id: str,
+        location: str,
+        cluster_name: str,
+        project_id: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        impersonation_chain: str | Sequence[str] | None = None,
+        use_internal_ip: bool = False,
+        use_dns_endpoint: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.run_task_id = run_task_id
+        self._set_cluster_args(
+            location=location,
+            cluster_name=cluster_name,
+            project_id=project_id,
+            gcp_conn_id=gcp_conn_id,
+            impersonation_chain=impersonation_chain,
+            use_internal_ip=use_internal_ip,
+            use_dns_endpoint=use_dns_endpoint,
+        )
+
+    def execute(self, context: Context) -> dict[str, Any] | None:
+        ti = context["ti"]
+        ref = ti.xcom_pull(task_ids=self.run_task_id, key=REF_XCOM_KEY, map_indexes=ti.map_index)
+        if ref is None:
+            self.log.info("%s recorded no JobSet: nothing to delete", self.run_task_id)
+            return None
+        deleted = _delete_jobset(self, context, ref)
+        if deleted:
+            self.log.info("JobSet %s/%s deleted", ref["namespace"], ref["name"])
+        else:
+            self.log.info("JobSet %s/%s was already gone", ref["namespace"], ref["name"])
+        return {**ref, "deleted": deleted}
+
+
+def _delete_jobset(op: _GkeClusterArgs, context: Context, ref: Mapping[str, str]) -> bool:
+    """Delete the JobSet `ref` names through `op`'s cluster; False when it did not exist."""
+    from airflow.providers.google.cloud.operators.kubernetes_engine import (
+        GKEDeleteCustomResourceOperator,
+    )
+    from kubernetes.client.exceptions import ApiException
+
+    body = {"apiVersion": JOBSET_API_VERSION, "kind": JOBSET_KIND, "metadata": dict(ref)}
+    delete = GKEDeleteCustomResourceOperator(
+        task_id=f"{op.task_id}__delete",
+        yaml_conf=json.dumps(body),
+        custom_resource_definition=True,
+        namespace=ref["namespace"],
+        **op._cluster_args(),
+    )
+    try:
+        delete.execute(context)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+class EvaluateJobSetOperator(RunJobSetOperator):
+    """Evaluate one manifest row as a JobSet of the `command` template, behind the gate of
+    `tasks.run.gate`: a decided or already evaluated step creates nothing on the cluster."""
+
+    template_fields = (*RunJobSetOperator.template_fields, "run_dir", "row")
+
+    def __init__(
+        self,
+        *,
+        settings: GkeSettings,
+        command: JobCommand,
+        run_dir: str,
+        row: Mapping[str, Any],
+        job_timeout: timedelta | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # the JobSet is rendered in execute: its name needs the run id
+        super().__init__(
+            jobset={},
+            poll_interval_s=settings.poll_interval_s,
+            job_timeout=job_timeout,
+            **settings.connection_kwargs(),
+            **kwargs,
+        )
+        self.settings = settings
+        self.command = command
+        self.run_dir = run_dir
+        self.row = row
+
+    def execute(self, context: Context) -> Any:
+        target = eval_target(self.run_dir, dict(self.row))
+        skip_if_decided(target)
+        if reusable(target):
+            return collect(target, context["ti"])
+        dag_run = context["dag_run"]
+        values: dict[str, str | int] = {
+            "python": "python",
+            "run_dir": self.run_dir,
+            "step": target.step,
+        }
+        self.jobset = render_jobset(
+            self.settings,
+            role="evaluate",
+            dag_id=dag_run.dag_id,
+            run_id=dag_run.run_id,
+            job=f"eval-{target.step}",
+            command=self.command.render(values),
+        )
+        return super().execute(context)
+
+    def execute_complete(self, context: Context, event: Mapping[str, Any]) -> Any:
+        target = eval_target(self.run_dir, dict(self.row))
+        try:
+            super().execute_complete(context, event)
+        except Exception:
+            skip_if_decided(target)  # a lower step passed meanwhile: this failure is moot
+            raise
+        return collect(target, context["ti"])
+
+
+class DeleteEvalJobSetsOperator(_GkeClusterArgs, BaseOperator):
+    """Teardown: delete every JobSet that any instance of the mapped task `run_task_id`
+    recorded; absent ones are fine."""
+
+    template_fields: Sequence[str] = ("location", "cluster_name", "project_id")
+    ui_color = "#fce8e6"
+
+    def __init__(self, *, run_task_id: str, settings: GkeSettings, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_task_id = run_task_id
+        self._set_cluster_args(**settings.connection_kwargs())
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        refs = context["ti"].xcom_pull(task_ids=self.run_task_id, key=REF_XCOM_KEY)
+        if isinstance(refs, dict):
+            refs = [refs]
+        done = []
+        for ref in [r for r in refs or [] if r is not None]:
+            deleted = _delete_jobset(self, context, ref)
+            log.info(
+                "JobSet %s/%s %s",
+                ref["namespace"],
+                ref["name"],
+                "deleted" if deleted else "already gone",
+            )
+            done.append({**ref, "deleted": deleted})
+        return done

@@ -1,0 +1,148 @@
+"""The local backend: training and evaluation jobs as subprocesses of the Airflow worker.
+
+A job is one blocking task (a local child cannot outlive the task that started it), so JAX is
+only ever imported in the child. Its output is streamed line by line into the task log; a
+non-zero exit fails the task, quoting the last lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow.sdk import XComArg, get_current_context, task
+
+from tasks.deployment import BackendName, Deployment
+from tasks.jobs import EVALUATE_JOB, TRAIN_JOB, JobCommand
+from tasks.run.gate import evaluate_row
+from tasks.run.spec import RunSpec, XComValue
+
+if TYPE_CHECKING:
+    from airflow.sdk.definitions._internal.mixins import DependencyMixin
+
+log = logging.getLogger(__name__)
+
+_TAIL_LINES = 40
+_STOP_GRACE_S = 10.0
+_PR_SET_PDEATHSIG = 1
+
+
+class JobFailed(RuntimeError):
+    """A job exited non-zero (or could not start); the message quotes its last output lines."""
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if the Airflow task process is killed (SIGKILL
+    # after a timeout or "mark failed"), the job gets SIGTERM instead of running on orphaned.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def run_job(
+    argv: Sequence[str],
+    *,
+    name: str,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+) -> None:
+    """Run `argv` to completion, streaming its output to the log; raise JobFailed on failure."""
+    child_env = dict(os.environ)
+    if env:
+        child_env.update(env)
+    # The child's Python output must reach us line by line, not in 8 KiB blocks at exit.
+    child_env["PYTHONUNBUFFERED"] = "1"
+    log.info("%s: starting %s", name, subprocess.list2cmdline(argv))
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env,
+            cwd=cwd,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            preexec_fn=_die_with_parent,
+        )
+    except OSError as exc:
+        raise JobFailed(f"{name}: could not start {argv[0]!r}: {exc}") from exc
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            log.info("%s | %s", name, line)
+        returncode = proc.wait()
+    finally:
+        # Reached with the child still running only when we are interrupted (timeout, kill).
+        if proc.poll() is None:
+            log.warning("%s: stopping pid %d", name, proc.pid)
+            proc.terminate()
+            try:
+                proc.wait(timeout=_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if returncode != 0:
+        last = "\n".join(tail)
+        raise JobFailed(f"{name} exited with status {returncode}; last output lines:\n{last}")
+    log.info("%s: finished", name)
+
+
+class LocalBackend:
+    """Jobs as subprocesses of the worker, with the deployment's interpreter and environment."""
+
+    name: ClassVar[BackendName] = "local"
+    jobs_run_on_worker: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        train_command: JobCommand = TRAIN_JOB,
+        evaluate_command: JobCommand = EVALUATE_JOB,
+    ) -> None:
+        self.deployment = deployment
+        self.train_command = train_command
+        self.evaluate_command = evaluate_command
+
+    def train_job(self, spec: XComArg) -> DependencyMixin:
+        deployment, command = self.deployment, self.train_command
+
+        @task(execution_timeout=timedelta(minutes=deployment.train_timeout_minutes))
+        def train_job(spec: XComValue) -> None:
+            run = RunSpec.from_dict(spec)
+            argv = command.render({"python": deployment.job_python, **run.job_values()})
+            run_job(argv, name=f"train seed {run.seed}", env=deployment.job_env)
+
+        return train_job(spec)
+
+    def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
+        deployment, command = self.deployment, self.evaluate_command
+
+        def launch(run_dir: str, step: int) -> None:
+            values: dict[str, str | int] = {
+                "python": deployment.job_python,
+                "run_dir": run_dir,
+                "step": step,
+            }
+            run_job(command.render(values), name=f"evaluate step {step}", env=deployment.job_env)
+
+        @task(
+            map_index_template="step {{ task.op_kwargs['row']['step'] }}",
+            max_active_tis_per_dagrun=deployment.eval_window,
+            retries=deployment.eval_retries,
+            execution_timeout=timedelta(minutes=deployment.eval_timeout_minutes),
+        )
+        def evaluate(run_dir: str, row: dict[str, Any]) -> dict[str, Any]:
+            return evaluate_row(run_dir, row, launch, get_current_context()["ti"])
+
+        return evaluate.partial(run_dir=run_dir).expand(row=rows)

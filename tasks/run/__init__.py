@@ -1,0 +1,1 @@
+"""One run (one seed): its spec and Params, the train and evaluation groups, the gate steps."""

@@ -1,0 +1,39 @@
+"""The ``evaluation`` TaskGroup, shared by the run DAG and the deferred-eval DAG:
+``load_manifest`` -> the backend's ``evaluate``, mapped over the rows (labelled ``step N``; each
+instance takes the gate of `tasks.run.gate`) -> ``finalize`` -> ``check``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import TaskGroup, TriggerRule, XComArg, task
+
+from tasks.run.gate import check_run, finalize_run, load_rows
+from tasks.run.spec import XComValue
+
+if TYPE_CHECKING:
+    from tasks.backends.base import Backend
+
+
+@task
+def load_manifest(run_dir: XComValue) -> list[dict[str, Any]]:
+    return load_rows(run_dir)
+
+
+# A skipped evaluate (decided by a lower step) must not stop finalize; a failed one must.
+@task(trigger_rule=TriggerRule.NONE_FAILED)
+def finalize(run_dir: XComValue) -> dict[str, Any]:
+    return finalize_run(run_dir)
+
+
+@task
+def check(run_dir: XComValue) -> dict[str, Any]:
+    return check_run(run_dir)
+
+
+def evaluation_group(backend: Backend, run_dir: str | XComArg) -> TaskGroup:
+    """TaskGroup ``evaluation`` over the run at `run_dir` (a value or an XComArg)."""
+    with TaskGroup(group_id="evaluation") as group:
+        rows = load_manifest(run_dir)
+        backend.evaluate(run_dir, rows) >> finalize(run_dir) >> check(run_dir)
+    return group
