@@ -1,6 +1,6 @@
 """What lies under a storage root: the submissions, their runs and every persisted verdict.
 
-A submission is a folder ``<root>/<name>/`` with ``runs/seed_<s>/`` (see `tasks.submission`);
+A submission is a folder ``<root>/<name>/`` with ``runs/seed_<s>/`` (see `tasks.submission.spec`);
 its checker verdicts are the ``checks/<tool>.json`` files the check tasks wrote, a run's
 compliance verdict its own ``checks/compliance_checker.json``. A run is what `rcpflow.status`
 says of it (per step: checkpoint, summary, gate; what finalize would write), with the settings
@@ -25,7 +25,7 @@ from rcpflow.mllog import MLLogError, read_events
 from rcpflow.status import RunStatus, run_status
 from rcpflow.storage import storage_for
 from tasks.convergence import ConvergenceData, convergence_data, seed_curve
-from tasks.submission import CHECK_TOOLS, RUN_DAG_ID
+from tasks.submission.spec import CHECK_TOOLS, RUN_DAG_ID
 from tasks.verdicts import Verdict, read_verdict
 
 _SEED_DIR = re.compile(r"^seed_(\d+)$")

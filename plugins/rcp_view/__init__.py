@@ -5,7 +5,7 @@ AppBuilder views only through the FAB provider); a plugin brings a FastAPI app, 
 server mounts under its `url_prefix` (``fastapi_apps``), and UI entries (``external_views``:
 a nav item, or a tab on a DAG, DAG run or task instance page, each shown in an iframe of the
 UI when it has a ``url_route``). This package is both: `FASTAPI_APPS` and `EXTERNAL_VIEWS` go
-into the plugin class (``plugins/``), the app itself is built in `plugins.rcp_view.app`.
+into `plugins.rcpflow_plugin.RcpflowPlugin`, the app itself is built in `plugins.rcp_view.app`.
 
 Importing this package is cheap (no FastAPI, no matplotlib, no Airflow API modules): Airflow
 loads the plugins folder in every task process too (for macros), and the API server is the only

@@ -9,9 +9,9 @@ from synthetic_run import make_run
 from rcpflow.finalize import finalize
 from tasks.convergence import render
 from tasks.html_report import render_html, write_html_report
-from tasks.report import render_report
 from tasks.storage_index import convergence, read_run
-from tasks.submission import SubmissionSpec
+from tasks.submission.report import render_report
+from tasks.submission.spec import SubmissionSpec
 
 
 def test_html_report_is_the_markdown_with_the_plot(tmp_path: Path) -> None:

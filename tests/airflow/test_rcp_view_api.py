@@ -91,7 +91,7 @@ def get(client: Any, token: str) -> Iterator[Any]:
 
 def test_the_plugin_is_registered_with_its_app_and_ui_entries(get: Any) -> None:
     plugins = get("/api/v2/plugins").json()["plugins"]
-    (plugin,) = [p for p in plugins if p["name"] == "rcpflow_rcp_view"]
+    (plugin,) = [p for p in plugins if p["name"] == "rcpflow"]
     assert [a["url_prefix"] for a in plugin["fastapi_apps"]] == ["/rcp"]
     views = {v["destination"]: v for v in plugin["external_views"]}
     assert views["nav"]["href"] == "/rcp/" and views["nav"]["url_route"] == "mlperf-rcp"
