@@ -17,6 +17,7 @@ import dataclasses
 import os
 import posixpath
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -40,6 +41,7 @@ from tasks.storage_index import (
     submission_entry,
     submission_names,
 )
+from tasks.submission.spec import SUBMISSION_DAG_ID, name_from_run_id
 
 MAX_PLOT_PX = 2400
 RunPath = Annotated[str, Query(description="run folder, relative to the storage root")]
@@ -184,13 +186,15 @@ def create_app() -> FastAPI:
             rel = _relative(str(conf["run_dir"]))
             if rel is None:
                 return HTMLResponse(pages.outside_root_page(str(conf["run_dir"]), storage_root()))
-            target = request.url_for("run_page").include_query_params(path=rel)
-        elif conf.get("submission_name"):
-            name = str(conf["submission_name"])
-            target = request.url_for("submission_page").include_query_params(name=name)
+            target = f"run?{urlencode({'path': rel})}"
+        elif dag_id == SUBMISSION_DAG_ID:
+            name = conf.get("submission_name") or name_from_run_id(run_id)
+            target = f"submission?{urlencode({'name': str(name)})}"
         else:
-            target = request.url_for("index")
-        return RedirectResponse(str(target), status_code=303)
+            target = ""
+        # Built from the mount point, not url_for: names resolve against the root app's router,
+        # which sees this app only as a mounted ASGI callable.
+        return RedirectResponse(f"{request.scope['root_path']}/{target}", status_code=303)
 
     # ---- plot and files -----------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import XComArg, get_current_context, task
+from airflow.sdk import XComArg, task
 
 from tasks.deployment import BackendName, Deployment
 from tasks.jobs import EVALUATE_JOB, TRAIN_JOB, JobCommand
@@ -143,6 +143,6 @@ class LocalBackend:
             execution_timeout=timedelta(minutes=deployment.eval_timeout_minutes),
         )
         def evaluate(run_dir: str, row: dict[str, Any]) -> dict[str, Any]:
-            return evaluate_row(run_dir, row, launch, get_current_context()["ti"])
+            return evaluate_row(run_dir, row, launch)
 
         return evaluate.partial(run_dir=run_dir).expand(row=rows)

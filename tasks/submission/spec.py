@@ -29,6 +29,7 @@ from tasks.run.spec import ParamError, RunSpec, XComValue, check_path, run_spec,
 log = logging.getLogger(__name__)
 
 RUN_DAG_ID = "mlperf_grpo_run"
+SUBMISSION_DAG_ID = "mlperf_grpo_submission"
 # The package checker's count of result files for this benchmark.
 RUNS_PER_SUBMISSION = 3
 DEFAULT_SEEDS = (1, 2, 3)
@@ -147,7 +148,7 @@ def submission_params(deployment: Deployment) -> dict[str, Param]:
     }
 
 
-def _name_from_run_id(run_id: str) -> str:
+def name_from_run_id(run_id: str) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("._-")
     return name or "submission"
 
@@ -185,7 +186,7 @@ def submission_spec(
         )
     name = params["submission_name"]
     if name is None:
-        name = _name_from_run_id(run_id)
+        name = name_from_run_id(run_id)
     elif not isinstance(name, str) or not re.match(NAME_PATTERN, name):
         raise ParamError(f"submission_name: {name!r} must match {NAME_PATTERN}")
     system = params["system"]

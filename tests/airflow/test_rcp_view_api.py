@@ -203,3 +203,43 @@ def test_paths_outside_the_root_are_refused(get: Any, path: str) -> None:
     response = get("/rcp/api/run", params={"path": path})
     assert response.status_code == 404
     assert "is not a folder below the storage root" in response.json()["detail"]
+
+
+def _dag_run(dag_id: str, run_id: str, conf: dict[str, Any]) -> None:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunType
+    from pendulum import now
+
+    with create_session() as session:
+        session.add(
+            DagRun(
+                dag_id=dag_id, run_id=run_id, run_type=DagRunType.MANUAL, conf=conf,
+                state=DagRunState.SUCCESS, run_after=now("UTC"),
+            )
+        )  # fmt: skip
+
+
+def test_dag_run_tab_opens_the_run_or_submission_it_worked_on(
+    get: Any, storage_root: Path, tmp_path: Path
+) -> None:
+    run_dir = storage_root / NAME / "runs" / "seed_1"
+    _dag_run("mlperf_grpo_run", "tab-run", {"run_dir": str(run_dir)})
+    _dag_run("mlperf_grpo_deferred_eval", "tab-eval", {"run_dir": str(run_dir) + "/"})
+    _dag_run("mlperf_grpo_submission", NAME, {"submission_name": None})
+    _dag_run("mlperf_grpo_run", "tab-outside", {"run_dir": str(tmp_path)})
+    for dag_id, run_id in (
+        ("mlperf_grpo_run", "tab-run"),
+        ("mlperf_grpo_deferred_eval", "tab-eval"),
+    ):
+        answer = get(f"/rcp/dag-run/{dag_id}/{run_id}", follow_redirects=False)
+        assert answer.status_code == 303
+        assert answer.headers["location"] == f"/rcp/run?path={NAME}%2Fruns%2Fseed_1"
+    answer = get(f"/rcp/dag-run/mlperf_grpo_submission/{NAME}", follow_redirects=False)
+    assert answer.headers["location"] == f"/rcp/submission?name={NAME}"  # named by its run id
+    outside = get("/rcp/dag-run/mlperf_grpo_run/tab-outside")
+    assert (
+        outside.status_code == 200 and "is not below this deployment's storage root" in outside.text
+    )
+    assert get("/rcp/dag-run/mlperf_grpo_run/nope").status_code == 404

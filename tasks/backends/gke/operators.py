@@ -319,7 +319,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         target = eval_target(self.run_dir, dict(self.row))
         skip_if_decided(target)
         if reusable(target):
-            return collect(target, context["ti"])
+            return collect(target)
         dag_run = context["dag_run"]
         values: dict[str, str | int] = {
             "python": "python",
@@ -343,7 +343,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         except Exception:
             skip_if_decided(target)  # a lower step passed meanwhile: this failure is moot
             raise
-        return collect(target, context["ti"])
+        return collect(target)
 
 
 class DeleteEvalJobSetsOperator(_GkeClusterArgs, BaseOperator):
