@@ -1,8 +1,11 @@
-"""The RCP view's HTML: plain server-rendered pages (no script), every value escaped.
+"""The RCP view's HTML: server-rendered pages, every value escaped.
 
-The pages run inside the Airflow UI's iframe; links into the UI itself (a DAG run's grid)
-open in the top window. Element ids and ``data-*`` attributes are stable: the browser test and
-anyone scripting against the page read them.
+The pages run inside the Airflow UI's iframe, which the UI sandboxes without top navigation:
+a plain ``target=_top`` link into the UI (a DAG run's grid) would do nothing there. Such links
+carry ``data-ui``, and the one script of the page hands them to the UI's own router (same
+origin: push the path onto the top window's history and tell its router), so they open in
+the UI around the frame; outside a frame they are ordinary links. Element ids and ``data-*``
+attributes are stable: the browser test and anyone scripting against the page read them.
 """
 
 from __future__ import annotations
@@ -35,16 +38,30 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+# Links into the Airflow UI, clicked inside the UI's iframe: navigate the UI, not the frame.
+_SCRIPT = """
+document.addEventListener("click", function (event) {
+  var link = event.target.closest("a[data-ui]");
+  if (!link || window.top === window) return;
+  try {
+    window.top.history.pushState(null, "", link.getAttribute("href"));
+    window.top.dispatchEvent(new PopStateEvent("popstate", { state: null }));
+    event.preventDefault();
+  } catch (e) { /* not the UI's frame: let the link be a link */ }
+});
+"""
+
+
 def _page(title: str, body: str) -> str:
     return (
         "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{_e(title)}</title><style>{_STYLE}</style></head>"
-        f"<body>{body}</body></html>\n"
+        f"<body>{body}<script>{_SCRIPT}</script></body></html>\n"
     )
 
 
-def _link(href: str, text: str, *, top: bool = False, cls: str = "") -> str:
-    target = " target='_top'" if top else ""
+def _link(href: str, text: str, *, ui: bool = False, cls: str = "") -> str:
+    target = " data-ui='1'" if ui else ""
     klass = f" class='{_e(cls)}'" if cls else ""
     return f"<a href='{_e(href)}'{target}{klass}>{_e(text)}</a>"
 
@@ -115,7 +132,7 @@ def _run_row(base: str, entry: RunEntry) -> str:
         f"<td class='outcome'>{_e(run_outcome(run))}</td>"
         f"<td>{_e(passing if passing is not None else '-')}</td>"
         f"<td>{_verdict(run.compliance)}</td>"
-        f"<td>{_link(_grid(base, entry.dag_id, entry.dag_run_id), entry.dag_run_id, top=True)}"
+        f"<td>{_link(_grid(base, entry.dag_id, entry.dag_run_id), entry.dag_run_id, ui=True)}"
         "</td></tr>"
     )
 

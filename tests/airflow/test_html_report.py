@@ -32,6 +32,7 @@ def test_html_report_is_the_markdown_with_the_plot(tmp_path: Path) -> None:
     assert Path(path).name == "report.html"
     assert "<h1>qwen35_397b_grpo submission <code>h</code></h1>" in page
     assert page.count("<table>") == 1 and "<td>aborted</td>" in page  # seed 3 never passed
+    assert "<td>did not converge by step 24</td>" in page and "converged at step 19" in page
     assert "<figure id='convergence'><svg" in page and "reference RCP: 4608 samples" in page
     data = convergence("submission h", runs)
     assert (tmp_path / "h" / "convergence.png").read_bytes() == render(data, "png")
@@ -42,3 +43,22 @@ def test_html_report_is_the_markdown_with_the_plot(tmp_path: Path) -> None:
 def test_raw_html_in_the_markdown_is_escaped() -> None:
     page, _, _ = render_html("# a <script>x</script>\n", "t", [])
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_the_report_task_writes_both(tmp_path: Path) -> None:
+    from tasks.submission.report import write_report
+
+    spec = SubmissionSpec(
+        name="w", out_dir=str(tmp_path / "w"), seeds=(1, 2, 3), global_batch_size=256,
+        max_steps=24, val_start_at=None, target=0.69, division="closed", backend="local",
+        system={},
+    )  # fmt: skip
+    for seed in spec.seeds:
+        make_run(spec.run_dir(seed), seed=seed, accuracies={18: 0.8})
+        finalize(spec.run_dir(seed))
+    path, passed = write_report(spec)
+    assert not passed  # no checker ran
+    markdown = Path(path).read_text()
+    assert markdown.count("converged at step 18") == 3
+    page = (tmp_path / "w" / "report.html").read_text()
+    assert "<figure id='convergence'><svg" in page and "seed 3: passes at step 18" in page

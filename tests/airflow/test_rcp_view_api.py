@@ -157,7 +157,7 @@ def test_run_page_lists_every_step_and_links_the_grid(get: Any) -> None:
     assert "compliance_checker: PASS" in page
     sub = get(f"/rcp/submission?name={NAME}").text
     assert "PENDING (2 checks not run yet)" in sub
-    assert f"/dags/mlperf_grpo_run/runs/{NAME}__seed_1' target='_top'" in sub
+    assert f"/dags/mlperf_grpo_run/runs/{NAME}__seed_1' data-ui='1'>" in sub
 
 
 @pytest.mark.parametrize(("fmt", "media"), [("png", "image/png"), ("svg", "image/svg+xml")])

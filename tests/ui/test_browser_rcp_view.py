@@ -3,7 +3,8 @@
 A run is prepared the way a submitter's is: the ``mlperf_grpo_run`` DAG, triggered through the
 REST API, runs the real training and evaluation jobs, finalize and the official compliance
 checker. Then the browser logs in through Airflow's login form, opens the "MLPerf RCP" entry of
-the nav bar and follows the view from the submission to the run and its plot. What the page
+the nav bar and follows the view from the submission to the run and its plot, clicks through to the
+DAG run, opens its RCP tab, and reads the evaluate instances' labels in the grid. What the pages
 must show is read from the run's own files (manifest, MLLOG, verdict), never written into the
 test. Screenshots of every step are kept in the test's temporary folder.
 """
@@ -11,6 +12,7 @@ test. Screenshots of every step are kept in the test's temporary folder.
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -159,10 +161,7 @@ def test_rcp_view_follows_the_run(
     from selenium.webdriver.common.by import By
 
     airflow, run_dir = finished_run
-    layout = RunLayout(str(run_dir))
-    steps = [r.step for r in load(layout.manifest).rows]
-    (stop,) = [e for e in read_events(layout.mllog(1)) if e.key == "run_stop"]
-    passing = stop.metadata["samples_count"] // RUN_CONF["global_batch_size"]
+    steps, passing = _expected(run_dir)
     compliance = read_verdict(str(run_dir), "compliance_checker")
     assert compliance is not None
     shot = Shots(browser, tmp_path)
@@ -173,7 +172,7 @@ def test_rcp_view_follows_the_run(
     (run_row,) = browser.find_elements(By.CSS_SELECTOR, "table#runs tr[data-seed='1']")
     grid = run_row.find_element(By.LINK_TEXT, RUN_ID)
     assert grid.get_attribute("href") == f"{airflow.url}/dags/mlperf_grpo_run/runs/{RUN_ID}"
-    assert grid.get_attribute("target") == "_top"
+    assert grid.get_attribute("data-ui") == "1"
     run_row.find_element(By.LINK_TEXT, f"{SUBMISSION}/runs/seed_1").click()
 
     table = _css(browser, "table#steps")
@@ -219,3 +218,69 @@ def test_rcp_view_follows_the_run(
     )
     assert size == [960, 540]
     shot("plot")
+
+
+def _expected(run_dir: Path) -> tuple[list[int], int]:
+    """The run's checkpoint steps and its passing step, from its manifest and MLLOG."""
+    layout = RunLayout(str(run_dir))
+    steps = [r.step for r in load(layout.manifest).rows]
+    (stop,) = [e for e in read_events(layout.mllog(1)) if e.key == "run_stop"]
+    return steps, stop.metadata["samples_count"] // RUN_CONF["global_batch_size"]
+
+
+def test_grid_labels_every_evaluate_instance_by_its_step(
+    finished_run: tuple[LocalAirflow, Path], browser: WebDriver, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    airflow, run_dir = finished_run
+    steps, passing = _expected(run_dir)
+    assert passing < steps[-1], "the prepared run must leave checkpoints after the pass"
+    shot = Shots(browser, tmp_path)
+    _login(browser, airflow, shot)
+
+    # from the view's run table to the DAG run, in the top window
+    _open_view(browser, shot)
+    browser.find_element(By.LINK_TEXT, RUN_ID).click()
+    browser.switch_to.default_content()
+    _wait(browser, "the DAG run page", lambda d: d.current_url.endswith(f"/runs/{RUN_ID}"))
+    shot("dag-run")
+
+    # the DAG run's RCP tab: the view of the run it worked on
+    browser.get(f"{airflow.url}/dags/mlperf_grpo_run/runs/{RUN_ID}/plugin/mlperf-rcp-run")
+    browser.switch_to.frame(_css(browser, "iframe[title='RCP']"))
+    rows = _css(browser, "table#steps").find_elements(By.CSS_SELECTOR, "tr[data-step]")
+    assert [int(str(r.get_attribute("data-step"))) for r in rows] == steps
+    browser.switch_to.default_content()
+    shot("dag-run-rcp-tab")
+
+    # the grid's list of the mapped evaluate instances
+    browser.get(
+        f"{airflow.url}/dags/mlperf_grpo_run/runs/{RUN_ID}/tasks/evaluation.evaluate/mapped"
+    )
+    cells = "td[data-testid=table-cell-rendered_map_index]"
+    _wait(
+        browser,
+        "one row per checkpoint",
+        lambda d: len(d.find_elements(By.CSS_SELECTOR, cells)) == len(steps),
+    )
+    shot("grid-mapped-evaluate")
+    table = {}
+    for row in browser.find_elements(By.CSS_SELECTOR, "tbody tr"):
+        label = row.find_element(By.CSS_SELECTOR, cells).text.strip()
+        table[label] = row.find_element(By.CSS_SELECTOR, "td[data-testid=table-cell-state]").text
+    assert not [label for label in table if re.fullmatch(r"\d+", label)], table
+    assert sorted(table) == sorted(f"step {s}" for s in steps)
+    for s in steps:
+        assert table[f"step {s}"].lower() == ("success" if s <= passing else "skipped"), table
+
+    # the REST API says the same, and a skipped instance's log names the deciding step
+    tis = [
+        t
+        for t in airflow.task_instances("mlperf_grpo_run", RUN_ID)
+        if t["task_id"] == "evaluation.evaluate"
+    ]
+    assert {t["rendered_map_index"] for t in tis} == {f"step {s}" for s in steps}
+    (skipped,) = [t for t in tis if t["rendered_map_index"] == f"step {passing + 1}"]
+    log = airflow.task_log("mlperf_grpo_run", RUN_ID, "evaluation.evaluate", skipped["map_index"])
+    assert f"step {passing} already passed the target" in log, log[-2000:]

@@ -10,6 +10,7 @@ from tasks.backends.gke.groups import evaluate_jobsets, train_jobset_group
 from tasks.backends.gke.settings import GkeSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
 from tasks.jobs import EVALUATE_JOB, TRAIN_JOB, JobCommand
+from tasks.run.spec import FormDefaults
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
@@ -22,6 +23,8 @@ class GkeBackend:
 
     name: ClassVar[BackendName] = "gke"
     jobs_run_on_worker: ClassVar[bool] = False
+    # TPU jobs run the benchmark itself: the closed division's rules.
+    form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)
 
     def __init__(
         self,
