@@ -16,11 +16,14 @@ from __future__ import annotations
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from rcpflow import recipe
 from rcpflow.rcp_reference import RcpFileError, ReferencePoint, reference_point
 from rcpflow.status import RunStatus
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ImageFormat = Literal["png", "svg"]
 FORMATS: tuple[ImageFormat, ...] = ("png", "svg")
@@ -106,15 +109,25 @@ def render(
 ) -> bytes:
     """The plot as PNG or SVG bytes, `size_px` (width, height) pixels."""
     image_format(fmt)
-    from matplotlib import rcParams
+    from matplotlib import rc_context
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
-    rcParams["svg.hashsalt"] = "rcpflow"  # stable element ids: same data, same SVG
     width, height = size_px
     fig = Figure(figsize=(width / _DPI, height / _DPI), dpi=_DPI)
     FigureCanvasAgg(fig)
+    _draw(fig, data)
+    out = io.BytesIO()
+    metadata = {"Date": None} if fmt == "svg" else {"Software": None}
+    with rc_context({"svg.hashsalt": "rcpflow"}):  # stable element ids: same data, same SVG
+        fig.savefig(out, format=fmt, dpi=_DPI, metadata=metadata)
+    return out.getvalue()
+
+
+def _draw(fig: Figure, data: ConvergenceData) -> None:
+    from matplotlib import rcParams
+    from matplotlib.ticker import MaxNLocator
+
     ax = fig.add_subplot()
     fig.subplots_adjust(left=0.08, right=0.7, top=0.9, bottom=0.12)
     colors = rcParams["axes.prop_cycle"].by_key()["color"]
@@ -156,7 +169,3 @@ def render(
         ax.text(0.01, 0.97, data.reference_note, transform=ax.transAxes, va="top", fontsize=8)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
-    out = io.BytesIO()
-    metadata = {"Date": None} if fmt == "svg" else {"Software": None}
-    fig.savefig(out, format=fmt, dpi=_DPI, metadata=metadata)
-    return out.getvalue()
