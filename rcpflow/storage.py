@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from rcpflow.layout import is_gcs
 
 if TYPE_CHECKING:
-    from google.cloud import storage
+    import google.cloud.storage as storage
 
 Updater = Callable[[bytes | None], bytes]
 
@@ -199,7 +199,7 @@ class GCSStorage(Storage):
 
 @lru_cache(maxsize=4)
 def _gcs_client(emulator_host: str) -> storage.Client:
-    from google.cloud import storage
+    import google.cloud.storage as storage
 
     if emulator_host:
         from google.auth.credentials import AnonymousCredentials

@@ -196,7 +196,11 @@ def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> No
             "rcpflow.a:3 imports tasks.x (rcpflow -> tasks)",
         ),
         (
-            {"tasks/__init__.py": "", "tasks/a.py": "from . import b\n", "tasks/b.py": "import jax\n"},
+            {
+                "tasks/__init__.py": "",
+                "tasks/a.py": "from . import b\n",
+                "tasks/b.py": "import jax\n",
+            },
             "tasks.b:1 imports jax (tasks must not)",
         ),
         (

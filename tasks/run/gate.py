@@ -25,7 +25,7 @@ from rcpflow.gate import passes, passing_step_below, valid_summary
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
-from rcpflow.summary import SummaryError, read_summary, summary_problems
+from rcpflow.verify import evaluate_step
 from tasks.run.spec import RunSpec
 from tasks.verdicts import record, tool_log_dir
 
@@ -218,16 +218,15 @@ def collect(target: EvalTarget) -> dict[str, Any]:
     themselves, see `skip_if_decided`)."""
 
     step = target.step
-    path = RunLayout(target.run_dir).summary(step)
-    try:
-        summary = read_summary(path)
-    except FileNotFoundError as exc:
-        raise EvaluationError(f"step {step}: the job wrote no summary at {path}") from exc
-    except SummaryError as exc:
-        raise EvaluationError(f"step {step}: unreadable summary: {exc}") from exc
-    problems = summary_problems(summary, target.row)
-    if problems:
-        raise EvaluationError(f"step {step}: summary {path} is not valid: " + "; ".join(problems))
+    found = evaluate_step(target.run_dir, target.row)
+    if found.state == "missing":
+        raise EvaluationError(f"step {step}: the job wrote no summary at {found.summary_path}")
+    if found.summary is None or not found.valid:
+        raise EvaluationError(
+            f"step {step}: summary {found.summary_path} is {found.state}: "
+            + "; ".join(found.problems)
+        )
+    summary = found.summary
     reached = passes(summary, target.row)
     log.info(
         "step %d: eval_accuracy (pass@4) %.4f %s target %s",

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tasks.gke import GkeSettings, render_jobset
+from tasks.backends.gke.render import render_jobset
+from tasks.backends.gke.settings import GkeSettings
 from tpu_jobs import eval_shards as es
 
 pytestmark = pytest.mark.timeout(60)
@@ -100,9 +101,13 @@ def test_shards_partition_the_instances(count: int) -> None:
 
 def test_rendered_eval_jobset_gives_every_variable_the_evaluator_reads() -> None:
     jobset = render_jobset(
-        GkeSettings(), role="evaluate", dag_id="d", run_id="r", job="eval-3",
-        module="tpu_jobs.evaluate", args=["--run-dir", "gs://b/run", "--step", "3"],
-    )  # fmt: skip
+        GkeSettings(),
+        role="evaluate",
+        dag_id="d",
+        run_id="r",
+        job="eval-3",
+        command=["python", "-m", "tpu_jobs.evaluate", "--run-dir", "gs://b/run", "--step", "3"],
+    )
     pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     env = pod["containers"][0]["env"]
     names = [e["name"] for e in env]

@@ -1,0 +1,232 @@
+"""Tunix's checkpoints, as this job configures, watches and reads them.
+
+Tunix's trainer writes them with its own checkpoint manager (an Orbax ``CheckpointManager``):
+``<checkpoint_root>/actor/<step>/`` with the items ``model_params`` and ``optimizer_state``
+(OCDBT), ``_CHECKPOINT_METADATA`` (Orbax's JSON, with Tunix's ``custom_metadata``) and
+``commit_success.txt``, the marker Orbax writes when the step is final. Orbax's defaults (and
+Tunix's: one save per 180 s, 3 kept) are wrong for this benchmark; `options` saves exactly the
+steps ``val_start_at..max_steps``, keeps all of them, and saves asynchronously (Orbax copies the
+arrays, then writes in its own thread).
+
+``custom_metadata`` also carries this job's record of the step under `RCPFLOW_KEY`: the step,
+its weight-update timestamp, the weights fingerprint and the run's identity. It is written into
+the checkpoint by Orbax together with the weights, so a committed checkpoint is enough to rebuild
+its manifest row after a crash (`CheckpointRecord`).
+
+A step is *committed* once its folder has the commit marker. Orbax calls no hook after that
+point (its ``post_finalization_callback`` runs before the final rename), so `CommitWatcher`
+polls for the marker in a thread of its own and hands each committed step on, in step order,
+without the training loop waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from rcpflow.layout import join
+from rcpflow.storage import storage_for
+from tpu_jobs.checkpoint import COMMIT_MARKER, CheckpointError, is_complete
+
+ACTOR_DIR = "actor"  # Tunix puts the actor's checkpoints under this folder of the root
+PARAMS_ITEM = "model_params"
+STEP_METADATA = "_CHECKPOINT_METADATA"
+RCPFLOW_KEY = "rcpflow"
+RECORD_FORMAT = 1
+POLL_START_S = 0.005
+POLL_MAX_S = 0.1
+
+
+def options(val_start_at: int, max_steps: int) -> ocp.CheckpointManagerOptions:
+    """Save every step from `val_start_at` to `max_steps` (none before), delete none, async."""
+    return ocp.CheckpointManagerOptions(
+        save_decision_policy=ocp.checkpoint_managers.SpecificStepsPolicy(
+            steps=list(range(val_start_at, max_steps + 1))
+        ),
+        max_to_keep=None,
+        enable_async_checkpointing=True,
+        cleanup_tmp_directories=True,
+    )
+
+
+def actor_dir(checkpoint_root: str) -> str:
+    return join(checkpoint_root, ACTOR_DIR)
+
+
+def step_path(checkpoint_root: str, step: int) -> str:
+    return join(actor_dir(checkpoint_root), str(step))
+
+
+def complete_steps(checkpoint_root: str) -> list[int]:
+    """Committed actor steps, ascending; half-written ones (no marker, tmp folders) are not."""
+    folder = actor_dir(checkpoint_root)
+    storage = storage_for(folder)
+    steps = set()
+    for path in storage.list(folder):
+        rel = path[len(folder) :].strip("/").split("/")
+        if len(rel) == 2 and rel[0].isdigit() and rel[1] == COMMIT_MARKER:
+            steps.add(int(rel[0]))
+    return sorted(steps)
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """What this job writes into a checkpoint's custom metadata about its step."""
+
+    step: int
+    timestamp_ms: int
+    weights_fingerprint: str
+    run: Mapping[str, Any]  # seed, global_batch_size, val_start_at, max_steps
+    policy: Mapping[str, int]  # `tpu_jobs.tunix.policy.PolicyConfig` fields
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": RECORD_FORMAT,
+            "step": self.step,
+            "timestamp_ms": self.timestamp_ms,
+            "weights_fingerprint": self.weights_fingerprint,
+            "run": dict(self.run),
+            "policy": dict(self.policy),
+        }
+
+    @classmethod
+    def from_json(cls, d: Any, where: str) -> CheckpointRecord:
+        if not isinstance(d, dict) or d.get("format") != RECORD_FORMAT:
+            raise CheckpointError(f"{where}: no rcpflow record of format {RECORD_FORMAT}: {d!r}")
+        try:
+            return cls(
+                step=int(d["step"]),
+                timestamp_ms=int(d["timestamp_ms"]),
+                weights_fingerprint=str(d["weights_fingerprint"]),
+                run=dict(d["run"]),
+                policy=dict(d["policy"]),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{where}: malformed rcpflow record ({e!r})") from e
+
+
+def read_record(path: str) -> tuple[int, CheckpointRecord]:
+    """(Tunix's global_step, this job's record) from a committed step folder."""
+    if not is_complete(path):
+        raise CheckpointError(f"{path}: not a complete Tunix checkpoint (no {COMMIT_MARKER})")
+    meta_path = join(path, STEP_METADATA)
+    try:
+        custom = json.loads(storage_for(meta_path).read_text(meta_path))["custom_metadata"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{meta_path}: unreadable step metadata ({e!r})") from e
+    if RCPFLOW_KEY not in custom:
+        raise CheckpointError(f"{meta_path}: custom_metadata has no {RCPFLOW_KEY!r} record")
+    record = CheckpointRecord.from_json(custom[RCPFLOW_KEY], where=meta_path)
+    return int(custom["global_step"]), record
+
+
+def _unwrap(tree: Any) -> Any:
+    # Tunix saves nnx state: each parameter is a {"value": array} node.
+    if isinstance(tree, dict):
+        if set(tree) == {"value"} and not isinstance(tree["value"], dict):
+            return tree["value"]
+        return {k: _unwrap(v) for k, v in tree.items()}
+    return tree
+
+
+def restore_params(path: str) -> dict[str, Any]:
+    """The actor's parameters of a committed step folder, as a nested dict of numpy arrays."""
+    if not is_complete(path):
+        raise CheckpointError(f"{path}: not a complete Tunix checkpoint (no {COMMIT_MARKER})")
+    item = epath.Path(path) / PARAMS_ITEM
+    reader = ocp.PyTreeCheckpointer()
+    try:
+        tree = reader.metadata(item).item_metadata.tree
+        restored = reader.restore(
+            item,
+            args=ocp.args.PyTreeRestore(
+                restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+            ),
+        )
+    except Exception as e:
+        raise CheckpointError(f"{path}: restore of {PARAMS_ITEM} failed: {e!r}") from e
+    return _unwrap(restored)
+
+
+class CommitWatcher:
+    """Waits, in its own thread, for each expected step to commit; then calls `on_commit`.
+
+    Steps are handed on in the order `expect` received them (Orbax saves them in that order).
+    A failure in `on_commit` stops the watcher; `drain` raises it in the caller's thread.
+    """
+
+    def __init__(
+        self, checkpoint_root: str, on_commit: Callable[[int, str], None], timeout_s: float = 600.0
+    ) -> None:
+        self.checkpoint_root = checkpoint_root
+        self._on_commit = on_commit
+        self._timeout_s = timeout_s
+        self._cond = threading.Condition()
+        self._queue: deque[int] = deque()
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="tunix-commit-watch", daemon=True)
+        self._thread.start()
+
+    def expect(self, step: int) -> None:
+        with self._cond:
+            self._raise_if_failed()
+            self._queue.append(step)
+            self._cond.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise CheckpointError(f"recording a committed checkpoint failed: {self._failure!r}")
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                step = self._queue[0]
+            try:
+                path = step_path(self.checkpoint_root, step)
+                deadline = time.monotonic() + self._timeout_s
+                wait = POLL_START_S
+                while not is_complete(path):
+                    if time.monotonic() > deadline:
+                        raise CheckpointError(
+                            f"step {step}: {path} did not commit within {self._timeout_s:.0f} s"
+                        )
+                    time.sleep(wait)
+                    wait = min(wait * 2, POLL_MAX_S)
+                self._on_commit(step, path)
+            except BaseException as e:
+                with self._cond:
+                    self._failure = e
+                    self._queue.clear()
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._queue.popleft()
+                self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Block until every expected step has been handed on; raise a watcher failure."""
+        with self._cond:
+            while self._queue and self._failure is None:
+                self._cond.wait()
+            self._raise_if_failed()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
