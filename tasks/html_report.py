@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from rcpflow.layout import join
 from rcpflow.storage import storage_for
 from tasks.convergence import render
-from tasks.storage_index import RunView, convergence
+from tasks.storage_index import REPORT_HTML, RunView, convergence
 
-HTML_NAME = "report.html"
+HTML_NAME = REPORT_HTML
 PLOT_NAME = "convergence"
 
 _STYLE = """

@@ -31,6 +31,7 @@ from tasks.verdicts import Verdict, read_verdict
 _SEED_DIR = re.compile(r"^seed_(\d+)$")
 _SAFE_PART = re.compile(r"^[A-Za-z0-9._-]+$")
 COMPLIANCE_TOOL = "compliance_checker"
+REPORT_MD, REPORT_HTML = "report.md", "report.html"  # a submission's report, two forms
 
 
 class NotUnderRoot(ValueError):
@@ -95,6 +96,7 @@ class SubmissionEntry:
     runs: tuple[RunEntry, ...]
     verdicts: tuple[tuple[str, Verdict | None], ...]  # (tool, verdict or None: not run)
     report_path: str | None
+    report_html_path: str | None  # report.html beside it (tasks.html_report)
 
     @property
     def score_minutes(self) -> float | None:
@@ -204,13 +206,14 @@ def submission_entry(root: str, name: str) -> SubmissionEntry:
     seeds = seeds_of(folder)
     if not seeds:
         raise NotUnderRoot(f"{name!r}: no submission (no runs/seed_<s>/) under {root}")
-    report = join(folder, "report.md")
+    report, html = join(folder, REPORT_MD), join(folder, REPORT_HTML)
     return SubmissionEntry(
         name=name,
         folder=folder,
         runs=tuple(run_entry(root, name, s) for s in seeds),
         verdicts=tuple((tool, read_verdict(folder, tool)) for tool in CHECK_TOOLS),
         report_path=report if storage_for(report).exists(report) else None,
+        report_html_path=html if storage_for(html).exists(html) else None,
     )
 
 

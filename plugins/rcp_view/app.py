@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
@@ -46,6 +46,7 @@ from tasks.submission.spec import SUBMISSION_DAG_ID, name_from_run_id
 MAX_PLOT_PX = 2400
 RunPath = Annotated[str, Query(description="run folder, relative to the storage root")]
 SubmissionName = Annotated[str, Query(description="submission folder under the storage root")]
+ReportFormat = Literal["md", "html"]
 PlotPx = Annotated[int, Query(ge=100, le=MAX_PLOT_PX, description="image size in pixels")]
 
 
@@ -226,10 +227,12 @@ def create_app() -> FastAPI:
         return _text_file(summary, f"summary_step_{step}.json")
 
     @app.get("/file/report")
-    def report_file(name: SubmissionName) -> Response:
+    def report_file(name: SubmissionName, format: ReportFormat = "md") -> Response:
         entry = _submission(name)
-        if entry.report_path is None:
-            raise HTTPException(404, f"{name}: no report.md yet")
-        return _text_file(entry.report_path, f"{name}_report.md")
+        path = entry.report_html_path if format == "html" else entry.report_path
+        if path is None:
+            raise HTTPException(404, f"{name}: no report.{format} yet")
+        # Downloaded, never rendered here: the file comes from storage, not from this app.
+        return _text_file(path, f"{name}_report.{format}")
 
     return app

@@ -199,6 +199,8 @@ def submission_page(entry: SubmissionEntry, base: str) -> str:
         if entry.report_path
         else "<span class='muted'>no report.md yet</span>"
     )
+    if entry.report_html_path:
+        report += " · " + _link(_q("file/report", name=entry.name, format="html"), "report.html")
     compliance = "".join(
         f"<p>compliance of seed {r.seed}:</p>{_verdict_errors(r.run.compliance)}"
         for r in entry.runs

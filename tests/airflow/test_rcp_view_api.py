@@ -54,6 +54,7 @@ def storage_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     results = str(Path(org) / "results" / "rcpflow-local-cpu" / recipe.BENCHMARK)
     record(checkers.rcp(results, str(folder / "tmp")), results, str(folder))
     (folder / "report.md").write_text("# report\n")
+    (folder / "report.html").write_text("<script>alert(1)</script>\n")
     (root / "not_a_submission").mkdir()
     return root
 
@@ -116,6 +117,7 @@ def test_submissions_json_is_what_storage_holds(get: Any, storage_root: Path) ->
     assert body["storage_root"] == str(storage_root)
     (sub,) = body["submissions"]  # not_a_submission has no runs/seed_<s>/
     assert sub["name"] == NAME and sub["report_path"] == str(storage_root / NAME / "report.md")
+    assert sub["report_html_path"] == str(storage_root / NAME / "report.html")
     verdicts = dict(sub["verdicts"])
     assert set(verdicts) == {"rcp_checker", "package_checker", "result_summarizer"}
     rcp = read_verdict(str(storage_root / NAME), "rcp_checker")
@@ -194,6 +196,11 @@ def test_files_download_as_text(get: Any, storage_root: Path) -> None:
     assert summary.content == (run_dir / "eval" / "step_18" / "summary.json").read_bytes()
     assert get(f"/rcp/file/summary?path={NAME}/runs/seed_1&step=23").status_code == 404
     assert get(f"/rcp/file/report?name={NAME}").text == "# report\n"
+    html = get(f"/rcp/file/report?name={NAME}&format=html")
+    assert html.text == "<script>alert(1)</script>\n"  # from storage: downloaded, not shown
+    assert html.headers["content-type"].startswith("text/plain")
+    assert html.headers["content-disposition"] == f'attachment; filename="{NAME}_report.html"'
+    assert get(f"/rcp/file/report?name={NAME}&format=pdf").status_code == 422
 
 
 @pytest.mark.parametrize(
