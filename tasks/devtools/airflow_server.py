@@ -250,6 +250,18 @@ class LocalAirflow:
         )
         return list(answer["task_instances"])
 
+    def task_log(
+        self, dag_id: str, run_id: str, task_id: str, map_index: int = -1, try_number: int = 1
+    ) -> str:
+        """The task instance's log, one line per event (its ``event`` text and fields)."""
+        quoted = urllib.parse.quote(run_id, safe="")
+        answer = self._request(
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/logs/{try_number}"
+            f"?map_index={map_index}&full_content=true",
+        )
+        return "\n".join(json.dumps(line, sort_keys=True) for line in answer["content"])
+
     def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float, on_poll: Any = None) -> str:
         """Poll until the run finishes; returns its state. `on_poll()` is called each second."""
         deadline = time.monotonic() + timeout_s

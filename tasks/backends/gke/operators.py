@@ -327,7 +327,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         target = eval_target(self.run_dir, dict(self.row))
         skip_if_decided(target)
         if reusable(target):
-            return collect(target, context["ti"])
+            return collect(target)
         dag_run = context["dag_run"]
         values = evaluate_values(self.run_dir, target.row, "python")
         self.jobset = render_jobset(
@@ -356,7 +356,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         except Exception:
             skip_if_decided(target)  # a lower step passed meanwhile: this failure is moot
             raise
-        return collect(target, context["ti"])
+        return collect(target)
 
     def _import_result(self, context: Context, row: ManifestRow) -> None:
         """The foreign result of the JobSet that just succeeded, with the wall clock from just
