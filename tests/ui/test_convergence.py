@@ -56,7 +56,7 @@ def test_plot_data_follows_the_runs(tmp_path: Path) -> None:
 def test_finalized_run_and_toy_batch_without_reference(tmp_path: Path) -> None:
     run = make_run(
         str(tmp_path / "r"), global_batch_size=16, max_steps=4, val_start_at=2,
-        accuracies={2: 0.2, 3: 0.3, 4: 0.4},
+        division="open", accuracies={2: 0.2, 3: 0.3, 4: 0.4},
     )  # fmt: skip
     assert finalize(run.run_dir).status == "aborted"
     data = _data({1: run}, gbs=16)
