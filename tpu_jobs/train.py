@@ -6,6 +6,10 @@ hooks. Evaluation is offline (``python -m tpu_jobs.evaluate``), so training alwa
 complete checkpoint. Open division (the default) trains at the toy's own learning rate, which
 closed division forbids. Prints one JSON line per update; exits 0 when training finished, 2 on
 bad arguments (the message names the flag).
+
+On several processes (a multi-host slice: `tpu_jobs.distributed` reads the layout from the
+environment) the processes form one `jax.distributed` system and run the same step; process 0
+alone writes the MLLOG, the manifest and the checkpoints.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import jax.numpy as jnp
 
 from rcpflow import recipe
 from rcpflow.mllog import SystemInfo, require_mlperf_logging
-from tpu_jobs import grpo
+from tpu_jobs import distributed, grpo
 from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
 from tpu_jobs.rcp_hooks import RcpHooks
 
@@ -74,18 +78,22 @@ def train(config: TrainConfig) -> TrainResult:
     hp = hyperparameters_for(config)
     val_start = recipe.val_start_at(hp.global_batch_size, config.val_start_at)
     cfg = config.model
-    hooks = RcpHooks(
-        config.run_dir,
-        config.seed,
-        hp,
-        val_start,
-        rcp_logging=config.rcp_logging,
-        # One update consumes the whole global batch at once on one device.
-        system=SystemInfo(micro_batch_size=hp.global_batch_size),
-        checkpoint_extra={MODEL_CONFIG_KEY: asdict(cfg)},
-    )
+    hooks: RcpHooks | distributed.FollowerHooks
+    if jax.process_index() == 0:
+        hooks = RcpHooks(
+            config.run_dir,
+            config.seed,
+            hp,
+            val_start,
+            rcp_logging=config.rcp_logging,
+            # One update consumes the whole global batch at once on one device.
+            system=SystemInfo(micro_batch_size=hp.global_batch_size),
+            checkpoint_extra={MODEL_CONFIG_KEY: asdict(cfg)},
+        )
+    else:  # one writer: the other processes of a multi-process job write nothing
+        hooks = distributed.FollowerHooks(config.run_dir)
     state = grpo.init_state(cfg, hp, config.seed)
-    resumed = hooks.resume(params_like=state.params, state_like=state.opt_state)
+    resumed = distributed.resume(hooks, params_like=state.params, state_like=state.opt_state)
     first_step = 1
     if resumed is not None:
         state = grpo.TrainState(
@@ -93,6 +101,7 @@ def train(config: TrainConfig) -> TrainResult:
         )
         # A run whose log already ended only gets its last rows checked by on_train_end().
         first_step = hp.max_steps + 1 if resumed.finished else resumed.step + 1
+    state = distributed.replicate(state)
     hooks.on_init_start()
     _say(
         {
@@ -105,6 +114,7 @@ def train(config: TrainConfig) -> TrainResult:
             "val_start_at": val_start,
             "max_steps": hp.max_steps,
             "devices": [str(d) for d in jax.devices()],
+            "process": [jax.process_index(), jax.process_count()],
         }
     )
     # Compile before run_start: initialisation is not time-to-train.
@@ -112,8 +122,8 @@ def train(config: TrainConfig) -> TrainResult:
         grpo.make_train_step(cfg, hp)
         .lower(
             state,
-            grpo.prompts_for_step(hp, config.seed, first_step),
-            grpo.rollout_key(config.seed, first_step),
+            distributed.replicate(grpo.prompts_for_step(hp, config.seed, first_step)),
+            distributed.replicate(grpo.rollout_key(config.seed, first_step)),
         )
         .compile()
     )
@@ -123,8 +133,8 @@ def train(config: TrainConfig) -> TrainResult:
         for step in range(first_step, hp.max_steps + 1):
             state, metrics = step_fn(
                 state,
-                grpo.prompts_for_step(hp, config.seed, step),
-                grpo.rollout_key(config.seed, step),
+                distributed.replicate(grpo.prompts_for_step(hp, config.seed, step)),
+                distributed.replicate(grpo.rollout_key(config.seed, step)),
             )
             timestamp_ms = hooks.after_update(step, state.params, state.opt_state)
             rewards.append(float(metrics.mean_reward))
@@ -218,6 +228,12 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
+    try:
+        layout = distributed.layout_from_env()
+    except distributed.LayoutError as e:
+        print(f"python -m tpu_jobs.train: error: {e}", file=sys.stderr)
+        return 2
+    distributed.initialize(layout)
     if config.rcp_logging:
         require_mlperf_logging()
     started = time.monotonic()
