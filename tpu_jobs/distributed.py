@@ -127,14 +127,14 @@ def broadcast_resume(point: ResumePoint | None) -> tuple[int, bool]:
 
 
 def resume(
-    hooks: RcpHooks | FollowerHooks, params_like: PyTree, state_like: PyTree
+    hooks: RcpHooks | FollowerHooks, params_like: PyTree, state_like: PyTree, **options: Any
 ) -> ResumePoint | None:
-    """`hooks.resume` on process 0; the others restore the step it chose."""
-    if jax.process_count() == 1:
-        return hooks.resume(params_like=params_like, state_like=state_like)
+    """``hooks.resume(params_like=..., state_like=..., **options)`` on process 0 (the only
+    process of a one-process job); the others restore the step it chose."""
     if isinstance(hooks, RcpHooks):
-        point = hooks.resume(params_like=params_like, state_like=state_like)
-        broadcast_resume(point)
+        point = hooks.resume(params_like=params_like, state_like=state_like, **options)
+        if jax.process_count() > 1:
+            broadcast_resume(point)
         return point
     step, finished = broadcast_resume(None)
     return hooks.restore(step, finished, params_like, state_like)
@@ -148,9 +148,6 @@ class FollowerHooks:
         # Not a CheckpointSaver: opening one cleans up half-written step folders, which on a
         # follower would be process 0's saves in progress.
         self._checkpoints_dir = RunLayout(run_dir).checkpoints_dir
-
-    def resume(self, params_like: PyTree, state_like: PyTree) -> ResumePoint | None:
-        raise RuntimeError("FollowerHooks.resume: use tpu_jobs.distributed.resume")
 
     def restore(
         self, step: int, finished: bool, params_like: PyTree, state_like: PyTree

@@ -5,7 +5,8 @@ hooks. Evaluation is offline (``python -m tpu_jobs.evaluate``), so training alwa
 ``--max-steps`` updates; a re-run with the same arguments after a crash resumes from the newest
 complete checkpoint. Open division (the default) trains at the toy's own learning rate, which
 closed division forbids. Prints one JSON line per update; exits 0 when training finished, 2 on
-bad arguments (the message names the flag).
+bad arguments (the message names the flag), 143 on SIGTERM once the queued checkpoint saves have
+finished (`tpu_jobs.termination`).
 
 On several processes (a multi-host slice: `tpu_jobs.distributed` reads the layout from the
 environment) the processes form one `jax.distributed` system and run the same step; process 0
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 
 from rcpflow import recipe
 from rcpflow.mllog import SystemInfo, require_mlperf_logging
-from tpu_jobs import distributed, grpo
+from tpu_jobs import distributed, grpo, termination
 from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
 from tpu_jobs.rcp_hooks import RcpHooks
 
@@ -234,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"python -m tpu_jobs.train: error: {e}", file=sys.stderr)
         return 2
     distributed.initialize(layout)
+    # SIGTERM (preemption, eviction) unwinds like a crash: the queued saves finish first.
+    termination.exit_on_sigterm()
     if config.rcp_logging:
         require_mlperf_logging()
     started = time.monotonic()
