@@ -478,6 +478,14 @@ def test_suspended_time_is_bounded_apart_from_running_time(monkeypatch, recorded
     assert sim_clock.now - start == 600.0
     assert "not admitted" in event["message"]
 
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tasks.backends.gke.operators import RunJobSetOperator
+
+    op = RunJobSetOperator(task_id="run", jobset=_jobset(), **SETTINGS.connection_kwargs())
+    with pytest.raises(AirflowFailException, match=r"\(SuspendedTooLong\): suspended \(not ad"):
+        op.execute_complete({}, event)
+
 
 def test_defer_timeout_is_running_plus_suspended_bound() -> None:
     from datetime import timedelta

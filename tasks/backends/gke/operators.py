@@ -34,7 +34,7 @@ from tasks.backends.gke.render import (
     with_spec_hash,
 )
 from tasks.backends.gke.settings import GkeSettings
-from tasks.backends.gke.triggers import JobSetTrigger
+from tasks.backends.gke.triggers import WATCH_BOUNDS, JobSetTrigger
 from tasks.jobs import JobCommand
 from tasks.run.gate import collect, eval_target, reusable, skip_if_decided
 
@@ -181,6 +181,11 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
         if phase == "Succeeded":
             self.log.info("%s succeeded [%s]", where, event["progress"])
             return {k: event[k] for k in ("name", "namespace", "phase", "progress")}
+        if phase == "Failed" and event["reason"] in WATCH_BOUNDS:
+            raise AirflowFailException(
+                f"{where} ({event['reason']}): {event['message']} [{event['progress']}]; the "
+                "cleanup teardown deletes it"
+            )
         if phase == "Failed":
             pods = "".join(f"\n  failed pod {line}" for line in event["pods"])
             raise AirflowFailException(

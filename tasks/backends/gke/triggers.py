@@ -34,6 +34,12 @@ _monotonic = time.monotonic
 _sleep = asyncio.sleep
 
 
+# Reasons of a Failed event for a JobSet the watch gave up on (the cluster has not failed it).
+SUSPENDED_TOO_LONG = "SuspendedTooLong"
+RUNNING_TOO_LONG = "RunningTooLong"
+WATCH_BOUNDS = (SUSPENDED_TOO_LONG, RUNNING_TOO_LONG)
+
+
 class JobSetGone(RuntimeError):
     """The JobSet being watched does not exist (deleted while it ran)."""
 
@@ -171,7 +177,7 @@ class JobSetTrigger(BaseTrigger):
                     yield TriggerEvent(
                         self._event(
                             "Failed",
-                            reason="SuspendedTooLong",
+                            reason=SUSPENDED_TOO_LONG,
                             message=message,
                             progress=status.progress,
                         )
@@ -190,7 +196,7 @@ class JobSetTrigger(BaseTrigger):
                     yield TriggerEvent(
                         self._event(
                             "Failed",
-                            reason="RunningTooLong",
+                            reason=RUNNING_TOO_LONG,
                             message=message,
                             progress=status.progress,
                         )
