@@ -147,9 +147,6 @@ def test_run_dag_under_the_scheduler(
         assert earlier["end_date"] <= later["start_date"]
 
 
-# On SQLite only: three seeds of training take ~10 minutes, and the metadata DB's part in them
-# (the scheduler, the triggerer, the API) is what the run DAG's test already has on PostgreSQL.
-@pytest.mark.parametrize("metadata_db", ["sqlite"], indirect=True)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_submission_of_three_seeds_passes_every_checker(
