@@ -4,7 +4,8 @@ The components (api-server, scheduler, dag-processor, triggerer) are started as 
 processes, each in its own process group, so every one of them can be stopped by the PID we
 hold: SIGINT first (Airflow's clean shutdown; ``airflow standalone`` and ``dags test`` ignore
 SIGTERM), then SIGKILL to the group after a grace period (it also reaches the executor's
-workers and the task processes they forked). Metadata DB: SQLite in AIRFLOW_HOME; executor:
+workers and the task processes they forked). Metadata DB: SQLite in AIRFLOW_HOME, unless `env`
+sets ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` (e.g. a `tasks.devtools.postgres_server`); executor:
 LocalExecutor with a small parallelism. The REST client is the API's own v2 routes over urllib.
 """
 

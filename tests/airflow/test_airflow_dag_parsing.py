@@ -41,6 +41,7 @@ print(json.dumps(sorted(sys.modules)))
 GKE_DEPLOYMENT = """
 backend = "gke"
 storage_root = "gs://rcpflow-test/runs"
+eval_retries = 3
 
 [gke]
 project_id = "test-project"
@@ -144,6 +145,7 @@ out = {}
 for dag_id, dag in bag.dags.items():
     DagSerialization.serialize_dag(dag)  # what the dag-processor stores
     out[dag_id] = sorted(dag.task_dict)
+    out[dag_id + ":retries"] = {t: dag.task_dict[t].retries for t in dag.task_dict}
 print(json.dumps(out))
 """
 
@@ -174,3 +176,6 @@ def test_gke_deployment_builds_jobset_tasks(tmp_path: Path) -> None:
         assert {"evaluation.evaluate", "evaluation.cleanup", "evaluation.finalize"} <= set(
             tasks[dag_id]
         )
+        # a retry adopts the JobSet after a lost watch: evaluation has eval_retries
+        assert tasks[f"{dag_id}:retries"]["evaluation.evaluate"] == 3
+    assert tasks["mlperf_grpo_run:retries"]["train.job.run"] == 2  # gke.run_retries

@@ -47,4 +47,5 @@ class GkeBackend:
             rows,
             eval_window=self.deployment.eval_window,
             job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
+            retries=self.deployment.eval_retries,
         )
