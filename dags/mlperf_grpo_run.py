@@ -8,20 +8,21 @@ official compliance checker). Triggered by ``mlperf_grpo_submission`` per seed, 
 
 from airflow.sdk import dag
 
-from tasks.backends.base import backend_for
+from tasks.backends.base import backend_for, form_defaults
 from tasks.deployment import load_deployment
 from tasks.run.evaluation import evaluation_group
 from tasks.run.spec import plan_run, run_dir_of, run_params
 from tasks.run.train import train_group
 
-BACKEND = backend_for(load_deployment())
+DEPLOYMENT = load_deployment()
+BACKEND = backend_for(DEPLOYMENT)
 
 
 @dag(
     dag_id="mlperf_grpo_run",
     schedule=None,
     catchup=False,
-    params=run_params(),
+    params=run_params(form_defaults(DEPLOYMENT)),
     tags=["mlperf", "qwen35_397b_grpo", BACKEND.name],
     doc_md=__doc__,
 )

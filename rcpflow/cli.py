@@ -150,8 +150,13 @@ def _eval_import(args: argparse.Namespace) -> int:
     if args.from_tree is not None:
         if args.source is not None or args.step is not None or args.format or times[0] is not None:
             return _usage("--from-tree takes no SOURCE, --step, --format or eval times")
+        from rcpflow.progress import Progress
+
         try:
-            result = import_tree(args.run_dir, args.from_tree, eval_times_from=args.eval_times_from)
+            with Progress("importing", 0) as progress:  # the tree's step count, once listed
+                result = import_tree(
+                    args.run_dir, args.from_tree, progress, eval_times_from=args.eval_times_from
+                )
         except EvalImportError as e:
             print(f"invalid: {e}", file=sys.stderr)
             return EXIT_INVALID

@@ -30,6 +30,7 @@ from rcpflow.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_att
 from rcpflow.layout import RunLayout, dirname, join
 from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import MLLogError, read_events
+from rcpflow.progress import Progress
 from rcpflow.storage import storage_for
 from rcpflow.summary import (
     TIME_FIELDS,
@@ -355,11 +356,22 @@ def tree_summaries(tree: str) -> dict[int, list[str]]:
     return {s: [p for _, p in sorted(v, reverse=True)] for s, v in sorted(found.items())}
 
 
-def import_tree(run_dir: str, tree: str, *, eval_times_from: str | None = None) -> TreeImport:
+def import_tree(
+    run_dir: str,
+    tree: str,
+    progress: Progress | None = None,
+    *,
+    eval_times_from: str | None = None,
+) -> TreeImport:
     """Per step of `tree`, import the newest attempt that is complete and valid (eval times from
     the source, else from the MLLOG `eval_times_from`)."""
+    found = tree_summaries(tree)
+    if progress is not None:
+        progress.total = len(found)
     steps = []
-    for step, sources in tree_summaries(tree).items():
+    for step, sources in found.items():
+        if progress is not None:
+            progress.advance(f"step {step}")
         rejected: list[tuple[str, str]] = []
         imported = None
         for source in sources:

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+from rcpflow.recipe import Division
 from tasks.backends.gke.settings import GkeSettings
 from tasks.job_templates import Jobs
 from tasks.settings import SettingError, read_table
@@ -42,6 +43,19 @@ eval_retries = 0
 [job_env]
 JAX_PLATFORMS = "cpu"
 """
+
+
+@dataclass(frozen=True)
+class FormOverrides:
+    """``[form_defaults]``: where the trigger forms start, if not where the backend's defaults
+    do (`tasks.backends.base.form_defaults`); keys left out keep the backend's."""
+
+    division: Division | None = None
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_steps is not None and self.max_steps < 1:
+            raise SettingError("max_steps", f"must be >= 1, got {self.max_steps}")
 
 
 class DeploymentError(ValueError):
@@ -71,6 +85,8 @@ class Deployment:
     gke: GkeSettings | None = None
     # The [jobs] table: command, env, image of each job, the evaluate job's result.
     jobs: Jobs = field(default_factory=Jobs)
+    # The [form_defaults] table; None: the backend's defaults.
+    form_defaults: FormOverrides | None = None
 
     def __post_init__(self) -> None:
         for key in self.jobs.images():

@@ -10,6 +10,11 @@ resumed), 1 when the run folder cannot be resumed as it is (a lost or cut MLLOG,
 checkpoint, a garbage manifest line, a newest checkpoint that cannot be restored), one line each.
 ``--resume-past-corrupt`` deletes a newest checkpoint that cannot be restored, with its manifest
 row, and trains that step again.
+Exit 143 on SIGTERM once the queued checkpoint saves have finished (`tpu_jobs.termination`).
+
+On several processes (a multi-host slice: `tpu_jobs.distributed` reads the layout from the
+environment) the processes form one `jax.distributed` system and run the same step; process 0
+alone writes the MLLOG, the manifest and the checkpoints.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from rcpflow.manifest import ManifestError
 from rcpflow.mllog import MLLogError, SystemInfo, require_mlperf_logging
 from rcpflow.storage import StorageError
 from rcpflow.usererrors import describe
-from tpu_jobs import grpo
+from tpu_jobs import distributed, grpo, termination
 from tpu_jobs.checkpoint import CheckpointError
 from tpu_jobs.fingerprint import FingerprintMismatchError
 from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
@@ -96,18 +101,23 @@ def train(config: TrainConfig) -> TrainResult:
     hp = hyperparameters_for(config)
     val_start = recipe.val_start_at(hp.global_batch_size, config.val_start_at)
     cfg = config.model
-    hooks = RcpHooks(
-        config.run_dir,
-        config.seed,
-        hp,
-        val_start,
-        rcp_logging=config.rcp_logging,
-        # One update consumes the whole global batch at once on one device.
-        system=SystemInfo(micro_batch_size=hp.global_batch_size),
-        checkpoint_extra={MODEL_CONFIG_KEY: asdict(cfg)},
-    )
+    hooks: RcpHooks | distributed.FollowerHooks
+    if jax.process_index() == 0:
+        hooks = RcpHooks(
+            config.run_dir,
+            config.seed,
+            hp,
+            val_start,
+            rcp_logging=config.rcp_logging,
+            # One update consumes the whole global batch at once on one device.
+            system=SystemInfo(micro_batch_size=hp.global_batch_size),
+            checkpoint_extra={MODEL_CONFIG_KEY: asdict(cfg)},
+        )
+    else:  # one writer: the other processes of a multi-process job write nothing
+        hooks = distributed.FollowerHooks(config.run_dir)
     state = grpo.init_state(cfg, hp, config.seed)
-    resumed = hooks.resume(
+    resumed = distributed.resume(
+        hooks,
         params_like=state.params,
         state_like=state.opt_state,
         past_corrupt=config.resume_past_corrupt,
@@ -119,6 +129,7 @@ def train(config: TrainConfig) -> TrainResult:
         )
         # A run whose log already ended only gets its last rows checked by on_train_end().
         first_step = hp.max_steps + 1 if resumed.finished else resumed.step + 1
+    state = distributed.replicate(state)
     hooks.on_init_start()
     _say(
         {
@@ -131,6 +142,7 @@ def train(config: TrainConfig) -> TrainResult:
             "val_start_at": val_start,
             "max_steps": hp.max_steps,
             "devices": [str(d) for d in jax.devices()],
+            "process": [jax.process_index(), jax.process_count()],
         }
     )
     # Compile before run_start: initialisation is not time-to-train.
@@ -138,8 +150,8 @@ def train(config: TrainConfig) -> TrainResult:
         grpo.make_train_step(cfg, hp)
         .lower(
             state,
-            grpo.prompts_for_step(hp, config.seed, first_step),
-            grpo.rollout_key(config.seed, first_step),
+            distributed.replicate(grpo.prompts_for_step(hp, config.seed, first_step)),
+            distributed.replicate(grpo.rollout_key(config.seed, first_step)),
         )
         .compile()
     )
@@ -149,8 +161,8 @@ def train(config: TrainConfig) -> TrainResult:
         for step in range(first_step, hp.max_steps + 1):
             state, metrics = step_fn(
                 state,
-                grpo.prompts_for_step(hp, config.seed, step),
-                grpo.rollout_key(config.seed, step),
+                distributed.replicate(grpo.prompts_for_step(hp, config.seed, step)),
+                distributed.replicate(grpo.rollout_key(config.seed, step)),
             )
             timestamp_ms = hooks.after_update(step, state.params, state.opt_state)
             rewards.append(float(metrics.mean_reward))
@@ -266,6 +278,14 @@ def _drop_closed_loop_callbacks() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     _drop_closed_loop_callbacks()
+    try:
+        layout = distributed.layout_from_env()
+    except distributed.LayoutError as e:
+        print(f"python -m tpu_jobs.train: error: {e}", file=sys.stderr)
+        return 2
+    distributed.initialize(layout)
+    # SIGTERM (preemption, eviction) unwinds like a crash: the queued saves finish first.
+    termination.exit_on_sigterm()
     if config.rcp_logging:
         require_mlperf_logging()
     started = time.monotonic()

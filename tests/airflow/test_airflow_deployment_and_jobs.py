@@ -46,10 +46,10 @@ def test_a_file_overrides_and_resolves_relative_paths(tmp_path: Path) -> None:
 
 
 def test_the_gke_table_is_read_with_its_nested_shapes(tmp_path: Path) -> None:
-    text = 'backend = "gke"\n[gke]\nimage = "i:1"\n[gke.train]\nslices = 2\n'
+    text = 'backend = "gke"\n[gke]\nimage = "i:1"\n[gke.train]\ntopology = "4x4x16"\n'
     d = parse_deployment(text, source="f.toml", base_dir=tmp_path)
     assert d.gke is not None
-    assert (d.gke.image, d.gke.train.slices, d.gke.train.topology) == ("i:1", 2, "4x4x8")
+    assert (d.gke.image, d.gke.train.slices, d.gke.train.topology) == ("i:1", 1, "4x4x16")
     assert d.gke.evaluate.slices == 16  # a table left out keeps its default shape
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 from tasks.backends.gke.groups import evaluate_jobsets, train_jobset_group
 from tasks.backends.gke.settings import GkeSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
+from tasks.run.spec import FormDefaults
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
@@ -21,6 +22,8 @@ class GkeBackend:
 
     name: ClassVar[BackendName] = "gke"
     jobs_run_on_worker: ClassVar[bool] = False
+    # TPU jobs run the benchmark itself: the closed division's rules.
+    form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)
 
     def __init__(self, deployment: Deployment) -> None:
         if deployment.gke is None:
@@ -44,4 +47,5 @@ class GkeBackend:
             rows,
             eval_window=self.deployment.eval_window,
             job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
+            retries=self.deployment.eval_retries,
         )

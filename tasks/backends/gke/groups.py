@@ -35,18 +35,23 @@ def jobset_task_group(
     settings: GkeSettings,
     *,
     job_timeout: timedelta | None = None,
+    retries: int = 0,
 ) -> TaskGroup:
     """TaskGroup `group_id`: ``run`` (RunJobSetOperator) -> ``cleanup`` (DeleteJobSetOperator
     as a teardown of ``run``) for the JobSet `jobset` resolves to. Works inside a mapped task
-    group (one JobSet per map index); `job_timeout` bounds the wait."""
+    group (one JobSet per map index); `job_timeout` bounds the JobSet's running time.
+    `retries` are for a watch that lost the JobSet (a retry adopts it); a failed JobSet is
+    never retried."""
     cluster = settings.connection_kwargs()
     with TaskGroup(group_id=group_id) as group:
         run = RunJobSetOperator(
             task_id="run",
             jobset=jobset,
-            poll_interval_s=settings.poll_interval_s,
             job_timeout=job_timeout,
+            retries=retries,
+            retry_delay=timedelta(seconds=settings.poll_interval_s),
             **cluster,
+            **settings.watch_kwargs(),
         )
         cleanup = DeleteJobSetOperator(task_id="cleanup", run_task_id=run.task_id, **cluster)
         run >> cleanup.as_teardown()
@@ -73,7 +78,9 @@ def train_jobset_group(
             env=job.env,
         )
 
-    return jobset_task_group("job", train_jobset(spec), settings, job_timeout=job_timeout)
+    return jobset_task_group(
+        "job", train_jobset(spec), settings, job_timeout=job_timeout, retries=settings.run_retries
+    )
 
 
 def evaluate_jobsets(
@@ -84,8 +91,10 @@ def evaluate_jobsets(
     *,
     eval_window: int,
     job_timeout: timedelta,
+    retries: int = 0,
 ) -> DependencyMixin:
-    """The mapped ``evaluate`` operator (one instance per row) and its ``cleanup`` teardown."""
+    """The mapped ``evaluate`` operator (one instance per row) and its ``cleanup`` teardown;
+    `retries` (the deployment's eval_retries) adopt the step's JobSet after a lost watch."""
     evaluate = EvaluateJobSetOperator.partial(
         task_id="evaluate",
         settings=settings,
@@ -94,6 +103,8 @@ def evaluate_jobsets(
         map_index_template="step {{ task.row['step'] }}",
         max_active_tis_per_dagrun=eval_window,
         job_timeout=job_timeout,
+        retries=retries,
+        retry_delay=timedelta(seconds=settings.poll_interval_s),
     ).expand(row=rows)
     cleanup = DeleteEvalJobSetsOperator(
         task_id="cleanup", run_task_id=evaluate.task_id, settings=settings

@@ -34,7 +34,7 @@ from tasks.backends.gke.render import (
     with_spec_hash,
 )
 from tasks.backends.gke.settings import GkeSettings
-from tasks.backends.gke.triggers import JobSetTrigger
+from tasks.backends.gke.triggers import WATCH_BOUNDS, JobSetTrigger
 from tasks.job_templates import EvaluateJob
 from tasks.run.eval_result import Baseline, baseline, import_result, now_ms
 from tasks.run.gate import EvaluationError, collect, eval_target, reusable, skip_if_decided
@@ -99,9 +99,11 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
     `render_jobset`) on the GKE cluster and wait, deferred, until it finishes.
 
     Returns ``{"name", "namespace", "phase", "progress"}``. A Failed JobSet fails the task
-    without Airflow retries (restarts belong to the JobSet's failurePolicy.maxRestarts); an
-    error while watching (API unreachable) fails it with retries allowed, and the retry adopts
-    the still-running JobSet. `job_timeout` bounds the wait (None: no bound).
+    without Airflow retries (restarts belong to the JobSet's failurePolicy), naming its failed
+    pods' reasons and exit codes; an error while watching (the API unreachable for longer than
+    `api_error_budget_s`) fails it with retries allowed, and the retry adopts the still-running
+    JobSet. `job_timeout` bounds the time the JobSet runs, `max_suspended` the time it waits
+    suspended for admission (None: no bound); Airflow's defer timeout is their sum.
     """
 
     template_fields: Sequence[str] = ("jobset", "location", "cluster_name", "project_id")
@@ -120,7 +122,10 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
         use_internal_ip: bool = False,
         use_dns_endpoint: bool = False,
         poll_interval_s: float = 30.0,
+        api_error_budget_s: float = 1200.0,
+        api_backoff_max_s: float = 120.0,
         job_timeout: timedelta | None = None,
+        max_suspended: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -135,7 +140,10 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
             use_dns_endpoint=use_dns_endpoint,
         )
         self.poll_interval_s = poll_interval_s
+        self.api_error_budget_s = api_error_budget_s
+        self.api_backoff_max_s = api_backoff_max_s
         self.job_timeout = job_timeout
+        self.max_suspended = max_suspended
 
     def execute(self, context: Context) -> None:
         jobset = self.jobset
@@ -158,10 +166,21 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
                 impersonation_chain=self.impersonation_chain,
                 use_dns_endpoint=self.use_dns_endpoint,
                 poll_interval_s=self.poll_interval_s,
+                api_error_budget_s=self.api_error_budget_s,
+                api_backoff_max_s=self.api_backoff_max_s,
+                max_suspended_s=_seconds(self.max_suspended),
+                max_running_s=_seconds(self.job_timeout),
             ),
             method_name="execute_complete",
-            timeout=self.job_timeout,
+            timeout=self._defer_timeout(),
         )
+
+    def _defer_timeout(self) -> timedelta | None:
+        # The trigger bounds running and suspended time apart; this is the outer net (e.g. a
+        # triggerer restart starts the trigger's own clocks afresh).
+        if self.job_timeout is None or self.max_suspended is None:
+            return None
+        return self.job_timeout + self.max_suspended
 
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> dict[str, str]:
         where = f"JobSet {event['namespace']}/{event['name']}"
@@ -169,11 +188,18 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
         if phase == "Succeeded":
             self.log.info("%s succeeded [%s]", where, event["progress"])
             return {k: event[k] for k in ("name", "namespace", "phase", "progress")}
-        if phase == "Failed":
+        if phase == "Failed" and event["reason"] in WATCH_BOUNDS:
             raise AirflowFailException(
-                f"{where} failed ({event['reason']}): {event['message']} [{event['progress']}]. "
-                "Restarts are the JobSet's failurePolicy.maxRestarts; an Airflow retry would "
-                "only find the same failed JobSet (clear the task group to run it again)."
+                f"{where} ({event['reason']}): {event['message']} [{event['progress']}]; the "
+                "cleanup teardown deletes it"
+            )
+        if phase == "Failed":
+            pods = "".join(f"\n  failed pod {line}" for line in event["pods"])
+            raise AirflowFailException(
+                f"{where} failed ({event['reason']}): {event['message']} [{event['progress']}]."
+                f"{pods}\nRestarts are the JobSet's failurePolicy (disruptions restart without "
+                "counting, application exit codes fail at once); an Airflow retry would only "
+                "find the same failed JobSet (clear the task group to run it again)."
             )
         raise AirflowException(f"{where}: could not follow its status: {event['message']}")
 
@@ -221,6 +247,10 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
             ) from exc
         check_adoptable(existing, body)
         return create.cluster_url, create.ssl_ca_cert
+
+
+def _seconds(delta: timedelta | None) -> float | None:
+    return None if delta is None else delta.total_seconds()
 
 
 class DeleteJobSetOperator(_GkeClusterArgs, BaseOperator):
@@ -313,9 +343,9 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         # the JobSet is rendered in execute: its name needs the run id
         super().__init__(
             jobset={},
-            poll_interval_s=settings.poll_interval_s,
             job_timeout=job_timeout,
             **settings.connection_kwargs(),
+            **settings.watch_kwargs(),
             **kwargs,
         )
         self.settings = settings
@@ -327,7 +357,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         target = eval_target(self.run_dir, dict(self.row))
         skip_if_decided(target)
         if reusable(target):
-            return collect(target, context["ti"])
+            return collect(target)
         dag_run = context["dag_run"]
         values = evaluate_values(self.run_dir, target.row, "python")
         self.jobset = render_jobset(
@@ -356,7 +386,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         except Exception:
             skip_if_decided(target)  # a lower step passed meanwhile: this failure is moot
             raise
-        return collect(target, context["ti"])
+        return collect(target)
 
     def _import_result(self, context: Context, row: ManifestRow) -> None:
         """The foreign result of the JobSet that just succeeded, with the wall clock from just
