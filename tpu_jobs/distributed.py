@@ -27,8 +27,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rcpflow.layout import RunLayout, join
+from rcpflow.recorder import now_ms
 from tpu_jobs.checkpoint import read_meta, restore_train_state_numpy
-from tpu_jobs.rcp_hooks import RcpHooks, ResumePoint, now_ms
+from tpu_jobs.rcp_hooks import RcpHooks, ResumePoint
 
 COORDINATOR_ADDRESS_ENV = "RCPFLOW_COORDINATOR_ADDRESS"
 NUM_PROCESSES_ENV = "RCPFLOW_NUM_PROCESSES"
