@@ -44,11 +44,12 @@ check: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
-demo: setup
-	$(PY) -m tasks.devtools.demo
+demo: setup  # TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml)
+	$(PY) -m tasks.devtools.demo --trainer $(or $(TRAINER),toy)
 
 bench: setup
 	$(PY) -m tpu_jobs.devtools.bench
+	$(PY) -m tpu_jobs.devtools.tunix_bench
 
 bench-verdict: setup
 	$(PY) -m tasks.devtools.verdict_bench

@@ -2,13 +2,16 @@
 
 The same ``evaluation`` group as ``mlperf_grpo_run``: checkpoints in step order until one passes,
 reusing every valid summary already on storage (a run whose summaries already decide it
-launches no evaluation job), then ``finalize`` and the compliance ``check``.
+launches no evaluation job), then ``finalize`` and the compliance ``check``. With the optional
+``eval_tree`` Param, ``import_eval_tree`` first imports another evaluator's results (a Tunix-style
+tree), so only the steps they leave undecided are evaluated.
 """
 
 from airflow.sdk import Param, dag
 
 from tasks.backends.base import backend_for
 from tasks.deployment import load_deployment
+from tasks.run.backfill import import_eval_tree, tree_params
 from tasks.run.evaluation import evaluation_group
 from tasks.run.spec import existing_run
 
@@ -26,12 +29,14 @@ BACKEND = backend_for(load_deployment())
             title="Run folder",
             description="An existing run: absolute local path or gs://bucket/prefix.",
         ),
+        **tree_params(),
     },
     tags=["mlperf", "qwen35_397b_grpo", BACKEND.name],
     doc_md=__doc__,
 )
 def mlperf_grpo_deferred_eval() -> None:
-    evaluation_group(BACKEND, existing_run())
+    run_dir = existing_run()
+    import_eval_tree(run_dir) >> evaluation_group(BACKEND, run_dir)
 
 
 mlperf_grpo_deferred_eval()

@@ -10,7 +10,7 @@ evaluation starts alongside training and stops it at the verdict. Triggered by
 
 from airflow.sdk import dag
 
-from tasks.backends.base import backend_for
+from tasks.backends.base import backend_for, form_defaults
 from tasks.deployment import load_deployment
 from tasks.run.schedules import evaluation_for
 from tasks.run.spec import plan_run, run_params
@@ -24,7 +24,7 @@ BACKEND = backend_for(DEPLOYMENT)
     dag_id="mlperf_grpo_run",
     schedule=None,
     catchup=False,
-    params=run_params(),
+    params=run_params(form_defaults(DEPLOYMENT)),
     tags=["mlperf", "qwen35_397b_grpo", BACKEND.name],
     doc_md=__doc__,
 )

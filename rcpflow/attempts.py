@@ -19,12 +19,11 @@ summary is then incomplete, never a pass); more than 251 tasks is an error.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rcpflow import recipe
+from rcpflow import jsonio, recipe
 from rcpflow.summary import AttemptResult
 
 AttemptFormat = Literal["rcpflow", "deepswe", "r2egym"]
@@ -172,9 +171,11 @@ def parse_attempts(text: str, where: str, fmt: AttemptFormat | None = None) -> A
             continue
         at = f"{where}: line {line_no}"
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise AttemptsError(f"{at}: not JSON ({e.msg})") from e
+            # Depth-limited; otherwise as json reads them (foreign records may hold NaN in
+            # fields rcpflow does not use).
+            record = jsonio.loads(line, where, first_line=line_no, strict=False)
+        except jsonio.JSONInputError as e:
+            raise AttemptsError(str(e)) from e
         if not isinstance(record, dict):
             raise AttemptsError(f"{at}: a record must be a JSON object")
         found = detect_format(record)

@@ -21,7 +21,7 @@ def _val_start(args: argparse.Namespace) -> int:
 
     gbs, override = args.global_batch_size, args.override
     if gbs <= 0 or (override is not None and override < 0):
-        print("error: --global-batch-size must be positive and --override >= 0", file=sys.stderr)
+        print("invalid: --global-batch-size must be positive and --override >= 0", file=sys.stderr)
         return EXIT_INVALID
     if gbs % GENERATIONS_PER_PROMPT:
         # The formula is defined for any batch, but no valid run has this one: say so.
@@ -101,6 +101,7 @@ def _finalize(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    import contextlib
     import tempfile
 
     from rcpflow.checkers import compliance
@@ -108,23 +109,27 @@ def _check(args: argparse.Namespace) -> int:
     from rcpflow.storage import storage_for
 
     if not storage_for(args.log).exists(args.log):
-        print(f"error: {args.log}: no such MLLOG", file=sys.stderr)
+        print(f"invalid: {args.log!r}: no such MLLOG", file=sys.stderr)
         return EXIT_INVALID
     division = args.division
     if division is None:  # the rules the log itself asks to be judged by
         try:
             declared = [e.value for e in read_events(args.log) if e.key == "submission_division"]
         except MLLogError as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"invalid: {e}", file=sys.stderr)
             return EXIT_INVALID
         division = declared[0] if declared and declared[0] in DIVISIONS else "closed"
-    log_dir = args.log_dir or tempfile.mkdtemp(prefix="rcpflow-check-")
-    result = compliance(args.log, division=division, log_dir=log_dir)
+    with contextlib.ExitStack() as stack:  # without --log-dir, nothing is left behind
+        log_dir = args.log_dir or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="rcpflow-check-")
+        )
+        result = compliance(args.log, division=division, log_dir=log_dir)
+    kept = result.log_file if args.log_dir else "not kept (pass --log-dir to keep it)"
     for line in result.errors:
         print(line, file=sys.stderr)
     print(
         f"{'PASSED' if result.ok else 'FAILED'}: compliance checker ({division}, ruleset "
-        f"6.1.0) on {args.log}; its log: {result.log_file}"
+        f"6.1.0) on {args.log}; its log: {kept}"
     )
     return EXIT_OK if result.ok else EXIT_INVALID
 
@@ -140,11 +145,18 @@ def _eval_import(args: argparse.Namespace) -> int:
     times = (args.eval_start_ms, args.eval_stop_ms)
     if (times[0] is None) != (times[1] is None):
         return _usage("--eval-start-ms and --eval-stop-ms go together")
+    if args.eval_times_from is not None and times[0] is not None:
+        return _usage("--eval-times-from or --eval-start-ms/--eval-stop-ms, not both")
     if args.from_tree is not None:
         if args.source is not None or args.step is not None or args.format or times[0] is not None:
             return _usage("--from-tree takes no SOURCE, --step, --format or eval times")
+        from rcpflow.progress import Progress
+
         try:
-            result = import_tree(args.run_dir, args.from_tree)
+            with Progress("importing", 0) as progress:  # the tree's step count, once listed
+                result = import_tree(
+                    args.run_dir, args.from_tree, progress, eval_times_from=args.eval_times_from
+                )
         except EvalImportError as e:
             print(f"invalid: {e}", file=sys.stderr)
             return EXIT_INVALID
@@ -164,6 +176,7 @@ def _eval_import(args: argparse.Namespace) -> int:
             eval_times=None if times[0] is None else (times[0], times[1]),
             fmt=args.format,
             attempts=args.attempts,
+            eval_times_from=args.eval_times_from,
         )
     except EvalImportError as e:
         print(f"invalid: {e}", file=sys.stderr)
@@ -213,6 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
     ei.add_argument("--step", type=int, help="the manifest row the result belongs to")
     ei.add_argument("--eval-start-ms", type=int, help="eval wall clock (else from the source)")
     ei.add_argument("--eval-stop-ms", type=int)
+    ei.add_argument(
+        "--eval-times-from",
+        metavar="LOG",
+        help="the evaluating pipeline's MLLOG: eval times from its eval_start/eval_stop of the "
+        "row's samples_count (Tunix's summaries carry none)",
+    )
     ei.add_argument("--format", choices=SOURCE_FORMATS, help="default: detected")
     ei.add_argument("--attempts", help="attempt records beside a summary (default: its attempts/)")
     ei.add_argument(
@@ -253,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from rcpflow.usererrors import USER_ERRORS, describe
+
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse fills positionals from the first run of them, so in `eval import RUN_DIR --step N
@@ -262,7 +283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.source, extra = extra[0], []
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args.func(args)
+    try:
+        return int(args.func(args))
+    except USER_ERRORS as e:  # bad input the command did not name itself: still one line
+        print(f"invalid: {describe(e)}", file=sys.stderr)
+        return EXIT_INVALID
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ clock) or per-attempt records (`rcpflow.attempts`: rcpflow's, Tunix DeepSWE, R2E
 result must be about manifest row N's checkpoint (a summary built from attempts takes the row's
 step, timestamp and samples), and is verified as every summary is (`rcpflow.summary`); attempts
 given beside a summary must give its pass@k. Eval times come from the caller (the pipeline's
-clock, as Tunix's pipeline did) or the source; neither: refused, a time is never invented.
+clock, as Tunix's pipeline did), from that pipeline's MLLOG (`eval_times_from_log`: its
+``eval_start``/``eval_stop`` of the row's samples_count) or the source; none: refused, a time is
+never invented.
 Anything not valid is refused with the file, field or line, and nothing is written. What is
 written is rcpflow's canonical summary (its `target_reached` is rcpflow's ``>``) and, verbatim,
 the attempts it was built from; the same source gives the same bytes. The MLLOG is never touched:
@@ -19,15 +21,16 @@ and valid) wins; the others are reported.
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rcpflow import recipe
+from rcpflow import jsonio, recipe
 from rcpflow.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_attempts
 from rcpflow.layout import RunLayout, dirname, join
 from rcpflow.manifest import ManifestError, ManifestRow, load
+from rcpflow.mllog import MLLogError, read_events
+from rcpflow.progress import Progress
 from rcpflow.storage import storage_for
 from rcpflow.summary import (
     TIME_FIELDS,
@@ -74,7 +77,7 @@ class ImportResult:
     summary: EvalSummary
     attempts_source: str | None  # the attempts the summary was built from or checked against
     attempts_path: str | None  # where they were copied in the run
-    times_from: Literal["source", "caller"]
+    times_from: Literal["source", "caller", "log"]
     not_counted: int  # infrastructure failures the evaluator retried: in no count
     notes: tuple[str, ...] = ()
 
@@ -125,6 +128,13 @@ def _read(path: str, what: str) -> bytes:
         raise EvalImportError(f"{path}: no such {what}") from e
 
 
+def _read_text(path: str, what: str) -> str:
+    try:
+        return jsonio.decode_utf8(_read(path, what), path)
+    except jsonio.JSONInputError as e:
+        raise EvalImportError(str(e)) from e
+
+
 def _row(run_dir: str, step: int) -> ManifestRow:
     try:
         return load(RunLayout(run_dir).manifest).row(step)
@@ -132,11 +142,44 @@ def _row(run_dir: str, step: int) -> ManifestRow:
         raise EvalImportError(str(e)) from e
 
 
+def eval_times_from_log(log_path: str, row: ManifestRow) -> tuple[int, int]:
+    """(start, stop) of the evaluation of `row`'s checkpoint as another pipeline logged it: the
+    one ``eval_start`` and the one ``eval_stop`` whose metadata samples_count is the row's. None
+    of either, or more than one (which one would it be?), is refused naming the log."""
+    try:
+        events = read_events(log_path)
+    except FileNotFoundError as e:
+        raise EvalImportError(f"{log_path}: no such MLLOG (eval times)") from e
+    except MLLogError as e:
+        raise EvalImportError(str(e)) from e
+    found = {}
+    for key in ("eval_start", "eval_stop"):
+        matching = [
+            e
+            for e in events
+            if e.key == key and e.metadata.get("samples_count") == row.samples_count
+        ]
+        if len(matching) != 1:
+            lines = ", ".join(str(e.line_no) for e in matching) or "none"
+            raise EvalImportError(
+                f"{log_path}: step {row.step}: {len(matching)} {key} events with samples_count "
+                f"{row.samples_count} (lines: {lines}); exactly one gives the eval time"
+            )
+        found[key] = matching[0]
+    start, stop = found["eval_start"], found["eval_stop"]
+    if stop.time_ms < start.time_ms:
+        raise EvalImportError(
+            f"{log_path}: step {row.step}: eval_stop (line {stop.line_no}) {stop.time_ms} is "
+            f"before eval_start (line {start.line_no}) {start.time_ms}"
+        )
+    return start.time_ms, stop.time_ms
+
+
 def detect(text: str, where: str) -> SourceFormat:
     """The format of a source: a JSON object with a summary's fields, else attempt records."""
     try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
+        whole = jsonio.loads(text, where, strict=False)  # strictness is for the import itself
+    except jsonio.JSONInputError:
         whole = None
     if isinstance(whole, dict) and set(whole) >= _SUMMARY_KEYS:
         # Told apart for the report only: Tunix writes rcp_logged and no eval times.
@@ -188,14 +231,21 @@ def import_eval(
     eval_times: tuple[int, int] | None = None,
     fmt: SourceFormat | None = None,
     attempts: str | None = None,
+    eval_times_from: str | None = None,
 ) -> ImportResult:
     """Verify `source` as the evaluation of manifest row `step` and write it into `run_dir`.
 
     `attempts` names the records beside a summary source (default: its folder's
-    ``attempts/attempts.jsonl`` when there is one). Raises `EvalImportError`, writing nothing.
+    ``attempts/attempts.jsonl`` when there is one). `eval_times_from` is an MLLOG to take the
+    eval times from instead of `eval_times` (`eval_times_from_log`). Raises `EvalImportError`,
+    writing nothing.
     """
     row = _row(run_dir, step)
-    text = _read(source, "source").decode("utf-8")
+    if eval_times_from is not None:
+        if eval_times is not None:
+            raise EvalImportError("eval times: give them or a log to read them from, not both")
+        eval_times = eval_times_from_log(eval_times_from, row)
+    text = _read_text(source, "source")
     detected = detect(text, source)
     summary_source = detected in _SUMMARY_FORMATS
     # rcpflow's and Tunix's summaries differ only in the eval times: one reader for both.
@@ -208,7 +258,10 @@ def import_eval(
     attempts_text: str | None = None
     not_counted = 0
     if summary_source:
-        d: Any = json.loads(text)
+        try:
+            d: Any = jsonio.loads(text, source)  # duplicate keys, NaN: not a summary to trust
+        except jsonio.JSONInputError as e:
+            raise EvalImportError(str(e)) from e
         has_times = all(k in d for k in TIME_FIELDS)
         if eval_times is None and not has_times:
             raise EvalImportError(
@@ -226,11 +279,13 @@ def import_eval(
             attempts = beside if storage_for(beside).exists(beside) else None
         problems = validity_problems(summary, row)
         if attempts is not None:
-            attempts_text = _read(attempts, "attempts file").decode("utf-8")
+            attempts_text = _read_text(attempts, "attempts file")
             found = _parse_attempts(attempts_text, attempts, None)
             not_counted = found.not_counted
             problems += recomputed_problems(summary, found.per_instance(), attempts)
-        times_from: Literal["source", "caller"] = "caller" if eval_times else "source"
+        times_from: Literal["source", "caller", "log"] = (
+            "source" if eval_times is None else "log" if eval_times_from else "caller"
+        )
     else:
         if attempts is not None:
             raise EvalImportError(f"{attempts}: a second attempts file for attempt records")
@@ -253,10 +308,15 @@ def import_eval(
             eval_stop_ms=eval_times[1],
         )
         problems = _short_tasks(found) + validity_problems(summary, row)
-        attempts, attempts_text, times_from = source, text, "caller"
+        attempts, attempts_text = source, text
+        times_from = "log" if eval_times_from else "caller"
     if problems:
         raise EvalImportError(
             f"{source}: not valid for step {step}: " + "; ".join(map(str, problems))
+        )
+    if eval_times_from is not None:
+        notes.append(
+            f"eval times {summary.eval_start_ms}..{summary.eval_stop_ms} from {eval_times_from}"
         )
     reached = summary.eval_accuracy > row.target_accuracy  # valid: complete, no fatal error
     if reached != summary.target_reached:
@@ -296,15 +356,27 @@ def tree_summaries(tree: str) -> dict[int, list[str]]:
     return {s: [p for _, p in sorted(v, reverse=True)] for s, v in sorted(found.items())}
 
 
-def import_tree(run_dir: str, tree: str) -> TreeImport:
-    """Per step of `tree`, import the newest attempt that is complete and valid."""
+def import_tree(
+    run_dir: str,
+    tree: str,
+    progress: Progress | None = None,
+    *,
+    eval_times_from: str | None = None,
+) -> TreeImport:
+    """Per step of `tree`, import the newest attempt that is complete and valid (eval times from
+    the source, else from the MLLOG `eval_times_from`)."""
+    found = tree_summaries(tree)
+    if progress is not None:
+        progress.total = len(found)
     steps = []
-    for step, sources in tree_summaries(tree).items():
+    for step, sources in found.items():
+        if progress is not None:
+            progress.advance(f"step {step}")
         rejected: list[tuple[str, str]] = []
         imported = None
         for source in sources:
             try:
-                imported = import_eval(run_dir, step, source)
+                imported = import_eval(run_dir, step, source, eval_times_from=eval_times_from)
                 break
             except EvalImportError as e:
                 rejected.append((source, str(e)))

@@ -17,12 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from rcpflow import logtext
 from rcpflow.gate import passes
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import Manifest, ManifestError, ManifestRow, load
-from rcpflow.mllog import EVAL_SECTION_KEYS, MLLOG_PREFIX, EventRenderer, MLLogError, parse
+from rcpflow.mllog import EVAL_SECTION_KEYS, EventRenderer, MLLogError, parse
 from rcpflow.storage import storage_for
 from rcpflow.summary import EvalSummary
+from rcpflow.training_section import describe as describe_section
+from rcpflow.training_section import section_problems
+from rcpflow.usererrors import describe
 from rcpflow.verify import evaluate_step
 
 Status = Literal["success", "aborted", "incomplete"]
@@ -52,8 +56,7 @@ class FinalizeResult:
 
 
 def _is_eval_section_line(line: str) -> bool:
-    pos = line.find(MLLOG_PREFIX)
-    if pos < 0:
+    if logtext.payload(line) is None:
         return False
     return parse(line)[0].key in EVAL_SECTION_KEYS
 
@@ -66,7 +69,7 @@ def _training_section(text: str, log_path: str) -> str:
         raise FinalizeInputError(str(e)) from e
     if not any(e.key == "run_start" for e in events):
         raise FinalizeInputError(f"{log_path}: no run_start (training never started?)")
-    kept = [line for line in text.splitlines(keepends=True) if not _is_eval_section_line(line)]
+    kept = [line for line in logtext.lines(text, keepends=True) if not _is_eval_section_line(line)]
     section = "".join(kept)
     return section if section.endswith("\n") or not section else section + "\n"
 
@@ -154,14 +157,19 @@ def finalize(run_dir: str) -> FinalizeResult:
         raise FinalizeInputError(str(e)) from e
     if not manifest.rows:
         raise FinalizeInputError(f"{layout.manifest}: no checkpoint rows to evaluate")
-    log_path = manifest.rows[0].mllog_file
+    # This run's own log (the manifest's rows were checked to name it), never another run's.
+    log_path = layout.mllog(manifest.rows[0].seed)
     storage = storage_for(log_path)
     try:
-        original = storage.read_text(log_path)
+        original_bytes = storage.read_bytes(log_path)
     except FileNotFoundError as e:
         raise FinalizeInputError(f"{log_path}: MLLOG not found (manifest's mllog_file)") from e
+    except OSError as e:  # a folder where the log belongs, no permission
+        raise FinalizeInputError(describe(e)) from e
+    original = logtext.decode(original_bytes)  # as the checker reads it; every byte kept
     training = _training_section(original, log_path)
     _check_log_matches(training, manifest, log_path)
+    section = section_problems(parse(training, where=log_path), manifest.rows)
 
     verdict = decide(run_dir, manifest.rows)
     status, end_row = verdict.status, verdict.end_row
@@ -169,6 +177,9 @@ def finalize(run_dir: str) -> FinalizeResult:
     lines: list[str] = []
     for summary in verdict.evaluated:
         lines += eval_events(renderer, summary)  # valid: its step and samples are the row's
+    reason = verdict.reason
+    if section:  # never a run_stop on a training section the checker must reject
+        status, end_row, reason = "incomplete", None, describe_section(section)
     if end_row is not None:
         lines.append(
             renderer.render(
@@ -179,21 +190,24 @@ def finalize(run_dir: str) -> FinalizeResult:
                 end_row.timestamp_ms,
             )
         )
-    new_text = training + "".join(line + "\n" for line in lines)
-    if new_text != original:
+    new_bytes = logtext.encode(training + "".join(line + "\n" for line in lines))
+    if new_bytes != original_bytes:
 
         def replace(current: bytes | None) -> bytes:
             # Conditional on the log being what we read: a concurrent writer makes us fail
-            # loudly instead of dropping its lines.
-            if current is None or current.decode() != original:
+            # loudly instead of dropping its lines. A concurrent finalize of the same inputs
+            # wrote what we would write: no conflict.
+            if current == new_bytes:
+                return new_bytes
+            if current != original_bytes:
                 raise FinalizeInputError(f"{log_path}: changed while finalizing; run it again")
-            return new_text.encode()
+            return new_bytes
 
         storage.update(log_path, replace)
     return FinalizeResult(
         status=status,
         log_path=log_path,
-        reason=verdict.reason,
+        reason=reason,
         step=end_row.step if end_row else None,
         samples_count=end_row.samples_count if end_row else None,
         time_ms=end_row.timestamp_ms if end_row else None,

@@ -11,13 +11,17 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rcpflow.layout import dirname, resolve
+from rcpflow import jsonio
+from rcpflow.layout import dirname, is_gcs, join, resolve
 from rcpflow.mllog import MLLogError, read_events, run_start_ms
 from rcpflow.storage import storage_for
+from rcpflow.usererrors import describe
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +40,17 @@ _INT_FIELDS = (
     "val_start_at",
     "max_steps",
     "seed",
+)
+# Counts and steps: zero or less is no run (steps count updates from 1).
+_POSITIVE_FIELDS = (
+    "step",
+    "timestamp_ms",
+    "samples_count",
+    "global_batch_size",
+    "batch_size",
+    "num_generations",
+    "val_start_at",
+    "max_steps",
 )
 # Every row of one run must agree on these.
 _RUN_FIELDS = (
@@ -89,6 +104,9 @@ class ManifestRow:
         for name in _INT_FIELDS:
             if isinstance(d[name], bool) or not isinstance(d[name], int):
                 raise ManifestError(f"{where}: {name} must be an integer, got {d[name]!r}")
+        for name in _POSITIVE_FIELDS:
+            if d[name] <= 0:
+                raise ManifestError(f"{where}: {name} must be positive, got {d[name]!r}")
         for name in ("checkpoint_path", "mllog_file"):
             if not isinstance(d[name], str) or not d[name]:
                 raise ManifestError(f"{where}: {name} must be a non-empty string")
@@ -120,15 +138,22 @@ class Manifest:
 def parse_rows(text: str, where: str) -> list[ManifestRow]:
     """Rows in file order; a line that is not a row raises naming ``line N``."""
     rows = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    for line_no, line in enumerate(text.split("\n"), start=1):  # JSON Lines: split on \n only
         if not line.strip():
             continue
         try:
-            d = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ManifestError(f"{where}: line {line_no}: not JSON ({e.msg})") from e
+            d = jsonio.loads(line, where, first_line=line_no)
+        except jsonio.JSONInputError as e:
+            raise ManifestError(str(e)) from e
         rows.append(ManifestRow.from_dict(d, where=f"{where}: line {line_no}"))
     return rows
+
+
+def _decode(data: bytes, where: str) -> str:
+    try:
+        return jsonio.decode_utf8(data, where)
+    except jsonio.JSONInputError as e:
+        raise ManifestError(str(e)) from e
 
 
 def render_rows(rows: Sequence[ManifestRow]) -> bytes:
@@ -142,10 +167,30 @@ def upsert(manifest_path: str, row: ManifestRow) -> None:
     """
 
     def merge(old: bytes | None) -> bytes:
-        rows = parse_rows(old.decode(), manifest_path) if old else []
+        rows = parse_rows(_decode(old, manifest_path), manifest_path) if old else []
         return render_rows([r for r in rows if r.step != row.step] + [row])
 
     storage_for(manifest_path).update(manifest_path, merge)
+
+
+def remove(manifest_path: str, step: int) -> None:
+    """Drop the row of `step` if there is one (its checkpoint is gone and will be saved again)."""
+
+    def without(old: bytes | None) -> bytes:
+        rows = parse_rows(_decode(old, manifest_path), manifest_path) if old else []
+        return render_rows([r for r in rows if r.step != step])
+
+    storage_for(manifest_path).update(manifest_path, without)
+
+
+def read_rows(manifest_path: str) -> list[ManifestRow]:
+    """The rows of the manifest as written (not resolved, not validated); [] if there is none.
+    Raises ManifestError naming the line, also for bytes that are not UTF-8."""
+    try:
+        data = storage_for(manifest_path).read_bytes(manifest_path)
+    except FileNotFoundError:
+        return []
+    return parse_rows(_decode(data, manifest_path), manifest_path)
 
 
 def _resolved(row: ManifestRow, base: str) -> ManifestRow:
@@ -154,6 +199,24 @@ def _resolved(row: ManifestRow, base: str) -> ManifestRow:
         checkpoint_path=resolve(base, row.checkpoint_path),
         mllog_file=resolve(base, row.mllog_file),
     )
+
+
+def _check_own_mllog(rows: Sequence[ManifestRow], base: str, where: str) -> None:
+    """Every row must name this run's own MLLOG, ``seed_<seed>.out`` beside the manifest: a row
+    pointing anywhere else would have finalize read and rewrite another run's log."""
+    for r in rows:
+        own = join(base, f"seed_{r.seed}.out")
+        if _normalized(r.mllog_file) != _normalized(own):
+            raise ManifestError(
+                f"{where}: step {r.step}: mllog_file resolves to {r.mllog_file}, not this run's "
+                f"MLLOG {own}"
+            )
+
+
+def _normalized(path: str) -> str:
+    if is_gcs(path):
+        return "gs://" + posixpath.normpath(path[len("gs://") :])
+    return os.path.abspath(path)
 
 
 def check_consistent(rows: Sequence[ManifestRow], where: str) -> None:
@@ -230,13 +293,18 @@ def load(manifest_path: str, mllog_path: str | None = None) -> Manifest:
     with a warning. The MLLOG is `mllog_path`, else the rows' ``mllog_file``; if neither can be
     read the stale check is skipped with a warning.
     """
+    if not manifest_path:
+        raise ManifestError("the manifest path is empty")
     storage = storage_for(manifest_path)
     try:
-        text = storage.read_text(manifest_path)
+        text = _decode(storage.read_bytes(manifest_path), manifest_path)
     except FileNotFoundError as e:
         raise ManifestError(f"{manifest_path}: no manifest (no checkpoint was recorded)") from e
+    except OSError as e:  # a folder where the file belongs, or no permission
+        raise ManifestError(describe(e)) from e
     base = dirname(manifest_path)
     rows = [_resolved(r, base) for r in parse_rows(text, manifest_path)]
+    _check_own_mllog(rows[:1], base, manifest_path)  # before the stale check reads it
     warnings: list[str] = []
     log_path = mllog_path or (rows[0].mllog_file if rows else None)
     stale: list[int] = []
@@ -248,6 +316,8 @@ def load(manifest_path: str, mllog_path: str | None = None) -> Manifest:
             warnings.append(f"MLLOG {log_path} not found: stale rows not checked")
         except MLLogError as e:
             raise ManifestError(str(e)) from e
+        except OSError as e:  # a folder where the log belongs, no permission
+            raise ManifestError(describe(e)) from e
         if start is None and not warnings:
             warnings.append(f"MLLOG {log_path} has no run_start: stale rows not checked")
         if start is not None:
@@ -262,6 +332,7 @@ def load(manifest_path: str, mllog_path: str | None = None) -> Manifest:
     for w in warnings:
         log.warning("%s: %s", manifest_path, w)
     validate_rows(rows, manifest_path)
+    _check_own_mllog(rows, base, manifest_path)
     return Manifest(
         path=manifest_path,
         rows=tuple(sorted(rows, key=lambda r: r.step)),

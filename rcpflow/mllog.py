@@ -9,17 +9,17 @@ atomically. The training side writes no ``run_stop`` and no eval events: those b
 from __future__ import annotations
 
 import importlib
-import json
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rcpflow import recipe
+from rcpflow import jsonio, logtext, recipe
 from rcpflow.storage import storage_for
 
-MLLOG_PREFIX = ":::MLLOG "
+MLLOG_PREFIX = logtext.TOKEN
 # Keys only finalize may write: the deferred-evaluation section of the log.
 EVAL_SECTION_KEYS = frozenset(
     {"eval_start", "eval_stop", "eval_accuracy", "tracked_stats", "run_stop"}
@@ -127,27 +127,41 @@ class Event:
 
 
 def parse(text: str, where: str = "MLLOG") -> list[Event]:
-    """The MLLOG events in `text` (lines without ``:::MLLOG`` are ignored, as the checker does)."""
+    """The MLLOG events in `text`, found as the official parser finds them (`rcpflow.logtext`:
+    lines without ``:::MLLOG`` are ignored, as the checker does)."""
     events = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        pos = line.find(MLLOG_PREFIX)
-        if pos < 0:
+    for line_no, line in enumerate(logtext.lines(text), start=1):
+        event_json = logtext.payload(line)
+        if event_json is None:
             continue
         try:
-            d = json.loads(line[pos + len(MLLOG_PREFIX) :])
+            d = jsonio.loads(event_json, where, first_line=line_no, strict=False)
+            if not isinstance(d["key"], str) or not isinstance(d.get("metadata") or {}, dict):
+                raise TypeError("key must be a string and metadata an object")
             events.append(
                 Event(
                     key=d["key"],
                     value=d.get("value"),
-                    time_ms=int(d["time_ms"]),
+                    time_ms=_time_ms(d["time_ms"]),
                     event_type=d["event_type"],
                     metadata=d.get("metadata") or {},
                     line_no=line_no,
                 )
             )
+        except jsonio.JSONInputError as e:
+            raise MLLogError(f"{e} (not an MLLOG event)") from e
         except (ValueError, KeyError, TypeError) as e:
             raise MLLogError(f"{where}: line {line_no}: not an MLLOG event ({e})") from e
     return events
+
+
+def _time_ms(value: Any) -> int:
+    # float() as the checker reads it; a time that is no finite number cannot be ordered
+    # (int() of Infinity would be an OverflowError).
+    t = float(value)
+    if not math.isfinite(t):
+        raise ValueError(f"time_ms {value!r} is not a finite number")
+    return int(t)
 
 
 def run_start_ms(events: Sequence[Event]) -> int | None:
@@ -156,7 +170,7 @@ def run_start_ms(events: Sequence[Event]) -> int | None:
 
 
 def read_events(path: str) -> list[Event]:
-    return parse(storage_for(path).read_text(path), where=path)
+    return parse(logtext.read(path), where=path)
 
 
 class TrainingLog:
@@ -173,7 +187,7 @@ class TrainingLog:
         self._renderer = EventRenderer()
         self._lines: list[str] = []
         if append and self._storage.exists(path):
-            self._lines = self._storage.read_text(path).splitlines()
+            self._lines = logtext.lines(logtext.read(path))
 
     @property
     def events(self) -> list[Event]:
@@ -191,7 +205,7 @@ class TrainingLog:
             raise MLLogError(f"{key!r} belongs to the eval section that `rcpflow finalize` writes")
         # depth 3: _log <- event/start/end <- the trainer's line that logged it
         self._lines.append(self._renderer.render(kind, key, value, metadata, time_ms, 3))
-        self._storage.write_atomic(self.path, ("\n".join(self._lines) + "\n").encode())
+        self._storage.write_atomic(self.path, logtext.encode("\n".join(self._lines) + "\n"))
 
     def event(
         self,

@@ -138,10 +138,7 @@ def build_row(
 
 
 def _current_rows(manifest_path: str, run_start: int | None) -> list[ManifestRow]:
-    storage = storage_for(manifest_path)
-    if not storage.exists(manifest_path):
-        return []
-    rows = manifest.parse_rows(storage.read_text(manifest_path), manifest_path)
+    rows = manifest.read_rows(manifest_path)  # non-UTF-8 bytes: a ManifestError naming the line
     return [r for r in rows if run_start is None or r.timestamp_ms >= run_start]
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
+import secrets
+import socket
+import stat
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -77,15 +79,23 @@ class LocalStorage(Storage):
         return sorted(found)
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
+        # Through a symlink to its target, so that a symlinked log stays a link.
+        target = os.path.realpath(path)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        _remove_dead_temps(target)
+        try:
+            mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+        except FileNotFoundError:
+            mode = None
+        fd, tmp = _create_temp(target)
         try:
             with os.fdopen(fd, "wb") as f:
+                if mode is not None:
+                    os.fchmod(f.fileno(), mode)  # a replaced file keeps its mode
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)
+            os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -106,6 +116,7 @@ class LocalStorage(Storage):
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def update(self, path: str, fn: Updater) -> bytes:
+        path = os.path.realpath(path)  # one lock per file, whichever link it is reached by
         with self._locked(path):
             old = self.read_bytes(path) if os.path.exists(path) else None
             new = fn(old)
@@ -115,6 +126,56 @@ class LocalStorage(Storage):
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+# Temp files: `.<name>.<host>.<pid>.<random>.tmp` beside the file they replace. A writer killed
+# between creating and renaming one (SIGKILL, power loss) leaves it behind; the next write of the
+# same file removes those of this host whose process is gone. A live writer's is never touched.
+_HOST = socket.gethostname()
+_TEMP_SUFFIX = ".tmp"
+
+
+def _create_temp(target: str) -> tuple[int, str]:
+    directory, name = os.path.split(target)
+    while True:
+        tmp = os.path.join(
+            directory, f".{name}.{_HOST}.{os.getpid()}.{secrets.token_hex(4)}{_TEMP_SUFFIX}"
+        )
+        try:
+            # Mode 0o666 and no chmod: the kernel applies the umask (and a default ACL), as
+            # for any file a program creates; mkstemp would give 0o600 whatever the umask.
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True  # another thread of ours is writing
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def _remove_dead_temps(target: str) -> None:
+    directory, name = os.path.split(target)
+    prefix = f".{name}."
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.startswith(prefix) and entry.endswith(_TEMP_SUFFIX)):
+            continue
+        host_pid = entry[len(prefix) : -len(_TEMP_SUFFIX)].rpartition(".")[0]  # less the random
+        host, _, pid = host_pid.rpartition(".")
+        if host == _HOST and pid.isdigit() and not _pid_alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, entry))
 
 
 def split_gcs(path: str) -> tuple[str, str]:
@@ -145,47 +206,52 @@ class GCSStorage(Storage):
     def read_bytes(self, path: str) -> bytes:
         from google.api_core.exceptions import NotFound
 
-        try:
-            return self._blob(path).download_as_bytes()
-        except NotFound as e:
-            raise FileNotFoundError(path) from e
+        with _gcs_errors(path):
+            try:
+                return self._blob(path).download_as_bytes()
+            except NotFound as e:
+                raise FileNotFoundError(path) from e
 
     def exists(self, path: str) -> bool:
-        return self._blob(path).exists()
+        with _gcs_errors(path):
+            return self._blob(path).exists()
 
     def list(self, prefix: str) -> list[str]:
         bucket, name = split_gcs(prefix)
         folder = name.rstrip("/")
         # Folder semantics, as on a local disk: listing gs://b/run must not return gs://b/run2/x.
-        return sorted(
-            f"gs://{bucket}/{b.name}"
-            for b in self.client.list_blobs(bucket, prefix=folder)
-            if not folder or b.name == folder or b.name.startswith(folder + "/")
-        )
+        with _gcs_errors(prefix):
+            return sorted(
+                f"gs://{bucket}/{b.name}"
+                for b in self.client.list_blobs(bucket, prefix=folder)
+                if not folder or b.name == folder or b.name.startswith(folder + "/")
+            )
 
     def write_atomic(self, path: str, data: bytes) -> None:
         # A GCS object upload is atomic: readers see the old or the new generation.
-        self._blob(path).upload_from_string(data)
+        with _gcs_errors(path):
+            self._blob(path).upload_from_string(data)
 
     def update(self, path: str, fn: Updater) -> bytes:
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
-        for attempt in range(self.max_attempts):
-            blob = self._blob(path)
-            try:
-                blob.reload()
-                generation = blob.generation
-                old: bytes | None = blob.download_as_bytes(if_generation_match=generation)
-            except NotFound:
-                generation, old = 0, None  # 0: succeed only if the object still does not exist
-            except PreconditionFailed:
-                continue
-            new = fn(old)
-            try:
-                blob.upload_from_string(new, if_generation_match=generation)
-                return new
-            except PreconditionFailed:
-                time.sleep(self.backoff_s * (attempt + 1))
+        with _gcs_errors(path):
+            for attempt in range(self.max_attempts):
+                blob = self._blob(path)
+                try:
+                    blob.reload()
+                    generation = blob.generation
+                    old: bytes | None = blob.download_as_bytes(if_generation_match=generation)
+                except NotFound:
+                    generation, old = 0, None  # 0: succeed only if it still does not exist
+                except PreconditionFailed:
+                    continue
+                new = fn(old)
+                try:
+                    blob.upload_from_string(new, if_generation_match=generation)
+                    return new
+                except PreconditionFailed:
+                    time.sleep(self.backoff_s * (attempt + 1))
         raise StorageError(
             f"{path}: gave up after {self.max_attempts} conflicting concurrent updates"
         )
@@ -193,8 +259,28 @@ class GCSStorage(Storage):
     def delete(self, path: str) -> None:
         from google.api_core.exceptions import NotFound
 
-        with contextlib.suppress(NotFound):
+        with _gcs_errors(path), contextlib.suppress(NotFound):
             self._blob(path).delete()
+
+
+@contextlib.contextmanager
+def _gcs_errors(path: str) -> Iterator[None]:
+    """Google's auth and API failures (no credentials, 403, ...) as a StorageError naming the
+    path: bad configuration the caller must fix, not a crash. NotFound is handled where it
+    means "absent"; PreconditionFailed where it means "changed meanwhile"."""
+    from google.api_core.exceptions import GoogleAPICallError
+    from google.auth.exceptions import DefaultCredentialsError, GoogleAuthError
+
+    try:
+        yield
+    except DefaultCredentialsError as e:
+        raise StorageError(
+            f"{path}: no Google Cloud credentials (set GOOGLE_APPLICATION_CREDENTIALS or run "
+            f"`gcloud auth application-default login`; STORAGE_EMULATOR_HOST for an emulator): "
+            f"{' '.join(str(e).split())}"
+        ) from e
+    except (GoogleAPICallError, GoogleAuthError) as e:
+        raise StorageError(f"{path}: {type(e).__name__}: {' '.join(str(e).split())}") from e
 
 
 @lru_cache(maxsize=4)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rcpflow import recipe
+from rcpflow import jsonio, recipe
 from rcpflow.manifest import ManifestRow
 from rcpflow.passk import mean_pass_at_k
 from rcpflow.storage import storage_for
@@ -140,9 +140,9 @@ class EvalSummary:
         cls, text: str, where: str, eval_times: tuple[int, int] | None = None
     ) -> EvalSummary:
         try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise SummaryError(f"{where}: not JSON ({e.msg} at line {e.lineno})") from e
+            d = jsonio.loads(text, where)  # duplicate keys, NaN, too deep: invalid
+        except jsonio.JSONInputError as e:
+            raise SummaryError(str(e)) from e
         return cls.from_dict(d, where, eval_times)
 
 
@@ -469,9 +469,13 @@ def summary_problems(summary: EvalSummary, row: ManifestRow) -> list[str]:
 
 
 def read_summary(path: str, eval_times: tuple[int, int] | None = None) -> EvalSummary:
-    return EvalSummary.from_json(
-        storage_for(path).read_text(path), where=path, eval_times=eval_times
-    )
+    try:
+        text = jsonio.decode_utf8(storage_for(path).read_bytes(path), path)
+    except jsonio.JSONInputError as e:
+        raise SummaryError(str(e)) from e
+    except (IsADirectoryError, NotADirectoryError) as e:
+        raise SummaryError(f"{path}: {e.strerror}") from e
+    return EvalSummary.from_json(text, where=path, eval_times=eval_times)
 
 
 def write_summary(path: str, summary: EvalSummary) -> None:

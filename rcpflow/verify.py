@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rcpflow import jsonio
 from rcpflow.attempts import AttemptsError, parse_attempts
 from rcpflow.layout import RunLayout, join
 from rcpflow.manifest import ManifestRow
@@ -50,8 +51,8 @@ def attempts_file(run_dir: str, step: int) -> str:
 def attempts_problems(summary: EvalSummary, path: str) -> list[Problem]:
     """`summary` against the attempts file at `path` (which must exist)."""
     try:
-        found = parse_attempts(storage_for(path).read_text(path), where=path)
-    except AttemptsError as e:
+        found = parse_attempts(jsonio.decode_utf8(storage_for(path).read_bytes(path), path), path)
+    except (AttemptsError, jsonio.JSONInputError) as e:
         return [Problem("attempts", str(e))]
     return recomputed_problems(summary, found.per_instance(), where=path)
 

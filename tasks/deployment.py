@@ -19,7 +19,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
+from rcpflow.recipe import Division
 from tasks.backends.gke.settings import GkeSettings
+from tasks.job_templates import Jobs
 from tasks.settings import SettingError, read_table
 
 ENV_VAR = "RCPFLOW_DEPLOYMENT"
@@ -44,6 +46,19 @@ eval_retries = 0
 [job_env]
 JAX_PLATFORMS = "cpu"
 """
+
+
+@dataclass(frozen=True)
+class FormOverrides:
+    """``[form_defaults]``: where the trigger forms start, if not where the backend's defaults
+    do (`tasks.backends.base.form_defaults`); keys left out keep the backend's."""
+
+    division: Division | None = None
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_steps is not None and self.max_steps < 1:
+            raise SettingError("max_steps", f"must be >= 1, got {self.max_steps}")
 
 
 class DeploymentError(ValueError):
@@ -77,8 +92,17 @@ class Deployment:
     job_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     # The [gke] table; None when the file has none (the gke backend refuses that).
     gke: GkeSettings | None = None
+    # The [jobs] table: command, env, image of each job, the evaluate job's result.
+    jobs: Jobs = field(default_factory=Jobs)
+    # The [form_defaults] table; None: the backend's defaults.
+    form_defaults: FormOverrides | None = None
 
     def __post_init__(self) -> None:
+        for key in self.jobs.images():
+            if self.backend != "gke":
+                raise SettingError(
+                    f"jobs.{key}", f"only the gke backend runs images (backend is {self.backend!r})"
+                )
         for name, value, minimum in (
             ("eval_window", self.eval_window, 1),
             ("train_timeout_minutes", self.train_timeout_minutes, 1),

@@ -28,14 +28,32 @@ PLACEHOLDERS: Mapping[Role, frozenset[str]] = {
             "max_steps",
             "val_start_at",  # the effective one: the recipe's unless the run overrides it
             "division",
+            "checkpoint_dir",  # <run_dir>/checkpoints, where rcpflow's own layout keeps them
         }
     ),
-    "evaluate": frozenset({"python", "run_dir", "step"}),
+    "evaluate": frozenset(
+        {
+            "python",
+            "run_dir",
+            "step",
+            "seed",
+            "samples_count",
+            "checkpoint_path",  # the manifest row's, absolute
+            "checkpoint_timestamp_ms",
+            "summary_dir",  # <run_dir>/eval/step_<step>, where rcpflow keeps the step's result
+        }
+    ),
 }
 
 
 class JobCommandError(ValueError):
-    """A command template is malformed or a value is missing; the message names the item."""
+    """A command template is malformed or a value is missing; the message names the item.
+
+    `index` is the argv item at fault (None when the error is not about one item)."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 @dataclass(frozen=True)
@@ -50,46 +68,64 @@ class JobCommand:
         if not self.argv:
             raise JobCommandError(f"{self.role} command: argv is empty")
         for i, item in enumerate(self.argv):
-            for name in _fields(item, f"{self.role} command argv[{i}]"):
-                if name not in PLACEHOLDERS[self.role]:
-                    known = ", ".join(sorted(PLACEHOLDERS[self.role]))
-                    raise JobCommandError(
-                        f"{self.role} command argv[{i}] {item!r}: unknown placeholder "
-                        f"{{{name}}} (known: {known})"
-                    )
+            try:
+                check_template(self.role, item)
+            except JobCommandError as exc:
+                raise JobCommandError(f"{self.role} command argv[{i}] {exc}", index=i) from None
 
     @property
     def placeholders(self) -> frozenset[str]:
-        return frozenset(n for item in self.argv for n in _fields(item, ""))
+        return frozenset(n for item in self.argv for n in _fields(item))
 
     def render(self, values: Mapping[str, str | int]) -> list[str]:
         """The argv with every placeholder filled from `values` (extra values are ignored)."""
         missing = sorted(self.placeholders - set(values))
         if missing:
             raise JobCommandError(f"{self.role} command: no value for {', '.join(missing)}")
-        argv = []
-        for item in self.argv:
-            parts = []
-            for literal, name, _spec, _conversion in string.Formatter().parse(item):
-                parts.append(literal)
-                if name is not None:
-                    parts.append(str(values[name]))
-            argv.append("".join(parts))
-        return argv
+        return [fill(item, values) for item in self.argv]
 
 
-def _fields(item: str, where: str) -> list[str]:
+def check_template(role: Role, item: str, known: frozenset[str] | None = None) -> frozenset[str]:
+    """The placeholders of the template `item`, each one a `role` job has (or one of `known`);
+    otherwise JobCommandError naming the item and what such a job may use."""
+    allowed = PLACEHOLDERS[role] if known is None else known
+    names = _fields(item)
+    for name in names:
+        if name in allowed:
+            continue
+        others = [r for r in ROLES if r != role and name in PLACEHOLDERS[r]]
+        if name in PLACEHOLDERS[role]:
+            why = f"{{{name}}} has no value here"
+        elif others:
+            why = f"{{{name}}} is a placeholder of {' and '.join(others)} jobs, not of {role} jobs"
+        else:
+            why = f"unknown placeholder {{{name}}}"
+        raise JobCommandError(f"{item!r}: {why} (known: {', '.join(sorted(allowed))})")
+    return frozenset(names)
+
+
+def fill(item: str, values: Mapping[str, str | int]) -> str:
+    """`item` with its placeholders replaced by `values` (each must be there)."""
+    parts = []
+    for literal, name, _spec, _conversion in string.Formatter().parse(item):
+        parts.append(literal)
+        if name is not None:
+            parts.append(str(values[name]))
+    return "".join(parts)
+
+
+def _fields(item: str) -> list[str]:
     try:
         parsed = list(string.Formatter().parse(item))
     except ValueError as exc:
-        raise JobCommandError(f"{where} {item!r}: {exc}") from exc
+        raise JobCommandError(f"{item!r}: {exc}") from exc
     names = []
     for _literal, name, spec, conversion in parsed:
         if name is None:
             continue
         if not name.isidentifier() or spec or conversion:
             raise JobCommandError(
-                f"{where} {item!r}: a placeholder is a bare {{name}}, got {{{name}"
+                f"{item!r}: a placeholder is a bare {{name}}, got {{{name}"
                 f"{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}"
             )
         names.append(name)

@@ -5,6 +5,10 @@ uncompressed), ``train_state/`` and ``meta/`` (JSON: step, timestamp, weights fi
 trainer's `extra`). Only a folder with Orbax's commit marker is complete; anything else is never
 listed, restored or evaluated. Saves are queued on host snapshots (`tpu_jobs.saver`); restores
 for evaluation read numpy arrays and verify the fingerprint (`tpu_jobs.fingerprint`).
+
+In a job of several processes (`tpu_jobs.distributed`) every Orbax reader and writer here is
+limited to its own process (`local_multiprocessing`): process 0 alone writes, from the host
+copy of the replicated arrays, and no save or read waits on a barrier of the other processes.
 """
 
 from __future__ import annotations
@@ -107,6 +111,15 @@ def _handlers() -> dict[str, ocp.CheckpointHandler]:
     }
 
 
+def local_multiprocessing() -> ocp.options.MultiprocessingOptions:
+    """Orbax's multi-process options for a reader or writer used by this process alone: its
+    barriers are skipped (in a one-process job these are Orbax's defaults)."""
+    if jax.process_count() == 1:
+        return ocp.options.MultiprocessingOptions()
+    me = jax.process_index()
+    return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+
+
 def _numpy_restore_args(tree_metadata: PyTree) -> PyTree:
     return jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree_metadata)
 
@@ -117,7 +130,8 @@ def host_snapshot(tree: PyTree, what: str) -> PyTree:
     What a background save may hold on to: a JAX array passed in may be donated or (on CPU, where
     ``np.asarray`` is a view of the device buffer) reused by the next update, but this copy is
     read by nobody else. Other leaves (Python scalars, strings) are immutable and kept as they are.
-    Arrays spread over several hosts cannot be copied here and are refused by name.
+    An array replicated over several processes is copied from this process's replica; one split
+    over several hosts cannot be copied here and is refused by name.
     """
     leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
     for _, leaf in leaves:
@@ -128,9 +142,12 @@ def host_snapshot(tree: PyTree, what: str) -> PyTree:
         if isinstance(leaf, jax.Array):
             name = f"{what}/{leaf_name(path)}"
             if not leaf.is_fully_addressable:
-                raise CheckpointError(
-                    f"{name}: array spans several hosts; host snapshots need it on this one"
-                )
+                if not leaf.is_fully_replicated:
+                    raise CheckpointError(
+                        f"{name}: array is split over several hosts; host snapshots need a "
+                        "whole copy on this one"
+                    )
+                leaf = leaf.addressable_data(0)
             if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
                 raise CheckpointError(
                     f"{name}: typed PRNG key; save jax.random.key_data(key) instead"
@@ -181,13 +198,17 @@ class CheckpointSaver:
         # bounded queue of its own: its async save first waits for the previous save to finish.
         # cleanup_tmp_directories: a save cut short by a crash left a half-written step folder;
         # Orbax removes it before this saver's first save, so the step can be saved again.
+        # Orbax refuses create=True for a manager of a subset of processes: make it here.
+        epath.Path(self.directory).mkdir(parents=True, exist_ok=True)
         self._manager = ocp.CheckpointManager(
             epath.Path(self.directory),
             item_handlers=_handlers(),
             options=ocp.CheckpointManagerOptions(
+                create=False,
                 cleanup_tmp_directories=True,
                 enable_async_checkpointing=False,
                 save_root_metadata=False,
+                multiprocessing_options=local_multiprocessing(),
             ),
         )
         self._manager_lock = threading.Lock()  # the worker's save vs. the caller's reads
@@ -278,6 +299,16 @@ class CheckpointSaver:
     def read_meta(self, step: int) -> CheckpointMeta:
         return read_meta(self.step_path(step))
 
+    def delete(self, step: int) -> None:
+        """Remove step `step`'s checkpoint (one that cannot be restored), so it can be saved
+        again. Only before the first `save`."""
+        if self.pending():
+            raise CheckpointError(f"step {step}: cannot delete a checkpoint while saves are queued")
+        with self._manager_lock:
+            self._manager.delete(step)
+            self._manager.reload()
+        self._steps_on_open = self._steps_on_open - {step}
+
     def restore_train_state(
         self, step: int, params_like: PyTree, state_like: PyTree
     ) -> tuple[PyTree, PyTree, CheckpointMeta]:
@@ -322,7 +353,10 @@ class CheckpointSaver:
 def _reader() -> ocp.Checkpointer:
     # All items registered, even those a caller does not restore, so Orbax does not warn about
     # an item it cannot handle.
-    return ocp.Checkpointer(ocp.CompositeCheckpointHandler(**_handlers()))
+    return ocp.Checkpointer(
+        ocp.CompositeCheckpointHandler(**_handlers()),
+        multiprocessing_options=local_multiprocessing(),
+    )
 
 
 def read_meta(step_path: str) -> CheckpointMeta:
@@ -333,6 +367,37 @@ def read_meta(step_path: str) -> CheckpointMeta:
         epath.Path(step_path), args=ocp.args.Composite(**{META_ITEM: ocp.args.JsonRestore()})
     )
     return CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+
+
+def check_readable(step_path: str) -> None:
+    """Read every item of a complete checkpoint on its own terms (its own tree metadata, numpy
+    arrays) and verify the weights against its recorded fingerprint; raises naming the folder.
+
+    Tells a checkpoint that is broken on storage from one that does not fit what a caller tries
+    to restore it into (another model): the second reads fine here.
+    """
+    if not is_complete(step_path):
+        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
+    reader = _reader()
+    path = epath.Path(step_path)
+    try:
+        items = reader.metadata(path).item_metadata
+        restored = reader.restore(
+            path,
+            args=ocp.args.Composite(
+                **{
+                    item: ocp.args.PyTreeRestore(restore_args=_numpy_restore_args(items[item].tree))
+                    for item in (PARAMS_ITEM, STATE_ITEM)
+                },
+                **{META_ITEM: ocp.args.JsonRestore()},
+            ),
+        )
+        meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+        verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=step_path)
+    except (CheckpointError, FingerprintMismatchError):
+        raise
+    except Exception as e:  # whatever Orbax or tensorstore raise on a broken folder
+        raise CheckpointError(f"{step_path}: cannot be read: {e!r}") from e
 
 
 def restore_params(
@@ -374,3 +439,30 @@ def restore_params(
     params = restored[PARAMS_ITEM]
     verify_fingerprint(params, expected_fingerprint or meta.weights_fingerprint, where=step_path)
     return params, meta
+
+
+def restore_train_state_numpy(
+    step_path: str, params_like: PyTree, state_like: PyTree
+) -> tuple[PyTree, PyTree]:
+    """Params and train state of a complete checkpoint as numpy arrays in the trees of
+    `params_like`/`state_like` (what a process that does not own the saver resumes from); the
+    weights are checked against the recorded fingerprint."""
+    if not is_complete(step_path):
+        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
+    restored = _reader().restore(
+        epath.Path(step_path),
+        args=ocp.args.Composite(
+            **{
+                PARAMS_ITEM: ocp.args.PyTreeRestore(
+                    item=params_like, restore_args=_numpy_restore_args(params_like)
+                ),
+                STATE_ITEM: ocp.args.PyTreeRestore(
+                    item=state_like, restore_args=_numpy_restore_args(state_like)
+                ),
+                META_ITEM: ocp.args.JsonRestore(),
+            }
+        ),
+    )
+    meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+    verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=step_path)
+    return restored[PARAMS_ITEM], restored[STATE_ITEM]

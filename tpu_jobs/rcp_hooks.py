@@ -1,42 +1,145 @@
-"""RCP training hooks: what any trainer calls to produce a compliant ``qwen35_397b_grpo`` run.
+"""RCP training hooks: the JAX/Orbax layer of `rcpflow.recorder` for a trainer that lets rcpflow
+save its checkpoints.
 
-The hooks decide the training section of the MLLOG (ending in a ``block_stop`` backdated to the
-last weight update), each step's weight-update timestamp (taken once the update has completed),
-from ``val_start_at`` on a background checkpoint of every step with its manifest row, and how a
-crashed run resumes. They see params and state only as pytrees of arrays; a step is one optimizer
-update, so ``samples_count = step * gbs``.
+The recorder decides the records (the MLLOG training section with its backdated ``block_stop``,
+strictly increasing update timestamps, one manifest row per committed checkpoint, resuming from
+the manifest and the log). The hooks decide what needs JAX and Orbax: when an update has
+completed (they block on the parameters before taking its timestamp), a background checkpoint
+of every step from ``val_start_at`` on (`tpu_jobs.checkpoint`), the row handed to the recorder
+only once Orbax has committed it, and which checkpoint a crashed run resumes from. They see
+params and state only as pytrees of arrays; a step is one optimizer update, so
+``samples_count = step * gbs``.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping
+import logging
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import jax
 
-from rcpflow import manifest, recipe, stop_request
-from rcpflow.layout import RunLayout, join
-from rcpflow.mllog import SystemInfo, TrainingLog, read_events, run_start_ms
+from rcpflow import manifest, recipe
+from rcpflow.mllog import MLLogError, SystemInfo, read_events, run_start_ms
+from rcpflow.recorder import RecorderError, Resumed, TrainingRecorder
 from rcpflow.storage import storage_for
 from tpu_jobs.checkpoint import (
     DEFAULT_MAX_PENDING,
     CheckpointError,
     CheckpointSaver,
     SavedCheckpoint,
+    check_readable,
 )
 from tpu_jobs.saver import SaveFailedError
 
 PyTree = Any
 RUN_IDENTITY_KEY = "run"
-# A clock behind the previous update's timestamp by more than this is an error, not a wait.
-CLOCK_STEP_BACK_MS = 1000
+RESUME_PAST_CORRUPT_FLAG = "--resume-past-corrupt"
+LOG_LOST = " (it cannot be rebuilt: restore it, or start the run afresh in another run_dir)"
+# The trainer flag that sets each field of a run's identity.
+_IDENTITY_FLAGS = {
+    "seed": "--seed",
+    "global_batch_size": "--global-batch-size",
+    "val_start_at": "--val-start-at",
+    "max_steps": "--max-steps",
+}
+log = logging.getLogger(__name__)
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+class RunMismatchError(CheckpointError):
+    """The run folder holds another run than these arguments describe (a bad argument)."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """The newest complete checkpoint cannot be restored; `resume(past_corrupt=True)` skips it."""
+
+
+def _differing_flags(found: object, ours: Mapping[str, object]) -> str:
+    if not isinstance(found, Mapping):
+        return "no rcpflow run identity in the checkpoint"
+    return ", ".join(
+        f"{flag} {ours[k]} vs the run's {found.get(k)}"
+        for k, flag in _IDENTITY_FLAGS.items()
+        if found.get(k) != ours[k]
+    )
+
+
+def check_log(path: str, newest: int) -> bool:
+    """The log a resume continues: there, readable, with the run's start; True when it has
+    already ended (``block_stop``). Raises `CheckpointError` naming what is wrong."""
+    where = f"cannot resume at step {newest}: the run's MLLOG {path}"
+    if not storage_for(path).exists(path):
+        raise CheckpointError(f"{where} is missing{LOG_LOST}")
+    try:
+        events = read_events(path)
+    except MLLogError as e:
+        raise CheckpointError(f"cannot resume at step {newest}: {e}{LOG_LOST}") from e
+    keys = [e.key for e in events]
+    if run_start_ms(events) is None or "block_start" not in keys:
+        raise CheckpointError(f"{where} has no run_start/block_start (cut short?){LOG_LOST}")
+    return "block_stop" in keys
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A complete checkpoint as its manifest row records it."""
+
+    step: int
+    path: str
+    timestamp_ms: int  # the update's time, recorded in the checkpoint at save
+    weights_fingerprint: str
+
+
+def resume_recorder(
+    recorder: TrainingRecorder,
+    complete: Sequence[int],
+    *,
+    path_of: Callable[[int], str],
+    committed: Callable[[int], Committed],
+) -> Resumed | None:
+    """Resume `recorder` over a trainer's `complete` checkpoints (steps from val_start_at,
+    ascending, at least one): every current row must point at one of them; those above the last
+    row (the crash came between a commit and its row) get the row they would have had, with the
+    update time recorded in the checkpoint (`committed(step)`, read only for them). The
+    recorder's refusals (rows or log not this run's) are raised as `CheckpointError`."""
+    if recorder.rcp_logging:
+        check_log(recorder.mllog_path, complete[-1])
+    try:
+        return _resume(recorder, complete, path_of, committed)
+    except RecorderError as e:
+        raise CheckpointError(str(e)) from e
+
+
+def _resume(
+    recorder: TrainingRecorder,
+    complete: Sequence[int],
+    path_of: Callable[[int], str],
+    committed: Callable[[int], Committed],
+) -> Resumed | None:
+    resumed = recorder.resume()
+    last_row = None if resumed is None else resumed.step
+    if last_row is not None:
+        # The recorder's rows are contiguous from val_start_at.
+        for step in range(recorder.val_start_at, last_row + 1):
+            if step not in complete:
+                raise CheckpointError(
+                    f"step {step}: manifest row points at {path_of(step)}, which is not a "
+                    "complete checkpoint (deleted by hand?); refusing to resume over it"
+                )
+    missing = [committed(s) for s in complete if last_row is None or s > last_row]
+    if resumed is None and missing:
+        # Neither log nor row (rcp_logging off, the crash before the first row): the first
+        # checkpoint's update time stands in for run_start, as the rows' would.
+        recorder.on_run_start(time_ms=missing[0].timestamp_ms)
+    for c in missing:
+        recorder.on_update(c.step, timestamp_ms=c.timestamp_ms)
+        recorder.on_checkpoint_committed(
+            c.step, c.path, {"weights_fingerprint": c.weights_fingerprint}
+        )
+    return resumed
 
 
 @dataclass(frozen=True)
@@ -70,7 +173,7 @@ class RcpHooks:
                 hooks.after_update(step, params, opt_state)
             hooks.on_train_end()     # waits for the saves and their rows, then block_stop
 
-    Saving, fingerprinting and the manifest upsert run in the saver's thread: they compete with
+    Saving, fingerprinting and the manifest row run in the saver's thread: they compete with
     the training step for CPU only, never by making the loop wait.
     """
 
@@ -87,210 +190,178 @@ class RcpHooks:
         checkpoint_extra: Mapping[str, Any] | None = None,
         max_pending_saves: int = DEFAULT_MAX_PENDING,
     ) -> None:
-        hp = hyperparameters
-        if not 1 <= val_start_at <= hp.max_steps:
-            raise ValueError(
-                f"val_start_at {val_start_at} must be in 1..max_steps ({hp.max_steps}): no "
-                "checkpoint would ever be evaluated"
-            )
         if RUN_IDENTITY_KEY in (checkpoint_extra or {}):
             raise ValueError(f"checkpoint_extra must not use the reserved key {RUN_IDENTITY_KEY!r}")
-        self.layout = RunLayout(run_dir)
-        self.seed = seed
-        self.hp = hp
+
+        def new_recorder() -> TrainingRecorder:
+            return TrainingRecorder(
+                run_dir,
+                seed=seed,
+                hyperparameters=hyperparameters,
+                val_start_at=val_start_at,
+                system=system,
+                rcp_logging=rcp_logging,
+                train_samples=train_samples,
+            )
+
+        # A resume past a corrupt checkpoint starts over with a recorder that has not read the
+        # manifest yet.
+        self._new_recorder = new_recorder
+        self.recorder = new_recorder()
+        self.layout = self.recorder.layout
         self.val_start_at = val_start_at
-        self.rcp_logging = rcp_logging
-        self.system = system if system is not None else SystemInfo()
-        self.train_samples = (
-            hp.max_steps * hp.global_batch_size if train_samples is None else train_samples
-        )
-        # The saver's thread upserts each row right after its checkpoint commits, in step order.
+        # The saver's thread hands each checkpoint to the recorder right after it commits.
         self.saver = CheckpointSaver(
             self.layout.checkpoints_dir, max_pending=max_pending_saves, on_commit=self._record_row
         )
         self._identity = {
             "seed": seed,
-            "global_batch_size": hp.global_batch_size,
+            "global_batch_size": hyperparameters.global_batch_size,
             "val_start_at": val_start_at,
-            "max_steps": hp.max_steps,
+            "max_steps": hyperparameters.max_steps,
         }
         self._extra = {**dict(checkpoint_extra or {}), RUN_IDENTITY_KEY: self._identity}
-        self._log: TrainingLog | None = None
-        self._resumed = False
-        self._ended = False
-        self._last_step: int | None = None
-        self._last_update_ms: int | None = None
-        self._run_start_ms: int | None = None  # the MLLOG's; names the run in a stop request
-
-    # -- paths and rows -------------------------------------------------------------------
 
     @property
     def mllog_path(self) -> str:
-        return self.layout.mllog(self.seed)
+        return self.recorder.mllog_path
 
-    def _row(self, saved: SavedCheckpoint) -> manifest.ManifestRow:
-        hp = self.hp
-        # Relative to the manifest's folder, so a run folder can be copied (gs:// <-> local).
-        return manifest.ManifestRow(
-            step=saved.step,
-            checkpoint_path=join("..", "checkpoints", str(saved.step)),
-            timestamp_ms=saved.meta.timestamp_ms,
-            samples_count=saved.step * hp.global_batch_size,
-            global_batch_size=hp.global_batch_size,
-            batch_size=hp.num_prompts_per_step,
-            num_generations=hp.num_generations_per_prompt,
-            val_start_at=self.val_start_at,
-            max_steps=hp.max_steps,
-            target_accuracy=recipe.TARGET_ACCURACY,
-            seed=self.seed,
-            mllog_file=f"seed_{self.seed}.out",
-            weights_fingerprint=saved.meta.weights_fingerprint,
-        )
+    @property
+    def last_update(self) -> tuple[int, int] | None:
+        """(step, timestamp_ms) of the last weight update seen (or restored), if any."""
+        return self.recorder.last_update
 
     def _record_row(self, saved: SavedCheckpoint) -> None:
-        manifest.upsert(self.layout.manifest, self._row(saved))
+        self.recorder.on_checkpoint_committed(
+            saved.step, saved.path, {"weights_fingerprint": saved.meta.weights_fingerprint}
+        )
+
+    def _committed(self, step: int) -> Committed:
+        meta = self.saver.read_meta(step)
+        return Committed(
+            step, self.saver.step_path(step), meta.timestamp_ms, meta.weights_fingerprint
+        )
 
     # -- resume ---------------------------------------------------------------------------
 
-    def resume(self, params_like: PyTree, state_like: PyTree) -> ResumePoint | None:
+    def resume(
+        self, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
+    ) -> ResumePoint | None:
         """Restore the newest complete checkpoint of this run, or None if there is none.
 
-        Call before `on_init_start`. Repairs the manifest first: a complete checkpoint without
-        its row (the crash came between the commit and the upsert) gets the row it would have
-        had; a current row pointing at no complete checkpoint is an error, never papered over.
+        Call before `on_init_start`. The recorder resumes from the manifest and the log first
+        (`resume_recorder`): a complete checkpoint above its last row (the crash came between
+        the commit and the row) gets the row it would have had; a current row pointing at no
+        complete checkpoint is an error, never papered over. Then the newest is restored.
+        A newest checkpoint that cannot be restored raises `CorruptCheckpointError`; with
+        `past_corrupt` it is deleted with its row instead and the one before it is resumed, so
+        that step is trained (and its row written) again.
         """
         complete = [s for s in self.saver.complete_steps() if s >= self.val_start_at]
         if not complete:
             return None
         newest = complete[-1]
-        meta = self.saver.read_meta(newest)
+        path = self.saver.step_path(newest)
+        try:
+            meta = self.saver.read_meta(newest)
+        except Exception as e:  # whatever Orbax raises on a broken folder
+            return self._past_corrupt(newest, e, params_like, state_like, past_corrupt)
         found = meta.extra.get(RUN_IDENTITY_KEY)
         if found != self._identity:
-            raise CheckpointError(
-                f"step {newest}: checkpoint at {self.saver.step_path(newest)} belongs to run "
-                f"{found}, not to this one {self._identity}; use another run_dir"
+            raise RunMismatchError(
+                f"step {newest}: checkpoint at {path} belongs to run {found}, not to this one "
+                f"{self._identity} ({_differing_flags(found, self._identity)}); resume with that "
+                "run's arguments, or use another run_dir"
             )
-        run_start = None
-        if self.rcp_logging:
-            if not storage_for(self.mllog_path).exists(self.mllog_path):
-                raise CheckpointError(
-                    f"cannot resume at step {newest}: the run's MLLOG {self.mllog_path} is missing"
-                )
-            events = read_events(self.mllog_path)
-            run_start = run_start_ms(events)
-            if run_start is None:
-                raise CheckpointError(
-                    f"cannot resume at step {newest}: {self.mllog_path} has no run_start"
-                )
-            self._ended = any(e.key == "block_stop" for e in events)
-            self._run_start_ms = run_start
-            self._log = TrainingLog(self.mllog_path, append=True)
-        self._repair_manifest(complete, run_start)
-        params, state, meta = self.saver.restore_train_state(newest, params_like, state_like)
-        self._resumed = True
-        self._last_step, self._last_update_ms = newest, meta.timestamp_ms
+        # Before the restore, which may take minutes: the log and the manifest are checked here.
+        resumed = resume_recorder(
+            self.recorder, complete, path_of=self.saver.step_path, committed=self._committed
+        )
+        try:
+            params, state, meta = self.saver.restore_train_state(newest, params_like, state_like)
+        except Exception as e:  # a complete checkpoint of this run that will not load
+            try:
+                check_readable(path)
+            except Exception as broken:  # broken on storage, not just unlike the targets
+                return self._past_corrupt(newest, broken, params_like, state_like, past_corrupt)
+            raise CheckpointError(
+                f"step {newest}: {path} reads on its own but not into this trainer's params "
+                f"and state (another model?): {textwrap.shorten(str(e), 400)}"
+            ) from e
         return ResumePoint(
             step=newest,
             params=params,
             state=state,
             timestamp_ms=meta.timestamp_ms,
-            finished=self._ended,
+            finished=resumed is not None and resumed.finished,
         )
 
-    def _repair_manifest(self, complete: list[int], run_start: int | None) -> None:
-        storage = storage_for(self.layout.manifest)
-        rows = {}
-        if storage.exists(self.layout.manifest):
-            text = storage.read_text(self.layout.manifest)
-            rows = {r.step: r for r in manifest.parse_rows(text, self.layout.manifest)}
-        for step, row in rows.items():
-            current = run_start is None or row.timestamp_ms >= run_start
-            if current and step not in complete:
-                raise CheckpointError(
-                    f"step {step}: manifest row points at {self.saver.step_path(step)}, which is "
-                    "not a complete checkpoint (deleted by hand?); refusing to resume over it"
-                )
-        for step in complete:
-            meta = self.saver.read_meta(step)
-            saved = SavedCheckpoint(step=step, path=self.saver.step_path(step), meta=meta)
-            if rows.get(step) != self._row(saved):
-                self._record_row(saved)
+    def _past_corrupt(
+        self,
+        step: int,
+        error: Exception,
+        params_like: PyTree,
+        state_like: PyTree,
+        past_corrupt: bool,
+    ) -> ResumePoint | None:
+        path = self.saver.step_path(step)
+        reason = textwrap.shorten(f"{type(error).__name__}: {error}", 400, placeholder=" ...")
+        if not past_corrupt:
+            raise CorruptCheckpointError(
+                f"step {step}: the newest checkpoint {path} cannot be restored ({reason}); "
+                f"resume past it ({RESUME_PAST_CORRUPT_FLAG}) to delete it and train step "
+                f"{step} again"
+            ) from error
+        # The resume continues this log: it must be there, readable, and not ended.
+        if self.recorder.rcp_logging and check_log(self.mllog_path, step):
+            raise CheckpointError(
+                f"step {step}: the newest checkpoint {path} cannot be restored ({reason}), and "
+                "the run's MLLOG has already ended (block_stop): its last step cannot be trained "
+                "again; start the run afresh in another run_dir"
+            ) from error
+        self.saver.delete(step)
+        manifest.remove(self.layout.manifest, step)
+        log.warning("step %d: deleted the checkpoint that cannot be restored (%s)", step, reason)
+        self.recorder = self._new_recorder()  # one that has not read the removed row
+        return self.resume(params_like, state_like, past_corrupt=True)
 
     # -- the training loop ----------------------------------------------------------------
 
     def on_init_start(self, time_ms: int | None = None) -> None:
-        """Start the MLLOG afresh: cache_clear, init_start, submission keys, hyperparameters."""
-        if self._resumed or not self.rcp_logging:
-            return
-        self._log = TrainingLog(self.mllog_path)
-        self._log.training_header(
-            self.hp, self.seed, self.system, self.train_samples,
-            time_ms=now_ms() if time_ms is None else time_ms,
-        )  # fmt: skip
+        """Start the MLLOG afresh (a no-op when resumed): see `TrainingRecorder.on_init_start`."""
+        self.recorder.on_init_start(time_ms)
 
     def on_run_start(self, time_ms: int | None = None) -> None:
         """``init_stop``, ``run_start`` and the training block's ``block_start``."""
-        if self._resumed or not self.rcp_logging:
-            return
-        if self._log is None:
-            raise RuntimeError("on_run_start() before on_init_start()")
-        t = now_ms() if time_ms is None else time_ms
-        self._run_start_ms = t
-        self._log.init_stop(time_ms=t)
-        self._log.run_start(time_ms=t)
-        self._log.block_start(samples_count=0, step=0, time_ms=t)
+        self.recorder.on_run_start(time_ms)
 
     def after_update(self, step: int, params: PyTree, state: PyTree) -> int:
         """Call right after optimizer update number `step`; returns its timestamp_ms.
 
-        Blocks until `params` are computed, takes the timestamp, then (from val_start_at on)
-        copies `params` and `state` to host memory and queues their save; it waits for earlier
-        saves only when `max_pending_saves` of them are unfinished. The trainer must not donate
-        `params` or `state` before this returns; afterwards the save holds its own host copy.
-        Raises `tpu_jobs.saver.SaveFailedError` if an earlier save failed (its step is named).
+        Blocks until `params` are computed, takes the timestamp (the recorder's), then (from
+        val_start_at on) copies `params` and `state` to host memory and queues their save; it
+        waits for earlier saves only when `max_pending_saves` of them are unfinished. The
+        trainer must not donate `params` or `state` before this returns; afterwards the save
+        holds its own host copy. Raises `tpu_jobs.saver.SaveFailedError` if an earlier save
+        failed (its step is named).
         """
-        if self._ended:
-            raise RuntimeError(f"step {step}: after_update() after on_train_end()")
-        if self._last_step is not None and step != self._last_step + 1:
+        last = self.recorder.last_update
+        # One call per update: a skipped step would leave a hole in the per-step checkpoints.
+        if last is not None and step != last[0] + 1:
             raise ValueError(
-                f"step {step}: expected step {self._last_step + 1} (steps are updates, 1 apart)"
+                f"step {step}: expected step {last[0] + 1} (steps are updates, 1 apart)"
             )
-        if not 1 <= step <= self.hp.max_steps:
-            raise ValueError(f"step {step}: outside 1..max_steps ({self.hp.max_steps})")
         jax.block_until_ready(params)
-        timestamp_ms = now_ms()
-        # Timestamps must strictly increase (manifest contract) and are in ms: two updates done
-        # within one ms (a tiny model, now that saves no longer slow the loop) wait for the next
-        # tick, so every timestamp stays a clock reading taken after its update completed.
-        last = self._last_update_ms
-        if last is not None and timestamp_ms < last - CLOCK_STEP_BACK_MS:
-            raise RuntimeError(
-                f"step {step}: the clock reads {timestamp_ms} ms, before step {self._last_step}'s "
-                f"timestamp {last} ms (clock stepped back?); timestamps must increase"
-            )
-        while last is not None and timestamp_ms <= last:
-            time.sleep(0.0002)
-            timestamp_ms = now_ms()
-        self._last_step, self._last_update_ms = step, timestamp_ms
+        timestamp_ms = self.recorder.on_update(step)
         if step >= self.val_start_at:
             self.saver.save(step, params, state, timestamp_ms=timestamp_ms, extra=self._extra)
         return timestamp_ms
 
     def stop_requested(self) -> bool:
-        """After a step: has the orchestrator asked this run to stop (its verdict is decided)?
-        Only a request naming this run and a step it has trained counts (`rcpflow.stop_request`);
-        then end with `on_train_end`, which finishes the queued saves and their rows."""
-        identity = stop_request.RunIdentity(
-            seed=self.seed,
-            global_batch_size=self.hp.global_batch_size,
-            val_start_at=self.val_start_at,
-            max_steps=self.hp.max_steps,
-            run_start_ms=self._run_start_ms,
-        )
-        request = stop_request.for_run(self.layout.root, identity)
-        return (
-            request is not None and self._last_step is not None and request.step <= self._last_step
-        )
+        """After a step: has the orchestrator asked this run to stop, its verdict decided?
+        (`TrainingRecorder.stop_requested`); then end with `on_train_end`, which finishes the
+        queued saves and their rows."""
+        return self.recorder.stop_requested()
 
     def flush(self) -> None:
         """Block until every queued save has committed and has its row (e.g. before the trainer
@@ -302,16 +373,7 @@ class RcpHooks:
         last weight update. Idempotent; a resumed run that had already ended logs nothing."""
         self.flush()
         self.saver.close()
-        if self._ended:
-            return
-        self._ended = True
-        if self._log is not None and self._last_step is not None:
-            assert self._last_update_ms is not None
-            self._log.block_stop(
-                samples_count=self._last_step * self.hp.global_batch_size,
-                step=self._last_step,
-                time_ms=self._last_update_ms,
-            )
+        self.recorder.on_train_end()
 
     # -- error path -----------------------------------------------------------------------
 
@@ -335,10 +397,3 @@ class RcpHooks:
                 exc.add_note(f"(also: a checkpoint save failed: {e})")
         except Exception as e:
             exc.add_note(f"(also: closing the checkpoint saver failed: {e})")
-
-    @property
-    def last_update(self) -> tuple[int, int] | None:
-        """(step, timestamp_ms) of the last weight update seen (or restored), if any."""
-        if self._last_step is None or self._last_update_ms is None:
-            return None
-        return self._last_step, self._last_update_ms

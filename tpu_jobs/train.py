@@ -6,7 +6,16 @@ updates unless the orchestrator asks it to stop once the verdict is decided (che
 step, `rcpflow.stop_request`); a re-run with the same arguments after a crash resumes from the
 newest complete checkpoint. Open division (the default) trains at the toy's own learning rate, which
 closed division forbids. Prints one JSON line per update; exits 0 when training finished, 2 on
-bad arguments (the message names the flag).
+bad arguments (the message names the flag; also arguments that are not those of the run being
+resumed), 1 when the run folder cannot be resumed as it is (a lost or cut MLLOG, a deleted
+checkpoint, a garbage manifest line, a newest checkpoint that cannot be restored), one line each.
+``--resume-past-corrupt`` deletes a newest checkpoint that cannot be restored, with its manifest
+row, and trains that step again.
+Exit 143 on SIGTERM once the queued checkpoint saves have finished (`tpu_jobs.termination`).
+
+On several processes (a multi-host slice: `tpu_jobs.distributed` reads the layout from the
+environment) the processes form one `jax.distributed` system and run the same step; process 0
+alone writes the MLLOG, the manifest and the checkpoints.
 """
 
 from __future__ import annotations
@@ -22,10 +31,16 @@ import jax
 import jax.numpy as jnp
 
 from rcpflow import recipe
-from rcpflow.mllog import SystemInfo, require_mlperf_logging
-from tpu_jobs import grpo
+from rcpflow.manifest import ManifestError
+from rcpflow.mllog import MLLogError, SystemInfo, require_mlperf_logging
+from rcpflow.storage import StorageError
+from rcpflow.usererrors import describe
+from tpu_jobs import distributed, grpo, termination
+from tpu_jobs.checkpoint import CheckpointError
+from tpu_jobs.fingerprint import FingerprintMismatchError
 from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
-from tpu_jobs.rcp_hooks import RcpHooks
+from tpu_jobs.rcp_hooks import RESUME_PAST_CORRUPT_FLAG, RcpHooks, RunMismatchError
+from tpu_jobs.saver import SaveFailedError
 
 DEFAULT_GLOBAL_BATCH_SIZE = 256
 DEFAULT_MAX_STEPS = 50
@@ -34,6 +49,17 @@ DEFAULT_DIVISION = "open"
 # > 0.69 on the held-out set after 17-25 updates at 3e-3 (median 21), so with val_start_at 18 most
 # seeds are decided a few evaluated checkpoints in. 2e-3 and 5e-3 also learn (4-head model).
 OPEN_LEARNING_RATE = 3e-3
+PROG = "python -m tpu_jobs.train"
+# What a run folder left in a bad state raises (one line, exit 1); anything else is a bug.
+RUN_STATE_ERRORS: tuple[type[Exception], ...] = (
+    CheckpointError,
+    ManifestError,
+    MLLogError,
+    FingerprintMismatchError,
+    SaveFailedError,
+    StorageError,
+    OSError,
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +72,7 @@ class TrainConfig:
     division: str = DEFAULT_DIVISION
     learning_rate: float | None = None  # None: the division's default
     rcp_logging: bool = True
+    resume_past_corrupt: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
 
 
@@ -75,18 +102,27 @@ def train(config: TrainConfig) -> TrainResult:
     hp = hyperparameters_for(config)
     val_start = recipe.val_start_at(hp.global_batch_size, config.val_start_at)
     cfg = config.model
-    hooks = RcpHooks(
-        config.run_dir,
-        config.seed,
-        hp,
-        val_start,
-        rcp_logging=config.rcp_logging,
-        # One update consumes the whole global batch at once on one device.
-        system=SystemInfo(micro_batch_size=hp.global_batch_size),
-        checkpoint_extra={MODEL_CONFIG_KEY: asdict(cfg)},
-    )
+    hooks: RcpHooks | distributed.FollowerHooks
+    if jax.process_index() == 0:
+        hooks = RcpHooks(
+            config.run_dir,
+            config.seed,
+            hp,
+            val_start,
+            rcp_logging=config.rcp_logging,
+            # One update consumes the whole global batch at once on one device.
+            system=SystemInfo(micro_batch_size=hp.global_batch_size),
+            checkpoint_extra={MODEL_CONFIG_KEY: asdict(cfg)},
+        )
+    else:  # one writer: the other processes of a multi-process job write nothing
+        hooks = distributed.FollowerHooks(config.run_dir)
     state = grpo.init_state(cfg, hp, config.seed)
-    resumed = hooks.resume(params_like=state.params, state_like=state.opt_state)
+    resumed = distributed.resume(
+        hooks,
+        params_like=state.params,
+        state_like=state.opt_state,
+        past_corrupt=config.resume_past_corrupt,
+    )
     first_step = 1
     if resumed is not None:
         state = grpo.TrainState(
@@ -94,6 +130,7 @@ def train(config: TrainConfig) -> TrainResult:
         )
         # A run whose log already ended only gets its last rows checked by on_train_end().
         first_step = hp.max_steps + 1 if resumed.finished else resumed.step + 1
+    state = distributed.replicate(state)
     hooks.on_init_start()
     _say(
         {
@@ -106,6 +143,7 @@ def train(config: TrainConfig) -> TrainResult:
             "val_start_at": val_start,
             "max_steps": hp.max_steps,
             "devices": [str(d) for d in jax.devices()],
+            "process": [jax.process_index(), jax.process_count()],
         }
     )
     # Compile before run_start: initialisation is not time-to-train.
@@ -113,8 +151,8 @@ def train(config: TrainConfig) -> TrainResult:
         grpo.make_train_step(cfg, hp)
         .lower(
             state,
-            grpo.prompts_for_step(hp, config.seed, first_step),
-            grpo.rollout_key(config.seed, first_step),
+            distributed.replicate(grpo.prompts_for_step(hp, config.seed, first_step)),
+            distributed.replicate(grpo.rollout_key(config.seed, first_step)),
         )
         .compile()
     )
@@ -125,8 +163,8 @@ def train(config: TrainConfig) -> TrainResult:
         for step in range(first_step, hp.max_steps + 1):
             state, metrics = step_fn(
                 state,
-                grpo.prompts_for_step(hp, config.seed, step),
-                grpo.rollout_key(config.seed, step),
+                distributed.replicate(grpo.prompts_for_step(hp, config.seed, step)),
+                distributed.replicate(grpo.rollout_key(config.seed, step)),
             )
             timestamp_ms = hooks.after_update(step, state.params, state.opt_state)
             rewards.append(float(metrics.mean_reward))
@@ -152,9 +190,7 @@ def train(config: TrainConfig) -> TrainResult:
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
-    parser = argparse.ArgumentParser(
-        prog="python -m tpu_jobs.train", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="local folder or gs://bucket/prefix")
     parser.add_argument(
         "--seed", type=int, required=True, help="same seed, same trajectory (also after a resume)"
@@ -196,6 +232,12 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
         default=True,
         help="write the MLLOG training section (default on)",
     )
+    parser.add_argument(
+        RESUME_PAST_CORRUPT_FLAG,
+        action="store_true",
+        help="when the newest checkpoint cannot be restored, delete it (and its manifest row) "
+        "and train that step again from the one before",
+    )
     args = parser.parse_args(argv)
     if args.val_start_at is not None and args.val_start_at <= 0:
         parser.error(f"--val-start-at must be positive, got {args.val_start_at}")
@@ -208,6 +250,7 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
         division=args.division,
         learning_rate=args.learning_rate,
         rcp_logging=args.rcp_logging,
+        resume_past_corrupt=args.resume_past_corrupt,
     )
     try:
         hp = hyperparameters_for(config)
@@ -222,12 +265,44 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
     return config
 
 
+def _drop_closed_loop_callbacks() -> None:
+    """A restore that fails part-way (a corrupt checkpoint) leaves tensorstore reads in flight;
+    as they finish they call back into the asyncio loop Orbax has already closed, and Python
+    prints each as an unraisable RuntimeError traceback. They say nothing the one-line error
+    does not; every other unraisable exception is still reported."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable: sys.UnraisableHookArgs) -> None:
+        e = unraisable.exc_value
+        if isinstance(e, RuntimeError) and str(e) == "Event loop is closed":
+            return
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
+    _drop_closed_loop_callbacks()
+    try:
+        layout = distributed.layout_from_env()
+    except distributed.LayoutError as e:
+        print(f"python -m tpu_jobs.train: error: {e}", file=sys.stderr)
+        return 2
+    distributed.initialize(layout)
+    # SIGTERM (preemption, eviction) unwinds like a crash: the queued saves finish first.
+    termination.exit_on_sigterm()
     if config.rcp_logging:
         require_mlperf_logging()
     started = time.monotonic()
-    result = train(config)
+    try:
+        result = train(config)
+    except RunMismatchError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except RUN_STATE_ERRORS as e:
+        print(f"{PROG}: error: {describe(e)}", file=sys.stderr)
+        return 1
     _say(
         {
             "event": "done",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 from tasks.backends.gke.backend import GkeBackend
 from tasks.backends.local import LocalBackend
 from tasks.deployment import BackendName, Deployment
+from tasks.run.spec import FormDefaults
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
@@ -26,6 +27,8 @@ class Backend(Protocol):
     # The jobs run on the Airflow worker itself, so this machine is the system a submission
     # describes by default; otherwise the submission must name its system.
     jobs_run_on_worker: ClassVar[bool]
+    # Where the trigger forms start on this backend, unless the deployment says otherwise.
+    form_defaults: ClassVar[FormDefaults]
 
     def __init__(self, deployment: Deployment) -> None: ...
 
@@ -52,6 +55,18 @@ BACKENDS: Mapping[BackendName, type[Backend]] = {"local": LocalBackend, "gke": G
 
 def backend_type(name: BackendName) -> type[Backend]:
     return BACKENDS[name]
+
+
+def form_defaults(deployment: Deployment) -> FormDefaults:
+    """The trigger forms' defaults: the deployment's ``[form_defaults]``, else its backend's."""
+    base = BACKENDS[deployment.backend].form_defaults
+    overrides = deployment.form_defaults
+    if overrides is None:
+        return base
+    return FormDefaults(
+        division=overrides.division or base.division,
+        max_steps=overrides.max_steps or base.max_steps,
+    )
 
 
 def backend_for(deployment: Deployment) -> Backend:

@@ -17,12 +17,14 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import XComArg, get_current_context, task
+from airflow.sdk import XComArg, task
 
 from tasks.deployment import BackendName, Deployment
-from tasks.jobs import EVALUATE_JOB, TRAIN_JOB, JobCommand
+from tasks.job_templates import EvaluateJob, TrainJob
+from tasks.run.eval_result import run_evaluate_job
 from tasks.run.gate import evaluate_row
-from tasks.run.spec import RunSpec, XComValue
+from tasks.run.job_values import train_values
+from tasks.run.spec import FormDefaults, RunSpec, XComValue
 
 if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import Task
@@ -100,43 +102,45 @@ def run_job(
 
 
 class LocalBackend:
-    """Jobs as subprocesses of the worker, with the deployment's interpreter and environment."""
+    """Jobs as subprocesses of the worker: the deployment's ``[jobs]`` templates, run with its
+    interpreter and environment (``job_env``, then the job's own ``env``)."""
 
     name: ClassVar[BackendName] = "local"
     jobs_run_on_worker: ClassVar[bool] = True
+    # The default jobs are the toy: it learns at its own learning rate (open division) and
+    # passes within 40 steps at gbs 256 (the demo's setting).
+    form_defaults: ClassVar[FormDefaults] = FormDefaults(division="open", max_steps=40)
 
-    def __init__(
-        self,
-        deployment: Deployment,
-        train_command: JobCommand = TRAIN_JOB,
-        evaluate_command: JobCommand = EVALUATE_JOB,
-    ) -> None:
+    def __init__(self, deployment: Deployment) -> None:
         self.deployment = deployment
-        self.train_command = train_command
-        self.evaluate_command = evaluate_command
+        self.train: TrainJob = deployment.jobs.train
+        self.evaluate_job: EvaluateJob = deployment.jobs.evaluate
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
-        deployment, command = self.deployment, self.train_command
+        deployment, job = self.deployment, self.train
+        env = {**deployment.job_env, **job.env}
 
         @task(execution_timeout=timedelta(minutes=deployment.train_timeout_minutes))
         def train_job(spec: XComValue) -> None:
             run = RunSpec.from_dict(spec)
-            argv = command.render({"python": deployment.job_python, **run.job_values()})
-            run_job(argv, name=f"train seed {run.seed}", env=deployment.job_env)
+            argv = job.job_command.render(train_values(run, deployment.job_python))
+            run_job(argv, name=f"train seed {run.seed}", env=env)
 
         return train_job(spec)
 
     def _evaluate_task(self) -> Task[..., dict[str, Any]]:
         """The ``evaluate`` task (a decorated function: expand it, or call it in a mapped group)."""
-        deployment, command = self.deployment, self.evaluate_command
+        deployment, job = self.deployment, self.evaluate_job
+        env = {**deployment.job_env, **job.env}
 
         def launch(run_dir: str, step: int) -> None:
-            values: dict[str, str | int] = {
-                "python": deployment.job_python,
-                "run_dir": run_dir,
-                "step": step,
-            }
-            run_job(command.render(values), name=f"evaluate step {step}", env=deployment.job_env)
+            run_evaluate_job(
+                job,
+                run_dir,
+                step,
+                python=deployment.job_python,
+                run=lambda argv: run_job(argv, name=f"evaluate step {step}", env=env),
+            )
 
         @task(
             map_index_template="step {{ task.op_kwargs['row']['step'] }}",
@@ -144,8 +148,8 @@ class LocalBackend:
             retries=deployment.eval_retries,
             execution_timeout=timedelta(minutes=deployment.eval_timeout_minutes),
         )
-        def evaluate(run_dir: XComValue, row: XComValue) -> dict[str, Any]:
-            return evaluate_row(run_dir, row, launch, get_current_context()["ti"])
+        def evaluate(run_dir: str, row: dict[str, Any]) -> dict[str, Any]:
+            return evaluate_row(run_dir, row, launch)
 
         return evaluate
 

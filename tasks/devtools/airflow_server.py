@@ -4,7 +4,8 @@ The components (api-server, scheduler, dag-processor, triggerer) are started as 
 processes, each in its own process group, so every one of them can be stopped by the PID we
 hold: SIGINT first (Airflow's clean shutdown; ``airflow standalone`` and ``dags test`` ignore
 SIGTERM), then SIGKILL to the group after a grace period (it also reaches the executor's
-workers and the task processes they forked). Metadata DB: SQLite in AIRFLOW_HOME; executor:
+workers and the task processes they forked). Metadata DB: SQLite in AIRFLOW_HOME, unless `env`
+sets ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` (e.g. a `tasks.devtools.postgres_server`); executor:
 LocalExecutor with a small parallelism. The REST client is the API's own v2 routes over urllib.
 """
 
@@ -257,6 +258,18 @@ class LocalAirflow:
             found += page
             if not page or len(found) >= answer["total_entries"]:
                 return found
+
+    def task_log(
+        self, dag_id: str, run_id: str, task_id: str, map_index: int = -1, try_number: int = 1
+    ) -> str:
+        """The task instance's log, one line per event (its ``event`` text and fields)."""
+        quoted = urllib.parse.quote(run_id, safe="")
+        answer = self._request(
+            "GET",
+            f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances/{task_id}/logs/{try_number}"
+            f"?map_index={map_index}&full_content=true",
+        )
+        return "\n".join(json.dumps(line, sort_keys=True) for line in answer["content"])
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float, on_poll: Any = None) -> str:
         """Poll until the run finishes; returns its state. `on_poll()` is called each second."""

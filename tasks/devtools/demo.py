@@ -1,13 +1,16 @@
 """``make demo``: a whole open-division submission of three seeds through Airflow, on this machine.
 
-Starts a private Airflow on 127.0.0.1 (SQLite, LocalExecutor, the embedded local deployment:
-jobs are CPU JAX subprocesses), triggers ``mlperf_grpo_submission`` with the demo conf (outputs
-under ``runs/demo/``), prints the UI address and login, follows the run (training steps,
-saved checkpoints, evaluated checkpoints, task states), then prints the submission folder and
-the verdicts. Every Airflow process it started is stopped by PID on the way out, also after a
-failure or Ctrl-C. Exit status 0 only when the submission passed every check.
+Starts a private Airflow on 127.0.0.1 (SQLite, LocalExecutor, a local deployment: jobs are CPU
+JAX subprocesses; ``--trainer toy``, the embedded default, runs the toy jobs, ``--trainer tunix``
+Tunix's GRPO trainer and its evaluator, from ``docker/deployment.tunix.toml``), triggers
+``mlperf_grpo_submission`` with the demo conf (outputs under ``runs/demo/``), prints the UI
+address and login, follows the run (training steps, saved checkpoints, evaluated checkpoints,
+task states), then prints the submission folder and the verdicts. Every Airflow process it
+started is stopped by PID on the way out, also after a failure or Ctrl-C. Exit status 0 only
+when the submission passed every check.
 
-    .venv/bin/python -m tasks.devtools.demo [--global-batch-size N] [--max-steps N] [--seeds 1 2 3]
+    .venv/bin/python -m tasks.devtools.demo [--trainer toy|tunix] [--global-batch-size N]
+        [--max-steps N] [--seeds 1 2 3]
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ STORAGE_ROOT = REPO_ROOT / "runs"
 # 2 cores: three trainings (or evaluations) at once keep them busy; the waits are deferred.
 PARALLELISM = 4
 TIMEOUT_S = 14 * 60
+# The deployment of each --trainer; None: the embedded default (the toy jobs).
+DEPLOYMENTS: dict[str, Path | None] = {
+    "toy": None,
+    "tunix": REPO_ROOT / "docker" / "deployment.tunix.toml",
+}
 
 
 def demo_conf(seeds: Sequence[int], global_batch_size: int, max_steps: int) -> dict[str, Any]:
@@ -102,12 +110,17 @@ def _training_lines(progress: Progress, seed: int) -> list[str]:
 
 
 def _training_step(line: str) -> dict[str, Any] | None:
-    """The trainer prints one JSON object per update (step, mean_reward, loss, timestamp_ms)."""
+    """The trainers print one JSON object per update: step and timestamp_ms (the toy's also
+    mean_reward and loss)."""
     try:
         record = json.loads(line)
     except ValueError:
         return None
-    if isinstance(record, dict) and isinstance(record.get("step"), int) and "mean_reward" in record:
+    if (
+        isinstance(record, dict)
+        and isinstance(record.get("step"), int)
+        and "timestamp_ms" in record
+    ):
         return record
     return None
 
@@ -123,9 +136,10 @@ def follow_runs(progress: Progress, seeds: Sequence[int]) -> None:
             step = _training_step(line)
             if step is not None and step["step"] > progress.train_step.get(seed, 0):
                 progress.train_step[seed] = step["step"]
+                reward = step.get("mean_reward")  # the toy's; Tunix's job prints none
                 progress.say(
-                    f"seed {seed}: training step {step['step']}, mean reward "
-                    f"{step['mean_reward']:.3f}"
+                    f"seed {seed}: training step {step['step']}"
+                    + ("" if reward is None else f", mean reward {reward:.3f}")
                 )
         layout = RunLayout(str(_run_dir(seed)))
         try:
@@ -199,12 +213,17 @@ def follow_tasks(
         )
 
 
-def run_demo(seeds: Sequence[int], global_batch_size: int, max_steps: int) -> int:
+def run_demo(seeds: Sequence[int], global_batch_size: int, max_steps: int, trainer: str) -> int:
     started = time.monotonic()
     for path in (HOME, STORAGE_ROOT / NAME):
         shutil.rmtree(path, ignore_errors=True)  # the demo's own folders: a clean run each time
     HOME.mkdir(parents=True)
-    os.environ.pop(ENV_VAR, None)  # the embedded default deployment
+    deployment = DEPLOYMENTS[trainer]
+    if deployment is None:
+        os.environ.pop(ENV_VAR, None)  # the embedded default deployment
+    else:
+        os.environ[ENV_VAR] = str(deployment)  # the Airflow processes inherit it
+    print(f"Trainer: {trainer} (deployment {deployment or 'embedded default'})")
     config = ServerConfig(
         home=HOME,
         dags_folder=REPO_ROOT / "dags",
@@ -265,10 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--global-batch-size", type=int, default=256)
     parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--trainer", choices=sorted(DEPLOYMENTS), default="toy")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # so `finally` stops Airflow on kill too
     try:
-        return run_demo(args.seeds, args.global_batch_size, args.max_steps)
+        return run_demo(args.seeds, args.global_batch_size, args.max_steps, args.trainer)
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
         return 130

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TaskGroup, TriggerRule, XComArg, task
 
+from tasks.outputs import COMPLIANCE, MLLOG, publish
 from tasks.run.gate import check_run, finalize_run, load_rows
 from tasks.run.spec import XComValue
+from tasks.verdicts import verdict_path
 
 if TYPE_CHECKING:
     from tasks.backends.base import Backend
@@ -21,14 +23,18 @@ def load_manifest(run_dir: XComValue) -> list[dict[str, Any]]:
 
 
 # A skipped evaluate (decided by a lower step) must not stop finalize; a failed one must.
-@task(trigger_rule=TriggerRule.NONE_FAILED)
+@task(trigger_rule=TriggerRule.NONE_FAILED, outlets=[MLLOG])
 def finalize(run_dir: XComValue) -> dict[str, Any]:
-    return finalize_run(run_dir)
+    result = finalize_run(run_dir)
+    publish(MLLOG, result["log_path"], status=result["status"], step=result.get("step"))
+    return result
 
 
-@task
+@task(outlets=[COMPLIANCE])
 def check(run_dir: XComValue) -> dict[str, Any]:
-    return check_run(run_dir)
+    result = check_run(run_dir)
+    publish(COMPLIANCE, verdict_path(run_dir, "compliance_checker"), ok=result["ok"])
+    return result
 
 
 def evaluation_group(backend: Backend, run_dir: str | XComArg) -> TaskGroup:

@@ -2,8 +2,11 @@
 
 Evaluation instances run in any order, so whether a step is evaluated is decided from the
 summaries on storage alone (`skip_if_decided`, `reusable`), never from which instance ran
-before; `collect` marking later instances skipped only saves time. Also the checks after
-training, ``finalize`` and the compliance checker.
+before. Every instance starts, also those after the passing step: each one skips itself,
+naming the step that decided the run, and so renders its ``step N`` label (Airflow writes
+``rendered_map_index`` only from an instance's own run; one marked skipped by another instance
+would show its bare map index). Also the checks after training, ``finalize`` and the
+compliance checker.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from airflow.sdk.exceptions import AirflowSkipException, DownstreamTasksSkipped
+from airflow.sdk.exceptions import AirflowSkipException
 
 from rcpflow.checkers import compliance
 from rcpflow.finalize import FinalizeInputError, finalize
@@ -26,9 +29,6 @@ from rcpflow.stop_request import honoured_by
 from rcpflow.verify import evaluate_step
 from tasks.run.spec import RunSpec
 from tasks.verdicts import record, tool_log_dir
-
-if TYPE_CHECKING:
-    from airflow.sdk.types import RuntimeTaskInstanceProtocol
 
 log = logging.getLogger(__name__)
 
@@ -196,12 +196,14 @@ def eval_target(run_dir: str, row: dict[str, Any]) -> EvalTarget:
 
 
 def skip_if_decided(target: EvalTarget) -> None:
-    """AirflowSkipException when a lower step's valid summary already passes the target."""
+    """AirflowSkipException when a lower step's valid summary already passes the target; its
+    message (in the instance's log) names the step that decided the run."""
 
     passed = passing_step_below(target.run_dir, target.step, target.rows)
     if passed is not None:
         raise AirflowSkipException(
-            f"step {passed} already passed the target; step {target.step} is not evaluated"
+            f"step {target.step} is not evaluated: step {passed} already passed the target "
+            f"(its valid summary is above {target.row.target_accuracy}), which decided the run"
         )
 
 
@@ -217,9 +219,9 @@ def reusable(target: EvalTarget) -> bool:
     return True
 
 
-def collect(target: EvalTarget, ti: RuntimeTaskInstanceProtocol) -> dict[str, Any]:
-    """Read and validate the step's summary; when it passes, mark later map indexes skipped
-    (DownstreamTasksSkipped: this instance still ends as success)."""
+def collect(target: EvalTarget) -> dict[str, Any]:
+    """Read and validate the step's summary (the instances of later steps then skip
+    themselves, see `skip_if_decided`)."""
 
     step = target.step
     found = evaluate_step(target.run_dir, target.row)
@@ -239,17 +241,14 @@ def collect(target: EvalTarget, ti: RuntimeTaskInstanceProtocol) -> dict[str, An
         ">" if reached else "<=",
         target.row.target_accuracy,
     )
-    if reached:
-        if ti.map_index is None:
-            raise EvaluationError(f"step {step}: collect runs in a mapped evaluate instance")
-        later = [
-            (ti.task_id, index)
-            for index, r in enumerate(target.rows)
-            if r.step > step and index > ti.map_index
-        ]
-        if later:
-            log.info("step %d passed: marking %d later checkpoint(s) skipped", step, len(later))
-            raise DownstreamTasksSkipped(tasks=later)
+    later = [r.step for r in target.rows if r.step > step]
+    if reached and later:
+        log.info(
+            "step %d passed: the instances of steps %d..%d will skip themselves",
+            step,
+            later[0],
+            later[-1],
+        )
     return {"step": step, "eval_accuracy": summary.eval_accuracy, "target_reached": reached}
 
 
@@ -257,7 +256,6 @@ def evaluate_row(
     run_dir: str,
     row: dict[str, Any],
     launch: Callable[[str, int], None],
-    ti: RuntimeTaskInstanceProtocol,
 ) -> dict[str, Any]:
     """Evaluate one checkpoint unless the gate says a lower step already passed;
     `launch(run_dir, step)` runs the evaluation job and raises if it fails."""
@@ -271,4 +269,4 @@ def evaluate_row(
             # this failure does not matter to the run.
             skip_if_decided(target)
             raise
-    return collect(target, ti)
+    return collect(target)

@@ -64,19 +64,41 @@ class RunSpec:
         }
 
 
-def training_params(*, max_steps: int = 60) -> dict[str, Param]:
+@dataclass(frozen=True)
+class FormDefaults:
+    """Where the trigger forms start: values that work on this deployment's backend."""
+
+    division: Division
+    max_steps: int
+
+
+def training_params(defaults: FormDefaults) -> dict[str, Param]:
     """The Params that shape training, shared by the run and submission DAGs (fresh objects:
     Param instances must not be shared between DAGs)."""
     return {
         "global_batch_size": Param(
-            256,
+            recipe.REFERENCE_BATCH_SIZE,
             type="integer",
             minimum=recipe.GENERATIONS_PER_PROMPT,
             multipleOf=recipe.GENERATIONS_PER_PROMPT,
             title="Global batch size",
-            description="Prompts x 16 generations per step.",
+            description=(
+                f"Prompts x {recipe.GENERATIONS_PER_PROMPT} generations per step; the closed "
+                "division scales its learning rate and clip from it. The reference runs of the "
+                "RCP file use 256, 512 and 1024."
+            ),
         ),
-        "max_steps": Param(max_steps, type="integer", minimum=1, title="Max steps"),
+        "max_steps": Param(
+            defaults.max_steps,
+            type="integer",
+            minimum=1,
+            title="Max steps",
+            description=(
+                "Training steps at most; a checkpoint is saved after every step from the "
+                "validation start. The run ends at the first checkpoint above the target, or "
+                f"as aborted at this step. Default: this deployment's ({defaults.max_steps})."
+            ),
+        ),
         "val_start_at": Param(
             None,
             type=["null", "integer"],
@@ -84,11 +106,22 @@ def training_params(*, max_steps: int = 60) -> dict[str, Param]:
             title="Validation start override",
             description="Empty: ceil(2.5 + 3840 / global_batch_size).",
         ),
-        "division": Param("closed", type="string", enum=list(DIVISIONS), title="Division"),
+        "division": Param(
+            defaults.division,
+            type="string",
+            enum=list(DIVISIONS),
+            title="Division",
+            description=(
+                "closed: the reference hyperparameters (learning rate 1e-6 x sqrt(gbs/256), "
+                "clip, AdamW as the rules fix them); open: the trainer's own (the local toy "
+                "policy learns only at its own learning rate). Default: this deployment's "
+                f"({defaults.division})."
+            ),
+        ),
     }
 
 
-def run_params(*, max_steps: int = 60) -> dict[str, Param]:
+def run_params(defaults: FormDefaults) -> dict[str, Param]:
     """The Params of mlperf_grpo_run."""
     return {
         "run_dir": Param(
@@ -97,8 +130,14 @@ def run_params(*, max_steps: int = 60) -> dict[str, Param]:
             title="Run folder",
             description="Absolute local path or gs://bucket/prefix; created if missing.",
         ),
-        "seed": Param(1, type="integer", minimum=0, title="Seed"),
-        **training_params(max_steps=max_steps),
+        "seed": Param(
+            1,
+            type="integer",
+            minimum=0,
+            title="Seed",
+            description="The run's seed (logged as `seed`; each run of a submission has its own).",
+        ),
+        **training_params(defaults),
     }
 
 

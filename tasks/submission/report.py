@@ -14,6 +14,8 @@ from rcpflow import recipe
 from rcpflow.layout import RunLayout, join
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.storage import storage_for
+from tasks.html_report import write_html_report
+from tasks.storage_index import read_run
 from tasks.submission.spec import CHECK_TOOLS, SubmissionSpec, system_description
 from tasks.verdicts import Verdict, read_verdict
 
@@ -70,6 +72,15 @@ def _cell(value: object, fmt: str = "{}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _result(o: RunOutcome) -> str:
+    """What the run's run_stop says, in words: an aborted run's step is where it gave up."""
+    if o.status == "success":
+        return f"converged at step {o.step}"
+    if o.status == "aborted":
+        return f"did not converge by step {o.step}"
+    return "-"
+
+
 def render_report(spec: SubmissionSpec) -> tuple[str, bool]:
     """The markdown and whether every verdict passed."""
     outcomes = [run_outcome(spec, s) for s in spec.seeds]
@@ -88,14 +99,14 @@ def render_report(spec: SubmissionSpec) -> tuple[str, bool]:
         "",
         "## Runs",
         "",
-        "| seed | status | converged at step | eval_accuracy | minutes to train | checkpoints "
-        "evaluated | compliance |",
+        "| seed | status | result | eval_accuracy | minutes to train | checkpoints evaluated "
+        "| compliance |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for o in outcomes:
         compliance = o.compliance.headline().split(": ", 1)[1] if o.compliance else "not run"
         lines.append(
-            f"| {o.seed} | {o.status} | {_cell(o.step)} | {_cell(o.eval_accuracy, '{:.4f}')} | "
+            f"| {o.seed} | {o.status} | {_result(o)} | {_cell(o.eval_accuracy, '{:.4f}')} | "
             f"{_cell(o.minutes_to_train, '{:.3f}')} | {o.evaluated} | {compliance} |"
         )
     lines += ["", "## Checkers", ""]
@@ -119,9 +130,13 @@ def report_path(spec: SubmissionSpec) -> str:
 
 
 def write_report(spec: SubmissionSpec) -> tuple[str, bool]:
+    """report.md, and beside it report.html with the convergence plot (`tasks.html_report`)."""
     text, passed = render_report(spec)
     path = report_path(spec)
     storage_for(path).write_atomic(path, text.encode())
     for line in text.splitlines():
         log.info("report | %s", line)
+    runs = [read_run(spec.run_dir(s), f"{spec.name}/runs/seed_{s}") for s in spec.seeds]
+    html = write_html_report(spec.out_dir, text, f"submission {spec.name}", runs)
+    log.info("report with the convergence plot: %s", html)
     return path, passed

@@ -22,13 +22,14 @@ from rcpflow import recipe
 from rcpflow.layout import join
 from rcpflow.package import SystemDescription, local_system
 from rcpflow.recipe import Division
-from tasks.backends.base import backend_type
+from tasks.backends.base import backend_type, form_defaults
 from tasks.deployment import BACKEND_NAMES, BackendName, Deployment
 from tasks.run.spec import ParamError, RunSpec, XComValue, check_path, run_spec, training_params
 
 log = logging.getLogger(__name__)
 
 RUN_DAG_ID = "mlperf_grpo_run"
+SUBMISSION_DAG_ID = "mlperf_grpo_submission"
 # The package checker's count of result files for this benchmark.
 RUNS_PER_SUBMISSION = 3
 DEFAULT_SEEDS = (1, 2, 3)
@@ -99,12 +100,13 @@ def submission_params(deployment: Deployment) -> dict[str, Param]:
             title="Seeds",
             description=f"{RUNS_PER_SUBMISSION} distinct seeds: one run each.",
         ),
-        **training_params(max_steps=60),
+        **training_params(form_defaults(deployment)),
+        # One allowed value: the form shows it as a choice of one, not an editable number.
         "target": Param(
             recipe.TARGET_ACCURACY,
             type="number",
-            minimum=0,
-            maximum=1,
+            enum=[recipe.TARGET_ACCURACY],
+            values_display={str(recipe.TARGET_ACCURACY): f"{recipe.TARGET_ACCURACY} (fixed)"},
             title="Quality target (fixed by the rules)",
             description=(
                 f"eval_accuracy (pass@4) must exceed this; MLPerf {recipe.RULESET} fixes it at "
@@ -139,15 +141,15 @@ def submission_params(deployment: Deployment) -> dict[str, Param]:
             additionalProperties=False,
             title="System description",
             description=(
-                "Fields of systems/<system_name>.json to set; the rest describe this machine "
-                "(local backend). The gke backend needs at least system_name and the "
-                "accelerator fields."
+                "Fields of systems/<system_name>.json to set, as strings; the rest describe "
+                "this machine (local backend). The gke backend needs at least system_name and "
+                "the accelerator fields. Allowed keys: " + ", ".join(_system_fields()) + "."
             ),
         ),
     }
 
 
-def _name_from_run_id(run_id: str) -> str:
+def name_from_run_id(run_id: str) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", run_id).strip("._-")
     return name or "submission"
 
@@ -185,7 +187,7 @@ def submission_spec(
         )
     name = params["submission_name"]
     if name is None:
-        name = _name_from_run_id(run_id)
+        name = name_from_run_id(run_id)
     elif not isinstance(name, str) or not re.match(NAME_PATTERN, name):
         raise ParamError(f"submission_name: {name!r} must match {NAME_PATTERN}")
     system = params["system"]

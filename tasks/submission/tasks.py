@@ -14,8 +14,10 @@ from airflow.sdk import TriggerRule, XComArg, task
 
 from rcpflow import checkers, recipe
 from rcpflow.checkers import CheckResult
-from rcpflow.layout import join
+from rcpflow.layout import dirname, join
 from rcpflow.package import package_submission
+from tasks.html_report import HTML_NAME
+from tasks.outputs import REPORT, publish
 from tasks.run.spec import XComValue
 from tasks.submission.report import write_report
 from tasks.submission.spec import RUN_DAG_ID, CheckTool, SubmissionSpec, system_description
@@ -126,9 +128,11 @@ def result_summary(spec: XComValue, org: XComValue) -> dict[str, Any]:
 
 # After any outcome of the runs and checks, but not when `plan` refused the Params: then
 # there is no submission to report on (its one success is `plan`'s).
-@task(trigger_rule=TriggerRule.ALL_DONE_MIN_ONE_SUCCESS)
+@task(trigger_rule=TriggerRule.ALL_DONE_MIN_ONE_SUCCESS, outlets=[REPORT])
 def report(spec: XComValue) -> str:
     path, passed = write_report(SubmissionSpec.from_dict(spec))
     if not passed:
         raise CheckFailed(f"the submission did not pass every check; see {path}")
+    publish(REPORT, path, verdict="PASS")
+    publish(REPORT, join(dirname(path), HTML_NAME), verdict="PASS")
     return path

@@ -52,6 +52,28 @@ def test_decided_run_launches_no_job_and_stops_at_the_first_pass(
     assert stops[0].metadata["status"] == "success"
     assert stops[0].metadata["samples_count"] == 20 * 256
     assert stops[0].time_ms == run.row(20).timestamp_ms
+    # finalize and check published what they wrote, pointing at the RCP view of this DAG run
+    events = _asset_events()
+    mllog = events[f"file://{run.layout.mllog(1)}"]
+    assert mllog["status"] == "success" and mllog["step"] == 20
+    assert mllog["rcp_view"].startswith("/rcp/dag-run/mlperf_grpo_deferred_eval/")
+    verdict = events[f"file://{run.run_dir}/checks/compliance_checker.json"]
+    assert verdict["ok"] is True and verdict["rcp_view"] == mllog["rcp_view"]
+
+
+def _asset_events() -> dict[str, dict]:
+    """Extra of the last event of every asset, by URI."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetModel.uri, AssetEvent.extra)
+            .join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
+            .order_by(AssetEvent.id)
+        ).all()
+    return {uri: dict(extra) for uri, extra in rows}
 
 
 @pytest.mark.timeout(300)

@@ -46,10 +46,10 @@ def test_a_file_overrides_and_resolves_relative_paths(tmp_path: Path) -> None:
 
 
 def test_the_gke_table_is_read_with_its_nested_shapes(tmp_path: Path) -> None:
-    text = 'backend = "gke"\n[gke]\nimage = "i:1"\n[gke.train]\nslices = 2\n'
+    text = 'backend = "gke"\n[gke]\nimage = "i:1"\n[gke.train]\ntopology = "4x4x16"\n'
     d = parse_deployment(text, source="f.toml", base_dir=tmp_path)
     assert d.gke is not None
-    assert (d.gke.image, d.gke.train.slices, d.gke.train.topology) == ("i:1", 2, "4x4x8")
+    assert (d.gke.image, d.gke.train.slices, d.gke.train.topology) == ("i:1", 1, "4x4x16")
     assert d.gke.evaluate.slices == 16  # a table left out keeps its default shape
 
 
@@ -137,8 +137,13 @@ def test_a_command_fills_each_item_on_its_own() -> None:
 @pytest.mark.parametrize(
     ("role", "argv", "named"),
     [
-        ("evaluate", ("{python}", "--seed", "{seed}"), "argv[2] '{seed}': unknown placeholder"),
-        ("train", ("{python}", "{step}"), "unknown placeholder {step}"),
+        ("evaluate", ("{python}", "--x", "{sed}"), "argv[2] '{sed}': unknown placeholder {sed}"),
+        (
+            "evaluate",
+            ("{python}", "{max_steps}"),
+            "{max_steps} is a placeholder of train jobs, not of evaluate jobs",
+        ),
+        ("train", ("{python}", "{step}"), "{step} is a placeholder of evaluate jobs, not of train"),
         ("train", ("{seed!r}",), "a placeholder is a bare {name}, got {seed!r}"),
         ("train", ("{seed:>4}",), "a placeholder is a bare {name}, got {seed:>4}"),
         ("train", ("{}",), "a placeholder is a bare {name}"),

@@ -1,8 +1,11 @@
 """End to end under a real scheduler: Airflow on 127.0.0.1 started by the test, a run triggered
-through the REST API with conf, followed to completion, stopped by PID."""
+through the REST API with conf, followed to completion, stopped by PID. Every test runs twice:
+with Airflow's metadata DB on SQLite and on PostgreSQL (a private server started by the test,
+as a deployment has it)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterator
@@ -14,6 +17,7 @@ from airflow_harness import CONVERGING_RUN, DAGS, REPO
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events
 from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow, ServerConfig, free_port
+from tasks.devtools.postgres_server import LocalPostgres, server_bindir
 from tasks.verdicts import read_verdict
 
 
@@ -25,17 +29,43 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def metadata_db(request: pytest.FixtureRequest) -> Iterator[LocalPostgres | None]:
+    """None for SQLite in AIRFLOW_HOME; else a private PostgreSQL, stopped by PID after."""
+    if request.param == "sqlite":
+        yield None
+        return
+    if server_bindir() is None:
+        pytest.skip(
+            "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin: install "
+            "Debian's postgresql package (`make system-packages`; CI does)"
+        )
+    postgres = LocalPostgres("airflow")
+    try:
+        postgres.start()
+        yield postgres
+    finally:
+        pid = postgres.pid
+        postgres.stop()
+    assert pid is not None and not _alive(pid)
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, metadata_db: LocalPostgres | None
+) -> Iterator[LocalAirflow]:
     """A real Airflow (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1; after the
     module, stopped by PID and checked to be gone."""
+    env = {"JAX_PLATFORMS": "cpu", "RCPFLOW_DEPLOYMENT": ""}  # the embedded default
+    if metadata_db is not None:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = metadata_db.sqlalchemy_url()
     config = ServerConfig(
         home=tmp_path_factory.mktemp("airflow"),
         dags_folder=DAGS,
         plugins_folder=REPO / "plugins",
         port=free_port(),
         parallelism=3,
-        env={"JAX_PLATFORMS": "cpu", "RCPFLOW_DEPLOYMENT": ""},  # the embedded default
+        env=env,
     )
     server = LocalAirflow(config)
     try:
@@ -47,6 +77,26 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
         pids = [p.pid for p in server.processes.values()]
         server.stop()
     assert pids and not any(_alive(pid) for pid in pids)
+
+
+def _dag_run_state_in_db(postgres: LocalPostgres, dag_id: str, run_id: str) -> str:
+    """What the metadata DB itself holds for a run: proof that Airflow ran on this server."""
+    import psycopg2
+
+    with (
+        contextlib.closing(
+            psycopg2.connect(
+                host="127.0.0.1", port=postgres.port, user="postgres", dbname=postgres.database
+            )
+        ) as connection,
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(
+            "SELECT state FROM dag_run WHERE dag_id = %s AND run_id = %s", (dag_id, run_id)
+        )
+        rows = cursor.fetchall()
+    assert len(rows) == 1, rows
+    return str(rows[0][0])
 
 
 @pytest.mark.slow
@@ -61,7 +111,9 @@ def test_bad_conf_is_refused_by_the_api(server: LocalAirflow, tmp_path: Path) ->
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_run_dag_under_the_scheduler(server: LocalAirflow, tmp_path: Path) -> None:
+def test_run_dag_under_the_scheduler(
+    server: LocalAirflow, metadata_db: LocalPostgres | None, tmp_path: Path
+) -> None:
     run_dir = tmp_path / "run"
     run_id = server.trigger("mlperf_grpo_run", {**CONVERGING_RUN, "run_dir": str(run_dir)})
     state = server.wait_for_run("mlperf_grpo_run", run_id, timeout_s=600)
@@ -69,6 +121,10 @@ def test_run_dag_under_the_scheduler(server: LocalAirflow, tmp_path: Path) -> No
 
     states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
     assert state == "success", states
+    if metadata_db is not None:
+        assert _dag_run_state_in_db(metadata_db, "mlperf_grpo_run", run_id) == "success"
+    else:
+        assert (Path(server.config.home) / "airflow.db").is_file()
     events = read_events(RunLayout(str(run_dir)).mllog(1))
     (stop,) = [e for e in events if e.key == "run_stop"]
     assert stop.metadata["status"] == "success"
@@ -85,7 +141,9 @@ def test_run_dag_under_the_scheduler(server: LocalAirflow, tmp_path: Path) -> No
     assert [first + t["map_index"] for t in evals] == list(range(first, last + 1))
     ran = [t for t in evals if t["state"] == "success"]
     assert [first + t["map_index"] for t in ran] == list(range(first, passed + 1))
-    assert [t["rendered_map_index"] for t in ran] == [f"step {s}" for s in range(first, passed + 1)]
+    # every instance is labelled by its step, the skipped ones too (they start and skip
+    # themselves; one marked skipped by another instance would show its bare map index)
+    assert [t["rendered_map_index"] for t in evals] == [f"step {s}" for s in range(first, last + 1)]
     assert all(t["state"] == "skipped" for t in evals if first + t["map_index"] > passed)
     for earlier, later in itertools.pairwise(ran):
         assert earlier["end_date"] <= later["start_date"]

@@ -93,3 +93,64 @@ def test_a_cross_field_problem_fails_the_first_task_before_anything_runs(
         t.startswith("run_seed") for t, _ in result.states if result.states[(t, _)] == "success"
     )
     assert not (tmp_path / "root").exists()  # nothing was written
+
+
+GKE_TOML = 'backend = "gke"\n[gke]\nproject_id = "p"\ncluster_name = "c"\nimage = "i:1"\n'
+
+
+def _forms(toml: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    from tasks.backends.base import form_defaults
+    from tasks.deployment import parse_deployment
+    from tasks.run.spec import run_params
+    from tasks.submission.spec import submission_params
+
+    deployment = parse_deployment(toml, source="t.toml", base_dir=tmp_path)
+    return submission_params(deployment), run_params(form_defaults(deployment))
+
+
+@pytest.mark.parametrize(
+    ("toml", "division", "max_steps"),
+    [
+        ("", "open", 40),  # the local toy: learns only at its own learning rate
+        (GKE_TOML, "closed", 60),  # TPU jobs run the benchmark
+        ('[form_defaults]\ndivision = "closed"\n', "closed", 40),
+        (GKE_TOML + "[form_defaults]\nmax_steps = 90\n", "closed", 90),
+    ],
+)
+def test_form_defaults_come_from_the_deployment(
+    tmp_path: Path, toml: str, division: str, max_steps: int
+) -> None:
+    for params in _forms(toml, tmp_path):
+        assert params["division"].value == division
+        assert params["max_steps"].value == max_steps
+        assert f"this deployment's ({division})" in params["division"].description
+
+
+def test_every_param_says_what_it_is_and_the_target_is_fixed(tmp_path: Path) -> None:
+    from tasks.submission.spec import _system_fields
+
+    submission, run = _forms("", tmp_path)
+    for name, param in {**submission, **run}.items():
+        assert param.description, f"Param {name} has no description"
+    target = submission["target"]
+    assert target.value == 0.69 and target.schema["enum"] == [0.69]
+    allowed = submission["system"].description.split("Allowed keys: ", 1)[1].rstrip(".")
+    assert allowed.split(", ") == _system_fields()
+    assert sorted(submission["system"].schema["properties"]) == sorted(_system_fields())
+
+
+def test_the_submission_dag_form_starts_where_the_local_toy_passes(dagbag) -> None:
+    params = dagbag.get_dag("mlperf_grpo_submission").params
+    assert (params["division"], params["max_steps"]) == ("open", 40)
+    run = dagbag.get_dag("mlperf_grpo_run").params
+    assert (run["division"], run["max_steps"]) == ("open", 40)
+
+
+def test_a_target_other_than_the_rules_is_refused_by_the_form(tmp_path: Path) -> None:
+    from airflow.sdk.definitions.param import ParamsDict
+
+    submission, _ = _forms("", tmp_path)
+    params = ParamsDict(submission)
+    params["target"] = 0.69
+    with pytest.raises(ValueError, match=r"0\.7"):
+        params["target"] = 0.7

@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,10 @@ class FakeKubeApi:
     script: the i-th GET of a JobSet gets ``statuses[i]`` (the last one repeats), or from
     ``scripts[prefix]`` for JobSets whose name starts with that prefix. `requests` records
     (method, path, Authorization header) in order; `deleted` the names deleted.
+
+    Outages: while ``get_failure(path)`` returns a status code, a GET is answered with it (a
+    Kubernetes Status object, as the apiserver or its load balancer sends), counted in
+    `failed_gets`. Pods: ``GET /api/v1/namespaces/<ns>/pods`` returns `pods` (a PodList).
     """
 
     PREFIX = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/"
@@ -169,6 +174,9 @@ class FakeKubeApi:
         self.deleted: list[str] = []
         self.requests: list[tuple[str, str, str | None]] = []
         self.fail_posts: list[int] = []  # status codes for the next POSTs, consumed in order
+        self.get_failure: Callable[[str], int | None] = lambda path: None
+        self.failed_gets = 0
+        self.pods: dict[str, Any] = {"apiVersion": "v1", "kind": "PodList", "items": []}
         self._gets: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
         api = self
@@ -218,6 +226,12 @@ class FakeKubeApi:
                 route = self._route()
                 with api._lock:
                     api.requests.append(("GET", self.path, self.headers.get("Authorization")))
+                    failure = api.get_failure(self.path)
+                    if failure is not None:
+                        api.failed_gets += 1
+                        return self._status(failure, "ServiceUnavailable")
+                    if self.path.startswith("/api/v1/namespaces/") and "/pods?" in self.path:
+                        return self._reply(200, api.pods)
                     if route is None or route[1] is None or route not in api.objects:
                         return self._status(404, "NotFound")
                     count = api._gets.get(route, 0)

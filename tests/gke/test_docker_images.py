@@ -188,6 +188,11 @@ def test_example_gke_deployment_is_valid(strict_jobset) -> None:
     )
     assert strict_jobset.errors(jobset) == []
     assert jobset["metadata"]["namespace"] == "mlperf"
+    # the policy a production deployment wants, spelt out in the example
+    assert re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", gke.image), gke.image
+    assert gke.train.max_restarts >= 3 and deployment.eval_retries >= 1
+    assert gke.queue_name and jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    assert gke.api_error_budget_s >= 20 * 60
 
 
 def test_the_airflow_image_leaves_the_developer_tools_out() -> None:

@@ -64,10 +64,13 @@ from tasks.backends.gke.groups import jobset_task_group
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
 
-SETTINGS = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.05)
+# A watch that gives up after 0.3 s of API errors, so that a test outage outlasts it.
+SETTINGS = GkeSettings(
+    use_dns_endpoint=True, poll_interval_s=0.05, api_error_budget_s=0.3, ttl_after_finished_s=600
+)
 
 
-def build(dag_id):
+def build(dag_id, retries=0):
     @dag(dag_id=dag_id, schedule=None)
     def jobset_dag():
         @task
@@ -82,13 +85,14 @@ def build(dag_id):
         def after() -> str:
             return "after ran"
 
-        jobset_task_group("eval_job", render(), SETTINGS) >> after()
+        jobset_task_group("eval_job", render(), SETTINGS, retries=retries) >> after()
 
     return jobset_dag()
 
 
 gke_ok = build("gke_ok")
-gke_fail = build("gke_fail")
+gke_fail = build("gke_fail", retries=1)
+gke_retry = build("gke_retry", retries=1)
 '''
 
 RUNNER = """
@@ -115,11 +119,15 @@ db.resetdb()
 bag = DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
 assert not bag.import_errors, bag.import_errors
 results = {}
-for dag_id in ("gke_ok", "gke_fail"):
+for dag_id in ("gke_ok", "gke_fail", "gke_retry"):
     dr = bag.dags[dag_id].test()
     with create_session() as session:
-        states = {ti.task_id: str(ti.state) for ti in dr.get_task_instances(session=session)}
-    results[dag_id] = {"state": str(dr.state), "tasks": states, "run_id": dr.run_id}
+        tis = dr.get_task_instances(session=session)
+        states = {ti.task_id: str(ti.state) for ti in tis}
+        tries = {ti.task_id: ti.try_number for ti in tis}
+    results[dag_id] = {
+        "state": str(dr.state), "tasks": states, "tries": tries, "run_id": dr.run_id
+    }
 print("RESULT " + json.dumps(results))
 """
 
@@ -129,13 +137,35 @@ print("RESULT " + json.dumps(results))
 def test_dag_test_runs_the_group_to_success_and_to_failure(
     tmp_path: Path, fake_kube_api, recorded_status
 ) -> None:
+    import threading
+    import time
+
     from tasks.backends.gke.render import jobset_name
 
     running = recorded_status("status_running.json")["status"]
+    succeeded = recorded_status("status_succeeded.json")["status"]
     fake_kube_api.scripts = {
-        "gke-ok-": [None, running, recorded_status("status_succeeded.json")["status"]],
+        "gke-ok-": [None, running, succeeded],
         "gke-fail-": [running, recorded_status("status_failed_max_restarts.json")["status"]],
+        "gke-retry-": [None, running, succeeded],
     }
+    # gke_retry: from the watch's first read, the API answers 503 for 3 s, ten times the
+    # watch's error budget; the retry then adopts the JobSet and follows it to success.
+    outage: dict[str, float] = {}
+    lock = threading.Lock()
+
+    def failure(path: str) -> int | None:
+        if "/jobsets/gke-retry-" not in path:
+            return None
+        with lock:
+            reads = outage.setdefault("reads", 0) + 1
+            outage["reads"] = reads
+            if reads == 2:  # the first read of the watch (the first is the create's read-back)
+                outage["start"] = time.monotonic()
+            start = outage.get("start")
+        return 503 if start is not None and time.monotonic() - start < 3.0 else None
+
+    fake_kube_api.get_failure = failure
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "gke_test_dags.py").write_text(textwrap.dedent(DAG_FILE))
@@ -161,7 +191,7 @@ def test_dag_test_runs_the_group_to_success_and_to_failure(
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = json.loads(lines[-1][len("RESULT ") :])
 
-    ok, fail = results["gke_ok"], results["gke_fail"]
+    ok, fail, retry = results["gke_ok"], results["gke_fail"], results["gke_retry"]
     assert ok["state"] == "success", ok
     assert ok["tasks"] == {
         "render": "success",
@@ -173,14 +203,23 @@ def test_dag_test_runs_the_group_to_success_and_to_failure(
     assert fail["tasks"]["eval_job.run"] == "failed"
     assert fail["tasks"]["eval_job.cleanup"] == "success"  # the teardown ran after the failure
     assert fail["tasks"]["after"] == "upstream_failed"
+    assert fail["tries"]["eval_job.run"] == 1  # a failed JobSet is not retried
+    # the lost watch failed the first try; the retry adopted the JobSet and finished
+    assert retry["state"] == "success", retry
+    assert retry["tries"]["eval_job.run"] == 2
+    assert retry["tasks"]["eval_job.cleanup"] == "success"
+    assert fake_kube_api.failed_gets >= 3
     output = proc.stdout + proc.stderr
-    assert output.count("running trigger in line") == 2  # each run task deferred once
+    assert output.count("running trigger in line") == 4  # ok, fail once, retry twice
     assert "ReachedMaxRestarts" in output
+    assert "could not follow its status" in output
 
-    names = {d: jobset_name(d, results[d]["run_id"], "eval-1") for d in ("gke_ok", "gke_fail")}
-    assert sorted(fake_kube_api.deleted) == sorted(names.values())  # both cleaned up
+    dag_ids = ("gke_ok", "gke_fail", "gke_retry")
+    names = {d: jobset_name(d, results[d]["run_id"], "eval-1") for d in dag_ids}
+    assert sorted(fake_kube_api.deleted) == sorted(names.values())  # all cleaned up
     assert fake_kube_api.objects == {}
-    assert fake_kube_api.methods().count("POST") == 2
+    posts = [path for method, path, _ in fake_kube_api.requests if method == "POST"]
+    assert len(posts) == 4  # one create per run task try: the retry's got 409 and adopted
 
 
 LIGHT_IMPORT_CHECK = """

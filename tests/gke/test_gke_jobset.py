@@ -65,7 +65,15 @@ def _pod(jobset: dict) -> dict:
 
 SHAPES = {
     "default": GkeSettings(),
-    "multislice-train": read_table(GkeSettings, {"train": {"slices": 4, "max_restarts": 2}}),
+    "single-host-train-queued": read_table(
+        GkeSettings,
+        {
+            "queue_name": "tpu-v5p-queue",
+            "priority_class": "high-priority",
+            "fail_exit_codes": [],
+            "train": {"topology": "2x2x1", "max_restarts": 5, "termination_grace_period_s": 30},
+        },
+    ),
     "v6e": read_table(
         GkeSettings,
         {
@@ -122,7 +130,7 @@ def test_tpu_placement_and_sizes() -> None:
         "cloud.google.com/gke-tpu-topology": "4x4x8",
     }
     assert _pod(train)["containers"][0]["resources"]["limits"] == {"google.com/tpu": 4}
-    assert train["spec"]["failurePolicy"] == {"maxRestarts": 0}
+    assert train["spec"]["failurePolicy"]["maxRestarts"] == 3
     # A multi-host slice must sit in one node pool; single-host workers need not.
     assert train["metadata"]["annotations"][ANNOTATION_EXCLUSIVE_TOPOLOGY] == (
         "cloud.google.com/gke-nodepool"
@@ -189,10 +197,10 @@ def test_rendering_is_byte_identical_across_calls() -> None:
 
 
 def test_child_names_that_would_not_fit_are_refused() -> None:
-    # A 38-char name + "-slice-999999-249999-xxxxx" (pod name as the JobSet webhook checks it).
+    # A 38-char name + "-slice-0-99999999999-xxxxx" (pod name as the JobSet webhook checks it).
     huge = GkeSettings(
         train=TpuJobShape(
-            accelerator="tpu-v5p-slice", topology="100x100x100", slices=10**6, chips_per_host=4
+            accelerator="tpu-v5p-slice", topology="10000x10000x4000", slices=1, chips_per_host=4
         )
     )
     long_names = {"dag_id": "averylongdagidentifier", "job": "evaluationstep100"}

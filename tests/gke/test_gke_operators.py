@@ -8,6 +8,7 @@ import asyncio
 import json
 from datetime import timedelta
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 
@@ -63,7 +64,7 @@ def _trigger(**overrides: Any):
         "ssl_ca_cert": "",
         "use_dns_endpoint": True,
         "poll_interval_s": 0.0,
-        "max_consecutive_errors": 3,
+        "api_error_budget_s": 60.0,
     }
     kwargs.update(overrides)
     return JobSetTrigger(**kwargs)
@@ -121,7 +122,33 @@ def test_trigger_reports_failure_with_reason(monkeypatch, recorded_status, fixtu
     assert "first failed job" in event["message"]
 
 
-def test_trigger_rides_out_a_few_read_errors(monkeypatch, recorded_status) -> None:
+class SimClock:
+    """The watch loop's clock and sleep, simulated: a sleep advances the clock at once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def sim_clock(monkeypatch: pytest.MonkeyPatch) -> SimClock:
+    from tasks.backends.gke import triggers
+
+    clock = SimClock()
+    monkeypatch.setattr(triggers, "_monotonic", clock.monotonic)
+    monkeypatch.setattr(triggers, "_sleep", clock.sleep)
+    return clock
+
+
+def test_trigger_rides_out_a_few_read_errors(monkeypatch, recorded_status, sim_clock) -> None:
     reads = _scripted(
         monkeypatch,
         [
@@ -132,15 +159,21 @@ def test_trigger_rides_out_a_few_read_errors(monkeypatch, recorded_status) -> No
             recorded_status("status_succeeded.json"),
         ],
     )
-    [event] = _events(_trigger(max_consecutive_errors=3))
+    [event] = _events(_trigger(poll_interval_s=30.0, api_error_budget_s=1200.0))
     assert event["phase"] == "Succeeded" and len(reads) == 5
+    # backoff doubles from the poll interval and starts afresh after a good read
+    assert sim_clock.sleeps == [30.0, 60.0, 30.0, 30.0]
 
 
-def test_trigger_gives_up_after_consecutive_errors(monkeypatch) -> None:
+def test_trigger_gives_up_when_errors_outlast_the_budget(monkeypatch, sim_clock) -> None:
     reads = _scripted(monkeypatch, [PermissionError("403 Forbidden")])
-    [event] = _events(_trigger(max_consecutive_errors=3))
-    assert event["phase"] == "error" and len(reads) == 3
-    assert "3 reads in a row failed" in event["message"] and "403 Forbidden" in event["message"]
+    [event] = _events(_trigger(poll_interval_s=10.0, api_error_budget_s=300.0))
+    assert event["phase"] == "error"
+    assert sim_clock.now == 300.0  # gives up at the budget, not before and not a backoff later
+    assert sim_clock.sleeps == [10.0, 20.0, 40.0, 80.0, 120.0, 30.0]  # capped at 120 s
+    assert len(reads) == 7
+    assert "7 reads in a row over 300s (budget 300s)" in event["message"]
+    assert "403 Forbidden" in event["message"]
 
 
 def test_trigger_deleted_jobset_and_malformed_status(monkeypatch, recorded_status) -> None:
@@ -190,7 +223,14 @@ def test_execute_complete_maps_events_to_task_outcomes() -> None:
     from tasks.backends.gke.operators import RunJobSetOperator
 
     op = RunJobSetOperator(task_id="run", jobset=_jobset(), **SETTINGS.connection_kwargs())
-    base = {"name": "js", "namespace": "default", "reason": "", "message": "", "progress": "p"}
+    base = {
+        "name": "js",
+        "namespace": "default",
+        "reason": "",
+        "message": "",
+        "progress": "p",
+        "pods": [],
+    }
     done = op.execute_complete({}, {**base, "phase": "Succeeded"})
     assert done == {"name": "js", "namespace": "default", "phase": "Succeeded", "progress": "p"}
 
@@ -328,6 +368,132 @@ def test_cleanup_deletes_the_recorded_jobset_and_tolerates_absence(fake_gke) -> 
     assert fake_gke.objects == {}
     assert fake_gke.requests[-1] == ("DELETE", f"{JOBSETS}/{ref['name']}", "Bearer test-token")
     assert cleanup.execute({"ti": ti}) == {**ref, "deleted": False}  # already gone: fine
+
+
+# --- watch under API trouble, retries that adopt, failures with pod detail ------------------
+
+REAL_WATCH = GkeSettings(use_dns_endpoint=True)  # the default watch: 30 s polls, 20 min budget
+
+
+def _deferred_trigger(op: Any, ti: FakeTI | None = None) -> Any:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti or FakeTI()})
+    return deferred.value.trigger
+
+
+def _run_op(jobset: dict[str, Any], settings: GkeSettings = REAL_WATCH) -> Any:
+    from tasks.backends.gke.operators import RunJobSetOperator
+
+    return RunJobSetOperator(
+        task_id="g.run",
+        jobset=jobset,
+        **settings.connection_kwargs(),
+        **settings.watch_kwargs(),
+    )
+
+
+def test_the_watch_survives_a_ten_minute_api_outage(fake_gke, recorded_status, sim_clock) -> None:
+    # Every read of the (real) trigger through the provider's async hook gets 503 for ten
+    # simulated minutes; the JobSet meanwhile finishes. The default budget rides it out.
+    fake_gke.statuses = [recorded_status("status_succeeded.json")["status"]]
+    op = _run_op(_jobset())
+    trigger = _deferred_trigger(op)
+    assert trigger.api_error_budget_s == 1200.0
+    fake_gke.get_failure = lambda path: 503 if sim_clock.now < 600 else None  # from the first read
+
+    [event] = _events(trigger)
+    assert event["phase"] == "Succeeded", event
+    assert sim_clock.now >= 600
+    assert fake_gke.failed_gets >= 5
+    assert max(sim_clock.sleeps) == 120.0  # the backoff is capped
+    assert op.execute_complete({"ti": FakeTI()}, event)["phase"] == "Succeeded"
+    assert fake_gke.deleted == []
+
+
+def test_a_lost_watch_fails_retryably_and_the_retry_adopts_the_jobset(
+    fake_gke, recorded_status, sim_clock
+) -> None:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    jobset = _jobset()
+    fake_gke.statuses = [
+        recorded_status("status_running.json")["status"],
+        recorded_status("status_succeeded.json")["status"],
+    ]
+    op = _run_op(jobset)
+    trigger = _deferred_trigger(op)
+    outage = {"on": True}
+    fake_gke.get_failure = lambda path: 503 if outage["on"] else None
+
+    [event] = _events(trigger)  # first try: the API stays down past the budget
+    assert event["phase"] == "error" and "budget 1200s" in event["message"]
+    assert sim_clock.now == 1200.0
+    with pytest.raises(AirflowException, match="could not follow its status") as excinfo:
+        op.execute_complete({"ti": FakeTI()}, event)
+    assert not isinstance(excinfo.value, AirflowFailException)  # Airflow retries it
+
+    outage["on"] = False  # the retry: the same operator runs again
+    ti = FakeTI()
+    [event] = _events(_deferred_trigger(op, ti))
+    assert op.execute_complete({"ti": ti}, event)["phase"] == "Succeeded"
+    assert list(fake_gke.objects) == [("default", jobset["metadata"]["name"])]  # no duplicate
+    assert fake_gke.methods().count("POST") == 2  # the second create got 409 and adopted
+    assert fake_gke.deleted == []
+
+
+def test_a_failed_jobset_fails_without_retry_naming_its_pods(fake_gke, recorded_status) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    fake_gke.statuses = [recorded_status("status_failed_jobs.json")["status"]]
+    fake_gke.pods = recorded_status("pods_failed.json")
+    op = _run_op(_jobset(), SETTINGS)
+    [event] = _events(_deferred_trigger(op))
+    assert (event["phase"], event["reason"]) == ("Failed", "FailedJobs")
+    assert any("exit code 2 (Error)" in line for line in event["pods"]), event["pods"]
+    pod_reads = [path for m, path, _ in fake_gke.requests if "/pods?" in path]
+    name = op.jobset["metadata"]["name"]
+    assert [unquote(p.split("labelSelector=")[1]) for p in pod_reads] == [
+        f"jobset.sigs.k8s.io/jobset-name={name}"
+    ]
+    with pytest.raises(AirflowFailException) as excinfo:
+        op.execute_complete({"ti": FakeTI()}, event)
+    message = str(excinfo.value)
+    assert "failed pod mlperf-grpo-run-train-61da75ec61-slice-0-0-a1b2c: container job " in message
+    assert "exit code 137 (OOMKilled)" in message and "disrupted (TerminationByKubelet)" in message
+
+
+def test_suspended_time_is_bounded_apart_from_running_time(monkeypatch, recorded_status, sim_clock):
+    suspended = recorded_status("status_suspended.json")
+    running = recorded_status("status_running.json")
+    _scripted(monkeypatch, [suspended] * 5 + [running])  # 5 reads (150 s) waiting for Kueue
+    [event] = _events(_trigger(poll_interval_s=30.0, max_suspended_s=600.0, max_running_s=100.0))
+    assert (event["phase"], event["reason"]) == ("Failed", "RunningTooLong")
+    assert sim_clock.now >= 150 + 100  # the suspended time did not count as running
+
+    _scripted(monkeypatch, [suspended])
+    start = sim_clock.now
+    [event] = _events(_trigger(poll_interval_s=30.0, max_suspended_s=600.0))
+    assert (event["phase"], event["reason"]) == ("Failed", "SuspendedTooLong")
+    assert sim_clock.now - start == 600.0
+    assert "not admitted" in event["message"]
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from tasks.backends.gke.operators import RunJobSetOperator
+
+    op = RunJobSetOperator(task_id="run", jobset=_jobset(), **SETTINGS.connection_kwargs())
+    with pytest.raises(AirflowFailException, match=r"\(SuspendedTooLong\): suspended \(not ad"):
+        op.execute_complete({}, event)
+
+
+def test_defer_timeout_is_running_plus_suspended_bound() -> None:
+    from datetime import timedelta
+
+    op = _run_op(_jobset())
+    op.job_timeout = timedelta(hours=24)
+    assert op._defer_timeout() == timedelta(hours=24, minutes=REAL_WATCH.max_suspended_minutes)
 
 
 def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_path) -> None:

@@ -14,6 +14,11 @@ def test_defaults_are_the_benchmark_shapes() -> None:
     settings = GkeSettings()
     train, evaluate = settings.train, settings.evaluate
     assert (train.accelerator, train.topology, train.slices) == ("tpu-v5p-slice", "4x4x8", 1)
+    assert train.max_restarts >= 3  # training resumes from its newest checkpoint
+    assert train.multi_host and not evaluate.multi_host
+    assert settings.api_error_budget_s >= 20 * 60
+    assert settings.ttl_after_finished_s >= 100 * settings.poll_interval_s
+    assert settings.fail_exit_codes == (1, 2)
     assert (train.total_chips, train.hosts_per_slice) == (128, 32)
     assert (evaluate.topology, evaluate.slices, evaluate.hosts_per_slice) == ("2x2x1", 16, 1)
     assert evaluate.total_chips == 64
@@ -32,18 +37,19 @@ def test_a_table_overrides_and_keeps_the_rest() -> None:
             "project_id": "my-proj",
             "image": "us-docker.pkg.dev/my-proj/rcpflow/tpu:1",
             "impersonation_chain": ["sa@my-proj.iam.gserviceaccount.com"],
-            "train": {"slices": 2, "max_restarts": 1},
+            "train": {"topology": "4x4x16", "max_restarts": 1},
             "evaluate": {"accelerator": "tpu-v6e-slice", "topology": "2x2", "chips_per_host": 4},
         },
     )
     assert settings.project_id == "my-proj"
     assert settings.impersonation_chain == ("sa@my-proj.iam.gserviceaccount.com",)
     assert (settings.train.slices, settings.train.topology, settings.train.max_restarts) == (
-        2,
-        "4x4x8",
+        1,
+        "4x4x16",
         1,
     )
     assert settings.train.total_chips == 256
+    assert settings.train.termination_grace_period_s == 600  # kept from the default shape
     assert settings.evaluate.accelerator == "tpu-v6e-slice"
     assert settings.evaluate.slices == 16  # kept from the default evaluation shape
     assert settings.location == GkeSettings().location
@@ -78,6 +84,25 @@ def test_a_table_overrides_and_keeps_the_rest() -> None:
         ({"impersonation_chain": ["a@b", 3]}, "gke.impersonation_chain: must be a list of str"),
         ({"impersonation_chain": [""]}, "gke.impersonation_chain: account emails must not be"),
         ({"train": "big"}, "gke.train: must be a table, got str"),
+        ({"train": {"slices": 2}}, "gke.train.slices: 2 slices: multislice training is not"),
+        (
+            {"evaluate": {"topology": "2x2x2"}},
+            "gke.evaluate.topology: 2x2x2 has 2 hosts per slice: evaluation workers run one",
+        ),
+        ({"train": {"termination_grace_period_s": 0}}, "gke.train.termination_grace_period_s"),
+        ({"fail_exit_codes": [2, 0]}, "gke.fail_exit_codes: exit codes are 1..255"),
+        ({"fail_exit_codes": [256]}, "gke.fail_exit_codes: exit codes are 1..255"),
+        ({"fail_exit_codes": "2"}, "gke.fail_exit_codes: must be a list of int"),
+        ({"queue_name": "a queue"}, "gke.queue_name: 'a queue' is not a Kueue LocalQueue"),
+        ({"priority_class": "High"}, "gke.priority_class: 'High' is not a PriorityClass"),
+        ({"max_suspended_minutes": 0}, "gke.max_suspended_minutes: must be >= 1"),
+        ({"ttl_after_finished_s": 300}, "gke.ttl_after_finished_s: 300 s is too close"),
+        (
+            {"poll_interval_s": 120, "ttl_after_finished_s": 1000},
+            "gke.ttl_after_finished_s: 1000 s is too close",
+        ),
+        ({"api_error_budget_s": 0}, "gke.api_error_budget_s: must be > 0"),
+        ({"run_retries": -1}, "gke.run_retries: must be >= 0"),
     ],
 )
 def test_bad_values_name_the_key(mapping: dict, message: str) -> None:

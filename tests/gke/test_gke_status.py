@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.backends.gke.status import JobSetStatusError, interpret_status
+from tasks.backends.gke.status import JobSetStatusError, failed_pods, interpret_status
 
 FIXTURES = [
     "status_created.json",
@@ -99,3 +99,23 @@ def test_malformed_status_is_an_error(status: object, message: str, recorded_sta
     with pytest.raises(JobSetStatusError) as excinfo:
         interpret_status(obj)
     assert message in str(excinfo.value)
+
+
+def test_suspended_is_flagged(recorded_status) -> None:
+    assert interpret_status(recorded_status("status_suspended.json")).suspended
+    assert not interpret_status(recorded_status("status_running.json")).suspended
+
+
+def test_failed_pods_name_reason_and_exit_code(recorded_status) -> None:
+    lines = failed_pods(recorded_status("pods_failed.json"))
+    assert lines == [
+        "mlperf-grpo-run-train-61da75ec61-slice-0-0-a1b2c: container job exit code 2 (Error)",
+        "mlperf-grpo-run-train-61da75ec61-slice-0-3-zz9yx: reason Evicted, disrupted "
+        "(TerminationByKubelet), container job exit code 137 (OOMKilled), "
+        "The node was low on resource: memory.",
+    ]
+    assert failed_pods({"items": []}) == []
+    many = {"items": [recorded_status("pods_failed.json")["items"][1]] * 7}
+    assert failed_pods(many, limit=5)[-1] == "... and 2 more failed pods"
+    with pytest.raises(JobSetStatusError, match="items"):
+        failed_pods({"kind": "Status"})

@@ -18,6 +18,7 @@ import pytest
 from rcpflow import manifest, recipe
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
+from rcpflow.recorder import RecorderError
 from rcpflow.storage import storage_for
 from tpu_jobs import checkpoint as ck
 from tpu_jobs.fingerprint import weights_fingerprint
@@ -302,8 +303,12 @@ def test_after_update_rejects_skipped_or_out_of_range_steps(tmp_path) -> None:
     with pytest.raises(ValueError, match="step 3: expected step 2"):
         hooks.after_update(3, params, {})
     fresh = _hooks(str(tmp_path / "other"))
-    with pytest.raises(ValueError, match=r"step 7: outside 1\.\.max_steps"):
+    fresh.on_init_start()
+    fresh.on_run_start()
+    # The range is the recorder's contract; the hooks pass its refusal on before any save.
+    with pytest.raises(RecorderError, match=r"step 7: outside 1\.\.max_steps"):
         fresh.after_update(MAX_STEPS + 1, params, {})
+    assert fresh.saver.pending() == []
     with pytest.raises(ValueError, match="val_start_at 9"):
         RcpHooks(str(tmp_path / "x"), 0, recipe.hyperparameters("closed", GBS, MAX_STEPS), 9)
     hooks.saver.close()

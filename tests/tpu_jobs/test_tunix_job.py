@@ -24,6 +24,7 @@ from rcpflow import manifest
 from rcpflow.checkers import compliance
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
+from rcpflow.recorder import TrainingRecorder
 from rcpflow.summary import read_summary, summary_problems
 from tpu_jobs.checkpoint import is_complete
 
@@ -32,9 +33,6 @@ rlc = pytest.importorskip("tunix.rl.rl_cluster", reason=_WHY)
 checkpoints = pytest.importorskip("tpu_jobs.tunix.checkpoints", reason=_WHY)
 evaluate = pytest.importorskip("tpu_jobs.tunix.evaluate", reason=_WHY)
 train = pytest.importorskip("tpu_jobs.tunix.train", reason=_WHY)
-TrainingRecorder = pytest.importorskip(
-    "tpu_jobs.tunix.interim_recorder", reason=_WHY
-).TrainingRecorder
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -74,7 +72,7 @@ def test_recording_points_inside_tunix_loop(tmp_path: Path, monkeypatch: Any) ->
 
     on_update = TrainingRecorder.on_update
 
-    def observe_update(self: TrainingRecorder, step: int, timestamp_ms: int) -> int:
+    def observe_update(self: TrainingRecorder, step: int, timestamp_ms: int | None = None) -> int:
         trainer = recordings[-1].trainer
         leaves = jax.tree.leaves(nnx.state(trainer.model, nnx.Param))
         ready = all(leaf.is_ready() for leaf in leaves)

@@ -257,7 +257,8 @@ def render(t: TrainerNumbers, r: RestoreNumbers, steps: int, when: str, where: s
     blocks = f"{ROUNDS} interleaved blocks of {t.block_steps} steps each"
     return f"""# Benchmarks
 
-Written by `make bench` (`python -m tpu_jobs.devtools.bench`); all numbers below come from one run.
+Written by `make bench`: `python -m tpu_jobs.devtools.bench`, then the Tunix job's section at the
+end by `python -m tpu_jobs.devtools.tunix_bench`; the numbers of each section come from one run.
 Only the ratios are meant to be compared across machines. No test asserts any of these.
 
 - Date: {when}

@@ -1,6 +1,7 @@
 """Bench of the Tunix job: what Tunix's per-step checkpoints and rcpflow's recording cost a step.
 
-    python -m tpu_jobs.devtools.tunix_bench [--rounds 3] [--steps 14] [--warmup 3]
+    python -m tpu_jobs.devtools.tunix_bench [--rounds 4] [--steps 20] [--warmup 3]
+        [--output BENCHMARKS.md]
 
 Three variants of the same run (toy task, gbs 256, seed 0), each a fresh RLCluster trained for
 ``--steps`` updates, run in interleaved blocks (round r runs all three, in an order rotated per
@@ -15,39 +16,68 @@ round) so machine noise hits them alike:
 A step's time is the time from one rollout's start to the next's (one timestamp per step, taken
 in ``RLCluster.generate``; the same probe in every variant); the first ``--warmup`` steps
 (compilation) are left out, and so is the drain at the end (Tunix's close waiting for the last
-write). Prints one JSON line per block, then the medians and their ratios.
+write). In the recorded variant the time spent in the recording call itself is also measured
+(most of it the wait for the update to finish computing, which the next rollout would wait for
+anyway). Prints one JSON line per block, then the medians and their ratios, and (re)writes the
+Tunix section of `--output` (``make bench`` runs it after `tpu_jobs.devtools.bench`, which
+rewrites the rest of that file).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import json
+import os
 import statistics
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
+import jax
+import orbax.checkpoint
 from tunix.rl import rl_cluster as rlc
 
 from rcpflow import recipe
 from rcpflow.mllog import SystemInfo
+from rcpflow.recorder import TrainingRecorder
+from tpu_jobs.devtools.bench import machine
 from tpu_jobs.tunix import train
-from tpu_jobs.tunix.interim_recorder import TrainingRecorder
 
 VARIANTS = ("plain", "checkpoints", "recorded")
+SECTION_START = "<!-- tunix_bench: start -->"
+SECTION_END = "<!-- tunix_bench: end -->"
 
 
-def one_block(variant: str, steps: int, warmup: int) -> list[float]:
+@dataclass(frozen=True)
+class Block:
+    step_s: list[float]  # rollout start to rollout start, after the warmup
+    recording_s: list[float]  # time in the recording call per update (recorded variant only)
+
+
+def one_block(variant: str, steps: int, warmup: int) -> Block:
     starts: list[float] = []
+    recording_s: list[float] = []
     generate = rlc.RLCluster.generate
+    record_update = train.StepRecording._record_update
 
     def probe(self: rlc.RLCluster, *args: Any, **kwargs: Any) -> Any:
         starts.append(time.perf_counter())
         return generate(self, *args, **kwargs)
 
+    def timed_update(self: train.StepRecording, step: int) -> None:
+        t0 = time.perf_counter()
+        record_update(self, step)
+        if step > warmup:
+            recording_s.append(time.perf_counter() - t0)
+
     rlc.RLCluster.generate = probe  # the same probe in every variant
+    train.StepRecording._record_update = timed_update
     try:
         with tempfile.TemporaryDirectory(prefix=f"tunix-bench-{variant}-") as run_dir:
             config = train.TrainConfig(run_dir=run_dir, seed=0, max_steps=steps, val_start_at=1)
@@ -81,26 +111,103 @@ def one_block(variant: str, steps: int, warmup: int) -> list[float]:
                 recorder.on_train_end()
     finally:
         rlc.RLCluster.generate = generate
-    return [b - a for a, b in itertools.pairwise(starts[warmup:])]
+        train.StepRecording._record_update = record_update
+    return Block([b - a for a, b in itertools.pairwise(starts[warmup:])], recording_s)
+
+
+def section(
+    med: dict[str, float],
+    per_round: list[float],
+    recording_s: float,
+    timed: int,
+    args: argparse.Namespace,
+    where: str,
+) -> str:
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    versions = ", ".join(
+        f"{dist} {number}"
+        for dist, number in (
+            ("google-tunix", version("google-tunix")),
+            ("jax", jax.__version__),
+            ("orbax-checkpoint", orbax.checkpoint.__version__),
+        )
+    )
+    rounds = ", ".join(f"{x:.2f}" for x in per_round)
+    load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return f"""{SECTION_START}
+## Tunix job (`python -m tpu_jobs.devtools.tunix_bench`)
+
+- Date: {when}; {versions}; JAX backend {jax.default_backend()}, {jax.device_count()} device(s)
+- Machine: {where}; load average at the end {load_end}
+- {args.rounds} rounds of three interleaved blocks (plain, checkpoints, recorded; order rotated
+  per round), each a fresh RLCluster (gbs 256, seed 0) of {args.steps} updates; the first
+  {args.warmup} (compilation) and the final drain left out: {timed} timed steps per variant.
+
+| ratio | value | meaning |
+| --- | --- | --- |
+| step time, Tunix checkpoint every step / none | {med["checkpoints"] / med["plain"]:.3f} | \
+Tunix's own async Orbax save of each step |
+| step time, recorded / Tunix checkpoints | {med["recorded"] / med["checkpoints"]:.3f} | \
+what rcpflow's recording adds (goal: at most 1.05) |
+| step time, recorded / none | {med["recorded"] / med["plain"]:.3f} | both together |
+| recorded / checkpoints, per round | {rounds} | \
+its spread over the rounds: how much of the difference is noise |
+| recording call / recorded step time | {recording_s / med["recorded"]:.3f} | \
+time in the loop's recording call (block on the update, timestamp, fingerprint) |
+
+| quantity | value |
+| --- | --- |
+| median step time, no checkpoints | {med["plain"] * 1e3:.1f} ms |
+| median step time, Tunix checkpoint every step | {med["checkpoints"] * 1e3:.1f} ms |
+| median step time, checkpoints + rcpflow recording | {med["recorded"] * 1e3:.1f} ms |
+| median time in the recording call per update | {recording_s * 1e3:.1f} ms |
+
+A step is timed from one rollout's start to the next's, so the recording call (run by Tunix
+right after dispatching the update, before the save) is inside it; the wait there for the new
+parameters is mostly time the next rollout would wait anyway (JAX dispatches asynchronously).
+The manifest rows are written by a watcher thread after Orbax commits, never by the loop.
+On a shared machine the per-round ratios show how much of a difference is noise (the load
+averages above: a ratio below 1 means the noise was larger than the recording's cost).
+{SECTION_END}
+"""
+
+
+def write_section(path: Path, text: str) -> None:
+    """Replace the Tunix section of `path` (or append it; the file is created if missing)."""
+    old = path.read_text() if path.exists() else ""
+    if SECTION_START in old and SECTION_END in old:
+        head, rest = old.split(SECTION_START, 1)
+        tail = rest.split(SECTION_END, 1)[1].lstrip("\n")
+        new = head + text + ("\n" + tail if tail else "")
+    else:
+        new = old.rstrip("\n") + ("\n\n" if old else "") + text
+    path.write_text(new)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tpu_jobs.devtools.tunix_bench")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=14)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file of the section")
     args = ap.parse_args(argv)
     if args.steps < args.warmup + 2:
         ap.error("--steps must leave at least two timed steps after --warmup")
+    where = machine()
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    block_medians: dict[tuple[int, str], float] = {}
+    recording: list[float] = []
     for r in range(args.rounds):
         order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
         for variant in order:
             block = one_block(variant, args.steps, args.warmup)
-            times[variant].extend(block)
-            median = round(statistics.median(block), 4)
+            times[variant].extend(block.step_s)
+            recording.extend(block.recording_s)
+            block_medians[r, variant] = statistics.median(block.step_s)
+            median = round(block_medians[r, variant], 4)
             print(json.dumps({"round": r, "variant": variant, "median_step_s": median}), flush=True)
     med = {v: statistics.median(t) for v, t in times.items()}
+    recording_s = statistics.median(recording)
     print(
         json.dumps(
             {
@@ -108,12 +215,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "checkpoints/plain": round(med["checkpoints"] / med["plain"], 3),
                 "recorded/checkpoints": round(med["recorded"] / med["checkpoints"], 3),
                 "recorded/plain": round(med["recorded"] / med["plain"], 3),
+                "recording_call_s": round(recording_s, 4),
                 "steps_timed_per_variant": len(times["plain"]),
                 "gbs": recipe.REFERENCE_BATCH_SIZE,
             }
         ),
         flush=True,
     )
+    per_round = [
+        block_medians[r, "recorded"] / block_medians[r, "checkpoints"] for r in range(args.rounds)
+    ]
+    text = section(med, per_round, recording_s, len(times["plain"]), args, where)
+    write_section(Path(args.output), text)
+    print(f"wrote the Tunix section of {args.output}", flush=True)
     return 0
 
 

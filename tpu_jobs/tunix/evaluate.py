@@ -11,11 +11,11 @@ The actor's parameters are restored from Tunix's layout (the ``model_params`` it
 arrays) into a Qwen3 of the size the checkpoint's rcpflow record names. Before anything is
 scored, their fingerprint is recomputed and must equal the one recorded at save time (in the
 checkpoint's record and, in run mode, in the manifest row). Each instance gets 4 attempts
-sampled at the validation settings (temperature 0.1, top_p 0.95); attempt a of instance i uses
-the toy evaluator's key (`tpu_jobs.evaluate.attempt_keys`), and all 1004 attempts are sampled in
-one call of one shape, so evaluating a checkpoint twice gives the same bytes. The sampler is the
-project's (`tpu_jobs.sampling.filter_logits`) on the Qwen3's next-token logits: the same
-computation as Tunix's rollout for these unpadded fixed-length prompts.
+sampled at the validation settings (temperature 0.1, top_p 0.95); attempt a of instance i
+uses the toy evaluator's key (`tpu_jobs.eval_sampling.attempt_keys`), and all 1004 attempts are
+sampled in one call of one shape, so evaluating a checkpoint twice gives the same bytes. The
+sampler is the project's (`tpu_jobs.sampling.filter_logits`) on the Qwen3's next-token logits:
+the same computation as Tunix's rollout for these unpadded fixed-length prompts.
 
 Exit codes as ``tpu_jobs.evaluate``: 0 summary written or reused; 1 bad input (no manifest, no
 row N); 2 bad flags; 3 fatal error (restore, fingerprint or evaluation failed: the summary is
@@ -45,8 +45,10 @@ from rcpflow.mllog import require_mlperf_logging
 from rcpflow.storage import storage_for
 from rcpflow.summary import AttemptResult, EvalSummary, build_summary, write_summary
 from tpu_jobs import task
-from tpu_jobs.checkpoint import FingerprintMismatchError, weights_fingerprint
-from tpu_jobs.evaluate import ATTEMPTS_FILE, attempt_keys, report, write_eval_mllog
+from tpu_jobs.eval_orchestration import ATTEMPTS_FILE
+from tpu_jobs.eval_sampling import attempt_keys
+from tpu_jobs.evaluate import report, write_eval_mllog
+from tpu_jobs.fingerprint import FingerprintMismatchError, weights_fingerprint
 from tpu_jobs.sampling import filter_logits
 from tpu_jobs.tunix import checkpoints, policy
 

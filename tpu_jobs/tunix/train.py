@@ -51,10 +51,12 @@ from tunix.rl.rollout import base_rollout
 from rcpflow import recipe
 from rcpflow.layout import RunLayout, join
 from rcpflow.mllog import SystemInfo, require_mlperf_logging
+from rcpflow.recorder import TrainingRecorder
 from tpu_jobs import task
-from tpu_jobs.checkpoint import CheckpointError, weights_fingerprint
+from tpu_jobs.checkpoint import CheckpointError
+from tpu_jobs.fingerprint import weights_fingerprint
+from tpu_jobs.rcp_hooks import Committed, resume_recorder
 from tpu_jobs.tunix import checkpoints, policy, vocab
-from tpu_jobs.tunix.interim_recorder import Committed, TrainingRecorder
 
 DEFAULT_GLOBAL_BATCH_SIZE = 256
 DEFAULT_MAX_STEPS = 60
@@ -66,8 +68,8 @@ GRPO_EPSILON = 0.2
 ROLLOUT_SEED_STRIDE = 1_000_003
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+def _say(record: dict[str, object]) -> None:
+    print(json.dumps(record, sort_keys=True), flush=True)
 
 
 @dataclass(frozen=True)
@@ -122,11 +124,6 @@ def run_identity(config: TrainConfig, hp: recipe.Hyperparameters, val_start: int
     }
 
 
-def manifest_path_of(step: int) -> str:
-    """A step's checkpoint as its manifest row names it: relative to the manifest's folder."""
-    return join("..", CHECKPOINT_ROOT, checkpoints.ACTOR_DIR, str(step))
-
-
 class StepRecording:
     """RCP recording inside Tunix's loop, on the actor trainer's checkpoint-metadata call.
 
@@ -156,7 +153,6 @@ class StepRecording:
         self._last_step = last_step
         self._current: dict[str, Any] = {}
         self._records: dict[int, checkpoints.CheckpointRecord] = {}
-        self.timestamps: dict[int, int] = {}
         self.watcher = checkpoints.CommitWatcher(checkpoint_root, self._committed)
         trainer.custom_checkpoint_metadata_fn = self._metadata
 
@@ -172,9 +168,9 @@ class StepRecording:
             raise CheckpointError(f"step {step}: Tunix skipped from update {self._last_step}")
         actor = nnx.state(self.trainer.model, nnx.Param)
         jax.block_until_ready(actor)
-        timestamp_ms = self.recorder.on_update(step, now_ms())
+        timestamp_ms = self.recorder.on_update(step)
         self._last_step = step
-        self.timestamps[step] = timestamp_ms
+        _say({"step": step, "timestamp_ms": timestamp_ms})  # progress, as the update happens
         self._current = {}
         if step >= self.val_start_at:
             record = checkpoints.CheckpointRecord(
@@ -193,7 +189,7 @@ class StepRecording:
         if found != self._records[step]:
             raise CheckpointError(f"step {step}: {path} records {found}, not {self._records[step]}")
         self.recorder.on_checkpoint_committed(
-            step, manifest_path_of(step), extra={"weights_fingerprint": found.weights_fingerprint}
+            step, path, extra={"weights_fingerprint": found.weights_fingerprint}
         )
 
     def finish(self) -> None:
@@ -205,6 +201,7 @@ class StepRecording:
 
 
 def committed_checkpoints(root: str, identity: dict[str, int], val_start: int) -> list[Committed]:
+    """This run's committed checkpoints, ascending; one of another run is an error."""
     found = []
     for step in checkpoints.complete_steps(root):
         path = checkpoints.step_path(root, step)
@@ -222,9 +219,9 @@ def committed_checkpoints(root: str, identity: dict[str, int], val_start: int) -
         found.append(
             Committed(
                 step=step,
-                checkpoint_path=manifest_path_of(step),
+                path=path,
                 timestamp_ms=record.timestamp_ms,
-                extra={"weights_fingerprint": record.weights_fingerprint},
+                weights_fingerprint=record.weights_fingerprint,
             )
         )
     return found
@@ -304,10 +301,6 @@ def build_job(
     return Job(cluster=cluster, trainer=cluster.actor_trainer, learner=learner, rollout=rollout)
 
 
-def _say(record: dict[str, object]) -> None:
-    print(json.dumps(record, sort_keys=True), flush=True)
-
-
 def train(config: TrainConfig) -> TrainResult:
     hp = hyperparameters_for(config)
     val_start = recipe.val_start_at(hp.global_batch_size, config.val_start_at)
@@ -322,11 +315,18 @@ def train(config: TrainConfig) -> TrainResult:
         system=SystemInfo(micro_batch_size=hp.global_batch_size),
         rcp_logging=config.rcp_logging,
     )
-    resumed = recorder.resume(committed_checkpoints(root, identity, val_start))
+    committed = {c.step: c for c in committed_checkpoints(root, identity, val_start)}
+    if committed:
+        resume_recorder(
+            recorder,
+            sorted(committed),
+            path_of=lambda step: checkpoints.step_path(root, step),
+            committed=committed.__getitem__,
+        )
     recorder.on_init_start()
     job = build_job(config, hp, val_start, root)
     cluster, trainer, learner, rollout = job.cluster, job.trainer, job.learner, job.rollout
-    restored = 0 if resumed is None else resumed.step
+    restored = max(committed, default=0)
     if trainer.train_steps != restored:
         raise CheckpointError(
             f"Tunix restored step {trainer.train_steps}, the newest committed checkpoint is "
@@ -345,7 +345,7 @@ def train(config: TrainConfig) -> TrainResult:
         {
             "event": "start",
             "trainer": "tunix",
-            "resumed_from": None if resumed is None else resumed.step,
+            "resumed_from": restored or None,
             "division": hp.division,
             "learning_rate": hp.learning_rate,
             "gradient_clip_norm": hp.gradient_clip_norm,
@@ -363,8 +363,6 @@ def train(config: TrainConfig) -> TrainResult:
             cluster.close()
     finally:
         recording.finish()
-    for step in sorted(recording.timestamps):
-        _say({"step": step, "timestamp_ms": recording.timestamps[step]})
     if trainer.train_steps != hp.max_steps:
         raise CheckpointError(f"Tunix stopped at step {trainer.train_steps} of {hp.max_steps}")
     recorder.on_train_end()

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
 from tasks.backends.gke.settings import GkeSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
-from tasks.jobs import EVALUATE_JOB, TRAIN_JOB, JobCommand
-from tasks.run.spec import run_dir_of
+from tasks.run.spec import FormDefaults, run_dir_of
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
@@ -23,19 +22,14 @@ class GkeBackend:
 
     name: ClassVar[BackendName] = "gke"
     jobs_run_on_worker: ClassVar[bool] = False
+    # TPU jobs run the benchmark itself: the closed division's rules.
+    form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)
 
-    def __init__(
-        self,
-        deployment: Deployment,
-        train_command: JobCommand = TRAIN_JOB,
-        evaluate_command: JobCommand = EVALUATE_JOB,
-    ) -> None:
+    def __init__(self, deployment: Deployment) -> None:
         if deployment.gke is None:
             raise DeploymentError(f"{deployment.source}: backend 'gke' needs a [gke] table")
         self.deployment = deployment
         self.settings: GkeSettings = deployment.gke
-        self.train_command = train_command
-        self.evaluate_command = evaluate_command
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
         # Under evaluation during training the JobSet is deleted if the trainer has not ended
@@ -43,7 +37,7 @@ class GkeBackend:
         during = self.deployment.eval_schedule == "during_training"
         return train_jobset_group(
             self.settings,
-            self.train_command,
+            self.deployment.jobs.train,
             spec,
             job_timeout=timedelta(minutes=self.deployment.train_timeout_minutes),
             stop_run_dir=run_dir_of(spec) if during else None,
@@ -52,19 +46,21 @@ class GkeBackend:
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
         return evaluate_jobsets(
             self.settings,
-            self.evaluate_command,
+            self.deployment.jobs.evaluate,
             run_dir,
             rows,
             eval_window=self.deployment.eval_window,
             job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
+            retries=self.deployment.eval_retries,
         )
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, row: XComArg) -> DependencyMixin:
         return evaluate_jobset(
             self.settings,
-            self.evaluate_command,
+            self.deployment.jobs.evaluate,
             run_dir,
             row,
             eval_window=self.deployment.eval_window,
             job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
+            retries=self.deployment.eval_retries,
         )

@@ -21,7 +21,8 @@ from tasks.backends.gke.operators import (
 )
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
-from tasks.jobs import JobCommand
+from tasks.job_templates import EvaluateJob, TrainJob
+from tasks.run.job_values import train_values
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
@@ -34,23 +35,28 @@ def jobset_task_group(
     settings: GkeSettings,
     *,
     job_timeout: timedelta | None = None,
+    retries: int = 0,
     stop_run_dir: XComArg | None = None,
     stop_grace: timedelta = timedelta(minutes=10),
 ) -> TaskGroup:
     """TaskGroup `group_id`: ``run`` (RunJobSetOperator) -> ``cleanup`` (DeleteJobSetOperator
     as a teardown of ``run``) for the JobSet `jobset` resolves to. Works inside a mapped task
-    group (one JobSet per map index); `job_timeout` bounds the wait; with `stop_run_dir` the
-    JobSet is deleted `stop_grace` after a stop request of that run if still running."""
+    group (one JobSet per map index); `job_timeout` bounds the JobSet's running time.
+    `retries` are for a watch that lost the JobSet (a retry adopts it); a failed JobSet is
+    never retried. With `stop_run_dir` the JobSet is deleted `stop_grace` after a stop request
+    of that run if still running."""
     cluster = settings.connection_kwargs()
     with TaskGroup(group_id=group_id) as group:
         run = RunJobSetOperator(
             task_id="run",
             jobset=jobset,
-            poll_interval_s=settings.poll_interval_s,
             job_timeout=job_timeout,
             stop_run_dir=stop_run_dir,
             stop_grace=stop_grace,
+            retries=retries,
+            retry_delay=timedelta(seconds=settings.poll_interval_s),
             **cluster,
+            **settings.watch_kwargs(),
         )
         cleanup = DeleteJobSetOperator(task_id="cleanup", run_task_id=run.task_id, **cluster)
         run >> cleanup.as_teardown()
@@ -59,7 +65,7 @@ def jobset_task_group(
 
 def train_jobset_group(
     settings: GkeSettings,
-    command: JobCommand,
+    job: TrainJob,
     spec: XComArg,
     *,
     job_timeout: timedelta,
@@ -77,32 +83,43 @@ def train_jobset_group(
             dag_id=dag_run.dag_id,
             run_id=dag_run.run_id,
             job="train",
-            command=command.render({"python": "python", **run.job_values()}),
+            command=job.job_command.render(train_values(run, "python")),
+            image=job.image,
+            env=job.env,
         )
 
     return jobset_task_group(
-        "job", train_jobset(spec), settings, job_timeout=job_timeout, stop_run_dir=stop_run_dir
+        "job",
+        train_jobset(spec),
+        settings,
+        job_timeout=job_timeout,
+        retries=settings.run_retries,
+        stop_run_dir=stop_run_dir,
     )
 
 
 def evaluate_jobsets(
     settings: GkeSettings,
-    command: JobCommand,
+    job: EvaluateJob,
     run_dir: str | XComArg,
     rows: XComArg,
     *,
     eval_window: int,
     job_timeout: timedelta,
+    retries: int = 0,
 ) -> DependencyMixin:
-    """The mapped ``evaluate`` operator (one instance per row) and its ``cleanup`` teardown."""
+    """The mapped ``evaluate`` operator (one instance per row) and its ``cleanup`` teardown;
+    `retries` (the deployment's eval_retries) adopt the step's JobSet after a lost watch."""
     evaluate = EvaluateJobSetOperator.partial(
         task_id="evaluate",
         settings=settings,
-        command=command,
+        job=job,
         run_dir=run_dir,
         map_index_template="step {{ task.row['step'] }}",
         max_active_tis_per_dagrun=eval_window,
         job_timeout=job_timeout,
+        retries=retries,
+        retry_delay=timedelta(seconds=settings.poll_interval_s),
     ).expand(row=rows)
     cleanup = DeleteEvalJobSetsOperator(
         task_id="cleanup", run_task_id=evaluate.task_id, settings=settings
@@ -113,12 +130,13 @@ def evaluate_jobsets(
 
 def evaluate_jobset(
     settings: GkeSettings,
-    command: JobCommand,
+    job: EvaluateJob,
     run_dir: str | XComArg,
     row: XComArg,
     *,
     eval_window: int,
     job_timeout: timedelta,
+    retries: int = 0,
 ) -> DependencyMixin:
     """``evaluate`` of one row inside a mapped task group (evaluation during training) and its
     per-index ``cleanup`` teardown (deletes only that instance's JobSet)."""
@@ -127,10 +145,12 @@ def evaluate_jobset(
     evaluate = EvaluateJobSetOperator(
         task_id="evaluate",
         settings=settings,
-        command=command,
+        job=job,
         map_index_template="step {{ task.row['step'] }}",
         max_active_tis_per_dagrun=eval_window,
         job_timeout=job_timeout,
+        retries=retries,
+        retry_delay=timedelta(seconds=settings.poll_interval_s),
         **resolved,
     )
     cleanup = DeleteJobSetOperator(

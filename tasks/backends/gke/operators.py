@@ -34,18 +34,25 @@ from tasks.backends.gke.render import (
     with_spec_hash,
 )
 from tasks.backends.gke.settings import GkeSettings
-from tasks.backends.gke.triggers import JobSetTrigger
-from tasks.jobs import JobCommand
-from tasks.run.gate import collect, eval_target, reusable, skip_if_decided
+from tasks.backends.gke.triggers import WATCH_BOUNDS, JobSetTrigger
+from tasks.job_templates import EvaluateJob
+from tasks.run.eval_result import Baseline, baseline, import_result, now_ms
+from tasks.run.gate import EvaluationError, collect, eval_target, reusable, skip_if_decided
+from tasks.run.job_values import evaluate_values
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from rcpflow.manifest import ManifestRow
 
 log = logging.getLogger(__name__)
 
 # XCom key under which the run task records which JobSet it is about to create, before
 # creating it, so that the cleanup teardown can delete it whatever happened afterwards.
 REF_XCOM_KEY = "jobset_ref"
+# XCom key of a foreign evaluate job's start: its wall clock and what was at its result path
+# (read back when the deferred task resumes, in another process).
+EVAL_START_XCOM_KEY = "eval_start"
 
 
 class _GkeClusterArgs:
@@ -92,9 +99,11 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
     `render_jobset`) on the GKE cluster and wait, deferred, until it finishes.
 
     Returns ``{"name", "namespace", "phase", "progress"}``. A Failed JobSet fails the task
-    without Airflow retries (restarts belong to the JobSet's failurePolicy.maxRestarts); an
-    error while watching (API unreachable) fails it with retries allowed, and the retry adopts
-    the still-running JobSet. `job_timeout` bounds the wait (None: no bound).
+    without Airflow retries (restarts belong to the JobSet's failurePolicy), naming its failed
+    pods' reasons and exit codes; an error while watching (the API unreachable for longer than
+    `api_error_budget_s`) fails it with retries allowed, and the retry adopts the still-running
+    JobSet. `job_timeout` bounds the time the JobSet runs, `max_suspended` the time it waits
+    suspended for admission (None: no bound); Airflow's defer timeout is their sum.
     """
 
     template_fields: Sequence[str] = (
@@ -115,9 +124,12 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
         use_internal_ip: bool = False,
         use_dns_endpoint: bool = False,
         poll_interval_s: float = 30.0,
+        api_error_budget_s: float = 1200.0,
+        api_backoff_max_s: float = 120.0,
         job_timeout: timedelta | None = None,
         stop_run_dir: str | XComArg | None = None,
         stop_grace: timedelta = timedelta(minutes=10),
+        max_suspended: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -136,7 +148,10 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
             use_dns_endpoint=use_dns_endpoint,
         )
         self.poll_interval_s = poll_interval_s
+        self.api_error_budget_s = api_error_budget_s
+        self.api_backoff_max_s = api_backoff_max_s
         self.job_timeout = job_timeout
+        self.max_suspended = max_suspended
 
     def execute(self, context: Context) -> None:
         jobset = self.jobset
@@ -159,12 +174,23 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
                 impersonation_chain=self.impersonation_chain,
                 use_dns_endpoint=self.use_dns_endpoint,
                 poll_interval_s=self.poll_interval_s,
+                api_error_budget_s=self.api_error_budget_s,
+                api_backoff_max_s=self.api_backoff_max_s,
+                max_suspended_s=_seconds(self.max_suspended),
+                max_running_s=_seconds(self.job_timeout),
                 stop_run_dir=self.stop_run_dir if isinstance(self.stop_run_dir, str) else None,
                 stop_grace_s=self.stop_grace.total_seconds(),
             ),
             method_name="execute_complete",
-            timeout=self.job_timeout,
+            timeout=self._defer_timeout(),
         )
+
+    def _defer_timeout(self) -> timedelta | None:
+        # The trigger bounds running and suspended time apart; this is the outer net (e.g. a
+        # triggerer restart starts the trigger's own clocks afresh).
+        if self.job_timeout is None or self.max_suspended is None:
+            return None
+        return self.job_timeout + self.max_suspended
 
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> dict[str, str]:
         where = f"JobSet {event['namespace']}/{event['name']}"
@@ -176,11 +202,18 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
             # the verdict was decided; what the job committed before is what the run has
             self.log.warning("%s deleted: %s [%s]", where, event["message"], event["progress"])
             return {k: event[k] for k in ("name", "namespace", "phase", "progress")}
-        if phase == "Failed":
+        if phase == "Failed" and event["reason"] in WATCH_BOUNDS:
             raise AirflowFailException(
-                f"{where} failed ({event['reason']}): {event['message']} [{event['progress']}]. "
-                "Restarts are the JobSet's failurePolicy.maxRestarts; an Airflow retry would "
-                "only find the same failed JobSet (clear the task group to run it again)."
+                f"{where} ({event['reason']}): {event['message']} [{event['progress']}]; the "
+                "cleanup teardown deletes it"
+            )
+        if phase == "Failed":
+            pods = "".join(f"\n  failed pod {line}" for line in event["pods"])
+            raise AirflowFailException(
+                f"{where} failed ({event['reason']}): {event['message']} [{event['progress']}]."
+                f"{pods}\nRestarts are the JobSet's failurePolicy (disruptions restart without "
+                "counting, application exit codes fail at once); an Airflow retry would only "
+                "find the same failed JobSet (clear the task group to run it again)."
             )
         raise AirflowException(f"{where}: could not follow its status: {event['message']}")
 
@@ -228,6 +261,10 @@ class RunJobSetOperator(_GkeClusterArgs, BaseOperator):
             ) from exc
         check_adoptable(existing, body)
         return create.cluster_url, create.ssl_ca_cert
+
+
+def _seconds(delta: timedelta | None) -> float | None:
+    return None if delta is None else delta.total_seconds()
 
 
 class DeleteJobSetOperator(_GkeClusterArgs, BaseOperator):
@@ -301,8 +338,9 @@ def _delete_jobset(op: _GkeClusterArgs, context: Context, ref: Mapping[str, str]
 
 
 class EvaluateJobSetOperator(RunJobSetOperator):
-    """Evaluate one manifest row as a JobSet of the `command` template, behind the gate of
-    `tasks.run.gate`: a decided or already evaluated step creates nothing on the cluster."""
+    """Evaluate one manifest row as a JobSet of the `job` template, behind the gate of
+    `tasks.run.gate`: a decided or already evaluated step creates nothing on the cluster. A
+    foreign result is imported when the JobSet succeeded (`tasks.run.eval_result`)."""
 
     template_fields = (*RunJobSetOperator.template_fields, "run_dir", "row")
 
@@ -310,7 +348,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         self,
         *,
         settings: GkeSettings,
-        command: JobCommand,
+        job: EvaluateJob,
         run_dir: str,
         row: Mapping[str, Any],
         job_timeout: timedelta | None = None,
@@ -319,13 +357,13 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         # the JobSet is rendered in execute: its name needs the run id
         super().__init__(
             jobset={},
-            poll_interval_s=settings.poll_interval_s,
             job_timeout=job_timeout,
             **settings.connection_kwargs(),
+            **settings.watch_kwargs(),
             **kwargs,
         )
         self.settings = settings
-        self.command = command
+        self.job = job
         self.run_dir = run_dir
         self.row = row
 
@@ -333,31 +371,54 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         target = eval_target(self.run_dir, dict(self.row))
         skip_if_decided(target)
         if reusable(target):
-            return collect(target, context["ti"])
+            return collect(target)
         dag_run = context["dag_run"]
-        values: dict[str, str | int] = {
-            "python": "python",
-            "run_dir": self.run_dir,
-            "step": target.step,
-        }
+        values = evaluate_values(self.run_dir, target.row, "python")
         self.jobset = render_jobset(
             self.settings,
             role="evaluate",
             dag_id=dag_run.dag_id,
             run_id=dag_run.run_id,
             job=f"eval-{target.step}",
-            command=self.command.render(values),
+            command=self.job.job_command.render(values),
+            image=self.job.image,
+            env=self.job.env,
         )
+        if self.job.result.imported:
+            before = baseline(self.job.result, values)
+            context["ti"].xcom_push(
+                key=EVAL_START_XCOM_KEY, value={"ms": now_ms(), "baseline": before.to_dict()}
+            )
         return super().execute(context)
 
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> Any:
         target = eval_target(self.run_dir, dict(self.row))
         try:
             super().execute_complete(context, event)
+            if self.job.result.imported:
+                self._import_result(context, target.row)
         except Exception:
             skip_if_decided(target)  # a lower step passed meanwhile: this failure is moot
             raise
-        return collect(target, context["ti"])
+        return collect(target)
+
+    def _import_result(self, context: Context, row: ManifestRow) -> None:
+        """The foreign result of the JobSet that just succeeded, with the wall clock from just
+        before its creation to now as the eval times (`tasks.run.eval_result`)."""
+        ti = context["ti"]
+        start = ti.xcom_pull(task_ids=ti.task_id, key=EVAL_START_XCOM_KEY, map_indexes=ti.map_index)
+        if start is None:
+            raise EvaluationError(
+                f"step {row.step}: no {EVAL_START_XCOM_KEY} recorded before the JobSet was "
+                "created: its eval times are unknown; clear the task to evaluate again"
+            )
+        imported = import_result(
+            self.job.result,
+            evaluate_values(self.run_dir, row, "python"),
+            Baseline.from_dict(start["baseline"]),
+            (start["ms"], now_ms()),
+        )
+        self.log.info("%s", imported.describe())
 
 
 class DeleteEvalJobSetsOperator(_GkeClusterArgs, BaseOperator):

@@ -4,6 +4,16 @@ One replicated job ``slice`` with one child Job per TPU slice; each Job is Index
 per TPU host, pinned to the slice shape by the GKE TPU node labels and asking for its chips as
 ``google.com/tpu``. The container command is the job's argument list: no shell.
 
+Failure policy (as JobSet and xpk practice have it): each child Job fails on its first pod
+failure (backoffLimit 0) and its podFailurePolicy says why; the JobSet's failurePolicy then
+restarts everything without counting for a disruption (preemption, maintenance eviction: the
+pod condition DisruptionTarget), fails at once for an application exit code
+(`GkeSettings.fail_exit_codes`), and restarts counting against maxRestarts for anything else.
+A multi-host slice's pods share the host network (TPU ICI/DCN setup as GKE documents it) and
+find process 0 by its JobSet DNS name; the RCPFLOW_COORDINATOR_ADDRESS / _NUM_PROCESSES /
+_PROCESS_ID variables are what `tpu_jobs.distributed` reads to form one `jax.distributed`
+system.
+
 Names are deterministic per (DAG, run, job), so a retried task finds the JobSet it created
 before; the spec hash annotation tells whether that JobSet is the same job. The
 ``rcpflow.dev/run`` label finds everything of one DAG run. Pure standard library.
@@ -50,6 +60,23 @@ JOBSET_JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
 JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 JOBSET_RESTART_ATTEMPT_LABEL = "jobset.sigs.k8s.io/restart-attempt"
 
+# Kueue: the LocalQueue a JobSet is submitted to (Kueue suspends it until admitted).
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+# Set by the Job controller on the pods of an Indexed Job: the pod's index in its Job.
+JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+# Set by the JobSet controller on its pods; selects every pod of one JobSet.
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# The multi-host environment (read by tpu_jobs.distributed) and jax.distributed's usual port.
+COORDINATOR_ADDRESS_ENV = "RCPFLOW_COORDINATOR_ADDRESS"
+NUM_PROCESSES_ENV = "RCPFLOW_NUM_PROCESSES"
+PROCESS_ID_ENV = "RCPFLOW_PROCESS_ID"
+COORDINATOR_PORT = 8476
+# The Job controller's failure message for a podFailurePolicy FailJob rule names the rule's
+# index ("... matching FailJob rule at index 0"); the JobSet rules tell the two apart by it.
+POD_RULE_DISRUPTION = 0
+POD_RULE_APPLICATION_EXIT = 1
+JOB_FAILURE_POD_FAILURE_POLICY = "PodFailurePolicy"
+
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -85,9 +112,12 @@ def render_jobset(
     run_id: str,
     job: str,
     command: Sequence[str],
+    image: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The JobSet object that runs `command` (an argument list) as `role`, on the TPU shape
-    `settings` gives that role, named by `jobset_name`.
+    `settings` gives that role, named by `jobset_name`; in `image` (None: the settings' image)
+    with `env` added to the variables rcpflow sets (literal values: ``$(`` is escaped).
 
     The items are passed to the process as they are (no shell, and no Kubernetes ``$(VAR)``
     expansion: ``$(`` is escaped). Raises ValueError naming the bad item, or when JobSet's
@@ -117,7 +147,7 @@ def render_jobset(
     }
     container = {
         "name": CONTAINER,
-        "image": settings.image,
+        "image": settings.image if image is None else image,
         # Kubernetes expands $(VAR) in command args; $$ is its escape, so a Param value can
         # never read the pod's environment.
         "command": [a.replace("$(", "$$(") for a in command],
@@ -147,44 +177,62 @@ def render_jobset(
                 "name": "RCPFLOW_ATTEMPT_ID",
                 "value": "$(RCPFLOW_JOBSET_UID)/$(RCPFLOW_RESTART_ATTEMPT)",
             },
+            *({"name": k, "value": v.replace("$(", "$$(")} for k, v in sorted((env or {}).items())),
+            *(_distributed_env(name, shape) if shape.multi_host else []),
         ],
         "resources": {"limits": {"google.com/tpu": shape.chips_per_host}},
     }
-    pod_spec = {
+    pod_spec: dict[str, Any] = {
         "serviceAccountName": settings.service_account,
         # Restarts are the JobSet's failurePolicy (all slices together), never per pod.
         "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": shape.termination_grace_period_s,
         "nodeSelector": {
             "cloud.google.com/gke-tpu-accelerator": shape.accelerator,
             "cloud.google.com/gke-tpu-topology": shape.topology,
         },
         "containers": [container],
     }
-    spec = {
-        "failurePolicy": {"maxRestarts": shape.max_restarts},
+    if shape.multi_host:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if settings.priority_class is not None:
+        pod_spec["priorityClassName"] = settings.priority_class
+    job_spec: dict[str, Any] = {
+        "parallelism": shape.hosts_per_slice,
+        "completions": shape.hosts_per_slice,
+        "completionMode": "Indexed",
+        "backoffLimit": 0,
+        "podFailurePolicy": _pod_failure_policy(settings),
+        "template": {
+            "metadata": {"labels": dict(labels)},
+            "spec": pod_spec,
+        },
+    }
+    spec: dict[str, Any] = {
+        "failurePolicy": _failure_policy(settings, shape),
+        "ttlSecondsAfterFinished": settings.ttl_after_finished_s,
         "replicatedJobs": [
             {
                 "name": REPLICATED_JOB,
                 "replicas": shape.slices,
                 "template": {
                     "metadata": {"labels": dict(labels)},
-                    "spec": {
-                        "parallelism": shape.hosts_per_slice,
-                        "completions": shape.hosts_per_slice,
-                        "completionMode": "Indexed",
-                        "backoffLimit": 0,
-                        "template": {
-                            "metadata": {"labels": dict(labels)},
-                            "spec": pod_spec,
-                        },
-                    },
+                    "spec": job_spec,
                 },
             }
         ],
     }
+    if shape.multi_host:
+        # Pods resolve each other as <name>-slice-<job>-<index>.<name> (JobSet's headless
+        # service), also before they are ready: process 0 must be reachable while it waits.
+        spec["network"] = {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
     annotations = {ANNOTATION_DAG_ID: dag_id, ANNOTATION_RUN_ID: run_id}
-    if shape.hosts_per_slice > 1:
+    if shape.multi_host:
         annotations[ANNOTATION_EXCLUSIVE_TOPOLOGY] = GKE_NODEPOOL_LABEL
+    jobset_labels = dict(labels)
+    if settings.queue_name is not None:
+        jobset_labels[LABEL_KUEUE_QUEUE] = settings.queue_name
     return with_spec_hash(
         {
             "apiVersion": JOBSET_API_VERSION,
@@ -192,12 +240,77 @@ def render_jobset(
             "metadata": {
                 "name": name,
                 "namespace": settings.namespace,
-                "labels": labels,
+                "labels": jobset_labels,
                 "annotations": annotations,
             },
             "spec": spec,
         }
     )
+
+
+def _pod_failure_policy(settings: GkeSettings) -> dict[str, Any]:
+    # Rule order matters: the JobSet rules below match the index in the Job's failure message.
+    rules: list[dict[str, Any]] = [
+        {
+            "action": "FailJob",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+        }
+    ]
+    if settings.fail_exit_codes:
+        rules.append(
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": sorted(set(settings.fail_exit_codes)),
+                },
+            }
+        )
+    return {"rules": rules}
+
+
+def _failure_policy(settings: GkeSettings, shape: TpuJobShape) -> dict[str, Any]:
+    rules: list[dict[str, Any]] = [
+        {
+            "name": "disruption",
+            "action": "RestartJobSetAndIgnoreMaxRestarts",
+            "onJobFailureReasons": [JOB_FAILURE_POD_FAILURE_POLICY],
+            "onJobFailureMessagePatterns": [_rule_pattern(POD_RULE_DISRUPTION)],
+        }
+    ]
+    if settings.fail_exit_codes:
+        rules.append(
+            {
+                "name": "applicationExit",
+                "action": "FailJobSet",
+                "onJobFailureReasons": [JOB_FAILURE_POD_FAILURE_POLICY],
+                "onJobFailureMessagePatterns": [_rule_pattern(POD_RULE_APPLICATION_EXIT)],
+            }
+        )
+    # No rule matched (BackoffLimitExceeded: a crash): RestartJobSet, counted.
+    return {"maxRestarts": shape.max_restarts, "rules": rules}
+
+
+def _rule_pattern(index: int) -> str:
+    return f"matching FailJob rule at index {index}"
+
+
+def _distributed_env(name: str, shape: TpuJobShape) -> list[dict[str, Any]]:
+    # One slice (settings refuse multislice): the process id is the pod's index in its Job.
+    coordinator = f"{name}-{REPLICATED_JOB}-0-0.{name}:{COORDINATOR_PORT}"
+    return [
+        {"name": COORDINATOR_ADDRESS_ENV, "value": coordinator},
+        {"name": NUM_PROCESSES_ENV, "value": str(shape.hosts_per_slice * shape.slices)},
+        {
+            "name": PROCESS_ID_ENV,
+            "valueFrom": {
+                "fieldRef": {
+                    "fieldPath": f"metadata.annotations['{JOB_COMPLETION_INDEX_ANNOTATION}']"
+                }
+            },
+        },
+    ]
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:

@@ -1,5 +1,11 @@
-"""Settings of the GKE backend (the deployment's ``[gke]`` table): cluster, image, and the TPU
-shape of each job role. Pure standard library: read at DAG-parse time for free.
+"""Settings of the GKE backend (the deployment's ``[gke]`` table): cluster, image, the TPU
+shape of each job role, and the policy for failures, queueing and watching. Pure standard
+library: read at DAG-parse time for free.
+
+Only shapes whose process layout has been run are accepted: a training job on one slice
+(one process per host, one `jax.distributed` system; tests/tpu_jobs/test_multihost.py runs it
+with two CPU processes), and evaluation workers of one host each. Multislice training (DCN
+between slices) and multi-host evaluation workers are refused with the reason.
 """
 
 from __future__ import annotations
@@ -7,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from tasks.jobs import Role
@@ -23,8 +30,17 @@ TPU_ACCELERATORS: dict[str, tuple[int, tuple[int, ...]]] = {
     "tpu7x": (3, (4,)),
 }
 
-# Kubernetes object names (namespace, service account) are DNS-1123 labels.
+# Kubernetes object names (namespace, service account) are DNS-1123 labels; a PriorityClass
+# name is a DNS-1123 subdomain; a label value (the Kueue queue name) is at most 63 characters.
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# What the jobs exit with on purpose (rcpflow's CLIs and the jobs: 1 invalid input, 2 bad
+# arguments): rerunning cannot help, so the JobSet fails at once. Other exits (a signal, an OOM
+# kill, a peer lost by the distributed runtime) restart it, counted against max_restarts.
+DEFAULT_FAIL_EXIT_CODES = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -33,7 +49,10 @@ class TpuJobShape:
     ``hosts_per_slice`` pods with `chips_per_host` chips each.
 
     `max_restarts` is the JobSet's failurePolicy.maxRestarts: the in-cluster restart budget
-    (all slices restart together). Airflow-level retries do not re-run a failed JobSet.
+    for crashes (all slices restart together); a disruption (preemption, maintenance eviction)
+    restarts without counting, an application exit code fails at once. Airflow-level retries
+    never re-run a failed JobSet. `termination_grace_period_s` is how long a pod has between
+    SIGTERM and SIGKILL: for training, long enough to drain the checkpoint save queue.
     """
 
     accelerator: str
@@ -41,6 +60,7 @@ class TpuJobShape:
     slices: int
     chips_per_host: int
     max_restarts: int = 0
+    termination_grace_period_s: int = 60
 
     def __post_init__(self) -> None:
         if self.accelerator not in TPU_ACCELERATORS:
@@ -73,6 +93,7 @@ class TpuJobShape:
                 f"chips_per_host={self.chips_per_host}",
             )
         _at_least(self.max_restarts, 0, "max_restarts")
+        _at_least(self.termination_grace_period_s, 1, "termination_grace_period_s")
 
     @property
     def chips_per_slice(self) -> int:
@@ -86,10 +107,24 @@ class TpuJobShape:
     def total_chips(self) -> int:
         return self.chips_per_slice * self.slices
 
+    @property
+    def multi_host(self) -> bool:
+        """More than one host per slice: the pods of a slice form one system."""
+        return self.hosts_per_slice > 1
+
 
 def default_train_shape() -> TpuJobShape:
-    """Training: one v5p slice of 128 chips (4x4x8), 32 hosts."""
-    return TpuJobShape(accelerator="tpu-v5p-slice", topology="4x4x8", slices=1, chips_per_host=4)
+    """Training: one v5p slice of 128 chips (4x4x8), 32 hosts. It resumes from its newest
+    checkpoint, so a crash restarts it (3 times); 10 minutes between SIGTERM and SIGKILL let the
+    queued checkpoint saves finish."""
+    return TpuJobShape(
+        accelerator="tpu-v5p-slice",
+        topology="4x4x8",
+        slices=1,
+        chips_per_host=4,
+        max_restarts=3,
+        termination_grace_period_s=600,
+    )
 
 
 def default_eval_shape() -> TpuJobShape:
@@ -111,7 +146,18 @@ class GkeSettings:
     provider's own default). `service_account` is the Kubernetes service account the job pods
     run as (bind it to a Google service account with Workload Identity for gs:// access).
     `image` is the accelerator image built from docker/Dockerfile.tpu and pushed to a registry
-    the cluster can pull from.
+    the cluster can pull from (pin it by digest: ``...@sha256:<digest>``).
+
+    Failures: `fail_exit_codes` fail the JobSet at once (see DEFAULT_FAIL_EXIT_CODES).
+    Queueing: `queue_name` submits through that Kueue LocalQueue (label
+    ``kueue.x-k8s.io/queue-name``; admitted all-or-nothing), `priority_class` is the pods'
+    PriorityClass; a JobSet suspended (not admitted) for `max_suspended_minutes` fails, and that
+    time does not count against the job's own timeout. `ttl_after_finished_s`: the cluster
+    deletes a finished JobSet after that long (the teardown normally deletes it first).
+    Watching: the JobSet is read every `poll_interval_s`; API errors are retried with
+    exponential backoff up to `api_backoff_max_s` between reads for `api_error_budget_s`, then
+    the watch gives up and the task fails with retries (`run_retries` for training; evaluation
+    uses the deployment's eval_retries), and a retry adopts the JobSet that is still running.
     """
 
     project_id: str | None = None
@@ -125,6 +171,14 @@ class GkeSettings:
     use_internal_ip: bool = False
     use_dns_endpoint: bool = False
     poll_interval_s: float = 30.0
+    api_error_budget_s: float = 1200.0
+    api_backoff_max_s: float = 120.0
+    run_retries: int = 2
+    fail_exit_codes: tuple[int, ...] = DEFAULT_FAIL_EXIT_CODES
+    queue_name: str | None = None
+    priority_class: str | None = None
+    max_suspended_minutes: int = 720
+    ttl_after_finished_s: int = 86400
     train: TpuJobShape = field(default_factory=default_train_shape)
     evaluate: TpuJobShape = field(default_factory=default_eval_shape)
 
@@ -153,8 +207,57 @@ class GkeSettings:
             raise SettingError("image", f"{self.image!r} contains whitespace")
         if not all(self.impersonation_chain):
             raise SettingError("impersonation_chain", "account emails must not be empty")
-        if self.poll_interval_s <= 0:
-            raise SettingError("poll_interval_s", f"must be > 0, got {self.poll_interval_s}")
+        for name, seconds in (
+            ("poll_interval_s", self.poll_interval_s),
+            ("api_error_budget_s", self.api_error_budget_s),
+            ("api_backoff_max_s", self.api_backoff_max_s),
+        ):
+            if seconds <= 0:
+                raise SettingError(name, f"must be > 0, got {seconds}")
+        _at_least(self.run_retries, 0, "run_retries")
+        _at_least(self.max_suspended_minutes, 1, "max_suspended_minutes")
+        bad_codes = [c for c in self.fail_exit_codes if not 1 <= c <= 255]
+        if bad_codes:
+            raise SettingError(
+                "fail_exit_codes", f"exit codes are 1..255 (0 is success), got {bad_codes}"
+            )
+        # The watch must see the terminal status before the cluster deletes the JobSet.
+        if self.ttl_after_finished_s < max(600, 10 * self.poll_interval_s):
+            raise SettingError(
+                "ttl_after_finished_s",
+                f"{self.ttl_after_finished_s} s is too close to poll_interval_s="
+                f"{self.poll_interval_s}: the cluster could delete a finished JobSet before the "
+                "watch reads its outcome (use at least 600 s and 10 poll intervals)",
+            )
+        if self.queue_name is not None and not _LABEL_VALUE.match(self.queue_name):
+            raise SettingError(
+                "queue_name",
+                f"{self.queue_name!r} is not a Kueue LocalQueue name usable as a label value "
+                "(letters, digits, '-', '_', '.', at most 63 characters)",
+            )
+        if self.priority_class is not None and (
+            len(self.priority_class) > 253 or not _DNS1123_SUBDOMAIN.match(self.priority_class)
+        ):
+            raise SettingError(
+                "priority_class", f"{self.priority_class!r} is not a PriorityClass name"
+            )
+        self._check_proven_shapes()
+
+    def _check_proven_shapes(self) -> None:
+        if self.train.slices > 1:
+            raise SettingError(
+                "train.slices",
+                f"{self.train.slices} slices: multislice training is not supported yet (the "
+                "trainer forms one jax.distributed system per slice; DCN between slices is not "
+                "proven); use one larger slice",
+            )
+        if self.evaluate.multi_host:
+            raise SettingError(
+                "evaluate.topology",
+                f"{self.evaluate.topology} has {self.evaluate.hosts_per_slice} hosts per slice: "
+                "evaluation workers run one process each (not proven multi-host); use a "
+                "single-host topology and more slices",
+            )
 
     def shape(self, role: Role) -> TpuJobShape:
         """The shape of a job role's JobSet."""
@@ -170,6 +273,15 @@ class GkeSettings:
             "impersonation_chain": list(self.impersonation_chain) or None,
             "use_internal_ip": self.use_internal_ip,
             "use_dns_endpoint": self.use_dns_endpoint,
+        }
+
+    def watch_kwargs(self) -> dict[str, Any]:
+        """How the JobSet operators watch a JobSet (passed on to `JobSetTrigger`)."""
+        return {
+            "poll_interval_s": self.poll_interval_s,
+            "api_error_budget_s": self.api_error_budget_s,
+            "api_backoff_max_s": self.api_backoff_max_s,
+            "max_suspended": timedelta(minutes=self.max_suspended_minutes),
         }
 
 

@@ -8,7 +8,8 @@ The JobSet controller (jobset.x-k8s.io/v1alpha2) reports:
   succeeded, failed, suspended; ``status.restarts``: global restarts so far.
 
 A contradictory or malformed status raises JobSetStatusError (naming the field) rather than
-being guessed at. Pure standard library.
+being guessed at. `failed_pods` summarises the pods of a failed JobSet (core/v1 PodList): which
+ones failed, why, and with which exit code, for the task's error. Pure standard library.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class JobSetStatus:
     reason: str = ""
     message: str = ""
     progress: str = ""
+    suspended: bool = False  # waiting to be admitted (Kueue) or suspended by hand
 
     @property
     def terminal(self) -> bool:
@@ -96,6 +98,7 @@ def interpret_status(jobset: Mapping[str, Any]) -> JobSetStatus:
             reason=condition.get("reason") or "Suspended",
             message="suspended: " + (condition.get("message") or "waiting to be admitted"),
             progress=progress,
+            suspended=True,
         )
     return JobSetStatus("Running", progress=progress)
 
@@ -141,3 +144,54 @@ def _progress(status: Mapping[str, Any]) -> str:
     if restarts:
         parts.append(f"restarts {restarts}")
     return "; ".join(parts)
+
+
+def failed_pods(pod_list: Mapping[str, Any], limit: int = 5) -> list[str]:
+    """One line per failed pod of a PodList (``items``), first failures first: its name, the
+    pod's reason (Evicted, DeadlineExceeded, ...), a DisruptionTarget condition's reason
+    (preemption, eviction), and each terminated container's exit code and reason (OOMKilled,
+    Error). At most `limit` lines, then how many more failed."""
+    items = pod_list.get("items") if isinstance(pod_list, Mapping) else None
+    if not isinstance(items, list):
+        raise JobSetStatusError("pod list: expected an object with a list 'items'")
+    failed = []
+    for i, pod in enumerate(items):
+        where = f"items[{i}]"
+        if not isinstance(pod, Mapping):
+            raise JobSetStatusError(f"{where}: expected a pod object")
+        status = pod.get("status") or {}
+        metadata = pod.get("metadata") or {}
+        if not isinstance(status, Mapping) or not isinstance(metadata, Mapping):
+            raise JobSetStatusError(f"{where}: metadata and status must be objects")
+        if status.get("phase") != "Failed":
+            continue
+        parts = [str(metadata.get("name", "?"))]
+        if status.get("reason"):
+            parts.append(f"reason {status['reason']}")
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+                parts.append(f"disrupted ({condition.get('reason') or 'DisruptionTarget'})")
+        for container in status.get("containerStatuses") or []:
+            terminated = (container.get("state") or {}).get("terminated")
+            if not isinstance(terminated, Mapping):
+                continue
+            text = f"container {container.get('name')} exit code {terminated.get('exitCode')}"
+            if terminated.get("reason"):
+                text += f" ({terminated['reason']})"
+            parts.append(text)
+        if status.get("message"):
+            parts.append(str(status["message"]))
+        finished = max(
+            (
+                str(((c.get("state") or {}).get("terminated") or {}).get("finishedAt") or "")
+                for c in status.get("containerStatuses") or []
+            ),
+            default="",
+        )
+        head, details = parts[0], parts[1:]
+        failed.append((finished, f"{head}: {', '.join(details)}" if details else head))
+    failed.sort(key=lambda item: item[0])
+    lines = [line for _, line in failed[:limit]]
+    if len(failed) > limit:
+        lines.append(f"... and {len(failed) - limit} more failed pods")
+    return lines

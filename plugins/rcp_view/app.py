@@ -1,0 +1,238 @@
+"""The RCP view's FastAPI app: HTML pages, their JSON, the plot and the run's files; read-only.
+
+Every route sits behind Airflow's own authentication and authorization: the dependency the
+API's DAG-run routes use (`requires_access_dag("GET", RUN)`), which takes the JWT from the
+``Authorization`` header or from the ``_token`` cookie the UI's login sets (that is how the
+view's iframe is authenticated). Without a valid token: 401/403, nothing read.
+
+Only what lies below the deployment's storage root is shown; a path from a URL is resolved by
+`tasks.storage_index.resolve_under`, which refuses ``..`` and absolute paths. What a run or a
+submission is, passed or skipped, comes from rcpflow and the persisted verdicts through
+`tasks.storage_index`; this module only turns it into pages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+
+from plugins.rcp_view import URL_PREFIX, pages
+from rcpflow.layout import RunLayout, is_gcs
+from rcpflow.storage import storage_for
+from tasks.convergence import MEDIA_TYPES, image_format, render
+from tasks.deployment import load_deployment
+from tasks.storage_index import (
+    NotUnderRoot,
+    RunView,
+    SubmissionEntry,
+    convergence,
+    resolve_under,
+    run_settings,
+    run_view,
+    submission_entry,
+    submission_names,
+)
+from tasks.submission.spec import SUBMISSION_DAG_ID, name_from_run_id
+
+MAX_PLOT_PX = 2400
+RunPath = Annotated[str, Query(description="run folder, relative to the storage root")]
+SubmissionName = Annotated[str, Query(description="submission folder under the storage root")]
+ReportFormat = Literal["md", "html"]
+PlotPx = Annotated[int, Query(ge=100, le=MAX_PLOT_PX, description="image size in pixels")]
+
+
+def storage_root() -> str:
+    return load_deployment().storage_root
+
+
+def _run_dir(path: str) -> str:
+    try:
+        return resolve_under(storage_root(), path)
+    except NotUnderRoot as exc:
+        raise HTTPException(404, str(exc)) from exc
+
+
+def _run(path: str) -> RunView:
+    try:
+        return run_view(storage_root(), path)
+    except NotUnderRoot as exc:
+        raise HTTPException(404, str(exc)) from exc
+
+
+def _submission(name: str) -> SubmissionEntry:
+    try:
+        return submission_entry(storage_root(), name)
+    except NotUnderRoot as exc:
+        raise HTTPException(404, str(exc)) from exc
+
+
+def _relative(run_dir: str) -> str | None:
+    """`run_dir` relative to the storage root, or None if it is not below it."""
+    root = storage_root().rstrip("/")
+    run_dir = RunLayout(run_dir).root
+    if is_gcs(root) != is_gcs(run_dir):
+        return None
+    rel = posixpath.relpath(run_dir, root) if is_gcs(root) else os.path.relpath(run_dir, root)
+    return None if rel == "." or rel.startswith("..") else rel
+
+
+def _airflow_base(request: Request) -> str:
+    """The UI's base path: the mount point of this app without its own prefix."""
+    root_path = str(request.scope.get("root_path", ""))
+    return root_path[: -len(URL_PREFIX)] if root_path.endswith(URL_PREFIX) else root_path
+
+
+def _json(value: Any) -> JSONResponse:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return JSONResponse(dataclasses.asdict(value))
+    return JSONResponse(value)
+
+
+def _run_json(view: RunView) -> dict[str, Any]:
+    return {**dataclasses.asdict(view), "passing_step": view.passing_step}
+
+
+def _submission_json(entry: SubmissionEntry) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(entry),
+        "runs": [
+            {"seed": r.seed, "dag_run_id": r.dag_run_id, **_run_json(r.run)} for r in entry.runs
+        ],
+        "verdict": entry.verdict,
+        "score_minutes": entry.score_minutes,
+    }
+
+
+def _text_file(path: str, download_name: str) -> Response:
+    storage = storage_for(path)
+    if not storage.exists(path):
+        raise HTTPException(404, f"{path}: no such file")
+    return Response(
+        storage.read_bytes(path),
+        media_type="text/plain; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{download_name}"'},
+    )
+
+
+def _plot(runs: list[RunView], title: str, fmt: str, width: int, height: int) -> Response:
+    try:
+        checked = image_format(fmt)
+    except ValueError as exc:
+        raise HTTPException(404, str(exc)) from exc
+    image = render(convergence(title, runs), checked, (width, height))
+    return Response(image, media_type=MEDIA_TYPES[checked])
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="MLPerf RCP view",
+        description="Submissions, runs, checker verdicts and convergence plots of rcpflow.",
+        dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))],
+    )
+
+    # ---- JSON ---------------------------------------------------------------------------
+
+    @app.get("/api/submissions")
+    def api_submissions() -> JSONResponse:
+        root = storage_root()
+        entries = [submission_entry(root, n) for n in submission_names(root)]
+        submissions = [_submission_json(e) for e in entries]
+        return _json({"storage_root": root, "submissions": submissions})
+
+    @app.get("/api/submission")
+    def api_submission(name: SubmissionName) -> JSONResponse:
+        return _json(_submission_json(_submission(name)))
+
+    @app.get("/api/run")
+    def api_run(path: RunPath) -> JSONResponse:
+        return _json(_run_json(_run(path)))
+
+    # ---- pages --------------------------------------------------------------------------
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request) -> HTMLResponse:
+        root = storage_root()
+        entries = [submission_entry(root, n) for n in submission_names(root)]
+        return HTMLResponse(pages.index_page(root, entries, _airflow_base(request)))
+
+    @app.get("/submission", response_class=HTMLResponse)
+    def submission_page(request: Request, name: SubmissionName) -> HTMLResponse:
+        return HTMLResponse(pages.submission_page(_submission(name), _airflow_base(request)))
+
+    @app.get("/run", response_class=HTMLResponse)
+    def run_page(request: Request, path: RunPath) -> HTMLResponse:
+        return HTMLResponse(pages.run_page(_run(path), _airflow_base(request)))
+
+    @app.get("/dag-run/{dag_id}/{run_id}", response_class=HTMLResponse, response_model=None)
+    def dag_run_page(request: Request, dag_id: str, run_id: str, session: SessionDep) -> Response:
+        """The tab on a DAG run's page: the run or submission that DAG run worked on."""
+        from airflow.models.dagrun import DagRun
+        from sqlalchemy import select
+
+        conf = session.scalar(
+            select(DagRun.conf).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        )
+        if conf is None:
+            raise HTTPException(404, f"no DAG run {run_id!r} of {dag_id!r}")
+        if conf.get("run_dir"):
+            rel = _relative(str(conf["run_dir"]))
+            if rel is None:
+                return HTMLResponse(pages.outside_root_page(str(conf["run_dir"]), storage_root()))
+            target = f"run?{urlencode({'path': rel})}"
+        elif dag_id == SUBMISSION_DAG_ID:
+            name = conf.get("submission_name") or name_from_run_id(run_id)
+            target = f"submission?{urlencode({'name': str(name)})}"
+        else:
+            target = ""
+        # Built from the mount point, not url_for: names resolve against the root app's router,
+        # which sees this app only as a mounted ASGI callable.
+        return RedirectResponse(f"{request.scope['root_path']}/{target}", status_code=303)
+
+    # ---- plot and files -----------------------------------------------------------------
+
+    @app.get("/plot/run.{fmt}")
+    def run_plot(path: RunPath, fmt: str, width: PlotPx = 960, height: PlotPx = 540) -> Response:
+        return _plot([_run(path)], f"run {path}", fmt, width, height)
+
+    @app.get("/plot/submission.{fmt}")
+    def submission_plot(
+        name: SubmissionName, fmt: str, width: PlotPx = 960, height: PlotPx = 540
+    ) -> Response:
+        entry = _submission(name)
+        return _plot([r.run for r in entry.runs], f"submission {name}", fmt, width, height)
+
+    @app.get("/file/mllog")
+    def mllog_file(path: RunPath) -> Response:
+        settings = run_settings(_run_dir(path))
+        if settings is None:
+            raise HTTPException(404, f"{path}: no usable manifest, so no MLLOG is known")
+        return _text_file(settings.mllog_path, os.path.basename(settings.mllog_path))
+
+    @app.get("/file/manifest")
+    def manifest_file(path: RunPath) -> Response:
+        return _text_file(RunLayout(_run_dir(path)).manifest, "eval_checkpoints.jsonl")
+
+    @app.get("/file/summary")
+    def summary_file(path: RunPath, step: Annotated[int, Query(ge=0)]) -> Response:
+        summary = RunLayout(_run_dir(path)).summary(step)
+        return _text_file(summary, f"summary_step_{step}.json")
+
+    @app.get("/file/report")
+    def report_file(name: SubmissionName, format: ReportFormat = "md") -> Response:
+        entry = _submission(name)
+        path = entry.report_html_path if format == "html" else entry.report_path
+        if path is None:
+            raise HTTPException(404, f"{name}: no report.{format} yet")
+        # Downloaded, never rendered here: the file comes from storage, not from this app.
+        return _text_file(path, f"{name}_report.{format}")
+
+    return app

@@ -1,0 +1,293 @@
+"""The RCP view's HTML: server-rendered pages, every value escaped.
+
+The pages run inside the Airflow UI's iframe, which the UI sandboxes without top navigation:
+a plain ``target=_top`` link into the UI (a DAG run's grid) would do nothing there. Such links
+carry ``data-ui``, and the one script of the page hands them to the UI's own router (same
+origin: push the path onto the top window's history and tell its router), so they open in
+the UI around the frame; outside a frame they are ordinary links. Element ids and ``data-*``
+attributes are stable: the browser test and anyone scripting against the page read them.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from urllib.parse import quote, urlencode
+
+from rcpflow import recipe
+from rcpflow.status import StepStatus
+from tasks.storage_index import RunEntry, RunView, SubmissionEntry
+from tasks.verdicts import Verdict
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.2rem; color: #1a202c; }
+h1 { font-size: 1.35rem; } h2 { font-size: 1.1rem; margin-top: 1.6rem; }
+table { border-collapse: collapse; margin: 0.4rem 0; }
+th, td { border: 1px solid #cbd5e0; padding: 0.25rem 0.55rem; text-align: left; font-size: 0.9rem; }
+th { background: #edf2f7; }
+tr.passed td { background: #c6f6d5; font-weight: 600; }
+tr.skip td { color: #718096; }
+.ok { color: #22543d; font-weight: 600; } .fail { color: #9b2c2c; font-weight: 600; }
+.muted { color: #718096; } code { font-size: 0.85rem; }
+img.plot { max-width: 100%; border: 1px solid #e2e8f0; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+# Links into the Airflow UI, clicked inside the UI's iframe: navigate the UI, not the frame.
+_SCRIPT = """
+document.addEventListener("click", function (event) {
+  var link = event.target.closest("a[data-ui]");
+  if (!link || window.top === window) return;
+  try {
+    window.top.history.pushState(null, "", link.getAttribute("href"));
+    window.top.dispatchEvent(new PopStateEvent("popstate", { state: null }));
+    event.preventDefault();
+  } catch (e) { /* not the UI's frame: let the link be a link */ }
+});
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{_e(title)}</title><style>{_STYLE}</style></head>"
+        f"<body>{body}<script>{_SCRIPT}</script></body></html>\n"
+    )
+
+
+def _link(href: str, text: str, *, ui: bool = False, cls: str = "") -> str:
+    target = " data-ui='1'" if ui else ""
+    klass = f" class='{_e(cls)}'" if cls else ""
+    return f"<a href='{_e(href)}'{target}{klass}>{_e(text)}</a>"
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _verdict(verdict: Verdict | None) -> str:
+    if verdict is None:
+        return "<span class='muted'>not run</span>"
+    cls = "ok" if verdict.ok else "fail"
+    return f"<span class='{cls}'>{_e(verdict.headline())}</span>"
+
+
+def _overall(entry: SubmissionEntry) -> str:
+    verdict = entry.verdict
+    cls = {"PASS": "ok", "FAIL": "fail"}.get(verdict, "muted")
+    missing = sum(v is None for v in entry.all_verdicts)
+    note = f" ({missing} checks not run yet)" if verdict == "PENDING" else ""
+    return f"<span class='{cls}'>{_e(verdict + note)}</span>"
+
+
+def _verdict_errors(verdict: Verdict | None) -> str:
+    if verdict is None or verdict.ok or not verdict.errors:
+        return ""
+    return "<ul>" + "".join(f"<li><code>{_e(e)}</code></li>" for e in verdict.errors) + "</ul>"
+
+
+def _grid(base: str, dag_id: str, run_id: str) -> str:
+    return f"{base}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+
+def _q(route: str, **params: object) -> str:
+    return f"{route}?{urlencode(params)}"
+
+
+def run_outcome(run: RunView) -> str:
+    """How the run ended, in the words of its MLLOG (the ``run_stop`` finalize wrote)."""
+    if run.status.manifest_error is not None:
+        return f"no usable manifest: {run.status.manifest_error}"
+    stop = run.logged_stop
+    if stop is None:
+        return "no run_stop yet"
+    if stop.status == "success":
+        return f"success: converged at step {stop.step}"
+    if stop.status == "aborted":
+        return f"aborted: did not converge by step {stop.step}"
+    return f"{stop.status} at step {stop.step}"
+
+
+def _finalize_now(run: RunView) -> str:
+    now = run.status.finalize
+    if now is None:
+        return "-"
+    stop = f", run_stop at step {now.run_stop_step}" if now.run_stop_step is not None else ""
+    return f"{now.status}{stop} ({now.reason})"
+
+
+def _run_row(base: str, entry: RunEntry) -> str:
+    run = entry.run
+    passing = run.passing_step
+    return (
+        f"<tr data-seed='{entry.seed}'><td>{entry.seed}</td>"
+        f"<td>{_link(_q('run', path=run.path), run.path)}</td>"
+        f"<td class='outcome'>{_e(run_outcome(run))}</td>"
+        f"<td>{_e(passing if passing is not None else '-')}</td>"
+        f"<td>{_verdict(run.compliance)}</td>"
+        f"<td>{_link(_grid(base, entry.dag_id, entry.dag_run_id), entry.dag_run_id, ui=True)}"
+        "</td></tr>"
+    )
+
+
+def _runs_table(base: str, runs: Sequence[RunEntry]) -> str:
+    head = (
+        "<tr><th>seed</th><th>run folder</th><th>outcome (MLLOG)</th><th>passing step</th>"
+        "<th>compliance checker</th><th>DAG run (grid)</th></tr>"
+    )
+    return f"<table id='runs'>{head}{''.join(_run_row(base, r) for r in runs)}</table>"
+
+
+def _verdicts_table(entry: SubmissionEntry) -> str:
+    rows = "".join(
+        f"<tr data-tool='{_e(tool)}'><td>{_e(tool)}</td><td>{_verdict(v)}{_verdict_errors(v)}"
+        "</td></tr>"
+        for tool, v in entry.verdicts
+    )
+    return f"<table id='checkers'><tr><th>checker</th><th>verdict</th></tr>{rows}</table>"
+
+
+def index_page(root: str, entries: Sequence[SubmissionEntry], base: str) -> str:
+    if not entries:
+        body = f"<p class='muted'>No submission under <code>{_e(root)}</code> yet.</p>"
+    else:
+        rows = []
+        for e in entries:
+            score = "-" if e.score_minutes is None else f"{e.score_minutes:.4f} min"
+            verdict = _overall(e)
+            checks = "<br>".join(_verdict(v) for _, v in e.verdicts)
+            rows.append(
+                f"<tr data-submission='{_e(e.name)}'>"
+                f"<td>{_link(_q('submission', name=e.name), e.name)}</td><td>{verdict}</td>"
+                f"<td>{_e(score)}</td><td>{checks}</td>"
+                f"<td>{'<br>'.join(_e(f'seed {r.seed}: {run_outcome(r.run)}') for r in e.runs)}"
+                "</td></tr>"
+            )
+        body = (
+            "<table id='submissions'><tr><th>submission</th><th>verdict</th><th>score</th>"
+            "<th>checkers</th><th>runs</th></tr>" + "".join(rows) + "</table>"
+        )
+    return _page(
+        "MLPerf RCP",
+        f"<h1>MLPerf {_e(recipe.BENCHMARK)} submissions</h1>"
+        f"<p class='muted'>Storage root <code>{_e(root)}</code>; ruleset {_e(recipe.RULESET)}, "
+        f"target eval_accuracy (pass@4) &gt; {recipe.TARGET_ACCURACY}.</p>{body}",
+    )
+
+
+def _plot_block(kind: str, **params: str) -> str:
+    png = _q(f"plot/{kind}.png", **params)
+    svg = _q(f"plot/{kind}.svg", **params)
+    return (
+        f"<p><img id='plot' class='plot' src='{_e(png)}' width='960' height='540' "
+        f"alt='pass@4 by step'></p><p>{_link(png, 'PNG')} · {_link(svg, 'SVG')}</p>"
+    )
+
+
+def submission_page(entry: SubmissionEntry, base: str) -> str:
+    score = "-" if entry.score_minutes is None else f"{entry.score_minutes:.4f} minutes"
+    verdict = _overall(entry)
+    report = (
+        _link(_q("file/report", name=entry.name), "report.md")
+        if entry.report_path
+        else "<span class='muted'>no report.md yet</span>"
+    )
+    if entry.report_html_path:
+        report += " · " + _link(_q("file/report", name=entry.name, format="html"), "report.html")
+    compliance = "".join(
+        f"<p>compliance of seed {r.seed}:</p>{_verdict_errors(r.run.compliance)}"
+        for r in entry.runs
+        if r.run.compliance is not None and not r.run.compliance.ok
+    )
+    return _page(
+        f"submission {entry.name}",
+        f"<p>{_link('./', 'all submissions')}</p>"
+        f"<h1>Submission <code>{_e(entry.name)}</code></h1>"
+        f"<p>Verdict: <span id='verdict'>{verdict}</span> · score (result summarizer): "
+        f"<span id='score'>{_e(score)}</span> · {report}</p>"
+        f"<p class='muted'>Folder <code>{_e(entry.folder)}</code></p>"
+        f"<h2>Checkers</h2>{_verdicts_table(entry)}"
+        f"<h2>Runs</h2>{_runs_table(base, entry.runs)}{compliance}"
+        f"<h2>Convergence</h2>{_plot_block('submission', name=entry.name)}",
+    )
+
+
+def _gate(step: StepStatus) -> str:
+    if step.gate == "skip":
+        return f"skip (step {step.skipped_for} passed)"
+    return step.gate
+
+
+def _step_row(path: str, step: StepStatus) -> str:
+    passed = step.gate == "passes"
+    cls = "passed" if passed else ("skip" if step.gate == "skip" else "")
+    accuracy = "-" if step.eval_accuracy is None else f"{step.eval_accuracy:.4f}"
+    evaluation = _e(step.summary)
+    if step.problems:
+        evaluation += f"<br><code>{_e('; '.join(step.problems))}</code>"
+    if step.summary != "missing":
+        evaluation += " " + _link(_q("file/summary", path=path, step=step.step), "summary.json")
+    return (
+        f"<tr class='{cls}' data-step='{step.step}'><td>{step.step}</td>"
+        f"<td>{_e(_time(step.timestamp_ms))}</td><td>{step.samples_count}</td>"
+        f"<td>{'yes' if step.checkpoint_present else 'no'}</td><td>{evaluation}</td>"
+        f"<td class='pass4'>{_e(accuracy)}</td><td>{_e(_gate(step))}</td></tr>"
+    )
+
+
+def run_page(run: RunView, base: str) -> str:
+    head = (
+        "<tr><th>step</th><th>weight update (UTC)</th><th>samples</th><th>checkpoint</th>"
+        "<th>summary</th><th>pass@4</th><th>gate</th></tr>"
+    )
+    rows = "".join(_step_row(run.path, s) for s in run.status.steps)
+    stop = run.logged_stop
+    stop_text = (
+        "none"
+        if stop is None
+        else f"status={stop.status} at {_time(stop.time_ms)} (step {stop.step}, "
+        f"samples_count {stop.samples_count})"
+    )
+    files = " · ".join(
+        [
+            _link(_q("file/mllog", path=run.path), "MLLOG"),
+            _link(_q("file/manifest", path=run.path), "manifest"),
+        ]
+    )
+    s = run.settings
+    settings = (
+        "no usable manifest rows"
+        if s is None
+        else f"seed {s.seed}, global_batch_size {s.global_batch_size}, validation from step "
+        f"{s.val_start_at}, max_steps {s.max_steps}, target pass@4 &gt; {s.target_accuracy}"
+    )
+    warnings = "".join(f"<li>{_e(w)}</li>" for w in run.status.warnings)
+    return _page(
+        f"run {run.path}",
+        f"<p>{_link('./', 'all submissions')}</p><h1>Run <code>{_e(run.path)}</code></h1>"
+        f"<p class='muted'>{settings}</p>"
+        f"<p>Outcome: <span id='outcome'>{_e(run_outcome(run))}</span></p>"
+        f"<p>run_stop in the MLLOG: <span id='run-stop'>{_e(stop_text)}</span></p>"
+        f"<p>finalize would write now: <span id='finalize-now'>{_e(_finalize_now(run))}</span>"
+        f"</p><p>Official compliance checker: <span id='compliance'>"
+        f"{_verdict(run.compliance)}</span>{_verdict_errors(run.compliance)}</p>"
+        f"<p>Files: {files}</p>"
+        + (f"<ul class='muted'>{warnings}</ul>" if warnings else "")
+        + f"<h2>Checkpoints</h2><table id='steps'>{head}{rows}</table>"
+        f"<h2>Convergence</h2>{_plot_block('run', path=run.path)}",
+    )
+
+
+def outside_root_page(run_dir: str, root: str) -> str:
+    return _page(
+        "outside the storage root",
+        f"<p>The run folder <code>{_e(run_dir)}</code> is not below this deployment's storage "
+        f"root <code>{_e(root)}</code>; the RCP view shows only what is under it.</p>",
+    )

@@ -1,0 +1,61 @@
+"""The HTML report beside ``report.md``: the same text, rendered, with the convergence plot.
+
+``report.md`` stays the one source of the report's words; this renders it (markdown-it, raw
+HTML in it escaped, not passed through) and adds the plot of the submission's runs, inline as
+SVG so ``report.html`` is one self-contained file, and beside it as ``convergence.png`` and
+``convergence.svg``. Same inputs, same bytes.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from rcpflow.layout import join
+from rcpflow.storage import storage_for
+from tasks.convergence import render
+from tasks.storage_index import REPORT_HTML, RunView, convergence
+
+HTML_NAME = REPORT_HTML
+PLOT_NAME = "convergence"
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5rem auto; max-width: 72rem; color: #1a202c; }
+table { border-collapse: collapse; } th, td { border: 1px solid #cbd5e0; padding: 0.25rem 0.6rem; }
+th { background: #edf2f7; } code { font-size: 0.9em; } svg { max-width: 100%; height: auto; }
+"""
+
+
+def _inline_svg(svg: bytes) -> str:
+    """The ``<svg>`` element of a standalone SVG file (its XML prolog and DOCTYPE dropped)."""
+    text = svg.decode()
+    return text[text.index("<svg") :]
+
+
+def render_html(markdown: str, title: str, runs: Sequence[RunView]) -> tuple[str, bytes, bytes]:
+    """(report.html, convergence.png, convergence.svg) for this report text and these runs."""
+    from markdown_it import MarkdownIt
+
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
+    data = convergence(title, runs)
+    png, svg = render(data, "png"), render(data, "svg")
+    page = (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
+        f"{body}\n<h2>Convergence</h2>\n<figure id='convergence'>{_inline_svg(svg)}"
+        f"<figcaption>pass@4 by step per seed; {html.escape(data.reference_note)}. "
+        f"<a href='{PLOT_NAME}.png'>PNG</a> · <a href='{PLOT_NAME}.svg'>SVG</a></figcaption>"
+        "</figure>\n</body></html>\n"
+    )
+    return page, png, svg
+
+
+def write_html_report(folder: str, markdown: str, title: str, runs: Sequence[RunView]) -> str:
+    """Write report.html and the plot files into `folder`; returns report.html's path."""
+    page, png, svg = render_html(markdown, title, runs)
+    for name, data in ((f"{PLOT_NAME}.png", png), (f"{PLOT_NAME}.svg", svg)):
+        path = join(folder, name)
+        storage_for(path).write_atomic(path, data)
+    path = join(folder, HTML_NAME)
+    storage_for(path).write_atomic(path, page.encode())
+    return path

@@ -1,0 +1,164 @@
+"""The deployment's ``[jobs]`` table: which command, environment and image run each job, and
+where a foreign evaluate job leaves its result.
+
+    [jobs.train]
+    command = ["{python}", "/opt/trainer/train.py", "--out", "{run_dir}", "--seed", "{seed}"]
+    env = { XLA_FLAGS = "..." }
+    image = "registry/trainer:1"            # gke backend only
+
+    [jobs.evaluate]
+    command = ["{python}", "/opt/eval/run.py", "--ckpt", "{checkpoint_path}", "--out", "/e"]
+    result = { format = "tunix-tree", path = "/e" }
+
+Left out, a table keeps today's toy job (`tasks.jobs.TRAIN_JOB` / `EVALUATE_JOB`), and an
+evaluate job's result is rcpflow's own: the summary the job writes at
+``{summary_dir}/summary.json``. Any other result format is one of ``rcpflow eval import``'s, read
+from the rendered `path` after the job (``tunix-tree``: `path` is a tree
+``DIR/step_<N>/<attempt>/summary.json`` and the attempt the job added is read). Everything is
+checked when the file is parsed, so a placeholder a job cannot have fails at DAG-parse time
+naming its key (``jobs.train.command[3]``); substitution is per argv item, never a shell.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from tasks.jobs import (
+    EVALUATE_JOB,
+    PLACEHOLDERS,
+    TRAIN_JOB,
+    JobCommand,
+    JobCommandError,
+    Role,
+    check_template,
+    fill,
+)
+from tasks.settings import SettingError
+
+# "rcpflow": the job writes the step's summary itself; the others are `rcpflow eval import`'s
+# source formats (rcpflow.eval_import.SOURCE_FORMATS), and a Tunix-style tree of them.
+ResultFormat = Literal[
+    "rcpflow",
+    "rcpflow-summary",
+    "tunix-summary",
+    "rcpflow-attempts",
+    "deepswe",
+    "r2egym",
+    "tunix-tree",
+]
+# A result path must name one step's result; these placeholders differ per step.
+_PER_STEP = frozenset(
+    {"step", "samples_count", "checkpoint_path", "checkpoint_timestamp_ms", "summary_dir"}
+)
+# Set by the backends themselves (tasks.backends.local, tasks.backends.gke.render).
+_RESERVED_ENV = re.compile(r"^(RCPFLOW_.*|PYTHONUNBUFFERED)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _command(role: Role, argv: tuple[str, ...]) -> JobCommand:
+    try:
+        return JobCommand(role, argv)
+    except JobCommandError as exc:
+        key = "command" if exc.index is None else f"command[{exc.index}]"
+        raise SettingError(key, str(exc)) from None
+
+
+def _check_env(env: Mapping[str, str]) -> None:
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise SettingError(f"env.{name}", "is not an environment variable name")
+        if _RESERVED_ENV.match(name):
+            raise SettingError(f"env.{name}", "is set by rcpflow itself; choose another name")
+
+
+def _check_image(image: str | None) -> None:
+    if image is not None and (not image or any(c.isspace() for c in image)):
+        raise SettingError("image", f"{image!r} is not an image reference")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Where an evaluate job leaves its result, and in which format (see the module doc)."""
+
+    format: ResultFormat = "rcpflow"
+    path: str = ""  # a template of the evaluate placeholders ({python} aside)
+
+    def __post_init__(self) -> None:
+        if self.format == "rcpflow":
+            if self.path:
+                raise SettingError(
+                    "path",
+                    "format 'rcpflow' is the summary the job writes at "
+                    "{summary_dir}/summary.json; give no path (or name another format)",
+                )
+            return
+        if not self.path:
+            raise SettingError("path", f"format {self.format!r} needs the path of the result")
+        try:
+            names = check_template("evaluate", self.path, PLACEHOLDERS["evaluate"] - {"python"})
+        except JobCommandError as exc:
+            raise SettingError("path", str(exc)) from None
+        if self.format != "tunix-tree" and not names & _PER_STEP:
+            raise SettingError(
+                "path",
+                f"{self.path!r} is the same file for every step; use {{step}} (or "
+                "{summary_dir}) in it",
+            )
+
+    @property
+    def imported(self) -> bool:
+        """Whether rcpflow imports the result (anything but its own summary)."""
+        return self.format != "rcpflow"
+
+    def render(self, values: Mapping[str, str | int]) -> str:
+        return fill(self.path, values)
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    command: tuple[str, ...] = TRAIN_JOB.argv
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    image: str | None = None  # None: the [gke] table's image
+
+    def __post_init__(self) -> None:
+        _command("train", self.command)
+        _check_env(self.env)
+        _check_image(self.image)
+
+    @property
+    def job_command(self) -> JobCommand:
+        return JobCommand("train", self.command)
+
+
+@dataclass(frozen=True)
+class EvaluateJob:
+    command: tuple[str, ...] = EVALUATE_JOB.argv
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    image: str | None = None
+    result: EvalResult = field(default_factory=EvalResult)
+
+    def __post_init__(self) -> None:
+        _command("evaluate", self.command)
+        _check_env(self.env)
+        _check_image(self.image)
+
+    @property
+    def job_command(self) -> JobCommand:
+        return JobCommand("evaluate", self.command)
+
+
+@dataclass(frozen=True)
+class Jobs:
+    """The ``[jobs]`` table."""
+
+    train: TrainJob = field(default_factory=TrainJob)
+    evaluate: EvaluateJob = field(default_factory=EvaluateJob)
+
+    def images(self) -> dict[str, str]:
+        """``jobs.<role>.image`` keys that are set, with their values."""
+        found = {"train.image": self.train.image, "evaluate.image": self.evaluate.image}
+        return {k: v for k, v in found.items() if v is not None}

@@ -1,0 +1,35 @@
+"""What the placeholders of a job template (`tasks.jobs`) stand for, for one run or checkpoint.
+
+The same values on every backend; only ``{python}`` is the backend's (the worker's interpreter
+locally, the image's ``python`` on GKE).
+"""
+
+from __future__ import annotations
+
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import ManifestRow
+from tasks.run.spec import RunSpec
+
+Values = dict[str, str | int]
+
+
+def train_values(run: RunSpec, python: str) -> Values:
+    """The training job's values (`tasks.jobs.PLACEHOLDERS["train"]`)."""
+    layout = RunLayout(run.run_dir)
+    return {"python": python, **run.job_values(), "checkpoint_dir": layout.checkpoints_dir}
+
+
+def evaluate_values(run_dir: str, row: ManifestRow, python: str) -> Values:
+    """The evaluate job's values for the checkpoint of `row` (a loaded row: its
+    checkpoint_path is absolute)."""
+    layout = RunLayout(run_dir)
+    return {
+        "python": python,
+        "run_dir": layout.root,
+        "step": row.step,
+        "seed": row.seed,
+        "samples_count": row.samples_count,
+        "checkpoint_path": row.checkpoint_path,
+        "checkpoint_timestamp_ms": row.timestamp_ms,
+        "summary_dir": layout.eval_dir(row.step),
+    }

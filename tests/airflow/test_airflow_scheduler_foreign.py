@@ -1,0 +1,79 @@
+"""End to end under a real scheduler with foreign jobs: the deployment's [jobs] templates run
+tests/foreign's trainer (its own checkpoints, rows through `rcpflow manifest add`) and its
+Tunix-format evaluator, whose results each evaluate step imports with its own clock; the run
+ends with a log the official checker passes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from airflow_harness import DAGS, REPO
+from foreign.deployment import FOREIGN_RUN, PASSING_STEP, write_foreign_deployment
+
+from rcpflow.layout import RunLayout
+from rcpflow.manifest import load
+from rcpflow.mllog import read_events
+from rcpflow.summary import read_summary
+from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
+from tasks.verdicts import read_verdict
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+    folder = tmp_path_factory.mktemp("foreign")
+    deployment = write_foreign_deployment(folder / "deployment.toml", rows="cli")
+    config = ServerConfig(
+        home=tmp_path_factory.mktemp("airflow"),
+        dags_folder=DAGS,
+        plugins_folder=REPO / "plugins",
+        port=free_port(),
+        parallelism=3,
+        env={"JAX_PLATFORMS": "cpu", "RCPFLOW_DEPLOYMENT": str(deployment)},
+    )
+    server = LocalAirflow(config)
+    try:
+        server.start()
+        server.wait_for_dag("mlperf_grpo_run")
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_foreign_jobs_under_the_scheduler(server: LocalAirflow, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_id = server.trigger("mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)})
+    state = server.wait_for_run("mlperf_grpo_run", run_id, timeout_s=600)
+    tis = server.task_instances("mlperf_grpo_run", run_id)
+
+    states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
+    assert state == "success", states
+    first, last = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
+    evals = sorted(
+        (t for t in tis if t["task_id"] == "evaluation.evaluate"), key=lambda t: t["map_index"]
+    )
+    ran = [t for t in evals if t["state"] == "success"]
+    # the eval window of 1: in step order, one at a time, nothing after the passing step
+    assert [first + t["map_index"] for t in ran] == list(range(first, PASSING_STEP + 1))
+    assert all(t["state"] == "skipped" for t in evals if first + t["map_index"] > PASSING_STEP)
+    assert len(evals) == last - first + 1
+    for earlier, later in itertools.pairwise(ran):
+        assert earlier["end_date"] <= later["start_date"]
+    layout = RunLayout(str(run_dir))
+    manifest = load(layout.manifest)
+    assert all("/own_checkpoints/step-" in r.checkpoint_path for r in manifest.rows)
+    for step in range(first, PASSING_STEP + 1):
+        [tunix] = (run_dir / "tunix_eval" / f"step_{step}").glob("*/summary.json")
+        summary = read_summary(layout.summary(step))
+        assert summary.pass_at_k == json.loads(tunix.read_text())["pass_at_k"]
+        assert summary.eval_start_ms >= manifest.row(step).timestamp_ms
+    (stop,) = [e for e in read_events(layout.mllog(1)) if e.key == "run_stop"]
+    assert stop.metadata["status"] == "success"
+    assert stop.time_ms == manifest.row(PASSING_STEP).timestamp_ms
+    verdict = read_verdict(str(run_dir), "compliance_checker")
+    assert verdict is not None and verdict.ok
