@@ -57,8 +57,35 @@ def _block_stop_step(log_path: str) -> int | None:
     return step
 
 
-def checkpoint_progress(run_dir: str, step: int, seed: int) -> CheckpointProgress:
-    """Where training stands for `step` of the run of `seed` in `run_dir`."""
+@dataclass(frozen=True)
+class RunSnapshot:
+    """One read of a run's manifest and MLLOG: answers for every planned step at once (the
+    waits of a run share one read per poll instead of one each)."""
+
+    rows: tuple[ManifestRow, ...]  # the run's current rows, by step
+    ended_at: int | None  # the step of the current attempt's block_stop, once training ended
+
+    def progress(self, step: int) -> CheckpointProgress:
+        """Where training stands for `step`."""
+        rows = self.rows
+        last = rows[-1].step if rows else None
+        for row in rows:
+            if row.step == step:
+                return CheckpointProgress(step, "committed", row, rows, f"step {step} committed")
+        if self.ended_at is not None:
+            newest = "no checkpoint row" if last is None else f"the last row is step {last}"
+            detail = (
+                f"training ended (block_stop at step {self.ended_at}) without step {step}: "
+                f"{newest}"
+            )
+            return CheckpointProgress(step, "ended", None, rows, detail)
+        waiting = "no row yet" if last is None else f"newest row step {last}"
+        return CheckpointProgress(step, "pending", None, rows, f"step {step}: waiting ({waiting})")
+
+
+def run_snapshot(run_dir: str, seed: int) -> RunSnapshot:
+    """Read the manifest, then the MLLOG of the run of `seed` in `run_dir` (in that order: a
+    row written before block_stop is never missed by a reader that sees block_stop)."""
     layout = RunLayout(run_dir)
     rows: tuple[ManifestRow, ...] = ()
     if storage_for(layout.manifest).exists(layout.manifest):
@@ -66,14 +93,9 @@ def checkpoint_progress(run_dir: str, step: int, seed: int) -> CheckpointProgres
             rows = load(layout.manifest, layout.mllog(seed)).rows
         except ManifestError as exc:
             raise ProgressError(f"manifest: {exc}") from exc
-    last = rows[-1].step if rows else None
-    for row in rows:
-        if row.step == step:
-            return CheckpointProgress(step, "committed", row, rows, f"step {step} committed")
-    ended_at = _block_stop_step(layout.mllog(seed))
-    if ended_at is not None:
-        newest = "no checkpoint row" if last is None else f"the last row is step {last}"
-        detail = f"training ended (block_stop at step {ended_at}) without step {step}: {newest}"
-        return CheckpointProgress(step, "ended", None, rows, detail)
-    waiting = "no row yet" if last is None else f"newest row step {last}"
-    return CheckpointProgress(step, "pending", None, rows, f"step {step}: waiting ({waiting})")
+    return RunSnapshot(rows, _block_stop_step(layout.mllog(seed)))
+
+
+def checkpoint_progress(run_dir: str, step: int, seed: int) -> CheckpointProgress:
+    """Where training stands for `step` of the run of `seed` in `run_dir`."""
+    return run_snapshot(run_dir, seed).progress(step)

@@ -70,6 +70,11 @@ def during_training_group(
     wait_timeout = timedelta(minutes=deployment.train_timeout_minutes + 5)
 
     with TaskGroup(group_id="evaluation") as group:
+        steps = planned_steps(spec)
+        if not isinstance(steps, PlainXComArg):
+            raise TypeError(f"expected the output of planned_steps, got {steps!r}")
+        # what a wait started on the triggerer reads its step and run from
+        plan_task_id, steps_task_id = spec.operator.task_id, steps.operator.task_id
 
         @task_group(group_id="checkpoint")
         def checkpoint(step: int) -> None:
@@ -78,19 +83,16 @@ def during_training_group(
                 run_dir=run_dir,
                 step=step,
                 seed=seed,
+                plan_task_id=plan_task_id,
+                steps_task_id=steps_task_id,
                 train_group_id=TRAIN_GROUP_ID,
                 poll_interval_s=deployment.checkpoint_poll_seconds,
                 timeout=wait_timeout,
                 map_index_template="step {{ task.step }}",
-                # A wait needs a worker only to defer and to resume; training and evaluations
-                # come first when slots are short (the downstream weights would rank it first).
-                priority_weight=1,
-                weight_rule="absolute",
             )
             backend.evaluate_checkpoint(run_dir, wait.output) >> stop_if_decided(
                 run_dir=run_dir, step=step
             )
 
-        steps = checkpoint.expand(step=planned_steps(spec))
-        [steps, train] >> finalize(run_dir) >> check(run_dir)
+        [checkpoint.expand(step=steps), train] >> finalize(run_dir) >> check(run_dir)
     return group

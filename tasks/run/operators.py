@@ -1,12 +1,14 @@
 """`WaitForCheckpointOperator`: the first half of evaluating a planned step during training.
 
 It returns the step's manifest row once its checkpoint is committed (the input of the step's
-``evaluate``), after deferring to `tasks.run.triggers.CheckpointTrigger` while it is not: the
-wait holds no worker slot and is not counted in the eval window. It skips, saying why, when a
-lower step already passed (the gate of `tasks.run.gate`), when training ended without that
-checkpoint (stopped at the verdict) or when training failed. When the train group has not
-started (``dag.test()`` runs one task at a time; a busy scheduler may queue training), it gives
-its place back and comes again (up_for_reschedule).
+``evaluate``). Under a scheduler it starts and ends on the triggerer
+(`tasks.run.triggers.StartedCheckpointTrigger`): no worker process at all while it waits, and
+not counted in the eval window. Started on a worker instead (``dag.test()``), it defers to
+`tasks.run.triggers.CheckpointTrigger` and resumes with its event. Either way it skips, saying
+why, when a lower step already passed (the gate of `tasks.run.gate`), when training ended
+without that checkpoint (stopped at the verdict) or when training failed. On a worker, when
+the train group has not started (``dag.test()`` runs one task at a time), it gives its place
+back and comes again (up_for_reschedule).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from airflow.sdk.exceptions import (
     AirflowRescheduleException,
     AirflowSkipException,
 )
+from airflow.triggers.base import StartTriggerArgs
 
 from rcpflow.gate import passing_step_below
 from rcpflow.training_progress import CheckpointProgress, ProgressError, checkpoint_progress
-from tasks.run.triggers import CheckpointTrigger
+from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -36,11 +39,14 @@ log = logging.getLogger(__name__)
 
 class WaitForCheckpointOperator(BaseOperator):
     """Wait, deferred, for the checkpoint of `step` of the run of `seed` in `run_dir`; return
-    its manifest row as a dict. `timeout` bounds the whole wait (a failed deferral ends in a
-    failed task); the train group is `train_group_id` of the same DAG run."""
+    its manifest row as a dict. `timeout` bounds the whole wait (then the task fails); the
+    run's RunSpec is the XCom of `plan_task_id`, the planned steps that of `steps_task_id`
+    (what the triggerer reads: it has no resolved arguments), the train group is
+    `train_group_id` of the same DAG run."""
 
     template_fields: Sequence[str] = ("run_dir", "step", "seed")
     ui_color = "#f1f3f4"
+    start_from_trigger = True
 
     def __init__(
         self,
@@ -48,6 +54,8 @@ class WaitForCheckpointOperator(BaseOperator):
         run_dir: str | XComArg,  # template fields: an XComArg is resolved before execute
         step: int | XComArg,
         seed: int | XComArg,
+        plan_task_id: str,
+        steps_task_id: str,
         train_group_id: str = "train",
         poll_interval_s: float = 5.0,
         timeout: timedelta | None = None,
@@ -60,6 +68,18 @@ class WaitForCheckpointOperator(BaseOperator):
         self.train_group_id = train_group_id
         self.poll_interval_s = poll_interval_s
         self.timeout = timeout
+        self.start_trigger_args = StartTriggerArgs(
+            trigger_cls=f"{StartedCheckpointTrigger.__module__}.{StartedCheckpointTrigger.__qualname__}",
+            trigger_kwargs=StartedCheckpointTrigger(
+                plan_task_id=plan_task_id,
+                steps_task_id=steps_task_id,
+                train_group_id=train_group_id,
+                poll_interval_s=poll_interval_s,
+            ).serialize()[1],
+            next_method="execute_complete",
+            next_kwargs=None,
+            timeout=timeout,
+        )
 
     def _args(self) -> tuple[str, int, int]:
         run_dir, step, seed = self.run_dir, self.step, self.seed

@@ -13,7 +13,7 @@ import pytest
 from synthetic_run import make_run
 
 from rcpflow.layout import RunLayout
-from tasks.run.triggers import CheckpointTrigger, training_state
+from tasks.run.triggers import CheckpointTrigger, WaitTarget, training_state
 
 
 class ScriptedTrigger(CheckpointTrigger):
@@ -21,7 +21,7 @@ class ScriptedTrigger(CheckpointTrigger):
 
     script: list[Mapping[str, Any]]
 
-    async def train_task_states(self) -> Mapping[str, Any]:
+    async def train_task_states(self, target: WaitTarget) -> Mapping[str, Any]:
         return self.script.pop(0) if len(self.script) > 1 else self.script[0]
 
 
