@@ -43,10 +43,11 @@ class Backend(Protocol):
         (plus any teardown it needs); what is returned is what finalize waits for."""
         ...
 
-    def evaluate_checkpoint(self, run_dir: str | XComArg, row: XComArg) -> DependencyMixin:
-        """Task ``evaluate`` of one row, inside the mapped task group of evaluation during
-        training (one instance per planned step), behind the same gate and with the same eval
-        window; what is returned is what the step's stop check waits for."""
+    def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
+        """Task ``evaluate`` of the checkpoint of `step` (its row read from the manifest),
+        inside the mapped task group of evaluation during training (one instance per planned
+        step), behind the same gate and with the same eval window; what is returned is what
+        the step's stop check waits for."""
         ...
 
 

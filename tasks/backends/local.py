@@ -13,7 +13,7 @@ import logging
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,12 +22,11 @@ from airflow.sdk import XComArg, task
 from tasks.deployment import BackendName, Deployment
 from tasks.job_templates import EvaluateJob, TrainJob
 from tasks.run.eval_result import run_evaluate_job
-from tasks.run.gate import evaluate_row
+from tasks.run.gate import eval_target, evaluate_target, step_target
 from tasks.run.job_values import train_values
 from tasks.run.spec import FormDefaults, RunSpec, XComValue
 
 if TYPE_CHECKING:
-    from airflow.sdk.bases.decorator import Task
     from airflow.sdk.definitions._internal.mixins import DependencyMixin
 
 log = logging.getLogger(__name__)
@@ -128,8 +127,7 @@ class LocalBackend:
 
         return train_job(spec)
 
-    def _evaluate_task(self) -> Task[..., dict[str, Any]]:
-        """The ``evaluate`` task (a decorated function: expand it, or call it in a mapped group)."""
+    def _launcher(self) -> Callable[[str, int], None]:
         deployment, job = self.deployment, self.evaluate_job
         env = {**deployment.job_env, **job.env}
 
@@ -142,19 +140,32 @@ class LocalBackend:
                 run=lambda argv: run_job(argv, name=f"evaluate step {step}", env=env),
             )
 
-        @task(
-            map_index_template="step {{ task.op_kwargs['row']['step'] }}",
-            max_active_tis_per_dagrun=deployment.eval_window,
-            retries=deployment.eval_retries,
-            execution_timeout=timedelta(minutes=deployment.eval_timeout_minutes),
-        )
-        def evaluate(run_dir: str, row: dict[str, Any]) -> dict[str, Any]:
-            return evaluate_row(run_dir, row, launch)
+        return launch
 
-        return evaluate
+    def _evaluate_limits(self) -> dict[str, Any]:
+        deployment = self.deployment
+        return {
+            "max_active_tis_per_dagrun": deployment.eval_window,
+            "retries": deployment.eval_retries,
+            "execution_timeout": timedelta(minutes=deployment.eval_timeout_minutes),
+        }
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
-        return self._evaluate_task().partial(run_dir=run_dir).expand(row=rows)
+        launch = self._launcher()
 
-    def evaluate_checkpoint(self, run_dir: str | XComArg, row: XComArg) -> DependencyMixin:
-        return self._evaluate_task()(run_dir=run_dir, row=row)
+        @task(
+            map_index_template="step {{ task.op_kwargs['row']['step'] }}", **self._evaluate_limits()
+        )
+        def evaluate(run_dir: str, row: dict[str, Any]) -> dict[str, Any]:
+            return evaluate_target(eval_target(run_dir, row), launch)
+
+        return evaluate.partial(run_dir=run_dir).expand(row=rows)
+
+    def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
+        launch = self._launcher()
+
+        @task(map_index_template="step {{ task.op_kwargs['step'] }}", **self._evaluate_limits())
+        def evaluate(run_dir: XComValue, step: XComValue) -> dict[str, Any]:
+            return evaluate_target(step_target(run_dir, step), launch)
+
+        return evaluate(run_dir=run_dir, step=step)

@@ -24,7 +24,8 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import TaskGroup, XComArg, task, task_group
+from airflow.sdk import Param, TaskGroup, XComArg, task, task_group
+from airflow.sdk.definitions._internal.types import NOTSET
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from rcpflow.stop_request import request_stop
@@ -33,6 +34,8 @@ from tasks.run.operators import WaitForCheckpointOperator
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
+    from airflow.sdk.definitions.param import ParamsDict
+
     from tasks.backends.base import Backend
     from tasks.deployment import Deployment
 
@@ -60,6 +63,26 @@ def stop_if_decided(run_dir: XComValue, step: XComValue) -> dict[str, Any] | Non
     return {"step": request.step, "timestamp_ms": request.timestamp_ms}
 
 
+def nullable_required_params(params: ParamsDict) -> dict[str, Param]:
+    """Task-level copies of the DAG's Params that have no default, with a null default.
+
+    Airflow 3.3's triggerer builds a start_from_trigger task's context by resolving the task's
+    Params on the deserialized DAG before it applies the run's conf; a Param without a default
+    fails there, and the error kills the whole trigger runner (measured: a required
+    ``run_dir`` stopped every trigger of the deployment). With these copies on the wait task
+    the conf still sets the values and validates them; the DAG's form is unchanged."""
+    copies: dict[str, Param] = {}
+    for key in params:
+        param = params.get_param(key)
+        if param.value is NOTSET:
+            schema = dict(param.schema)
+            kind = schema.get("type", "string")
+            kinds = kind if isinstance(kind, list) else [kind]
+            schema["type"] = ["null", *[k for k in kinds if k != "null"]]
+            copies[key] = Param(None, **schema)
+    return copies
+
+
 def during_training_group(
     backend: Backend, deployment: Deployment, spec: XComArg, train: TaskGroup
 ) -> TaskGroup:
@@ -75,6 +98,9 @@ def during_training_group(
             raise TypeError(f"expected the output of planned_steps, got {steps!r}")
         # what a wait started on the triggerer reads its step and run from
         plan_task_id, steps_task_id = spec.operator.task_id, steps.operator.task_id
+        if group.dag is None:
+            raise RuntimeError("the evaluation group must be built inside a DAG")
+        wait_params = nullable_required_params(group.dag.params)
 
         @task_group(group_id="checkpoint")
         def checkpoint(step: int) -> None:
@@ -89,10 +115,10 @@ def during_training_group(
                 poll_interval_s=deployment.checkpoint_poll_seconds,
                 timeout=wait_timeout,
                 map_index_template="step {{ task.step }}",
+                params=wait_params,
             )
-            backend.evaluate_checkpoint(run_dir, wait.output) >> stop_if_decided(
-                run_dir=run_dir, step=step
-            )
+            evaluate = backend.evaluate_checkpoint(run_dir, step)
+            wait >> evaluate >> stop_if_decided(run_dir=run_dir, step=step)
 
         [checkpoint.expand(step=steps), train] >> finalize(run_dir) >> check(run_dir)
     return group

@@ -195,6 +195,17 @@ def eval_target(run_dir: str, row: dict[str, Any]) -> EvalTarget:
     return EvalTarget(run_dir=run_dir, row=current, rows=manifest.rows)
 
 
+def step_target(run_dir: str, step: int) -> EvalTarget:
+    """The checkpoint of `step` as the manifest has it now (evaluation during training: the
+    step's wait saw its row committed)."""
+    manifest = load(RunLayout(run_dir).manifest)
+    try:
+        current = manifest.row(step)
+    except ManifestError as exc:
+        raise EvaluationError(f"step {step}: not in the manifest: {exc}") from exc
+    return EvalTarget(run_dir=run_dir, row=current, rows=manifest.rows)
+
+
 def skip_if_decided(target: EvalTarget) -> None:
     """AirflowSkipException when a lower step's valid summary already passes the target; its
     message (in the instance's log) names the step that decided the run."""
@@ -252,18 +263,13 @@ def collect(target: EvalTarget) -> dict[str, Any]:
     return {"step": step, "eval_accuracy": summary.eval_accuracy, "target_reached": reached}
 
 
-def evaluate_row(
-    run_dir: str,
-    row: dict[str, Any],
-    launch: Callable[[str, int], None],
-) -> dict[str, Any]:
+def evaluate_target(target: EvalTarget, launch: Callable[[str, int], None]) -> dict[str, Any]:
     """Evaluate one checkpoint unless the gate says a lower step already passed;
     `launch(run_dir, step)` runs the evaluation job and raises if it fails."""
-    target = eval_target(run_dir, row)
     skip_if_decided(target)
     if not reusable(target):
         try:
-            launch(run_dir, target.step)
+            launch(target.run_dir, target.step)
         except Exception:
             # With an eval window > 1 a lower step may have passed while this job ran: then
             # this failure does not matter to the run.

@@ -1,7 +1,7 @@
 """`WaitForCheckpointOperator`: the first half of evaluating a planned step during training.
 
-It returns the step's manifest row once its checkpoint is committed (the input of the step's
-``evaluate``). Under a scheduler it starts and ends on the triggerer
+It succeeds once the step's checkpoint is committed (the step's ``evaluate`` then reads its
+row from the manifest). Under a scheduler it starts and ends on the triggerer
 (`tasks.run.triggers.StartedCheckpointTrigger`): no worker process at all while it waits, and
 not counted in the eval window. Started on a worker instead (``dag.test()``), it defers to
 `tasks.run.triggers.CheckpointTrigger` and resumes with its event. Either way it skips, saying
@@ -13,7 +13,6 @@ back and comes again (up_for_reschedule).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -38,11 +37,10 @@ log = logging.getLogger(__name__)
 
 
 class WaitForCheckpointOperator(BaseOperator):
-    """Wait, deferred, for the checkpoint of `step` of the run of `seed` in `run_dir`; return
-    its manifest row as a dict. `timeout` bounds the whole wait (then the task fails); the
-    run's RunSpec is the XCom of `plan_task_id`, the planned steps that of `steps_task_id`
-    (what the triggerer reads: it has no resolved arguments), the train group is
-    `train_group_id` of the same DAG run."""
+    """Wait, deferred, for the checkpoint of `step` of the run of `seed` in `run_dir`.
+    `timeout` bounds the whole wait (then the task fails); the run's RunSpec is the XCom of
+    `plan_task_id`, the planned steps that of `steps_task_id` (what the triggerer reads: it
+    has no resolved arguments), the train group is `train_group_id` of the same DAG run."""
 
     template_fields: Sequence[str] = ("run_dir", "step", "seed")
     ui_color = "#f1f3f4"
@@ -94,10 +92,11 @@ class WaitForCheckpointOperator(BaseOperator):
         except ProgressError as exc:
             raise AirflowFailException(f"step {step}: {exc}") from exc
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def execute(self, context: Context) -> None:
         progress = self._progress()
         if progress.state != "pending":
-            return self._finish(progress)
+            self._finish(progress)
+            return
         dag_run = context["dag_run"]
         run_dir, step, seed = self._args()
         log.info("%s; deferring", progress.detail)
@@ -116,7 +115,7 @@ class WaitForCheckpointOperator(BaseOperator):
             timeout=self.timeout,
         )
 
-    def execute_complete(self, context: Context, event: Mapping[str, Any]) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: Mapping[str, Any]) -> None:
         state, detail = event["state"], event["detail"]
         if state == "error":
             raise AirflowFailException(f"step {self.step}: {detail}")
@@ -127,9 +126,9 @@ class WaitForCheckpointOperator(BaseOperator):
             raise AirflowRescheduleException(
                 reschedule_date=datetime.now(tz=UTC) + timedelta(seconds=self.poll_interval_s)
             )
-        return self._finish(self._progress())
+        self._finish(self._progress())
 
-    def _finish(self, progress: CheckpointProgress) -> dict[str, Any]:
+    def _finish(self, progress: CheckpointProgress) -> None:
         if progress.state == "pending":  # only after a trigger said otherwise: files went back
             raise AirflowFailException(f"step {self.step}: {progress.detail} after the wait ended")
         if progress.state == "ended":
@@ -143,4 +142,3 @@ class WaitForCheckpointOperator(BaseOperator):
                 f"step {passed} already passed the target; step {row.step} is not evaluated"
             )
         log.info("step %d: checkpoint committed at %s", row.step, row.checkpoint_path)
-        return dataclasses.asdict(row)

@@ -20,7 +20,6 @@ calls are synchronous, so they run in a thread, off the triggerer's event loop.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -224,10 +223,10 @@ class CheckpointTrigger(_CheckpointWait):
 class StartedCheckpointTrigger(_CheckpointWait):
     """A wait started on the triggerer, for the task instance it is given: its step is the
     `steps_task_id` XCom at the instance's map index, its run the `plan_task_id` XCom (a
-    RunSpec). Ends the task: success with the step's manifest row (a dict) as its return
-    value; skipped when training ended without the row, when training failed, or when a lower
-    step already passed; failed when the run's files are unreadable (the reason is in this
-    trigger's log)."""
+    RunSpec). Ends the task: success once the step's checkpoint is committed; skipped when
+    training ended without the row, when training failed, or when a lower step already
+    passed; failed when the run's files are unreadable (the reason is in this trigger's
+    log)."""
 
     def __init__(
         self,
@@ -289,4 +288,6 @@ class StartedCheckpointTrigger(_CheckpointWait):
             yield TaskSkippedEvent()
             return
         self.log.info("step %d: checkpoint committed at %s", row.step, row.checkpoint_path)
-        yield TaskSuccessEvent(xcoms={"return_value": dataclasses.asdict(row)})
+        # No XCom: the step's evaluate reads the row from the manifest (Airflow 3.3 stores an
+        # end event's XComs JSON-encoded twice, so a worker would read them back as a string).
+        yield TaskSuccessEvent()

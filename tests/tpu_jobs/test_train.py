@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,24 +168,30 @@ def test_cli_on_gcs(gcs, gcs_prefix: str) -> None:
 def test_a_stop_request_ends_training_after_the_current_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed_of_request: int
 ) -> None:
-    """The orchestrator asks to stop once step 3 is trained (the request appears just after
-    run_start, naming step 3): the trainer ends after step 3 with every queued save committed
-    and its row written, block_stop at step 3's update. A request naming another run (seed 2)
-    is ignored: training runs to max_steps."""
+    """The orchestrator asks to stop once step 3 is evaluated (the request appears while step
+    4 is trained, naming step 3's committed checkpoint): the trainer ends after step 4 with
+    every queued save committed and its row written, block_stop at step 4's update. A request
+    naming another run (seed 2) is ignored: training runs to max_steps."""
     run_dir = str(tmp_path / "run")
-    original = RcpHooks.on_run_start
+    original = RcpHooks.after_update
 
-    def start_then_request(self: RcpHooks, time_ms: int | None = None) -> None:
-        original(self, time_ms)
-        start = run_start_ms(events(run_dir, 1))
-        identity = stop_request.RunIdentity(seed_of_request, 32, 2, 8, start)
-        request = stop_request.StopRequest(identity, step=3, timestamp_ms=0, reason="test")
-        Path(RunLayout(run_dir).stop_request).write_bytes(request.to_json())
+    def update_then_request(self: RcpHooks, step: int, params: Any, state: Any) -> int:
+        timestamp_ms = original(self, step, params, state)
+        if step == 4:
+            self.flush()  # the saves of steps 2..4 committed, with their rows
+            row = manifest.load(RunLayout(run_dir).manifest).row(3)
+            start = run_start_ms(events(run_dir, 1))
+            identity = stop_request.RunIdentity(seed_of_request, 32, 2, 8, start)
+            request = stop_request.StopRequest(
+                identity, step=3, timestamp_ms=row.timestamp_ms, reason="test"
+            )
+            Path(RunLayout(run_dir).stop_request).write_bytes(request.to_json())
+        return timestamp_ms
 
-    monkeypatch.setattr(RcpHooks, "on_run_start", start_then_request)
+    monkeypatch.setattr(RcpHooks, "after_update", update_then_request)
     config = train.TrainConfig(run_dir=run_dir, seed=1, global_batch_size=32, max_steps=8,
                                val_start_at=2)  # fmt: skip
     result = train.train(config)
-    last = 3 if seed_of_request == 1 else 8
+    last = 4 if seed_of_request == 1 else 8
     assert result.last_step == last and len(result.mean_rewards) == last
     check_run(run_dir, 1, list(range(2, last + 1)))  # complete checkpoints, rows, block_stop

@@ -54,12 +54,12 @@ class GkeBackend:
             retries=self.deployment.eval_retries,
         )
 
-    def evaluate_checkpoint(self, run_dir: str | XComArg, row: XComArg) -> DependencyMixin:
+    def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
         return evaluate_jobset(
             self.settings,
             self.deployment.jobs.evaluate,
             run_dir,
-            row,
+            step,
             eval_window=self.deployment.eval_window,
             job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
             retries=self.deployment.eval_retries,

@@ -17,6 +17,7 @@ from tasks.backends.gke.operators import (
     DeleteEvalJobSetsOperator,
     DeleteJobSetOperator,
     EvaluateJobSetOperator,
+    EvaluateStepJobSetOperator,
     RunJobSetOperator,
 )
 from tasks.backends.gke.render import render_jobset
@@ -132,21 +133,21 @@ def evaluate_jobset(
     settings: GkeSettings,
     job: EvaluateJob,
     run_dir: str | XComArg,
-    row: XComArg,
+    step: int | XComArg,
     *,
     eval_window: int,
     job_timeout: timedelta,
     retries: int = 0,
 ) -> DependencyMixin:
-    """``evaluate`` of one row inside a mapped task group (evaluation during training) and its
-    per-index ``cleanup`` teardown (deletes only that instance's JobSet)."""
-    # run_dir and row are template fields: an XComArg is resolved before execute
-    resolved: dict[str, Any] = {"run_dir": run_dir, "row": row}
-    evaluate = EvaluateJobSetOperator(
+    """``evaluate`` of the checkpoint of `step` inside a mapped task group (evaluation during
+    training) and its per-index ``cleanup`` teardown (deletes only that instance's JobSet)."""
+    # run_dir and step are template fields: an XComArg is resolved before execute
+    resolved: dict[str, Any] = {"run_dir": run_dir, "step": step}
+    evaluate = EvaluateStepJobSetOperator(
         task_id="evaluate",
         settings=settings,
         job=job,
-        map_index_template="step {{ task.row['step'] }}",
+        map_index_template="step {{ task.step }}",
         max_active_tis_per_dagrun=eval_window,
         job_timeout=job_timeout,
         retries=retries,

@@ -37,7 +37,15 @@ from tasks.backends.gke.settings import GkeSettings
 from tasks.backends.gke.triggers import WATCH_BOUNDS, JobSetTrigger
 from tasks.job_templates import EvaluateJob
 from tasks.run.eval_result import Baseline, baseline, import_result, now_ms
-from tasks.run.gate import EvaluationError, collect, eval_target, reusable, skip_if_decided
+from tasks.run.gate import (
+    EvalTarget,
+    EvaluationError,
+    collect,
+    eval_target,
+    reusable,
+    skip_if_decided,
+    step_target,
+)
 from tasks.run.job_values import evaluate_values
 
 if TYPE_CHECKING:
@@ -367,8 +375,12 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         self.run_dir = run_dir
         self.row = row
 
+    def target(self) -> EvalTarget:
+        """The checkpoint this instance evaluates, as the manifest has it now."""
+        return eval_target(self.run_dir, dict(self.row))
+
     def execute(self, context: Context) -> Any:
-        target = eval_target(self.run_dir, dict(self.row))
+        target = self.target()
         skip_if_decided(target)
         if reusable(target):
             return collect(target)
@@ -392,7 +404,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         return super().execute(context)
 
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> Any:
-        target = eval_target(self.run_dir, dict(self.row))
+        target = self.target()
         try:
             super().execute_complete(context, event)
             if self.job.result.imported:
@@ -419,6 +431,20 @@ class EvaluateJobSetOperator(RunJobSetOperator):
             (start["ms"], now_ms()),
         )
         self.log.info("%s", imported.describe())
+
+
+class EvaluateStepJobSetOperator(EvaluateJobSetOperator):
+    """`EvaluateJobSetOperator` for the checkpoint of a planned `step` (evaluation during
+    training: the step's wait saw its row committed), read from the manifest."""
+
+    template_fields = (*RunJobSetOperator.template_fields, "run_dir", "step")
+
+    def __init__(self, *, step: int, **kwargs: Any) -> None:
+        super().__init__(row={}, **kwargs)
+        self.step = step
+
+    def target(self) -> EvalTarget:
+        return step_target(self.run_dir, self.step)
 
 
 class DeleteEvalJobSetsOperator(_GkeClusterArgs, BaseOperator):
