@@ -227,6 +227,18 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
         help=f"open division only (default {OPEN_LEARNING_RATE}); closed uses the recipe's",
     )
     parser.add_argument(
+        "--d-model",
+        type=int,
+        default=ModelConfig.d_model,
+        help="policy width (default %(default)s; recorded in each checkpoint for the evaluator)",
+    )
+    parser.add_argument(
+        "--d-ff",
+        type=int,
+        default=ModelConfig.d_ff,
+        help="feed-forward width (default %(default)s)",
+    )
+    parser.add_argument(
         "--rcp-logging",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -241,6 +253,10 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
     args = parser.parse_args(argv)
     if args.val_start_at is not None and args.val_start_at <= 0:
         parser.error(f"--val-start-at must be positive, got {args.val_start_at}")
+    try:
+        model = ModelConfig(d_model=args.d_model, d_ff=args.d_ff)
+    except ValueError as e:
+        parser.error(f"--d-model/--d-ff: {e}")
     config = TrainConfig(
         run_dir=args.run_dir,
         seed=args.seed,
@@ -251,6 +267,7 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
         learning_rate=args.learning_rate,
         rcp_logging=args.rcp_logging,
         resume_past_corrupt=args.resume_past_corrupt,
+        model=model,
     )
     try:
         hp = hyperparameters_for(config)

@@ -47,6 +47,7 @@ from rcpflow.manifest import load
 from rcpflow.summary import read_summary
 from tasks.deployment import ENV_VAR, REPO_ROOT
 from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
+from tasks.jobs import TRAIN_JOB
 
 RUN_DAG = "mlperf_grpo_run"
 WORKDIR = REPO_ROOT / ".airflow" / "verdict_bench"
@@ -82,14 +83,24 @@ class Outcome:
     eval_stop_s: float
 
 
-def deployment(folder: Path, schedule: str, window: int) -> Path:
+def deployment(folder: Path, schedule: str, window: int, width: tuple[int, int]) -> Path:
+    """The configuration's deployment: the default jobs, the toy trainer at policy width
+    `width` (d_model, d_ff), and a persistent JAX compilation cache per configuration (an
+    evaluation compiles what the one before it compiled: what a deployment that evaluates
+    many checkpoints would set)."""
+    d_model, d_ff = width
+    train = [*TRAIN_JOB.argv, "--d-model", str(d_model), "--d-ff", str(d_ff)]
     path = folder / "deployment.toml"
     path.write_text(
         f'eval_schedule = "{schedule}"\n'
         f"eval_window = {window}\n"
-        "checkpoint_poll_seconds = 1.0\n"
+        "checkpoint_poll_seconds = 0.5\n"
         "\n[job_env]\n"
         'JAX_PLATFORMS = "cpu"\n'
+        f'JAX_COMPILATION_CACHE_DIR = "{folder / "jax_cache"}"\n'
+        'JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS = "0"\n'
+        "\n[jobs.train]\n"
+        f"command = {json.dumps(train)}\n"
     )
     return path
 
@@ -147,7 +158,13 @@ def measure(
 
 
 def run_config(
-    schedule: str, window: int, *, seed: int, global_batch_size: int, max_steps: int
+    schedule: str,
+    window: int,
+    *,
+    seed: int,
+    global_batch_size: int,
+    max_steps: int,
+    width: tuple[int, int],
 ) -> Outcome:
     folder = WORKDIR / f"{schedule}_w{window}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -160,7 +177,7 @@ def run_config(
         parallelism=window + 2,  # training, the window, and a task around them
         env={
             "JAX_PLATFORMS": "cpu",
-            ENV_VAR: str(deployment(folder, schedule, window)),
+            ENV_VAR: str(deployment(folder, schedule, window, width)),
         },
     )
     run_dir = str(folder / "run")
@@ -282,8 +299,10 @@ def write_section(path: Path, text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--global-batch-size", type=int, default=1024)
-    parser.add_argument("--max-steps", type=int, default=60)
+    parser.add_argument("--global-batch-size", type=int, default=8192)
+    parser.add_argument("--max-steps", type=int, default=20)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--d-ff", type=int, default=512)
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     parser.add_argument("--only", choices=[f"{s}:{w}" for s, w in CONFIGS], nargs="*", default=None)
     args = parser.parse_args(argv)
@@ -296,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed,
             global_batch_size=args.global_batch_size,
             max_steps=args.max_steps,
+            width=(args.d_model, args.d_ff),
         )
         for schedule, window in configs
     ]
