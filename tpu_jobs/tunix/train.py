@@ -19,6 +19,17 @@ the checkpoint's custom metadata. A watcher thread writes the manifest row once 
 committed the step, so the loop never waits for a write or a row. The MLLOG training section and
 the backdated ``block_stop`` come from the recorder.
 
+Stop at the verdict: training runs ``max_steps`` updates unless the orchestrator asks the run to
+stop (`rcpflow.stop_request`). After each update, when Tunix asks for the next step's prompts,
+`StoppableBatches` asks the recorder (`TrainingRecorder.stop_requested`: one existence check
+when there is no request; a request for another run, or for a step this run has not committed
+with that weight-update time, is ignored). When it stands the iterator ends: Tunix 0.1.7 takes
+the exhausted iterator as the end of training (its loop breaks on the StopIteration, no further
+update or save), closes its checkpoint manager, which finishes the queued async saves, the
+watcher writes the row of every committed step, and the recorder logs ``block_stop`` at the
+last update. A rerun that finds the request standing (or the log already ended) trains nothing
+more. Training that ends before ``max_steps`` without a request is an error.
+
 Resume: a rerun after a crash (SIGKILL included) finds the newest committed checkpoint; Tunix
 restores it (weights, optimizer state, its global step) and skips the data of the done steps;
 the recorder first rebuilds any missing row from the committed checkpoints' records (rows are
@@ -28,7 +39,8 @@ keyed by step: never a duplicate) and continues the log (one ``run_start``). A c
 Known cost: Tunix compiles its programs lazily, in the first step, so compilation falls inside
 the timed run (after ``run_start``), unlike the toy trainer's.
 
-Prints one JSON line per update and exits 0 when training finished; 2 on bad arguments.
+Prints one JSON line per update (and ``{"event": "stop_requested", "step": N}`` when a stop
+request ends training after update N) and exits 0 when training finished; 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +253,42 @@ def batches(
         yield vocab.batch(seed, step, hp.num_prompts_per_step)
 
 
+class StoppableBatches:
+    """`batches` for ``learner.train``, ending early once the run's stop request stands.
+
+    Tunix draws step k+1's prompts after update k has been recorded (its checkpoint queued), so
+    the check before each draw is the check after each update. The steps a resumed run
+    fast-forwards over (up to `resumed_from`) are drawn without a check: they were trained
+    before. `stopped_after` is the last update when the request ended training, else None.
+    """
+
+    def __init__(
+        self,
+        seed: int,
+        hp: recipe.Hyperparameters,
+        rollout: base_rollout.RolloutConfig,
+        *,
+        resumed_from: int,
+        stop_requested: Callable[[], bool],
+    ) -> None:
+        self.seed = seed
+        self.hp = hp
+        self.rollout = rollout
+        self.resumed_from = resumed_from
+        self._stop_requested = stop_requested
+        self.stopped_after: int | None = None
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        drawn = batches(self.seed, self.hp, self.rollout)
+        for step in range(1, self.hp.max_steps + 1):
+            done = step - 1
+            if done > self.resumed_from and self._stop_requested():
+                self.stopped_after = done
+                _say({"event": "stop_requested", "step": done})
+                return  # Tunix ends training on the exhausted iterator
+            yield next(drawn)
+
+
 @dataclass(frozen=True)
 class Job:
     """Tunix's pieces of one run, built and wired, not yet trained."""
@@ -316,13 +364,16 @@ def train(config: TrainConfig) -> TrainResult:
         rcp_logging=config.rcp_logging,
     )
     committed = {c.step: c for c in committed_checkpoints(root, identity, val_start)}
+    resumed = None
     if committed:
-        resume_recorder(
+        resumed = resume_recorder(
             recorder,
             sorted(committed),
             path_of=lambda step: checkpoints.step_path(root, step),
             committed=committed.__getitem__,
         )
+    # The log already has its block_stop (a finished or stopped run started again): no training.
+    ended = resumed is not None and resumed.finished
     recorder.on_init_start()
     job = build_job(config, hp, val_start, root)
     cluster, trainer, learner, rollout = job.cluster, job.trainer, job.learner, job.rollout
@@ -356,19 +407,27 @@ def train(config: TrainConfig) -> TrainResult:
         }
     )
     recorder.on_run_start()
+    source = StoppableBatches(
+        config.seed, hp, rollout, resumed_from=restored, stop_requested=recorder.stop_requested
+    )
+    stopped_before = restored < hp.max_steps and not ended and recorder.stop_requested()
+    if stopped_before:  # the request came before the crash this run resumes from
+        _say({"event": "stop_requested", "step": restored})
     try:
-        if restored < hp.max_steps:
-            learner.train(batches(config.seed, hp, rollout))  # closes Tunix's checkpointer
+        if restored < hp.max_steps and not ended and not stopped_before:
+            learner.train(source)  # closes Tunix's checkpointer: its queued saves finish
         else:
             cluster.close()
     finally:
         recording.finish()
-    if trainer.train_steps != hp.max_steps:
-        raise CheckpointError(f"Tunix stopped at step {trainer.train_steps} of {hp.max_steps}")
+    last = trainer.train_steps
+    if last != hp.max_steps and not (ended or stopped_before or source.stopped_after == last):
+        raise CheckpointError(
+            f"Tunix stopped at step {last} of {hp.max_steps}, and no stop request for this run "
+            "asked it to"
+        )
     recorder.on_train_end()
-    return TrainResult(
-        first_step=restored + 1, last_step=hp.max_steps, resumed_from=restored or None
-    )
+    return TrainResult(first_step=restored + 1, last_step=last, resumed_from=restored or None)
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
