@@ -47,9 +47,10 @@ test-fast: setup
 demo: setup  # TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml)
 	$(PY) -m tasks.devtools.demo --trainer $(or $(TRAINER),toy)
 
-bench: setup
+bench: setup  # writes BENCHMARKS.md: recording overhead (toy, Tunix) and time to verdict
 	$(PY) -m tpu_jobs.devtools.bench
 	$(PY) -m tpu_jobs.devtools.tunix_bench
+	$(PY) -m tasks.devtools.verdict_bench
 
 bench-verdict: setup
 	$(PY) -m tasks.devtools.verdict_bench

@@ -216,14 +216,15 @@ def run_config(
 def table(outcomes: Sequence[Outcome]) -> str:
     lines = [
         "| schedule | W | verdict ratio | trigger to verdict | steps trained | evaluations run "
-        "(wasted) | trigger to run end |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "(wasted) | trigger to run end | training step / evaluation |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for o in outcomes:
         lines.append(
             f"| {o.schedule.removesuffix('_training')} | {o.window} | {o.verdict_ratio:.2f} "
             f"| {o.trigger_to_verdict_s:.0f} s | {o.steps_trained} of {o.max_steps} "
-            f"| {o.evaluations} ({o.wasted}) | {o.trigger_to_run_end_s:.0f} s |"
+            f"| {o.evaluations} ({o.wasted}) | {o.trigger_to_run_end_s:.0f} s "
+            f"| {o.step_s:.1f} s / {o.eval_s:.1f} s |"
         )
     return "\n".join(lines)
 
@@ -241,11 +242,18 @@ def path_table(outcomes: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def section(outcomes: Sequence[Outcome], seed: int, global_batch_size: int, load: str) -> str:
+def section(
+    outcomes: Sequence[Outcome],
+    *,
+    seed: int,
+    global_batch_size: int,
+    width: tuple[int, int],
+    when: str,
+    load: str,
+) -> str:
     step_s = statistics.median(o.step_s for o in outcomes)
     eval_s = statistics.median(o.eval_s for o in outcomes)
     steps = sorted({o.passing_step for o in outcomes})
-    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(
         [
             SECTION_START,
@@ -255,14 +263,18 @@ def section(outcomes: Sequence[Outcome], seed: int, global_batch_size: int, load
             "of `mlperf_grpo_run` under the real scheduler (local Airflow on 127.0.0.1), once per "
             "configuration, all in one run.",
             "",
-            f"- Date: {now}; {platform.machine()}, nproc {os.cpu_count()}; load average at "
+            f"- Date: {when}; {platform.machine()}, nproc {os.cpu_count()}; load average at "
             f"start {load}",
-            f"- Seed {seed}, the toy policy at global batch size {global_batch_size}, "
-            f"checkpoints from the recipe's validation start (step "
-            f"{recipe.val_start_at(global_batch_size)}); first passing step: "
-            f"{', '.join(map(str, steps))}",
+            f"- Seed {seed}, the toy policy at width d_model {width[0]}, d_ff {width[1]} and "
+            f"global batch size {global_batch_size}, checkpoints from the recipe's validation "
+            f"start (step {recipe.val_start_at(global_batch_size)}); first passing step: "
+            f"{', '.join(map(str, steps))}; a persistent JAX compilation cache per "
+            "configuration (`JAX_COMPILATION_CACHE_DIR` in `[job_env]`)",
             f"- Training step / evaluation time: {step_s:.2f} s / {eval_s:.1f} s = "
-            f"{step_s / eval_s:.3f} (medians over all configurations)",
+            f"{step_s / eval_s:.3f} (medians over all configurations; per configuration in "
+            "the last column: evaluations beside training slow its steps on this machine). "
+            "The evaluation time is `eval_start` to `eval_stop`; the evaluation job's start "
+            "(interpreter, JAX, restore) is in the path table below, not in it.",
             "",
             table(outcomes),
             "",
@@ -307,6 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", choices=[f"{s}:{w}" for s, w in CONFIGS], nargs="*", default=None)
     args = parser.parse_args(argv)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     configs = [c for c in CONFIGS if args.only is None or f"{c[0]}:{c[1]}" in args.only]
     outcomes = [
         run_config(
@@ -321,7 +334,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     if len({o.passing_step for o in outcomes}) != 1:
         print("warning: the configurations passed at different steps", file=sys.stderr)
-    text = section(outcomes, args.seed, args.global_batch_size, load)
+    text = section(
+        outcomes,
+        seed=args.seed,
+        global_batch_size=args.global_batch_size,
+        width=(args.d_model, args.d_ff),
+        when=when,
+        load=load,
+    )
     print(text)
     write_section(args.output, text)
     return 0

@@ -4,11 +4,13 @@ The steps to evaluate are known when the run is planned (``val_start_at..max_ste
 ``evaluation`` group maps a task group ``checkpoint`` over them and starts it alongside
 training. Per planned step:
 
-- ``wait`` (`WaitForCheckpointOperator`) defers until the step's checkpoint is committed (or
-  skips: training ended without it, or a lower step already passed). Deferred instances count
+- ``wait`` (`WaitForCheckpointOperator`) starts and ends on the triggerer once the step's
+  checkpoint is committed (or skips: training ended without it, or a lower step already
+  passed): no worker process while dozens of planned steps wait. Deferred instances count
   against ``max_active_tis_per_dagrun`` in Airflow 3.3 (measured; the scheduler's concurrency
-  map counts DEFERRED), so the wait carries no limit: it holds no worker slot anyway;
-- ``evaluate`` is the backend's evaluation of that row, behind the gate of `tasks.run.gate`,
+  map counts DEFERRED), so the wait carries no limit;
+- ``evaluate`` is the backend's evaluation of the step's row (read from the manifest), behind
+  the gate of `tasks.run.gate`,
   with ``max_active_tis_per_dagrun = eval_window``: the window bounds what evaluates, not what
   waits;
 - ``stop_if_decided`` writes the stop request (`rcpflow.stop_request`) once the persisted

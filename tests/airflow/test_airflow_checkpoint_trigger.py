@@ -10,10 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent
 from synthetic_run import make_run
 
 from rcpflow.layout import RunLayout
-from tasks.run.triggers import CheckpointTrigger, WaitTarget, training_state
+from tasks.run.spec import RunSpec
+from tasks.run.triggers import (
+    CheckpointTrigger,
+    StartedCheckpointTrigger,
+    WaitTarget,
+    training_state,
+)
 
 
 class ScriptedTrigger(CheckpointTrigger):
@@ -95,3 +102,140 @@ def test_an_unreadable_manifest_is_an_error(tmp_path: Path) -> None:
     Path(RunLayout(run.run_dir).manifest).write_text("{broken\n")
     event = first_event(run.run_dir, 19, [RUNNING])
     assert event["state"] == "error" and "manifest" in event["detail"]
+
+
+# --- the wait started on the triggerer --------------------------------------------------------
+
+
+class RunTaskInstance:
+    """What the triggerer hands a start trigger: the task instance, whose XComs hold the run's
+    RunSpec and planned steps (here a dict instead of the metadata DB)."""
+
+    def __init__(self, spec: RunSpec, map_index: int) -> None:
+        self.xcoms = {
+            "plan": spec.to_dict(),
+            "evaluation.planned_steps": list(
+                range(spec.effective_val_start_at, spec.max_steps + 1)
+            ),
+        }
+        self.map_index = map_index
+        self.dag_id, self.run_id, self.task_id = "d", "r", "evaluation.checkpoint.wait"
+
+    def xcom_pull(self, *, task_ids: str, map_indexes: int) -> Any:
+        assert map_indexes == -1  # both are unmapped tasks
+        return self.xcoms[task_ids]
+
+
+class ScriptedStartedTrigger(StartedCheckpointTrigger):
+    script: list[Mapping[str, Any]]
+
+    async def train_task_states(self, target: WaitTarget) -> Mapping[str, Any]:
+        return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+
+def started_event(
+    run_dir: str, step: int, script: list[Mapping[str, Any]], *, val_start: int = 18
+) -> Any:
+    spec = RunSpec(run_dir, 1, 256, 24, None, "closed")
+    trigger = ScriptedStartedTrigger(
+        plan_task_id="plan", steps_task_id="evaluation.planned_steps", train_group_id="train",
+        poll_interval_s=0.01,
+    )  # fmt: skip
+    _, kwargs = trigger.serialize()
+    assert StartedCheckpointTrigger(**kwargs).serialize()[1] == kwargs
+    trigger.script = script
+    trigger.task_instance = RunTaskInstance(spec, step - val_start)
+
+    async def first() -> Any:
+        async for event in trigger.run():
+            return event
+        raise AssertionError("no event")
+
+    return asyncio.run(asyncio.wait_for(first(), timeout=30))
+
+
+def test_a_started_wait_ends_the_task_itself(tmp_path: Path) -> None:
+    # Rows 18..20 committed, training stopped at 20; step 18 passed, 19 has no summary yet.
+    run = make_run(str(tmp_path / "run"), max_steps=24, last_step=20, accuracies={18: 0.3})
+    committed = started_event(run.run_dir, 19, [RUNNING])
+    assert isinstance(committed, TaskSuccessEvent) and committed.xcoms is None
+    assert isinstance(started_event(run.run_dir, 21, [RUNNING]), TaskSkippedEvent)  # never saved
+
+    passed = make_run(str(tmp_path / "passed"), max_steps=24, last_step=20, accuracies={18: 0.9})
+    # a lower step already passed: nothing to evaluate
+    assert isinstance(started_event(passed.run_dir, 19, [RUNNING]), TaskSkippedEvent)
+
+
+def test_a_started_wait_skips_on_failed_training_and_fails_on_broken_files(
+    tmp_path: Path,
+) -> None:
+    run_dir = str(tmp_path / "run")
+    failed = {"train.train_job": "failed", "train.check_outputs": "upstream_failed"}
+    assert isinstance(started_event(run_dir, 18, [RUNNING, failed]), TaskSkippedEvent)
+    run = make_run(str(tmp_path / "broken"), max_steps=24, last_step=20)
+    Path(RunLayout(run.run_dir).manifest).write_text("{broken\n")
+    event = started_event(run.run_dir, 19, [RUNNING])
+    assert isinstance(event, TaskFailedEvent)
+
+
+def test_waits_of_a_run_share_one_read_per_poll(tmp_path: Path, monkeypatch) -> None:
+    import tasks.run.triggers as triggers
+
+    reads: list[str] = []
+    real = triggers.run_snapshot
+
+    def counted(run_dir: str, seed: int) -> Any:
+        reads.append(run_dir)
+        return real(run_dir, seed)
+
+    monkeypatch.setattr(triggers, "run_snapshot", counted)
+    run = make_run(str(tmp_path / "run"), max_steps=24, last_step=20)
+    waits = [
+        CheckpointTrigger(
+            run_dir=run.run_dir,
+            step=step,
+            seed=1,
+            dag_id="d",
+            run_id="r",
+            train_group_id="train",
+            poll_interval_s=5.0,
+            start_grace_s=10.0,
+        )
+        for step in (18, 19, 20)
+    ]
+
+    async def all_first() -> list[Any]:
+        async def first(t: CheckpointTrigger) -> Any:
+            async for event in t.run():
+                return event.payload["state"]
+
+        return await asyncio.gather(*(first(t) for t in waits))
+
+    assert asyncio.run(all_first()) == ["committed"] * 3
+    assert len(reads) == 1  # three waits, one read of the run's files
+
+
+def test_required_params_get_nullable_copies_for_the_triggerer() -> None:
+    from airflow.sdk import DAG, Param
+    from airflow.sdk.bases.operator import BaseOperator
+    from airflow.sdk.definitions.param import process_params
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from tasks.run.during import nullable_required_params
+
+    def dag_params() -> dict[str, Param]:
+        return {"run_dir": Param(type="string", minLength=1), "seed": Param(1, type="integer")}
+
+    def resolve_on_triggerer(task_params: dict[str, Param] | None) -> dict[str, Any]:
+        with DAG("d", params=dag_params(), schedule=None) as dag:
+            BaseOperator(task_id="t", params=task_params)
+        # what the triggerer does for a start_from_trigger task (Airflow 3.3)
+        task = DagSerialization.from_dict(DagSerialization.to_dict(dag)).get_task("t")
+        return process_params(task.dag, task, {"run_dir": "/r"}, suppress_exception=False)
+
+    with pytest.raises(Exception, match="run_dir: No value passed"):
+        resolve_on_triggerer(None)  # the failure the copies are for: still there in Airflow
+    with DAG("form", params=dag_params(), schedule=None) as form:
+        copies = nullable_required_params(form.params)
+    assert set(copies) == {"run_dir"}
+    assert resolve_on_triggerer(copies) == {"run_dir": "/r", "seed": 1}
