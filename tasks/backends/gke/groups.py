@@ -99,6 +99,22 @@ def train_jobset_group(
     )
 
 
+def _evaluate_kwargs(
+    settings: GkeSettings, job: EvaluateJob, eval_window: int, job_timeout: timedelta, retries: int
+) -> dict[str, Any]:
+    """What every ``evaluate`` JobSet operator is given: the job, the eval window, the bounds;
+    `retries` adopt the step's JobSet after a lost watch."""
+    return {
+        "task_id": "evaluate",
+        "settings": settings,
+        "job": job,
+        "max_active_tis_per_dagrun": eval_window,
+        "job_timeout": job_timeout,
+        "retries": retries,
+        "retry_delay": timedelta(seconds=settings.poll_interval_s),
+    }
+
+
 def evaluate_jobsets(
     settings: GkeSettings,
     job: EvaluateJob,
@@ -112,15 +128,9 @@ def evaluate_jobsets(
     """The mapped ``evaluate`` operator (one instance per row) and its ``cleanup`` teardown;
     `retries` (the deployment's eval_retries) adopt the step's JobSet after a lost watch."""
     evaluate = EvaluateJobSetOperator.partial(
-        task_id="evaluate",
-        settings=settings,
-        job=job,
         run_dir=run_dir,
         map_index_template="step {{ task.row['step'] }}",
-        max_active_tis_per_dagrun=eval_window,
-        job_timeout=job_timeout,
-        retries=retries,
-        retry_delay=timedelta(seconds=settings.poll_interval_s),
+        **_evaluate_kwargs(settings, job, eval_window, job_timeout, retries),
     ).expand(row=rows)
     cleanup = DeleteEvalJobSetsOperator(
         task_id="cleanup", run_task_id=evaluate.task_id, settings=settings
@@ -144,14 +154,8 @@ def evaluate_jobset(
     # run_dir and step are template fields: an XComArg is resolved before execute
     resolved: dict[str, Any] = {"run_dir": run_dir, "step": step}
     evaluate = EvaluateStepJobSetOperator(
-        task_id="evaluate",
-        settings=settings,
-        job=job,
         map_index_template="step {{ task.step }}",
-        max_active_tis_per_dagrun=eval_window,
-        job_timeout=job_timeout,
-        retries=retries,
-        retry_delay=timedelta(seconds=settings.poll_interval_s),
+        **_evaluate_kwargs(settings, job, eval_window, job_timeout, retries),
         **resolved,
     )
     cleanup = DeleteJobSetOperator(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -273,40 +273,40 @@ class JobSetTrigger(BaseTrigger):
 
     async def read_jobset(self) -> dict[str, Any]:
         """The JobSet object from the cluster; JobSetGone when it does not exist."""
-        from kubernetes_asyncio.client import CustomObjectsApi
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        async with self._hook.get_conn() as api_client:
-            try:
-                return await CustomObjectsApi(api_client).get_namespaced_custom_object(
-                    group=JOBSET_GROUP,
-                    version=JOBSET_VERSION,
-                    namespace=self.namespace,
-                    plural=JOBSET_PLURAL,
-                    name=self.name,
-                )
-            except ApiException as exc:
-                if exc.status == 404:
-                    raise JobSetGone(f"JobSet {self.namespace}/{self.name} not found") from exc
-                raise
+        try:
+            found: dict[str, Any] = await self._on_jobset(
+                lambda api: api.get_namespaced_custom_object
+            )
+            return found
+        except ApiException as exc:
+            if exc.status == 404:
+                raise JobSetGone(f"JobSet {self.namespace}/{self.name} not found") from exc
+            raise
 
     async def delete_jobset(self) -> None:
         """Delete the JobSet (and so its pods); one that is already gone is fine."""
-        from kubernetes_asyncio.client import CustomObjectsApi
         from kubernetes_asyncio.client.exceptions import ApiException
 
+        try:
+            await self._on_jobset(lambda api: api.delete_namespaced_custom_object)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    async def _on_jobset(self, method: Callable[[Any], Callable[..., Awaitable[Any]]]) -> Any:
+        """Call `method` of the CustomObjectsApi on this JobSet."""
+        from kubernetes_asyncio.client import CustomObjectsApi
+
         async with self._hook.get_conn() as api_client:
-            try:
-                await CustomObjectsApi(api_client).delete_namespaced_custom_object(
-                    group=JOBSET_GROUP,
-                    version=JOBSET_VERSION,
-                    namespace=self.namespace,
-                    plural=JOBSET_PLURAL,
-                    name=self.name,
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+            return await method(CustomObjectsApi(api_client))(
+                group=JOBSET_GROUP,
+                version=JOBSET_VERSION,
+                namespace=self.namespace,
+                plural=JOBSET_PLURAL,
+                name=self.name,
+            )
 
     @cached_property
     def _hook(self) -> Any:
