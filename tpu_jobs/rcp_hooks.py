@@ -67,6 +67,18 @@ def _differing_flags(found: object, ours: Mapping[str, object]) -> str:
     )
 
 
+def run_mismatch(
+    step: int, path: str, found: object, ours: Mapping[str, object]
+) -> RunMismatchError:
+    """The error for a checkpoint of another run (`found`, its recorded identity) in the run
+    folder these arguments (`ours`) describe: it names each flag that differs."""
+    return RunMismatchError(
+        f"step {step}: checkpoint at {path} belongs to run {found}, not to this one {ours} "
+        f"({_differing_flags(found, ours)}); resume with that run's arguments, or use another "
+        "run_dir"
+    )
+
+
 def check_log(path: str, newest: int) -> bool:
     """The log a resume continues: there, readable, with the run's start; True when it has
     already ended (``block_stop``). Raises `CheckpointError` naming what is wrong."""
@@ -268,11 +280,7 @@ class RcpHooks:
             return self._past_corrupt(newest, e, params_like, state_like, past_corrupt)
         found = meta.extra.get(RUN_IDENTITY_KEY)
         if found != self._identity:
-            raise RunMismatchError(
-                f"step {newest}: checkpoint at {path} belongs to run {found}, not to this one "
-                f"{self._identity} ({_differing_flags(found, self._identity)}); resume with that "
-                "run's arguments, or use another run_dir"
-            )
+            raise run_mismatch(newest, path, found, self._identity)
         # Before the restore, which may take minutes: the log and the manifest are checked here.
         resumed = resume_recorder(
             self.recorder, complete, path_of=self.saver.step_path, committed=self._committed

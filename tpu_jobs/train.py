@@ -31,16 +31,10 @@ import jax
 import jax.numpy as jnp
 
 from rcpflow import recipe
-from rcpflow.manifest import ManifestError
-from rcpflow.mllog import MLLogError, SystemInfo, require_mlperf_logging
-from rcpflow.storage import StorageError
-from rcpflow.usererrors import describe
-from tpu_jobs import distributed, grpo, termination
-from tpu_jobs.checkpoint import CheckpointError
-from tpu_jobs.fingerprint import FingerprintMismatchError
+from rcpflow.mllog import SystemInfo, require_mlperf_logging
+from tpu_jobs import distributed, grpo, job_errors, termination
 from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
-from tpu_jobs.rcp_hooks import RESUME_PAST_CORRUPT_FLAG, RcpHooks, RunMismatchError
-from tpu_jobs.saver import SaveFailedError
+from tpu_jobs.rcp_hooks import RESUME_PAST_CORRUPT_FLAG, RcpHooks
 
 DEFAULT_GLOBAL_BATCH_SIZE = 256
 DEFAULT_MAX_STEPS = 50
@@ -50,16 +44,6 @@ DEFAULT_DIVISION = "open"
 # seeds are decided a few evaluated checkpoints in. 2e-3 and 5e-3 also learn (4-head model).
 OPEN_LEARNING_RATE = 3e-3
 PROG = "python -m tpu_jobs.train"
-# What a run folder left in a bad state raises (one line, exit 1); anything else is a bug.
-RUN_STATE_ERRORS: tuple[type[Exception], ...] = (
-    CheckpointError,
-    ManifestError,
-    MLLogError,
-    FingerprintMismatchError,
-    SaveFailedError,
-    StorageError,
-    OSError,
-)
 
 
 @dataclass(frozen=True)
@@ -304,8 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         layout = distributed.layout_from_env()
     except distributed.LayoutError as e:
-        print(f"python -m tpu_jobs.train: error: {e}", file=sys.stderr)
-        return 2
+        return job_errors.report(PROG, e)
     distributed.initialize(layout)
     # SIGTERM (preemption, eviction) unwinds like a crash: the queued saves finish first.
     termination.exit_on_sigterm()
@@ -314,12 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     try:
         result = train(config)
-    except RunMismatchError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except RUN_STATE_ERRORS as e:
-        print(f"{PROG}: error: {describe(e)}", file=sys.stderr)
-        return 1
+    except job_errors.USER_ERRORS as e:
+        return job_errors.report(PROG, e)
     _say(
         {
             "event": "done",

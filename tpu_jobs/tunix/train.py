@@ -40,7 +40,12 @@ Known cost: Tunix compiles its programs lazily, in the first step, so compilatio
 the timed run (after ``run_start``), unlike the toy trainer's.
 
 Prints one JSON line per update (and ``{"event": "stop_requested", "step": N}`` when a stop
-request ends training after update N) and exits 0 when training finished; 2 on bad arguments.
+request ends training after update N) and exits 0 when training finished; like the toy trainer
+(`tpu_jobs.job_errors`), 2 on bad arguments (the message names the flag; also arguments that are
+not those of the run whose checkpoints are in the run folder), 1 when the run folder cannot be
+resumed as it is (a lost or cut MLLOG, a deleted checkpoint, a garbage manifest line, a run_dir
+that is a file or cannot be written), one line each, and the folder left as it was: every such
+check comes before the first write.
 """
 
 from __future__ import annotations
@@ -64,10 +69,10 @@ from rcpflow import recipe
 from rcpflow.layout import RunLayout, join
 from rcpflow.mllog import SystemInfo, require_mlperf_logging
 from rcpflow.recorder import TrainingRecorder
-from tpu_jobs import task
+from tpu_jobs import job_errors, task
 from tpu_jobs.checkpoint import CheckpointError
 from tpu_jobs.fingerprint import weights_fingerprint
-from tpu_jobs.rcp_hooks import Committed, resume_recorder
+from tpu_jobs.rcp_hooks import Committed, resume_recorder, run_mismatch
 from tpu_jobs.tunix import checkpoints, policy, vocab
 
 DEFAULT_GLOBAL_BATCH_SIZE = 256
@@ -78,6 +83,7 @@ OPEN_LEARNING_RATE = 3e-3
 CHECKPOINT_ROOT = "checkpoints"  # under the run dir; Tunix adds actor/<step>
 GRPO_EPSILON = 0.2
 ROLLOUT_SEED_STRIDE = 1_000_003
+PROG = "python -m tpu_jobs.tunix_train"
 
 
 def _say(record: dict[str, object]) -> None:
@@ -219,10 +225,7 @@ def committed_checkpoints(root: str, identity: dict[str, int], val_start: int) -
         path = checkpoints.step_path(root, step)
         global_step, record = checkpoints.read_record(path)
         if record.run != identity:
-            raise CheckpointError(
-                f"step {step}: {path} belongs to run {dict(record.run)}, not to {identity}; "
-                "use another run_dir"
-            )
+            raise run_mismatch(step, path, dict(record.run), identity)
         if record.step != step or global_step != step or step < val_start:
             raise CheckpointError(
                 f"step {step}: {path} records step {record.step} (Tunix global_step "
@@ -431,9 +434,7 @@ def train(config: TrainConfig) -> TrainResult:
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
-    parser = argparse.ArgumentParser(
-        prog="python -m tpu_jobs.tunix_train", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, help="local folder or gs://bucket/prefix")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH_SIZE)
@@ -478,7 +479,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if config.rcp_logging:
         require_mlperf_logging()
     started = time.monotonic()
-    result = train(config)
+    try:
+        result = train(config)
+    except job_errors.USER_ERRORS as e:
+        return job_errors.report(PROG, e)
     _say(
         {
             "event": "done",
