@@ -75,8 +75,7 @@ class RunSnapshot:
         if self.ended_at is not None:
             newest = "no checkpoint row" if last is None else f"the last row is step {last}"
             detail = (
-                f"training ended (block_stop at step {self.ended_at}) without step {step}: "
-                f"{newest}"
+                f"training ended (block_stop at step {self.ended_at}) without step {step}: {newest}"
             )
             return CheckpointProgress(step, "ended", None, rows, detail)
         waiting = "no row yet" if last is None else f"newest row step {last}"

@@ -127,6 +127,16 @@ def broadcast_resume(point: ResumePoint | None) -> tuple[int, bool]:
     return int(got[0]), bool(got[1])
 
 
+def stop_requested(hooks: RcpHooks | FollowerHooks) -> bool:
+    """After a step: does the run stop here? Process 0 reads the stop request (only it has
+    the recorder) and every process gets its answer: they all run the same steps, and one
+    that stopped alone would leave the others waiting in the next step's collectives."""
+    mine = hooks.stop_requested() if isinstance(hooks, RcpHooks) else False
+    if jax.process_count() == 1:
+        return mine
+    return bool(multihost_utils.broadcast_one_to_all(np.array(int(mine), np.int64)))
+
+
 def resume(
     hooks: RcpHooks | FollowerHooks, params_like: PyTree, state_like: PyTree, **options: Any
 ) -> ResumePoint | None:

@@ -161,7 +161,7 @@ def train(config: TrainConfig) -> TrainResult:
                 }
             )
             last_step = step
-            if hooks.stop_requested():
+            if distributed.stop_requested(hooks):
                 _say({"event": "stop_requested", "step": step})
                 break
         hooks.on_train_end()
