@@ -58,11 +58,18 @@ def training_state(states: Mapping[str, Any]) -> TrainingState:
 
 
 class SharedReads:
-    """Reads shared by the triggers of one event loop: a read of `key` younger than `max_age_s`
-    (or still in flight) is answered from that read instead of a new one."""
+    """Reads shared by the triggers of one event loop: a read of `key` started less than
+    `max_age_s` ago (finished or still in flight) answers instead of a new one."""
+
+    # A finished read this old is dropped when another read starts: a triggerer runs for
+    # months and sees many runs.
+    keep_s = 60.0
 
     def __init__(self) -> None:
         self._reads: dict[tuple[Any, ...], tuple[float, asyncio.Future[Any]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._reads)
 
     async def get(
         self, key: tuple[Any, ...], max_age_s: float, read: Callable[[], Awaitable[T]]
@@ -71,11 +78,17 @@ class SharedReads:
         now = time.monotonic()
         found = self._reads.get(key)
         if found is None or now - found[0] >= max_age_s or found[1].get_loop() is not loop:
+            self._drop_finished_before(now - self.keep_s)
             found = (now, asyncio.ensure_future(read()))
             self._reads[key] = found
         # shielded: one waiter cancelled (its task killed) does not cancel the others' read
         result: T = await asyncio.shield(found[1])
         return result
+
+    def _drop_finished_before(self, moment: float) -> None:
+        stale = [k for k, (t, f) in self._reads.items() if t < moment and f.done()]
+        for key in stale:
+            del self._reads[key]
 
 
 SHARED = SharedReads()

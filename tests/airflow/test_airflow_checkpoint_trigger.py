@@ -239,3 +239,26 @@ def test_required_params_get_nullable_copies_for_the_triggerer() -> None:
         copies = nullable_required_params(form.params)
     assert set(copies) == {"run_dir"}
     assert resolve_on_triggerer(copies) == {"run_dir": "/r", "seed": 1}
+
+
+def test_shared_reads_forget_finished_reads_of_runs_gone_quiet() -> None:
+    from tasks.run.triggers import SharedReads
+
+    reads = SharedReads()
+    reads.keep_s = 0.05
+    calls: list[str] = []
+
+    async def read(name: str) -> str:
+        calls.append(name)
+        return name
+
+    async def scenario() -> None:
+        assert await reads.get(("a",), 10.0, lambda: read("a")) == "a"
+        assert await reads.get(("a",), 10.0, lambda: read("a")) == "a"  # shared
+        await asyncio.sleep(0.1)
+        assert await reads.get(("b",), 10.0, lambda: read("b")) == "b"  # drops run a's read
+        assert len(reads) == 1
+        assert await reads.get(("a",), 10.0, lambda: read("a")) == "a"  # read again
+
+    asyncio.run(scenario())
+    assert calls == ["a", "b", "a"]
