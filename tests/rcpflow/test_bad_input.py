@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from file_tree import tree_bytes
 from synthetic_run import make_run, write_eval
 
 from rcpflow import logtext
@@ -42,14 +43,6 @@ def _cli(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.Comp
         env=env or _env(),
         **kw,
     )
-
-
-def _snapshot(root: Path) -> dict[str, bytes | None]:
-    """Every file and folder under `root` (folders as None), to prove nothing changed."""
-    found: dict[str, bytes | None] = {}
-    for p in sorted(root.rglob("*")):
-        found[str(p.relative_to(root))] = None if p.is_dir() else p.read_bytes()
-    return found
 
 
 def _assert_invalid(p: subprocess.CompletedProcess, *needles: str) -> str:
@@ -135,19 +128,19 @@ def test_d2_lines_split_as_text_mode_splits_them():
 def test_d2_non_utf8_manifest_is_invalid(tmp_path):
     run = _run(tmp_path)
     _append(Path(run.layout.manifest), b'{"step": "\xff"}\n')
-    before = _snapshot(tmp_path)
+    before = tree_bytes(tmp_path)
     for args in (("finalize", run.run_dir), ("manifest", "validate", run.layout.manifest)):
         _assert_invalid(_cli(*args), "line 8: not UTF-8 (byte 0xff")
-    assert _snapshot(tmp_path) == before
+    assert tree_bytes(tmp_path) == before
 
 
 def test_d2_non_utf8_summary_is_invalid(tmp_path):
     run = _run(tmp_path)
     summary = Path(run.layout.summary(18))
     summary.write_bytes(summary.read_bytes().replace(b'"fatal_error": null', b'"x": "\xe9"'))
-    before = _snapshot(tmp_path)
+    before = tree_bytes(tmp_path)
     _assert_invalid(_cli("finalize", run.run_dir), "step 18", "not UTF-8")
-    assert _snapshot(tmp_path) == before
+    assert tree_bytes(tmp_path) == before
 
 
 # -- D3: a row's mllog_file must be this run's own log ---------------------------------------
@@ -160,10 +153,10 @@ def test_d3_mllog_file_outside_the_run_is_invalid(tmp_path):
     manifest.write_text(
         manifest.read_text().replace('"seed_1.out"', '"../../other/mllog/seed_5.out"')
     )
-    before = _snapshot(tmp_path)
+    before = tree_bytes(tmp_path)
     for args in (("finalize", run.run_dir), ("manifest", "validate", str(manifest))):
         _assert_invalid(_cli(*args), "step 18: mllog_file", "not this run's MLLOG")
-    assert _snapshot(tmp_path) == before  # neither this run's log nor the other's touched
+    assert tree_bytes(tmp_path) == before  # neither this run's log nor the other's touched
     assert finalize(other.run_dir).status == "success"  # the other run is fine on its own
 
 
@@ -428,10 +421,10 @@ PROBES = {
 def test_d6_probe_is_one_invalid_line(tmp_path, probe):
     run = _run(tmp_path)
     commands = PROBES[probe](run)
-    before = _snapshot(tmp_path)
+    before = tree_bytes(tmp_path)
     for args, needle in commands:
         _assert_invalid(_cli(*args, cwd=tmp_path), needle)
-    assert _snapshot(tmp_path) == before
+    assert tree_bytes(tmp_path) == before
 
 
 def test_d6_gcs_without_credentials_is_one_invalid_line(tmp_path):
@@ -589,10 +582,10 @@ def test_duplicate_key_in_a_manifest_row_is_invalid(tmp_path):
     lines = m.read_text().splitlines()
     lines[2] = lines[2].replace('"seed": 1', '"seed": 1, "seed": 2')
     m.write_text("\n".join(lines) + "\n")
-    before = _snapshot(tmp_path)
+    before = tree_bytes(tmp_path)
     _assert_invalid(_cli("finalize", run.run_dir), "line 3: duplicate key 'seed'")
     _assert_invalid(_cli("manifest", "validate", str(m)), "line 3: duplicate key 'seed'")
-    assert _snapshot(tmp_path) == before
+    assert tree_bytes(tmp_path) == before
 
 
 def test_duplicate_key_in_a_summary_is_invalid(tmp_path):
@@ -600,12 +593,12 @@ def test_duplicate_key_in_a_summary_is_invalid(tmp_path):
     path = Path(run.layout.summary(19))
     text = path.read_text()
     path.write_text(text.replace('"complete": true', '"complete": false,\n  "complete": true'))
-    before = _snapshot(tmp_path)
+    before = tree_bytes(tmp_path)
     line = 1 + text[: text.index('"complete"')].count("\n") + 1
     _assert_invalid(
         _cli("finalize", run.run_dir), "step 19", f"line {line}: duplicate key 'complete'"
     )
-    assert _snapshot(tmp_path) == before
+    assert tree_bytes(tmp_path) == before
 
 
 def test_check_leaves_no_temp_folder(tmp_path):

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from file_tree import tree_bytes
 
 from rcpflow import logtext, manifest
 from rcpflow.layout import RunLayout
@@ -53,13 +54,6 @@ def run(finished: Path, tmp_path: Path) -> Path:
     return copy
 
 
-def snapshot(root: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
-        for p in sorted(root.rglob("*"))
-    }
-
-
 def one_error_line(proc: subprocess.CompletedProcess, code: int, *needles: str) -> str:
     out = proc.stdout + proc.stderr
     assert "Traceback" not in out, out[-3000:]
@@ -76,17 +70,17 @@ def log_of(run_dir: Path) -> Path:
 
 
 def test_d5_resume_with_another_max_steps_is_a_bad_argument(run: Path) -> None:
-    before = snapshot(run)
+    before = tree_bytes(run)
     proc = train(run, max_steps=6)
     one_error_line(proc, 2, "--max-steps 6 vs the run's 4", "use another run_dir")
-    assert snapshot(run) == before
+    assert tree_bytes(run) == before
 
 
 def test_d5_deleted_mllog(run: Path) -> None:
     log_of(run).unlink()
-    before = snapshot(run)
+    before = tree_bytes(run)
     one_error_line(train(run), 1, "seed_1.out is missing", "it cannot be rebuilt")
-    assert snapshot(run) == before
+    assert tree_bytes(run) == before
 
 
 @pytest.mark.parametrize(
@@ -98,16 +92,16 @@ def test_d5_truncated_mllog(run: Path, cut: float, needle: str) -> None:
     # 0.5: cut in the middle of a line; 0.2: at a line end, inside the header
     end = int(len(data) * cut) if cut == 0.5 else data.rfind(b"\n", 0, int(len(data) * cut)) + 1
     log_of(run).write_bytes(data[:end])
-    before = snapshot(run)
+    before = tree_bytes(run)
     one_error_line(train(run), 1, "cannot resume at step 4", needle)
-    assert snapshot(run) == before
+    assert tree_bytes(run) == before
 
 
 def test_d5_deleted_checkpoint_folder(run: Path) -> None:
     shutil.rmtree(run / "checkpoints" / "3")
-    before = snapshot(run)
+    before = tree_bytes(run)
     one_error_line(train(run), 1, "step 3: manifest row points at", "not a complete checkpoint")
-    assert snapshot(run) == before
+    assert tree_bytes(run) == before
 
 
 @pytest.mark.parametrize(
@@ -117,9 +111,9 @@ def test_d5_deleted_checkpoint_folder(run: Path) -> None:
 def test_d5_garbage_manifest_line(run: Path, garbage: bytes, needle: str) -> None:
     with open(RunLayout(str(run)).manifest, "ab") as f:
         f.write(garbage)
-    before = snapshot(run)
+    before = tree_bytes(run)
     one_error_line(train(run), 1, "eval_checkpoints.jsonl: " + needle)
-    assert snapshot(run) == before
+    assert tree_bytes(run) == before
 
 
 def corrupt(step_dir: Path) -> None:
@@ -143,10 +137,10 @@ def test_d5_corrupted_newest_checkpoint_is_resumed_past_with_the_flag(run: Path)
     original = {r.step: r for r in manifest.load(layout.manifest).rows}
     corrupt(run / "checkpoints" / "4")
     drop_block_stop(run)
-    before = snapshot(run)
+    before = tree_bytes(run)
     line = one_error_line(train(run), 1, "step 4: the newest checkpoint", "cannot be restored")
     assert "--resume-past-corrupt" in line
-    assert snapshot(run) == before  # without the flag nothing is touched
+    assert tree_bytes(run) == before  # without the flag nothing is touched
 
     proc = train(run, "--resume-past-corrupt")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -164,11 +158,11 @@ def test_d5_corrupted_newest_checkpoint_is_resumed_past_with_the_flag(run: Path)
 
 def test_d5_corrupted_last_checkpoint_of_an_ended_log_is_refused(run: Path) -> None:
     corrupt(run / "checkpoints" / "4")
-    before = snapshot(run)
+    before = tree_bytes(run)
     one_error_line(
         train(run, "--resume-past-corrupt"), 1, "cannot be restored", "has already ended"
     )
-    assert snapshot(run) == before
+    assert tree_bytes(run) == before
 
 
 def test_d5_a_checkpoint_unlike_the_trainer_is_never_deleted_as_corrupt(run: Path) -> None:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from file_tree import tree_bytes
 
 from rcpflow.layout import RunLayout
 
@@ -60,13 +61,6 @@ def run(finished: Path, tmp_path: Path) -> Path:
     return copy
 
 
-def snapshot(root: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
-        for p in sorted(root.rglob("*"))
-    }
-
-
 def one_error_line(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
     out = proc.stdout + proc.stderr
     assert "Traceback" not in out, out[-4000:]
@@ -86,29 +80,29 @@ def one_error_line(proc: subprocess.CompletedProcess[str], code: int, *needles: 
 def test_checkpoints_of_another_run_are_a_bad_argument(
     run: Path, flags: dict[str, int], needle: str
 ) -> None:
-    before = snapshot(run)
+    before = tree_bytes(run)
     proc = tunix_train(run, **flags)
     one_error_line(proc, 2, "step 2: checkpoint at", needle, "use another run_dir")
-    assert snapshot(run) == before  # no MLLOG of the other seed either
+    assert tree_bytes(run) == before  # no MLLOG of the other seed either
 
 
 @pytest.mark.slow
 def test_deleted_mllog(run: Path) -> None:
     Path(RunLayout(str(run)).mllog(SEED)).unlink()
-    before = snapshot(run)
+    before = tree_bytes(run)
     one_error_line(
         tunix_train(run), 1, "cannot resume at step 3", "seed_0.out is missing", "cannot be rebuilt"
     )
-    assert snapshot(run) == before
+    assert tree_bytes(run) == before
 
 
 @pytest.mark.slow
 def test_garbage_manifest_line(run: Path) -> None:
     with open(RunLayout(str(run)).manifest, "ab") as f:
         f.write(b"garbage\n")
-    before = snapshot(run)
+    before = tree_bytes(run)
     one_error_line(tunix_train(run), 1, "eval_checkpoints.jsonl: line 3: not JSON")
-    assert snapshot(run) == before
+    assert tree_bytes(run) == before
 
 
 def test_run_dir_that_is_a_file(tmp_path: Path) -> None:

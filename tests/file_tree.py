@@ -1,0 +1,13 @@
+"""The bytes of a folder tree, for tests that prove a rejected input changed nothing on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def tree_bytes(root: Path) -> dict[str, bytes | None]:
+    """Every file and folder under `root` by relative path (folders as None)."""
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+    }
