@@ -27,7 +27,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Param, TaskGroup, XComArg, task, task_group
-from airflow.sdk.definitions._internal.types import NOTSET
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from rcpflow.stop_request import request_stop
@@ -76,7 +75,7 @@ def nullable_required_params(params: ParamsDict) -> dict[str, Param]:
     copies: dict[str, Param] = {}
     for key in params:
         param = params.get_param(key)
-        if param.value is NOTSET:
+        if not param.has_value:  # no default (or a null one: copying that is harmless)
             schema = dict(param.schema)
             kind = schema.get("type", "string")
             kinds = kind if isinstance(kind, list) else [kind]
