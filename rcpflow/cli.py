@@ -57,7 +57,8 @@ def _manifest_validate(args: argparse.Namespace) -> int:
 
 
 def _manifest_add(args: argparse.Namespace) -> int:
-    from rcpflow.recorder import RecorderError, add_row
+    from rcpflow.manifest_add import add_row
+    from rcpflow.recorder import RecorderError
 
     try:
         row, added = add_row(
@@ -150,7 +151,7 @@ def _eval_import(args: argparse.Namespace) -> int:
     if args.from_tree is not None:
         if args.source is not None or args.step is not None or args.format or times[0] is not None:
             return _usage("--from-tree takes no SOURCE, --step, --format or eval times")
-        from rcpflow.progress import Progress
+        from rcpflow.terminal_progress import Progress
 
         try:
             with Progress("importing", 0) as progress:  # the tree's step count, once listed

@@ -30,18 +30,10 @@ from rcpflow.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_att
 from rcpflow.layout import RunLayout, dirname, join
 from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import MLLogError, read_events
-from rcpflow.progress import Progress
 from rcpflow.storage import storage_for
-from rcpflow.summary import (
-    TIME_FIELDS,
-    EvalSummary,
-    Problem,
-    SummaryError,
-    build_summary,
-    recomputed_problems,
-    validity_problems,
-    write_summary,
-)
+from rcpflow.summary import TIME_FIELDS, EvalSummary, SummaryError, build_summary, write_summary
+from rcpflow.summary_checks import Problem, recomputed_problems, validity_problems
+from rcpflow.terminal_progress import Progress
 from rcpflow.verify import ATTEMPTS_FILE, attempts_file
 
 SourceFormat = Literal["rcpflow-summary", "tunix-summary", "rcpflow-attempts", "deepswe", "r2egym"]

@@ -1,7 +1,7 @@
 """The stop request: written only once the persisted summaries decide the run, whatever the
 order the evaluations finish in; idempotent; ignored by a trainer of another run; honoured by
 the recorder only for a checkpoint it committed. Also where training stands for a planned step
-(`rcpflow.training_progress`), which the during-training wait reads."""
+(`rcpflow.checkpoint_state`), which the during-training wait reads."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from synthetic_run import T0, make_run, write_eval
 
 from rcpflow import recipe, stop_request
+from rcpflow.checkpoint_state import ProgressError, checkpoint_progress
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.recorder import TrainingRecorder
 from rcpflow.stop_request import RunIdentity, StopRequest, request_stop
-from rcpflow.training_progress import ProgressError, checkpoint_progress
 
 VAL_START, MAX_STEPS = 18, 24
 STEPS = list(range(VAL_START, MAX_STEPS + 1))
