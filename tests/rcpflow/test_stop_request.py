@@ -34,6 +34,17 @@ def recorder(run_dir: str) -> TrainingRecorder:
     return TrainingRecorder(run_dir, seed=1, hyperparameters=hp, val_start_at=VAL_START)
 
 
+def recorder_at_step_19(run_dir: str) -> TrainingRecorder:
+    """A recorder that has run 19 updates and committed step 18's checkpoint only."""
+    rec = recorder(run_dir)
+    rec.on_init_start(T0)
+    rec.on_run_start(T0 + 30_000)
+    for step in range(1, 20):
+        rec.on_update(step, timestamp_ms=T0 + 60_000 + step * 1_000)
+    rec.on_checkpoint_committed(18, checkpoint(run_dir, 18))
+    return rec
+
+
 def checkpoint(run_dir: str, step: int) -> str:
     path = Path(run_dir) / "checkpoints" / str(step)
     path.mkdir(parents=True, exist_ok=True)
@@ -164,12 +175,7 @@ def test_honoured_by_explains_an_early_end(tmp_path: Path) -> None:
 
 def test_the_recorder_honours_only_a_request_for_a_committed_checkpoint(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    rec = recorder(run_dir)
-    rec.on_init_start(T0)
-    rec.on_run_start(T0 + 30_000)
-    for step in range(1, 20):
-        rec.on_update(step, timestamp_ms=T0 + 60_000 + step * 1_000)
-    rec.on_checkpoint_committed(18, checkpoint(run_dir, 18))
+    rec = recorder_at_step_19(run_dir)
     assert not rec.stop_requested()  # no request
     identity = RunIdentity(1, 256, VAL_START, 24, T0 + 30_000)
     layout = RunLayout(run_dir)
@@ -197,12 +203,7 @@ def test_the_recorder_honours_only_a_request_for_a_committed_checkpoint(tmp_path
 def test_checkpoint_progress(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     assert checkpoint_progress(run_dir, 18, seed=1).state == "pending"  # nothing yet
-    rec = recorder(run_dir)
-    rec.on_init_start(T0)
-    rec.on_run_start(T0 + 30_000)
-    for step in range(1, 20):
-        rec.on_update(step, timestamp_ms=T0 + 60_000 + step * 1_000)
-    rec.on_checkpoint_committed(18, checkpoint(run_dir, 18))
+    rec = recorder_at_step_19(run_dir)
     committed = checkpoint_progress(run_dir, 18, seed=1)
     assert committed.state == "committed" and committed.row is not None
     assert committed.row.step == 18

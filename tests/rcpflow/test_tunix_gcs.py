@@ -61,6 +61,17 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def import_step(
+    env: dict[str, str], run_dir: str, step: int, source: str, times: tuple[int, int]
+) -> subprocess.CompletedProcess[str]:
+    """`rcpflow eval import` of one step's summary with the pipeline's eval times."""
+    start, stop = times
+    return cli(
+        env, "eval", "import", run_dir, "--step", str(step), source,
+        "--eval-start-ms", str(start), "--eval-stop-ms", str(stop),
+    )  # fmt: skip
+
+
 def test_tunix_summaries_import_finalize_and_pass_the_checker(gcs, gcs_prefix, tmp_path):
     layout = tunix_run(gcs_prefix + "/run")
     tree = gcs_prefix + "/eval_results_v3"
@@ -74,36 +85,11 @@ def test_tunix_summaries_import_finalize_and_pass_the_checker(gcs, gcs_prefix, t
     )
     log_before = storage_for(layout.mllog(0)).read_bytes(layout.mllog(0))
 
-    p = cli(
-        gcs.env,
-        "eval",
-        "import",
-        layout.root,
-        "--step",
-        "1",
-        smoke,
-        "--eval-start-ms",
-        "1790662429020",
-        "--eval-stop-ms",
-        "1790664126780",
-    )
+    p = import_step(gcs.env, layout.root, 1, smoke, EVAL_TIMES[1])
     assert p.returncode == 1 and "instances: 64, the benchmark evaluates 251" in p.stderr
     assert not storage_for(layout.summary(1)).exists(layout.summary(1))
     for step, source in sources.items():
-        start, stop = EVAL_TIMES[step]
-        p = cli(
-            gcs.env,
-            "eval",
-            "import",
-            layout.root,
-            "--step",
-            str(step),
-            source,
-            "--eval-start-ms",
-            str(start),
-            "--eval-stop-ms",
-            str(stop),
-        )
+        p = import_step(gcs.env, layout.root, step, source, EVAL_TIMES[step])
         assert p.returncode == 0, p.stderr
         assert p.stdout.startswith(f"step {step}: imported tunix-summary {source}")
     assert storage_for(layout.mllog(0)).read_bytes(layout.mllog(0)) == log_before
