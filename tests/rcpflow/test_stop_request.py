@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from synthetic_run import T0, make_run, write_eval
+from synthetic_run import T0, make_run, rows_of, write_eval
 
 from rcpflow import recipe, stop_request
 from rcpflow.checkpoint_state import ProgressError, checkpoint_progress
 from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.recorder import TrainingRecorder
 from rcpflow.stop_request import RunIdentity, StopRequest, request_stop
@@ -166,7 +165,7 @@ def test_no_request_without_a_decision(tmp_path: Path) -> None:
 
 def test_honoured_by_explains_an_early_end(tmp_path: Path) -> None:
     run = make_run(str(tmp_path / "run"), last_step=21, accuracies={18: 0.3, 19: 0.8})
-    rows = load(run.layout.manifest).rows
+    rows = rows_of(run.run_dir)
     assert stop_request.honoured_by(run.run_dir, rows) is None
     request_stop(run.run_dir)
     honoured = stop_request.honoured_by(run.run_dir, rows)

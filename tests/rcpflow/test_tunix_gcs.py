@@ -6,12 +6,11 @@ smoke summaries can never end the run."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from rcpflow_cli import cli_env, run_cli
 
 from rcpflow import checkers, recipe
 from rcpflow.eval_import import import_tree
@@ -51,24 +50,14 @@ def put(path: str, text: str) -> str:
     return path
 
 
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rcpflow", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **env},
-    )
-
-
 def import_step(
     env: dict[str, str], run_dir: str, step: int, source: str, times: tuple[int, int]
 ) -> subprocess.CompletedProcess[str]:
     """`rcpflow eval import` of one step's summary with the pipeline's eval times."""
     start, stop = times
-    return cli(
-        env, "eval", "import", run_dir, "--step", str(step), source,
-        "--eval-start-ms", str(start), "--eval-stop-ms", str(stop),
+    return run_cli(
+        "eval", "import", run_dir, "--step", str(step), source,
+        "--eval-start-ms", str(start), "--eval-stop-ms", str(stop), env=cli_env(**env),
     )  # fmt: skip
 
 
@@ -94,7 +83,7 @@ def test_tunix_summaries_import_finalize_and_pass_the_checker(gcs, gcs_prefix, t
         assert p.stdout.startswith(f"step {step}: imported tunix-summary {source}")
     assert storage_for(layout.mllog(0)).read_bytes(layout.mllog(0)) == log_before
 
-    p = cli(gcs.env, "finalize", layout.root)
+    p = run_cli("finalize", layout.root, env=cli_env(**gcs.env))
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.splitlines()[-1]) == {
         "status": "success",
