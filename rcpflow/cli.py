@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from rcpflow.eval_import import SOURCE_FORMATS
 from rcpflow.recipe import DIVISIONS
 
+# The exit-code contract of every command: docs/exit-codes.md.
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
