@@ -1,20 +1,10 @@
 """Per-attempt evaluation records, in the formats evaluators write, as attempts per task.
 
-Three formats, one JSON object a line, told apart by their fields (or named by the caller):
-
-- ``rcpflow``: rcpflow's evaluator (`instance` 0..250, `attempt` 0..3, `status` resolved / failed /
-  error, `reward`); every record counts, an (instance, attempt) twice is an error.
-- ``deepswe``: Tunix's DeepSWE records (`schema` canon.p46.deepswe-eval.trajectory.v4). A task is
-  its `task_key` (= `docker_image`); per (task, `sample_index`) the *valid* record counts. Invalid
-  records are infrastructure failures that tool retried: never counted (retrying a valid failure
-  would bias the rate), so two valid records of one (task, sample) are an error.
-- ``r2egym``: R2E-Gym trajectories; a task is its `docker_image`, `reward` 1.0 is resolved,
-  `exit_reason` "env_exception" is an infrastructure failure (not counted), at most 4 others.
-
-A record that contradicts itself (Tunix's `solved` != valid and reward == 1.0, a valid record
-with a status that is not a model outcome) is an error naming the line. Tasks are mapped onto the
-benchmark's fixed 251: a task with fewer than 4 counted attempts leaves the rest missing (the
-summary is then incomplete, never a pass); more than 251 tasks is an error.
+Formats (one JSON object a line, told apart by their fields or named by the caller): ``rcpflow``
+(`instance`, `attempt`, `status`, `reward`), ``deepswe`` (Tunix's DeepSWE trajectory records),
+``r2egym`` (R2E-Gym trajectories). Infrastructure failures are not counted; a record that
+contradicts itself, or a counted attempt twice, is an error naming the line. Tasks map onto the
+benchmark's 251 (docs/design.md, verification of foreign inputs).
 """
 
 from __future__ import annotations

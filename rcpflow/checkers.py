@@ -1,19 +1,8 @@
 """The official MLPerf checkers from `mlperf_logging`, run as subprocesses, as structured verdicts.
 
-Each tool runs as ``sys.executable -m mlperf_logging.<tool>`` with an argument list (never a
-shell), in `log_dir` (the tools drop their own log files into the working directory), with its
-log redirected into `log_dir` too. The verdict rules come from the tools themselves:
-
-- compliance checker: exit 0 and ``SUCCESS``. It picks the closed or open rules from the log's
-  own ``submission_division``; we also refuse a log that declares another division than asked.
-- RCP checker: exit status (always with ``--rcp_version 6.1.0``: the default has no GRPO RCPs).
-- package checker: it always exits 0; success is only its line
-  ``PACKAGE CHECKER FOUND NO ERRORS, SUCCESS !``.
-- result summarizer: exit 0 and a score for the benchmark in the JSON it writes (the olympic
-  mean time to train, in minutes). Its ``compute_score`` entry point is broken in 4.1.68, so
-  the summarizer's main program is used.
-
-Paths may be ``gs://``: the input is first copied into `log_dir` (the tools read local files).
+Compliance, RCP and package checkers and the result summarizer, each run as
+``sys.executable -m mlperf_logging.<tool>`` (never a shell) in `log_dir`, with ``gs://`` inputs
+copied there first. Each tool's own success rule, as measured: docs/design.md (the checkers).
 """
 
 from __future__ import annotations

@@ -5,15 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rcpflow.eval_import import SOURCE_FORMATS
 from rcpflow.recipe import DIVISIONS
 
+# The exit-code contract of every command: docs/exit-codes.md.
 EXIT_OK = 0
 EXIT_INVALID = 1
 EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
+
+
+def _invalid(what: object) -> int:
+    """Bad input: one line ``invalid: <what>`` on stderr, exit 1."""
+    print(f"invalid: {what}", file=sys.stderr)
+    return EXIT_INVALID
 
 
 def _val_start(args: argparse.Namespace) -> int:
@@ -21,8 +28,7 @@ def _val_start(args: argparse.Namespace) -> int:
 
     gbs, override = args.global_batch_size, args.override
     if gbs <= 0 or (override is not None and override < 0):
-        print("invalid: --global-batch-size must be positive and --override >= 0", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid("--global-batch-size must be positive and --override >= 0")
     if gbs % GENERATIONS_PER_PROMPT:
         # The formula is defined for any batch, but no valid run has this one: say so.
         print(
@@ -40,8 +46,7 @@ def _manifest_validate(args: argparse.Namespace) -> int:
     try:
         m = load(args.manifest, mllog_path=args.mllog)
     except ManifestError as e:
-        print(f"invalid: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(e)
     for w in m.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if m.rows:
@@ -57,7 +62,8 @@ def _manifest_validate(args: argparse.Namespace) -> int:
 
 
 def _manifest_add(args: argparse.Namespace) -> int:
-    from rcpflow.recorder import RecorderError, add_row
+    from rcpflow.manifest_add import add_row
+    from rcpflow.recorder import RecorderError
 
     try:
         row, added = add_row(
@@ -70,8 +76,7 @@ def _manifest_add(args: argparse.Namespace) -> int:
             weights_fingerprint=args.weights_fingerprint,
         )
     except RecorderError as e:
-        print(f"invalid: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(e)
     what = "added" if added else "already there (identical)"
     print(f"step {row.step}: row {what}: {row.checkpoint_path} at {row.timestamp_ms}")
     return EXIT_OK
@@ -91,8 +96,7 @@ def _finalize(args: argparse.Namespace) -> int:
     try:
         result = finalize(args.run_dir)
     except FinalizeInputError as e:
-        print(f"invalid: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(e)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"{result.status}: {result.reason} ({result.log_path})")
@@ -109,15 +113,13 @@ def _check(args: argparse.Namespace) -> int:
     from rcpflow.storage import storage_for
 
     if not storage_for(args.log).exists(args.log):
-        print(f"invalid: {args.log!r}: no such MLLOG", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(f"{args.log!r}: no such MLLOG")
     division = args.division
     if division is None:  # the rules the log itself asks to be judged by
         try:
             declared = [e.value for e in read_events(args.log) if e.key == "submission_division"]
         except MLLogError as e:
-            print(f"invalid: {e}", file=sys.stderr)
-            return EXIT_INVALID
+            return _invalid(e)
         division = declared[0] if declared and declared[0] in DIVISIONS else "closed"
     with contextlib.ExitStack() as stack:  # without --log-dir, nothing is left behind
         log_dir = args.log_dir or stack.enter_context(
@@ -150,7 +152,7 @@ def _eval_import(args: argparse.Namespace) -> int:
     if args.from_tree is not None:
         if args.source is not None or args.step is not None or args.format or times[0] is not None:
             return _usage("--from-tree takes no SOURCE, --step, --format or eval times")
-        from rcpflow.progress import Progress
+        from rcpflow.terminal_progress import Progress
 
         try:
             with Progress("importing", 0) as progress:  # the tree's step count, once listed
@@ -158,13 +160,11 @@ def _eval_import(args: argparse.Namespace) -> int:
                     args.run_dir, args.from_tree, progress, eval_times_from=args.eval_times_from
                 )
         except EvalImportError as e:
-            print(f"invalid: {e}", file=sys.stderr)
-            return EXIT_INVALID
+            return _invalid(e)
         for step in result.steps:
             print(step.describe())
         if not result.steps:
-            print(f"invalid: {args.from_tree}: no step_<N>/<attempt>/summary.json", file=sys.stderr)
-            return EXIT_INVALID
+            return _invalid(f"{args.from_tree}: no step_<N>/<attempt>/summary.json")
         return EXIT_OK if result.all_imported else EXIT_INVALID
     if args.source is None or args.step is None:
         return _usage("give --step N SOURCE, or --from-tree DIR")
@@ -179,49 +179,69 @@ def _eval_import(args: argparse.Namespace) -> int:
             eval_times_from=args.eval_times_from,
         )
     except EvalImportError as e:
-        print(f"invalid: {e}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(e)
     print(imported.describe())
     return EXIT_OK
+
+
+def _command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    help_text: str,
+    *positionals: str,
+) -> argparse.ArgumentParser:
+    """A subcommand that runs `func`, with its leading positional arguments."""
+    parser = sub.add_parser(name, help=help_text)
+    for positional in positionals:
+        parser.add_argument(positional)
+    parser.set_defaults(func=func)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rcpflow", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = sub.add_parser("val-start", help="print the validation start step (last line)")
+    v = _command(sub, "val-start", _val_start, "print the validation start step (last line)")
     v.add_argument("--global-batch-size", type=int, required=True)
     v.add_argument("--override", type=int, default=None, help="explicit start step (> 0 wins)")
-    v.set_defaults(func=_val_start)
 
     m = sub.add_parser("manifest", help="manifest commands")
     msub = m.add_subparsers(dest="manifest_command", required=True)
-    mv = msub.add_parser("validate", help="exit 0 valid, 1 invalid (names the step or line)")
-    mv.add_argument("manifest")
-    mv.add_argument("--mllog", default=None, help="MLLOG for the stale-row check")
-    mv.set_defaults(func=_manifest_validate)
-    ma = msub.add_parser(
-        "add",
-        help="record a committed checkpoint (trainers that are not Python); the run's fields "
-        "come from its MLLOG; exit 0 added or identical, 1 refused (names the step and why)",
+    mv = _command(
+        msub,
+        "validate",
+        _manifest_validate,
+        "exit 0 valid, 1 invalid (names the step or line)",
+        "manifest",
     )
-    ma.add_argument("run_dir")
+    mv.add_argument("--mllog", default=None, help="MLLOG for the stale-row check")
+    ma = _command(
+        msub,
+        "add",
+        _manifest_add,
+        "record a committed checkpoint (trainers that are not Python); the run's fields "
+        "come from its MLLOG; exit 0 added or identical, 1 refused (names the step and why)",
+        "run_dir",
+    )
     ma.add_argument("--step", type=int, required=True)
     ma.add_argument("--checkpoint", required=True, help="the committed checkpoint (must exist)")
     ma.add_argument("--timestamp-ms", type=int, required=True, help="its weight-update time")
     ma.add_argument("--seed", type=int, help="picks mllog/seed_<n>.out (default: the only one)")
     ma.add_argument("--val-start-at", type=int, help="default: the rows', else the recipe's")
     ma.add_argument("--weights-fingerprint")
-    ma.set_defaults(func=_manifest_add)
 
     e = sub.add_parser("eval", help="evaluation results")
     esub = e.add_subparsers(dest="eval_command", required=True)
-    ei = esub.add_parser(
+    ei = _command(
+        esub,
         "import",
-        help="verify another evaluator's result and write eval/step_N/summary.json; exit 0 "
+        _eval_import,
+        "verify another evaluator's result and write eval/step_N/summary.json; exit 0 "
         "imported, 1 invalid (names the file, field or line; nothing written), 2 usage",
+        "run_dir",
     )
-    ei.add_argument("run_dir")
     ei.add_argument("source", nargs="?", help="summary.json or attempt records (local or gs://)")
     ei.add_argument("--step", type=int, help="the manifest row the result belongs to")
     ei.add_argument("--eval-start-ms", type=int, help="eval wall clock (else from the source)")
@@ -239,27 +259,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="import every step of DIR/step_<N>/<stamp>-<id>/summary.json (newest valid one)",
     )
-    ei.set_defaults(func=_eval_import)
 
-    f = sub.add_parser(
+    _command(
+        sub,
         "finalize",
-        help="write the eval section; exit 0 success/aborted, "
+        _finalize,
+        "write the eval section; exit 0 success/aborted, "
         "3 incomplete, 1 invalid input (log untouched)",
+        "run_dir",
     )
-    f.add_argument("run_dir")
-    f.set_defaults(func=_finalize)
 
-    st = sub.add_parser(
+    st = _command(
+        sub,
         "status",
-        help="per checkpoint: summary, gate decision, and what finalize would write now; exit 0, "
+        _status,
+        "per checkpoint: summary, gate decision, and what finalize would write now; exit 0, "
         "1 when the manifest cannot be read",
+        "run_dir",
     )
-    st.add_argument("run_dir")
     st.add_argument("--json", action="store_true", help="the same data as JSON")
-    st.set_defaults(func=_status)
 
-    c = sub.add_parser("check", help="official compliance checker verdict, exit 0/1")
-    c.add_argument("log")
+    c = _command(sub, "check", _check, "official compliance checker verdict, exit 0/1", "log")
     c.add_argument(
         "--division",
         choices=DIVISIONS,
@@ -267,7 +287,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="rules to apply (default: the division the log declares, else closed)",
     )
     c.add_argument("--log-dir", default=None, help="where the checker's own log goes")
-    c.set_defaults(func=_check)
     return p
 
 
@@ -286,8 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except USER_ERRORS as e:  # bad input the command did not name itself: still one line
-        print(f"invalid: {describe(e)}", file=sys.stderr)
-        return EXIT_INVALID
+        return _invalid(describe(e))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,10 @@
 """Import another evaluator's result for one checkpoint into a run: ``eval/step_<n>/summary.json``.
 
-A source (a local path or ``gs://``) is a summary (rcpflow's, or Tunix's, which has no eval wall
-clock) or per-attempt records (`rcpflow.attempts`: rcpflow's, Tunix DeepSWE, R2E-Gym). The
-result must be about manifest row N's checkpoint (a summary built from attempts takes the row's
-step, timestamp and samples), and is verified as every summary is (`rcpflow.summary`); attempts
-given beside a summary must give its pass@k. Eval times come from the caller (the pipeline's
-clock, as Tunix's pipeline did), from that pipeline's MLLOG (`eval_times_from_log`: its
-``eval_start``/``eval_stop`` of the row's samples_count) or the source; none: refused, a time is
-never invented.
-Anything not valid is refused with the file, field or line, and nothing is written. What is
-written is rcpflow's canonical summary (its `target_reached` is rcpflow's ``>``) and, verbatim,
-the attempts it was built from; the same source gives the same bytes. The MLLOG is never touched:
-finalize writes it from what is imported here.
-
-`import_tree` backfills an old run from a Tunix-style tree
-``DIR/step_<N>/<stamp>-<id>/summary.json``: per step the newest attempt that imports (complete
-and valid) wins; the others are reported.
+A source (local or ``gs://``) is a summary (rcpflow's or Tunix's) or per-attempt records
+(`rcpflow.attempts`); it must be about manifest row N's checkpoint and is verified as every
+summary is. Anything not valid is refused naming the file, field or line, and nothing is
+written; eval times are never invented; the MLLOG is never touched. `import_tree` backfills a
+Tunix-style tree. Why: docs/design.md (verification of foreign inputs).
 """
 
 from __future__ import annotations
@@ -30,18 +19,10 @@ from rcpflow.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_att
 from rcpflow.layout import RunLayout, dirname, join
 from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import MLLogError, read_events
-from rcpflow.progress import Progress
 from rcpflow.storage import storage_for
-from rcpflow.summary import (
-    TIME_FIELDS,
-    EvalSummary,
-    Problem,
-    SummaryError,
-    build_summary,
-    recomputed_problems,
-    validity_problems,
-    write_summary,
-)
+from rcpflow.summary import TIME_FIELDS, EvalSummary, SummaryError, build_summary, write_summary
+from rcpflow.summary_checks import Problem, recomputed_problems, validity_problems
+from rcpflow.terminal_progress import Progress
 from rcpflow.verify import ATTEMPTS_FILE, attempts_file
 
 SourceFormat = Literal["rcpflow-summary", "tunix-summary", "rcpflow-attempts", "deepswe", "r2egym"]

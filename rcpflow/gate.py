@@ -1,9 +1,7 @@
 """The short-circuit decision of deferred evaluation, taken from persisted summaries only.
 
-Evaluation instances may run in any order (retries, speculative windows, `dag.test()`'s random
-order), so "skip this checkpoint" is never inferred from which instance ran before: it is read
-from the summaries on storage. A checkpoint can be skipped when a lower step's valid summary
-already passes the target.
+A checkpoint can be skipped when a lower step's valid summary already passes the target
+(strictly above it); never inferred from which evaluation ran first (docs/design.md, the gate).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Strict JSON for the files rcpflow is handed (manifests, summaries): what counts as JSON input.
 
-Python's `json` accepts what a submission's files must not contain: a key twice in one object
-(the last silently wins), ``NaN`` and ``Infinity`` (not JSON), numbers no other reader can hold
-(integers beyond 64 bits, floats that overflow to infinity), and nesting deep enough to raise
-RecursionError instead of an error about the input. Here each of these is invalid input, raised
-as `JSONInputError` naming the file, the line and what is wrong; so are bytes that are not UTF-8.
-
-`strict=False` keeps only the depth limit: for MLLOG lines, which are judged the way the official
-parser reads them (plain `json.loads`), but must not crash the reader.
+A key twice in one object, ``NaN``/``Infinity``, integers beyond 64 bits, floats that overflow,
+too deep a nesting and bytes that are not UTF-8 are each `JSONInputError`, naming the file and
+the line (why: docs/design.md, verification of foreign inputs). `strict=False` keeps only the
+depth limit, for MLLOG lines, which are judged as the official parser reads them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """An MLLOG file as text, read the way the official parser (`mlperf_logging`'s mlp_parser) reads it.
 
-The parser opens the log as latin-1 text (every byte is a character: program output interleaved
-with the events may hold any bytes), splits lines as Python's text mode does (``\\n``, ``\\r\\n``
-and ``\\r``), skips every line without ``:::MLLOG `` and takes an event's JSON from after the
-*last* ``:::MLLOG `` on its line, without trailing whitespace. Reading the same way here means that
-rcpflow and the checker agree on which events a log holds, and latin-1 round-trips every byte,
-so the training section is kept byte for byte even when it is not UTF-8.
+Latin-1 text, lines split as Python's text mode does, lines without ``:::MLLOG `` skipped, an
+event's JSON after the last token on its line: rcpflow and the checker agree on a log's events,
+and every byte round-trips (docs/design.md, verification of foreign inputs).
 """
 
 from __future__ import annotations

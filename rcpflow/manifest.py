@@ -41,17 +41,8 @@ _INT_FIELDS = (
     "max_steps",
     "seed",
 )
-# Counts and steps: zero or less is no run (steps count updates from 1).
-_POSITIVE_FIELDS = (
-    "step",
-    "timestamp_ms",
-    "samples_count",
-    "global_batch_size",
-    "batch_size",
-    "num_generations",
-    "val_start_at",
-    "max_steps",
-)
+# Counts and steps: zero or less is no run (steps count updates from 1); a seed may be 0.
+_POSITIVE_FIELDS = tuple(name for name in _INT_FIELDS if name != "seed")
 # Every row of one run must agree on these.
 _RUN_FIELDS = (
     "global_batch_size",

@@ -5,10 +5,8 @@ result summarizer read it:
     <org>/systems/<system>.json                              the system description
     <org>/benchmarks/qwen35_397b_grpo/                       README (+ the implementation's code)
 
-The system description carries every field that `mlperf_logging.system_desc_checker` requires
-(6.1.0), with values it accepts; the summarizer reads some of them as integers and joins others
-as text, so every value is a string, as in the MLCommons results repositories. Packaging the
-same runs again gives the same bytes and removes result files left by an earlier, larger set.
+Every system-description value is a string (docs/design.md, the checkers). Packaging the same
+runs again gives the same bytes and removes result files left by an earlier, larger set.
 """
 
 from __future__ import annotations

@@ -1,42 +1,21 @@
 """The trainer recorder: what any trainer calls to leave a compliant ``qwen35_397b_grpo`` run.
 
-Pure Python, for a trainer that saves its own checkpoints (Tunix, NeMo-RL, one's own): it owns the
-training section of the MLLOG (header, ``init_stop``, ``run_start``, ``block_start``, and at the
-end one ``block_stop`` backdated to the last weight update), the weight-update timestamp of each
-step (handed in by the trainer, taken after the update completed and before the save), and a
-manifest row once the trainer says a checkpoint has committed. It resumes from the manifest and
-the log. It never sees parameters: blocking on an async update is the trainer's business.
-
-Call order (a saver thread may call `on_checkpoint_committed` while the loop goes on)::
-
-    rec = TrainingRecorder(run_dir, seed=0, hyperparameters=hp, val_start_at=18)
-    resumed = rec.resume()        # None: a fresh run; else the last committed step
-    rec.on_init_start()           # no-op when resumed: the run's log continues
-    rec.on_run_start()
-    for step in ...:
-        ...update...; ts = rec.on_update(step)        # after the update completed
-        ...save; once committed: rec.on_checkpoint_committed(step, path)
-        if rec.stop_requested(): break                # the run's verdict is decided
-    rec.on_train_end()            # block_stop at the last update's timestamp
-
-A checkpoint the trainer committed before a crash but whose row is missing is recorded after the
-resume by handing its timestamp back: ``on_update(step, timestamp_ms=saved)`` then
-``on_checkpoint_committed(step, path)``. `add_row` is the same check for one row from outside a
-trainer (`rcpflow manifest add`), reading the run's fields from its MLLOG.
+It owns the training section of the MLLOG and one manifest row per committed checkpoint, for a
+trainer that saves its own checkpoints; it never sees parameters. Call order: `resume()` (None:
+a fresh run), `on_init_start()`, `on_run_start()`, per step `on_update(step)` once the update
+completed, `on_checkpoint_committed(step, path)` once saved (any thread, any order) and
+`stop_requested()`, last `on_train_end()`. Why and how resume works: docs/design.md (recorder).
 """
 
 from __future__ import annotations
 
-import glob
-import os
-import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rcpflow import manifest, recipe, stop_request
-from rcpflow.layout import RunLayout, is_gcs, join
+from rcpflow.layout import RunLayout, join
 from rcpflow.manifest import ManifestError, ManifestRow
 from rcpflow.mllog import Event, SystemInfo, TrainingLog, read_events, run_start_ms
 from rcpflow.storage import storage_for
@@ -137,23 +116,16 @@ def build_row(
         raise RecorderError(str(e)) from e
 
 
-def _current_rows(manifest_path: str, run_start: int | None) -> list[ManifestRow]:
+def current_rows(manifest_path: str, run_start: int | None) -> list[ManifestRow]:
     rows = manifest.read_rows(manifest_path)  # non-UTF-8 bytes: a ManifestError naming the line
     return [r for r in rows if run_start is None or r.timestamp_ms >= run_start]
 
 
-def _header_value(events: Sequence[Event], key: str, where: str) -> object:
+def header_value(events: Sequence[Event], key: str, where: str) -> object:
     found = [e.value for e in events if e.key == key]
     if not found:
         raise RecorderError(f"{where}: no {key} event (not a training log?)")
     return found[0]
-
-
-def _header_int(events: Sequence[Event], key: str, where: str) -> int:
-    value = _header_value(events, key, where)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RecorderError(f"{where}: {key} {value!r} is not an integer")
-    return value
 
 
 class TrainingRecorder:
@@ -252,12 +224,12 @@ class TrainingRecorder:
                 ("max_steps", self.hp.max_steps),
                 ("submission_division", self.hp.division),
             ):
-                got = _header_value(events, key, where)
+                got = header_value(events, key, where)
                 if got != want:
                     raise RecorderError(
                         f"cannot resume: {where} logs {key} {got!r}, this run has {want!r}"
                     )
-        rows = sorted(_current_rows(self.layout.manifest, run_start), key=lambda r: r.step)
+        rows = sorted(current_rows(self.layout.manifest, run_start), key=lambda r: r.step)
         try:
             manifest.validate_rows(rows, self.layout.manifest)
         except ManifestError as e:
@@ -435,91 +407,3 @@ def _extra_of(row: ManifestRow) -> dict[str, object]:
     return (
         {} if row.weights_fingerprint is None else {"weights_fingerprint": row.weights_fingerprint}
     )
-
-
-# -- one row from outside a trainer: `rcpflow manifest add` -------------------------------------
-
-
-def find_mllog(run_dir: str) -> str:
-    """The run's only ``mllog/seed_<n>.out`` (local runs; on GCS give the seed)."""
-    layout = RunLayout(run_dir)
-    if is_gcs(layout.root):
-        found = storage_for(layout.mllog_dir).list(layout.mllog_dir)
-    else:
-        found = glob.glob(os.path.join(layout.mllog_dir, "seed_*.out"))
-    logs = sorted(p for p in found if re.fullmatch(r"seed_\d+\.out", p.rsplit("/", 1)[-1]))
-    if len(logs) != 1:
-        raise RecorderError(
-            f"{layout.mllog_dir}: {len(logs)} logs seed_<n>.out; give --seed to pick one"
-        )
-    return logs[0]
-
-
-def add_row(
-    run_dir: str,
-    step: int,
-    checkpoint_path: str,
-    timestamp_ms: int,
-    *,
-    seed: int | None = None,
-    val_start_at: int | None = None,
-    target_accuracy: float = recipe.TARGET_ACCURACY,
-    weights_fingerprint: str | None = None,
-) -> tuple[ManifestRow, bool]:
-    """Record one committed checkpoint with the run's fields read from its MLLOG (`val_start_at`
-    from the other rows, else the argument, else the recipe's). The step must be the next one
-    (the first: val_start_at), its timestamp after the previous row's and run_start and not after
-    the log's block_stop, its checkpoint present. Returns (row, added): the identical row already
-    there is no error (a retried command), a different one is."""
-    layout = RunLayout(run_dir)
-    log_path = layout.mllog(seed) if seed is not None else find_mllog(run_dir)
-    if not storage_for(log_path).exists(log_path):
-        raise RecorderError(f"{log_path}: no MLLOG (the trainer writes it first)")
-    events = read_events(log_path)
-    run_start = run_start_ms(events)
-    if run_start is None:
-        raise RecorderError(f"{log_path}: no run_start: training has not started")
-    header = {
-        k: _header_int(events, k, log_path)
-        for k in ("seed", "global_batch_size", "num_generations_per_prompt", "max_steps")
-    }
-    rows = sorted(_current_rows(layout.manifest, run_start), key=lambda r: r.step)
-    start = rows[0].val_start_at if rows else val_start_at
-    if start is None:
-        start = recipe.val_start_at(header["global_batch_size"])
-    if val_start_at is not None and val_start_at != start:
-        raise RecorderError(f"val_start_at {val_start_at} differs from the manifest's {start}")
-    extra = {} if weights_fingerprint is None else {"weights_fingerprint": weights_fingerprint}
-    row = build_row(
-        layout.root, step, checkpoint_path, timestamp_ms,
-        seed=header["seed"], global_batch_size=header["global_batch_size"],
-        num_generations=header["num_generations_per_prompt"], val_start_at=start,
-        max_steps=header["max_steps"], target_accuracy=target_accuracy, extra=extra,
-    )  # fmt: skip
-    old = {r.step: r for r in rows}.get(step)
-    if old is not None:
-        if old != row:
-            raise RecorderError(f"step {step}: already recorded as {old}")
-        return old, False
-    want = rows[-1].step + 1 if rows else start
-    if step != want:
-        if not rows:
-            raise RecorderError(
-                f"step {step}: the first row is the validation start step {start}; add it first"
-            )
-        if step > want:
-            raise RecorderError(
-                f"step {step}: {manifest.gap_message(want - 1, step)}; add step {want} first"
-            )
-        raise RecorderError(f"step {step}: the next row is step {want}")
-    stops = [e for e in events if e.key == "block_stop"]
-    if stops and timestamp_ms > stops[-1].time_ms:
-        raise RecorderError(
-            f"step {step}: timestamp_ms {timestamp_ms} is after the log's block_stop "
-            f"{stops[-1].time_ms} (the last weight update)"
-        )
-    if not checkpoint_present(checkpoint_path):
-        raise RecorderError(f"step {step}: no checkpoint at {checkpoint_path}")
-    check_new_row(rows, row, run_start, layout.manifest)
-    manifest.upsert(layout.manifest, row)
-    return row, True

@@ -1,17 +1,9 @@
 """What the official checker requires of a run's training section, checked before a run is ended.
 
-`rcpflow.finalize` writes ``run_stop`` (success or aborted) only on a training section that the
-compliance checker (ruleset 6.1.0: ``common.yaml``, ``<division>_common.yaml`` and
-``<division>_qwen35_397b_grpo.yaml``) can accept: the keys it requires exactly once, each
-present (repeats only with the same value, which the checker lets pass with a warning),
-``init_start`` before the one ``init_stop`` (within the compile-time limit) before the one
-``run_start``, blocks with their sample counts, and training ended: a ``block_stop`` at or after
-the last checkpoint's weight update. In the closed division the first evaluation must also be at
-the recipe's validation start (the checker counts ``eval_accuracy`` samples from there), so a
-start-step override is refused. Values of the hyperparameters are left to the checker itself
-(`rcpflow check`); here is the structure that finalize would otherwise build on.
-
-Each problem says whether rerunning the trainer repairs it (it resumes and ends the log).
+`rcpflow.finalize` writes ``run_stop`` only on a training section the compliance checker (ruleset
+6.1.0) can accept: the rules and why are in docs/design.md (finalize). Values of the
+hyperparameters are left to the checker itself (`rcpflow check`). Each problem says whether
+rerunning the trainer repairs it.
 """
 
 from __future__ import annotations

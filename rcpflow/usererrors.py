@@ -1,11 +1,9 @@
 """Which failures are the user's input, and how each is told in one line.
 
-rcpflow's own errors name what is wrong (ManifestError, SummaryError, MLLogError,
-FinalizeInputError and JSONInputError are ValueErrors); below them, a path can still be a folder
-where a file belongs (or the reverse), unreadable, or a ``gs://`` path without credentials
-(StorageError). Whoever faces a user (the CLI; a task) catches `USER_ERRORS` and reports
-`describe(e)`: one line naming the thing, never a traceback. Anything else is a bug in rcpflow
-and keeps its traceback.
+`USER_ERRORS` are rcpflow's own errors (ValueErrors naming what is wrong), OSError (a folder
+where a file belongs, unreadable) and StorageError (``gs://`` without credentials). Whoever faces
+a user catches them and reports `describe(e)`: one line, never a traceback; anything else is a
+bug and keeps its traceback. Exit codes: docs/exit-codes.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Whether a run's evaluation of one checkpoint stands: its summary, checked against everything.
 
 One answer for the gate, finalize and `rcpflow status`: the summary at ``eval/step_<n>/`` must be
-readable, valid for the manifest row (`rcpflow.summary.validity_problems`) and, when the attempts
-it was built from are there (``attempts/attempts.jsonl``, in any format `rcpflow.attempts`
-reads), give the same pass@k as they do. Anything else is not a pass.
+readable, valid for the manifest row (`rcpflow.summary_checks`) and, when the attempts it was
+built from are there (``attempts/attempts.jsonl``, any format `rcpflow.attempts` reads), give the
+same pass@k as they do. Anything else is not a pass.
 """
 
 from __future__ import annotations
@@ -16,14 +16,8 @@ from rcpflow.attempts import AttemptsError, parse_attempts
 from rcpflow.layout import RunLayout, join
 from rcpflow.manifest import ManifestRow
 from rcpflow.storage import storage_for
-from rcpflow.summary import (
-    EvalSummary,
-    Problem,
-    SummaryError,
-    read_summary,
-    recomputed_problems,
-    validity_problems,
-)
+from rcpflow.summary import EvalSummary, SummaryError, read_summary
+from rcpflow.summary_checks import Problem, recomputed_problems, validity_problems
 
 ATTEMPTS_FILE = "attempts.jsonl"
 SummaryState = Literal["missing", "unreadable", "invalid", "valid"]

@@ -1,4 +1,5 @@
-"""The bytes of a folder tree, for tests that prove a rejected input changed nothing on disk."""
+"""The bytes of a folder tree, for tests that prove a rejected input changed nothing on disk,
+and appending to a file (trainer output after the fact, a corrupted line)."""
 
 from __future__ import annotations
 
@@ -11,3 +12,8 @@ def tree_bytes(root: Path) -> dict[str, bytes | None]:
         str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
         for p in sorted(root.rglob("*"))
     }
+
+
+def append_bytes(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)

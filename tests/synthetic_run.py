@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from rcpflow import recipe
 from rcpflow.layout import RunLayout
-from rcpflow.manifest import ManifestRow, upsert
+from rcpflow.manifest import ManifestRow, load, upsert
 from rcpflow.mllog import SystemInfo, TrainingLog
 from rcpflow.summary import AttemptResult, build_summary, write_summary
 
@@ -30,6 +32,11 @@ class SyntheticRun:
     val_start_at: int
     max_steps: int
     division: str
+
+    @property
+    def log_file(self) -> Path:
+        """The run's MLLOG (a local run)."""
+        return Path(self.layout.mllog(self.seed))
 
     def row(self, step: int) -> ManifestRow:
         return ManifestRow(
@@ -110,3 +117,14 @@ def make_run(
     for step, acc in (accuracies or {}).items():
         write_eval(run, step, acc)
     return run
+
+
+def passing_run(tmp_path: Path, name: str = "run", **kw: Any) -> SyntheticRun:
+    """`make_run` under `tmp_path/name` with step 18 below the target and step 19 above it."""
+    kw.setdefault("accuracies", {18: 0.5, 19: 0.8})
+    return make_run(str(tmp_path / name), **kw)
+
+
+def rows_of(run_dir: str) -> list[ManifestRow]:
+    """The run's current manifest rows, validated by `manifest.load` (stale rows dropped)."""
+    return list(load(RunLayout(run_dir).manifest).rows)

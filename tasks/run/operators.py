@@ -26,8 +26,8 @@ from airflow.sdk.exceptions import (
 )
 from airflow.triggers.base import StartTriggerArgs
 
+from rcpflow.checkpoint_state import CheckpointProgress, ProgressError, checkpoint_progress
 from rcpflow.gate import passing_step_below
-from rcpflow.training_progress import CheckpointProgress, ProgressError, checkpoint_progress
 from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger
 
 if TYPE_CHECKING:

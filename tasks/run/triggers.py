@@ -33,8 +33,8 @@ from airflow.triggers.base import (
     TriggerEvent,
 )
 
+from rcpflow.checkpoint_state import CheckpointProgress, ProgressError, run_snapshot
 from rcpflow.gate import passing_step_below
-from rcpflow.training_progress import CheckpointProgress, ProgressError, run_snapshot
 from tasks.run.spec import RunSpec
 
 TrainingState = Literal["not_started", "running", "succeeded", "failed"]

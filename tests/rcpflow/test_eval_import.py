@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from rcpflow_cli import run_cli
 from synthetic_run import T0, make_run, write_eval
 
 from rcpflow.eval_import import EvalImportError, import_eval, import_tree
@@ -19,16 +18,6 @@ from rcpflow.verify import evaluate_step
 FIXTURES = Path(__file__).parent / "fixtures" / "tunix"
 SCHEMA = "canon.p46.deepswe-eval.trajectory.v4"
 START, STOP = T0 + 3_600_000, T0 + 3_700_000
-
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rcpflow", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
 
 
 def solved_pattern(task: int) -> list[bool]:
@@ -308,7 +297,7 @@ def test_from_tree_takes_the_newest_valid_attempt_per_step(run, tmp_path):
     assert by_step[19].imported.summary.eval_accuracy == pytest.approx(180 / 251)
     assert by_step[20].imported is None and "never invented" in by_step[20].rejected[0][1]
     assert not result.all_imported
-    p = cli("eval", "import", run.run_dir, "--from-tree", str(tree))
+    p = run_cli("eval", "import", run.run_dir, "--from-tree", str(tree))
     assert p.returncode == 1, p.stderr
     assert "step 18: imported tunix-summary" in p.stdout and "step 20: nothing imported" in p.stdout
 
@@ -316,19 +305,21 @@ def test_from_tree_takes_the_newest_valid_attempt_per_step(run, tmp_path):
 def test_cli_exit_codes(run, tmp_path):
     source = write_lines(tmp_path / "deepswe.jsonl", deepswe_lines(retried=frozenset({9})))
     common = ("eval", "import", run.run_dir, "--step", "18", source)
-    p = cli(*common, "--eval-start-ms", str(START))
+    p = run_cli(*common, "--eval-start-ms", str(START))
     assert p.returncode == 2 and "--eval-start-ms and --eval-stop-ms go together" in p.stderr
-    p = cli(*common)
+    p = run_cli(*common)
     assert p.returncode == 1 and "never invented" in p.stderr and "Traceback" not in p.stderr
-    p = cli(*common, "--eval-start-ms", str(START), "--eval-stop-ms", str(STOP))
+    p = run_cli(*common, "--eval-start-ms", str(START), "--eval-stop-ms", str(STOP))
     assert p.returncode == 0, p.stderr
     (line,) = p.stdout.splitlines()
     assert line.startswith("step 18: imported deepswe") and "1 retried" in line
     assert (
-        cli("eval", "import", run.run_dir, "--from-tree", str(tmp_path), "--step", "3").returncode
+        run_cli(
+            "eval", "import", run.run_dir, "--from-tree", str(tmp_path), "--step", "3"
+        ).returncode
         == 2
     )
-    assert cli("eval", "import", run.run_dir, "--format", "nope").returncode == 2
+    assert run_cli("eval", "import", run.run_dir, "--format", "nope").returncode == 2
 
 
 def test_imported_summaries_finalize(run, tmp_path):

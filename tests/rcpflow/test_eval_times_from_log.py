@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
+from rcpflow_cli import run_cli
 from synthetic_run import make_run
-from test_eval_import import FIXTURES, cli
+from test_eval_import import FIXTURES
 
 from rcpflow.eval_import import EvalImportError, eval_times_from_log, import_eval, import_tree
 from rcpflow.mllog import EventRenderer
@@ -106,12 +107,12 @@ def test_the_cli_and_a_tree_take_the_log(run, tmp_path):
     result = import_tree(run.run_dir, str(tree), eval_times_from=log)
     assert result.all_imported
     assert read_summary(run.layout.summary(19)).eval_stop_ms == t19 + 9
-    p = cli("eval", "import", run.run_dir, "--from-tree", str(tree), "--eval-times-from", log)
+    p = run_cli("eval", "import", run.run_dir, "--from-tree", str(tree), "--eval-times-from", log)
     assert p.returncode == 0, p.stderr
     assert "eval times from the log" in p.stdout and f"from {log}" in p.stdout
     source = str(tree / "step_18" / "20260929T060823Z-f604fb47" / "summary.json")
-    p = cli("eval", "import", run.run_dir, "--step", "18", source, "--eval-times-from", log)
+    p = run_cli("eval", "import", run.run_dir, "--step", "18", source, "--eval-times-from", log)
     assert p.returncode == 0 and p.stdout.startswith("step 18: imported tunix-summary"), p.stderr
     both = ("--eval-times-from", log, "--eval-start-ms", "1", "--eval-stop-ms", "2")
-    p = cli("eval", "import", run.run_dir, "--step", "18", source, *both)
+    p = run_cli("eval", "import", run.run_dir, "--step", "18", source, *both)
     assert p.returncode == 2 and "not both" in p.stderr

@@ -1,11 +1,10 @@
 """Finalize: every branch, idempotence, re-finalize, and the official checker on what it writes."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from rcpflow_cli import run_cli
 from synthetic_run import make_run, write_eval
 
 from rcpflow.finalize import FinalizeInputError, finalize
@@ -176,15 +175,9 @@ def test_finalize_on_gcs(gcs_prefix):
     assert len(_events(run, "run_stop")) == 1
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "rcpflow", *args], capture_output=True, text=True, timeout=120
-    )
-
-
 def test_cli_finalize_exit_codes(tmp_path):
     ok = make_run(str(tmp_path / "ok"), accuracies={18: 0.9})
-    p = _cli("finalize", ok.run_dir)
+    p = run_cli("finalize", ok.run_dir)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {
         "status": "success",
@@ -193,45 +186,47 @@ def test_cli_finalize_exit_codes(tmp_path):
         "time_ms": ok.row(18).timestamp_ms,
     }
     inc = make_run(str(tmp_path / "inc"), accuracies={18: 0.1})
-    p = _cli("finalize", inc.run_dir)
+    p = run_cli("finalize", inc.run_dir)
     assert p.returncode == 3
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"status": "incomplete"}
-    p = _cli("finalize", str(tmp_path / "missing"))
+    p = run_cli("finalize", str(tmp_path / "missing"))
     assert p.returncode == 1 and "no manifest" in p.stderr
 
 
 def test_cli_manifest_validate_and_val_start(tmp_path):
     run = make_run(str(tmp_path), max_steps=20)
-    p = _cli("manifest", "validate", run.layout.manifest, "--mllog", run.layout.mllog(1))
+    p = run_cli("manifest", "validate", run.layout.manifest, "--mllog", run.layout.mllog(1))
     assert p.returncode == 0 and "3 rows" in p.stdout
     Path(run.layout.manifest).write_text(run.row(18).to_json() + "\n" + run.row(20).to_json())
-    p = _cli("manifest", "validate", run.layout.manifest)
+    p = run_cli("manifest", "validate", run.layout.manifest)
     assert p.returncode == 1 and "steps 19 missing between 18 and 20" in p.stderr
-    p = _cli("val-start", "--global-batch-size", "512")
+    p = run_cli("val-start", "--global-batch-size", "512")
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "10"
-    p = _cli("val-start", "--global-batch-size", "100")
+    p = run_cli("val-start", "--global-batch-size", "100")
     assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "41"
     assert "not a multiple of 16" in p.stderr
-    assert _cli("val-start", "--global-batch-size", "0").returncode == 1
-    assert _cli("val-start", "--global-batch-size", "256", "--override", "3").stdout.strip() == "3"
+    assert run_cli("val-start", "--global-batch-size", "0").returncode == 1
+    assert (
+        run_cli("val-start", "--global-batch-size", "256", "--override", "3").stdout.strip() == "3"
+    )
 
 
 def test_cli_check(tmp_path):
     run = make_run(str(tmp_path / "run"), accuracies={18: 0.9})
     finalize(run.run_dir)
     log = run.layout.mllog(1)
-    p = _cli("check", log, "--division", "closed", "--log-dir", str(tmp_path))
+    p = run_cli("check", log, "--division", "closed", "--log-dir", str(tmp_path))
     assert p.returncode == 0, p.stdout + p.stderr
-    p = _cli("check", log, "--log-dir", str(tmp_path))  # the log declares closed
+    p = run_cli("check", log, "--log-dir", str(tmp_path))  # the log declares closed
     assert p.returncode == 0 and "(closed," in p.stdout
-    p = _cli("check", log, "--division", "open", "--log-dir", str(tmp_path))
+    p = run_cli("check", log, "--division", "open", "--log-dir", str(tmp_path))
     assert p.returncode == 1 and "submission_division" in p.stderr
-    p = _cli("check", str(tmp_path / "missing.out"))
+    p = run_cli("check", str(tmp_path / "missing.out"))
     assert p.returncode == 1 and "no such MLLOG" in p.stderr
 
 
 def test_cli_check_open_log_by_default(tmp_path):
     run = make_run(str(tmp_path / "run"), division="open", accuracies={18: 0.9})
     finalize(run.run_dir)
-    p = _cli("check", run.layout.mllog(1), "--log-dir", str(tmp_path))
+    p = run_cli("check", run.layout.mllog(1), "--log-dir", str(tmp_path))
     assert p.returncode == 0 and "(open," in p.stdout, p.stdout + p.stderr

@@ -4,15 +4,14 @@ import itertools
 import random
 from pathlib import Path
 
-from synthetic_run import make_run, write_eval
+from synthetic_run import make_run, rows_of, write_eval
 
 from rcpflow.gate import passing_step_below, valid_summary
-from rcpflow.manifest import load
 
 
 def test_skip_only_above_a_passing_lower_step(tmp_path):
     run = make_run(str(tmp_path), accuracies={18: 0.2, 20: 0.8, 22: 0.9})
-    rows = load(run.layout.manifest).rows
+    rows = rows_of(run.run_dir)
     assert passing_step_below(run.run_dir, 20, rows) is None  # 20 itself is not "below"
     assert passing_step_below(run.run_dir, 21, rows) == 20
     assert passing_step_below(run.run_dir, 24, rows) == 20
@@ -24,7 +23,7 @@ def test_any_completion_order_gives_the_same_decisions(tmp_path):
     expected = None
     for order in random.Random(0).sample(list(itertools.permutations(accuracies)), 12):
         run = make_run(str(tmp_path / "-".join(map(str, order))))
-        rows = load(run.layout.manifest).rows
+        rows = rows_of(run.run_dir)
         for step in order:  # summaries appear in this order; decisions read them afterwards
             write_eval(run, step, accuracies[step])
         decisions = {r.step: passing_step_below(run.run_dir, r.step, rows) for r in rows}
@@ -36,7 +35,7 @@ def test_any_completion_order_gives_the_same_decisions(tmp_path):
 def test_invalid_or_unreadable_summaries_do_not_count(tmp_path):
     run = make_run(str(tmp_path), accuracies={18: 0.2})
     write_eval(run, 19, 0.99, fatal_error="restore failed")
-    rows = load(run.layout.manifest).rows
+    rows = rows_of(run.run_dir)
     assert valid_summary(run.run_dir, rows[1]) is None
     assert passing_step_below(run.run_dir, 24, rows) is None
     Path(run.layout.summary(18)).write_text("{")

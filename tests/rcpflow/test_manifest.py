@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from synthetic_run import T0, make_run
+from synthetic_run import T0, make_run, rows_of
 
 from rcpflow.manifest import ManifestError, ManifestRow, load, parse_rows, upsert
 
@@ -40,7 +40,7 @@ def test_concurrent_upserts_lose_nothing(tmp_path):
         t.start()
     for t in threads:
         t.join()
-    assert [r.step for r in load(run.layout.manifest).rows] == steps
+    assert [r.step for r in rows_of(run.run_dir)] == steps
 
 
 def _rewrite(path, rows):
@@ -164,7 +164,7 @@ def test_property_valid_iff_contiguous_from_start(tmp_path_factory, steps):
     _rewrite(run.layout.manifest, [run.row(s) for s in sorted(steps, reverse=True)])
     contiguous = min(steps) == 18 and max(steps) - min(steps) + 1 == len(steps)
     if contiguous:
-        assert [r.step for r in load(run.layout.manifest).rows] == sorted(steps)
+        assert [r.step for r in rows_of(run.run_dir)] == sorted(steps)
     else:
         with pytest.raises(ManifestError, match=r"steps? \d+"):
             load(run.layout.manifest)

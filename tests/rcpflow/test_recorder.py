@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import random
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-from synthetic_run import write_eval
+from rcpflow_cli import run_cli
+from synthetic_run import rows_of, write_eval
 
 from rcpflow import checkers, recipe
 from rcpflow.finalize import finalize
 from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
 from rcpflow.mllog import read_events
 from rcpflow.recorder import RecorderError, Resumed, TrainingRecorder
 
@@ -57,7 +56,7 @@ def test_fresh_run_rows_and_backdated_block_stop(tmp_path):
     train(rec, run_dir, range(1, MAX_STEPS + 1))
     rec.on_train_end()
     rec.on_train_end()  # idempotent
-    rows = load(RunLayout(run_dir).manifest).rows
+    rows = rows_of(run_dir)
     assert [r.step for r in rows] == list(range(VAL_START, MAX_STEPS + 1))
     assert rows[0].checkpoint_path == str(tmp_path / "run" / "checkpoints" / "18")  # resolved
     assert rows[0].timestamp_ms == T0 + 60_000 + 18_000 and rows[0].samples_count == 18 * GBS
@@ -74,7 +73,7 @@ def test_the_official_checker_passes_a_recorded_run_after_finalize(tmp_path):
     rec.on_run_start(T0 + 30_000)
     train(rec, run_dir, range(1, 21))
     rec.on_train_end()
-    rows = load(RunLayout(run_dir).manifest).rows
+    rows = rows_of(run_dir)
 
     class Run:  # what synthetic_run.write_eval needs of a run
         layout = RunLayout(run_dir)
@@ -111,7 +110,7 @@ def test_resume_continues_the_log_and_rows(tmp_path):
     train(again, run_dir, range(21, MAX_STEPS + 1))
     again.on_train_end()
     assert keys(run_dir).count("run_start") == 1 and keys(run_dir).count("block_stop") == 1
-    assert [r.step for r in load(RunLayout(run_dir).manifest).rows] == list(range(18, 25))
+    assert [r.step for r in rows_of(run_dir)] == list(range(18, 25))
 
     finished = recorder(run_dir)
     assert finished.resume().finished
@@ -194,14 +193,8 @@ def test_rows_commit_from_many_threads_in_any_order(tmp_path):
         t.join()
     assert errors == []
     rec.on_train_end()
-    rows = load(RunLayout(run_dir).manifest).rows  # validates contiguity and timestamps
+    rows = rows_of(run_dir)  # validates contiguity and timestamps
     assert [r.step for r in rows] == list(range(VAL_START, MAX_STEPS + 1))
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rcpflow", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 def test_manifest_add_for_a_trainer_that_is_not_python(tmp_path):
@@ -212,7 +205,7 @@ def test_manifest_add_for_a_trainer_that_is_not_python(tmp_path):
 
     def add(step: int, ts: int, *extra: str) -> subprocess.CompletedProcess[str]:
         ck = checkpoint(run_dir, step)
-        return cli(
+        return run_cli(
             "manifest",
             "add",
             run_dir,
@@ -237,7 +230,7 @@ def test_manifest_add_for_a_trainer_that_is_not_python(tmp_path):
     assert p.returncode == 1 and "step 19: timestamp_ms" in p.stderr and "not after" in p.stderr
     p = add(19, T0 + 10_000)
     assert p.returncode == 1 and "before run_start" in p.stderr
-    p = cli(
+    p = run_cli(
         "manifest",
         "add",
         run_dir,
@@ -252,7 +245,7 @@ def test_manifest_add_for_a_trainer_that_is_not_python(tmp_path):
     assert add(19, T0 + 79_000).returncode == 0
     p = add(21, T0 + 81_000)
     assert p.returncode == 1 and "steps 20 missing between 19 and 21" in p.stderr
-    rows = load(RunLayout(run_dir).manifest).rows
+    rows = rows_of(run_dir)
     assert [(r.step, r.seed, r.val_start_at, r.global_batch_size) for r in rows] == [
         (18, 1, 18, GBS),
         (19, 1, 18, GBS),
@@ -279,4 +272,4 @@ def test_without_rcp_logging_rows_are_recorded_and_resumed(tmp_path):
     assert again.resume() == Resumed(step=19, timestamp_ms=T0 + 79_000, finished=False)
     train(again, run_dir, range(20, MAX_STEPS + 1))
     again.on_train_end()
-    assert [r.step for r in load(RunLayout(run_dir).manifest).rows] == list(range(18, 25))
+    assert [r.step for r in rows_of(run_dir)] == list(range(18, 25))

@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+from rcpflow_cli import run_cli
 from synthetic_run import make_run, write_eval
 
 from rcpflow.finalize import finalize
 from rcpflow.status import run_status
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rcpflow", *args], capture_output=True, text=True, timeout=120
-    )
 
 
 def test_status_rows_gate_and_finalize_preview(tmp_path):
@@ -45,14 +38,14 @@ def test_status_rows_gate_and_finalize_preview(tmp_path):
     assert (preview.status, preview.run_stop_step) == ("success", 20)
     assert finalize(run.run_dir).step == preview.run_stop_step
 
-    p = cli("status", run.run_dir)
+    p = run_cli("status", run.run_dir)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].split() == ["step", "timestamp_ms", "ckpt", "summary", "pass@4", "gate"]
     assert lines[1].split()[:4] == ["18", str(run.row(18).timestamp_ms), "yes", "valid"]
     assert "skip (step 20 passed)" in lines[4]
     assert lines[-1].startswith("finalize now: success, run_stop at step 20")
-    p = cli("status", run.run_dir, "--json")
+    p = run_cli("status", run.run_dir, "--json")
     data = json.loads(p.stdout)
     assert data["finalize"]["run_stop_step"] == 20 and data["steps"][2]["gate"] == "passes"
 
@@ -60,6 +53,6 @@ def test_status_rows_gate_and_finalize_preview(tmp_path):
 def test_status_of_a_run_without_a_usable_manifest(tmp_path):
     run = make_run(str(tmp_path / "run"), max_steps=20)
     Path(run.layout.manifest).write_text(run.row(18).to_json() + "\n" + run.row(20).to_json())
-    p = cli("status", run.run_dir)
+    p = run_cli("status", run.run_dir)
     assert p.returncode == 1 and "steps 19 missing between 18 and 20" in p.stdout
     assert run_status(run.run_dir).steps == ()

@@ -1,7 +1,7 @@
 """The stop request: written only once the persisted summaries decide the run, whatever the
 order the evaluations finish in; idempotent; ignored by a trainer of another run; honoured by
 the recorder only for a checkpoint it committed. Also where training stands for a planned step
-(`rcpflow.training_progress`), which the during-training wait reads."""
+(`rcpflow.checkpoint_state`), which the during-training wait reads."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from synthetic_run import T0, make_run, write_eval
+from synthetic_run import T0, make_run, rows_of, write_eval
 
 from rcpflow import recipe, stop_request
+from rcpflow.checkpoint_state import ProgressError, checkpoint_progress
 from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.recorder import TrainingRecorder
 from rcpflow.stop_request import RunIdentity, StopRequest, request_stop
-from rcpflow.training_progress import ProgressError, checkpoint_progress
 
 VAL_START, MAX_STEPS = 18, 24
 STEPS = list(range(VAL_START, MAX_STEPS + 1))
@@ -32,6 +31,17 @@ OUTCOMES = st.sampled_from(["pass", "below", "invalid"])
 def recorder(run_dir: str) -> TrainingRecorder:
     hp = recipe.hyperparameters("closed", 256, MAX_STEPS)
     return TrainingRecorder(run_dir, seed=1, hyperparameters=hp, val_start_at=VAL_START)
+
+
+def recorder_at_step_19(run_dir: str) -> TrainingRecorder:
+    """A recorder that has run 19 updates and committed step 18's checkpoint only."""
+    rec = recorder(run_dir)
+    rec.on_init_start(T0)
+    rec.on_run_start(T0 + 30_000)
+    for step in range(1, 20):
+        rec.on_update(step, timestamp_ms=T0 + 60_000 + step * 1_000)
+    rec.on_checkpoint_committed(18, checkpoint(run_dir, 18))
+    return rec
 
 
 def checkpoint(run_dir: str, step: int) -> str:
@@ -155,7 +165,7 @@ def test_no_request_without_a_decision(tmp_path: Path) -> None:
 
 def test_honoured_by_explains_an_early_end(tmp_path: Path) -> None:
     run = make_run(str(tmp_path / "run"), last_step=21, accuracies={18: 0.3, 19: 0.8})
-    rows = load(run.layout.manifest).rows
+    rows = rows_of(run.run_dir)
     assert stop_request.honoured_by(run.run_dir, rows) is None
     request_stop(run.run_dir)
     honoured = stop_request.honoured_by(run.run_dir, rows)
@@ -164,12 +174,7 @@ def test_honoured_by_explains_an_early_end(tmp_path: Path) -> None:
 
 def test_the_recorder_honours_only_a_request_for_a_committed_checkpoint(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    rec = recorder(run_dir)
-    rec.on_init_start(T0)
-    rec.on_run_start(T0 + 30_000)
-    for step in range(1, 20):
-        rec.on_update(step, timestamp_ms=T0 + 60_000 + step * 1_000)
-    rec.on_checkpoint_committed(18, checkpoint(run_dir, 18))
+    rec = recorder_at_step_19(run_dir)
     assert not rec.stop_requested()  # no request
     identity = RunIdentity(1, 256, VAL_START, 24, T0 + 30_000)
     layout = RunLayout(run_dir)
@@ -197,12 +202,7 @@ def test_the_recorder_honours_only_a_request_for_a_committed_checkpoint(tmp_path
 def test_checkpoint_progress(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     assert checkpoint_progress(run_dir, 18, seed=1).state == "pending"  # nothing yet
-    rec = recorder(run_dir)
-    rec.on_init_start(T0)
-    rec.on_run_start(T0 + 30_000)
-    for step in range(1, 20):
-        rec.on_update(step, timestamp_ms=T0 + 60_000 + step * 1_000)
-    rec.on_checkpoint_committed(18, checkpoint(run_dir, 18))
+    rec = recorder_at_step_19(run_dir)
     committed = checkpoint_progress(run_dir, 18, seed=1)
     assert committed.state == "committed" and committed.row is not None
     assert committed.row.step == 18

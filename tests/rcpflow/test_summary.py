@@ -1,5 +1,5 @@
 """Eval summaries: Tunix's format, counting, and verification against itself, the benchmark and
-the manifest row (every rule of issue 8 point 2, also as a property)."""
+the manifest row (every validity rule, also as a property)."""
 
 import dataclasses
 import json
@@ -18,12 +18,10 @@ from rcpflow.summary import (
     EvalSummary,
     SummaryError,
     build_summary,
-    consistency_problems,
     read_summary,
-    recomputed_problems,
-    summary_problems,
     write_summary,
 )
+from rcpflow.summary_checks import consistency_problems, recomputed_problems, summary_problems
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tunix"
 TIMES = (1790661000000, 1790662697760)

@@ -6,12 +6,11 @@ smoke summaries can never end the run."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from rcpflow_cli import cli_env, run_cli
 
 from rcpflow import checkers, recipe
 from rcpflow.eval_import import import_tree
@@ -51,14 +50,15 @@ def put(path: str, text: str) -> str:
     return path
 
 
-def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rcpflow", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **env},
-    )
+def import_step(
+    env: dict[str, str], run_dir: str, step: int, source: str, times: tuple[int, int]
+) -> subprocess.CompletedProcess[str]:
+    """`rcpflow eval import` of one step's summary with the pipeline's eval times."""
+    start, stop = times
+    return run_cli(
+        "eval", "import", run_dir, "--step", str(step), source,
+        "--eval-start-ms", str(start), "--eval-stop-ms", str(stop), env=cli_env(**env),
+    )  # fmt: skip
 
 
 def test_tunix_summaries_import_finalize_and_pass_the_checker(gcs, gcs_prefix, tmp_path):
@@ -74,41 +74,16 @@ def test_tunix_summaries_import_finalize_and_pass_the_checker(gcs, gcs_prefix, t
     )
     log_before = storage_for(layout.mllog(0)).read_bytes(layout.mllog(0))
 
-    p = cli(
-        gcs.env,
-        "eval",
-        "import",
-        layout.root,
-        "--step",
-        "1",
-        smoke,
-        "--eval-start-ms",
-        "1790662429020",
-        "--eval-stop-ms",
-        "1790664126780",
-    )
+    p = import_step(gcs.env, layout.root, 1, smoke, EVAL_TIMES[1])
     assert p.returncode == 1 and "instances: 64, the benchmark evaluates 251" in p.stderr
     assert not storage_for(layout.summary(1)).exists(layout.summary(1))
     for step, source in sources.items():
-        start, stop = EVAL_TIMES[step]
-        p = cli(
-            gcs.env,
-            "eval",
-            "import",
-            layout.root,
-            "--step",
-            str(step),
-            source,
-            "--eval-start-ms",
-            str(start),
-            "--eval-stop-ms",
-            str(stop),
-        )
+        p = import_step(gcs.env, layout.root, step, source, EVAL_TIMES[step])
         assert p.returncode == 0, p.stderr
         assert p.stdout.startswith(f"step {step}: imported tunix-summary {source}")
     assert storage_for(layout.mllog(0)).read_bytes(layout.mllog(0)) == log_before
 
-    p = cli(gcs.env, "finalize", layout.root)
+    p = run_cli("finalize", layout.root, env=cli_env(**gcs.env))
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.splitlines()[-1]) == {
         "status": "success",

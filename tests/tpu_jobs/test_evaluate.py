@@ -22,7 +22,8 @@ from rcpflow import gate, manifest, recipe
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import parse
 from rcpflow.passk import mean_pass_at_k
-from rcpflow.summary import read_summary, summary_problems
+from rcpflow.summary import read_summary
+from rcpflow.summary_checks import summary_problems
 from tpu_jobs import checkpoint as ck
 from tpu_jobs import eval_shards as es
 from tpu_jobs import evaluate, task

@@ -23,7 +23,8 @@ from rcpflow import manifest
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.storage import storage_for
-from rcpflow.summary import read_summary, summary_problems
+from rcpflow.summary import read_summary
+from rcpflow.summary_checks import summary_problems
 from tpu_jobs import checkpoint as ck
 from tpu_jobs import grpo
 from tpu_jobs.model import ModelConfig, unscan_params

@@ -25,7 +25,8 @@ from rcpflow.checkers import compliance
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.recorder import TrainingRecorder
-from rcpflow.summary import read_summary, summary_problems
+from rcpflow.summary import read_summary
+from rcpflow.summary_checks import summary_problems
 from tpu_jobs.checkpoint import is_complete
 
 _WHY = "google-tunix (the project's `tunix` extra) is not installed"

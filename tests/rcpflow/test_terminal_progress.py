@@ -12,7 +12,7 @@ from pathlib import Path
 
 from synthetic_run import make_run
 
-from rcpflow.progress import Progress
+from rcpflow.terminal_progress import Progress
 
 
 class _Terminal(io.StringIO):

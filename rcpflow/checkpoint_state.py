@@ -1,13 +1,9 @@
 """Where training stands for one planned checkpoint, read from the run's files alone.
 
-Evaluation during training waits for each planned step's checkpoint. The answer comes from
-storage, so it is the same on a laptop and on GKE and in any order of asking:
-- ``committed``: the manifest (validated, stale rows of an earlier attempt dropped) has the
-  step's row, so its checkpoint is complete and may be evaluated;
-- ``ended``: the MLLOG of the current attempt has its ``block_stop`` (training ended, at
-  max_steps or stopped at the verdict) and the step has no row: it never will;
-- ``pending``: neither yet (also when training has not written its log or manifest yet).
-A manifest or log that cannot be read as one is an error naming the file, not a wait.
+Evaluation during training waits for each planned step's checkpoint; the answer comes from
+storage, the same on a laptop and on GKE: ``committed`` (the validated manifest has the step's
+row), ``ended`` (the current attempt's MLLOG has its ``block_stop`` and the step has no row: it
+never will) or ``pending``. A manifest or log that cannot be read is an error naming the file.
 """
 
 from __future__ import annotations
