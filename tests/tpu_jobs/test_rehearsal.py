@@ -20,11 +20,13 @@ from rcpflow import manifest
 from rcpflow.attempts import parse_attempts
 from rcpflow.checkers import compliance
 from rcpflow.eval_import import import_eval
+from rcpflow.finalize import finalize
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events
 from rcpflow.rehearsal import load_curve
 from rcpflow.stop_request import honoured_by, request_stop
+from rcpflow.storage import storage_for
 from tpu_jobs.rehearsal.profile import DEFAULT_CURVE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +54,7 @@ def _job(module: str, *args: str, check: bool = True) -> subprocess.CompletedPro
     return p
 
 
-def _train_args(run_dir: Path, **change: object) -> list[str]:
+def _train_args(run_dir: Path | str, **change: object) -> list[str]:
     run = {**RUN, "division": "open", "time_scale": 0, **change}
     out = ["--run-dir", str(run_dir)]
     for key, value in run.items():
@@ -60,20 +62,20 @@ def _train_args(run_dir: Path, **change: object) -> list[str]:
     return out
 
 
-def _train(run_dir: Path, **change: object) -> subprocess.CompletedProcess[str]:
+def _train(run_dir: Path | str, **change: object) -> subprocess.CompletedProcess[str]:
     return _job(TRAIN, *_train_args(run_dir, **change))
 
 
-def _evaluate(run_dir: Path, step: int, *extra: str) -> Path:
+def _evaluate(run_dir: Path | str, step: int, *extra: str) -> str:
     """Run mode; the attempt folder the job reported."""
     p = _job(EVALUATE, "--run-dir", str(run_dir), "--step", str(step), "--time-scale", "0", *extra)
-    return Path(json.loads(p.stdout.splitlines()[-1])["out_dir"])
+    return str(json.loads(p.stdout.splitlines()[-1])["out_dir"])
 
 
-def _import(run_dir: Path, step: int, source: Path) -> None:
+def _import(run_dir: Path | str, step: int, source: str) -> None:
     row = load(RunLayout(str(run_dir)).manifest).row(step)
     start = row.timestamp_ms + 1000 * (step - RUN["val_start_at"] + 1)
-    import_eval(str(run_dir), step, str(source / "summary.json"), eval_times=(start, start + 500))
+    import_eval(str(run_dir), step, f"{source}/summary.json", eval_times=(start, start + 500))
 
 
 def _one_error_line(p: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
@@ -161,7 +163,7 @@ def test_a_rerun_gives_the_same_bytes(tmp_path: Path) -> None:
     first, second = _evaluate(run_dir, 19), _evaluate(run_dir, 19)
     assert first != second  # a new attempt folder per evaluation, as Tunix's tool does
     for name in ("summary.json", "attempts/attempts.jsonl"):
-        assert (first / name).read_bytes() == (second / name).read_bytes()
+        assert Path(first, name).read_bytes() == Path(second, name).read_bytes()
 
 
 def _rows(run_dir: Path) -> list[manifest.ManifestRow]:
@@ -287,3 +289,25 @@ def test_the_evaluator_refuses_a_checkpoint_that_is_not_the_rows(tmp_path: Path)
     assert tree_bytes(run_dir) == before  # nothing written by a refused evaluation
     p = _job(EVALUATE, "--run-dir", str(run_dir), check=False)
     _one_error_line(p, 2, "--run-dir and --step go together")
+
+
+@pytest.mark.gcs
+@pytest.mark.timeout(300)
+def test_the_jobs_run_on_gcs(gcs_prefix: str) -> None:
+    """As GKE pods run them: the run folder, checkpoints and the evaluator's tree in a bucket."""
+    run_dir = f"{gcs_prefix}/run"
+    _train(run_dir, max_steps=20)
+    layout = RunLayout(run_dir)
+    rows = load(layout.manifest).rows
+    assert [r.step for r in rows] == [18, 19, 20]
+    assert rows[0].checkpoint_path == f"{run_dir}/checkpoints/18"
+    storage = storage_for(layout.manifest)
+    before = storage.read_bytes(layout.manifest), storage.read_bytes(layout.mllog(1))
+    _train(run_dir, max_steps=20)  # resumes from the bucket: nothing changes
+    assert (storage.read_bytes(layout.manifest), storage.read_bytes(layout.mllog(1))) == before
+    for step in (18, 19, 20):
+        out = _evaluate(run_dir, step)
+        assert out.startswith(f"{run_dir}/rehearsal_eval/step_{step}/")
+        _import(run_dir, step, out)
+    result = finalize(run_dir)
+    assert result.status == "success" and result.verdict()["step"] == 20
