@@ -44,7 +44,7 @@ check: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
-demo: setup  # TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml)
+demo: setup  # TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml); TRAINER=rehearsal: the rehearsal jobs (docker/deployment.rehearsal.toml)
 	$(PY) -m tasks.devtools.demo --trainer $(or $(TRAINER),toy)
 
 bench: setup  # writes BENCHMARKS.md: recording overhead (toy, Tunix) and time to verdict

@@ -199,6 +199,20 @@ def _command(
     return parser
 
 
+def _forecast(args: argparse.Namespace) -> int:
+    from rcpflow.forecast import ForecastUsageError, render_text, report, request_from
+
+    try:
+        request = request_from(args)
+    except ForecastUsageError as e:
+        return _usage(str(e))
+    data = report(request)
+    print(
+        json.dumps(data, indent=2) if args.json else render_text(request, data, args.each), end=""
+    )
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rcpflow", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -287,6 +301,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="rules to apply (default: the division the log declares, else closed)",
     )
     c.add_argument("--log-dir", default=None, help="where the checker's own log goes")
+
+    from rcpflow.forecast import add_arguments
+
+    fc = _command(
+        sub,
+        "forecast",
+        _forecast,
+        "time to verdict, chip-hours and wasted evaluations of a run, simulated with the "
+        "run DAG's rules; exit 0, 2 usage (names the flag)",
+    )
+    add_arguments(fc)
     return p
 
 

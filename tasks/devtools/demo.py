@@ -2,14 +2,16 @@
 
 Starts a private Airflow on 127.0.0.1 (SQLite, LocalExecutor, a local deployment: jobs are CPU
 JAX subprocesses; ``--trainer toy``, the embedded default, runs the toy jobs, ``--trainer tunix``
-Tunix's GRPO trainer and its evaluator, from ``docker/deployment.tunix.toml``), triggers
+Tunix's GRPO trainer and its evaluator, from ``docker/deployment.tunix.toml``, ``--trainer
+rehearsal`` the rehearsal jobs at the benchmark's proportions scaled down, from
+``docker/deployment.rehearsal.toml``), triggers
 ``mlperf_grpo_submission`` with the demo conf (outputs under ``runs/demo/``), prints the UI
 address and login, follows the run (training steps, saved checkpoints, evaluated checkpoints,
 task states), then prints the submission folder and the verdicts. Every Airflow process it
 started is stopped by PID on the way out, also after a failure or Ctrl-C. Exit status 0 only
 when the submission passed every check.
 
-    .venv/bin/python -m tasks.devtools.demo [--trainer toy|tunix] [--global-batch-size N]
+    .venv/bin/python -m tasks.devtools.demo [--trainer toy|tunix|rehearsal] [--global-batch-size N]
         [--max-steps N] [--seeds 1 2 3]
 """
 
@@ -42,6 +44,7 @@ TIMEOUT_S = 14 * 60
 DEPLOYMENTS: dict[str, Path | None] = {
     "toy": None,
     "tunix": REPO_ROOT / "docker" / "deployment.tunix.toml",
+    "rehearsal": REPO_ROOT / "docker" / "deployment.rehearsal.toml",
 }
 
 
