@@ -10,7 +10,7 @@ training. Per planned step:
   against ``max_active_tis_per_dagrun`` in Airflow 3.3 (measured; the scheduler's concurrency
   map counts DEFERRED), so the wait carries no limit;
 - ``evaluate`` is the backend's evaluation of the step's row (read from the manifest), behind
-  the gate of `tasks.run.gate`,
+  the gate of `tasks.run.steps`,
   with ``max_active_tis_per_dagrun = eval_window``: the window bounds what evaluates, not what
   waits;
 - ``stop_if_decided`` writes the stop request (`rcpflow.stop_request`) once the persisted

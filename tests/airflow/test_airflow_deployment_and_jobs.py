@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.base import BACKENDS, backend_for
 from tasks.backends.gke.backend import GkeBackend
+from tasks.backends.gke.settings import GkeSettings
 from tasks.backends.local import JobFailed, LocalBackend, run_job
+from tasks.backends.registry import backend_for, registered
 from tasks.deployment import (
     BACKEND_NAMES,
     REPO_ROOT,
@@ -21,7 +22,14 @@ from tasks.deployment import (
     load_deployment,
     parse_deployment,
 )
-from tasks.jobs import EVALUATE_JOB, PLACEHOLDERS, ROLES, TRAIN_JOB, JobCommand, JobCommandError
+from tasks.jobs.command import (
+    EVALUATE_JOB,
+    PLACEHOLDERS,
+    ROLES,
+    TRAIN_JOB,
+    JobCommand,
+    JobCommandError,
+)
 from tasks.run.spec import RunSpec
 
 
@@ -48,9 +56,10 @@ def test_a_file_overrides_and_resolves_relative_paths(tmp_path: Path) -> None:
 def test_the_gke_table_is_read_with_its_nested_shapes(tmp_path: Path) -> None:
     text = 'backend = "gke"\n[gke]\nimage = "i:1"\n[gke.train]\ntopology = "4x4x16"\n'
     d = parse_deployment(text, source="f.toml", base_dir=tmp_path)
-    assert d.gke is not None
-    assert (d.gke.image, d.gke.train.slices, d.gke.train.topology) == ("i:1", 1, "4x4x16")
-    assert d.gke.evaluate.slices == 16  # a table left out keeps its default shape
+    gke = d.table("gke", GkeSettings)
+    assert gke is not None
+    assert (gke.image, gke.train.slices, gke.train.topology) == ("i:1", 1, "4x4x16")
+    assert gke.evaluate.slices == 16  # a table left out keeps its default shape
 
 
 @pytest.mark.parametrize(
@@ -80,8 +89,9 @@ def test_bad_settings_name_the_file_and_the_key(tmp_path: Path, text: str, named
 
 
 def test_every_backend_name_has_a_backend_and_the_deployment_chooses_it(tmp_path: Path) -> None:
-    assert set(BACKENDS) == set(BACKEND_NAMES) == set(typing.get_args(BackendName))
-    assert all(cls.name == name for name, cls in BACKENDS.items())
+    backends = registered()
+    assert set(backends) == set(BACKEND_NAMES) == set(typing.get_args(BackendName))
+    assert all(cls.name == name for name, cls in backends.items())
     local = backend_for(parse_deployment("", source="f.toml", base_dir=tmp_path))
     assert isinstance(local, LocalBackend)
     text = 'backend = "gke"\n[gke]\nimage = "i:1"\n'

@@ -25,7 +25,8 @@ from airflow_harness import DAGS, PYTHON, REPO, write_deployment
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events
-from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
+from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
+from tasks.processes import free_port
 from tasks.verdicts import read_verdict
 
 PARALLELISM = 4

@@ -16,8 +16,9 @@ from airflow_harness import CONVERGING_RUN, DAGS, REPO
 
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events
-from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow, ServerConfig, free_port
+from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow, ServerConfig
 from tasks.devtools.postgres_server import LocalPostgres, server_bindir
+from tasks.processes import free_port
 from tasks.verdicts import read_verdict
 
 

@@ -18,7 +18,8 @@ from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events
 from rcpflow.summary import read_summary
-from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
+from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
+from tasks.processes import free_port
 from tasks.verdicts import read_verdict
 
 

@@ -6,16 +6,18 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
+from tasks.backends.base import FormDefaults, register
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
-from tasks.backends.gke.settings import GkeSettings
+from tasks.backends.gke.settings import TABLE, GkeSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
-from tasks.run.spec import FormDefaults, run_dir_of
+from tasks.run.spec import run_dir_of
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
     from airflow.sdk.definitions._internal.mixins import DependencyMixin
 
 
+@register
 class GkeBackend:
     """Training as one JobSet group (render -> run, deferred -> cleanup teardown); evaluation
     as one mapped deferrable operator with a cleanup teardown."""
@@ -26,10 +28,11 @@ class GkeBackend:
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)
 
     def __init__(self, deployment: Deployment) -> None:
-        if deployment.gke is None:
+        settings = deployment.table(TABLE, GkeSettings)
+        if settings is None:
             raise DeploymentError(f"{deployment.source}: backend 'gke' needs a [gke] table")
         self.deployment = deployment
-        self.settings: GkeSettings = deployment.gke
+        self.settings: GkeSettings = settings
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
         # Under evaluation during training the JobSet is deleted if the trainer has not ended

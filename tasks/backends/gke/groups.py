@@ -22,8 +22,8 @@ from tasks.backends.gke.operators import (
 )
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
-from tasks.job_templates import EvaluateJob, TrainJob
-from tasks.run.job_values import train_values
+from tasks.jobs.templates import EvaluateJob, TrainJob
+from tasks.jobs.values import train_values
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def train_jobset_group(
             dag_id=dag_run.dag_id,
             run_id=dag_run.run_id,
             job="train",
-            command=job.job_command.render(train_values(run, "python")),
+            command=job.job_command.render(train_values(run.job_values(), "python")),
             image=job.image,
             env=job.env,
         )

@@ -5,7 +5,7 @@
   existing JobSet (a retry) is adopted only when it was rendered from the same spec.
 - `DeleteJobSetOperator` deletes it (a teardown; an absent JobSet is fine).
 - `EvaluateJobSetOperator` evaluates one manifest row as a JobSet behind the gate of
-  `tasks.run.gate`; `DeleteEvalJobSetsOperator` deletes what all its instances created.
+  `tasks.run.steps`; `DeleteEvalJobSetsOperator` deletes what all its instances created.
 
 The provider and kubernetes modules cost seconds to import, so only `_create` and `_delete_jobset`
 import them; importing this module at DAG-parse time stays cheap.
@@ -35,9 +35,10 @@ from tasks.backends.gke.render import (
 )
 from tasks.backends.gke.settings import GkeSettings
 from tasks.backends.gke.triggers import WATCH_BOUNDS, JobSetTrigger
-from tasks.job_templates import EvaluateJob
-from tasks.run.eval_result import Baseline, baseline, import_result, now_ms
-from tasks.run.gate import (
+from tasks.jobs.result import Baseline, baseline, import_result, now_ms
+from tasks.jobs.templates import EvaluateJob
+from tasks.jobs.values import evaluate_values
+from tasks.run.steps import (
     EvalTarget,
     EvaluationError,
     collect,
@@ -46,7 +47,6 @@ from tasks.run.gate import (
     skip_if_decided,
     step_target,
 )
-from tasks.run.job_values import evaluate_values
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -347,8 +347,8 @@ def _delete_jobset(op: _GkeClusterArgs, context: Context, ref: Mapping[str, str]
 
 class EvaluateJobSetOperator(RunJobSetOperator):
     """Evaluate one manifest row as a JobSet of the `job` template, behind the gate of
-    `tasks.run.gate`: a decided or already evaluated step creates nothing on the cluster. A
-    foreign result is imported when the JobSet succeeded (`tasks.run.eval_result`)."""
+    `tasks.run.steps`: a decided or already evaluated step creates nothing on the cluster. A
+    foreign result is imported when the JobSet succeeded (`tasks.jobs.result`)."""
 
     template_fields = (*RunJobSetOperator.template_fields, "run_dir", "row")
 
@@ -416,7 +416,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
 
     def _import_result(self, context: Context, row: ManifestRow) -> None:
         """The foreign result of the JobSet that just succeeded, with the wall clock from just
-        before its creation to now as the eval times (`tasks.run.eval_result`)."""
+        before its creation to now as the eval times (`tasks.jobs.result`)."""
         ti = context["ti"]
         start = ti.xcom_pull(task_ids=ti.task_id, key=EVAL_START_XCOM_KEY, map_indexes=ti.map_index)
         if start is None:

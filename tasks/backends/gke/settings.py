@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from tasks.jobs import Role
+from tasks.deployment import register_table
+from tasks.jobs.command import Role
 from tasks.settings import SettingError
 
 # GKE node label cloud.google.com/gke-tpu-accelerator -> (topology dimensions, chips per host
@@ -293,3 +294,7 @@ def _non_empty(value: str, name: str) -> None:
 def _at_least(value: int, minimum: int, name: str) -> None:
     if value < minimum:
         raise SettingError(name, f"must be >= {minimum}, got {value}")
+
+
+TABLE = "gke"
+register_table(TABLE, GkeSettings)

@@ -27,14 +27,11 @@ from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
 from rcpflow.stop_request import honoured_by
 from rcpflow.verify import evaluate_step
+from tasks.jobs.result import EvaluationError
 from tasks.run.spec import RunSpec
 from tasks.verdicts import record, tool_log_dir
 
 log = logging.getLogger(__name__)
-
-
-class EvaluationError(RuntimeError):
-    """An evaluation job finished without leaving a valid summary; the message says why."""
 
 
 class TrainingOutputError(RuntimeError):
