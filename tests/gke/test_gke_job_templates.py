@@ -114,7 +114,7 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
 ) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from tasks.backends.gke.operators import EvaluateJobSetOperator
+    from tasks.backends.gke.evaluate import EvaluateJobSetOperator
     from tasks.backends.gke.settings import GkeSettings
 
     run_dir = tmp_path / "run"

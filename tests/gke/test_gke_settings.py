@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tasks.backends.gke.render import render_jobset
-from tasks.backends.gke.settings import GkeSettings, TpuJobShape
+from tasks.backends.gke.settings import GkeCluster, GkeSettings, TpuJobShape
 from tasks.deployment import parse_deployment
 from tasks.jobs.command import TRAIN_JOB
 from tasks.settings import SettingError, read_table
@@ -125,18 +125,13 @@ def test_direct_construction_validates_too() -> None:
         GkeSettings(namespace="under_score")
 
 
-def test_connection_kwargs_match_the_provider_operators() -> None:
-    import inspect
+def test_the_cluster_object_has_the_provider_mixins_fields() -> None:
+    from airflow.providers.google.cloud.operators.kubernetes_engine import GKEOperatorMixin
 
-    from airflow.providers.google.cloud.operators.kubernetes_engine import (
-        GKECreateCustomResourceOperator,
-    )
-
-    params = inspect.signature(GKECreateCustomResourceOperator.__init__).parameters
-    kwargs = GkeSettings(impersonation_chain=("a@b.iam.gserviceaccount.com",)).connection_kwargs()
-    assert set(kwargs) <= set(params), set(kwargs) - set(params)
-    assert kwargs["impersonation_chain"] == ["a@b.iam.gserviceaccount.com"]
-    assert GkeSettings().connection_kwargs()["impersonation_chain"] is None
+    fields = {f.name for f in dataclasses.fields(GkeCluster)}
+    assert fields == set(GKEOperatorMixin.template_fields)
+    settings = GkeSettings(project_id="p", impersonation_chain=("a@b.iam.gserviceaccount.com",))
+    assert all(getattr(settings.cluster, name) == getattr(settings, name) for name in fields)
 
 
 def test_the_example_gke_deployment_renders_a_strictly_valid_jobset(strict_jobset) -> None:

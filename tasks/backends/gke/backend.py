@@ -1,10 +1,10 @@
 """The GKE backend: jobs as JobSets on TPU slices, created and watched by the operators of
-`tasks.backends.gke.operators` (the Google provider's GKE hooks underneath)."""
+`tasks.backends.gke.operators` and `.evaluate`, through the hooks of `.hooks`."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tasks.backends.base import FormDefaults, register
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
@@ -46,24 +46,19 @@ class GkeBackend:
             stop_run_dir=run_dir_of(spec) if during else None,
         )
 
+    def _limits(self) -> dict[str, Any]:
+        """What bounds every evaluate JobSet: the eval window, its timeout, its retries."""
+        d = self.deployment
+        return {
+            "eval_window": d.eval_window,
+            "job_timeout": timedelta(minutes=d.eval_timeout_minutes),
+            "retries": d.eval_retries,
+        }
+
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
-        return evaluate_jobsets(
-            self.settings,
-            self.deployment.jobs.evaluate,
-            run_dir,
-            rows,
-            eval_window=self.deployment.eval_window,
-            job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
-            retries=self.deployment.eval_retries,
-        )
+        job = self.deployment.jobs.evaluate
+        return evaluate_jobsets(self.settings, job, run_dir, rows, **self._limits())
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
-        return evaluate_jobset(
-            self.settings,
-            self.deployment.jobs.evaluate,
-            run_dir,
-            step,
-            eval_window=self.deployment.eval_window,
-            job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
-            retries=self.deployment.eval_retries,
-        )
+        job = self.deployment.jobs.evaluate
+        return evaluate_jobset(self.settings, job, run_dir, step, **self._limits())

@@ -13,11 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TaskGroup, XComArg, get_current_context, task
 
+from tasks.backends.gke.evaluate import EvaluateJobSetOperator, EvaluateStepJobSetOperator
 from tasks.backends.gke.operators import (
     DeleteEvalJobSetsOperator,
     DeleteJobSetOperator,
-    EvaluateJobSetOperator,
-    EvaluateStepJobSetOperator,
     RunJobSetOperator,
 )
 from tasks.backends.gke.render import render_jobset
@@ -46,7 +45,6 @@ def jobset_task_group(
     `retries` are for a watch that lost the JobSet (a retry adopts it); a failed JobSet is
     never retried. With `stop_run_dir` the JobSet is deleted `stop_grace` after a stop request
     of that run if still running."""
-    cluster = settings.connection_kwargs()
     with TaskGroup(group_id=group_id) as group:
         run = RunJobSetOperator(
             task_id="run",
@@ -56,10 +54,12 @@ def jobset_task_group(
             stop_grace=stop_grace,
             retries=retries,
             retry_delay=timedelta(seconds=settings.poll_interval_s),
-            **cluster,
+            cluster=settings.cluster,
             **settings.watch_kwargs(),
         )
-        cleanup = DeleteJobSetOperator(task_id="cleanup", run_task_id=run.task_id, **cluster)
+        cleanup = DeleteJobSetOperator(
+            task_id="cleanup", run_task_id=run.task_id, cluster=settings.cluster
+        )
         run >> cleanup.as_teardown()
     return group
 
@@ -133,7 +133,7 @@ def evaluate_jobsets(
         **_evaluate_kwargs(settings, job, eval_window, job_timeout, retries),
     ).expand(row=rows)
     cleanup = DeleteEvalJobSetsOperator(
-        task_id="cleanup", run_task_id=evaluate.task_id, settings=settings
+        task_id="cleanup", run_task_id=evaluate.task_id, cluster=settings.cluster
     )
     evaluate >> cleanup.as_teardown()
     return evaluate
@@ -159,7 +159,7 @@ def evaluate_jobset(
         **resolved,
     )
     cleanup = DeleteJobSetOperator(
-        task_id="cleanup", run_task_id=evaluate.task_id, **settings.connection_kwargs()
+        task_id="cleanup", run_task_id=evaluate.task_id, cluster=settings.cluster
     )
     evaluate >> cleanup.as_teardown()
     return evaluate

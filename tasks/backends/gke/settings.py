@@ -140,6 +140,21 @@ def default_eval_shape() -> TpuJobShape:
 
 
 @dataclass(frozen=True)
+class GkeCluster:
+    """Which GKE cluster the jobs run on and how to reach it: the fields of the Google
+    provider's `GKEOperatorMixin`, as one object the operators are given (project_id None:
+    the project of the connection `gcp_conn_id`)."""
+
+    location: str
+    cluster_name: str
+    project_id: str | None = None
+    gcp_conn_id: str = "google_cloud_default"
+    impersonation_chain: tuple[str, ...] = ()
+    use_internal_ip: bool = False
+    use_dns_endpoint: bool = False
+
+
+@dataclass(frozen=True)
 class GkeSettings:
     """Cluster, image and job shapes for the GKE backend.
 
@@ -264,17 +279,18 @@ class GkeSettings:
         """The shape of a job role's JobSet."""
         return {"train": self.train, "evaluate": self.evaluate}[role]
 
-    def connection_kwargs(self) -> dict[str, Any]:
-        """Arguments the JobSet operators pass to the Google provider's GKE operators."""
-        return {
-            "project_id": self.project_id,
-            "location": self.location,
-            "cluster_name": self.cluster_name,
-            "gcp_conn_id": self.gcp_conn_id,
-            "impersonation_chain": list(self.impersonation_chain) or None,
-            "use_internal_ip": self.use_internal_ip,
-            "use_dns_endpoint": self.use_dns_endpoint,
-        }
+    @property
+    def cluster(self) -> GkeCluster:
+        """The cluster the JobSet operators talk to (`tasks.backends.gke.hooks`)."""
+        return GkeCluster(
+            location=self.location,
+            cluster_name=self.cluster_name,
+            project_id=self.project_id,
+            gcp_conn_id=self.gcp_conn_id,
+            impersonation_chain=self.impersonation_chain,
+            use_internal_ip=self.use_internal_ip,
+            use_dns_endpoint=self.use_dns_endpoint,
+        )
 
     def watch_kwargs(self) -> dict[str, Any]:
         """How the JobSet operators watch a JobSet (passed on to `JobSetTrigger`)."""
