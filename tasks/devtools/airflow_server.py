@@ -1,12 +1,9 @@
-"""A private Airflow on 127.0.0.1 for the demo and the end-to-end test: start, drive, stop.
+"""A private Airflow on 127.0.0.1 for the demo and the end-to-end tests: start, drive, stop.
 
-The components (api-server, scheduler, dag-processor, triggerer) are started as separate
-processes, each in its own process group, so every one of them can be stopped by the PID we
-hold: SIGINT first (Airflow's clean shutdown; ``airflow standalone`` and ``dags test`` ignore
-SIGTERM), then SIGKILL to the group after a grace period (it also reaches the executor's
-workers and the task processes they forked). Metadata DB: SQLite in AIRFLOW_HOME, unless `env`
-sets ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` (e.g. a `tasks.devtools.postgres_server`); executor:
-LocalExecutor with a small parallelism. The REST client is the API's own v2 routes over urllib.
+Its components (api-server, scheduler, dag-processor, triggerer) are separate processes, each
+the leader of its own group, stopped by the PIDs we hold (`tasks.processes`; why SIGINT:
+docs/airflow.md). Metadata DB: SQLite in AIRFLOW_HOME unless `env` sets
+``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; LocalExecutor; REST over the API's v2 routes (urllib).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``evaluation`` TaskGroup, shared by the run DAG and the deferred-eval DAG:
 ``load_manifest`` -> the backend's ``evaluate``, mapped over the rows (labelled ``step N``; each
-instance takes the gate of `tasks.run.steps`) -> ``finalize`` -> ``check``."""
+instance behind the steps of `tasks.run.steps`) -> ``finalize`` -> ``check``."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 deleted by a teardown, which also runs when the job fails.
 
 Evaluation is one mapped deferrable operator rather than a group per step, so that
-``max_active_tis_per_dagrun`` (which counts deferred instances) is the eval window exactly as
-on the local backend.
+``max_active_tis_per_dagrun`` is the eval window exactly (docs/airflow.md).
 """
 
 from __future__ import annotations
