@@ -12,6 +12,8 @@ triggers import it in the method that needs it, never at DAG-parse time.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from airflow.providers.google.cloud.hooks.kubernetes_engine import (
@@ -35,8 +37,15 @@ from tasks.backends.gke.settings import GkeCluster
 from tasks.backends.gke.status import JobSetGone
 
 
-def _gone(namespace: str, name: str) -> JobSetGone:
-    return JobSetGone(f"JobSet {namespace}/{name} not found")
+@contextlib.contextmanager
+def _gone_on_404(namespace: str, name: str) -> Iterator[None]:
+    """An API answer 404 (either client's) as JobSetGone."""
+    try:
+        yield
+    except (ApiException, AsyncApiException) as exc:
+        if exc.status == 404:
+            raise JobSetGone(f"JobSet {namespace}/{name} not found") from exc
+        raise
 
 
 class JobSetHook(GKEKubernetesHook):
@@ -95,7 +104,7 @@ class JobSetHook(GKEKubernetesHook):
 
     def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """The JobSet object; JobSetGone when it does not exist."""
-        try:
+        with _gone_on_404(namespace, name):
             found: dict[str, Any] = self.get_custom_object(
                 group=JOBSET_GROUP,
                 version=JOBSET_VERSION,
@@ -103,26 +112,21 @@ class JobSetHook(GKEKubernetesHook):
                 name=name,
                 namespace=namespace,
             )
-        except ApiException as exc:
-            if exc.status == 404:
-                raise _gone(namespace, name) from exc
-            raise
         return found
 
     def delete_jobset(self, namespace: str, name: str) -> bool:
         """Delete the JobSet (and so its pods); False when it did not exist."""
         try:
-            self.delete_custom_object(
-                group=JOBSET_GROUP,
-                version=JOBSET_VERSION,
-                plural=JOBSET_PLURAL,
-                name=name,
-                namespace=namespace,
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
+            with _gone_on_404(namespace, name):
+                self.delete_custom_object(
+                    group=JOBSET_GROUP,
+                    version=JOBSET_VERSION,
+                    plural=JOBSET_PLURAL,
+                    name=name,
+                    namespace=namespace,
+                )
+        except JobSetGone:
+            return False
         return True
 
 
@@ -131,8 +135,8 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
 
     async def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """The JobSet object; JobSetGone when it does not exist."""
-        try:
-            async with self.get_conn() as api_client:
+        async with self.get_conn() as api_client:
+            with _gone_on_404(namespace, name):
                 found: dict[str, Any] = await CustomObjectsApi(
                     api_client
                 ).get_namespaced_custom_object(
@@ -142,27 +146,22 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
                     namespace=namespace,
                     name=name,
                 )
-        except AsyncApiException as exc:
-            if exc.status == 404:
-                raise _gone(namespace, name) from exc
-            raise
         return found
 
     async def delete_jobset(self, namespace: str, name: str) -> bool:
         """Delete the JobSet (and so its pods); False when it did not exist."""
         try:
             async with self.get_conn() as api_client:
-                await CustomObjectsApi(api_client).delete_namespaced_custom_object(
-                    group=JOBSET_GROUP,
-                    version=JOBSET_VERSION,
-                    plural=JOBSET_PLURAL,
-                    namespace=namespace,
-                    name=name,
-                )
-        except AsyncApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
+                with _gone_on_404(namespace, name):
+                    await CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                        group=JOBSET_GROUP,
+                        version=JOBSET_VERSION,
+                        plural=JOBSET_PLURAL,
+                        namespace=namespace,
+                        name=name,
+                    )
+        except JobSetGone:
+            return False
         return True
 
     async def list_jobset_pods(self, namespace: str, name: str) -> dict[str, Any]:
