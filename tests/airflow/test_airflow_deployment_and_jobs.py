@@ -4,6 +4,7 @@ without running Airflow."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import typing
 from pathlib import Path
@@ -186,3 +187,20 @@ def test_run_job_streams_output_and_fails_with_its_tail(caplog: pytest.LogCaptur
     assert "about to fail" in str(failed.value)
     with pytest.raises(JobFailed, match="could not start"):
         run_job(["/nonexistent/python"], name="missing")
+
+
+def test_a_backend_table_nobody_registered_says_what_to_import(tmp_path: Path) -> None:
+    # In a fresh interpreter that imported no backend, [gke] has no reader yet.
+    code = (
+        "from pathlib import Path\n"
+        "from tasks.deployment import DeploymentError, parse_deployment\n"
+        "try:\n"
+        "    parse_deployment('[gke]\\nimage = \"i:1\"\\n', source='f.toml', base_dir=Path('.'))\n"
+        "except DeploymentError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "f.toml: gke: the gke backend's settings table is not registered" in proc.stdout
+    assert "tasks.backends.registry" in proc.stdout
