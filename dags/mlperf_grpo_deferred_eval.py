@@ -9,8 +9,9 @@ tree), so only the steps they leave undecided are evaluated.
 
 from airflow.sdk import Param, dag
 
-from tasks.backends.base import backend_for
+from tasks.backends.registry import backend_for
 from tasks.deployment import load_deployment
+from tasks.names import DEFERRED_EVAL_DAG_ID
 from tasks.run.backfill import import_eval_tree, tree_params
 from tasks.run.evaluation import evaluation_group
 from tasks.run.spec import existing_run
@@ -19,7 +20,7 @@ BACKEND = backend_for(load_deployment())
 
 
 @dag(
-    dag_id="mlperf_grpo_deferred_eval",
+    dag_id=DEFERRED_EVAL_DAG_ID,
     schedule=None,
     catchup=False,
     params={

@@ -10,8 +10,9 @@ evaluation starts alongside training and stops it at the verdict. Triggered by
 
 from airflow.sdk import dag
 
-from tasks.backends.base import backend_for, form_defaults
+from tasks.backends.registry import backend_for, form_defaults
 from tasks.deployment import load_deployment
+from tasks.names import RUN_DAG_ID
 from tasks.run.schedules import evaluation_for
 from tasks.run.spec import plan_run, run_params
 from tasks.run.train import train_group
@@ -21,7 +22,7 @@ BACKEND = backend_for(DEPLOYMENT)
 
 
 @dag(
-    dag_id="mlperf_grpo_run",
+    dag_id=RUN_DAG_ID,
     schedule=None,
     catchup=False,
     params=run_params(form_defaults(DEPLOYMENT)),

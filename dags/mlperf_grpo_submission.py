@@ -10,6 +10,7 @@ setting, off by default.
 from airflow.sdk import dag
 
 from tasks.deployment import load_deployment
+from tasks.names import SUBMISSION_DAG_ID
 from tasks.submission.spec import plan_submission, submission_params
 from tasks.submission.tasks import (
     package,
@@ -25,7 +26,7 @@ DEPLOYMENT = load_deployment()
 
 
 @dag(
-    dag_id="mlperf_grpo_submission",
+    dag_id=SUBMISSION_DAG_ID,
     schedule=DEPLOYMENT.schedule,
     catchup=False,
     params=submission_params(DEPLOYMENT),

@@ -1,8 +1,9 @@
 """Deployment settings: which backend runs the jobs, where runs are stored, the eval window.
 
-DAG structure depends on these, so they are read at parse time, cheaply: a TOML file named by
-``RCPFLOW_DEPLOYMENT``, else the embedded local default. Relative paths resolve against the
-file's folder (the repository root for the default). Run-time choices are DAG Params.
+Read at DAG-parse time, cheaply: a TOML file named by ``RCPFLOW_DEPLOYMENT``, else the embedded
+local default; relative paths resolve against the file's folder. A backend's own table (``[gke]``)
+is read by the settings class its backend registers (`register_table`), so this module imports
+no backend: import `tasks.backends.registry` before loading a deployment that has one.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from rcpflow.recipe import Division
-from tasks.backends.gke.settings import GkeSettings
-from tasks.job_templates import Jobs
+from tasks.jobs.templates import Jobs
 from tasks.settings import SettingError, read_table
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_VAR = "RCPFLOW_DEPLOYMENT"
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +35,17 @@ BackendName = Literal["local", "gke"]
 BACKEND_NAMES: tuple[BackendName, ...] = typing.get_args(BackendName)
 # When a run's checkpoints are evaluated (README: "Evaluation schedule"); the MLLOG is the same.
 EvalSchedule = Literal["after_training", "during_training"]
+
+T = TypeVar("T")
+# A backend's settings table (name -> its frozen dataclass), registered by the backend's module.
+_TABLES: dict[str, type[DataclassInstance]] = {}
+
+
+def register_table(name: str, cls: type[DataclassInstance]) -> None:
+    """Read the deployment's table `name` (``[gke]``) into `cls`, typed by its fields."""
+    if _TABLES.setdefault(name, cls) is not cls:
+        raise ValueError(f"settings table [{name}] is already registered ({_TABLES[name]})")
+
 
 DEFAULT_TOML = """
 backend = "local"
@@ -90,8 +104,9 @@ class Deployment:
     eval_retries: int = 0
     # Extra environment of local jobs (e.g. JAX_PLATFORMS=cpu).
     job_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    # The [gke] table; None when the file has none (the gke backend refuses that).
-    gke: GkeSettings | None = None
+    # The backends' own tables that the file has ([gke]: GkeSettings), by table name; not a
+    # key of the file (see `register_table`).
+    tables: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     # The [jobs] table: command, env, image of each job, the evaluate job's result.
     jobs: Jobs = field(default_factory=Jobs)
     # The [form_defaults] table; None: the backend's defaults.
@@ -118,6 +133,13 @@ class Deployment:
         if not self.storage_root:
             raise SettingError("storage_root", "must not be empty")
 
+    def table(self, name: str, cls: type[T]) -> T | None:
+        """The backend table `name` as `cls`; None when the file has none."""
+        found = self.tables.get(name)
+        if found is not None and not isinstance(found, cls):
+            raise TypeError(f"[{name}] was read as {type(found).__name__}, not {cls.__name__}")
+        return found
+
     @property
     def job_python(self) -> str:
         return self.python or sys.executable
@@ -131,7 +153,17 @@ def parse_deployment(text: str, *, source: str, base_dir: Path) -> Deployment:
     """Settings from TOML text; unknown keys and wrong types are errors naming the key."""
     try:
         table = tomllib.loads(text)
-        deployment = read_table(Deployment, table, fixed={"source": source})
+        tables = {k: read_table(_TABLES[k], v, k) for k, v in table.items() if k in _TABLES}
+        rest = {k: v for k, v in table.items() if k not in _TABLES}
+        for name in BACKEND_NAMES:
+            if isinstance(rest.get(name), dict):
+                raise SettingError(
+                    name,
+                    f"the {name} backend's settings table is not registered "
+                    "(import tasks.backends.registry before loading a deployment)",
+                )
+        fixed = {"source": source, "tables": MappingProxyType(tables)}
+        deployment = read_table(Deployment, rest, fixed=fixed)
     except tomllib.TOMLDecodeError as exc:
         raise DeploymentError(f"{source}: not valid TOML: {exc}") from exc
     except SettingError as exc:

@@ -25,12 +25,11 @@ from rcpflow.mllog import MLLogError, read_events
 from rcpflow.status import RunStatus, run_status
 from rcpflow.storage import storage_for
 from tasks.convergence import ConvergenceData, convergence_data, seed_curve
-from tasks.submission.spec import CHECK_TOOLS, RUN_DAG_ID
+from tasks.names import CHECK_TOOLS, COMPLIANCE_TOOL, RUN_DAG_ID
 from tasks.verdicts import Verdict, read_verdict
 
 _SEED_DIR = re.compile(r"^seed_(\d+)$")
 _SAFE_PART = re.compile(r"^[A-Za-z0-9._-]+$")
-COMPLIANCE_TOOL = "compliance_checker"
 REPORT_MD, REPORT_HTML = "report.md", "report.html"  # a submission's report, two forms
 
 

@@ -234,3 +234,112 @@ def test_relative_imports_resolve(tmp_path: Path) -> None:
         ("tasks.run", "tasks.run.spec"),
         ("tasks.run.spec", "tasks.run.gate"),
     }
+
+
+# ---- inside tasks/: lower modules never import higher ones ------------------------------------
+
+# The levels of tasks/, lowest first. A module may import modules of its own level or of a lower
+# one, never of a higher one; so the Backend protocol (tasks.backends.base) imports no backend,
+# the jobs and the deployment know no backend, run steps no implementation, and nothing outside
+# the developer tools imports them. A module matches the longest prefix listed.
+TASKS_LEVELS: tuple[tuple[str, ...], ...] = (
+    ("tasks.settings", "tasks.names", "tasks.processes", "tasks.outputs", "tasks.verdicts",
+     "tasks.convergence"),
+    ("tasks.jobs",),
+    ("tasks.deployment",),
+    ("tasks.backends.base", "tasks.backends"),
+    ("tasks.run",),
+    ("tasks.backends.local", "tasks.backends.gke"),
+    ("tasks.backends.registry",),
+    ("tasks.storage_index", "tasks.html_report"),
+    ("tasks.submission",),
+    ("tasks.devtools",),
+)  # fmt: skip
+
+
+def tasks_level(module: str) -> int | None:
+    """The level of a tasks module (its longest listed prefix), None when none is listed."""
+    best: tuple[int, int] | None = None  # (prefix length, level)
+    for level, prefixes in enumerate(TASKS_LEVELS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), level)
+    return None if best is None else best[1]
+
+
+def upward_arrows(imports: Iterable[Import]) -> list[str]:
+    bad = []
+    for imp in imports:
+        if not (imp.module.startswith("tasks.") and imp.target.startswith("tasks.")):
+            continue
+        here, there = tasks_level(imp.module), tasks_level(imp.target)
+        if here is None or there is None:
+            bad.append(f"{imp.module}:{imp.line}: no level in TASKS_LEVELS for one of the two")
+        elif there > here:
+            bad.append(f"{imp.module}:{imp.line} imports {imp.target} (level {here} -> {there})")
+    return bad
+
+
+def test_inside_tasks_no_arrow_points_up() -> None:
+    modules = project_modules(ROOT, ["tasks"])
+    assert all(tasks_level(m) is not None for m in modules if m != "tasks"), [
+        m for m in modules if m != "tasks" and tasks_level(m) is None
+    ]
+    assert upward_arrows(all_imports(ROOT, ["tasks"])) == []
+
+
+def test_the_backend_protocol_imports_no_backend() -> None:
+    imports = [i for i in all_imports(ROOT, ["tasks"]) if i.module == "tasks.backends.base"]
+    assert imports, "tasks.backends.base imports nothing?"
+    assert [i.target for i in imports if i.target.startswith("tasks.backends.")] == []
+
+
+def test_nothing_outside_the_developer_tools_imports_them() -> None:
+    found = [
+        f"{i.module}:{i.line}"
+        for i in all_imports(ROOT, ["tasks", "dags", "plugins"])
+        if i.target.startswith("tasks.devtools") and not i.module.startswith("tasks.devtools")
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (
+            {
+                "tasks/__init__.py": "",
+                "tasks/backends/__init__.py": "",
+                "tasks/backends/base.py": "def f():\n    from tasks.backends import local\n",
+                "tasks/backends/local.py": "",
+            },
+            "tasks.backends.base:2 imports tasks.backends.local (level 3 -> 5)",
+        ),
+        (
+            {
+                "tasks/__init__.py": "",
+                "tasks/deployment.py": "from tasks.backends.gke.settings import GkeSettings\n",
+                "tasks/backends/__init__.py": "",
+                "tasks/backends/gke/__init__.py": "",
+                "tasks/backends/gke/settings.py": "GkeSettings = 1\n",
+            },
+            "tasks.deployment:1 imports tasks.backends.gke.settings (level 2 -> 5)",
+        ),
+        (
+            {
+                "tasks/__init__.py": "",
+                "tasks/storage_index.py": "from tasks.submission.spec import RUN_DAG_ID\n",
+                "tasks/submission/__init__.py": "",
+                "tasks/submission/spec.py": "RUN_DAG_ID = 1\n",
+            },
+            "tasks.storage_index:1 imports tasks.submission.spec (level 7 -> 8)",
+        ),
+    ],
+)
+def test_arrows_up_inside_tasks_are_found(
+    tmp_path: Path, files: Mapping[str, str], expected: str
+) -> None:
+    root = _tree(tmp_path, files)
+    assert expected in upward_arrows(all_imports(root, ["tasks"]))

@@ -1,15 +1,8 @@
 """The "MLPerf RCP" view of the Airflow UI: submissions, runs, verdicts and the convergence plot.
 
-Airflow 3.3's plugin interface has no server-rendered views of its own any more (Flask
-AppBuilder views only through the FAB provider); a plugin brings a FastAPI app, which the API
-server mounts under its `url_prefix` (``fastapi_apps``), and UI entries (``external_views``:
-a nav item, or a tab on a DAG, DAG run or task instance page, each shown in an iframe of the
-UI when it has a ``url_route``). This package is both: `FASTAPI_APPS` and `EXTERNAL_VIEWS` go
-into `plugins.rcpflow_plugin.RcpflowPlugin`, the app itself is built in `plugins.rcp_view.app`.
-
-Importing this package is cheap (no FastAPI, no matplotlib, no Airflow API modules): Airflow
-loads the plugins folder in every task process too (for macros), and the API server is the only
-process that ever serves the view, so the app is built on its first request (`LazyApp`).
+A FastAPI app the API server mounts (`FASTAPI_APPS`) and its UI entries (`EXTERNAL_VIEWS`), both
+handed to `plugins.rcpflow_plugin.RcpflowPlugin`; the app (`plugins.rcp_view.app`) is built on
+its first request, so importing this package stays cheap (why: docs/airflow.md, plugins).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from rcpflow.layout import RunLayout, is_gcs
 from rcpflow.storage import storage_for
 from tasks.convergence import MEDIA_TYPES, image_format, render
 from tasks.deployment import load_deployment
+from tasks.names import SUBMISSION_DAG_ID
 from tasks.storage_index import (
     NotUnderRoot,
     RunView,
@@ -41,7 +42,7 @@ from tasks.storage_index import (
     submission_entry,
     submission_names,
 )
-from tasks.submission.spec import SUBMISSION_DAG_ID, name_from_run_id
+from tasks.submission.spec import name_from_run_id
 
 MAX_PLOT_PX = 2400
 RunPath = Annotated[str, Query(description="run folder, relative to the storage root")]

@@ -1,2 +1,2 @@
-"""Backends: where the jobs run. The protocol and the registry are in `tasks.backends.base`;
-each backend is a module (`local`) or a package (`gke`) of its own."""
+"""Backends: where the jobs run. `base` is the protocol and the registry it owns; each backend
+is a module (`local`) or a package (`gke`) that registers itself; `registry` imports them all."""

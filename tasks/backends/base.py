@@ -1,25 +1,30 @@
-"""What a backend is, and which one a deployment gets.
+"""What a backend is (`Backend`), and the registry of backends by name.
 
 A backend builds the nodes that run jobs: the training job of a run and the mapped evaluation
-of its checkpoints. It is chosen once, at parse time, from the deployment's ``backend`` and
-handed to the group factories of `tasks.run`, which never ask which backend they were given.
-A new backend is a class with this shape, registered in `BACKENDS` under a name that
-`tasks.deployment.BackendName` lists.
+of its checkpoints; the group factories of `tasks.run` never ask which one they were given.
+Each backend module registers its class here (`register`); this module imports none of them.
+Code that needs a backend by name imports `tasks.backends.registry`, which imports them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
-from tasks.backends.gke.backend import GkeBackend
-from tasks.backends.local import LocalBackend
-from tasks.deployment import BackendName, Deployment
-from tasks.run.spec import FormDefaults
+from rcpflow.recipe import Division
+from tasks.deployment import BACKEND_NAMES, BackendName, Deployment
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
     from airflow.sdk.definitions._internal.mixins import DependencyMixin
+
+
+@dataclass(frozen=True)
+class FormDefaults:
+    """Where the trigger forms start: values that work on this deployment's backend."""
+
+    division: Division
+    max_steps: int
 
 
 class Backend(Protocol):
@@ -39,28 +44,47 @@ class Backend(Protocol):
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
         """Task ``evaluate`` mapped over the manifest rows that `rows` resolves to, one
-        instance per checkpoint labelled ``step N``, each behind the gate of `tasks.run.gate`
-        (plus any teardown it needs); what is returned is what finalize waits for."""
+        instance per checkpoint labelled ``step N``, each behind the steps of
+        `tasks.run.steps` (plus any teardown it needs); what finalize waits for."""
         ...
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
         """Task ``evaluate`` of the checkpoint of `step` (its row read from the manifest),
-        inside the mapped task group of evaluation during training (one instance per planned
-        step), behind the same gate and with the same eval window; what is returned is what
-        the step's stop check waits for."""
+        inside the mapped task group of evaluation during training, behind the same steps and
+        with the same eval window; what the step's stop check waits for."""
         ...
 
 
-BACKENDS: Mapping[BackendName, type[Backend]] = {"local": LocalBackend, "gke": GkeBackend}
+B = TypeVar("B", bound=type[Backend])
+_BACKENDS: dict[BackendName, type[Backend]] = {}
+
+
+def register(cls: B) -> B:
+    """Class decorator of a backend: `backend_for` finds it by its `name`."""
+    if cls.name not in BACKEND_NAMES:
+        raise ValueError(f"backend {cls.name!r} is not a BackendName ({', '.join(BACKEND_NAMES)})")
+    if _BACKENDS.setdefault(cls.name, cls) is not cls:
+        raise ValueError(f"backend {cls.name!r} is already registered ({_BACKENDS[cls.name]})")
+    return cls
+
+
+def registered() -> dict[BackendName, type[Backend]]:
+    """The backends registered so far, by name."""
+    return dict(_BACKENDS)
 
 
 def backend_type(name: BackendName) -> type[Backend]:
-    return BACKENDS[name]
+    try:
+        return _BACKENDS[name]
+    except KeyError:
+        raise LookupError(
+            f"backend {name!r} is not registered (import tasks.backends.registry)"
+        ) from None
 
 
 def form_defaults(deployment: Deployment) -> FormDefaults:
     """The trigger forms' defaults: the deployment's ``[form_defaults]``, else its backend's."""
-    base = BACKENDS[deployment.backend].form_defaults
+    base = backend_type(deployment.backend).form_defaults
     overrides = deployment.form_defaults
     if overrides is None:
         return base
@@ -72,4 +96,4 @@ def form_defaults(deployment: Deployment) -> FormDefaults:
 
 def backend_for(deployment: Deployment) -> Backend:
     """The backend the deployment names, built from its settings."""
-    return BACKENDS[deployment.backend](deployment)
+    return backend_type(deployment.backend)(deployment)

@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import XComArg, task
 
+from tasks.backends.base import FormDefaults, register
 from tasks.deployment import BackendName, Deployment
-from tasks.job_templates import EvaluateJob, TrainJob
-from tasks.run.eval_result import run_evaluate_job
-from tasks.run.gate import eval_target, evaluate_target, step_target
-from tasks.run.job_values import train_values
-from tasks.run.spec import FormDefaults, RunSpec, XComValue
+from tasks.jobs.result import run_evaluate_job
+from tasks.jobs.templates import EvaluateJob, TrainJob
+from tasks.jobs.values import train_values
+from tasks.processes import stop_processes
+from tasks.run.spec import RunSpec, XComValue
+from tasks.run.steps import eval_target, evaluate_target, step_target
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions._internal.mixins import DependencyMixin
@@ -88,18 +90,14 @@ def run_job(
         # Reached with the child still running only when we are interrupted (timeout, kill).
         if proc.poll() is None:
             log.warning("%s: stopping pid %d", name, proc.pid)
-            proc.terminate()
-            try:
-                proc.wait(timeout=_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_processes([proc], first=signal.SIGTERM, grace_s=_STOP_GRACE_S)
     if returncode != 0:
         last = "\n".join(tail)
         raise JobFailed(f"{name} exited with status {returncode}; last output lines:\n{last}")
     log.info("%s: finished", name)
 
 
+@register
 class LocalBackend:
     """Jobs as subprocesses of the worker: the deployment's ``[jobs]`` templates, run with its
     interpreter and environment (``job_env``, then the job's own ``env``)."""
@@ -122,7 +120,7 @@ class LocalBackend:
         @task(execution_timeout=timedelta(minutes=deployment.train_timeout_minutes))
         def train_job(spec: XComValue) -> None:
             run = RunSpec.from_dict(spec)
-            argv = job.job_command.render(train_values(run, deployment.job_python))
+            argv = job.job_command.render(train_values(run.job_values(), deployment.job_python))
             run_job(argv, name=f"train seed {run.seed}", env=env)
 
         return train_job(spec)

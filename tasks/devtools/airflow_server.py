@@ -1,22 +1,17 @@
-"""A private Airflow on 127.0.0.1 for the demo and the end-to-end test: start, drive, stop.
+"""A private Airflow on 127.0.0.1 for the demo and the end-to-end tests: start, drive, stop.
 
-The components (api-server, scheduler, dag-processor, triggerer) are started as separate
-processes, each in its own process group, so every one of them can be stopped by the PID we
-hold: SIGINT first (Airflow's clean shutdown; ``airflow standalone`` and ``dags test`` ignore
-SIGTERM), then SIGKILL to the group after a grace period (it also reaches the executor's
-workers and the task processes they forked). Metadata DB: SQLite in AIRFLOW_HOME, unless `env`
-sets ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` (e.g. a `tasks.devtools.postgres_server`); executor:
-LocalExecutor with a small parallelism. The REST client is the API's own v2 routes over urllib.
+Its components (api-server, scheduler, dag-processor, triggerer) are separate processes, each
+the leader of its own group, stopped by the PIDs we hold (`tasks.processes`; why SIGINT:
+docs/airflow.md). Metadata DB: SQLite in AIRFLOW_HOME unless `env` sets
+``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; LocalExecutor; REST over the API's v2 routes (urllib).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,18 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.processes import Server, stop_processes
+
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 USER = "admin"
 
 
 class AirflowServerError(RuntimeError):
     """The local Airflow did not come up or answered an error; the message says which."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -53,8 +44,8 @@ class ServerConfig:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-class LocalAirflow:
-    """Context manager: ``with LocalAirflow(config) as af: af.trigger(...)``; stops on exit."""
+class LocalAirflow(Server):
+    """``with LocalAirflow(config) as af: af.trigger(...)``; stops on exit."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -161,38 +152,15 @@ class LocalAirflow:
         raise AirflowServerError(f"Airflow at {self.url} not healthy after {timeout_s}s: {last}")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """SIGINT every component, then SIGKILL whatever of it is left after the grace period.
-
-        Task supervisors start their own sessions, so a component's process group does not
-        hold its tasks: the PIDs of every descendant are taken before signalling (once a
-        supervisor dies its children are re-parented and could no longer be found).
-        """
-        descendants = _descendants({p.pid for p in self.processes.values() if p.poll() is None})
-        for proc in self.processes.values():
-            if proc.poll() is None:
-                _signal_group(proc.pid, signal.SIGINT, group=False)
-        deadline = time.monotonic() + grace_s
-        for proc in self.processes.values():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for proc in self.processes.values():
-            _signal_group(proc.pid, signal.SIGKILL, group=True)
-        for pid in sorted(descendants):
-            _signal_group(pid, signal.SIGKILL, group=False)
-        for proc in self.processes.values():
-            if proc.poll() is None:
-                proc.wait(timeout=10)
-
-    def __enter__(self) -> LocalAirflow:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        """SIGINT every component, then SIGKILL its group and every descendant after the grace
+        period (task supervisors start their own sessions, outside the component's group)."""
+        stop_processes(
+            list(self.processes.values()),
+            first=signal.SIGINT,
+            grace_s=grace_s,
+            group=True,
+            with_descendants=True,
+        )
 
     # ---- REST ----------------------------------------------------------------------------
 
@@ -283,35 +251,3 @@ class LocalAirflow:
                 return str(state)
             time.sleep(1.0)
         raise AirflowServerError(f"{dag_id} run {run_id} not finished after {timeout_s}s")
-
-
-def _descendants(roots: set[int]) -> set[int]:
-    """PIDs of all living descendants of `roots` (from /proc: pid -> parent pid)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read().decode(errors="replace")
-        except OSError:
-            continue  # exited meanwhile
-        # "pid (comm) state ppid ...": comm may contain spaces and parentheses
-        parents[int(entry)] = int(stat[stat.rfind(")") + 2 :].split()[1])
-    found: set[int] = set()
-    frontier = set(roots)
-    while frontier:
-        children = {pid for pid, ppid in parents.items() if ppid in frontier} - found
-        found |= children
-        frontier = children
-    return found
-
-
-def _signal_group(pid: int, sig: signal.Signals, *, group: bool) -> None:
-    try:
-        if group:
-            os.killpg(pid, sig)  # the component was started as the leader of group `pid`
-        else:
-            os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

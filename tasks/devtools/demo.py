@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.deployment import ENV_VAR, REPO_ROOT
-from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow, ServerConfig, free_port
+from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow, ServerConfig
+from tasks.processes import free_port
 
 SUBMISSION_DAG = "mlperf_grpo_submission"
 RUN_DAG = "mlperf_grpo_run"

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tasks.devtools.airflow_server import free_port
+from tasks.processes import Server, free_port, stop_processes
 
 SEARCH = "/usr/lib/postgresql"
 UNPRIVILEGED_USER = "nobody"
@@ -42,7 +42,7 @@ def server_bindir() -> Path | None:
     return max(found)[1] if found else None
 
 
-class LocalPostgres:
+class LocalPostgres(Server):
     """Context manager: ``with LocalPostgres("airflow") as pg: pg.sqlalchemy_url()``."""
 
     def __init__(self, database: str, bindir: Path | None = None) -> None:
@@ -162,26 +162,8 @@ class LocalPostgres:
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGINT the postmaster (fast shutdown: backends end, nothing waits for clients), then
         SIGKILL its group after `grace_s`; delete the cluster's folder."""
-        process = self.process
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=10)
+        if self.process is not None:
+            stop_processes([self.process], first=signal.SIGINT, grace_s=grace_s, group=True)
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
             self.root = None
-
-    def __enter__(self) -> LocalPostgres:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -46,8 +46,9 @@ from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.summary import read_summary
 from tasks.deployment import ENV_VAR, REPO_ROOT
-from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
-from tasks.jobs import TRAIN_JOB
+from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
+from tasks.jobs.command import TRAIN_JOB
+from tasks.processes import free_port
 
 RUN_DAG = "mlperf_grpo_run"
 WORKDIR = REPO_ROOT / ".airflow" / "verdict_bench"

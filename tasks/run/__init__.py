@@ -1,1 +1,2 @@
-"""One run (one seed): its spec and Params, the train and evaluation groups, the gate steps."""
+"""One run (one seed): its spec and Params, the train and evaluation groups, the steps around
+its jobs (`steps`)."""

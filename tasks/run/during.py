@@ -1,23 +1,10 @@
 """Evaluation during training (deployment ``eval_schedule = "during_training"``).
 
-The steps to evaluate are known when the run is planned (``val_start_at..max_steps``), so the
-``evaluation`` group maps a task group ``checkpoint`` over them and starts it alongside
-training. Per planned step:
-
-- ``wait`` (`WaitForCheckpointOperator`) starts and ends on the triggerer once the step's
-  checkpoint is committed (or skips: training ended without it, or a lower step already
-  passed): no worker process while dozens of planned steps wait. Deferred instances count
-  against ``max_active_tis_per_dagrun`` in Airflow 3.3 (measured; the scheduler's concurrency
-  map counts DEFERRED), so the wait carries no limit;
-- ``evaluate`` is the backend's evaluation of the step's row (read from the manifest), behind
-  the gate of `tasks.run.gate`,
-  with ``max_active_tis_per_dagrun = eval_window``: the window bounds what evaluates, not what
-  waits;
-- ``stop_if_decided`` writes the stop request (`rcpflow.stop_request`) once the persisted
-  summaries decide the run, so the trainer ends at its next step instead of at max_steps.
-
-``finalize`` and ``check`` wait for every step and for the train group, and are the same as
-after training: the MLLOG does not depend on when the checkpoints were evaluated.
+The ``evaluation`` group maps a task group ``checkpoint`` over the planned steps
+(``val_start_at..max_steps``) and starts alongside training. Per step: ``wait`` (on the
+triggerer, no limit) until the checkpoint is committed or will never be; the backend's
+``evaluate`` (limited to the eval window); ``stop_if_decided`` writes the stop request once the
+summaries decide the run. ``finalize`` and ``check`` are the same as after training.
 """
 
 from __future__ import annotations
@@ -65,13 +52,8 @@ def stop_if_decided(run_dir: XComValue, step: XComValue) -> dict[str, Any] | Non
 
 
 def nullable_required_params(params: ParamsDict) -> dict[str, Param]:
-    """Task-level copies of the DAG's Params that have no default, with a null default.
-
-    Airflow 3.3's triggerer builds a start_from_trigger task's context by resolving the task's
-    Params on the deserialized DAG before it applies the run's conf; a Param without a default
-    fails there, and the error kills the whole trigger runner (measured: a required
-    ``run_dir`` stopped every trigger of the deployment). With these copies on the wait task
-    the conf still sets the values and validates them; the DAG's form is unchanged."""
+    """Task-level copies of the DAG's Params that have no default, with a null default: a
+    start-from-trigger task's Params are resolved before the run's conf (docs/airflow.md)."""
     copies: dict[str, Param] = {}
     for key in params:
         param = params.get_param(key)

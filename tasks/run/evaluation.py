@@ -1,6 +1,6 @@
 """The ``evaluation`` TaskGroup, shared by the run DAG and the deferred-eval DAG:
 ``load_manifest`` -> the backend's ``evaluate``, mapped over the rows (labelled ``step N``; each
-instance takes the gate of `tasks.run.gate`) -> ``finalize`` -> ``check``."""
+instance behind the steps of `tasks.run.steps`) -> ``finalize`` -> ``check``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TaskGroup, TriggerRule, XComArg, task
 
+from tasks.names import COMPLIANCE_TOOL
 from tasks.outputs import COMPLIANCE, MLLOG, publish
-from tasks.run.gate import check_run, finalize_run, load_rows
 from tasks.run.spec import XComValue
+from tasks.run.steps import check_run, finalize_run, load_rows
 from tasks.verdicts import verdict_path
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def finalize(run_dir: XComValue) -> dict[str, Any]:
 @task(outlets=[COMPLIANCE])
 def check(run_dir: XComValue) -> dict[str, Any]:
     result = check_run(run_dir)
-    publish(COMPLIANCE, verdict_path(run_dir, "compliance_checker"), ok=result["ok"])
+    publish(COMPLIANCE, verdict_path(run_dir, COMPLIANCE_TOOL), ok=result["ok"])
     return result
 
 

@@ -5,7 +5,7 @@ row from the manifest). Under a scheduler it starts and ends on the triggerer
 (`tasks.run.triggers.StartedCheckpointTrigger`): no worker process at all while it waits, and
 not counted in the eval window. Started on a worker instead (``dag.test()``), it defers to
 `tasks.run.triggers.CheckpointTrigger` and resumes with its event. Either way it skips, saying
-why, when a lower step already passed (the gate of `tasks.run.gate`), when training ended
+why, when a lower step already passed (`rcpflow.gate`), when training ended
 without that checkpoint (stopped at the verdict) or when training failed. On a worker, when
 the train group has not started (``dag.test()`` runs one task at a time), it gives its place
 back and comes again (up_for_reschedule).

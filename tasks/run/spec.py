@@ -20,6 +20,7 @@ from rcpflow import recipe
 from rcpflow.layout import RunLayout
 from rcpflow.recipe import DIVISIONS, Division
 from rcpflow.storage import storage_for
+from tasks.backends.base import FormDefaults
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class RunSpec:
         return dataclasses.asdict(self)
 
     def job_values(self) -> dict[str, str | int]:
-        """The placeholder values of the training command (tasks.jobs)."""
+        """The placeholder values of the training command (tasks.jobs.command)."""
         return {
             "run_dir": self.run_dir,
             "seed": self.seed,
@@ -62,14 +63,6 @@ class RunSpec:
             "val_start_at": self.effective_val_start_at,
             "division": self.division,
         }
-
-
-@dataclass(frozen=True)
-class FormDefaults:
-    """Where the trigger forms start: values that work on this deployment's backend."""
-
-    division: Division
-    max_steps: int
 
 
 def training_params(defaults: FormDefaults) -> dict[str, Param]:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TaskGroup, XComArg, task
 
-from tasks.run.gate import check_training_outputs
 from tasks.run.spec import RunSpec, XComValue
+from tasks.run.steps import check_training_outputs
 
 if TYPE_CHECKING:
     from tasks.backends.base import Backend

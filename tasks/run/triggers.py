@@ -301,6 +301,5 @@ class StartedCheckpointTrigger(_CheckpointWait):
             yield TaskSkippedEvent()
             return
         self.log.info("step %d: checkpoint committed at %s", row.step, row.checkpoint_path)
-        # No XCom: the step's evaluate reads the row from the manifest (Airflow 3.3 stores an
-        # end event's XComs JSON-encoded twice, so a worker would read them back as a string).
+        # No XCom: the step's evaluate reads the row from the manifest (docs/airflow.md).
         yield TaskSuccessEvent()

@@ -15,8 +15,9 @@ from rcpflow.layout import RunLayout, join
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.storage import storage_for
 from tasks.html_report import write_html_report
+from tasks.names import CHECK_TOOLS, COMPLIANCE_TOOL
 from tasks.storage_index import read_run
-from tasks.submission.spec import CHECK_TOOLS, SubmissionSpec, system_description
+from tasks.submission.spec import SubmissionSpec, system_description
 from tasks.verdicts import Verdict, read_verdict
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class RunOutcome:
 def run_outcome(spec: SubmissionSpec, seed: int) -> RunOutcome:
     run_dir = spec.run_dir(seed)
     log_path = RunLayout(run_dir).mllog(seed)
-    compliance = read_verdict(run_dir, "compliance_checker")
+    compliance = read_verdict(run_dir, COMPLIANCE_TOOL)
     if not storage_for(log_path).exists(log_path):
         return RunOutcome(seed, run_dir, log_path, "no MLLOG", None, None, None, 0, compliance)
     events = read_events(log_path)

@@ -14,7 +14,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from airflow.sdk import Param, get_current_context, task
 
@@ -22,20 +22,16 @@ from rcpflow import recipe
 from rcpflow.layout import join
 from rcpflow.package import SystemDescription, local_system
 from rcpflow.recipe import Division
-from tasks.backends.base import backend_type, form_defaults
+from tasks.backends.registry import backend_type, form_defaults
 from tasks.deployment import BACKEND_NAMES, BackendName, Deployment
 from tasks.run.spec import ParamError, RunSpec, XComValue, check_path, run_spec, training_params
 
 log = logging.getLogger(__name__)
 
-RUN_DAG_ID = "mlperf_grpo_run"
-SUBMISSION_DAG_ID = "mlperf_grpo_submission"
 # The package checker's count of result files for this benchmark.
 RUNS_PER_SUBMISSION = 3
 DEFAULT_SEEDS = (1, 2, 3)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
-CheckTool = Literal["rcp_checker", "package_checker", "result_summarizer"]
-CHECK_TOOLS: tuple[CheckTool, ...] = ("rcp_checker", "package_checker", "result_summarizer")
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ from rcpflow.checkers import CheckResult
 from rcpflow.layout import dirname, join
 from rcpflow.package import package_submission
 from tasks.html_report import HTML_NAME
+from tasks.names import RUN_DAG_ID, CheckTool
 from tasks.outputs import REPORT, publish
 from tasks.run.spec import XComValue
 from tasks.submission.report import write_report
-from tasks.submission.spec import RUN_DAG_ID, CheckTool, SubmissionSpec, system_description
+from tasks.submission.spec import SubmissionSpec, system_description
 from tasks.verdicts import record, tool_log_dir
 
 if TYPE_CHECKING:

@@ -153,3 +153,12 @@ def train_fast_run(run_dir: Path) -> None:
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def alive(pid: int) -> bool:
+    """Whether a process `pid` exists (a zombie counts: it has not been reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

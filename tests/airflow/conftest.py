@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
 import pytest
-from airflow_harness import DAGS, HOME
+from airflow_harness import DAGS, HOME, REPO, alive
+
+from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
+from tasks.names import RUN_DAG_ID
+from tasks.processes import free_port
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +28,41 @@ def dagbag(airflow_db: str):
     from airflow.dag_processing.dagbag import DagBag
 
     return DagBag(str(DAGS))
+
+
+@contextlib.contextmanager
+def _local_airflow(
+    home: Path,
+    env: Mapping[str, str],
+    *,
+    parallelism: int = 3,
+    dag_ids: Sequence[str] = (RUN_DAG_ID,),
+) -> Iterator[LocalAirflow]:
+    config = ServerConfig(
+        home=home,
+        dags_folder=DAGS,
+        plugins_folder=REPO / "plugins",
+        port=free_port(),
+        parallelism=parallelism,
+        env={"JAX_PLATFORMS": "cpu", **env},
+    )
+    server = LocalAirflow(config)
+    try:
+        server.start()
+        for dag_id in dag_ids:
+            server.wait_for_dag(dag_id)
+        yield server
+    finally:
+        pids = [p.pid for p in server.processes.values()]
+        server.stop()
+    assert pids and not any(alive(pid) for pid in pids), "an Airflow component outlived stop()"
+
+
+@pytest.fixture(scope="session")
+def start_airflow() -> Callable[..., contextlib.AbstractContextManager[LocalAirflow]]:
+    """``with start_airflow(home, env, parallelism=, dag_ids=) as server:`` a real Airflow
+    (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1 with the repository's DAGs
+    and plugins and `env` (e.g. RCPFLOW_DEPLOYMENT), once `dag_ids` are parsed; on exit stopped
+    by PID and checked to be gone. For the module-scoped ``server`` fixture of each scheduler
+    test (each brings its own deployment)."""
+    return _local_airflow

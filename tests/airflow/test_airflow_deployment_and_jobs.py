@@ -4,15 +4,17 @@ without running Airflow."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import typing
 from pathlib import Path
 
 import pytest
 
-from tasks.backends.base import BACKENDS, backend_for
 from tasks.backends.gke.backend import GkeBackend
+from tasks.backends.gke.settings import GkeSettings
 from tasks.backends.local import JobFailed, LocalBackend, run_job
+from tasks.backends.registry import backend_for, registered
 from tasks.deployment import (
     BACKEND_NAMES,
     REPO_ROOT,
@@ -21,7 +23,14 @@ from tasks.deployment import (
     load_deployment,
     parse_deployment,
 )
-from tasks.jobs import EVALUATE_JOB, PLACEHOLDERS, ROLES, TRAIN_JOB, JobCommand, JobCommandError
+from tasks.jobs.command import (
+    EVALUATE_JOB,
+    PLACEHOLDERS,
+    ROLES,
+    TRAIN_JOB,
+    JobCommand,
+    JobCommandError,
+)
 from tasks.run.spec import RunSpec
 
 
@@ -48,9 +57,10 @@ def test_a_file_overrides_and_resolves_relative_paths(tmp_path: Path) -> None:
 def test_the_gke_table_is_read_with_its_nested_shapes(tmp_path: Path) -> None:
     text = 'backend = "gke"\n[gke]\nimage = "i:1"\n[gke.train]\ntopology = "4x4x16"\n'
     d = parse_deployment(text, source="f.toml", base_dir=tmp_path)
-    assert d.gke is not None
-    assert (d.gke.image, d.gke.train.slices, d.gke.train.topology) == ("i:1", 1, "4x4x16")
-    assert d.gke.evaluate.slices == 16  # a table left out keeps its default shape
+    gke = d.table("gke", GkeSettings)
+    assert gke is not None
+    assert (gke.image, gke.train.slices, gke.train.topology) == ("i:1", 1, "4x4x16")
+    assert gke.evaluate.slices == 16  # a table left out keeps its default shape
 
 
 @pytest.mark.parametrize(
@@ -80,8 +90,9 @@ def test_bad_settings_name_the_file_and_the_key(tmp_path: Path, text: str, named
 
 
 def test_every_backend_name_has_a_backend_and_the_deployment_chooses_it(tmp_path: Path) -> None:
-    assert set(BACKENDS) == set(BACKEND_NAMES) == set(typing.get_args(BackendName))
-    assert all(cls.name == name for name, cls in BACKENDS.items())
+    backends = registered()
+    assert set(backends) == set(BACKEND_NAMES) == set(typing.get_args(BackendName))
+    assert all(cls.name == name for name, cls in backends.items())
     local = backend_for(parse_deployment("", source="f.toml", base_dir=tmp_path))
     assert isinstance(local, LocalBackend)
     text = 'backend = "gke"\n[gke]\nimage = "i:1"\n'
@@ -176,3 +187,20 @@ def test_run_job_streams_output_and_fails_with_its_tail(caplog: pytest.LogCaptur
     assert "about to fail" in str(failed.value)
     with pytest.raises(JobFailed, match="could not start"):
         run_job(["/nonexistent/python"], name="missing")
+
+
+def test_a_backend_table_nobody_registered_says_what_to_import(tmp_path: Path) -> None:
+    # In a fresh interpreter that imported no backend, [gke] has no reader yet.
+    code = (
+        "from pathlib import Path\n"
+        "from tasks.deployment import DeploymentError, parse_deployment\n"
+        "try:\n"
+        "    parse_deployment('[gke]\\nimage = \"i:1\"\\n', source='f.toml', base_dir=Path('.'))\n"
+        "except DeploymentError as exc:\n"
+        "    print(exc)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "f.toml: gke: the gke backend's settings table is not registered" in proc.stdout
+    assert "tasks.backends.registry" in proc.stdout

@@ -9,8 +9,8 @@ import pytest
 
 from tasks.backends.local import LocalBackend
 from tasks.deployment import DeploymentError, parse_deployment
-from tasks.job_templates import EvalResult
-from tasks.jobs import EVALUATE_JOB, TRAIN_JOB
+from tasks.jobs.command import EVALUATE_JOB, TRAIN_JOB
+from tasks.jobs.templates import EvalResult
 
 
 def _parse(text: str, tmp_path: Path):
@@ -102,7 +102,7 @@ def test_result_formats_are_rcpflow_eval_imports_own() -> None:
     import typing
 
     from rcpflow.eval_import import SOURCE_FORMATS
-    from tasks.job_templates import ResultFormat
+    from tasks.jobs.templates import ResultFormat
 
     assert set(typing.get_args(ResultFormat)) == {"rcpflow", "tunix-tree", *SOURCE_FORMATS}
 

@@ -16,16 +16,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from airflow_harness import DAGS, PYTHON, REPO, write_deployment
+from airflow_harness import PYTHON, write_deployment
 
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events
-from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
+from tasks.devtools.airflow_server import LocalAirflow
 from tasks.verdicts import read_verdict
 
 PARALLELISM = 4
@@ -60,7 +61,9 @@ def job_python(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, start_airflow: Callable[..., Any]
+) -> Iterator[LocalAirflow]:
     folder = tmp_path_factory.mktemp("during")
     deployment = write_deployment(
         folder / "deployment.toml",
@@ -69,21 +72,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
         eval_window=2,
         checkpoint_poll_seconds=1.0,
     )
-    config = ServerConfig(
-        home=folder / "airflow",
-        dags_folder=DAGS,
-        plugins_folder=REPO / "plugins",
-        port=free_port(),
-        parallelism=PARALLELISM,
-        env={"JAX_PLATFORMS": "cpu", "RCPFLOW_DEPLOYMENT": str(deployment)},
-    )
-    server = LocalAirflow(config)
-    try:
-        server.start()
-        server.wait_for_dag("mlperf_grpo_run")
+    env = {"RCPFLOW_DEPLOYMENT": str(deployment)}
+    with start_airflow(folder / "airflow", env, parallelism=PARALLELISM) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def follow(server: LocalAirflow, run_id: str, timeout_s: float) -> tuple[str, list[dict]]:

@@ -7,26 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from airflow_harness import CONVERGING_RUN, DAGS, REPO
+from airflow_harness import CONVERGING_RUN, alive
 
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events
-from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow, ServerConfig, free_port
+from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow
 from tasks.devtools.postgres_server import LocalPostgres, server_bindir
+from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 from tasks.verdicts import read_verdict
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -47,36 +40,21 @@ def metadata_db(request: pytest.FixtureRequest) -> Iterator[LocalPostgres | None
     finally:
         pid = postgres.pid
         postgres.stop()
-    assert pid is not None and not _alive(pid)
+    assert pid is not None and not alive(pid)
 
 
 @pytest.fixture(scope="module")
 def server(
-    tmp_path_factory: pytest.TempPathFactory, metadata_db: LocalPostgres | None
+    tmp_path_factory: pytest.TempPathFactory,
+    metadata_db: LocalPostgres | None,
+    start_airflow: Callable[..., Any],
 ) -> Iterator[LocalAirflow]:
-    """A real Airflow (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1; after the
-    module, stopped by PID and checked to be gone."""
-    env = {"JAX_PLATFORMS": "cpu", "RCPFLOW_DEPLOYMENT": ""}  # the embedded default
+    env = {"RCPFLOW_DEPLOYMENT": ""}  # the embedded default
     if metadata_db is not None:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = metadata_db.sqlalchemy_url()
-    config = ServerConfig(
-        home=tmp_path_factory.mktemp("airflow"),
-        dags_folder=DAGS,
-        plugins_folder=REPO / "plugins",
-        port=free_port(),
-        parallelism=3,
-        env=env,
-    )
-    server = LocalAirflow(config)
-    try:
-        server.start()
-        for dag_id in ("mlperf_grpo_run", "mlperf_grpo_submission"):
-            server.wait_for_dag(dag_id)
+    home = tmp_path_factory.mktemp("airflow")
+    with start_airflow(home, env, dag_ids=(RUN_DAG_ID, SUBMISSION_DAG_ID)) as server:
         yield server
-    finally:
-        pids = [p.pid for p in server.processes.values()]
-        server.stop()
-    assert pids and not any(_alive(pid) for pid in pids)
 
 
 def _dag_run_state_in_db(postgres: LocalPostgres, dag_id: str, run_id: str) -> str:

@@ -7,40 +7,30 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from airflow_harness import DAGS, REPO
 from foreign.deployment import FOREIGN_RUN, PASSING_STEP, write_foreign_deployment
 
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events
 from rcpflow.summary import read_summary
-from tasks.devtools.airflow_server import LocalAirflow, ServerConfig, free_port
+from tasks.devtools.airflow_server import LocalAirflow
 from tasks.verdicts import read_verdict
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, start_airflow: Callable[..., Any]
+) -> Iterator[LocalAirflow]:
     folder = tmp_path_factory.mktemp("foreign")
     deployment = write_foreign_deployment(folder / "deployment.toml", rows="cli")
-    config = ServerConfig(
-        home=tmp_path_factory.mktemp("airflow"),
-        dags_folder=DAGS,
-        plugins_folder=REPO / "plugins",
-        port=free_port(),
-        parallelism=3,
-        env={"JAX_PLATFORMS": "cpu", "RCPFLOW_DEPLOYMENT": str(deployment)},
-    )
-    server = LocalAirflow(config)
-    try:
-        server.start()
-        server.wait_for_dag("mlperf_grpo_run")
+    env = {"RCPFLOW_DEPLOYMENT": str(deployment)}
+    with start_airflow(tmp_path_factory.mktemp("airflow"), env) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.slow

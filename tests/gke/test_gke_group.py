@@ -226,7 +226,7 @@ LIGHT_IMPORT_CHECK = """
 import sys
 import airflow.sdk  # what every DAG file pays anyway
 before = set(sys.modules)
-import tasks.backends.base
+import tasks.backends.registry  # every backend, as the DAG files import them
 import plugins.jobset
 import plugins.rcpflow_plugin
 new = sorted(set(sys.modules) - before)
@@ -258,7 +258,8 @@ def test_importing_the_backends_and_plugins_pulls_in_no_provider_or_kubernetes(
 @pytest.mark.timeout(60)
 def test_settings_and_rendering_import_no_airflow(tmp_path: Path) -> None:
     # what the deployment loader needs at parse time, and what renders a JobSet
-    modules = "tasks.deployment, tasks.backends.gke.render, tasks.backends.gke.status"
+    modules = "tasks.deployment, tasks.backends.gke.settings, tasks.backends.gke.render, "
+    modules += "tasks.backends.gke.status"
     code = f"import sys, {modules}; print(sorted(m for m in sys.modules if 'airflow' in m))"
     proc = subprocess.run(
         [PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=50

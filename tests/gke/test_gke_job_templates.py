@@ -18,11 +18,12 @@ from rcpflow.layout import RunLayout
 from rcpflow.manifest import ManifestRow, load
 from rcpflow.summary import read_summary
 from tasks.backends.gke.render import render_jobset
+from tasks.backends.gke.settings import GkeSettings
 from tasks.deployment import parse_deployment
-from tasks.job_templates import EvalResult, EvaluateJob
-from tasks.run.gate import EvaluationError
-from tasks.run.job_values import evaluate_values, train_values
+from tasks.jobs.templates import EvalResult, EvaluateJob
+from tasks.jobs.values import evaluate_values, train_values
 from tasks.run.spec import RunSpec
+from tasks.run.steps import EvaluationError
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docker" / "deployment.byo.example.toml"
@@ -43,13 +44,14 @@ def test_the_byo_example_renders_valid_jobsets_with_its_own_images(
     strict_jobset, lenient_jobset
 ) -> None:
     d = _example()
-    assert d.gke is not None and d.jobs.evaluate.result == EvalResult(
+    gke = d.table("gke", GkeSettings)
+    assert gke is not None and d.jobs.evaluate.result == EvalResult(
         "tunix-tree", "{run_dir}/tunix_eval"
     )
     run = RunSpec("gs://b/runs/seed_1", 1, 256, 40, None, "closed")
     train = render_jobset(
-        d.gke, role="train", dag_id="mlperf_grpo_run", run_id=RUN_ID, job="train",
-        command=d.jobs.train.job_command.render(train_values(run, "python")),
+        gke, role="train", dag_id="mlperf_grpo_run", run_id=RUN_ID, job="train",
+        command=d.jobs.train.job_command.render(train_values(run.job_values(), "python")),
         image=d.jobs.train.image, env=d.jobs.train.env,
     )  # fmt: skip
     row = ManifestRow(
@@ -60,7 +62,7 @@ def test_the_byo_example_renders_valid_jobsets_with_its_own_images(
     )  # fmt: skip
     values = evaluate_values(run.run_dir, row, "python")
     evaluate = render_jobset(
-        d.gke, role="evaluate", dag_id="mlperf_grpo_run", run_id=RUN_ID, job="eval-18",
+        gke, role="evaluate", dag_id="mlperf_grpo_run", run_id=RUN_ID, job="eval-18",
         command=d.jobs.evaluate.job_command.render(values),
         image=d.jobs.evaluate.image, env=d.jobs.evaluate.env,
     )  # fmt: skip
@@ -82,9 +84,10 @@ def test_the_byo_example_renders_valid_jobsets_with_its_own_images(
 
 def test_job_env_values_are_literal_on_the_cluster(strict_jobset) -> None:
     d = _example()
-    assert d.gke is not None
+    gke = d.table("gke", GkeSettings)
+    assert gke is not None
     jobset = render_jobset(
-        d.gke, role="train", dag_id="d", run_id="r", job="train", command=["python"],
+        gke, role="train", dag_id="d", run_id="r", job="train", command=["python"],
         env={"TOKEN_HINT": "$(HOME)/x"},
     )  # fmt: skip
     assert strict_jobset.errors(jobset) == []
@@ -111,7 +114,7 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
 ) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from tasks.backends.gke.operators import EvaluateJobSetOperator
+    from tasks.backends.gke.evaluate import EvaluateJobSetOperator
     from tasks.backends.gke.settings import GkeSettings
 
     run_dir = tmp_path / "run"

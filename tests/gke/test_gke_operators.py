@@ -222,7 +222,7 @@ def test_execute_complete_maps_events_to_task_outcomes() -> None:
 
     from tasks.backends.gke.operators import RunJobSetOperator
 
-    op = RunJobSetOperator(task_id="run", jobset=_jobset(), **SETTINGS.connection_kwargs())
+    op = RunJobSetOperator(task_id="run", jobset=_jobset(), cluster=SETTINGS.cluster)
     base = {
         "name": "js",
         "namespace": "default",
@@ -249,7 +249,7 @@ def test_a_bad_jobset_is_refused_before_anything_is_recorded() -> None:
     bad = _jobset()
     del bad["metadata"]["namespace"]
     ti = FakeTI()
-    op = RunJobSetOperator(task_id="run", jobset=bad, **SETTINGS.connection_kwargs())
+    op = RunJobSetOperator(task_id="run", jobset=bad, cluster=SETTINGS.cluster)
     with pytest.raises(ValueError, match=r"metadata\.namespace"):
         op.execute({"ti": ti})
     assert ti.pushed == {}
@@ -258,9 +258,7 @@ def test_a_bad_jobset_is_refused_before_anything_is_recorded() -> None:
 def test_cleanup_without_a_recorded_jobset_does_nothing(fake_gke) -> None:
     from tasks.backends.gke.operators import DeleteJobSetOperator
 
-    op = DeleteJobSetOperator(
-        task_id="cleanup", run_task_id="g.run", **SETTINGS.connection_kwargs()
-    )
+    op = DeleteJobSetOperator(task_id="cleanup", run_task_id="g.run", cluster=SETTINGS.cluster)
     ti = FakeTI(map_index=3)
     assert op.execute({"ti": ti}) is None
     assert ti.pulls == [("g.run", "jobset_ref", 3)]
@@ -281,7 +279,7 @@ def test_run_creates_defers_and_follows_to_success(fake_gke, recorded_status) ->
         recorded_status("status_running.json")["status"],
         recorded_status("status_succeeded.json")["status"],
     ]
-    op = RunJobSetOperator(task_id="g.run", jobset=jobset, **SETTINGS.connection_kwargs())
+    op = RunJobSetOperator(task_id="g.run", jobset=jobset, cluster=SETTINGS.cluster)
     ti = FakeTI()
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})
@@ -306,7 +304,7 @@ def test_run_retry_adopts_its_own_jobset_and_refuses_a_foreign_one(fake_gke) -> 
     from tasks.backends.gke.render import JobSetConflictError
 
     jobset = _jobset()
-    op = RunJobSetOperator(task_id="g.run", jobset=jobset, **SETTINGS.connection_kwargs())
+    op = RunJobSetOperator(task_id="g.run", jobset=jobset, cluster=SETTINGS.cluster)
     for _ in range(2):  # the second try finds the JobSet of the first (409) and follows it
         with pytest.raises(TaskDeferred):
             op.execute({"ti": FakeTI()})
@@ -315,7 +313,7 @@ def test_run_retry_adopts_its_own_jobset_and_refuses_a_foreign_one(fake_gke) -> 
 
     other = _jobset(GkeSettings(use_dns_endpoint=True, image="rcpflow-tpu:other"))
     assert other["metadata"]["name"] == jobset["metadata"]["name"]
-    op = RunJobSetOperator(task_id="g.run", jobset=other, **SETTINGS.connection_kwargs())
+    op = RunJobSetOperator(task_id="g.run", jobset=other, cluster=SETTINGS.cluster)
     with pytest.raises(JobSetConflictError, match="not rendered from this spec"):
         op.execute({"ti": FakeTI()})
 
@@ -326,19 +324,15 @@ def test_run_never_defers_on_a_jobset_the_cluster_does_not_have(fake_gke) -> Non
     from tasks.backends.gke.operators import RunJobSetOperator
 
     jobset = _jobset()
-    fake_gke.fail_posts = [503]  # one failed create; the provider retries it
-    op = RunJobSetOperator(task_id="g.run", jobset=jobset, **SETTINGS.connection_kwargs())
-    try:
+    fake_gke.fail_posts = [503]  # the create fails and the apiserver did not apply it
+    op = RunJobSetOperator(task_id="g.run", jobset=jobset, cluster=SETTINGS.cluster)
+    with pytest.raises(AirflowException, match=r"not on the cluster after the create call fa"):
         op.execute({"ti": FakeTI()})
-    except TaskDeferred:
-        # A provider whose retry really re-sends the create: then the JobSet must exist.
-        assert ("default", jobset["metadata"]["name"]) in fake_gke.objects
-    except AirflowException as exc:
-        # providers-cncf-kubernetes 10.25 retries on a consumed generator: nothing is created.
-        assert "is not on the cluster" in str(exc)
-        assert fake_gke.objects == {}
-    else:
-        pytest.fail("execute() neither deferred nor failed")
+    assert fake_gke.objects == {}
+    assert fake_gke.methods() == ["POST", "GET"]  # one create, then the read that tells
+    with pytest.raises(TaskDeferred):
+        op.execute({"ti": FakeTI()})  # what Airflow's retry does: now it is created
+    assert ("default", jobset["metadata"]["name"]) in fake_gke.objects
 
 
 def test_trigger_on_a_deleted_jobset_fails_it(fake_gke) -> None:
@@ -355,14 +349,14 @@ def test_cleanup_deletes_the_recorded_jobset_and_tolerates_absence(fake_gke) -> 
 
     jobset = _jobset()
     ti = FakeTI(map_index=2)
-    run = RunJobSetOperator(task_id="g.run", jobset=jobset, **SETTINGS.connection_kwargs())
+    run = RunJobSetOperator(task_id="g.run", jobset=jobset, cluster=SETTINGS.cluster)
     with pytest.raises(TaskDeferred):
         run.execute({"ti": ti})
     ref = ti.pushed["jobset_ref"]
     ti.xcoms[("g.run", "jobset_ref", 2)] = ref
 
     cleanup = DeleteJobSetOperator(
-        task_id="g.cleanup", run_task_id="g.run", **SETTINGS.connection_kwargs()
+        task_id="g.cleanup", run_task_id="g.run", cluster=SETTINGS.cluster
     )
     assert cleanup.execute({"ti": ti}) == {**ref, "deleted": True}
     assert fake_gke.objects == {}
@@ -389,7 +383,7 @@ def _run_op(jobset: dict[str, Any], settings: GkeSettings = REAL_WATCH) -> Any:
     return RunJobSetOperator(
         task_id="g.run",
         jobset=jobset,
-        **settings.connection_kwargs(),
+        cluster=settings.cluster,
         **settings.watch_kwargs(),
     )
 
@@ -483,7 +477,7 @@ def test_suspended_time_is_bounded_apart_from_running_time(monkeypatch, recorded
 
     from tasks.backends.gke.operators import RunJobSetOperator
 
-    op = RunJobSetOperator(task_id="run", jobset=_jobset(), **SETTINGS.connection_kwargs())
+    op = RunJobSetOperator(task_id="run", jobset=_jobset(), cluster=SETTINGS.cluster)
     with pytest.raises(AirflowFailException, match=r"\(SuspendedTooLong\): suspended \(not ad"):
         op.execute_complete({}, event)
 
@@ -510,7 +504,7 @@ def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_pa
     jobset = _jobset()
     op = RunJobSetOperator(
         task_id="run", jobset=jobset, stop_run_dir=run.run_dir, stop_grace=timedelta(0),
-        **SETTINGS.connection_kwargs(),
+        cluster=SETTINGS.cluster,
     )  # fmt: skip
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": FakeTI()})

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from pathlib import Path
 
 import pytest
 
-from tasks.backends.gke.settings import GkeSettings, TpuJobShape
+from tasks.backends.gke.render import render_jobset
+from tasks.backends.gke.settings import GkeCluster, GkeSettings, TpuJobShape
+from tasks.deployment import parse_deployment
+from tasks.jobs.command import TRAIN_JOB
 from tasks.settings import SettingError, read_table
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_are_the_benchmark_shapes() -> None:
@@ -118,15 +125,44 @@ def test_direct_construction_validates_too() -> None:
         GkeSettings(namespace="under_score")
 
 
-def test_connection_kwargs_match_the_provider_operators() -> None:
-    import inspect
+def test_the_cluster_object_has_the_provider_mixins_fields() -> None:
+    from airflow.providers.google.cloud.operators.kubernetes_engine import GKEOperatorMixin
 
-    from airflow.providers.google.cloud.operators.kubernetes_engine import (
-        GKECreateCustomResourceOperator,
+    fields = {f.name for f in dataclasses.fields(GkeCluster)}
+    assert fields == set(GKEOperatorMixin.template_fields)
+    settings = GkeSettings(project_id="p", impersonation_chain=("a@b.iam.gserviceaccount.com",))
+    assert all(getattr(settings.cluster, name) == getattr(settings, name) for name in fields)
+
+
+def test_the_example_gke_deployment_renders_a_strictly_valid_jobset(strict_jobset) -> None:
+    path = REPO / "docker" / "deployment.gke.example.toml"
+    deployment = parse_deployment(path.read_text(), source=str(path), base_dir=path.parent)
+    assert deployment.backend == "gke"
+    gke = deployment.table("gke", GkeSettings)
+    assert gke is not None
+    assert (gke.train.total_chips, gke.evaluate.total_chips, gke.evaluate.slices) == (128, 64, 16)
+    jobset = render_jobset(
+        gke,
+        role="train",
+        dag_id="mlperf_grpo_run",
+        run_id="scheduled__2026-05-01T00:00:00+00:00",
+        job="train",
+        command=TRAIN_JOB.render(
+            {
+                "python": "python",
+                "run_dir": f"{deployment.storage_root}/seed_1",
+                "seed": 1,
+                "global_batch_size": 256,
+                "max_steps": 60,
+                "val_start_at": 18,
+                "division": "closed",
+            }
+        ),
     )
-
-    params = inspect.signature(GKECreateCustomResourceOperator.__init__).parameters
-    kwargs = GkeSettings(impersonation_chain=("a@b.iam.gserviceaccount.com",)).connection_kwargs()
-    assert set(kwargs) <= set(params), set(kwargs) - set(params)
-    assert kwargs["impersonation_chain"] == ["a@b.iam.gserviceaccount.com"]
-    assert GkeSettings().connection_kwargs()["impersonation_chain"] is None
+    assert strict_jobset.errors(jobset) == []
+    assert jobset["metadata"]["namespace"] == "mlperf"
+    # the policy a production deployment wants, spelt out in the example
+    assert re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", gke.image), gke.image
+    assert gke.train.max_restarts >= 3 and deployment.eval_retries >= 1
+    assert gke.queue_name and jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    assert gke.api_error_budget_s >= 20 * 60

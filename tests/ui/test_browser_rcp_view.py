@@ -25,7 +25,8 @@ from chromium_driver import chromium, require_browser
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events
-from tasks.devtools.airflow_server import USER, LocalAirflow, ServerConfig, free_port
+from tasks.devtools.airflow_server import USER, LocalAirflow, ServerConfig
+from tasks.processes import free_port
 from tasks.verdicts import read_verdict
 
 if TYPE_CHECKING:

@@ -1,21 +1,23 @@
 """The GKE backend: jobs as JobSets on TPU slices, created and watched by the operators of
-`tasks.backends.gke.operators` (the Google provider's GKE hooks underneath)."""
+`tasks.backends.gke.operators` and `.evaluate`, through the hooks of `.hooks`."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from tasks.backends.base import FormDefaults, register
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
-from tasks.backends.gke.settings import GkeSettings
+from tasks.backends.gke.settings import TABLE, GkeSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
-from tasks.run.spec import FormDefaults, run_dir_of
+from tasks.run.spec import run_dir_of
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
     from airflow.sdk.definitions._internal.mixins import DependencyMixin
 
 
+@register
 class GkeBackend:
     """Training as one JobSet group (render -> run, deferred -> cleanup teardown); evaluation
     as one mapped deferrable operator with a cleanup teardown."""
@@ -26,10 +28,11 @@ class GkeBackend:
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)
 
     def __init__(self, deployment: Deployment) -> None:
-        if deployment.gke is None:
+        settings = deployment.table(TABLE, GkeSettings)
+        if settings is None:
             raise DeploymentError(f"{deployment.source}: backend 'gke' needs a [gke] table")
         self.deployment = deployment
-        self.settings: GkeSettings = deployment.gke
+        self.settings: GkeSettings = settings
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
         # Under evaluation during training the JobSet is deleted if the trainer has not ended
@@ -43,24 +46,19 @@ class GkeBackend:
             stop_run_dir=run_dir_of(spec) if during else None,
         )
 
+    def _limits(self) -> dict[str, Any]:
+        """What bounds every evaluate JobSet: the eval window, its timeout, its retries."""
+        d = self.deployment
+        return {
+            "eval_window": d.eval_window,
+            "job_timeout": timedelta(minutes=d.eval_timeout_minutes),
+            "retries": d.eval_retries,
+        }
+
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
-        return evaluate_jobsets(
-            self.settings,
-            self.deployment.jobs.evaluate,
-            run_dir,
-            rows,
-            eval_window=self.deployment.eval_window,
-            job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
-            retries=self.deployment.eval_retries,
-        )
+        job = self.deployment.jobs.evaluate
+        return evaluate_jobsets(self.settings, job, run_dir, rows, **self._limits())
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
-        return evaluate_jobset(
-            self.settings,
-            self.deployment.jobs.evaluate,
-            run_dir,
-            step,
-            eval_window=self.deployment.eval_window,
-            job_timeout=timedelta(minutes=self.deployment.eval_timeout_minutes),
-            retries=self.deployment.eval_retries,
-        )
+        job = self.deployment.jobs.evaluate
+        return evaluate_jobset(self.settings, job, run_dir, step, **self._limits())

@@ -2,8 +2,7 @@
 deleted by a teardown, which also runs when the job fails.
 
 Evaluation is one mapped deferrable operator rather than a group per step, so that
-``max_active_tis_per_dagrun`` (which counts deferred instances) is the eval window exactly as
-on the local backend.
+``max_active_tis_per_dagrun`` is the eval window exactly (docs/airflow.md).
 """
 
 from __future__ import annotations
@@ -13,17 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TaskGroup, XComArg, get_current_context, task
 
+from tasks.backends.gke.evaluate import EvaluateJobSetOperator, EvaluateStepJobSetOperator
 from tasks.backends.gke.operators import (
     DeleteEvalJobSetsOperator,
     DeleteJobSetOperator,
-    EvaluateJobSetOperator,
-    EvaluateStepJobSetOperator,
     RunJobSetOperator,
 )
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
-from tasks.job_templates import EvaluateJob, TrainJob
-from tasks.run.job_values import train_values
+from tasks.jobs.templates import EvaluateJob, TrainJob
+from tasks.jobs.values import train_values
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
@@ -46,7 +44,6 @@ def jobset_task_group(
     `retries` are for a watch that lost the JobSet (a retry adopts it); a failed JobSet is
     never retried. With `stop_run_dir` the JobSet is deleted `stop_grace` after a stop request
     of that run if still running."""
-    cluster = settings.connection_kwargs()
     with TaskGroup(group_id=group_id) as group:
         run = RunJobSetOperator(
             task_id="run",
@@ -56,10 +53,12 @@ def jobset_task_group(
             stop_grace=stop_grace,
             retries=retries,
             retry_delay=timedelta(seconds=settings.poll_interval_s),
-            **cluster,
+            cluster=settings.cluster,
             **settings.watch_kwargs(),
         )
-        cleanup = DeleteJobSetOperator(task_id="cleanup", run_task_id=run.task_id, **cluster)
+        cleanup = DeleteJobSetOperator(
+            task_id="cleanup", run_task_id=run.task_id, cluster=settings.cluster
+        )
         run >> cleanup.as_teardown()
     return group
 
@@ -84,7 +83,7 @@ def train_jobset_group(
             dag_id=dag_run.dag_id,
             run_id=dag_run.run_id,
             job="train",
-            command=job.job_command.render(train_values(run, "python")),
+            command=job.job_command.render(train_values(run.job_values(), "python")),
             image=job.image,
             env=job.env,
         )
@@ -133,7 +132,7 @@ def evaluate_jobsets(
         **_evaluate_kwargs(settings, job, eval_window, job_timeout, retries),
     ).expand(row=rows)
     cleanup = DeleteEvalJobSetsOperator(
-        task_id="cleanup", run_task_id=evaluate.task_id, settings=settings
+        task_id="cleanup", run_task_id=evaluate.task_id, cluster=settings.cluster
     )
     evaluate >> cleanup.as_teardown()
     return evaluate
@@ -159,7 +158,7 @@ def evaluate_jobset(
         **resolved,
     )
     cleanup = DeleteJobSetOperator(
-        task_id="cleanup", run_task_id=evaluate.task_id, **settings.connection_kwargs()
+        task_id="cleanup", run_task_id=evaluate.task_id, cluster=settings.cluster
     )
     evaluate >> cleanup.as_teardown()
     return evaluate

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.backends.gke.settings import GkeSettings, TpuJobShape
-from tasks.jobs import ROLES, Role
+from tasks.jobs.command import ROLES, Role
 
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"

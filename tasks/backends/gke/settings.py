@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from tasks.jobs import Role
+from tasks.deployment import register_table
+from tasks.jobs.command import Role
 from tasks.settings import SettingError
 
 # GKE node label cloud.google.com/gke-tpu-accelerator -> (topology dimensions, chips per host
@@ -136,6 +137,21 @@ def default_eval_shape() -> TpuJobShape:
     return TpuJobShape(
         accelerator="tpu-v5p-slice", topology="2x2x1", slices=16, chips_per_host=4, max_restarts=2
     )
+
+
+@dataclass(frozen=True)
+class GkeCluster:
+    """Which GKE cluster the jobs run on and how to reach it: the fields of the Google
+    provider's `GKEOperatorMixin`, as one object the operators are given (project_id None:
+    the project of the connection `gcp_conn_id`)."""
+
+    location: str
+    cluster_name: str
+    project_id: str | None = None
+    gcp_conn_id: str = "google_cloud_default"
+    impersonation_chain: tuple[str, ...] = ()
+    use_internal_ip: bool = False
+    use_dns_endpoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -263,17 +279,18 @@ class GkeSettings:
         """The shape of a job role's JobSet."""
         return {"train": self.train, "evaluate": self.evaluate}[role]
 
-    def connection_kwargs(self) -> dict[str, Any]:
-        """Arguments the JobSet operators pass to the Google provider's GKE operators."""
-        return {
-            "project_id": self.project_id,
-            "location": self.location,
-            "cluster_name": self.cluster_name,
-            "gcp_conn_id": self.gcp_conn_id,
-            "impersonation_chain": list(self.impersonation_chain) or None,
-            "use_internal_ip": self.use_internal_ip,
-            "use_dns_endpoint": self.use_dns_endpoint,
-        }
+    @property
+    def cluster(self) -> GkeCluster:
+        """The cluster the JobSet operators talk to (`tasks.backends.gke.hooks`)."""
+        return GkeCluster(
+            location=self.location,
+            cluster_name=self.cluster_name,
+            project_id=self.project_id,
+            gcp_conn_id=self.gcp_conn_id,
+            impersonation_chain=self.impersonation_chain,
+            use_internal_ip=self.use_internal_ip,
+            use_dns_endpoint=self.use_dns_endpoint,
+        )
 
     def watch_kwargs(self) -> dict[str, Any]:
         """How the JobSet operators watch a JobSet (passed on to `JobSetTrigger`)."""
@@ -293,3 +310,7 @@ def _non_empty(value: str, name: str) -> None:
 def _at_least(value: int, minimum: int, name: str) -> None:
     if value < minimum:
         raise SettingError(name, f"must be >= {minimum}, got {value}")
+
+
+TABLE = "gke"
+register_table(TABLE, GkeSettings)

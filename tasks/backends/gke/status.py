@@ -24,6 +24,10 @@ _TERMINAL_STATES = ("Completed", "Failed")
 _COUNTS = ("ready", "active", "succeeded", "failed", "suspended")
 
 
+class JobSetGone(RuntimeError):
+    """The JobSet asked for does not exist (never created, or deleted)."""
+
+
 class JobSetStatusError(ValueError):
     """The status object does not have the JobSet API's shape, or contradicts itself."""
 

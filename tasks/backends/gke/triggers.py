@@ -1,7 +1,7 @@
 """`JobSetTrigger`: follow a JobSet on the triggerer until it is terminal.
 
-It polls through the Google provider's `GKEKubernetesAsyncHook`; the provider and kubernetes
-modules are imported only in `read_jobset`/`read_pods`, so importing this module stays cheap.
+Every read and delete goes through `tasks.backends.gke.hooks.AsyncJobSetHook`, imported on the
+first call, so importing this module stays cheap.
 
 API trouble (apiserver restarts, a control-plane upgrade, network loss) is ridden out with
 exponential backoff for a time budget (default 20 minutes) before the watch gives up; giving
@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from rcpflow.stop_request import current
-from tasks.backends.gke.render import (
-    JOBSET_GROUP,
-    JOBSET_NAME_LABEL,
-    JOBSET_PLURAL,
-    JOBSET_VERSION,
+from tasks.backends.gke.status import (
+    JobSetGone,
+    JobSetStatusError,
+    failed_pods,
+    interpret_status,
 )
-from tasks.backends.gke.status import JobSetStatusError, failed_pods, interpret_status
+
+if TYPE_CHECKING:
+    from tasks.backends.gke.hooks import AsyncJobSetHook
 
 # The clock and the sleep of the watch loop; a test replaces both with a simulated clock to
 # run a long outage in no time through the real loop.
@@ -39,10 +41,6 @@ _sleep = asyncio.sleep
 SUSPENDED_TOO_LONG = "SuspendedTooLong"
 RUNNING_TOO_LONG = "RunningTooLong"
 WATCH_BOUNDS = (SUSPENDED_TOO_LONG, RUNNING_TOO_LONG)
-
-
-class JobSetGone(RuntimeError):
-    """The JobSet being watched does not exist (deleted while it ran)."""
 
 
 class JobSetTrigger(BaseTrigger):
@@ -221,7 +219,7 @@ class JobSetTrigger(BaseTrigger):
                         stop_seen = _monotonic()
                         self.log.info("%s: stop requested: %s", where, request.reason)
                 if stop_seen is not None and _monotonic() - stop_seen >= self.stop_grace_s:
-                    await self.delete_jobset()
+                    await self.hook.delete_jobset(self.namespace, self.name)
                     message = f"still running {self.stop_grace_s:.0f} s after the stop request"
                     self.log.warning("%s: %s: deleted", where, message)
                     yield TriggerEvent(
@@ -253,66 +251,19 @@ class JobSetTrigger(BaseTrigger):
         # The reason and exit code of the failed pods make the task's error actionable; not
         # being able to read them must not hide the failure itself.
         try:
-            return failed_pods(await self.read_pods())
+            return failed_pods(await self.hook.list_jobset_pods(self.namespace, self.name))
         except Exception as exc:
             return [f"(could not read the JobSet's pods: {exc!r})"]
 
-    async def read_pods(self) -> dict[str, Any]:
-        """The JobSet's pods (a core/v1 PodList as a dict)."""
-        from kubernetes_asyncio.client import CoreV1Api
-
-        async with self._hook.get_conn() as api_client:
-            # The raw JSON: the client's models would refuse a pod missing a field they require,
-            # and only the status is read. Unpreloaded, the call returns the HTTP response.
-            response: Any = await CoreV1Api(api_client).list_namespaced_pod(
-                namespace=self.namespace,
-                label_selector=f"{JOBSET_NAME_LABEL}={self.name}",
-                _preload_content=False,
-            )
-            return dict(await response.json())
-
     async def read_jobset(self) -> dict[str, Any]:
         """The JobSet object from the cluster; JobSetGone when it does not exist."""
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            found: dict[str, Any] = await self._on_jobset(
-                lambda api: api.get_namespaced_custom_object
-            )
-            return found
-        except ApiException as exc:
-            if exc.status == 404:
-                raise JobSetGone(f"JobSet {self.namespace}/{self.name} not found") from exc
-            raise
-
-    async def delete_jobset(self) -> None:
-        """Delete the JobSet (and so its pods); one that is already gone is fine."""
-        from kubernetes_asyncio.client.exceptions import ApiException
-
-        try:
-            await self._on_jobset(lambda api: api.delete_namespaced_custom_object)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    async def _on_jobset(self, method: Callable[[Any], Callable[..., Awaitable[Any]]]) -> Any:
-        """Call `method` of the CustomObjectsApi on this JobSet."""
-        from kubernetes_asyncio.client import CustomObjectsApi
-
-        async with self._hook.get_conn() as api_client:
-            return await method(CustomObjectsApi(api_client))(
-                group=JOBSET_GROUP,
-                version=JOBSET_VERSION,
-                namespace=self.namespace,
-                plural=JOBSET_PLURAL,
-                name=self.name,
-            )
+        return await self.hook.get_jobset(self.namespace, self.name)
 
     @cached_property
-    def _hook(self) -> Any:
-        from airflow.providers.google.cloud.hooks.kubernetes_engine import GKEKubernetesAsyncHook
+    def hook(self) -> AsyncJobSetHook:
+        from tasks.backends.gke.hooks import AsyncJobSetHook
 
-        return GKEKubernetesAsyncHook(
+        return AsyncJobSetHook(
             cluster_url=self.cluster_url,
             ssl_ca_cert=self.ssl_ca_cert,
             gcp_conn_id=self.gcp_conn_id,

@@ -2,7 +2,7 @@
 what the Dockerfiles COPY exists and is not ignored, every pip install is pinned by
 constraints.txt and names extras that pyproject.toml defines, the Python version matches, the
 job image's entry-point modules exist, the Airflow image points Airflow at the copied dags/ and
-plugins/, and the example GKE deployment file is one tasks.deployment accepts."""
+plugins/ (the example GKE deployment file is checked in tests/gke/test_gke_settings.py)."""
 
 from __future__ import annotations
 
@@ -157,44 +157,6 @@ def test_airflow_image_points_airflow_at_the_copied_folders() -> None:
     assert env["RCPFLOW_DEPLOYMENT"].endswith(".toml")
 
 
-def test_example_gke_deployment_is_valid(strict_jobset) -> None:
-    from tasks.backends.gke.render import render_jobset
-    from tasks.deployment import parse_deployment
-    from tasks.jobs import TRAIN_JOB
-
-    path = DOCKER / "deployment.gke.example.toml"
-    deployment = parse_deployment(path.read_text(), source=str(path), base_dir=path.parent)
-    assert deployment.backend == "gke"
-    gke = deployment.gke
-    assert gke is not None
-    assert (gke.train.total_chips, gke.evaluate.total_chips, gke.evaluate.slices) == (128, 64, 16)
-    jobset = render_jobset(
-        gke,
-        role="train",
-        dag_id="mlperf_grpo_run",
-        run_id="scheduled__2026-05-01T00:00:00+00:00",
-        job="train",
-        command=TRAIN_JOB.render(
-            {
-                "python": "python",
-                "run_dir": f"{deployment.storage_root}/seed_1",
-                "seed": 1,
-                "global_batch_size": 256,
-                "max_steps": 60,
-                "val_start_at": 18,
-                "division": "closed",
-            }
-        ),
-    )
-    assert strict_jobset.errors(jobset) == []
-    assert jobset["metadata"]["namespace"] == "mlperf"
-    # the policy a production deployment wants, spelt out in the example
-    assert re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", gke.image), gke.image
-    assert gke.train.max_restarts >= 3 and deployment.eval_retries >= 1
-    assert gke.queue_name and jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
-    assert gke.api_error_budget_s >= 20 * 60
-
-
 def test_the_airflow_image_leaves_the_developer_tools_out() -> None:
     ignored = _ignored(DOCKER / "Dockerfile.airflow")
     assert "tasks/devtools" in ignored
@@ -208,7 +170,7 @@ def test_the_airflow_image_leaves_the_developer_tools_out() -> None:
 
 
 def test_job_image_runs_the_default_job_commands() -> None:
-    from tasks.jobs import EVALUATE_JOB, TRAIN_JOB
+    from tasks.jobs.command import EVALUATE_JOB, TRAIN_JOB
 
     text = (DOCKER / "Dockerfile.tpu").read_text()
     for command in (TRAIN_JOB, EVALUATE_JOB):

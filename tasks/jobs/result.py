@@ -27,11 +27,14 @@ from rcpflow.eval_import import (
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.storage import storage_for
-from tasks.job_templates import EvalResult, EvaluateJob
-from tasks.run.gate import EvaluationError
-from tasks.run.job_values import Values, evaluate_values
+from tasks.jobs.templates import EvalResult, EvaluateJob
+from tasks.jobs.values import Values, evaluate_values
 
 log = logging.getLogger(__name__)
+
+
+class EvaluationError(RuntimeError):
+    """An evaluation job finished without leaving a valid summary; the message says why."""
 
 
 def now_ms() -> int:

@@ -1,12 +1,10 @@
-"""The steps of a run around its jobs, as plain functions every backend's tasks call.
+"""The steps of a run around its jobs, as plain functions every backend's tasks call: the
+checks after training, the steps before and after an evaluation job, ``finalize`` and the
+compliance checker. (The pure decision whether a step is needed is `rcpflow.gate`'s.)
 
 Evaluation instances run in any order, so whether a step is evaluated is decided from the
-summaries on storage alone (`skip_if_decided`, `reusable`), never from which instance ran
-before. Every instance starts, also those after the passing step: each one skips itself,
-naming the step that decided the run, and so renders its ``step N`` label (Airflow writes
-``rendered_map_index`` only from an instance's own run; one marked skipped by another instance
-would show its bare map index). Also the checks after training, ``finalize`` and the
-compliance checker.
+summaries on storage alone (`skip_if_decided`, `reusable`). Every instance starts and skips
+itself, naming the step that decided the run (why: docs/airflow.md, rendered_map_index).
 """
 
 from __future__ import annotations
@@ -27,14 +25,11 @@ from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
 from rcpflow.stop_request import honoured_by
 from rcpflow.verify import evaluate_step
+from tasks.jobs.result import EvaluationError
 from tasks.run.spec import RunSpec
 from tasks.verdicts import record, tool_log_dir
 
 log = logging.getLogger(__name__)
-
-
-class EvaluationError(RuntimeError):
-    """An evaluation job finished without leaving a valid summary; the message says why."""
 
 
 class TrainingOutputError(RuntimeError):

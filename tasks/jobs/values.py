@@ -1,22 +1,22 @@
-"""What the placeholders of a job template (`tasks.jobs`) stand for, for one run or checkpoint.
-
-The same values on every backend; only ``{python}`` is the backend's (the worker's interpreter
-locally, the image's ``python`` on GKE).
-"""
+"""What the placeholders of a job command (`tasks.jobs.command`) stand for, for one run or one
+checkpoint: the same values on every backend; only ``{python}`` is the backend's (the worker's
+interpreter locally, the image's ``python`` on GKE)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import ManifestRow
-from tasks.run.spec import RunSpec
 
 Values = dict[str, str | int]
 
 
-def train_values(run: RunSpec, python: str) -> Values:
-    """The training job's values (`tasks.jobs.PLACEHOLDERS["train"]`)."""
-    layout = RunLayout(run.run_dir)
-    return {"python": python, **run.job_values(), "checkpoint_dir": layout.checkpoints_dir}
+def train_values(run: Mapping[str, str | int], python: str) -> Values:
+    """The training job's values (`PLACEHOLDERS["train"]`) from the run's own (its RunSpec's
+    ``job_values()``: run_dir, seed, batch size, steps, division)."""
+    layout = RunLayout(str(run["run_dir"]))
+    return {"python": python, **run, "checkpoint_dir": layout.checkpoints_dir}
 
 
 def evaluate_values(run_dir: str, row: ManifestRow, python: str) -> Values:

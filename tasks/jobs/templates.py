@@ -10,7 +10,7 @@ where a foreign evaluate job leaves its result.
     command = ["{python}", "/opt/eval/run.py", "--ckpt", "{checkpoint_path}", "--out", "/e"]
     result = { format = "tunix-tree", path = "/e" }
 
-Left out, a table keeps today's toy job (`tasks.jobs.TRAIN_JOB` / `EVALUATE_JOB`), and an
+Left out, a table keeps today's toy job (`tasks.jobs.command.TRAIN_JOB` / `EVALUATE_JOB`), and an
 evaluate job's result is rcpflow's own: the summary the job writes at
 ``{summary_dir}/summary.json``. Any other result format is one of ``rcpflow eval import``'s, read
 from the rendered `path` after the job (``tunix-tree``: `path` is a tree
@@ -25,9 +25,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import ClassVar, Literal
 
-from tasks.jobs import (
+from tasks.jobs.command import (
     EVALUATE_JOB,
     PLACEHOLDERS,
     TRAIN_JOB,
@@ -119,36 +119,35 @@ class EvalResult:
 
 
 @dataclass(frozen=True)
-class TrainJob:
-    command: tuple[str, ...] = TRAIN_JOB.argv
+class _JobTable:
+    """``[jobs.<role>]``: the command, its extra environment, its image."""
+
+    role: ClassVar[Role]
+    command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     image: str | None = None  # None: the [gke] table's image
 
     def __post_init__(self) -> None:
-        _command("train", self.command)
+        _command(self.role, self.command)
         _check_env(self.env)
         _check_image(self.image)
 
     @property
     def job_command(self) -> JobCommand:
-        return JobCommand("train", self.command)
+        return JobCommand(self.role, self.command)
 
 
 @dataclass(frozen=True)
-class EvaluateJob:
+class TrainJob(_JobTable):
+    role: ClassVar[Role] = "train"
+    command: tuple[str, ...] = TRAIN_JOB.argv
+
+
+@dataclass(frozen=True)
+class EvaluateJob(_JobTable):
+    role: ClassVar[Role] = "evaluate"
     command: tuple[str, ...] = EVALUATE_JOB.argv
-    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    image: str | None = None
     result: EvalResult = field(default_factory=EvalResult)
-
-    def __post_init__(self) -> None:
-        _command("evaluate", self.command)
-        _check_env(self.env)
-        _check_image(self.image)
-
-    @property
-    def job_command(self) -> JobCommand:
-        return JobCommand("evaluate", self.command)
 
 
 @dataclass(frozen=True)

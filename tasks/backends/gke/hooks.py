@@ -1,0 +1,176 @@
+"""JobSet hooks: every call the GKE backend makes to a cluster's API goes through these.
+
+`JobSetHook` (sync, for operators) is the cncf-kubernetes provider's `KubernetesHook` with the
+Google provider's GKE credentials (`GKEKubernetesHook`); `JobSetHook.for_cluster` finds the
+cluster's endpoint and CA with the provider's `GKEHook`. `AsyncJobSetHook` (for triggers) is the
+same on `AsyncKubernetesHook` (`GKEKubernetesAsyncHook`). Both speak JobSets and their pods
+only: create, read, delete, list pods; a JobSet that does not exist is `JobSetGone`.
+
+Importing this module costs seconds (the providers and kubernetes clients): operators and
+triggers import it in the method that needs it, never at DAG-parse time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from airflow.providers.google.cloud.hooks.kubernetes_engine import (
+    GKEHook,
+    GKEKubernetesAsyncHook,
+    GKEKubernetesHook,
+)
+from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
+from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
+from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
+
+from tasks.backends.gke.render import (
+    JOBSET_GROUP,
+    JOBSET_NAME_LABEL,
+    JOBSET_PLURAL,
+    JOBSET_VERSION,
+    jobset_ref,
+)
+from tasks.backends.gke.settings import GkeCluster
+from tasks.backends.gke.status import JobSetGone
+
+
+@contextlib.contextmanager
+def _gone_on_404(namespace: str, name: str) -> Iterator[None]:
+    """An API answer 404 (either client's) as JobSetGone."""
+    try:
+        yield
+    except (ApiException, AsyncApiException) as exc:
+        if exc.status == 404:
+            raise JobSetGone(f"JobSet {namespace}/{name} not found") from exc
+        raise
+
+
+class JobSetHook(GKEKubernetesHook):
+    """JobSets on one GKE cluster, synchronously (operators)."""
+
+    @classmethod
+    def for_cluster(cls, cluster: GkeCluster) -> JobSetHook:
+        """The hook for `cluster`, its endpoint and CA looked up as the provider's GKE
+        operators do (`GKEClusterAuthDetails`)."""
+        chain = list(cluster.impersonation_chain) or None
+        url, ca_cert = GKEClusterAuthDetails(
+            cluster_name=cluster.cluster_name,
+            project_id=cluster.project_id,  # type: ignore[arg-type]  # None: the connection's
+            use_internal_ip=cluster.use_internal_ip,
+            use_dns_endpoint=cluster.use_dns_endpoint,
+            cluster_hook=GKEHook(
+                gcp_conn_id=cluster.gcp_conn_id,
+                location=cluster.location,
+                impersonation_chain=chain,
+            ),
+        ).fetch_cluster_info()
+        return cls(
+            cluster_url=url,
+            ssl_ca_cert=ca_cert,
+            use_dns_endpoint=cluster.use_dns_endpoint,
+            gcp_conn_id=cluster.gcp_conn_id,
+            impersonation_chain=chain,
+        )
+
+    @property
+    def cluster_url(self) -> str:
+        return self._cluster_url
+
+    @property
+    def ssl_ca_cert(self) -> str:
+        return self._ssl_ca_cert
+
+    def create_jobset(self, body: dict[str, Any]) -> bool:
+        """Create the JobSet `body`; False when one of that name exists already (409).
+        Sent once: a retried create cannot tell its own earlier success from a foreign one,
+        so the caller reads the JobSet back (`get_jobset`) whatever this returned."""
+        ref = jobset_ref(body)
+        try:
+            self.create_custom_object(
+                group=JOBSET_GROUP,
+                version=JOBSET_VERSION,
+                plural=JOBSET_PLURAL,
+                body=body,
+                namespace=ref["namespace"],
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
+        """The JobSet object; JobSetGone when it does not exist."""
+        with _gone_on_404(namespace, name):
+            found: dict[str, Any] = self.get_custom_object(
+                group=JOBSET_GROUP,
+                version=JOBSET_VERSION,
+                plural=JOBSET_PLURAL,
+                name=name,
+                namespace=namespace,
+            )
+        return found
+
+    def delete_jobset(self, namespace: str, name: str) -> bool:
+        """Delete the JobSet (and so its pods); False when it did not exist."""
+        try:
+            with _gone_on_404(namespace, name):
+                self.delete_custom_object(
+                    group=JOBSET_GROUP,
+                    version=JOBSET_VERSION,
+                    plural=JOBSET_PLURAL,
+                    name=name,
+                    namespace=namespace,
+                )
+        except JobSetGone:
+            return False
+        return True
+
+
+class AsyncJobSetHook(GKEKubernetesAsyncHook):
+    """JobSets on one GKE cluster, from the triggerer's event loop."""
+
+    async def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
+        """The JobSet object; JobSetGone when it does not exist."""
+        async with self.get_conn() as api_client:
+            with _gone_on_404(namespace, name):
+                found: dict[str, Any] = await CustomObjectsApi(
+                    api_client
+                ).get_namespaced_custom_object(
+                    group=JOBSET_GROUP,
+                    version=JOBSET_VERSION,
+                    plural=JOBSET_PLURAL,
+                    namespace=namespace,
+                    name=name,
+                )
+        return found
+
+    async def delete_jobset(self, namespace: str, name: str) -> bool:
+        """Delete the JobSet (and so its pods); False when it did not exist."""
+        try:
+            async with self.get_conn() as api_client:
+                with _gone_on_404(namespace, name):
+                    await CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                        group=JOBSET_GROUP,
+                        version=JOBSET_VERSION,
+                        plural=JOBSET_PLURAL,
+                        namespace=namespace,
+                        name=name,
+                    )
+        except JobSetGone:
+            return False
+        return True
+
+    async def list_jobset_pods(self, namespace: str, name: str) -> dict[str, Any]:
+        """The JobSet's pods, a core/v1 PodList as a dict: the raw JSON, because the client's
+        models refuse a pod missing a field they require, and only the status is read."""
+        async with self.get_conn() as api_client:
+            response: Any = await CoreV1Api(api_client).list_namespaced_pod(
+                namespace=namespace,
+                label_selector=f"{JOBSET_NAME_LABEL}={name}",
+                _preload_content=False,  # the HTTP response, not models
+            )
+            return dict(await response.json())
