@@ -171,11 +171,11 @@ def test_d5_a_checkpoint_unlike_the_trainer_is_never_deleted_as_corrupt(run: Pat
     import jax.numpy as jnp
 
     from rcpflow import recipe
-    from tpu_jobs.checkpoint import CheckpointError, is_complete
-    from tpu_jobs.rcp_hooks import RcpHooks
-    from tpu_jobs.train import OPEN_LEARNING_RATE
+    from tpu_jobs.rcp.checkpoint_format import CheckpointError, is_complete
+    from tpu_jobs.rcp.hooks import RcpHooks
+    from tpu_jobs.toy.train import TrainConfig
 
-    hp = recipe.hyperparameters("open", 32, MAX_STEPS, learning_rate=OPEN_LEARNING_RATE)
+    hp = recipe.hyperparameters("open", 32, MAX_STEPS, learning_rate=TrainConfig.OPEN_LEARNING_RATE)
     hooks = RcpHooks(str(run), 1, hp, 2)
     with pytest.raises(CheckpointError, match="reads on its own but not into this trainer"):
         hooks.resume(params_like={"w": jnp.zeros(3)}, state_like={}, past_corrupt=True)

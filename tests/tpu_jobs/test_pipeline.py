@@ -24,10 +24,11 @@ from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.storage import storage_for
 from rcpflow.summary import read_summary, summary_problems
-from tpu_jobs import checkpoint as ck
-from tpu_jobs import grpo
-from tpu_jobs.model import ModelConfig, unscan_params
-from tpu_jobs.train import TrainConfig, hyperparameters_for
+from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_params
+from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
+from tpu_jobs.toy import grpo
+from tpu_jobs.toy.model import ModelConfig, unscan_params
+from tpu_jobs.toy.train import TrainConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -110,12 +111,12 @@ def check_verdict(run_dir: str, rows: list[manifest.ManifestRow], verdict: dict)
 def check_two_restore_paths_agree(row: manifest.ManifestRow, cfg: ModelConfig) -> None:
     """The evaluator's path (numpy + per-layer views) sees the weights the trainer's resume path
     restores (jax arrays in the scanned layout)."""
-    hp = hyperparameters_for(TrainConfig(run_dir="unused", seed=0, max_steps=row.max_steps))
+    hp = TrainConfig(run_dir="unused", seed=0, max_steps=row.max_steps).hyperparameters()
     like = grpo.init_state(cfg, hp, 0)
-    saver = ck.CheckpointSaver(str(Path(row.checkpoint_path).parent))
+    saver = CheckpointSaver(str(Path(row.checkpoint_path).parent))
     scanned, _, _ = saver.restore_train_state(row.step, like.params, like.opt_state)
     saver.close()
-    params, _ = ck.restore_params(row.checkpoint_path, row.weights_fingerprint)
+    params, _ = restore_params(row.checkpoint_path, row.weights_fingerprint)
     outer, layers = unscan_params(params, axis=cfg.param_scan_axis)
     for name, value in outer.items():
         for a, b in zip(_leaves(value), _leaves(scanned[name]), strict=True):
@@ -189,7 +190,7 @@ def test_training_killed_while_checkpointing_resumes_consistently(tmp_path) -> N
     assert rows and rows[0].step == 3
     assert [r.step for r in rows] == list(range(3, rows[-1].step + 1))
     for row in rows:
-        assert ck.read_meta(row.checkpoint_path).weights_fingerprint == row.weights_fingerprint
+        assert read_meta(row.checkpoint_path).weights_fingerprint == row.weights_fingerprint
     killed_rows = {r.step: r for r in rows}
 
     updates = train(run_dir, *flags)

@@ -26,13 +26,16 @@ from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.recorder import TrainingRecorder
 from rcpflow.summary import read_summary, summary_problems
-from tpu_jobs.checkpoint import is_complete
+from tpu_jobs.eval.orchestration import evaluate as evaluate_target
+from tpu_jobs.eval.target import Target
+from tpu_jobs.rcp.checkpoint_format import is_complete
 
 _WHY = "google-tunix (the project's `tunix` extra) is not installed"
 rlc = pytest.importorskip("tunix.rl.rl_cluster", reason=_WHY)
 checkpoints = pytest.importorskip("tpu_jobs.tunix.checkpoints", reason=_WHY)
 evaluate = pytest.importorskip("tpu_jobs.tunix.evaluate", reason=_WHY)
 train = pytest.importorskip("tpu_jobs.tunix.train", reason=_WHY)
+recording = pytest.importorskip("tpu_jobs.tunix.recording", reason=_WHY)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -62,11 +65,11 @@ def test_recording_points_inside_tunix_loop(tmp_path: Path, monkeypatch: Any) ->
     """Instrumented in-process run: each update's timestamp is taken once its parameters are
     computed and before the next step's rollout; each row is written after its commit."""
     events: list[tuple[Any, ...]] = []
-    recordings: list[train.StepRecording] = []
+    recordings: list[recording.StepRecording] = []
 
-    init = train.StepRecording.__init__
+    init = recording.StepRecording.__init__
 
-    def capture(self: train.StepRecording, *args: Any, **kwargs: Any) -> None:
+    def capture(self: recording.StepRecording, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         recordings.append(self)
 
@@ -93,7 +96,7 @@ def test_recording_points_inside_tunix_loop(tmp_path: Path, monkeypatch: Any) ->
         events.append(("rollout", time.time_ns() // 1_000_000, self.actor_trainer.train_steps))
         return generate(self, *args, **kwargs)
 
-    monkeypatch.setattr(train.StepRecording, "__init__", capture)
+    monkeypatch.setattr(recording.StepRecording, "__init__", capture)
     monkeypatch.setattr(TrainingRecorder, "on_update", observe_update)
     monkeypatch.setattr(TrainingRecorder, "on_checkpoint_committed", observe_row)
     monkeypatch.setattr(rlc.RLCluster, "generate", observe_generate)
@@ -174,7 +177,7 @@ def test_evaluation_refuses_weights_that_are_not_the_recorded_ones(tmp_path: Pat
     run_dir = str(tmp_path / "run")
     cli_train(run_dir, "--max-steps", "2", "--val-start-at", "2")
     [row] = rows_of(run_dir)
-    target = evaluate.Target(
+    target = Target(
         checkpoint_path=row.checkpoint_path,
         expected_fingerprint="sha256:" + "0" * 64,
         step=row.step,
@@ -184,7 +187,8 @@ def test_evaluation_refuses_weights_that_are_not_the_recorded_ones(tmp_path: Pat
         summary_path=str(tmp_path / "bad" / "summary.json"),
         attempts_dir=str(tmp_path / "bad" / "attempts"),
     )
-    summary = evaluate.evaluate(target)
+    summary = evaluate_target(target, evaluate.TunixCheckpoints()).summary
+    assert summary is not None
     assert summary.fatal_error is not None and "fingerprint" in summary.fatal_error
     assert summary_problems(summary, row) != []
 

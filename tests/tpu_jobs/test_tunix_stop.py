@@ -31,7 +31,7 @@ from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.recorder import TrainingRecorder, now_ms
 from rcpflow.storage import storage_for
 from rcpflow.summary import build_summary, write_summary
-from tpu_jobs.checkpoint import is_complete
+from tpu_jobs.rcp.checkpoint_format import is_complete
 
 _WHY = "google-tunix (the project's `tunix` extra) is not installed"
 checkpoints = pytest.importorskip("tpu_jobs.tunix.checkpoints", reason=_WHY)

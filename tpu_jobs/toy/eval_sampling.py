@@ -1,10 +1,6 @@
-"""Evaluation attempts: the 4 samples per instance at the validation temperature and top_p.
-
-Attempt a of instance i is sampled with fold_in(fold_in(PRNGKey(EVAL_SAMPLING_SEED), i), a), and
-every sampler call has the same shape (`EVAL_BATCH_ROWS` rows, a short last batch padded),
-because XLA's results for a row can change in the last bits with the batch shape (measured on
-CPU: up to 5e-7 in the logits between a 1004-row and a 336-row batch). So the attempts do not
-depend on how the instances are split into shards, and a rerun gives the same bytes.
+"""The toy policy's evaluation attempts (`run_attempts`), sampled from the unscanned model fed
+per-layer views of the scanned params, `EVAL_BATCH_ROWS` rows per sampler call
+(`tpu_jobs.eval.attempts` has the keys and the rest of the contract).
 """
 
 from __future__ import annotations
@@ -18,36 +14,13 @@ import numpy as np
 
 from rcpflow import recipe
 from tpu_jobs import task
-from tpu_jobs.eval_shards import Record
-from tpu_jobs.model import ModelConfig, unscan_params
-from tpu_jobs.sampling import LogitsFn, sample_tokens, unscanned_logits_fn
+from tpu_jobs.eval.attempts import attempt_keys, attempt_rows, pad_rows, scored
+from tpu_jobs.eval.shards import Record
+from tpu_jobs.sampling import LogitsFn, sample_tokens
+from tpu_jobs.toy.model import ModelConfig, unscan_params, unscanned_logits_fn
 
-EVAL_SAMPLING_SEED = 0
 # Rows (instance, attempt) per sampler call; a multiple of the attempts per instance.
 EVAL_BATCH_ROWS = 256
-
-
-def sampling_settings() -> dict[str, Any]:
-    """Everything besides the weights that decides the attempts (part of a shard's identity)."""
-    return {
-        "seed": EVAL_SAMPLING_SEED,
-        "temperature": recipe.EVAL_TEMPERATURE,
-        "top_p": recipe.EVAL_TOP_P,
-        "answer_length": task.ANSWER_LENGTH,
-        "batch_rows": EVAL_BATCH_ROWS,
-    }
-
-
-def attempt_keys(rows: Sequence[tuple[int, int]]) -> jax.Array:
-    """One PRNG key per (instance, attempt): a function of those two numbers only."""
-    base = jax.random.PRNGKey(EVAL_SAMPLING_SEED)
-    instances = jnp.asarray([i for i, _ in rows], dtype=jnp.uint32)
-    attempts = jnp.asarray([a for _, a in rows], dtype=jnp.uint32)
-
-    def key(i: jax.Array, a: jax.Array) -> jax.Array:
-        return jax.random.fold_in(jax.random.fold_in(base, i), a)
-
-    return jax.vmap(key)(instances, attempts)
 
 
 def _sample_rows(
@@ -73,10 +46,8 @@ _sample_rows_jit = jax.jit(_sample_rows, static_argnames=("logits_fn", "answer_l
 
 
 def run_attempts(cfg: ModelConfig, params: Any, instances: Sequence[int]) -> list[Record]:
-    """4 attempts at each of `instances` from the unscanned model fed per-layer views of
-    `params`; one record per attempt, sorted by (instance, attempt)."""
-    k = recipe.EVAL_ATTEMPTS_PER_INSTANCE
-    rows = [(i, a) for i in sorted(instances) for a in range(k)]
+    """4 attempts at each of `instances`; one record per attempt, sorted by (instance, attempt)."""
+    rows = attempt_rows(instances)
     if not rows:
         return []
     outer, layers = unscan_params(params, axis=cfg.param_scan_axis)
@@ -84,14 +55,12 @@ def run_attempts(cfg: ModelConfig, params: Any, instances: Sequence[int]) -> lis
     keys = attempt_keys(rows)
     chunks = []
     for start in range(0, len(rows), EVAL_BATCH_ROWS):
-        batch = prompts[start : start + EVAL_BATCH_ROWS]
-        batch_keys = keys[start : start + EVAL_BATCH_ROWS]
-        real = batch.shape[0]
-        if real < EVAL_BATCH_ROWS:  # pad with copies of the first row; their samples are dropped
-            batch = np.concatenate([batch, np.repeat(batch[:1], EVAL_BATCH_ROWS - real, axis=0)])
-            batch_keys = jnp.concatenate(
-                [batch_keys, jnp.repeat(batch_keys[:1], EVAL_BATCH_ROWS - real, axis=0)]
-            )
+        real = min(EVAL_BATCH_ROWS, len(rows) - start)
+        batch, batch_keys = pad_rows(
+            prompts[start : start + EVAL_BATCH_ROWS],
+            keys[start : start + EVAL_BATCH_ROWS],
+            EVAL_BATCH_ROWS,
+        )
         sampled = _sample_rows_jit(
             unscanned_logits_fn(cfg),
             (outer, layers),
@@ -102,21 +71,4 @@ def run_attempts(cfg: ModelConfig, params: Any, instances: Sequence[int]) -> lis
             top_p=jnp.float32(recipe.EVAL_TOP_P),
         )
         chunks.append(np.asarray(sampled)[:real])
-    completions = np.concatenate(chunks)
-    rewards = np.asarray(task.rewards(prompts, completions))
-    correct = np.asarray(task.answers(prompts))
-    records = []
-    for r, (i, a) in enumerate(rows):
-        reward = float(rewards[r])
-        records.append(
-            {
-                "instance": i,
-                "attempt": a,
-                "prompt": prompts[r].tolist(),
-                "completion": completions[r].tolist(),
-                "answer": correct[r].tolist(),
-                "reward": reward,
-                "status": "resolved" if reward == 1.0 else "failed",
-            }
-        )
-    return records
+    return scored(rows, prompts, np.concatenate(chunks))

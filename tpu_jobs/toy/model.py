@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tpu_jobs.sampling import LogitsFn
+
 Params = dict[str, Any]
 
 # MaxText's default layout: the layer axis is the second axis of every stacked leaf.
@@ -208,3 +210,24 @@ def unscan_params(
 
 def param_bytes(params: Any) -> int:
     return sum(int(np.asarray(leaf).nbytes) for leaf in jax.tree.leaves(params))
+
+
+@cache
+def scanned_logits_fn(cfg: ModelConfig) -> LogitsFn:
+    """``(params, tokens) -> logits`` for scanned params (cached so jit reuses its compile)."""
+
+    def logits_fn(params: Any, tokens: jax.Array) -> jax.Array:
+        return apply_scanned(cfg, params, tokens)
+
+    return logits_fn
+
+
+@cache
+def unscanned_logits_fn(cfg: ModelConfig) -> LogitsFn:
+    """``((outer, layers), tokens) -> logits`` for the unscanned eval model."""
+
+    def logits_fn(params: tuple[Any, Sequence[Any]], tokens: jax.Array) -> jax.Array:
+        outer, layers = params
+        return apply_unscanned(cfg, outer, layers, tokens)
+
+    return logits_fn

@@ -36,7 +36,7 @@ from etils import epath
 
 from rcpflow.layout import join
 from rcpflow.storage import storage_for
-from tpu_jobs.checkpoint import COMMIT_MARKER, CheckpointError, is_complete
+from tpu_jobs.rcp.checkpoint_format import COMMIT_MARKER, CheckpointError, is_complete
 
 ACTOR_DIR = "actor"  # Tunix puts the actor's checkpoints under this folder of the root
 PARAMS_ITEM = "model_params"
