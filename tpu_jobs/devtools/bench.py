@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -213,8 +214,8 @@ def bench_restore(workdir: Path, megabytes: int) -> RestoreNumbers:
     restores, verifies = [], []
     restored: Any = None
     for _ in range(3):
-        t, (restored, _) = timed(lambda: restore_params(saved.path))
-        v, _ = timed(lambda tree=restored: weights_fingerprint(tree))
+        t, (restored, _) = timed(partial(restore_params, saved.path))
+        v, _ = timed(partial(weights_fingerprint, restored))
         restores.append(t - v)  # restore_params verifies the fingerprint; count it apart
         verifies.append(v)
     raw = median_time(lambda: read_all(files), 3)

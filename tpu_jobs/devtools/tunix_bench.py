@@ -78,7 +78,7 @@ def one_block(variant: str, steps: int, warmup: int) -> Block:
             recording_s.append(time.perf_counter() - t0)
 
     # Patched for the block only (restored below), to time what each variant adds.
-    rlc.RLCluster.generate = probe  # type: ignore[method-assign]  # the same probe in every variant
+    rlc.RLCluster.generate = probe  # the same probe in every variant
     StepRecording._record_update = timed_update  # type: ignore[method-assign]
     try:
         with tempfile.TemporaryDirectory(prefix=f"tunix-bench-{variant}-") as run_dir:
@@ -112,7 +112,7 @@ def one_block(variant: str, steps: int, warmup: int) -> Block:
                 recording.finish()
                 recorder.on_train_end()
     finally:
-        rlc.RLCluster.generate = generate  # type: ignore[method-assign]
+        rlc.RLCluster.generate = generate
         StepRecording._record_update = record_update  # type: ignore[method-assign]
     return Block([b - a for a, b in itertools.pairwise(starts[warmup:])], recording_s)
 

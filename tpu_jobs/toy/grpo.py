@@ -14,7 +14,6 @@ trajectory it would have had without the interruption.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cache
 from typing import NamedTuple
 
@@ -92,7 +91,8 @@ def rollout_key(seed: int, step: int) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _ROLLOUT_STREAM), step)
 
 
-TrainStep = Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, StepMetrics]]
+# Jitted ``(state, prompts, key) -> (state, metrics)``; `.lower(...).compile()` compiles it ahead.
+TrainStep = jax.stages.Wrapped
 
 
 @cache

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
@@ -161,7 +161,8 @@ def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
 
 def apply_scanned(cfg: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
     _check_tokens(cfg, tokens)
-    return ScannedTransformer(cfg).apply({"params": params}, tokens)
+    # Without mutable collections flax's apply returns the output alone.
+    return cast(jax.Array, ScannedTransformer(cfg).apply({"params": params}, tokens))
 
 
 def apply_unscanned(
@@ -182,7 +183,8 @@ def apply_unscanned(
     for layer in layer_params:
         x, _ = block.apply({"params": layer}, x)
     x = _final_norm().apply({"params": outer_params["final_norm"]}, x)
-    return _lm_head(cfg).apply({"params": outer_params["lm_head"]}, x).astype(jnp.float32)
+    logits = cast(jax.Array, _lm_head(cfg).apply({"params": outer_params["lm_head"]}, x))
+    return logits.astype(jnp.float32)
 
 
 def unscan_params(
