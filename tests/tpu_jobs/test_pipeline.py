@@ -163,32 +163,36 @@ def test_gcs_pipeline_tiny_batch(gcs, gcs_prefix) -> None:
     assert attempts == [f"{RunLayout(run_dir).attempts_dir(3)}/attempts.jsonl"]
 
 
+# The toy trainer, SIGKILLed by itself as the saver starts writing step KILL_AT's checkpoint
+# (steps before it committed with their rows, that one queued): a crash mid-checkpointing at a
+# known point, not a race with the clock.
+KILL_WHILE_SAVING = """
+import os, signal, sys
+from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
+from tpu_jobs.toy import train
+write = CheckpointSaver._write
+def write_or_die(self, job):
+    if job.step == int(os.environ["KILL_AT"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return write(self, job)
+CheckpointSaver._write = write_or_die
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
 def test_training_killed_while_checkpointing_resumes_consistently(tmp_path) -> None:
     run_dir = str(tmp_path / "run")
     layout = RunLayout(run_dir)
     flags = ["--global-batch-size", "32", "--max-steps", "40", "--val-start-at", "3"]
-    cmd = [sys.executable, "-m", "tpu_jobs.train", "--run-dir", run_dir, "--seed", "0", *flags]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        # Every step from 3 on saves a checkpoint, and a save outlasts a step here, so a kill
-        # once rows appear lands while a save is in flight.
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            if os.path.exists(layout.manifest) and len(manifest.parse_rows(
-                Path(layout.manifest).read_text(), "m")) >= 2:  # fmt: skip
-                break
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "training finished before it could be killed"
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_WHILE_SAVING, "--run-dir", run_dir, "--seed", "0", *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "KILL_AT": "5"},
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     # Consistent right after the crash: rows only for complete checkpoints, contiguous.
     rows = list(manifest.load(layout.manifest).rows)
-    assert rows and rows[0].step == 3
-    assert [r.step for r in rows] == list(range(3, rows[-1].step + 1))
+    assert [r.step for r in rows] == [3, 4]  # each save's row comes before the next save starts
     for row in rows:
         assert read_meta(row.checkpoint_path).weights_fingerprint == row.weights_fingerprint
     killed_rows = {r.step: r for r in rows}

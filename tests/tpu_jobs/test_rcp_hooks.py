@@ -14,6 +14,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from trainer_runs import rows_of
 
 from rcpflow import manifest, recipe
 from rcpflow.layout import RunLayout
@@ -49,10 +50,6 @@ def drive(run_dir: str, *extra: str, env: dict[str, str] | None = None) -> tuple
     if proc.returncode not in (0, CRASH_EXIT_CODE):
         raise AssertionError(f"driver failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc.returncode, lines
-
-
-def rows_of(run_dir: str) -> list[manifest.ManifestRow]:
-    return list(manifest.load(RunLayout(run_dir).manifest).rows)
 
 
 def assert_consistent(run_dir: str) -> list[manifest.ManifestRow]:

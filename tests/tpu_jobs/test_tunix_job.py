@@ -19,8 +19,8 @@ from typing import Any
 import jax
 import pytest
 from flax import nnx
+from trainer_runs import rows_of
 
-from rcpflow import manifest
 from rcpflow.checkers import compliance
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
@@ -55,10 +55,6 @@ def cli_train(run_dir: str, *flags: str) -> list[dict]:
     proc = run(["-m", "tpu_jobs.tunix_train", "--run-dir", run_dir, "--seed", "0", *flags])
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-
-
-def rows_of(run_dir: str) -> list[manifest.ManifestRow]:
-    return list(manifest.load(RunLayout(run_dir).manifest).rows)
 
 
 def test_recording_points_inside_tunix_loop(tmp_path: Path, monkeypatch: Any) -> None:
@@ -193,40 +189,33 @@ def test_evaluation_refuses_weights_that_are_not_the_recorded_ones(tmp_path: Pat
     assert summary_problems(summary, row) != []
 
 
+# The Tunix job, SIGKILLed by itself right after the row of step KILL_AFTER is written (later
+# steps' saves may be in flight): a crash mid-run at a known point, not a race with the clock.
+KILL_AFTER_ROW = """
+import os, signal, sys
+from tpu_jobs.tunix import recording, train
+committed = recording.StepRecording._committed
+def committed_then_die(self, step, path):
+    committed(self, step, path)
+    if step == int(os.environ["KILL_AFTER"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+recording.StepRecording._committed = committed_then_die
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
 def test_killed_mid_run_resumes_with_a_consistent_manifest(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     layout = RunLayout(run_dir)
     flags = ["--max-steps", "30", "--val-start-at", "3"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "tpu_jobs.tunix_train",
-        "--run-dir",
-        run_dir,
-        "--seed",
-        "0",
-        *flags,
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env={**os.environ, **ENV, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_ROW, "--run-dir", run_dir, "--seed", "0", *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, **ENV, "PYTHONPATH": str(REPO), "KILL_AFTER": "5"},
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            if os.path.exists(layout.manifest) and len(manifest.parse_rows(
-                Path(layout.manifest).read_text(), "m")) >= 3:  # fmt: skip
-                break
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "training finished before it could be killed"
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     before = rows_of(run_dir)
-    assert [r.step for r in before] == list(range(3, before[-1].step + 1))
+    assert [r.step for r in before] == [3, 4, 5]  # the watcher writes rows in step order
     for row in before:
         assert is_complete(row.checkpoint_path)
 
