@@ -313,7 +313,7 @@ class RcpHooks:
         val_start_at on) copies `params` and `state` to host memory and queues their save; it
         waits for earlier saves only when `max_pending_saves` of them are unfinished. The
         trainer must not donate `params` or `state` before this returns; afterwards the save
-        holds its own host copy. Raises `tpu_jobs.saver.SaveFailedError` if an earlier save
+        holds its own host copy. Raises `tpu_jobs.rcp.saver.SaveFailedError` if an earlier save
         failed (its step is named).
         """
         last = self.recorder.last_update

@@ -1,13 +1,6 @@
-"""What a job does on SIGTERM (Kubernetes' notice before SIGKILL: a preemption, an eviction,
-a JobSet restart or deletion): stop training where it is, as if it had crashed, but let the
-checkpoint saves already queued finish with their manifest rows, so a resume loses nothing that
-was computed. The pod's terminationGracePeriodSeconds (tasks.backends.gke settings) is the
-time this has.
-
-Python's default for SIGTERM kills the process at once, skipping every ``finally`` and
-``__exit__``; `exit_on_sigterm` turns the signal into `Terminated` (a SystemExit with the
-shell's code for it, 143) raised in the main thread, which unwinds through the trainer's
-``with hooks:`` (that drains the save queue and writes no block_stop).
+"""SIGTERM (Kubernetes' notice before SIGKILL) stops a job as if it had crashed, but only after
+the checkpoint saves already queued have finished with their rows: `exit_on_sigterm` turns it
+into `Terminated` (exit 143) raised in the main thread (docs/tpu_jobs.md).
 """
 
 from __future__ import annotations
