@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import jax
@@ -187,10 +186,5 @@ class FollowerHooks:
     def __enter__(self) -> FollowerHooks:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        pass
+    def __exit__(self, *exc_info: object) -> None:
+        pass  # nothing queued, nothing to finish
