@@ -9,8 +9,9 @@ What keeps a stop request safe:
 - it is written only when the run's persisted summaries decide success (`decided_step`, the
   same walk as finalize's); anything else (a missing, invalid or unreadable summary below the
   passing step, no pass yet) writes nothing;
-- it names the run (`RunIdentity`: seed, batch size, validation start, max_steps and the
-  MLLOG's ``run_start``), so a trainer of another run in the same folder ignores it;
+- it names the run (`rcpflow.run_identity.RunIdentity`: seed, batch size, validation start,
+  max_steps and the MLLOG's ``run_start``), so a trainer of another run in the same folder
+  ignores it;
 - it names the passing step and its weight-update time, which the trainer must have committed:
   a stop never comes before the checkpoint that decided the run is recorded;
 - writing it again gives the same bytes (idempotent), and a malformed file is never a stop.
@@ -26,6 +27,7 @@ from rcpflow.finalize import FinalizeInputError, decide
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import MLLogError, read_events, run_start_ms
+from rcpflow.run_identity import RunIdentity
 from rcpflow.storage import storage_for
 
 log = logging.getLogger(__name__)
@@ -35,27 +37,6 @@ FORMAT = "rcpflow.stop_request.v1"
 
 class StopRequestError(ValueError):
     """A stop request file is not one this module wrote; the message names the field."""
-
-
-@dataclass(frozen=True)
-class RunIdentity:
-    """Which run a stop request is for: what a trainer knows about its own run."""
-
-    seed: int
-    global_batch_size: int
-    val_start_at: int
-    max_steps: int
-    run_start_ms: int | None  # None only for a trainer without an MLLOG (rcp_logging off)
-
-    @classmethod
-    def of_row(cls, row: ManifestRow, run_start_ms: int | None) -> RunIdentity:
-        return cls(
-            seed=row.seed,
-            global_batch_size=row.global_batch_size,
-            val_start_at=row.val_start_at,
-            max_steps=row.max_steps,
-            run_start_ms=run_start_ms,
-        )
 
 
 @dataclass(frozen=True)

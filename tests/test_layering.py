@@ -343,3 +343,103 @@ def test_arrows_up_inside_tasks_are_found(
 ) -> None:
     root = _tree(tmp_path, files)
     assert expected in upward_arrows(all_imports(root, ["tasks"]))
+
+
+# ---- inside tpu_jobs: the recording library below the trainers and the evaluator --------------
+
+_SHARED_LEAVES = frozenset({"tpu_jobs.task", "tpu_jobs.sampling"})  # the digit task, the sampler
+_ENTRY_POINTS = frozenset(
+    {"tpu_jobs", "tpu_jobs.train", "tpu_jobs.evaluate", "tpu_jobs.tunix_train"}
+    | {"tpu_jobs.tunix_evaluate", "tpu_jobs.devtools"}
+)
+# Which parts of tpu_jobs each part may import (itself always). The recording library imports no
+# trainer and no evaluator; the evaluator (shared by both trainers' evaluators) imports no
+# trainer; the toy and Tunix import the library and the evaluator, never each other; the
+# rehearsal jobs import no other part (they need no JAX). Only the
+# entry-point shims and the devtools import anything, and nothing imports them.
+TPU_JOBS_ALLOWED: Mapping[str, frozenset[str]] = {
+    "tpu_jobs.rcp": frozenset(),
+    "tpu_jobs.task": frozenset(),
+    "tpu_jobs.sampling": frozenset(),
+    "tpu_jobs.eval": frozenset({"tpu_jobs.rcp"}) | _SHARED_LEAVES,
+    "tpu_jobs.toy": frozenset({"tpu_jobs.rcp", "tpu_jobs.eval"}) | _SHARED_LEAVES,
+    "tpu_jobs.tunix": frozenset({"tpu_jobs.rcp", "tpu_jobs.eval"}) | _SHARED_LEAVES,
+    # the rehearsal jobs run in a CPU image without JAX: rcpflow and the standard library only
+    "tpu_jobs.rehearsal": frozenset(),
+    **{
+        entry: frozenset({"tpu_jobs.rcp", "tpu_jobs.eval", "tpu_jobs.toy", "tpu_jobs.tunix"})
+        | _SHARED_LEAVES
+        for entry in _ENTRY_POINTS
+    },
+}
+
+
+def tpu_jobs_part(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def tpu_jobs_violations(imports: Iterable[Import]) -> list[str]:
+    bad = []
+    for imp in imports:
+        if not (imp.module.startswith("tpu_jobs") and imp.target.startswith("tpu_jobs")):
+            continue
+        mine, theirs = tpu_jobs_part(imp.module), tpu_jobs_part(imp.target)
+        if mine not in TPU_JOBS_ALLOWED:
+            bad.append(f"{imp.module}: in no part of tpu_jobs ({sorted(TPU_JOBS_ALLOWED)})")
+        elif theirs != mine and theirs not in TPU_JOBS_ALLOWED[mine]:
+            bad.append(f"{imp.module}:{imp.line} imports {imp.target} ({mine} -> {theirs})")
+    return bad
+
+
+def test_tpu_jobs_parts_import_downwards_only() -> None:
+    imports = all_imports(ROOT, ["tpu_jobs"])
+    assert {tpu_jobs_part(i.module) for i in imports} >= {
+        "tpu_jobs.rcp",
+        "tpu_jobs.eval",
+        "tpu_jobs.toy",
+        "tpu_jobs.tunix",
+    }
+    assert tpu_jobs_violations(imports) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        (
+            "tpu_jobs/rcp/a.py",
+            "tpu_jobs.rcp.a:2 imports tpu_jobs.toy.m (tpu_jobs.rcp -> tpu_jobs.toy)",
+        ),
+        (
+            "tpu_jobs/tunix/a.py",
+            "tpu_jobs.tunix.a:2 imports tpu_jobs.toy.m (tpu_jobs.tunix -> tpu_jobs.toy)",
+        ),
+        (
+            "tpu_jobs/eval/a.py",
+            "tpu_jobs.eval.a:2 imports tpu_jobs.toy.m (tpu_jobs.eval -> tpu_jobs.toy)",
+        ),
+    ],
+)
+def test_tpu_jobs_arrows_against_the_parts_are_found(
+    tmp_path: Path, source: str, expected: str
+) -> None:
+    package = source.rsplit("/", 1)[0]
+    root = _tree(
+        tmp_path,
+        {
+            "tpu_jobs/__init__.py": "",
+            "tpu_jobs/toy/__init__.py": "",
+            "tpu_jobs/toy/m.py": "",
+            f"{package}/__init__.py": "",
+            source: "def f() -> None:\n    from tpu_jobs.toy import m\n",
+        },
+    )
+    assert expected in tpu_jobs_violations(all_imports(root, ["tpu_jobs"]))
+
+
+def test_rehearsal_jobs_import_no_accelerator_package() -> None:
+    imports = [
+        i for i in all_imports(ROOT, ["tpu_jobs"]) if i.module.startswith("tpu_jobs.rehearsal")
+    ]
+    assert imports, "no tpu_jobs.rehearsal module found"
+    assert [i for i in imports if i.target.split(".")[0] in _ACCELERATOR] == []

@@ -1,50 +1,20 @@
-"""Sampling answers from the policy with temperature and nucleus (top-p) filtering.
+"""Sampling answers with temperature and nucleus (top-p) filtering, for any model.
 
-The sampler takes the model as a ``LogitsFn = (params, tokens) -> logits``, so the trainer (scanned
-params) and the evaluator (unscanned per-layer params) share one implementation:
-
-    completions = sample(scanned_logits_fn(cfg), params, prompts, rng,
-                         answer_length=task.ANSWER_LENGTH, temperature=1.0, top_p=1.0)
-    completions = sample(unscanned_logits_fn(cfg), (outer, layers), prompts, rng, ...)
-
-``temperature`` and ``top_p`` are traced values, so training (1.0/1.0) and evaluation (0.1/0.95)
-use one compiled program. Decoding recomputes the whole (short) sequence each token instead of
-keeping a KV cache: answers here are a few tokens long.
+The model is a ``LogitsFn = (params, tokens) -> logits`` (the toy's are in `tpu_jobs.toy.model`),
+so training rollouts and evaluation attempts share one sampler; ``temperature`` and ``top_p``
+are traced values, so both use one compiled program. Decoding recomputes the whole (short)
+sequence each token instead of keeping a KV cache: answers here are a few tokens long.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from functools import cache
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from tpu_jobs.model import ModelConfig, apply_scanned, apply_unscanned
-
 LogitsFn = Callable[[Any, jax.Array], jax.Array]
-
-
-@cache
-def scanned_logits_fn(cfg: ModelConfig) -> LogitsFn:
-    """``(params, tokens) -> logits`` for scanned params (cached so jit reuses its compile)."""
-
-    def logits_fn(params: Any, tokens: jax.Array) -> jax.Array:
-        return apply_scanned(cfg, params, tokens)
-
-    return logits_fn
-
-
-@cache
-def unscanned_logits_fn(cfg: ModelConfig) -> LogitsFn:
-    """``((outer, layers), tokens) -> logits`` for the unscanned eval model."""
-
-    def logits_fn(params: tuple[Any, Sequence[Any]], tokens: jax.Array) -> jax.Array:
-        outer, layers = params
-        return apply_unscanned(cfg, outer, layers, tokens)
-
-    return logits_fn
 
 
 def filter_logits(logits: jax.Array, temperature: jax.Array, top_p: jax.Array) -> jax.Array:

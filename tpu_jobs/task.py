@@ -1,23 +1,10 @@
-"""The toy task: digit prompts whose answer is exactly checkable, for GRPO from scratch on a CPU.
+"""The digit task every trainer and evaluator uses: prompts whose answer is exactly checkable.
 
-A prompt is ``[BOS, d0, d1, d2, d3, SEP]`` with digits ``d_i`` in 0..9; the answer is the
-successor of the last digit, ``(d3 + 1) mod 10``, as a single token. The other digits are
-distractors: the policy has to attend to the key position (fixed relative to ``SEP``, found
-through its rotary positions), ignore the rest, and learn the successor map; it samples over the
-whole vocabulary, so it must also learn never to answer with a non-digit. The reward is exact
-match (1.0 or 0.0).
-
-Why this task: from the uniform initial policy a sample hits the answer 1 time in 16, so most
-groups of 16 generations carry a learning signal, and GRPO learns it in a few dozen steps. Tasks
-that combine two digits (``(a + b) mod 10``) gave GRPO from scratch no signal here; with the key
-digit at d1 or d2 (not next to ``SEP`` or ``BOS``) learning took 50+ steps.
-
-The held-out eval set is ``EVAL_SAMPLES`` (251) distinct prompts drawn with a fixed seed that
-does not depend on the training seed (the benchmark's eval set is fixed); training prompts are
-drawn per ``(seed, step)`` and never equal an eval prompt (the other 9,749 digit strings).
-
-Everything operating on arrays (``answers``, ``rewards``) is written with array methods that
-numpy and ``jax.numpy`` share, so the trainer can score rollouts inside a jitted step.
+A prompt is ``[BOS, d0, d1, d2, d3, SEP]`` (digits 0..9); the answer is ``(d3 + 1) mod 10`` as
+one token, the reward exact match (1.0 or 0.0). The 251 held-out eval prompts are fixed; training
+prompts are drawn per ``(seed, step)`` and never equal one. ``answers`` and ``rewards`` work on
+numpy and ``jax.numpy`` arrays alike (scored inside a jitted step). Why this task:
+docs/tpu_jobs.md.
 """
 
 from __future__ import annotations

@@ -202,7 +202,7 @@ def test_multi_host_training_gets_host_network_and_the_distributed_env() -> None
 def test_the_rendered_env_is_what_the_trainer_reads() -> None:
     # tasks cannot import tpu_jobs (layering), so the names are kept in step by this test.
     pytest.importorskip("jax")
-    from tpu_jobs import distributed
+    from tpu_jobs.rcp import distributed
 
     assert (
         distributed.COORDINATOR_ADDRESS_ENV,

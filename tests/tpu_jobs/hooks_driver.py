@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from rcpflow import recipe
-from tpu_jobs.checkpoint import SavedCheckpoint
-from tpu_jobs.rcp_hooks import RcpHooks
+from tpu_jobs.rcp.checkpoint_format import SavedCheckpoint
+from tpu_jobs.rcp.hooks import RcpHooks
 
 NUM_LAYERS = 3
 CRASH_EXIT_CODE = 17
@@ -33,7 +33,7 @@ def init(seed: int) -> tuple[dict, dict]:
     key = jax.random.PRNGKey(seed)
     params = {
         "embed": {"embedding": jax.random.normal(key, (16, 8))},
-        # Stacked on axis 1, as MaxText and tpu_jobs.model lay out scanned layers.
+        # Stacked on axis 1, as MaxText and tpu_jobs.toy.model lay out scanned layers.
         "layers": {
             "mlp": {"kernel": jax.random.normal(jax.random.fold_in(key, 1), (8, NUM_LAYERS, 8))},
             "norm": {"scale": jnp.ones((8, NUM_LAYERS))},

@@ -13,10 +13,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_jobs import checkpoint as ck
-from tpu_jobs.fingerprint import FingerprintMismatchError, weights_fingerprint
-from tpu_jobs.model import ModelConfig, init_params, unscan_params
-from tpu_jobs.saver import SaveFailedError, SaveQueueError
+from tpu_jobs.rcp.checkpoint_format import (
+    COMMIT_MARKER,
+    CheckpointError,
+    SavedCheckpoint,
+    is_complete,
+)
+from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_params
+from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver, StepSnapshot
+from tpu_jobs.rcp.fingerprint import FingerprintMismatchError, weights_fingerprint
+from tpu_jobs.rcp.saver import SaveFailedError, SaveQueueError
+from tpu_jobs.toy.model import ModelConfig, init_params, unscan_params
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,8 +38,8 @@ def train_state(seed: int = 0) -> dict:
     return {"count": jnp.int32(7), "rng": jax.random.PRNGKey(seed), "mu": jnp.ones((4, 3))}
 
 
-def save_steps(directory: str, steps: list[int]) -> tuple[ck.CheckpointSaver, dict[int, dict]]:
-    saver = ck.CheckpointSaver(directory)
+def save_steps(directory: str, steps: list[int]) -> tuple[CheckpointSaver, dict[int, dict]]:
+    saver = CheckpointSaver(directory)
     saved = {}
     for step in steps:
         params = jax.tree.map(lambda x, s=step: x + s, model_params())
@@ -55,10 +62,10 @@ def test_saves_commit_in_step_order_each_reported_once_only_when_committed(tmp_p
     directory = str(tmp_path / "checkpoints")
     seen: list[tuple[int, bool, str]] = []
 
-    def on_commit(saved: ck.SavedCheckpoint) -> None:
-        seen.append((saved.step, ck.is_complete(saved.path), threading.current_thread().name))
+    def on_commit(saved: SavedCheckpoint) -> None:
+        seen.append((saved.step, is_complete(saved.path), threading.current_thread().name))
 
-    saver = ck.CheckpointSaver(directory, on_commit=on_commit)
+    saver = CheckpointSaver(directory, on_commit=on_commit)
     saved = {}
     for step in (4, 5, 6):
         params = jax.tree.map(lambda x, s=step: x * 2 + s, model_params())
@@ -66,15 +73,15 @@ def test_saves_commit_in_step_order_each_reported_once_only_when_committed(tmp_p
         saver.save(step, params, train_state(), timestamp_ms=10 * step, extra={"k": step})
     done = saver.wait()
     assert [d.step for d in done] == [4, 5, 6]
-    assert all(ck.is_complete(d.path) for d in done)
+    assert all(is_complete(d.path) for d in done)
     # Called once per step, in step order, after the commit, off the calling thread.
     assert [(step, complete) for step, complete, _ in seen] == [(4, True), (5, True), (6, True)]
     assert threading.current_thread().name not in {name for _, _, name in seen}
     assert saver.wait() == [] and saver.pending() == []
     saver.close()
-    assert ck.CheckpointSaver(directory).complete_steps() == [4, 5, 6]
+    assert CheckpointSaver(directory).complete_steps() == [4, 5, 6]
     for step, params in saved.items():
-        meta = ck.read_meta(os.path.join(directory, str(step)))
+        meta = read_meta(os.path.join(directory, str(step)))
         assert meta.step == step and meta.timestamp_ms == 10 * step
         assert meta.extra == {"k": step}
         assert meta.weights_fingerprint == weights_fingerprint(params)
@@ -88,9 +95,9 @@ class Gate:
         self.open = threading.Event()
         self.events: list[tuple[str, int]] = []
         self._lock = threading.Lock()
-        original = ck.CheckpointSaver._write
+        original = CheckpointSaver._write
 
-        def write(saver: ck.CheckpointSaver, job: ck.StepSnapshot) -> ck.SavedCheckpoint:
+        def write(saver: CheckpointSaver, job: StepSnapshot) -> SavedCheckpoint:
             if job.step in self.hold:
                 # Released by the test; the timeout only ends a test whose assertion has failed.
                 self.open.wait(timeout=60)
@@ -98,7 +105,7 @@ class Gate:
             self.note("committed", saved.step)
             return saved
 
-        monkeypatch.setattr(ck.CheckpointSaver, "_write", write)
+        monkeypatch.setattr(CheckpointSaver, "_write", write)
 
     def note(self, what: str, step: int) -> None:
         with self._lock:
@@ -109,7 +116,7 @@ def test_save_snapshots_the_arrays_before_returning(tmp_path, monkeypatch) -> No
     """The write happens after the caller has overwritten its arrays in place; the checkpoint
     still holds the values passed to save()."""
     gate = Gate(monkeypatch, hold={1})
-    saver = ck.CheckpointSaver(str(tmp_path / "c"))
+    saver = CheckpointSaver(str(tmp_path / "c"))
     weights = np.arange(12, dtype=np.float32).reshape(3, 4)
     device = {"w": jnp.full((3, 4), 7.0)}
     saver.save(1, {"layers": {"w": weights}, "d": device}, {"n": np.int32(1)}, timestamp_ms=1)
@@ -119,14 +126,14 @@ def test_save_snapshots_the_arrays_before_returning(tmp_path, monkeypatch) -> No
     gate.open.set()
     [done] = saver.wait()
     saver.close()
-    params, meta = ck.restore_params(done.path, expected_fingerprint=expected)
+    params, meta = restore_params(done.path, expected_fingerprint=expected)
     np.testing.assert_array_equal(params["layers"]["w"], np.arange(12).reshape(3, 4))
     assert meta.weights_fingerprint == expected
 
 
 def test_backpressure_at_max_pending(tmp_path, monkeypatch) -> None:
     gate = Gate(monkeypatch, hold={1})
-    saver = ck.CheckpointSaver(str(tmp_path / "c"), max_pending=2)
+    saver = CheckpointSaver(str(tmp_path / "c"), max_pending=2)
     saver.save(1, model_params(), train_state(), timestamp_ms=1)
     saver.save(2, model_params(), train_state(), timestamp_ms=2)  # 2 pending: does not wait
     assert saver.pending() == [1, 2]
@@ -153,18 +160,18 @@ def test_a_failed_save_is_raised_by_every_later_call_and_stops_the_queue(
     tmp_path, monkeypatch
 ) -> None:
     release = threading.Event()
-    original = ck.CheckpointSaver._write
+    original = CheckpointSaver._write
 
-    def write(saver: ck.CheckpointSaver, job: ck.StepSnapshot) -> ck.SavedCheckpoint:
+    def write(saver: CheckpointSaver, job: StepSnapshot) -> SavedCheckpoint:
         if job.step == 2:
             release.wait(timeout=60)  # fails once step 3 is queued behind it
             raise OSError("disk full (simulated)")
         return original(saver, job)
 
-    monkeypatch.setattr(ck.CheckpointSaver, "_write", write)
+    monkeypatch.setattr(CheckpointSaver, "_write", write)
     committed: list[int] = []
     directory = tmp_path / "c"
-    saver = ck.CheckpointSaver(
+    saver = CheckpointSaver(
         str(directory), max_pending=3, on_commit=lambda s: committed.append(s.step)
     )
     for step in (1, 2, 3):
@@ -177,32 +184,32 @@ def test_a_failed_save_is_raised_by_every_later_call_and_stops_the_queue(
     with pytest.raises(SaveFailedError, match="step 2"):
         saver.close()
     assert committed == [1]  # 3 was never written: a gap after 2 would break the manifest
-    assert ck.CheckpointSaver(str(directory)).complete_steps() == [1]
+    assert CheckpointSaver(str(directory)).complete_steps() == [1]
 
 
 def test_on_commit_failure_is_raised_and_names_the_committed_step(tmp_path) -> None:
-    def on_commit(saved: ck.SavedCheckpoint) -> None:
+    def on_commit(saved: SavedCheckpoint) -> None:
         raise RuntimeError("manifest unreachable (simulated)")
 
-    saver = ck.CheckpointSaver(str(tmp_path / "c"), on_commit=on_commit)
+    saver = CheckpointSaver(str(tmp_path / "c"), on_commit=on_commit)
     saver.save(1, model_params(), train_state(), timestamp_ms=1)
     with pytest.raises(SaveFailedError, match=r"step 1: checkpoint was committed at .* but "):
         saver.wait()
-    assert ck.is_complete(str(tmp_path / "c" / "1"))
+    assert is_complete(str(tmp_path / "c" / "1"))
 
 
 def test_bad_saves_are_refused_by_name(tmp_path) -> None:
-    saver = ck.CheckpointSaver(str(tmp_path / "c"))
+    saver = CheckpointSaver(str(tmp_path / "c"))
     saver.save(5, model_params(), train_state(), timestamp_ms=5)
     with pytest.raises(SaveQueueError, match="step 5: saves must be in increasing step order"):
         saver.save(5, model_params(), train_state(), timestamp_ms=6)
-    with pytest.raises(ck.CheckpointError, match="step 6: train_state/key: typed PRNG key"):
+    with pytest.raises(CheckpointError, match="step 6: train_state/key: typed PRNG key"):
         saver.save(6, model_params(), {"key": jax.random.key(0)}, timestamp_ms=6)
     saver.close()
     with pytest.raises(SaveQueueError, match="step 7: save\\(\\) after close"):
         saver.save(7, model_params(), train_state(), timestamp_ms=7)
     with pytest.raises(ValueError, match="max_pending must be at least 1"):
-        ck.CheckpointSaver(str(tmp_path / "d"), max_pending=0)
+        CheckpointSaver(str(tmp_path / "d"), max_pending=0)
 
 
 def test_saving_an_existing_step_is_refused(tmp_path) -> None:
@@ -210,8 +217,8 @@ def test_saving_an_existing_step_is_refused(tmp_path) -> None:
     saver, _ = save_steps(directory, [3])
     saver.wait()
     saver.close()
-    again = ck.CheckpointSaver(directory)
-    with pytest.raises(ck.CheckpointError, match="step 3"):
+    again = CheckpointSaver(directory)
+    with pytest.raises(CheckpointError, match="step 3"):
         again.save(3, model_params(), train_state(), timestamp_ms=1)
     again.close()
 
@@ -221,7 +228,7 @@ def test_restore_as_numpy_then_unscanned_views_equal_saved_scanned(tmp_path) -> 
     saver, saved = save_steps(directory, [2])
     [done] = saver.wait()
     saver.close()
-    params, meta = ck.restore_params(done.path, expected_fingerprint=done.meta.weights_fingerprint)
+    params, meta = restore_params(done.path, expected_fingerprint=done.meta.weights_fingerprint)
     assert meta == done.meta
     for leaf in jax.tree.leaves(params):
         assert type(leaf) is np.ndarray
@@ -264,13 +271,13 @@ def test_manifest_fingerprint_mismatch_is_refused(tmp_path) -> None:
     done = {d.step: d for d in saver.wait()}
     saver.close()
     with pytest.raises(FingerprintMismatchError, match="manifest expects"):
-        ck.restore_params(done[2].path, expected_fingerprint=done[1].meta.weights_fingerprint)
+        restore_params(done[2].path, expected_fingerprint=done[1].meta.weights_fingerprint)
 
 
 def test_flipped_bit_in_weights_is_caught_by_fingerprint(tmp_path) -> None:
     """Orbax restores the corrupted bytes without complaint; the fingerprint does not."""
     weights = np.arange(1000, dtype=np.float32).reshape(10, 100) + 0.5
-    saver = ck.CheckpointSaver(str(tmp_path / "c"))
+    saver = CheckpointSaver(str(tmp_path / "c"))
     saver.save(1, {"layers": {"w": jnp.asarray(weights)}}, train_state(), timestamp_ms=1)
     [done] = saver.wait()
     saver.close()
@@ -285,7 +292,7 @@ def test_flipped_bit_in_weights_is_caught_by_fingerprint(tmp_path) -> None:
     data[offset] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(FingerprintMismatchError, match="refusing to use it"):
-        ck.restore_params(done.path, expected_fingerprint=done.meta.weights_fingerprint)
+        restore_params(done.path, expected_fingerprint=done.meta.weights_fingerprint)
 
 
 def test_half_written_checkpoint_is_not_complete_and_is_cleaned(tmp_path) -> None:
@@ -296,13 +303,13 @@ def test_half_written_checkpoint_is_not_complete_and_is_cleaned(tmp_path) -> Non
     # What a crash between the data write and the commit leaves on a local disk: the step's
     # data in Orbax's temporary folder, no commit marker at the final name.
     os.rename(directory / "1", directory / "2.orbax-checkpoint-tmp")
-    os.remove(directory / "2.orbax-checkpoint-tmp" / ck.COMMIT_MARKER)
-    assert not ck.is_complete(str(directory / "2"))
-    with pytest.raises(ck.CheckpointError, match="not a complete checkpoint"):
-        ck.restore_params(str(directory / "2"))
-    with pytest.raises(ck.CheckpointError, match="not a complete checkpoint"):
-        ck.restore_params(str(directory / "2.orbax-checkpoint-tmp"))
-    fresh = ck.CheckpointSaver(str(directory))
+    os.remove(directory / "2.orbax-checkpoint-tmp" / COMMIT_MARKER)
+    assert not is_complete(str(directory / "2"))
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        restore_params(str(directory / "2"))
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        restore_params(str(directory / "2.orbax-checkpoint-tmp"))
+    fresh = CheckpointSaver(str(directory))
     assert fresh.complete_steps() == []
     fresh.save(2, model_params(), train_state(), timestamp_ms=5)  # the step can be saved again
     fresh.wait()
@@ -322,13 +329,13 @@ def test_gcs_save_restore_bit_exact_and_half_written_ignored(gcs, gcs_prefix) ->
     saver.close()
     assert sorted(done) == [7, 8]
     for step in (7, 8):
-        params, meta = ck.restore_params(done[step].path, done[step].meta.weights_fingerprint)
+        params, meta = restore_params(done[step].path, done[step].meta.weights_fingerprint)
         assert meta.step == step
         assert_tree_equal(params, saved[step])
     # GCS has no rename: a half-written step is a folder without the commit marker.
     bucket, _, name = directory[len("gs://") :].partition("/")
-    gcs.client().bucket(bucket).blob(f"{name}/8/{ck.COMMIT_MARKER}").delete()
-    assert not ck.is_complete(done[8].path)
-    with pytest.raises(ck.CheckpointError, match="not a complete checkpoint"):
-        ck.restore_params(done[8].path)
-    assert ck.CheckpointSaver(directory).complete_steps() == [7]
+    gcs.client().bucket(bucket).blob(f"{name}/8/{COMMIT_MARKER}").delete()
+    assert not is_complete(done[8].path)
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        restore_params(done[8].path)
+    assert CheckpointSaver(directory).complete_steps() == [7]

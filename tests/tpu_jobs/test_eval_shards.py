@@ -12,7 +12,7 @@ import pytest
 
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
-from tpu_jobs import eval_shards as es
+from tpu_jobs.eval import shards as es
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,11 +24,16 @@ from rcpflow.mllog import parse
 from rcpflow.passk import mean_pass_at_k
 from rcpflow.summary import read_summary
 from rcpflow.summary_checks import summary_problems
-from tpu_jobs import checkpoint as ck
-from tpu_jobs import eval_shards as es
-from tpu_jobs import evaluate, task
-from tpu_jobs.eval_orchestration import ATTEMPTS_FILE, model_config
-from tpu_jobs.model import (
+from tpu_jobs import task
+from tpu_jobs.eval import cli as eval_cli
+from tpu_jobs.eval import shards as es
+from tpu_jobs.eval.orchestration import ATTEMPTS_FILE
+from tpu_jobs.rcp.checkpoint_format import COMMIT_MARKER
+from tpu_jobs.rcp.checkpoint_restore import restore_params
+from tpu_jobs.rcp.hooks import RcpHooks
+from tpu_jobs.toy import evaluate
+from tpu_jobs.toy.evaluate import model_config
+from tpu_jobs.toy.model import (
     MODEL_CONFIG_KEY,
     ModelConfig,
     apply_scanned,
@@ -36,7 +41,6 @@ from tpu_jobs.model import (
     init_params,
     unscan_params,
 )
-from tpu_jobs.rcp_hooks import RcpHooks
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -100,7 +104,7 @@ def flip_a_bit_of_lm_head(saved_params, checkpoint_path: str) -> tuple[Path, byt
 def test_restored_unscanned_model_equals_saved_scanned_model(built_run) -> None:
     run_dir, saved = built_run
     row = manifest.load(RunLayout(run_dir).manifest).row(4)
-    params, meta = ck.restore_params(row.checkpoint_path, row.weights_fingerprint)
+    params, meta = restore_params(row.checkpoint_path, row.weights_fingerprint)
     assert model_config(meta, "t") == CFG
     outer, layers = unscan_params(params, axis=CFG.param_scan_axis)
     for i, layer in enumerate(layers):
@@ -175,7 +179,7 @@ def test_fingerprint_mismatch_gives_fatal_summary_and_nonzero_exit(built_run, tm
         layout.manifest,
         dataclasses.replace(rows[4], weights_fingerprint=rows[3].weights_fingerprint),
     )
-    assert evaluate.main(["--run-dir", run_dir, "--step", "4"]) == evaluate.EXIT_FATAL
+    assert evaluate.main(["--run-dir", run_dir, "--step", "4"]) == eval_cli.EXIT_FATAL
     summary = read_summary(layout.summary(4))
     assert summary.fatal_error is not None and "FingerprintMismatchError" in summary.fatal_error
     assert not summary.target_reached and not summary.complete
@@ -191,7 +195,7 @@ def test_corrupted_weights_give_fatal_summary_then_a_fixed_checkpoint_is_re_eval
     row = manifest.load(layout.manifest).row(3)
     target, pristine = flip_a_bit_of_lm_head(built_run[1][3], row.checkpoint_path)
     proc = cli("--run-dir", run_dir, "--step", "3")
-    assert proc.returncode == evaluate.EXIT_FATAL
+    assert proc.returncode == eval_cli.EXIT_FATAL
     assert "FingerprintMismatchError" in proc.stderr
     assert read_summary(layout.summary(3)).fatal_error is not None
     # A fatal summary is not reused: once the checkpoint is sound again it is evaluated.
@@ -202,7 +206,7 @@ def test_corrupted_weights_give_fatal_summary_then_a_fixed_checkpoint_is_re_eval
 
 def test_unknown_step_is_bad_input(built_run, tmp_path) -> None:
     run_dir = copy_run(built_run[0], tmp_path / "run")
-    assert evaluate.main(["--run-dir", run_dir, "--step", "9"]) == evaluate.EXIT_BAD_INPUT
+    assert evaluate.main(["--run-dir", run_dir, "--step", "9"]) == eval_cli.EXIT_BAD_INPUT
     assert not Path(RunLayout(run_dir).eval_dir(9)).exists()
 
 
@@ -226,7 +230,7 @@ def test_standalone_with_rcp_logging_writes_eval_events(built_run, tmp_path) -> 
 def test_standalone_refuses_half_written_checkpoint(built_run, tmp_path) -> None:
     run_dir = copy_run(built_run[0], tmp_path / "run")
     step_path = manifest.load(RunLayout(run_dir).manifest).row(4).checkpoint_path
-    os.remove(os.path.join(step_path, ck.COMMIT_MARKER))
+    os.remove(os.path.join(step_path, COMMIT_MARKER))
     out = tmp_path / "out"
     assert evaluate.main(["--checkpoint", step_path, "--output-dir", str(out)]) == 3
     assert "not a complete checkpoint" in read_summary(str(out / "summary.json")).fatal_error
@@ -319,7 +323,7 @@ def test_missing_shard_gives_incomplete_summary_and_nonzero_exit(
     layout = RunLayout(run_dir)
     row = manifest.load(layout.manifest).row(4)
     code = evaluate.main(shard_args(run_dir, 4, 0, 3, "try1", 0.5))
-    assert code == evaluate.EXIT_INCOMPLETE
+    assert code == eval_cli.EXIT_INCOMPLETE
     assert "shard(s) [1, 2] of 3 did not arrive" in capsys.readouterr().err
     summary = read_summary(layout.summary(4))
     assert not summary.complete and summary.fatal_error is None and not summary.target_reached
@@ -349,7 +353,7 @@ def test_stale_shard_from_an_earlier_attempt_is_not_merged(
     capsys.readouterr()
     code = evaluate.main(["--run-dir", run_dir, "--step", "3", "--shard-index", "0",
                           "--shard-timeout-s", "0.5"])  # fmt: skip
-    assert code == evaluate.EXIT_INCOMPLETE
+    assert code == eval_cli.EXIT_INCOMPLETE
     out = capsys.readouterr().out
     assert "ignoring" in out and "shard_2-of-3.jsonl" in out and "attempt_id 'old' != 'new'" in out
     summary = read_summary(layout.summary(3))
@@ -367,7 +371,7 @@ def test_fatal_error_in_another_worker_reaches_the_summary(built_run, tmp_path, 
     assert "FingerprintMismatchError" in capsys.readouterr().err
     target.write_bytes(pristine)
     assert evaluate.main(shard_args(run_dir, 3, 1, 3, "t", 60)) == 0
-    assert evaluate.main(shard_args(run_dir, 3, 0, 3, "t", 60)) == evaluate.EXIT_FATAL
+    assert evaluate.main(shard_args(run_dir, 3, 0, 3, "t", 60)) == eval_cli.EXIT_FATAL
     summary = read_summary(layout.summary(3))
     assert summary.fatal_error.startswith("shard 2 of 3: FingerprintMismatchError")
     assert not summary.complete and gate.valid_summary(run_dir, row) is None

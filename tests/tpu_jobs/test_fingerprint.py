@@ -8,8 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_jobs.fingerprint import FingerprintMismatchError, verify_fingerprint, weights_fingerprint
-from tpu_jobs.model import ModelConfig, init_params
+from tpu_jobs.rcp.fingerprint import (
+    FingerprintMismatchError,
+    verify_fingerprint,
+    weights_fingerprint,
+)
+from tpu_jobs.toy.model import ModelConfig, init_params
 
 CFG = ModelConfig(d_model=32, num_heads=2, num_layers=3, d_ff=64)
 

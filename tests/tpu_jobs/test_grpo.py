@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from rcpflow.recipe import hyperparameters
-from tpu_jobs import grpo, task
-from tpu_jobs.model import ModelConfig
-from tpu_jobs.sampling import sample, scanned_logits_fn
+from tpu_jobs import task
+from tpu_jobs.sampling import sample
+from tpu_jobs.toy import grpo
+from tpu_jobs.toy.model import ModelConfig, scanned_logits_fn
 
 CFG = ModelConfig()
 

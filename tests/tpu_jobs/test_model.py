@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_jobs.model import (
+from tpu_jobs.toy.model import (
     LAYERS_KEY,
     ModelConfig,
     apply_scanned,

@@ -17,8 +17,9 @@ from rcpflow import manifest
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import parse
 from rcpflow.storage import storage_for
-from tpu_jobs import distributed
-from tpu_jobs.checkpoint import is_complete, restore_params
+from tpu_jobs.rcp import distributed
+from tpu_jobs.rcp.checkpoint_format import is_complete
+from tpu_jobs.rcp.checkpoint_restore import restore_params
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -25,10 +25,11 @@ from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.storage import storage_for
 from rcpflow.summary import read_summary
 from rcpflow.summary_checks import summary_problems
-from tpu_jobs import checkpoint as ck
-from tpu_jobs import grpo
-from tpu_jobs.model import ModelConfig, unscan_params
-from tpu_jobs.train import TrainConfig, hyperparameters_for
+from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_params
+from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
+from tpu_jobs.toy import grpo
+from tpu_jobs.toy.model import ModelConfig, unscan_params
+from tpu_jobs.toy.train import TrainConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -111,12 +112,12 @@ def check_verdict(run_dir: str, rows: list[manifest.ManifestRow], verdict: dict)
 def check_two_restore_paths_agree(row: manifest.ManifestRow, cfg: ModelConfig) -> None:
     """The evaluator's path (numpy + per-layer views) sees the weights the trainer's resume path
     restores (jax arrays in the scanned layout)."""
-    hp = hyperparameters_for(TrainConfig(run_dir="unused", seed=0, max_steps=row.max_steps))
+    hp = TrainConfig(run_dir="unused", seed=0, max_steps=row.max_steps).hyperparameters()
     like = grpo.init_state(cfg, hp, 0)
-    saver = ck.CheckpointSaver(str(Path(row.checkpoint_path).parent))
+    saver = CheckpointSaver(str(Path(row.checkpoint_path).parent))
     scanned, _, _ = saver.restore_train_state(row.step, like.params, like.opt_state)
     saver.close()
-    params, _ = ck.restore_params(row.checkpoint_path, row.weights_fingerprint)
+    params, _ = restore_params(row.checkpoint_path, row.weights_fingerprint)
     outer, layers = unscan_params(params, axis=cfg.param_scan_axis)
     for name, value in outer.items():
         for a, b in zip(_leaves(value), _leaves(scanned[name]), strict=True):
@@ -163,34 +164,38 @@ def test_gcs_pipeline_tiny_batch(gcs, gcs_prefix) -> None:
     assert attempts == [f"{RunLayout(run_dir).attempts_dir(3)}/attempts.jsonl"]
 
 
+# The toy trainer, SIGKILLed by itself as the saver starts writing step KILL_AT's checkpoint
+# (steps before it committed with their rows, that one queued): a crash mid-checkpointing at a
+# known point, not a race with the clock.
+KILL_WHILE_SAVING = """
+import os, signal, sys
+from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
+from tpu_jobs.toy import train
+write = CheckpointSaver._write
+def write_or_die(self, job):
+    if job.step == int(os.environ["KILL_AT"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return write(self, job)
+CheckpointSaver._write = write_or_die
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
 def test_training_killed_while_checkpointing_resumes_consistently(tmp_path) -> None:
     run_dir = str(tmp_path / "run")
     layout = RunLayout(run_dir)
     flags = ["--global-batch-size", "32", "--max-steps", "40", "--val-start-at", "3"]
-    cmd = [sys.executable, "-m", "tpu_jobs.train", "--run-dir", run_dir, "--seed", "0", *flags]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        # Every step from 3 on saves a checkpoint, and a save outlasts a step here, so a kill
-        # once rows appear lands while a save is in flight.
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            if os.path.exists(layout.manifest) and len(manifest.parse_rows(
-                Path(layout.manifest).read_text(), "m")) >= 2:  # fmt: skip
-                break
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "training finished before it could be killed"
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_WHILE_SAVING, "--run-dir", run_dir, "--seed", "0", *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "KILL_AT": "5"},
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     # Consistent right after the crash: rows only for complete checkpoints, contiguous.
     rows = list(manifest.load(layout.manifest).rows)
-    assert rows and rows[0].step == 3
-    assert [r.step for r in rows] == list(range(3, rows[-1].step + 1))
+    assert [r.step for r in rows] == [3, 4]  # each save's row comes before the next save starts
     for row in rows:
-        assert ck.read_meta(row.checkpoint_path).weights_fingerprint == row.weights_fingerprint
+        assert read_meta(row.checkpoint_path).weights_fingerprint == row.weights_fingerprint
     killed_rows = {r.step: r for r in rows}
 
     updates = train(run_dir, *flags)

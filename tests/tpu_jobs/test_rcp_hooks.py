@@ -14,16 +14,19 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import pytest
+from trainer_runs import rows_of
 
 from rcpflow import manifest, recipe
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.recorder import RecorderError
 from rcpflow.storage import storage_for
-from tpu_jobs import checkpoint as ck
-from tpu_jobs.fingerprint import weights_fingerprint
-from tpu_jobs.rcp_hooks import RcpHooks
-from tpu_jobs.saver import SaveFailedError
+from tpu_jobs.rcp.checkpoint_format import CheckpointError, SavedCheckpoint, is_complete
+from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_params
+from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver, StepSnapshot
+from tpu_jobs.rcp.fingerprint import weights_fingerprint
+from tpu_jobs.rcp.hooks import RcpHooks
+from tpu_jobs.rcp.saver import SaveFailedError
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -49,10 +52,6 @@ def drive(run_dir: str, *extra: str, env: dict[str, str] | None = None) -> tuple
     return proc.returncode, lines
 
 
-def rows_of(run_dir: str) -> list[manifest.ManifestRow]:
-    return list(manifest.load(RunLayout(run_dir).manifest).rows)
-
-
 def assert_consistent(run_dir: str) -> list[manifest.ManifestRow]:
     """Every row points at a complete checkpoint whose record it matches; load() validates
     contiguity from val_start_at, one row per step and increasing timestamps."""
@@ -61,7 +60,7 @@ def assert_consistent(run_dir: str) -> list[manifest.ManifestRow]:
         return []
     rows = rows_of(run_dir)
     for row in rows:
-        meta = ck.read_meta(row.checkpoint_path)  # raises if not complete
+        meta = read_meta(row.checkpoint_path)  # raises if not complete
         assert meta.step == row.step
         assert meta.timestamp_ms == row.timestamp_ms
         assert meta.weights_fingerprint == row.weights_fingerprint
@@ -86,7 +85,7 @@ def assert_finished_run(run_dir: str, seed: int = 0) -> list[manifest.ManifestRo
     assert block_stop.time_ms == rows[-1].timestamp_ms  # backdated to the last update
     assert block_stop.metadata["samples_count"] == MAX_STEPS * GBS
     for row in rows:
-        params, _ = ck.restore_params(row.checkpoint_path, row.weights_fingerprint)
+        params, _ = restore_params(row.checkpoint_path, row.weights_fingerprint)
         assert jax.tree.leaves(params)
     return rows
 
@@ -127,7 +126,7 @@ def test_crash_during_commit_leaves_consistent_manifest_and_resume_completes(tmp
     checkpoints = tmp_path / "run" / "checkpoints"
     # The interrupted save left its data behind, uncommitted.
     assert (checkpoints / "5.orbax-checkpoint-tmp").is_dir()
-    assert not ck.is_complete(str(checkpoints / "5"))
+    assert not is_complete(str(checkpoints / "5"))
     rows = assert_consistent(run_dir)
     assert [r.step for r in rows] in ([3], [3, 4])  # row 4 may not have made it before the crash
     log_before = Path(RunLayout(run_dir).mllog(0)).read_text()
@@ -150,7 +149,7 @@ def test_crash_between_commit_and_row_gets_the_row_on_resume(tmp_path) -> None:
     run_dir = str(tmp_path / "run")
     rc, first = drive(run_dir, "--crash-after-save", "4")
     assert rc == CRASH_EXIT_CODE
-    assert ck.is_complete(str(tmp_path / "run" / "checkpoints" / "4"))
+    assert is_complete(str(tmp_path / "run" / "checkpoints" / "4"))
     assert [r.step for r in assert_consistent(run_dir)] == [3]
     rc, second = drive(run_dir)
     assert rc == 0 and [u["step"] for u in second] == [5, 6]
@@ -205,20 +204,20 @@ def test_loop_does_not_wait_for_slow_writes_and_rows_follow_commits(tmp_path, mo
     layout = RunLayout(run_dir)
     record = Recorder()
     release = threading.Event()
-    write, record_row = ck.CheckpointSaver._write, RcpHooks._record_row
+    write, record_row = CheckpointSaver._write, RcpHooks._record_row
 
-    def slow_write(saver: ck.CheckpointSaver, job: ck.StepSnapshot) -> ck.SavedCheckpoint:
+    def slow_write(saver: CheckpointSaver, job: StepSnapshot) -> SavedCheckpoint:
         # Only a loop that waits for this write would reach the timeout (and fail below).
         release.wait(timeout=30)
         return write(saver, job)
 
-    def recording_row(hooks: RcpHooks, saved: ck.SavedCheckpoint) -> None:
+    def recording_row(hooks: RcpHooks, saved: SavedCheckpoint) -> None:
         existing = storage_for(layout.manifest).exists(layout.manifest)
         before = [r.step for r in rows_of(run_dir)] if existing else []
-        record.note("row", saved.step, ck.is_complete(saved.path), before)
+        record.note("row", saved.step, is_complete(saved.path), before)
         record_row(hooks, saved)
 
-    monkeypatch.setattr(ck.CheckpointSaver, "_write", slow_write)
+    monkeypatch.setattr(CheckpointSaver, "_write", slow_write)
     monkeypatch.setattr(RcpHooks, "_record_row", recording_row)
     hp = recipe.hyperparameters("closed", GBS, MAX_STEPS)
     hooks = RcpHooks(run_dir, 0, hp, VAL_START, max_pending_saves=MAX_STEPS)
@@ -245,14 +244,14 @@ def test_loop_does_not_wait_for_slow_writes_and_rows_follow_commits(tmp_path, mo
 
 def test_a_failed_save_is_raised_in_the_training_thread(tmp_path, monkeypatch) -> None:
     run_dir = str(tmp_path / "run")
-    write = ck.CheckpointSaver._write
+    write = CheckpointSaver._write
 
-    def failing_write(saver: ck.CheckpointSaver, job: ck.StepSnapshot) -> ck.SavedCheckpoint:
+    def failing_write(saver: CheckpointSaver, job: StepSnapshot) -> SavedCheckpoint:
         if job.step == 4:
             raise OSError("bucket unreachable (simulated)")
         return write(saver, job)
 
-    monkeypatch.setattr(ck.CheckpointSaver, "_write", failing_write)
+    monkeypatch.setattr(CheckpointSaver, "_write", failing_write)
     hooks = RcpHooks(run_dir, 0, recipe.hyperparameters("closed", GBS, MAX_STEPS), VAL_START)
     hooks.on_init_start()
     hooks.on_run_start()
@@ -266,7 +265,7 @@ def test_a_failed_save_is_raised_in_the_training_thread(tmp_path, monkeypatch) -
     # Reported once: closing the saver on the way out does not add the same failure as a note.
     assert getattr(failure.value, "__notes__", []) == []
     assert [r.step for r in assert_consistent(run_dir)] == [3]
-    assert not ck.is_complete(str(tmp_path / "run" / "checkpoints" / "4"))
+    assert not is_complete(str(tmp_path / "run" / "checkpoints" / "4"))
     keys = [e.key for e in read_events(RunLayout(run_dir).mllog(0))]
     assert "block_stop" not in keys  # the run did not finish
 
@@ -279,7 +278,7 @@ def test_resume_refuses_a_checkpoint_of_another_run(tmp_path) -> None:
     run_dir = str(tmp_path / "run")
     assert drive(run_dir, "--crash-after-save", "4")[0] == CRASH_EXIT_CODE
     hooks = _hooks(run_dir, gbs=64)
-    with pytest.raises(ck.CheckpointError, match=r"step 4: .* belongs to run"):
+    with pytest.raises(CheckpointError, match=r"step 4: .* belongs to run"):
         hooks.resume(params_like={}, state_like={})
     hooks.saver.close()
 
@@ -289,7 +288,7 @@ def test_resume_refuses_a_row_without_its_checkpoint(tmp_path) -> None:
     assert drive(run_dir, "--crash-at-commit", "6")[0] == CRASH_EXIT_CODE
     shutil.rmtree(tmp_path / "run" / "checkpoints" / "3")
     hooks = _hooks(run_dir)
-    with pytest.raises(ck.CheckpointError, match="step 3: manifest row points at"):
+    with pytest.raises(CheckpointError, match="step 3: manifest row points at"):
         hooks.resume(params_like={}, state_like={})
     hooks.saver.close()
 
@@ -322,7 +321,7 @@ def test_gcs_crash_and_resume(gcs, gcs_prefix) -> None:
     assert rc == CRASH_EXIT_CODE
     # On GCS the half-written step sits at its final name, without the commit marker.
     assert storage_for(run_dir).list(f"{run_dir}/checkpoints/5")
-    assert not ck.is_complete(f"{run_dir}/checkpoints/5")
+    assert not is_complete(f"{run_dir}/checkpoints/5")
     assert [r.step for r in assert_consistent(run_dir)] in ([3], [3, 4])
     rc, second = drive(run_dir, env=gcs.env)
     assert rc == 0 and [u["step"] for u in second] == [5, 6]

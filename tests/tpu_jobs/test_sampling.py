@@ -9,8 +9,14 @@ import numpy as np
 import pytest
 
 from tpu_jobs import task
-from tpu_jobs.model import ModelConfig, init_params, unscan_params
-from tpu_jobs.sampling import filter_logits, sample, scanned_logits_fn, unscanned_logits_fn
+from tpu_jobs.sampling import filter_logits, sample
+from tpu_jobs.toy.model import (
+    ModelConfig,
+    init_params,
+    scanned_logits_fn,
+    unscan_params,
+    unscanned_logits_fn,
+)
 
 PROBS = np.array([0.5, 0.3, 0.15, 0.05])
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tpu_jobs.saver import OrderedSaveQueue, SaveFailedError, SaveQueueError
+from tpu_jobs.rcp.saver import OrderedSaveQueue, SaveFailedError, SaveQueueError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,8 +16,8 @@ from rcpflow import manifest
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import parse
 from rcpflow.storage import storage_for
-from tpu_jobs.checkpoint import is_complete
-from tpu_jobs.termination import SIGTERM_EXIT_CODE
+from tpu_jobs.rcp.checkpoint_format import is_complete
+from tpu_jobs.rcp.termination import SIGTERM_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = ["--seed", "2", "--global-batch-size", "32", "--val-start-at", "2", "--max-steps", "60"]

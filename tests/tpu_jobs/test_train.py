@@ -16,10 +16,11 @@ from rcpflow import manifest, stop_request
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import parse, run_start_ms
 from rcpflow.storage import storage_for
-from tpu_jobs import train
-from tpu_jobs.checkpoint import is_complete, read_meta
-from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
-from tpu_jobs.rcp_hooks import RcpHooks
+from tpu_jobs.rcp.checkpoint_format import is_complete
+from tpu_jobs.rcp.checkpoint_restore import read_meta
+from tpu_jobs.rcp.hooks import RcpHooks
+from tpu_jobs.toy import train
+from tpu_jobs.toy.model import MODEL_CONFIG_KEY, ModelConfig
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -77,7 +78,7 @@ def test_cli_fast_run_writes_the_run_layout(tmp_path: Path) -> None:
     evs = events(run_dir, 3)
     # What is logged is what was used: the open division's toy learning rate.
     assert value(evs, "submission_division") == "open"
-    assert value(evs, "opt_base_learning_rate") == train.OPEN_LEARNING_RATE
+    assert value(evs, "opt_base_learning_rate") == train.TrainConfig.OPEN_LEARNING_RATE
     assert value(evs, "global_batch_size") == 32 and value(evs, "seed") == 3
     assert value(evs, "max_sequence_length") == ModelConfig().max_sequence_length == 65536
     # The evaluator rebuilds the model from the checkpoint's own record.
@@ -128,12 +129,14 @@ def test_resume_after_a_crash_continues_the_same_trajectory(
 
 def test_divisions_and_their_learning_rates(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--run-dir", "unused", "--seed", "0"]
-    closed = train.hyperparameters_for(train.parse_args([*base, "--division", "closed"]))
+    closed = train.parse_args([*base, "--division", "closed"]).hyperparameters()
     assert (closed.learning_rate, closed.gradient_clip_norm) == (1e-6, 0.125)
-    opened = train.hyperparameters_for(train.parse_args(base))
-    assert opened.division == "open" and opened.learning_rate == train.OPEN_LEARNING_RATE
+    opened = train.parse_args(base).hyperparameters()
+    assert (
+        opened.division == "open" and opened.learning_rate == train.TrainConfig.OPEN_LEARNING_RATE
+    )
     chosen = train.parse_args([*base, "--learning-rate", "0.01"])
-    assert train.hyperparameters_for(chosen).learning_rate == 0.01
+    assert chosen.hyperparameters().learning_rate == 0.01
     with pytest.raises(SystemExit) as exc:
         train.parse_args([*base, "--division", "closed", "--learning-rate", "3e-3"])
     assert exc.value.code == 2

@@ -19,21 +19,24 @@ from typing import Any
 import jax
 import pytest
 from flax import nnx
+from trainer_runs import rows_of
 
-from rcpflow import manifest
 from rcpflow.checkers import compliance
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.recorder import TrainingRecorder
 from rcpflow.summary import read_summary
 from rcpflow.summary_checks import summary_problems
-from tpu_jobs.checkpoint import is_complete
+from tpu_jobs.eval.orchestration import evaluate as evaluate_target
+from tpu_jobs.eval.target import Target
+from tpu_jobs.rcp.checkpoint_format import is_complete
 
 _WHY = "google-tunix (the project's `tunix` extra) is not installed"
 rlc = pytest.importorskip("tunix.rl.rl_cluster", reason=_WHY)
 checkpoints = pytest.importorskip("tpu_jobs.tunix.checkpoints", reason=_WHY)
 evaluate = pytest.importorskip("tpu_jobs.tunix.evaluate", reason=_WHY)
 train = pytest.importorskip("tpu_jobs.tunix.train", reason=_WHY)
+recording = pytest.importorskip("tpu_jobs.tunix.recording", reason=_WHY)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -55,19 +58,15 @@ def cli_train(run_dir: str, *flags: str) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def rows_of(run_dir: str) -> list[manifest.ManifestRow]:
-    return list(manifest.load(RunLayout(run_dir).manifest).rows)
-
-
 def test_recording_points_inside_tunix_loop(tmp_path: Path, monkeypatch: Any) -> None:
     """Instrumented in-process run: each update's timestamp is taken once its parameters are
     computed and before the next step's rollout; each row is written after its commit."""
     events: list[tuple[Any, ...]] = []
-    recordings: list[train.StepRecording] = []
+    recordings: list[recording.StepRecording] = []
 
-    init = train.StepRecording.__init__
+    init = recording.StepRecording.__init__
 
-    def capture(self: train.StepRecording, *args: Any, **kwargs: Any) -> None:
+    def capture(self: recording.StepRecording, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         recordings.append(self)
 
@@ -94,7 +93,7 @@ def test_recording_points_inside_tunix_loop(tmp_path: Path, monkeypatch: Any) ->
         events.append(("rollout", time.time_ns() // 1_000_000, self.actor_trainer.train_steps))
         return generate(self, *args, **kwargs)
 
-    monkeypatch.setattr(train.StepRecording, "__init__", capture)
+    monkeypatch.setattr(recording.StepRecording, "__init__", capture)
     monkeypatch.setattr(TrainingRecorder, "on_update", observe_update)
     monkeypatch.setattr(TrainingRecorder, "on_checkpoint_committed", observe_row)
     monkeypatch.setattr(rlc.RLCluster, "generate", observe_generate)
@@ -175,7 +174,7 @@ def test_evaluation_refuses_weights_that_are_not_the_recorded_ones(tmp_path: Pat
     run_dir = str(tmp_path / "run")
     cli_train(run_dir, "--max-steps", "2", "--val-start-at", "2")
     [row] = rows_of(run_dir)
-    target = evaluate.Target(
+    target = Target(
         checkpoint_path=row.checkpoint_path,
         expected_fingerprint="sha256:" + "0" * 64,
         step=row.step,
@@ -185,45 +184,39 @@ def test_evaluation_refuses_weights_that_are_not_the_recorded_ones(tmp_path: Pat
         summary_path=str(tmp_path / "bad" / "summary.json"),
         attempts_dir=str(tmp_path / "bad" / "attempts"),
     )
-    summary = evaluate.evaluate(target)
+    summary = evaluate_target(target, evaluate.TunixCheckpoints()).summary
+    assert summary is not None
     assert summary.fatal_error is not None and "fingerprint" in summary.fatal_error
     assert summary_problems(summary, row) != []
+
+
+# The Tunix job, SIGKILLed by itself right after the row of step KILL_AFTER is written (later
+# steps' saves may be in flight): a crash mid-run at a known point, not a race with the clock.
+KILL_AFTER_ROW = """
+import os, signal, sys
+from tpu_jobs.tunix import recording, train
+committed = recording.StepRecording._committed
+def committed_then_die(self, step, path):
+    committed(self, step, path)
+    if step == int(os.environ["KILL_AFTER"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+recording.StepRecording._committed = committed_then_die
+sys.exit(train.main(sys.argv[1:]))
+"""
 
 
 def test_killed_mid_run_resumes_with_a_consistent_manifest(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     layout = RunLayout(run_dir)
     flags = ["--max-steps", "30", "--val-start-at", "3"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "tpu_jobs.tunix_train",
-        "--run-dir",
-        run_dir,
-        "--seed",
-        "0",
-        *flags,
-    ]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, env={**os.environ, **ENV, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_ROW, "--run-dir", run_dir, "--seed", "0", *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, **ENV, "PYTHONPATH": str(REPO), "KILL_AFTER": "5"},
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and proc.poll() is None:
-            if os.path.exists(layout.manifest) and len(manifest.parse_rows(
-                Path(layout.manifest).read_text(), "m")) >= 3:  # fmt: skip
-                break
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "training finished before it could be killed"
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     before = rows_of(run_dir)
-    assert [r.step for r in before] == list(range(3, before[-1].step + 1))
+    assert [r.step for r in before] == [3, 4, 5]  # the watcher writes rows in step order
     for row in before:
         assert is_complete(row.checkpoint_path)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from synthetic_run import attempts_for_accuracy
+from trainer_runs import written_rows
 
 from rcpflow import manifest, recipe, stop_request
 from rcpflow.checkers import compliance
@@ -31,7 +32,7 @@ from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.recorder import TrainingRecorder, now_ms
 from rcpflow.storage import storage_for
 from rcpflow.summary import build_summary, write_summary
-from tpu_jobs.checkpoint import is_complete
+from tpu_jobs.rcp.checkpoint_format import is_complete
 
 _WHY = "google-tunix (the project's `tunix` extra) is not installed"
 checkpoints = pytest.importorskip("tpu_jobs.tunix.checkpoints", reason=_WHY)
@@ -50,16 +51,11 @@ def config(run_dir: str, max_steps: int) -> train.TrainConfig:
     )  # fmt: skip
 
 
-def rows_of(run_dir: str) -> list[ManifestRow]:
-    path = RunLayout(run_dir).manifest
-    return manifest.read_rows(path) if os.path.exists(path) else []
-
-
 def wait_for_row(run_dir: str, step: int) -> ManifestRow:
     """The row of `step`, once the job's commit watcher has written it."""
     deadline = time.monotonic() + ROW_WAIT_S
     while time.monotonic() < deadline:
-        found = [r for r in rows_of(run_dir) if r.step == step]
+        found = [r for r in written_rows(run_dir) if r.step == step]
         if found:
             return found[0]
         time.sleep(0.01)
@@ -200,7 +196,7 @@ def test_a_stop_request_standing_at_a_resume_ends_training_without_another_updat
     act_during_update(monkeypatch, 4, die)
     with pytest.raises(RuntimeError, match="simulated preemption"):
         train.train(config(run_dir, max_steps))
-    rows = rows_of(run_dir)
+    rows = written_rows(run_dir)
     assert [r.step for r in rows] == [2, 3]
     assert not [e for e in read_events(RunLayout(run_dir).mllog(SEED)) if e.key == "block_stop"]
     write_request(run_dir, stop_request.StopRequest(
@@ -215,7 +211,7 @@ def test_a_stop_request_standing_at_a_resume_ends_training_without_another_updat
     assert {"event": "stop_requested", "step": 3} in out
     assert (result.first_step, result.last_step, result.resumed_from) == (4, 3, 3)
     check_stopped_run(run_dir, 3)
-    assert rows_of(run_dir) == rows  # kept as they were
+    assert written_rows(run_dir) == rows  # kept as they were
 
 
 @pytest.mark.parametrize("whose", ["another seed", "a step without a checkpoint"])

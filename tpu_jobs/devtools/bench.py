@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tpu_jobs import checkpoint as ck
-from tpu_jobs import grpo
-from tpu_jobs.fingerprint import weights_fingerprint
-from tpu_jobs.model import param_bytes, unscan_params
-from tpu_jobs.rcp_hooks import RcpHooks
-from tpu_jobs.train import TrainConfig, hyperparameters_for
+from tpu_jobs.rcp.checkpoint_format import PARAMS_ITEM
+from tpu_jobs.rcp.checkpoint_restore import restore_params
+from tpu_jobs.rcp.checkpoint_writer import DEFAULT_MAX_PENDING, CheckpointSaver
+from tpu_jobs.rcp.fingerprint import weights_fingerprint
+from tpu_jobs.rcp.hooks import RcpHooks
+from tpu_jobs.toy import grpo
+from tpu_jobs.toy.model import param_bytes, unscan_params
+from tpu_jobs.toy.train import TrainConfig
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -87,7 +90,7 @@ def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
     # The trainer's default configuration (division, learning rate, policy).
     config = TrainConfig(run_dir=str(workdir / "run"), seed=0, max_steps=3 * steps + 10)
     cfg = config.model
-    hp = hyperparameters_for(config)
+    hp = config.hyperparameters()
     step_fn = grpo.make_train_step(cfg, hp)
     state = grpo.init_state(cfg, hp, seed=0)
 
@@ -108,7 +111,7 @@ def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
         depth: RcpHooks(
             str(workdir / f"run{depth}"), 0, hp, val_start_at=1, max_pending_saves=depth
         )
-        for depth in (ck.DEFAULT_MAX_PENDING, 1)
+        for depth in (DEFAULT_MAX_PENDING, 1)
     }
     times = {depth: LoopTimes() for depth in hooks}
     for h in hooks.values():
@@ -137,11 +140,11 @@ def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
     for h in hooks.values():
         h.on_train_end()
     timed_steps = ROUNDS * per_block
-    main, one_deep = times[ck.DEFAULT_MAX_PENDING], times[1]
+    main, one_deep = times[DEFAULT_MAX_PENDING], times[1]
 
     # What one save costs with nothing else running: the loop's part (`save()`: host snapshot
     # and enqueue) and the write in the saver's thread (to its commit).
-    saver = ck.CheckpointSaver(str(workdir / "blocking"))
+    saver = CheckpointSaver(str(workdir / "blocking"))
     blocking, writes = [], []
     for i in range(1, 8):
         t0 = time.perf_counter()
@@ -154,7 +157,7 @@ def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
     return TrainerNumbers(
         global_batch_size=hp.global_batch_size,
         param_bytes=param_bytes(state.params),
-        max_pending=ck.DEFAULT_MAX_PENDING,
+        max_pending=DEFAULT_MAX_PENDING,
         block_steps=per_block,
         step_s_off=off_s / timed_steps,
         step_s_on=main.loop_s / timed_steps,
@@ -191,7 +194,7 @@ def bench_restore(workdir: Path, megabytes: int) -> RestoreNumbers:
     num_layers, d = 8, 1024
     ff = max(1, megabytes * (1 << 20) // (2 * 4 * num_layers * d))
     key = jax.random.PRNGKey(0)
-    # Scanned layout, layer axis 1 (as MaxText and tpu_jobs.model): two stacked matrices.
+    # Scanned layout, layer axis 1 (as MaxText and tpu_jobs.toy.model): two stacked matrices.
     params = {
         "embed": {"embedding": jax.random.normal(key, (256, d))},
         "layers": {
@@ -200,19 +203,19 @@ def bench_restore(workdir: Path, megabytes: int) -> RestoreNumbers:
         },
     }
     nbytes = param_bytes(params)
-    saver = ck.CheckpointSaver(str(workdir / "restore"))
+    saver = CheckpointSaver(str(workdir / "restore"))
     saver.save(1, params, {"count": jnp.int32(0)}, timestamp_ms=1)
     [saved] = saver.wait()
     saver.close()
     del params
-    files = [p for p in Path(saved.path, ck.PARAMS_ITEM).rglob("*") if p.is_file()]
+    files = [p for p in Path(saved.path, PARAMS_ITEM).rglob("*") if p.is_file()]
     read_all(files)  # page cache warm for both contenders
 
     restores, verifies = [], []
     restored: Any = None
     for _ in range(3):
-        t, (restored, _) = timed(lambda: ck.restore_params(saved.path))
-        v, _ = timed(lambda tree=restored: weights_fingerprint(tree))
+        t, (restored, _) = timed(partial(restore_params, saved.path))
+        v, _ = timed(partial(weights_fingerprint, restored))
         restores.append(t - v)  # restore_params verifies the fingerprint; count it apart
         verifies.append(v)
     raw = median_time(lambda: read_all(files), 3)

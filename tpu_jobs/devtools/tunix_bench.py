@@ -9,7 +9,7 @@ round) so machine noise hits them alike:
 
     plain        no checkpoints at all
     checkpoints  Tunix's checkpoint manager saving every step (async), no recording
-    recorded     the same plus rcpflow's recording (`tpu_jobs.tunix.train.StepRecording`: the
+    recorded     the same plus rcpflow's recording (`tpu_jobs.tunix.recording.StepRecording`: the
                  block on the new parameters, the timestamp, the weights fingerprint, the
                  checkpoint record, the commit watcher and its manifest rows, the MLLOG)
 
@@ -48,6 +48,7 @@ from rcpflow.mllog import SystemInfo
 from rcpflow.recorder import TrainingRecorder
 from tpu_jobs.devtools.bench import machine
 from tpu_jobs.tunix import train
+from tpu_jobs.tunix.recording import StepRecording
 
 VARIANTS = ("plain", "checkpoints", "recorded")
 SECTION_START = "<!-- tunix_bench: start -->"
@@ -64,24 +65,25 @@ def one_block(variant: str, steps: int, warmup: int) -> Block:
     starts: list[float] = []
     recording_s: list[float] = []
     generate = rlc.RLCluster.generate
-    record_update = train.StepRecording._record_update
+    record_update = StepRecording._record_update
 
     def probe(self: rlc.RLCluster, *args: Any, **kwargs: Any) -> Any:
         starts.append(time.perf_counter())
         return generate(self, *args, **kwargs)
 
-    def timed_update(self: train.StepRecording, step: int) -> None:
+    def timed_update(self: StepRecording, step: int) -> None:
         t0 = time.perf_counter()
         record_update(self, step)
         if step > warmup:
             recording_s.append(time.perf_counter() - t0)
 
+    # Patched for the block only (restored below), to time what each variant adds.
     rlc.RLCluster.generate = probe  # the same probe in every variant
-    train.StepRecording._record_update = timed_update
+    StepRecording._record_update = timed_update  # type: ignore[method-assign]
     try:
         with tempfile.TemporaryDirectory(prefix=f"tunix-bench-{variant}-") as run_dir:
             config = train.TrainConfig(run_dir=run_dir, seed=0, max_steps=steps, val_start_at=1)
-            hp = train.hyperparameters_for(config)
+            hp = config.hyperparameters()
             root = None if variant == "plain" else f"{run_dir}/{train.CHECKPOINT_ROOT}"
             job = train.build_job(config, hp, 1, root)
             recording = None
@@ -95,7 +97,7 @@ def one_block(variant: str, steps: int, warmup: int) -> Block:
                     system=SystemInfo(micro_batch_size=hp.global_batch_size),
                 )
                 recorder.on_init_start()
-                recording = train.StepRecording(
+                recording = StepRecording(
                     recorder,
                     job.trainer,
                     val_start_at=1,
@@ -111,7 +113,7 @@ def one_block(variant: str, steps: int, warmup: int) -> Block:
                 recorder.on_train_end()
     finally:
         rlc.RLCluster.generate = generate
-        train.StepRecording._record_update = record_update
+        StepRecording._record_update = record_update  # type: ignore[method-assign]
     return Block([b - a for a, b in itertools.pairwise(starts[warmup:])], recording_s)
 
 

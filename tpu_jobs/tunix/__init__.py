@@ -1,4 +1,4 @@
-"""The toy task trained by Tunix: google-tunix's own GRPO trainer as a submitter would run it.
+"""The digit task trained by google-tunix's own GRPO trainer, as a submitter would run it.
 
 `vocab` (the in-memory tokenizer), `policy` (a small Tunix Qwen3 and the mesh), `checkpoints`
 (Tunix's checkpoint layout: options, commit watch, restore), `recording` (the RCP recording wired

@@ -1,22 +1,10 @@
-"""Tunix's checkpoints, as this job configures, watches and reads them.
+"""Tunix's checkpoints, as this job configures (`options`), watches (`CommitWatcher`) and reads
+them (`read_record`, `restore_params`).
 
-Tunix's trainer writes them with its own checkpoint manager (an Orbax ``CheckpointManager``):
-``<checkpoint_root>/actor/<step>/`` with the items ``model_params`` and ``optimizer_state``
-(OCDBT), ``_CHECKPOINT_METADATA`` (Orbax's JSON, with Tunix's ``custom_metadata``) and
-``commit_success.txt``, the marker Orbax writes when the step is final. Orbax's defaults (and
-Tunix's: one save per 180 s, 3 kept) are wrong for this benchmark; `options` saves exactly the
-steps ``val_start_at..max_steps``, keeps all of them, and saves asynchronously (Orbax copies the
-arrays, then writes in its own thread).
-
-``custom_metadata`` also carries this job's record of the step under `RCPFLOW_KEY`: the step,
-its weight-update timestamp, the weights fingerprint and the run's identity. It is written into
-the checkpoint by Orbax together with the weights, so a committed checkpoint is enough to rebuild
-its manifest row after a crash (`CheckpointRecord`).
-
-A step is *committed* once its folder has the commit marker. Orbax calls no hook after that
-point (its ``post_finalization_callback`` runs before the final rename), so `CommitWatcher`
-polls for the marker in a thread of its own and hands each committed step on, in step order,
-without the training loop waiting.
+``<checkpoint_root>/actor/<step>/`` holds ``model_params``, ``optimizer_state``,
+``_CHECKPOINT_METADATA`` (with Tunix's ``custom_metadata``, where this job's `CheckpointRecord`
+of the step sits under `RCPFLOW_KEY`) and ``commit_success.txt``: only a step with the marker is
+committed. Why the options and the polling watcher: docs/tpu_jobs.md.
 """
 
 from __future__ import annotations
@@ -36,7 +24,7 @@ from etils import epath
 
 from rcpflow.layout import join
 from rcpflow.storage import storage_for
-from tpu_jobs.checkpoint import COMMIT_MARKER, CheckpointError, is_complete
+from tpu_jobs.rcp.checkpoint_format import COMMIT_MARKER, CheckpointError, is_complete
 
 ACTOR_DIR = "actor"  # Tunix puts the actor's checkpoints under this folder of the root
 PARAMS_ITEM = "model_params"

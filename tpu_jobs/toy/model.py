@@ -13,12 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from tpu_jobs.sampling import LogitsFn
 
 Params = dict[str, Any]
 
@@ -159,7 +161,8 @@ def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
 
 def apply_scanned(cfg: ModelConfig, params: Params, tokens: jax.Array) -> jax.Array:
     _check_tokens(cfg, tokens)
-    return ScannedTransformer(cfg).apply({"params": params}, tokens)
+    # Without mutable collections flax's apply returns the output alone.
+    return cast(jax.Array, ScannedTransformer(cfg).apply({"params": params}, tokens))
 
 
 def apply_unscanned(
@@ -180,7 +183,8 @@ def apply_unscanned(
     for layer in layer_params:
         x, _ = block.apply({"params": layer}, x)
     x = _final_norm().apply({"params": outer_params["final_norm"]}, x)
-    return _lm_head(cfg).apply({"params": outer_params["lm_head"]}, x).astype(jnp.float32)
+    logits = cast(jax.Array, _lm_head(cfg).apply({"params": outer_params["lm_head"]}, x))
+    return logits.astype(jnp.float32)
 
 
 def unscan_params(
@@ -208,3 +212,24 @@ def unscan_params(
 
 def param_bytes(params: Any) -> int:
     return sum(int(np.asarray(leaf).nbytes) for leaf in jax.tree.leaves(params))
+
+
+@cache
+def scanned_logits_fn(cfg: ModelConfig) -> LogitsFn:
+    """``(params, tokens) -> logits`` for scanned params (cached so jit reuses its compile)."""
+
+    def logits_fn(params: Any, tokens: jax.Array) -> jax.Array:
+        return apply_scanned(cfg, params, tokens)
+
+    return logits_fn
+
+
+@cache
+def unscanned_logits_fn(cfg: ModelConfig) -> LogitsFn:
+    """``((outer, layers), tokens) -> logits`` for the unscanned eval model."""
+
+    def logits_fn(params: tuple[Any, Sequence[Any]], tokens: jax.Array) -> jax.Array:
+        outer, layers = params
+        return apply_unscanned(cfg, outer, layers, tokens)
+
+    return logits_fn

@@ -1,16 +1,10 @@
-"""One training job over several processes (the hosts of a TPU slice): the process layout the
-JobSet gives each pod, `jax.distributed` from it, and what the processes other than 0 do.
+"""One training job over several processes (the hosts of a TPU slice): the layout from the
+environment, `jax.distributed` from it, and `FollowerHooks` for every process but 0.
 
-The layout comes from RCPFLOW_COORDINATOR_ADDRESS / RCPFLOW_NUM_PROCESSES / RCPFLOW_PROCESS_ID
-(tasks.backends.gke.render sets them on a multi-host slice); without them the job is one
-process and nothing here changes it. All processes form one system and run the same jitted
-step on global arrays (`replicate`).
-
-Process 0 is the only writer of the MLLOG, the manifest and the checkpoints: the toy policy's
-parameters and optimizer state are replicated, so process 0 holds all of them, and its Orbax
-readers and writers are limited to itself (`tpu_jobs.checkpoint.local_multiprocessing`), so
-its background saves wait on no other process. The other processes run `FollowerHooks`: they
-restore the step process 0 resumes from (broadcast from it) and write nothing.
+RCPFLOW_COORDINATOR_ADDRESS / RCPFLOW_NUM_PROCESSES / RCPFLOW_PROCESS_ID (set by
+tasks.backends.gke.render) give the layout; without them the job is one process. Process 0
+alone writes the MLLOG, the manifest and the checkpoints; what it decides (where to resume,
+whether to stop) is broadcast to the others (docs/tpu_jobs.md has the why).
 """
 
 from __future__ import annotations
@@ -18,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import jax
@@ -28,8 +21,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rcpflow.layout import RunLayout, join
 from rcpflow.recorder import now_ms
-from tpu_jobs.checkpoint import read_meta, restore_train_state_numpy
-from tpu_jobs.rcp_hooks import RcpHooks, ResumePoint
+from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_train_state_numpy
+from tpu_jobs.rcp.trainer_hooks import ResumePoint, TrainerHooks
 
 COORDINATOR_ADDRESS_ENV = "RCPFLOW_COORDINATOR_ADDRESS"
 NUM_PROCESSES_ENV = "RCPFLOW_NUM_PROCESSES"
@@ -127,42 +120,41 @@ def broadcast_resume(point: ResumePoint | None) -> tuple[int, bool]:
     return int(got[0]), bool(got[1])
 
 
-def stop_requested(hooks: RcpHooks | FollowerHooks) -> bool:
-    """After a step: does the run stop here? Process 0 reads the stop request (only it has
-    the recorder) and every process gets its answer: they all run the same steps, and one
-    that stopped alone would leave the others waiting in the next step's collectives."""
-    mine = hooks.stop_requested() if isinstance(hooks, RcpHooks) else False
+def stop_requested(hooks: TrainerHooks) -> bool:
+    """After a step: does the run stop here? Process 0's answer (only it reads the stop request)
+    on every process: they all run the same steps, and one that stopped alone would leave the
+    others waiting in the next step's collectives."""
+    mine = hooks.stop_requested()
     if jax.process_count() == 1:
         return mine
     return bool(multihost_utils.broadcast_one_to_all(np.array(int(mine), np.int64)))
 
 
 def resume(
-    hooks: RcpHooks | FollowerHooks, params_like: PyTree, state_like: PyTree, **options: Any
+    hooks: TrainerHooks, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
 ) -> ResumePoint | None:
-    """``hooks.resume(params_like=..., state_like=..., **options)`` on process 0 (the only
-    process of a one-process job); the others restore the step it chose."""
-    if isinstance(hooks, RcpHooks):
-        point = hooks.resume(params_like=params_like, state_like=state_like, **options)
-        if jax.process_count() > 1:
-            broadcast_resume(point)
-        return point
-    step, finished = broadcast_resume(None)
-    return hooks.restore(step, finished, params_like, state_like)
+    """``hooks.resume(...)`` on every process; process 0's choice is broadcast to the others,
+    whose `FollowerHooks.resume` receives it and restores that step."""
+    point = hooks.resume(params_like, state_like, past_corrupt=past_corrupt)
+    if jax.process_count() > 1 and jax.process_index() == 0:
+        broadcast_resume(point)
+    return point
 
 
 class FollowerHooks:
-    """The `RcpHooks` calls a trainer makes, for a process other than 0: it writes nothing
-    (no MLLOG, manifest or checkpoint) and restores what process 0 resumes from."""
+    """`TrainerHooks` of a process other than 0: it writes nothing (no MLLOG, manifest or
+    checkpoint) and restores what process 0 resumes from."""
 
     def __init__(self, run_dir: str) -> None:
         # Not a CheckpointSaver: opening one cleans up half-written step folders, which on a
         # follower would be process 0's saves in progress.
         self._checkpoints_dir = RunLayout(run_dir).checkpoints_dir
 
-    def restore(
-        self, step: int, finished: bool, params_like: PyTree, state_like: PyTree
+    def resume(
+        self, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
     ) -> ResumePoint | None:
+        """The step process 0 resumes from (`past_corrupt` is process 0's to act on)."""
+        step, finished = broadcast_resume(None)
         if step == 0:
             return None
         path = join(self._checkpoints_dir, str(step))
@@ -185,16 +177,14 @@ class FollowerHooks:
         jax.block_until_ready(params)
         return now_ms()
 
+    def stop_requested(self) -> bool:
+        return False  # process 0 reads the request; `stop_requested` broadcasts its answer
+
     def on_train_end(self) -> None:
         pass
 
     def __enter__(self) -> FollowerHooks:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        pass
+    def __exit__(self, *exc_info: object) -> None:
+        pass  # nothing queued, nothing to finish

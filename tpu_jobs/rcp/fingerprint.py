@@ -42,7 +42,7 @@ def weights_fingerprint(params: PyTree) -> str:
     for name, leaf in named:
         array = np.ascontiguousarray(np.asarray(leaf))
         digest.update(f"{name}|{array.dtype.str}|{array.shape}\n".encode())
-        digest.update(array.reshape(-1).view(np.uint8))
+        digest.update(array.reshape(-1).view(np.uint8).data)
     return f"{FINGERPRINT_ALGORITHM}:{digest.hexdigest()}"
 
 

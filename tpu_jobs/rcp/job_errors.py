@@ -1,12 +1,9 @@
 """Which failures of a training job are the user's, and the exit code each class gets.
 
-Shared by ``python -m tpu_jobs.train`` and ``python -m tpu_jobs.tunix_train`` so that the same
-problem ends both the same way: arguments that are not those of the run in the run folder (its
-checkpoints record another seed, gbs, val_start_at or max_steps; an inconsistent process layout)
-exit 2, like argparse's own errors, the message naming the flag; a run folder that cannot be
-resumed as it is (a lost or cut MLLOG, a deleted checkpoint, a garbage manifest line, a path
-that is a file, a folder that cannot be written) exits 1. Each is one line on stderr,
-``<prog>: error: <what>``, never a traceback. Anything else is a bug and keeps its traceback.
+Arguments that are not those of the run in the run folder exit 2 (like argparse's errors), a
+run folder that cannot be resumed as it is exits 1; each is one line on stderr,
+``<prog>: error: <what>``. Anything else is a bug and keeps its traceback. The contract:
+docs/tpu_jobs.md (exit codes).
 """
 
 from __future__ import annotations
@@ -17,11 +14,11 @@ from rcpflow.manifest import ManifestError
 from rcpflow.mllog import MLLogError
 from rcpflow.storage import StorageError
 from rcpflow.usererrors import describe
-from tpu_jobs.checkpoint import CheckpointError
-from tpu_jobs.distributed import LayoutError
-from tpu_jobs.fingerprint import FingerprintMismatchError
-from tpu_jobs.rcp_hooks import RunMismatchError
-from tpu_jobs.saver import SaveFailedError
+from tpu_jobs.rcp.checkpoint_format import CheckpointError
+from tpu_jobs.rcp.distributed import LayoutError
+from tpu_jobs.rcp.fingerprint import FingerprintMismatchError
+from tpu_jobs.rcp.hooks import RunMismatchError
+from tpu_jobs.rcp.saver import SaveFailedError
 
 BAD_ARGUMENTS = 2
 BAD_RUN_STATE = 1

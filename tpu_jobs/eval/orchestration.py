@@ -1,7 +1,7 @@
-"""One checkpoint's evaluation across its shards: restore, verify, attempts, the summary.
+"""One checkpoint's evaluation across its shards, for any trainer's `CheckpointLoader`.
 
 One shard writes the attempts, then the summary (the commit point). With N shards each worker
-writes its shard file (`tpu_jobs.eval_shards`); worker 0 then waits up to a timeout for the
+writes its shard file (`tpu_jobs.eval.shards`); worker 0 then waits up to a timeout for the
 others and merges them. Nothing raises: a restore, fingerprint or evaluation error (any shard's)
 becomes the summary's ``fatal_error``, and a shard missing at the timeout leaves its attempts
 missing; either summary is never valid, so the run can never end on it.
@@ -18,9 +18,8 @@ from rcpflow import recipe
 from rcpflow.layout import join
 from rcpflow.storage import storage_for
 from rcpflow.summary import AttemptResult, EvalSummary, build_summary, write_summary
-from tpu_jobs.checkpoint import CheckpointMeta, restore_params
-from tpu_jobs.eval_sampling import run_attempts, sampling_settings
-from tpu_jobs.eval_shards import (
+from tpu_jobs.eval.attempts import sampling_settings
+from tpu_jobs.eval.shards import (
     SINGLE,
     EvalIdentity,
     Gathered,
@@ -32,8 +31,7 @@ from tpu_jobs.eval_shards import (
     merge_records,
     write_shard,
 )
-from tpu_jobs.model import MODEL_CONFIG_KEY, ModelConfig
-from tpu_jobs.rcp_hooks import RUN_IDENTITY_KEY
+from tpu_jobs.eval.target import CheckpointFacts, CheckpointLoader, Target, checked_facts
 
 # Worker 0's wait for the other shards, after its own; below the deployment's 30-minute watch of
 # an eval JobSet, so the incomplete summary is written before Airflow gives up on the job.
@@ -43,30 +41,6 @@ ATTEMPTS_FILE = "attempts.jsonl"
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True)
-class Target:
-    """What is being evaluated and where the results go."""
-
-    checkpoint_path: str
-    expected_fingerprint: str | None
-    step: int | None  # known from the manifest row; standalone: read from the checkpoint
-    timestamp_ms: int | None
-    samples_count: int | None
-    target_accuracy: float
-    summary_path: str
-    attempts_dir: str
-
-
-@dataclass(frozen=True)
-class CheckpointFacts:
-    """Step, timestamp and samples of the checkpoint; -1 where a failed restore left them
-    unknown (standalone mode learns them from the checkpoint)."""
-
-    step: int
-    timestamp_ms: int
-    samples_count: int
 
 
 @dataclass(frozen=True)
@@ -80,15 +54,7 @@ class Outcome:
     shard_path: str | None = None
 
 
-def model_config(meta: CheckpointMeta, where: str) -> ModelConfig:
-    if MODEL_CONFIG_KEY not in meta.extra:
-        raise ValueError(
-            f"{where}: checkpoint records no {MODEL_CONFIG_KEY!r}; cannot build the model"
-        )
-    return ModelConfig(**meta.extra[MODEL_CONFIG_KEY])
-
-
-def _identity(target: Target, sharding: Sharding) -> EvalIdentity:
+def _identity(target: Target, sharding: Sharding, batch_rows: int) -> EvalIdentity:
     return EvalIdentity(
         attempt_id=sharding.attempt_id,
         num_shards=sharding.count,
@@ -98,34 +64,22 @@ def _identity(target: Target, sharding: Sharding) -> EvalIdentity:
         weights_fingerprint=target.expected_fingerprint,
         instances=recipe.EVAL_SAMPLES,
         attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
-        sampling=sampling_settings(),
+        sampling=sampling_settings(batch_rows),
     )
 
 
 def _evaluate_shard(
-    target: Target, sharding: Sharding, start_ms: int
+    target: Target, loader: CheckpointLoader, sharding: Sharding, start_ms: int
 ) -> tuple[Shard, CheckpointFacts]:
     """Restore, verify, sample this worker's instances. Any failure becomes the shard's
     `fatal_error` (with no records) instead of an exception."""
-    facts = CheckpointFacts(
-        step=-1 if target.step is None else target.step,
-        timestamp_ms=-1 if target.timestamp_ms is None else target.timestamp_ms,
-        samples_count=-1 if target.samples_count is None else target.samples_count,
-    )
+    facts = CheckpointFacts.of_target(target)
     records: list[Record] = []
     fatal: str | None = None
     try:
-        params, meta = restore_params(target.checkpoint_path, target.expected_fingerprint)
-        if target.step is None:
-            gbs = int(meta.extra[RUN_IDENTITY_KEY]["global_batch_size"])
-            facts = CheckpointFacts(meta.step, meta.timestamp_ms, meta.step * gbs)
-        elif meta.step != target.step:
-            raise ValueError(
-                f"{target.checkpoint_path}: holds step {meta.step}, the manifest row is step "
-                f"{target.step}"
-            )
-        cfg = model_config(meta, target.checkpoint_path)
-        records = run_attempts(cfg, params, sharding.instances(recipe.EVAL_SAMPLES))
+        loaded = loader.load(target.checkpoint_path, target.expected_fingerprint)
+        facts = checked_facts(target, loaded.facts)
+        records = loaded.attempts(sharding.instances(recipe.EVAL_SAMPLES))
     except Exception as e:
         fatal = f"{type(e).__name__}: {e}"
         records = []
@@ -137,6 +91,7 @@ def _evaluate_shard(
 
 def evaluate(
     target: Target,
+    loader: CheckpointLoader,
     sharding: Sharding = SINGLE,
     shard_timeout_s: float = DEFAULT_SHARD_TIMEOUT_S,
 ) -> Outcome:
@@ -145,8 +100,8 @@ def evaluate(
     and writes the merged attempts and the summary. Failures end in a summary with
     `fatal_error` (written too), not in an exception."""
     start = now_ms()
-    identity = _identity(target, sharding)
-    own, facts = _evaluate_shard(target, sharding, start)
+    identity = _identity(target, sharding, loader.batch_rows)
+    own, facts = _evaluate_shard(target, loader, sharding, start)
     if sharding.count == 1:
         gathered = Gathered(shards={0: own}, missing=())
     else:

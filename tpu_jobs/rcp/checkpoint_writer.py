@@ -1,19 +1,12 @@
-"""Orbax checkpoints of a scanned policy: the step folder's layout, its save, and restores.
+"""Background saves of step checkpoints (`tpu_jobs.rcp.checkpoint_format`) under one folder.
 
-A step's checkpoint is ``<checkpoints_dir>/<step>/`` with the items ``params/`` (scanned layout,
-uncompressed), ``train_state/`` and ``meta/`` (JSON: step, timestamp, weights fingerprint, the
-trainer's `extra`). Only a folder with Orbax's commit marker is complete; anything else is never
-listed, restored or evaluated. Saves are queued on host snapshots (`tpu_jobs.saver`); restores
-for evaluation read numpy arrays and verify the fingerprint (`tpu_jobs.fingerprint`).
-
-In a job of several processes (`tpu_jobs.distributed`) every Orbax reader and writer here is
-limited to its own process (`local_multiprocessing`): process 0 alone writes, from the host
-copy of the replicated arrays, and no save or read waits on a barrier of the other processes.
+`CheckpointSaver.save` returns once params and state are copied to host memory
+(`host_snapshot`); the queue (`tpu_jobs.rcp.saver`) writes the steps in order, each to its Orbax
+commit, then hands the committed save on. The saver also restores a step for resuming training.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,107 +14,31 @@ from typing import Any
 
 import jax
 import numpy as np
-
-# gcsfs (which etils/Orbax use for gs:// folders) otherwise probes each bucket over gRPC for a
-# hierarchical namespace, which waits up to 60 s when no credentials exist (the emulator case).
-os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-
 import orbax.checkpoint as ocp
 from etils import epath
 
 from rcpflow.layout import join
-from rcpflow.storage import storage_for
-from tpu_jobs.fingerprint import (
-    FingerprintMismatchError,
-    leaf_name,
-    verify_fingerprint,
-    weights_fingerprint,
+from tpu_jobs.rcp.checkpoint_format import (
+    COMMIT_MARKER,
+    META_ITEM,
+    PARAMS_ITEM,
+    STATE_ITEM,
+    CheckpointError,
+    CheckpointMeta,
+    SavedCheckpoint,
+    handlers,
+    is_complete,
+    local_multiprocessing,
 )
-from tpu_jobs.saver import OrderedSaveQueue
+from tpu_jobs.rcp.checkpoint_restore import read_meta
+from tpu_jobs.rcp.fingerprint import leaf_name, verify_fingerprint, weights_fingerprint
+from tpu_jobs.rcp.saver import OrderedSaveQueue
 
-PARAMS_ITEM = "params"
-STATE_ITEM = "train_state"
-META_ITEM = "meta"
-COMMIT_MARKER = "commit_success.txt"
-META_FORMAT = 1
 # Two snapshots absorb one save slower than a step without stalling the loop, for one extra copy
 # of params + state in host memory. Raise it when saves outlast steps only for a short while.
 DEFAULT_MAX_PENDING = 2
 
 PyTree = Any
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, half-written, or cannot be saved; the message names the step."""
-
-
-@dataclass(frozen=True)
-class CheckpointMeta:
-    """What a checkpoint says about itself (the ``meta`` item)."""
-
-    step: int
-    timestamp_ms: int
-    weights_fingerprint: str
-    extra: Mapping[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "format": META_FORMAT,
-            "step": self.step,
-            "timestamp_ms": self.timestamp_ms,
-            "weights_fingerprint": self.weights_fingerprint,
-            "extra": dict(self.extra),
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any], where: str) -> CheckpointMeta:
-        if d.get("format") != META_FORMAT:
-            raise CheckpointError(f"{where}: unknown checkpoint meta format {d.get('format')!r}")
-        try:
-            return cls(
-                step=int(d["step"]),
-                timestamp_ms=int(d["timestamp_ms"]),
-                weights_fingerprint=str(d["weights_fingerprint"]),
-                extra=dict(d["extra"]),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{where}: malformed checkpoint meta ({e!r})") from e
-
-
-@dataclass(frozen=True)
-class SavedCheckpoint:
-    """A save that has fully finished (committed on storage)."""
-
-    step: int
-    path: str
-    meta: CheckpointMeta
-
-
-def is_complete(step_path: str) -> bool:
-    """True if the checkpoint folder `step_path` was fully written (Orbax's commit marker)."""
-    return storage_for(step_path).exists(join(step_path, COMMIT_MARKER))
-
-
-def _handlers() -> dict[str, ocp.CheckpointHandler]:
-    # Uncompressed: zstd halves save/restore throughput and saves little on float weights.
-    return {
-        PARAMS_ITEM: ocp.PyTreeCheckpointHandler(use_compression=False),
-        STATE_ITEM: ocp.PyTreeCheckpointHandler(use_compression=False),
-        META_ITEM: ocp.JsonCheckpointHandler(),
-    }
-
-
-def local_multiprocessing() -> ocp.options.MultiprocessingOptions:
-    """Orbax's multi-process options for a reader or writer used by this process alone: its
-    barriers are skipped (in a one-process job these are Orbax's defaults)."""
-    if jax.process_count() == 1:
-        return ocp.options.MultiprocessingOptions()
-    me = jax.process_index()
-    return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
-
-
-def _numpy_restore_args(tree_metadata: PyTree) -> PyTree:
-    return jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree_metadata)
 
 
 def host_snapshot(tree: PyTree, what: str) -> PyTree:
@@ -202,7 +119,7 @@ class CheckpointSaver:
         epath.Path(self.directory).mkdir(parents=True, exist_ok=True)
         self._manager = ocp.CheckpointManager(
             epath.Path(self.directory),
-            item_handlers=_handlers(),
+            item_handlers=handlers(),
             options=ocp.CheckpointManagerOptions(
                 create=False,
                 cleanup_tmp_directories=True,
@@ -348,121 +265,3 @@ class CheckpointSaver:
         finally:
             with self._manager_lock:
                 self._manager.close()
-
-
-def _reader() -> ocp.Checkpointer:
-    # All items registered, even those a caller does not restore, so Orbax does not warn about
-    # an item it cannot handle.
-    return ocp.Checkpointer(
-        ocp.CompositeCheckpointHandler(**_handlers()),
-        multiprocessing_options=local_multiprocessing(),
-    )
-
-
-def read_meta(step_path: str) -> CheckpointMeta:
-    """The ``meta`` item of a complete checkpoint folder."""
-    if not is_complete(step_path):
-        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
-    restored = _reader().restore(
-        epath.Path(step_path), args=ocp.args.Composite(**{META_ITEM: ocp.args.JsonRestore()})
-    )
-    return CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
-
-
-def check_readable(step_path: str) -> None:
-    """Read every item of a complete checkpoint on its own terms (its own tree metadata, numpy
-    arrays) and verify the weights against its recorded fingerprint; raises naming the folder.
-
-    Tells a checkpoint that is broken on storage from one that does not fit what a caller tries
-    to restore it into (another model): the second reads fine here.
-    """
-    if not is_complete(step_path):
-        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
-    reader = _reader()
-    path = epath.Path(step_path)
-    try:
-        items = reader.metadata(path).item_metadata
-        restored = reader.restore(
-            path,
-            args=ocp.args.Composite(
-                **{
-                    item: ocp.args.PyTreeRestore(restore_args=_numpy_restore_args(items[item].tree))
-                    for item in (PARAMS_ITEM, STATE_ITEM)
-                },
-                **{META_ITEM: ocp.args.JsonRestore()},
-            ),
-        )
-        meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
-        verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=step_path)
-    except (CheckpointError, FingerprintMismatchError):
-        raise
-    except Exception as e:  # whatever Orbax or tensorstore raise on a broken folder
-        raise CheckpointError(f"{step_path}: cannot be read: {e!r}") from e
-
-
-def restore_params(
-    step_path: str, expected_fingerprint: str | None = None
-) -> tuple[PyTree, CheckpointMeta]:
-    """Read the scanned params of a complete checkpoint as numpy arrays and verify them.
-
-    `expected_fingerprint` is the manifest row's; without one (standalone evaluation) the
-    checkpoint's own recorded fingerprint is the reference. Raises `CheckpointError` or
-    `FingerprintMismatchError` naming the checkpoint.
-    """
-    if not is_complete(step_path):
-        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
-    reader = _reader()
-    path = epath.Path(step_path)
-    try:
-        tree_metadata = reader.metadata(path).item_metadata[PARAMS_ITEM].tree
-        restored = reader.restore(
-            path,
-            args=ocp.args.Composite(
-                **{
-                    PARAMS_ITEM: ocp.args.PyTreeRestore(
-                        restore_args=_numpy_restore_args(tree_metadata)
-                    ),
-                    META_ITEM: ocp.args.JsonRestore(),
-                }
-            ),
-        )
-    except CheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(f"{step_path}: restore failed: {e!r}") from e
-    meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
-    if expected_fingerprint is not None and expected_fingerprint != meta.weights_fingerprint:
-        raise FingerprintMismatchError(
-            f"{step_path}: checkpoint records fingerprint {meta.weights_fingerprint}, the "
-            f"manifest expects {expected_fingerprint}: not the checkpoint the manifest recorded"
-        )
-    params = restored[PARAMS_ITEM]
-    verify_fingerprint(params, expected_fingerprint or meta.weights_fingerprint, where=step_path)
-    return params, meta
-
-
-def restore_train_state_numpy(
-    step_path: str, params_like: PyTree, state_like: PyTree
-) -> tuple[PyTree, PyTree]:
-    """Params and train state of a complete checkpoint as numpy arrays in the trees of
-    `params_like`/`state_like` (what a process that does not own the saver resumes from); the
-    weights are checked against the recorded fingerprint."""
-    if not is_complete(step_path):
-        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
-    restored = _reader().restore(
-        epath.Path(step_path),
-        args=ocp.args.Composite(
-            **{
-                PARAMS_ITEM: ocp.args.PyTreeRestore(
-                    item=params_like, restore_args=_numpy_restore_args(params_like)
-                ),
-                STATE_ITEM: ocp.args.PyTreeRestore(
-                    item=state_like, restore_args=_numpy_restore_args(state_like)
-                ),
-                META_ITEM: ocp.args.JsonRestore(),
-            }
-        ),
-    )
-    meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
-    verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=step_path)
-    return restored[PARAMS_ITEM], restored[STATE_ITEM]

@@ -1,14 +1,9 @@
-"""RCP training hooks: the JAX/Orbax layer of `rcpflow.recorder` for a trainer that lets rcpflow
-save its checkpoints.
+"""RCP training hooks for a trainer that lets rcpflow save its checkpoints (`RcpHooks`).
 
-The recorder decides the records (the MLLOG training section with its backdated ``block_stop``,
-strictly increasing update timestamps, one manifest row per committed checkpoint, resuming from
-the manifest and the log). The hooks decide what needs JAX and Orbax: when an update has
-completed (they block on the parameters before taking its timestamp), a background checkpoint
-of every step from ``val_start_at`` on (`tpu_jobs.checkpoint`), the row handed to the recorder
-only once Orbax has committed it, and which checkpoint a crashed run resumes from. They see
-params and state only as pytrees of arrays; a step is one optimizer update, so
-``samples_count = step * gbs``.
+The JAX/Orbax layer of `rcpflow.recorder`: the recorder decides the records; the hooks block on
+an update before its timestamp, queue a background checkpoint of every step from
+``val_start_at`` on, hand its row to the recorder once Orbax has committed it, and choose the
+checkpoint a crashed run resumes from. A step is one optimizer update (``samples = step * gbs``).
 """
 
 from __future__ import annotations
@@ -25,27 +20,18 @@ import jax
 from rcpflow import manifest, recipe
 from rcpflow.mllog import MLLogError, SystemInfo, read_events, run_start_ms
 from rcpflow.recorder import RecorderError, Resumed, TrainingRecorder
+from rcpflow.run_identity import RunIdentity
 from rcpflow.storage import storage_for
-from tpu_jobs.checkpoint import (
-    DEFAULT_MAX_PENDING,
-    CheckpointError,
-    CheckpointSaver,
-    SavedCheckpoint,
-    check_readable,
-)
-from tpu_jobs.saver import SaveFailedError
+from tpu_jobs.rcp.checkpoint_format import CheckpointError, SavedCheckpoint
+from tpu_jobs.rcp.checkpoint_restore import check_readable
+from tpu_jobs.rcp.checkpoint_writer import DEFAULT_MAX_PENDING, CheckpointSaver
+from tpu_jobs.rcp.saver import SaveFailedError
+from tpu_jobs.rcp.trainer_hooks import ResumePoint
 
 PyTree = Any
 RUN_IDENTITY_KEY = "run"
 RESUME_PAST_CORRUPT_FLAG = "--resume-past-corrupt"
 LOG_LOST = " (it cannot be rebuilt: restore it, or start the run afresh in another run_dir)"
-# The trainer flag that sets each field of a run's identity.
-_IDENTITY_FLAGS = {
-    "seed": "--seed",
-    "global_batch_size": "--global-batch-size",
-    "val_start_at": "--val-start-at",
-    "max_steps": "--max-steps",
-}
 log = logging.getLogger(__name__)
 
 
@@ -57,25 +43,13 @@ class CorruptCheckpointError(CheckpointError):
     """The newest complete checkpoint cannot be restored; `resume(past_corrupt=True)` skips it."""
 
 
-def _differing_flags(found: object, ours: Mapping[str, object]) -> str:
-    if not isinstance(found, Mapping):
-        return "no rcpflow run identity in the checkpoint"
-    return ", ".join(
-        f"{flag} {ours[k]} vs the run's {found.get(k)}"
-        for k, flag in _IDENTITY_FLAGS.items()
-        if found.get(k) != ours[k]
-    )
-
-
-def run_mismatch(
-    step: int, path: str, found: object, ours: Mapping[str, object]
-) -> RunMismatchError:
-    """The error for a checkpoint of another run (`found`, its recorded identity) in the run
+def run_mismatch(step: int, path: str, found: object, ours: RunIdentity) -> RunMismatchError:
+    """The error for a checkpoint of another run (`found`, its recorded arguments) in the run
     folder these arguments (`ours`) describe: it names each flag that differs."""
     return RunMismatchError(
-        f"step {step}: checkpoint at {path} belongs to run {found}, not to this one {ours} "
-        f"({_differing_flags(found, ours)}); resume with that run's arguments, or use another "
-        "run_dir"
+        f"step {step}: checkpoint at {path} belongs to run {found}, not to this one "
+        f"{ours.arguments()} ({ours.differing_flags(found)}); resume with that run's arguments, "
+        "or use another run_dir"
     )
 
 
@@ -154,18 +128,6 @@ def _resume(
     return resumed
 
 
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where a resumed run continues: the restored state after `step` updates."""
-
-    step: int
-    params: PyTree
-    state: PyTree
-    timestamp_ms: int
-    # The log already has its block_stop: training had ended; only on_train_end() may follow.
-    finished: bool
-
-
 class RcpHooks:
     """Per-run hooks. In another trainer's loop (MaxText, Tunix, ...)::
 
@@ -226,13 +188,14 @@ class RcpHooks:
         self.saver = CheckpointSaver(
             self.layout.checkpoints_dir, max_pending=max_pending_saves, on_commit=self._record_row
         )
-        self._identity = {
-            "seed": seed,
-            "global_batch_size": hyperparameters.global_batch_size,
-            "val_start_at": val_start_at,
-            "max_steps": hyperparameters.max_steps,
-        }
-        self._extra = {**dict(checkpoint_extra or {}), RUN_IDENTITY_KEY: self._identity}
+        self._identity = RunIdentity(
+            seed=seed,
+            global_batch_size=hyperparameters.global_batch_size,
+            val_start_at=val_start_at,
+            max_steps=hyperparameters.max_steps,
+            run_start_ms=None,  # a checkpoint records only the arguments
+        )
+        self._extra = {**dict(checkpoint_extra or {}), RUN_IDENTITY_KEY: self._identity.arguments()}
 
     @property
     def mllog_path(self) -> str:
@@ -279,7 +242,7 @@ class RcpHooks:
         except Exception as e:  # whatever Orbax raises on a broken folder
             return self._past_corrupt(newest, e, params_like, state_like, past_corrupt)
         found = meta.extra.get(RUN_IDENTITY_KEY)
-        if found != self._identity:
+        if found != self._identity.arguments():
             raise run_mismatch(newest, path, found, self._identity)
         # Before the restore, which may take minutes: the log and the manifest are checked here.
         resumed = resume_recorder(
@@ -350,7 +313,7 @@ class RcpHooks:
         val_start_at on) copies `params` and `state` to host memory and queues their save; it
         waits for earlier saves only when `max_pending_saves` of them are unfinished. The
         trainer must not donate `params` or `state` before this returns; afterwards the save
-        holds its own host copy. Raises `tpu_jobs.saver.SaveFailedError` if an earlier save
+        holds its own host copy. Raises `tpu_jobs.rcp.saver.SaveFailedError` if an earlier save
         failed (its step is named).
         """
         last = self.recorder.last_update
@@ -394,7 +357,7 @@ class RcpHooks:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None:
+        if exc is None:
             return
         # Training failed: finish the queued saves of updates that did complete, with their rows
         # (a resume continues from them), but end nothing: no block_stop for an unfinished run.

@@ -6,8 +6,7 @@ scores them with the task's exact reward, and normalises rewards within each pro
 ``A = (r - mean_group) / (std_group + eps)``. The loss is ``-mean(A * log pi(answer))`` over
 all generations (token-mean inside an answer). Each batch is used for exactly one update, so
 the PPO-style importance ratio is 1 and its clipping never acts; there is no KL term (the recipe
-has none to log). The optimizer is exactly what ``Hyperparameters`` states: global-norm gradient
-clipping, then AdamW with a constant learning rate and no warmup.
+has none to log). The optimizer is `tpu_jobs.rcp.optimizer.make_optimizer`'s.
 
 Everything random is derived from ``(seed, step)`` so a run resumed at step ``s`` continues the
 trajectory it would have had without the interruption.
@@ -15,7 +14,6 @@ trajectory it would have had without the interruption.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cache
 from typing import NamedTuple
 
@@ -26,8 +24,9 @@ import optax
 
 from rcpflow.recipe import Hyperparameters
 from tpu_jobs import task
-from tpu_jobs.model import ModelConfig, Params, apply_scanned, init_params
-from tpu_jobs.sampling import sample_tokens, scanned_logits_fn
+from tpu_jobs.rcp.optimizer import make_optimizer
+from tpu_jobs.sampling import sample_tokens
+from tpu_jobs.toy.model import ModelConfig, Params, apply_scanned, init_params, scanned_logits_fn
 
 ADVANTAGE_EPS = 1e-6
 
@@ -57,25 +56,6 @@ def group_advantages(rewards: jax.Array, eps: float = ADVANTAGE_EPS) -> jax.Arra
     mean = rewards.mean(axis=-1, keepdims=True)
     std = rewards.std(axis=-1, keepdims=True)
     return (rewards - mean) / (std + eps)
-
-
-def make_optimizer(hp: Hyperparameters) -> optax.GradientTransformation:
-    """Clip by global norm, then AdamW: the optimizer the MLLOG hyperparameters describe."""
-    if hp.lr_schedule != "constant" or hp.warmup_steps != 0:
-        raise ValueError(
-            f"only a constant schedule without warmup is implemented; hyperparameters say "
-            f"lr_schedule={hp.lr_schedule!r}, warmup_steps={hp.warmup_steps}"
-        )
-    return optax.chain(
-        optax.clip_by_global_norm(hp.gradient_clip_norm),
-        optax.adamw(
-            learning_rate=hp.learning_rate,
-            b1=hp.adam_beta_1,
-            b2=hp.adam_beta_2,
-            eps=hp.adam_epsilon,
-            weight_decay=hp.weight_decay,
-        ),
-    )
 
 
 def completion_logprobs(
@@ -111,7 +91,8 @@ def rollout_key(seed: int, step: int) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _ROLLOUT_STREAM), step)
 
 
-TrainStep = Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, StepMetrics]]
+# Jitted ``(state, prompts, key) -> (state, metrics)``; `.lower(...).compile()` compiles it ahead.
+TrainStep = jax.stages.Wrapped
 
 
 @cache

@@ -1,0 +1,216 @@
+"""The evaluator's command line, for any trainer's checkpoints (`CheckpointLoader`): `run_step`
+(a manifest row), `run_standalone` (one checkpoint folder) and `main`.
+
+    --run-dir D --step N       the checkpoint of manifest row N -> D/eval/step_N/summary.json
+                               and attempts/; a valid summary already there is reused
+    --checkpoint P --output-dir OUT [--rcp-logging]
+                               one checkpoint folder without a manifest (with --rcp-logging also
+                               the eval events as an MLLOG in OUT/mllog/eval.out)
+    --shard-index K --num-shards N --attempt-id ID
+                               worker K of N (where the evaluator shards; defaults from RCPFLOW_*)
+
+Exit codes (docs/tpu_jobs.md): 0 summary written or reused (a worker other than 0: its shard
+written); 1 bad input (no manifest, no row N); 2 bad flags; 3 fatal error; 4 incomplete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from rcpflow import gate, recipe
+from rcpflow.finalize import eval_events
+from rcpflow.layout import RunLayout, join
+from rcpflow.manifest import ManifestError, load
+from rcpflow.mllog import EventRenderer, require_mlperf_logging
+from rcpflow.storage import storage_for
+from rcpflow.summary import EvalSummary
+from tpu_jobs.eval.orchestration import DEFAULT_SHARD_TIMEOUT_S, Outcome, evaluate
+from tpu_jobs.eval.shards import (
+    ATTEMPT_ID_ENV,
+    NUM_SLICES_ENV,
+    SINGLE,
+    SLICE_INDEX_ENV,
+    Sharding,
+    ShardingError,
+    resolve_sharding,
+)
+from tpu_jobs.eval.target import CheckpointLoader, Target
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FATAL, EXIT_INCOMPLETE = 0, 1, 3, 4
+
+
+def write_eval_mllog(path: str, summary: EvalSummary) -> None:
+    """The eval events of one checkpoint, rendered by the official mllog API (standalone mode)."""
+    require_mlperf_logging()
+    lines = eval_events(EventRenderer(), summary)
+    storage_for(path).write_atomic(path, "".join(line + "\n" for line in lines).encode())
+
+
+def report(summary: EvalSummary, where: str) -> None:
+    print(
+        f"step {summary.checkpoint_step}: pass@{recipe.PASS_K} {summary.eval_accuracy:.4f} "
+        f"(target > {summary.target_accuracy}, reached: {summary.target_reached}), "
+        f"{summary.resolved_attempts}/{summary.expected_attempts} attempts resolved, "
+        f"{summary.validation_time_s:.1f}s -> {where}"
+    )
+
+
+def finish(outcome: Outcome, sharding: Sharding, what: str, summary_path: str) -> int:
+    """Say what happened and pick the exit code (see the module docstring)."""
+    if outcome.summary is None:  # a worker other than 0: its shard is its whole result
+        if outcome.own_fatal_error is not None:
+            print(
+                f"error: {what}: shard {sharding.index} of {sharding.count}: "
+                f"{outcome.own_fatal_error} (recorded in {outcome.shard_path}; worker 0 puts it "
+                "in the summary)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"shard {sharding.index} of {sharding.count} written -> {outcome.shard_path}")
+        return EXIT_OK
+    summary = outcome.summary
+    if summary.fatal_error is not None:
+        print(f"error: {what}: {summary.fatal_error}", file=sys.stderr)
+        return EXIT_FATAL
+    if not summary.complete:
+        print(
+            f"error: {what}: shard(s) {list(outcome.missing_shards)} of {sharding.count} did not "
+            f"arrive; {summary.missing_attempts} attempts count as missing, the summary "
+            f"{summary_path} is incomplete",
+            file=sys.stderr,
+        )
+        return EXIT_INCOMPLETE
+    report(summary, summary_path)
+    return EXIT_OK
+
+
+def run_step(
+    loader: CheckpointLoader,
+    run_dir: str,
+    step: int,
+    sharding: Sharding = SINGLE,
+    shard_timeout_s: float = DEFAULT_SHARD_TIMEOUT_S,
+) -> int:
+    layout = RunLayout(run_dir)
+    try:
+        row = load(layout.manifest).row(step)
+    except ManifestError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    reused = gate.valid_summary(layout.root, row)
+    if reused is not None:
+        print(f"reusing valid summary {layout.summary(step)} (not recomputed)")
+        report(reused, layout.summary(step))
+        return EXIT_OK
+    target = Target(
+        checkpoint_path=row.checkpoint_path,
+        expected_fingerprint=row.weights_fingerprint,
+        step=row.step,
+        timestamp_ms=row.timestamp_ms,
+        samples_count=row.samples_count,
+        target_accuracy=row.target_accuracy,
+        summary_path=layout.summary(step),
+        attempts_dir=layout.attempts_dir(step),
+    )
+    outcome = evaluate(target, loader, sharding, shard_timeout_s)
+    return finish(outcome, sharding, f"step {step}", layout.summary(step))
+
+
+def run_standalone(
+    loader: CheckpointLoader,
+    checkpoint: str,
+    output_dir: str,
+    rcp_logging: bool,
+    sharding: Sharding = SINGLE,
+    shard_timeout_s: float = DEFAULT_SHARD_TIMEOUT_S,
+) -> int:
+    if rcp_logging:
+        require_mlperf_logging()  # fail before the work, not after
+    target = Target(
+        checkpoint_path=checkpoint,
+        expected_fingerprint=None,
+        step=None,
+        timestamp_ms=None,
+        samples_count=None,
+        target_accuracy=recipe.TARGET_ACCURACY,
+        summary_path=join(output_dir, "summary.json"),
+        attempts_dir=join(output_dir, "attempts"),
+    )
+    outcome = evaluate(target, loader, sharding, shard_timeout_s)
+    code = finish(outcome, sharding, checkpoint, target.summary_path)
+    if code == EXIT_OK and outcome.summary is not None and rcp_logging:
+        write_eval_mllog(join(output_dir, "mllog", "eval.out"), outcome.summary)
+    return code
+
+
+def main(
+    argv: Sequence[str] | None,
+    loader: CheckpointLoader,
+    *,
+    prog: str,
+    description: str,
+    checkpoint_help: str = "standalone: one checkpoint folder to evaluate",
+    sharded: bool = True,
+) -> int:
+    """The evaluator's command line for `loader`'s checkpoints; `sharded` False: one worker
+    only (no sharding flags)."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument(
+        "--run-dir", help="run folder (local or gs://) whose manifest row --step to evaluate"
+    )
+    ap.add_argument("--step", type=int, help="manifest step to evaluate (with --run-dir)")
+    ap.add_argument("--checkpoint", help=checkpoint_help)
+    ap.add_argument("--output-dir", help="standalone: where the summary (and mllog/) go")
+    ap.add_argument(
+        "--rcp-logging",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="standalone: also write the eval events as an MLLOG under OUTPUT_DIR/mllog/",
+    )
+    if sharded:
+        ap.add_argument(
+            "--shard-index",
+            type=int,
+            help=f"this worker's shard, 0..N-1 (default: ${SLICE_INDEX_ENV}, else 0)",
+        )
+        ap.add_argument(
+            "--num-shards",
+            type=int,
+            help=f"number of workers N (default: ${NUM_SLICES_ENV}, else 1)",
+        )
+        ap.add_argument(
+            "--attempt-id",
+            help="the same id for every worker of one launch, needed with N > 1 "
+            f"(default: ${ATTEMPT_ID_ENV})",
+        )
+        ap.add_argument(
+            "--shard-timeout-s",
+            type=float,
+            default=DEFAULT_SHARD_TIMEOUT_S,
+            help="worker 0: how long to wait for the other shards after its own "
+            f"(default {DEFAULT_SHARD_TIMEOUT_S:.0f})",
+        )
+    args = ap.parse_args(argv)
+    sharding, timeout_s = SINGLE, DEFAULT_SHARD_TIMEOUT_S
+    if sharded:
+        if not args.shard_timeout_s >= 0:
+            ap.error(f"--shard-timeout-s must be >= 0, got {args.shard_timeout_s}")
+        timeout_s = args.shard_timeout_s
+        try:
+            sharding = resolve_sharding(
+                args.shard_index, args.num_shards, args.attempt_id, os.environ
+            )
+        except ShardingError as e:
+            ap.error(str(e))
+    if args.run_dir is not None:
+        if args.step is None or args.checkpoint or args.output_dir:
+            ap.error("--run-dir needs --step, and excludes --checkpoint/--output-dir")
+        return run_step(loader, args.run_dir, args.step, sharding, timeout_s)
+    if args.checkpoint is None or args.output_dir is None or args.step is not None:
+        ap.error("give either --run-dir D --step N, or --checkpoint PATH --output-dir OUT")
+    return run_standalone(
+        loader, args.checkpoint, args.output_dir, args.rcp_logging, sharding, timeout_s
+    )

@@ -1,0 +1,151 @@
+"""Reading checkpoints (`tpu_jobs.rcp.checkpoint_format`) without their saver: the meta record,
+a readability check, the params for evaluation and the train state for a follower process.
+
+Every read verifies the weights against the fingerprint recorded at save time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from tpu_jobs.rcp.checkpoint_format import (
+    COMMIT_MARKER,
+    META_ITEM,
+    PARAMS_ITEM,
+    STATE_ITEM,
+    CheckpointError,
+    CheckpointMeta,
+    handlers,
+    is_complete,
+    local_multiprocessing,
+)
+from tpu_jobs.rcp.fingerprint import FingerprintMismatchError, verify_fingerprint
+
+PyTree = Any
+
+
+def _numpy_restore_args(tree_metadata: PyTree) -> PyTree:
+    return jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree_metadata)
+
+
+def _reader() -> ocp.Checkpointer:
+    # All items registered, even those a caller does not restore, so Orbax does not warn about
+    # an item it cannot handle.
+    return ocp.Checkpointer(
+        ocp.CompositeCheckpointHandler(**handlers()),
+        multiprocessing_options=local_multiprocessing(),
+    )
+
+
+def read_meta(step_path: str) -> CheckpointMeta:
+    """The ``meta`` item of a complete checkpoint folder."""
+    if not is_complete(step_path):
+        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
+    restored = _reader().restore(
+        epath.Path(step_path), args=ocp.args.Composite(**{META_ITEM: ocp.args.JsonRestore()})
+    )
+    return CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+
+
+def check_readable(step_path: str) -> None:
+    """Read every item of a complete checkpoint on its own terms (its own tree metadata, numpy
+    arrays) and verify the weights against its recorded fingerprint; raises naming the folder.
+
+    Tells a checkpoint that is broken on storage from one that does not fit what a caller tries
+    to restore it into (another model): the second reads fine here.
+    """
+    if not is_complete(step_path):
+        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
+    reader = _reader()
+    path = epath.Path(step_path)
+    try:
+        items = reader.metadata(path).item_metadata
+        restored = reader.restore(
+            path,
+            args=ocp.args.Composite(
+                **{
+                    item: ocp.args.PyTreeRestore(restore_args=_numpy_restore_args(items[item].tree))
+                    for item in (PARAMS_ITEM, STATE_ITEM)
+                },
+                **{META_ITEM: ocp.args.JsonRestore()},
+            ),
+        )
+        meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+        verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=step_path)
+    except (CheckpointError, FingerprintMismatchError):
+        raise
+    except Exception as e:  # whatever Orbax or tensorstore raise on a broken folder
+        raise CheckpointError(f"{step_path}: cannot be read: {e!r}") from e
+
+
+def restore_params(
+    step_path: str, expected_fingerprint: str | None = None
+) -> tuple[PyTree, CheckpointMeta]:
+    """Read the scanned params of a complete checkpoint as numpy arrays and verify them.
+
+    `expected_fingerprint` is the manifest row's; without one (standalone evaluation) the
+    checkpoint's own recorded fingerprint is the reference. Raises `CheckpointError` or
+    `FingerprintMismatchError` naming the checkpoint.
+    """
+    if not is_complete(step_path):
+        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
+    reader = _reader()
+    path = epath.Path(step_path)
+    try:
+        tree_metadata = reader.metadata(path).item_metadata[PARAMS_ITEM].tree
+        restored = reader.restore(
+            path,
+            args=ocp.args.Composite(
+                **{
+                    PARAMS_ITEM: ocp.args.PyTreeRestore(
+                        restore_args=_numpy_restore_args(tree_metadata)
+                    ),
+                    META_ITEM: ocp.args.JsonRestore(),
+                }
+            ),
+        )
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"{step_path}: restore failed: {e!r}") from e
+    meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+    if expected_fingerprint is not None and expected_fingerprint != meta.weights_fingerprint:
+        raise FingerprintMismatchError(
+            f"{step_path}: checkpoint records fingerprint {meta.weights_fingerprint}, the "
+            f"manifest expects {expected_fingerprint}: not the checkpoint the manifest recorded"
+        )
+    params = restored[PARAMS_ITEM]
+    verify_fingerprint(params, expected_fingerprint or meta.weights_fingerprint, where=step_path)
+    return params, meta
+
+
+def restore_train_state_numpy(
+    step_path: str, params_like: PyTree, state_like: PyTree
+) -> tuple[PyTree, PyTree]:
+    """Params and train state of a complete checkpoint as numpy arrays in the trees of
+    `params_like`/`state_like` (what a process that does not own the saver resumes from); the
+    weights are checked against the recorded fingerprint."""
+    if not is_complete(step_path):
+        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
+    restored = _reader().restore(
+        epath.Path(step_path),
+        args=ocp.args.Composite(
+            **{
+                PARAMS_ITEM: ocp.args.PyTreeRestore(
+                    item=params_like, restore_args=_numpy_restore_args(params_like)
+                ),
+                STATE_ITEM: ocp.args.PyTreeRestore(
+                    item=state_like, restore_args=_numpy_restore_args(state_like)
+                ),
+                META_ITEM: ocp.args.JsonRestore(),
+            }
+        ),
+    )
+    meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+    verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=step_path)
+    return restored[PARAMS_ITEM], restored[STATE_ITEM]

@@ -1,0 +1,48 @@
+"""The toy trainer's evaluator (``python -m tpu_jobs.evaluate``): `ToyCheckpoints` for the shared
+evaluator (`tpu_jobs.eval.cli`, which has the flags and the exit codes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tpu_jobs.eval import cli
+from tpu_jobs.eval.target import CheckpointFacts, LoadedCheckpoint
+from tpu_jobs.rcp.checkpoint_format import CheckpointMeta
+from tpu_jobs.rcp.checkpoint_restore import restore_params
+from tpu_jobs.rcp.hooks import RUN_IDENTITY_KEY
+from tpu_jobs.toy.eval_sampling import EVAL_BATCH_ROWS, run_attempts
+from tpu_jobs.toy.model import MODEL_CONFIG_KEY, ModelConfig
+
+PROG = "python -m tpu_jobs.evaluate"
+
+
+def model_config(meta: CheckpointMeta, where: str) -> ModelConfig:
+    if MODEL_CONFIG_KEY not in meta.extra:
+        raise ValueError(
+            f"{where}: checkpoint records no {MODEL_CONFIG_KEY!r}; cannot build the model"
+        )
+    return ModelConfig(**meta.extra[MODEL_CONFIG_KEY])
+
+
+class ToyCheckpoints:
+    """The toy trainer's checkpoints (`tpu_jobs.rcp` layout, `ModelConfig` in their extra)."""
+
+    batch_rows = EVAL_BATCH_ROWS
+
+    def load(self, path: str, expected_fingerprint: str | None) -> LoadedCheckpoint:
+        params, meta = restore_params(path, expected_fingerprint)
+        gbs = int(meta.extra[RUN_IDENTITY_KEY]["global_batch_size"])
+        cfg = model_config(meta, path)
+        return LoadedCheckpoint(
+            facts=CheckpointFacts(meta.step, meta.timestamp_ms, meta.step * gbs),
+            attempts=lambda instances: run_attempts(cfg, params, instances),
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.main(
+        argv,
+        ToyCheckpoints(),
+        prog=PROG,
+        description="The evaluator: pass@4 of one checkpoint on 251 instances.",
+    )
