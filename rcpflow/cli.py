@@ -157,12 +157,18 @@ def _eval_import(args: argparse.Namespace) -> int:
         try:
             with Progress("importing", 0) as progress:  # the tree's step count, once listed
                 result = import_tree(
-                    args.run_dir, args.from_tree, progress, eval_times_from=args.eval_times_from
+                    args.run_dir,
+                    args.from_tree,
+                    progress,
+                    eval_times_from=args.eval_times_from,
+                    reopen=args.reopen,
                 )
         except EvalImportError as e:
             return _invalid(e)
         for step in result.steps:
             print(step.describe())
+        for skipped in result.skipped:
+            print(f"warning: {skipped}", file=sys.stderr)
         if not result.steps:
             return _invalid(f"{args.from_tree}: no step_<N>/<attempt>/summary.json")
         return EXIT_OK if result.all_imported else EXIT_INVALID
@@ -177,6 +183,7 @@ def _eval_import(args: argparse.Namespace) -> int:
             fmt=args.format,
             attempts=args.attempts,
             eval_times_from=args.eval_times_from,
+            reopen=args.reopen,
         )
     except EvalImportError as e:
         return _invalid(e)
@@ -254,6 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ei.add_argument("--format", choices=SOURCE_FORMATS, help="default: detected")
     ei.add_argument("--attempts", help="attempt records beside a summary (default: its attempts/)")
+    ei.add_argument(
+        "--reopen",
+        action="store_true",
+        help="replace a summary that a written run_stop depends on (the next finalize rewrites "
+        "the eval section)",
+    )
     ei.add_argument(
         "--from-tree",
         metavar="DIR",

@@ -44,6 +44,10 @@ class Storage(ABC):
     def exists(self, path: str) -> bool: ...
 
     @abstractmethod
+    def subfolders(self, prefix: str) -> list[str]:
+        """Names of the folders directly under `prefix`, sorted ([] when there is none)."""
+
+    @abstractmethod
     def list(self, prefix: str) -> list[str]:
         """Full paths of the files under `prefix` (recursively), sorted."""
 
@@ -68,6 +72,13 @@ class LocalStorage(Storage):
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def subfolders(self, prefix: str) -> list[str]:
+        try:
+            with os.scandir(prefix) as entries:
+                return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def list(self, prefix: str) -> list[str]:
         if os.path.isfile(prefix):
@@ -215,6 +226,15 @@ class GCSStorage(Storage):
     def exists(self, path: str) -> bool:
         with _gcs_errors(path):
             return self._blob(path).exists()
+
+    def subfolders(self, prefix: str) -> list[str]:
+        bucket, name = split_gcs(prefix)
+        folder = name.rstrip("/") + "/" if name.strip("/") else ""
+        with _gcs_errors(prefix):
+            blobs = self.client.list_blobs(bucket, prefix=folder, delimiter="/")
+            for _ in blobs.pages:  # the prefixes are known once every page is read
+                pass
+            return sorted(p[len(folder) :].rstrip("/") for p in blobs.prefixes)
 
     def list(self, prefix: str) -> list[str]:
         bucket, name = split_gcs(prefix)
