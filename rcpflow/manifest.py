@@ -165,7 +165,7 @@ def parse_rows(text: str, where: str) -> list[ManifestRow]:
     return rows
 
 
-def _decode(data: bytes, where: str) -> str:
+def decode(data: bytes, where: str) -> str:
     try:
         return jsonio.decode_utf8(data, where)
     except jsonio.JSONInputError as e:
@@ -183,7 +183,7 @@ def upsert(manifest_path: str, row: ManifestRow) -> None:
     """
 
     def merge(old: bytes | None) -> bytes:
-        rows = parse_rows(_decode(old, manifest_path), manifest_path) if old else []
+        rows = parse_rows(decode(old, manifest_path), manifest_path) if old else []
         return render_rows([r for r in rows if r.step != row.step] + [row])
 
     storage_for(manifest_path).update(manifest_path, merge)
@@ -193,7 +193,7 @@ def remove(manifest_path: str, step: int) -> None:
     """Drop the row of `step` if there is one (its checkpoint is gone and will be saved again)."""
 
     def without(old: bytes | None) -> bytes:
-        rows = parse_rows(_decode(old, manifest_path), manifest_path) if old else []
+        rows = parse_rows(decode(old, manifest_path), manifest_path) if old else []
         return render_rows([r for r in rows if r.step != step])
 
     storage_for(manifest_path).update(manifest_path, without)
@@ -206,7 +206,7 @@ def read_rows(manifest_path: str) -> list[ManifestRow]:
         data = storage_for(manifest_path).read_bytes(manifest_path)
     except FileNotFoundError:
         return []
-    return parse_rows(_decode(data, manifest_path), manifest_path)
+    return parse_rows(decode(data, manifest_path), manifest_path)
 
 
 def _resolved(row: ManifestRow, base: str) -> ManifestRow:
@@ -307,7 +307,7 @@ def load(manifest_path: str, mllog_path: str | None = None) -> Manifest:
         raise ManifestError("the manifest path is empty")
     storage = storage_for(manifest_path)
     try:
-        text = _decode(storage.read_bytes(manifest_path), manifest_path)
+        text = decode(storage.read_bytes(manifest_path), manifest_path)
     except FileNotFoundError as e:
         raise ManifestError(f"{manifest_path}: no manifest (no checkpoint was recorded)") from e
     except OSError as e:  # a folder where the file belongs, or no permission

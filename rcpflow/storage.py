@@ -160,7 +160,7 @@ def _create_temp(target: str) -> tuple[int, str]:
             continue
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True  # another thread of ours is writing
     try:
@@ -184,7 +184,7 @@ def _remove_dead_temps(target: str) -> None:
             continue
         host_pid = entry[len(prefix) : -len(_TEMP_SUFFIX)].rpartition(".")[0]  # less the random
         host, _, pid = host_pid.rpartition(".")
-        if host == _HOST and pid.isdigit() and not _pid_alive(int(pid)):
+        if host == _HOST and pid.isdigit() and not pid_alive(int(pid)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(directory, entry))
 
