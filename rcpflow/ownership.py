@@ -94,8 +94,9 @@ class Holder:
         return f"{who}(host {self.host}, pid {self.pid})"
 
     def same_owner(self, other: Holder) -> bool:
-        if self.owner is not None and self.owner == other.owner:
-            return True
+        """Two orchestrator identities decide; without both, the same process is the owner."""
+        if self.owner is not None and other.owner is not None:
+            return self.owner == other.owner
         return self.host == other.host and self.pid == other.pid
 
     def to_json(self) -> bytes:
