@@ -396,15 +396,15 @@ def _local_tree_files(root: str) -> tuple[list[str], tuple[str, ...]]:
     real_root = os.path.realpath(root)
     files: list[str] = []
     skipped: list[str] = []
-    seen: set[str] = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         real = os.path.realpath(dirpath)
-        if not _inside(real, real_root) or real in seen:
-            why = "leads out of the tree" if real not in seen else "loops back into the tree"
+        # A link to a folder that holds it (an ancestor) would be walked for ever.
+        loop = dirpath != root and _inside(os.path.realpath(os.path.dirname(dirpath)), real)
+        if not _inside(real, real_root) or loop:
+            why = "loops back to a folder above it" if loop else "leads out of the tree"
             skipped.append(f"{dirpath}: a symlink to {real} that {why}: skipped")
             dirnames[:] = []
             continue
-        seen.add(real)
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in sorted(f for f in filenames if not f.startswith(".")):
             path = os.path.join(dirpath, name)

@@ -126,7 +126,7 @@ class ManifestRow:
 def _canonical_timestamp(d: dict[str, Any], where: str) -> dict[str, Any]:
     """`d` with the weight-update time under `timestamp_ms` only; names that disagree raise."""
     given = [(n, d[n]) for n in ("timestamp_ms", *TIMESTAMP_ALIASES) if n in d]
-    if not given or given == [("timestamp_ms", d["timestamp_ms"])]:
+    if [n for n, _ in given] in ([], ["timestamp_ms"]):
         return d
     first_name, first = given[0]
     for name, value in given[1:]:

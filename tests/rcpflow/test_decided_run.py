@@ -37,9 +37,13 @@ def test_import_onto_a_step_a_run_stop_depends_on_is_refused_naming_it(tmp_path)
     run = _decided(tmp_path)
     before = Path(run.layout.summary(18)).read_bytes()
     for step in (18, 19):
-        p = run_cli("eval", "import", run.run_dir, "--step", str(step), _source(run, tmp_path, step, 19))
+        p = run_cli(
+            "eval", "import", run.run_dir, "--step", str(step), _source(run, tmp_path, step, 19)
+        )
         assert p.returncode == 1
-        assert "the run is decided:" in p.stderr and "run_stop status=success at step 19" in p.stderr
+        assert (
+            "the run is decided:" in p.stderr and "run_stop status=success at step 19" in p.stderr
+        )
         assert "--reopen" in p.stderr
     assert Path(run.layout.summary(18)).read_bytes() == before
     # a step above the run_stop decides nothing: it may be imported

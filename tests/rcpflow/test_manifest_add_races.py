@@ -102,8 +102,10 @@ def test_concurrent_adds_from_processes_never_lose_a_row(tmp_path):
     ck = checkpoint(run_dir, 18)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "rcpflow", "manifest", "add", run_dir, "--step", "18"]
-            + ["--checkpoint", ck, "--timestamp-ms", str(T0 + 78_000 + i), "--owner", OWNER],
+            [
+                *(sys.executable, "-m", "rcpflow", "manifest", "add", run_dir, "--step", "18"),
+                *("--checkpoint", ck, "--timestamp-ms", str(T0 + 78_000 + i), "--owner", OWNER),
+            ],
             env=cli_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

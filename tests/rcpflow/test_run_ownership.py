@@ -173,7 +173,7 @@ def test_a_trainer_whose_lease_was_taken_stops_at_its_next_update(tmp_path):
     rec.on_run_start(T0 + 30_000)
     foreign_lease(run_dir, host="pod-b", heartbeat_ms=ownership.now_ms(), owner="b")
     rec._lease.refresh()  # what the heartbeat thread does
-    with pytest.raises(RunFolderError, match="lost the run folder: .* held by b"):
+    with pytest.raises(RunFolderError, match=r"lost the run folder: .* held by b"):
         rec.on_update(1, timestamp_ms=T0 + 61_000)
     rec._lease.release()
     assert lease(run_dir)["owner"] == "b" and lease(run_dir)["released_ms"] is None
@@ -209,7 +209,10 @@ def test_a_finished_runs_log_is_never_rewritten_by_a_trainer(tmp_path):
     p = run_cli("run", "reset", run_dir)
     assert p.returncode == 0, p.stderr
     moved = sorted(str(x.relative_to(run_dir)) for x in Path(run_dir, "previous").rglob("*.*"))
-    assert [m.split("/", 2)[2] for m in moved] == ["mllog/eval_checkpoints.jsonl", "mllog/seed_1.out"]
+    assert [m.split("/", 2)[2] for m in moved] == [
+        "mllog/eval_checkpoints.jsonl",
+        "mllog/seed_1.out",
+    ]
     assert next(Path(run_dir, "previous").rglob("seed_1.out")).read_bytes() == before
     assert not log_path.exists()
     recorder(run_dir, owner="a").on_init_start(T0 + 1)  # now it may start afresh

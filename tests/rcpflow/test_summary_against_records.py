@@ -67,7 +67,7 @@ def test_status_counts_that_disagree_with_the_records_are_invalid(run, tmp_path)
     (folder / "summary.json").parent.mkdir(parents=True)
     (folder / "summary.json").write_text(json.dumps(d))
     write_lines(folder / "attempts" / "attempts.jsonl", deepswe_lines())
-    with pytest.raises(EvalImportError, match="status_counts: .* but .* gives"):
+    with pytest.raises(EvalImportError, match=r"status_counts: .* but .* gives"):
         import_eval(run.run_dir, 18, str(folder / "summary.json"))
 
 

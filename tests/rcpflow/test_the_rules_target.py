@@ -55,13 +55,13 @@ def test_import_of_a_summary_stating_another_target_is_refused(tmp_path):
     source = tmp_path / "summary.json"
     d = json.loads(Path(run.layout.summary(19)).read_text())
     source.write_text(json.dumps({**d, "target_accuracy": 0.55}))
-    with pytest.raises(EvalImportError, match="target_accuracy: 0.55 is not the benchmark's 0.69"):
+    with pytest.raises(EvalImportError, match=r"target_accuracy: 0.55 is not the benchmark's 0.69"):
         import_eval(run.run_dir, 19, str(source))
 
 
 def test_a_recorder_with_another_target_is_refused(tmp_path):
     hp = recipe.hyperparameters("open", 256, 20)
-    with pytest.raises(ValueError, match="target_accuracy 0.95 is not the benchmark's 0.69"):
+    with pytest.raises(ValueError, match=r"target_accuracy 0.95 is not the benchmark's 0.69"):
         TrainingRecorder(
             str(tmp_path), seed=1, hyperparameters=hp, val_start_at=18, target_accuracy=0.95
         )
