@@ -1,13 +1,14 @@
 """Run ownership: one trainer at a time in a run folder, on a local disk or on ``gs://``.
 
-The lease is ``<run_dir>/owner.json``: who holds the run (host, pid, a random token, and the
-orchestrator's identity when given: ``RCPFLOW_RUN_OWNER``, else Airflow's DAG, run and task ids
-from the task's environment), since when, and its heartbeat. Every change is a `Storage.update`
-(a lock file locally, a generation precondition on GCS), so two takers never both win. A lease
-is free when absent, released, stale (heartbeat older than the timeout, ``RCPFLOW_LEASE_TIMEOUT_S``,
-default 600 s) or left by a process of this host that is gone; the same owner (the same
-orchestrator identity, e.g. a retry of one DAG run's task, or the same process) takes it back.
-Otherwise the taker is refused with one line naming the owner. Why: docs/design.md (ownership).
+While a trainer holds a run, ``<run_dir>/owner.json`` names it (host, pid, a random token, and
+the orchestrator's identity when given: ``RCPFLOW_RUN_OWNER``, else Airflow's DAG, run and task
+ids from the task's environment) with its heartbeat; it is removed when training ends or the
+process exits. Every change is under `Storage.update`'s lock (a generation precondition on GCS),
+so two takers never both win. A lease is free when absent, stale (heartbeat older than
+``RCPFLOW_LEASE_TIMEOUT_S``, default 600 s) or left by a gone process of this host; the same
+owner (the same orchestrator identity, e.g. a retry of one DAG run's task; without identities,
+the same process) takes it back. Anyone else is refused with one line naming the owner.
+Why: docs/design.md (ownership).
 """
 
 from __future__ import annotations
@@ -87,7 +88,6 @@ class Holder:
     owner: str | None  # the orchestrator's identity, if any
     since_ms: int
     heartbeat_ms: int
-    released_ms: int | None = None
 
     def describe(self) -> str:
         who = f"{self.owner} " if self.owner else ""
@@ -112,10 +112,8 @@ class Holder:
             holder = cls(**d)
         except TypeError as e:
             raise ValueError(f"{where}: {e}") from e
-        for name in ("pid", "since_ms", "heartbeat_ms", "released_ms"):
+        for name in ("pid", "since_ms", "heartbeat_ms"):
             value = getattr(holder, name)
-            if name == "released_ms" and value is None:
-                continue
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{where}: {name} {value!r} is not an integer")
         if not isinstance(holder.host, str) or not isinstance(holder.token, str):
@@ -163,7 +161,7 @@ class Lease:
             except ValueError as e:
                 said.append(f"replaced an unreadable lease ({e})")
                 return mine.to_json()
-            if held.released_ms is not None or held.token == self.me.token:
+            if held.token == self.me.token:
                 return mine.to_json()
             if held.same_owner(self.me):
                 said.append(f"took the lease back from the same owner {held.describe()}")
@@ -189,7 +187,7 @@ class Lease:
 
         def beat(old: bytes | None) -> bytes:
             held = Holder.from_json(old, self.path) if old is not None else None
-            if held is None or held.token != self.me.token or held.released_ms is not None:
+            if held is None or held.token != self.me.token:
                 who = held.describe() if held is not None else "nobody (the lease was removed)"
                 self.lost = f"{self.path}: the run is now held by {who}"
                 raise _Unchanged
@@ -199,20 +197,16 @@ class Lease:
             storage_for(self.path).update(self.path, beat)
 
     def release(self) -> None:
-        """Mark the lease released, if it is still ours."""
+        """Remove the lease, if it is still ours: a finished folder holds no lease file."""
         self._stop.set()
 
-        def free(old: bytes | None) -> bytes:
+        def ours(data: bytes) -> bool:
             try:
-                held = Holder.from_json(old, self.path) if old is not None else None
+                return Holder.from_json(data, self.path).token == self.me.token
             except ValueError:
-                raise _Unchanged from None
-            if held is None or held.token != self.me.token or held.released_ms is not None:
-                raise _Unchanged
-            return replace(held, released_ms=now_ms()).to_json()
+                return False
 
-        with contextlib.suppress(_Unchanged):
-            storage_for(self.path).update(self.path, free)
+        storage_for(self.path).delete_if(self.path, ours)
 
     def start_heartbeat(self, interval_s: float | None = None) -> None:
         """Refresh every `interval_s` (default a fifth of the timeout) in a daemon thread, so
@@ -266,7 +260,7 @@ def check_or_refresh(layout: RunLayout, owner: str | None) -> None:
     except ValueError:
         return  # an unreadable lease holds nothing
     live = _why_free(held, lease.me, lease.timeout_s, now_ms()) is None
-    if held.released_ms is None and not held.same_owner(lease.me) and live:
+    if not held.same_owner(lease.me) and live:
         raise RunOwnedError(
             f"{layout.root}: owned by {held.describe()} ({lease.path}); a row from "
             f"another writer is refused (give that owner's --owner, or {OWNER_ENV})"

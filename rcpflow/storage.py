@@ -64,6 +64,11 @@ class Storage(ABC):
     def delete(self, path: str) -> None:
         """Remove `path` if it exists."""
 
+    @abstractmethod
+    def delete_if(self, path: str, condition: Callable[[bytes], bool]) -> bool:
+        """Remove `path` if it exists and ``condition(content)`` holds, with no concurrent
+        update in between (the same lock or precondition as `update`); whether it was removed."""
+
 
 class LocalStorage(Storage):
     def read_bytes(self, path: str) -> bytes:
@@ -137,6 +142,18 @@ class LocalStorage(Storage):
     def delete(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+    def delete_if(self, path: str, condition: Callable[[bytes], bool]) -> bool:
+        path = os.path.realpath(path)
+        with self._locked(path):
+            try:
+                data = self.read_bytes(path)
+            except FileNotFoundError:
+                return False
+            if not condition(data):
+                return False
+            os.unlink(path)
+            return True
 
 
 # Temp files: `.<name>.<host>.<pid>.<random>.tmp` beside the file they replace. A writer killed
@@ -281,6 +298,26 @@ class GCSStorage(Storage):
 
         with _gcs_errors(path), contextlib.suppress(NotFound):
             self._blob(path).delete()
+
+    def delete_if(self, path: str, condition: Callable[[bytes], bool]) -> bool:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        with _gcs_errors(path):
+            for attempt in range(self.max_attempts):
+                blob = self._blob(path)
+                try:
+                    blob.reload()
+                    generation = blob.generation
+                    data = blob.download_as_bytes(if_generation_match=generation)
+                    if not condition(data):
+                        return False
+                    blob.delete(if_generation_match=generation)
+                    return True
+                except NotFound:
+                    return False
+                except PreconditionFailed:
+                    time.sleep(self.backoff_s * (attempt + 1))
+        raise StorageError(f"{path}: gave up after {self.max_attempts} conflicting updates")
 
 
 @contextlib.contextmanager
