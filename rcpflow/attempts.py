@@ -9,6 +9,7 @@ benchmark's 251 (docs/design.md, verification of foreign inputs).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -25,6 +26,7 @@ DEEPSWE_VALID_STATUSES = frozenset(
 )
 R2EGYM_INFRA_FAILURE = "env_exception"
 RCPFLOW_STATUSES = ("resolved", "failed", "error")
+REWARD_BOUND = 1.0
 
 
 class AttemptsError(ValueError):
@@ -67,9 +69,15 @@ def detect_format(record: Mapping[str, Any]) -> AttemptFormat | None:
 
 
 def _number(record: Mapping[str, Any], key: str, where: str) -> float:
+    """A reward: a finite number in [-1, 1] (the formats' rewards are 0 or 1; a sum of them
+    must stay finite)."""
     value = record.get(key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise AttemptsError(f"{where}: {key} must be a number, got {value!r}")
+    if not math.isfinite(value) or not -REWARD_BOUND <= value <= REWARD_BOUND:
+        raise AttemptsError(
+            f"{where}: {key} {value!r} is not a finite number in [-{REWARD_BOUND}, {REWARD_BOUND}]"
+        )
     return float(value)
 
 
@@ -161,9 +169,9 @@ def parse_attempts(text: str, where: str, fmt: AttemptFormat | None = None) -> A
             continue
         at = f"{where}: line {line_no}"
         try:
-            # Depth-limited; otherwise as json reads them (foreign records may hold NaN in
-            # fields rcpflow does not use).
-            record = jsonio.loads(line, where, first_line=line_no, strict=False)
+            # Strict (duplicate keys, 64-bit integers), but foreign records may hold NaN in
+            # fields rcpflow does not use: the numbers it uses are checked finite (`_number`).
+            record = jsonio.loads(line, where, first_line=line_no, allow_nan=True)
         except jsonio.JSONInputError as e:
             raise AttemptsError(str(e)) from e
         if not isinstance(record, dict):
@@ -173,9 +181,12 @@ def parse_attempts(text: str, where: str, fmt: AttemptFormat | None = None) -> A
             if found is None:
                 raise AttemptsError(f"{at}: not an attempt record of {', '.join(ATTEMPT_FORMATS)}")
             fmt = found
-        elif found != fmt:
-            raise AttemptsError(f"{at}: not a {fmt} record ({found or 'unknown'} format)")
-        counted = _READERS[fmt](record, at)
+        elif found is not None and found != fmt:
+            raise AttemptsError(f"{at}: not a {fmt} record ({found} format)")
+        try:
+            counted = _READERS[fmt](record, at)
+        except AttemptsError as e:  # the reader names the field; say which format it read
+            raise AttemptsError(f"{e} (not a valid {fmt} record)") from e
         if counted is None:
             not_counted += 1
             continue

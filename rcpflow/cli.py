@@ -17,6 +17,17 @@ EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
 
 
+def _int64(text: str) -> int:
+    """An argparse type: a decimal integer within 64 bits (a bigger one is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not -(2**63) <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text} is out of the 64-bit range")
+    return value
+
+
 def _invalid(what: object) -> int:
     """Bad input: one line ``invalid: <what>`` on stderr, exit 1."""
     print(f"invalid: {what}", file=sys.stderr)
@@ -63,6 +74,7 @@ def _manifest_validate(args: argparse.Namespace) -> int:
 
 def _manifest_add(args: argparse.Namespace) -> int:
     from rcpflow.manifest_add import add_row
+    from rcpflow.ownership import RunOwnedError, owner_from_env
     from rcpflow.recorder import RecorderError
 
     try:
@@ -74,11 +86,25 @@ def _manifest_add(args: argparse.Namespace) -> int:
             seed=args.seed,
             val_start_at=args.val_start_at,
             weights_fingerprint=args.weights_fingerprint,
+            owner=args.owner if args.owner is not None else owner_from_env(),
         )
-    except RecorderError as e:
+    except (RecorderError, RunOwnedError) as e:
         return _invalid(e)
     what = "added" if added else "already there (identical)"
     print(f"step {row.step}: row {what}: {row.checkpoint_path} at {row.timestamp_ms}")
+    return EXIT_OK
+
+
+def _run_reset(args: argparse.Namespace) -> int:
+    from rcpflow.run_reset import ResetError, reset_run
+
+    try:
+        folder, moved = reset_run(args.run_dir)
+    except ResetError as e:
+        return _invalid(e)
+    for path in moved:
+        print(f"moved aside: {path}")
+    print(f"reset: {args.run_dir} may be trained afresh; the old run is in {folder}")
     return EXIT_OK
 
 
@@ -157,12 +183,18 @@ def _eval_import(args: argparse.Namespace) -> int:
         try:
             with Progress("importing", 0) as progress:  # the tree's step count, once listed
                 result = import_tree(
-                    args.run_dir, args.from_tree, progress, eval_times_from=args.eval_times_from
+                    args.run_dir,
+                    args.from_tree,
+                    progress,
+                    eval_times_from=args.eval_times_from,
+                    reopen=args.reopen,
                 )
         except EvalImportError as e:
             return _invalid(e)
         for step in result.steps:
             print(step.describe())
+        for skipped in result.skipped:
+            print(f"warning: {skipped}", file=sys.stderr)
         if not result.steps:
             return _invalid(f"{args.from_tree}: no step_<N>/<attempt>/summary.json")
         return EXIT_OK if result.all_imported else EXIT_INVALID
@@ -177,6 +209,7 @@ def _eval_import(args: argparse.Namespace) -> int:
             fmt=args.format,
             attempts=args.attempts,
             eval_times_from=args.eval_times_from,
+            reopen=args.reopen,
         )
     except EvalImportError as e:
         return _invalid(e)
@@ -218,8 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     v = _command(sub, "val-start", _val_start, "print the validation start step (last line)")
-    v.add_argument("--global-batch-size", type=int, required=True)
-    v.add_argument("--override", type=int, default=None, help="explicit start step (> 0 wins)")
+    v.add_argument("--global-batch-size", type=_int64, required=True)
+    v.add_argument("--override", type=_int64, default=None, help="explicit start step (> 0 wins)")
 
     m = sub.add_parser("manifest", help="manifest commands")
     msub = m.add_subparsers(dest="manifest_command", required=True)
@@ -239,12 +272,28 @@ def build_parser() -> argparse.ArgumentParser:
         "come from its MLLOG; exit 0 added or identical, 1 refused (names the step and why)",
         "run_dir",
     )
-    ma.add_argument("--step", type=int, required=True)
+    ma.add_argument("--step", type=_int64, required=True)
     ma.add_argument("--checkpoint", required=True, help="the committed checkpoint (must exist)")
-    ma.add_argument("--timestamp-ms", type=int, required=True, help="its weight-update time")
-    ma.add_argument("--seed", type=int, help="picks mllog/seed_<n>.out (default: the only one)")
-    ma.add_argument("--val-start-at", type=int, help="default: the rows', else the recipe's")
+    ma.add_argument("--timestamp-ms", type=_int64, required=True, help="its weight-update time")
+    ma.add_argument("--seed", type=_int64, help="picks mllog/seed_<n>.out (default: the only one)")
+    ma.add_argument("--val-start-at", type=_int64, help="default: the rows', else the recipe's")
     ma.add_argument("--weights-fingerprint")
+    ma.add_argument(
+        "--owner",
+        help="the trainer's identity for the run folder's lease (default $RCPFLOW_RUN_OWNER); "
+        "without one the add only checks that no other trainer owns the folder",
+    )
+
+    r = sub.add_parser("run", help="run folder commands")
+    rsub = r.add_subparsers(dest="run_command", required=True)
+    _command(
+        rsub,
+        "reset",
+        _run_reset,
+        "move the run's MLLOG, manifest and stop request aside (previous/reset-<time>/) so a "
+        "trainer may start it afresh; exit 0 moved, 1 refused (owned, or nothing to move)",
+        "run_dir",
+    )
 
     e = sub.add_parser("eval", help="evaluation results")
     esub = e.add_subparsers(dest="eval_command", required=True)
@@ -257,9 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run_dir",
     )
     ei.add_argument("source", nargs="?", help="summary.json or attempt records (local or gs://)")
-    ei.add_argument("--step", type=int, help="the manifest row the result belongs to")
-    ei.add_argument("--eval-start-ms", type=int, help="eval wall clock (else from the source)")
-    ei.add_argument("--eval-stop-ms", type=int)
+    ei.add_argument("--step", type=_int64, help="the manifest row the result belongs to")
+    ei.add_argument("--eval-start-ms", type=_int64, help="eval wall clock (else from the source)")
+    ei.add_argument("--eval-stop-ms", type=_int64)
     ei.add_argument(
         "--eval-times-from",
         metavar="LOG",
@@ -268,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ei.add_argument("--format", choices=SOURCE_FORMATS, help="default: detected")
     ei.add_argument("--attempts", help="attempt records beside a summary (default: its attempts/)")
+    ei.add_argument(
+        "--reopen",
+        action="store_true",
+        help="replace a summary that a written run_stop depends on (the next finalize rewrites "
+        "the eval section)",
+    )
     ei.add_argument(
         "--from-tree",
         metavar="DIR",

@@ -10,13 +10,15 @@ Tunix-style tree. Why: docs/design.md (verification of foreign inputs).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from rcpflow import jsonio, recipe
 from rcpflow.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_attempts
-from rcpflow.layout import RunLayout, dirname, join
+from rcpflow.decided import WrittenRunStop, written_run_stop
+from rcpflow.layout import RunLayout, dirname, is_gcs, join
 from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import MLLogError, read_events
 from rcpflow.storage import storage_for
@@ -96,6 +98,7 @@ class StepImport:
 class TreeImport:
     tree: str
     steps: tuple[StepImport, ...]
+    skipped: tuple[str, ...] = ()  # what the walk did not follow, and why (symlinks out)
 
     @property
     def all_imported(self) -> bool:
@@ -156,8 +159,10 @@ def eval_times_from_log(log_path: str, row: ManifestRow) -> tuple[int, int]:
     return start.time_ms, stop.time_ms
 
 
-def detect(text: str, where: str) -> SourceFormat:
-    """The format of a source: a JSON object with a summary's fields, else attempt records."""
+def detect(text: str, where: str, fmt: SourceFormat | None = None) -> SourceFormat:
+    """The format of a source: a JSON object with a summary's fields, else attempt records.
+    Told an attempt format (`fmt`), records are read as that format only, so that an invalid one
+    is named as a record of it."""
     try:
         whole = jsonio.loads(text, where, strict=False)  # strictness is for the import itself
     except jsonio.JSONInputError:
@@ -169,6 +174,8 @@ def detect(text: str, where: str) -> SourceFormat:
     try:
         found = parse_attempts(text, where)
     except AttemptsError as e:
+        if fmt in _ATTEMPT_FORMATS:  # named as a record of the format the caller says it is
+            _parse_attempts(text, where, _ATTEMPT_FORMATS[fmt])
         raise EvalImportError(f"{where}: neither a summary nor attempt records ({e})") from e
     return {v: k for k, v in _ATTEMPT_FORMATS.items()}[found.format]
 
@@ -213,8 +220,12 @@ def import_eval(
     fmt: SourceFormat | None = None,
     attempts: str | None = None,
     eval_times_from: str | None = None,
+    reopen: bool = False,
 ) -> ImportResult:
     """Verify `source` as the evaluation of manifest row `step` and write it into `run_dir`.
+
+    A step that a written ``run_stop`` depends on (any step up to it) is refused unless
+    `reopen`: the next finalize then rewrites the eval section from the summaries.
 
     `attempts` names the records beside a summary source (default: its folder's
     ``attempts/attempts.jsonl`` when there is one). `eval_times_from` is an MLLOG to take the
@@ -227,13 +238,27 @@ def import_eval(
             raise EvalImportError("eval times: give them or a log to read them from, not both")
         eval_times = eval_times_from_log(eval_times_from, row)
     text = _read_text(source, "source")
-    detected = detect(text, source)
+    detected = detect(text, source, fmt)
     summary_source = detected in _SUMMARY_FORMATS
     # rcpflow's and Tunix's summaries differ only in the eval times: one reader for both.
     if fmt is not None and fmt != detected and not (summary_source and fmt in _SUMMARY_FORMATS):
         raise EvalImportError(f"{source}: --format {fmt} but the file is {detected}")
-    if eval_times is not None and eval_times[1] < eval_times[0]:
-        raise EvalImportError(f"eval times: stop {eval_times[1]} is before start {eval_times[0]}")
+    if eval_times is not None:
+        for name, value in zip(("start", "stop"), eval_times, strict=True):
+            problem = recipe.time_problem(value)
+            if problem is not None:
+                raise EvalImportError(f"eval times: {name} {problem}")
+        if eval_times[1] < eval_times[0]:
+            raise EvalImportError(
+                f"eval times: stop {eval_times[1]} is before start {eval_times[0]}"
+            )
+    decided = _decided_by(run_dir, row)
+    if decided is not None and not reopen:
+        raise EvalImportError(
+            f"step {step}: the run is decided: {decided.describe()} depends on this step's "
+            "summary; give --reopen to replace it (the next finalize then rewrites the eval "
+            "section)"
+        )
     layout = RunLayout(run_dir)
     notes: list[str] = []
     attempts_text: str | None = None
@@ -284,7 +309,7 @@ def import_eval(
             checkpoint_step=row.step,
             checkpoint_timestamp_ms=row.timestamp_ms,
             samples_count=row.samples_count,
-            target_accuracy=row.target_accuracy,
+            target_accuracy=recipe.TARGET_ACCURACY,
             eval_start_ms=eval_times[0],
             eval_stop_ms=eval_times[1],
         )
@@ -299,10 +324,13 @@ def import_eval(
         notes.append(
             f"eval times {summary.eval_start_ms}..{summary.eval_stop_ms} from {eval_times_from}"
         )
-    reached = summary.eval_accuracy > row.target_accuracy  # valid: complete, no fatal error
+    reached = summary.eval_accuracy > recipe.TARGET_ACCURACY  # valid: complete, no fatal error
     if reached != summary.target_reached:
         notes.append(f"target_reached {reached} (the source said {summary.target_reached})")
         summary = dataclasses.replace(summary, target_reached=reached)
+    if decided is not None:
+        notes.append(f"reopened {decided.describe()}: the next finalize rewrites the eval section")
+    _check_reads_back(summary, source, layout.summary(step))
     # Attempts first: a crash between the two writes leaves a summary that disagrees with them
     # (not valid, evaluated again), never an unchecked one.
     copied = attempts_file(run_dir, step)
@@ -326,15 +354,70 @@ def import_eval(
     )
 
 
+def _decided_by(run_dir: str, row: ManifestRow) -> WrittenRunStop | None:
+    """The written run_stop that depends on `row`'s summary, if any."""
+    try:
+        written = written_run_stop(RunLayout(run_dir).mllog(row.seed), row)
+    except MLLogError as e:
+        raise EvalImportError(str(e)) from e
+    return written if written is not None and written.depends_on(row.step) else None
+
+
+def _check_reads_back(summary: EvalSummary, source: str, path: str) -> None:
+    """What is written must be what every reader reads: parse the bytes before writing them."""
+    try:
+        again = EvalSummary.from_json(summary.to_json(), path)
+    except SummaryError as e:
+        raise EvalImportError(f"{source}: its summary would not read back: {e}") from e
+    if again != summary:
+        raise EvalImportError(f"{source}: its summary would not read back as written")
+
+
 def tree_summaries(tree: str) -> dict[int, list[str]]:
     """Summaries of a Tunix-style tree per step, newest attempt first (stamps sort by time)."""
-    root = tree.rstrip("/")
+    return _tree_summaries(tree)[0]
+
+
+def _tree_summaries(tree: str) -> tuple[dict[int, list[str]], tuple[str, ...]]:
+    root = tree.rstrip("/") if is_gcs(tree) else os.path.normpath(tree)
+    paths, skipped = (storage_for(root).list(root), ()) if is_gcs(root) else _local_tree_files(root)
     found: dict[int, list[tuple[str, str]]] = {}
-    for path in storage_for(root).list(root):
+    for path in paths:
         m = _TREE_SUMMARY.fullmatch(path[len(root) :])
         if m is not None:
             found.setdefault(int(m.group(1)), []).append((m.group(2), path))
-    return {s: [p for _, p in sorted(v, reverse=True)] for s, v in sorted(found.items())}
+    summaries = {s: [p for _, p in sorted(v, reverse=True)] for s, v in sorted(found.items())}
+    return summaries, skipped
+
+
+def _local_tree_files(root: str) -> tuple[list[str], tuple[str, ...]]:
+    """Files under `root`, following symlinked folders and files that stay inside the tree;
+    the ones that lead out of it (or round in a loop) are skipped and named."""
+    real_root = os.path.realpath(root)
+    files: list[str] = []
+    skipped: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        # A link to a folder that holds it (an ancestor) would be walked for ever.
+        loop = dirpath != root and _inside(os.path.realpath(os.path.dirname(dirpath)), real)
+        if not _inside(real, real_root) or loop:
+            why = "loops back to a folder above it" if loop else "leads out of the tree"
+            skipped.append(f"{dirpath}: a symlink to {real} that {why}: skipped")
+            dirnames[:] = []
+            continue
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in sorted(f for f in filenames if not f.startswith(".")):
+            path = os.path.join(dirpath, name)
+            target = os.path.realpath(path)
+            if _inside(target, real_root):
+                files.append(path)
+            else:
+                skipped.append(f"{path}: a symlink to {target} outside the tree: skipped")
+    return sorted(files), tuple(skipped)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def import_tree(
@@ -343,10 +426,11 @@ def import_tree(
     progress: Progress | None = None,
     *,
     eval_times_from: str | None = None,
+    reopen: bool = False,
 ) -> TreeImport:
     """Per step of `tree`, import the newest attempt that is complete and valid (eval times from
     the source, else from the MLLOG `eval_times_from`)."""
-    found = tree_summaries(tree)
+    found, skipped = _tree_summaries(tree)
     if progress is not None:
         progress.total = len(found)
     steps = []
@@ -357,9 +441,11 @@ def import_tree(
         imported = None
         for source in sources:
             try:
-                imported = import_eval(run_dir, step, source, eval_times_from=eval_times_from)
+                imported = import_eval(
+                    run_dir, step, source, eval_times_from=eval_times_from, reopen=reopen
+                )
                 break
             except EvalImportError as e:
                 rejected.append((source, str(e)))
         steps.append(StepImport(step=step, imported=imported, rejected=tuple(rejected)))
-    return TreeImport(tree=tree, steps=tuple(steps))
+    return TreeImport(tree=tree, steps=tuple(steps), skipped=skipped)

@@ -5,10 +5,9 @@ wrote, walks the manifest rows by step and, for each row with a valid summary, a
 ``eval_start``, ``tracked_stats``, ``eval_accuracy`` and ``eval_stop``. The first step strictly
 above the target ends the run with ``run_stop status=success`` backdated to that checkpoint's
 weight update; if every step up to ``max_steps`` was evaluated and none passed, ``aborted``.
-Anything else (a gap, a missing or invalid summary, training stopped early) is ``incomplete``
-and gets no ``run_stop``: a terminal event is never fabricated. Invalid input (a manifest or
-summary that cannot be read, a log that does not match) raises and leaves the log untouched.
-The write is atomic, and the same inputs always give the same bytes.
+Anything else is ``incomplete`` and gets no ``run_stop``: a terminal event is never fabricated.
+Invalid input (a manifest or summary that cannot be read, a log that does not match) raises and
+leaves the log untouched. The write is atomic; the same inputs always give the same bytes.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ class FinalizeResult:
     time_ms: int | None = None
     evaluated_steps: tuple[int, ...] = ()
     warnings: tuple[str, ...] = ()
+    log_changed: bool = False  # the log's bytes were (with write=False: would be) replaced
 
     def verdict(self) -> dict[str, object]:
         """The CLI's last line: status, plus step/samples_count/time_ms when the run ended."""
@@ -149,7 +149,7 @@ def decide(run_dir: str, rows: Sequence[ManifestRow]) -> Verdict:
     return Verdict("incomplete", reason, None, tuple(evaluated))
 
 
-def finalize(run_dir: str) -> FinalizeResult:
+def finalize(run_dir: str, *, write: bool = True) -> FinalizeResult:
     layout = RunLayout(run_dir)
     try:
         manifest = load(layout.manifest)
@@ -191,7 +191,7 @@ def finalize(run_dir: str) -> FinalizeResult:
             )
         )
     new_bytes = logtext.encode(training + "".join(line + "\n" for line in lines))
-    if new_bytes != original_bytes:
+    if write and new_bytes != original_bytes:
 
         def replace(current: bytes | None) -> bytes:
             # Conditional on the log being what we read: a concurrent writer makes us fail
@@ -213,4 +213,5 @@ def finalize(run_dir: str) -> FinalizeResult:
         time_ms=end_row.timestamp_ms if end_row else None,
         evaluated_steps=tuple(s.checkpoint_step for s in verdict.evaluated),
         warnings=manifest.warnings,
+        log_changed=new_bytes != original_bytes,
     )

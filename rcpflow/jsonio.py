@@ -45,21 +45,25 @@ def loads(
     first_line: int = 1,
     strict: bool = True,
     max_depth: int = MAX_DEPTH,
+    allow_nan: bool = False,
 ) -> Any:
     """The JSON value in `text`. `first_line` is the file line `text` starts on (for the
-    messages, when `text` is one line of a JSON Lines file)."""
+    messages, when `text` is one line of a JSON Lines file). `allow_nan` (with `strict`) lets
+    ``NaN``/``Infinity`` through, for foreign records whose unused fields may hold them: the
+    reader then refuses them where it uses a number."""
     if text.count("{") + text.count("[") > max_depth:  # else it cannot be too deep
         problem = _scan(text, max_depth, strict=False)
         if problem is not None:
             raise JSONInputError(_at(where, text, problem, first_line))
     try:
         # The hooks only detect; the slow scan below finds where (the error path only).
-        return json.loads(text, **(_STRICT_HOOKS if strict else {}))
+        hooks = (_LAX_NUMBER_HOOKS if allow_nan else _STRICT_HOOKS) if strict else {}
+        return json.loads(text, **hooks)
     except json.JSONDecodeError as e:
         line = first_line + e.lineno - 1
         raise JSONInputError(f"{where}: line {line}: not JSON ({e.msg}, column {e.colno})") from e
     except (_Refused, ValueError) as e:
-        problem = _scan(text, max_depth, strict)
+        problem = _scan(text, max_depth, strict, allow_nan)
         what = _at(where, text, problem, first_line) if problem else f"{where}: {e}"
         raise JSONInputError(what) from e
 
@@ -100,6 +104,9 @@ _STRICT_HOOKS: dict[str, Any] = {
 }
 
 
+_LAX_NUMBER_HOOKS: dict[str, Any] = {"object_pairs_hook": _object, "parse_int": _int}
+
+
 def load_bytes(data: bytes, where: str) -> Any:
     """`loads` of UTF-8 bytes (a whole JSON file)."""
     return loads(decode_utf8(data, where), where)
@@ -115,7 +122,7 @@ def _at(where: str, text: str, problem: _Problem, first_line: int) -> str:
     return f"{where}: line {line}: {problem.what}"
 
 
-def _scan(text: str, max_depth: int, strict: bool) -> _Problem | None:
+def _scan(text: str, max_depth: int, strict: bool, allow_nan: bool = False) -> _Problem | None:
     """The first problem json.loads would not report; too deep a nesting first."""
     # Per open container: the keys seen so far (an object) or None (an array).
     stack: list[set[str] | None] = []
@@ -152,14 +159,14 @@ def _scan(text: str, max_depth: int, strict: bool) -> _Problem | None:
                 elif isinstance(key, str):
                     keys.add(key)
             elif not tok.startswith('"'):
-                found = _number_problem(tok, m.start())
+                found = _number_problem(tok, m.start(), allow_nan)
         expect_key = False
     return found
 
 
-def _number_problem(tok: str, pos: int) -> _Problem | None:
+def _number_problem(tok: str, pos: int, allow_nan: bool = False) -> _Problem | None:
     if tok in _NON_FINITE:
-        return _Problem(pos, f"{tok} is not a JSON number")
+        return None if allow_nan else _Problem(pos, f"{tok} is not a JSON number")
     if _INT.fullmatch(tok):
         if len(tok) > 20 or abs(int(tok)) > INT64_MAX:
             shown = tok if len(tok) <= 24 else f"{tok[:20]}... ({len(tok)} digits)"
@@ -169,6 +176,6 @@ def _number_problem(tok: str, pos: int) -> _Problem | None:
         number = float(tok)
     except ValueError:
         return None  # not a number (true/false/null, or a syntax error json.loads names)
-    if number in (float("inf"), float("-inf")):
+    if number in (float("inf"), float("-inf")) and not allow_nan:
         return _Problem(pos, f"number {tok} overflows a 64-bit float")
     return None

@@ -42,6 +42,13 @@ def resolve(base_dir: str, path: str) -> str:
     return os.path.normpath(os.path.join(base_dir, path))
 
 
+def normalized(path: str) -> str:
+    """`path` made comparable: absolute and normalised (``gs://`` paths without ``..``)."""
+    if is_gcs(path):
+        return "gs://" + posixpath.normpath(path[len("gs://") :])
+    return os.path.abspath(path)
+
+
 def normalize_root(root: str) -> str:
     if is_gcs(root):
         return root.rstrip("/")

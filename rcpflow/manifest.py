@@ -11,14 +11,12 @@ import dataclasses
 import itertools
 import json
 import logging
-import os
-import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rcpflow import jsonio
-from rcpflow.layout import dirname, is_gcs, join, resolve
+from rcpflow import jsonio, recipe
+from rcpflow.layout import dirname, join, normalized, resolve
 from rcpflow.mllog import MLLogError, read_events, run_start_ms
 from rcpflow.storage import storage_for
 from rcpflow.usererrors import describe
@@ -54,6 +52,9 @@ _RUN_FIELDS = (
     "seed",
     "mllog_file",
 )
+# Names foreign trainers give the weight-update time (Tunix versions differ); `timestamp_ms` is
+# the one written.
+TIMESTAMP_ALIASES = ("weight_update_timestamp_ms", "checkpoint_timestamp_ms")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class ManifestRow:
     def from_dict(cls, d: Any, where: str) -> ManifestRow:
         if not isinstance(d, dict):
             raise ManifestError(f"{where}: a row must be a JSON object, got {type(d).__name__}")
+        d = _canonical_timestamp(d, where)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
@@ -98,16 +100,39 @@ class ManifestRow:
         for name in _POSITIVE_FIELDS:
             if d[name] <= 0:
                 raise ManifestError(f"{where}: {name} must be positive, got {d[name]!r}")
+        if d["max_steps"] > recipe.MAX_STEPS_LIMIT:
+            raise ManifestError(
+                f"{where}: max_steps {d['max_steps']} is beyond {recipe.MAX_STEPS_LIMIT}"
+            )
+        problem = recipe.time_problem(d["timestamp_ms"])
+        if problem is not None:
+            raise ManifestError(f"{where}: timestamp_ms {problem}")
         for name in ("checkpoint_path", "mllog_file"):
             if not isinstance(d[name], str) or not d[name]:
                 raise ManifestError(f"{where}: {name} must be a non-empty string")
         target = d["target_accuracy"]
         if isinstance(target, bool) or not isinstance(target, int | float) or not 0 <= target <= 1:
             raise ManifestError(f"{where}: target_accuracy must be a number in [0, 1]")
+        if target != recipe.TARGET_ACCURACY:
+            raise ManifestError(
+                f"{where}: target_accuracy {target} is not the benchmark's {recipe.TARGET_ACCURACY}"
+            )
         fp = d.get("weights_fingerprint")
         if fp is not None and not isinstance(fp, str):
             raise ManifestError(f"{where}: weights_fingerprint must be a string or null")
         return cls(**{**d, "target_accuracy": float(target)})
+
+
+def _canonical_timestamp(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """`d` with the weight-update time under `timestamp_ms` only; names that disagree raise."""
+    given = [(n, d[n]) for n in ("timestamp_ms", *TIMESTAMP_ALIASES) if n in d]
+    if [n for n, _ in given] in ([], ["timestamp_ms"]):
+        return d
+    first_name, first = given[0]
+    for name, value in given[1:]:
+        if value != first or type(value) is not type(first):
+            raise ManifestError(f"{where}: {first_name} {first!r} and {name} {value!r} disagree")
+    return {**{k: v for k, v in d.items() if k not in TIMESTAMP_ALIASES}, "timestamp_ms": first}
 
 
 @dataclass(frozen=True)
@@ -140,7 +165,7 @@ def parse_rows(text: str, where: str) -> list[ManifestRow]:
     return rows
 
 
-def _decode(data: bytes, where: str) -> str:
+def decode(data: bytes, where: str) -> str:
     try:
         return jsonio.decode_utf8(data, where)
     except jsonio.JSONInputError as e:
@@ -158,7 +183,7 @@ def upsert(manifest_path: str, row: ManifestRow) -> None:
     """
 
     def merge(old: bytes | None) -> bytes:
-        rows = parse_rows(_decode(old, manifest_path), manifest_path) if old else []
+        rows = parse_rows(decode(old, manifest_path), manifest_path) if old else []
         return render_rows([r for r in rows if r.step != row.step] + [row])
 
     storage_for(manifest_path).update(manifest_path, merge)
@@ -168,7 +193,7 @@ def remove(manifest_path: str, step: int) -> None:
     """Drop the row of `step` if there is one (its checkpoint is gone and will be saved again)."""
 
     def without(old: bytes | None) -> bytes:
-        rows = parse_rows(_decode(old, manifest_path), manifest_path) if old else []
+        rows = parse_rows(decode(old, manifest_path), manifest_path) if old else []
         return render_rows([r for r in rows if r.step != step])
 
     storage_for(manifest_path).update(manifest_path, without)
@@ -181,7 +206,7 @@ def read_rows(manifest_path: str) -> list[ManifestRow]:
         data = storage_for(manifest_path).read_bytes(manifest_path)
     except FileNotFoundError:
         return []
-    return parse_rows(_decode(data, manifest_path), manifest_path)
+    return parse_rows(decode(data, manifest_path), manifest_path)
 
 
 def _resolved(row: ManifestRow, base: str) -> ManifestRow:
@@ -197,17 +222,11 @@ def _check_own_mllog(rows: Sequence[ManifestRow], base: str, where: str) -> None
     pointing anywhere else would have finalize read and rewrite another run's log."""
     for r in rows:
         own = join(base, f"seed_{r.seed}.out")
-        if _normalized(r.mllog_file) != _normalized(own):
+        if normalized(r.mllog_file) != normalized(own):
             raise ManifestError(
                 f"{where}: step {r.step}: mllog_file resolves to {r.mllog_file}, not this run's "
                 f"MLLOG {own}"
             )
-
-
-def _normalized(path: str) -> str:
-    if is_gcs(path):
-        return "gs://" + posixpath.normpath(path[len("gs://") :])
-    return os.path.abspath(path)
 
 
 def check_consistent(rows: Sequence[ManifestRow], where: str) -> None:
@@ -288,7 +307,7 @@ def load(manifest_path: str, mllog_path: str | None = None) -> Manifest:
         raise ManifestError("the manifest path is empty")
     storage = storage_for(manifest_path)
     try:
-        text = _decode(storage.read_bytes(manifest_path), manifest_path)
+        text = decode(storage.read_bytes(manifest_path), manifest_path)
     except FileNotFoundError as e:
         raise ManifestError(f"{manifest_path}: no manifest (no checkpoint was recorded)") from e
     except OSError as e:  # a folder where the file belongs, or no permission

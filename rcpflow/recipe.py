@@ -9,6 +9,7 @@ checker wins.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -33,9 +34,24 @@ WEIGHT_DECAY = 0.0
 WARMUP_STEPS = 0
 LR_SCHEDULE = "constant"
 REFERENCE_BATCH_SIZE = 256
+# Bounds on what a run may state: far beyond any real run, far below 64 bits.
+MAX_STEPS_LIMIT = 100_000
+EARLIEST_TIME_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z: no benchmark run is older
+FUTURE_SLACK_MS = 86_400_000  # a clock a day ahead of this host's is a wrong clock
 
 Division = Literal["closed", "open"]
 DIVISIONS: tuple[Division, ...] = ("closed", "open")
+
+
+def time_problem(time_ms: int, now_ms: int | None = None) -> str | None:
+    """Why `time_ms` (epoch ms) cannot be a time of a run, or None: before 2020-01-01, or more
+    than a day ahead of this host's clock."""
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    if time_ms < EARLIEST_TIME_MS:
+        return f"{time_ms} is before 2020-01-01 ({EARLIEST_TIME_MS})"
+    if time_ms > now + FUTURE_SLACK_MS:
+        return f"{time_ms} is more than a day ahead of now ({now})"
+    return None
 
 
 def check_global_batch_size(global_batch_size: int) -> int:
@@ -109,8 +125,10 @@ def hyperparameters(
     if division not in DIVISIONS:
         raise ValueError(f"division must be one of {DIVISIONS}, got {division!r}")
     check_global_batch_size(global_batch_size)
-    if max_steps <= 0:
-        raise ValueError(f"max_steps must be positive, got {max_steps}")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int):
+        raise ValueError(f"max_steps must be an integer, got {max_steps!r}")
+    if not 0 < max_steps <= MAX_STEPS_LIMIT:
+        raise ValueError(f"max_steps must be in 1..{MAX_STEPS_LIMIT}, got {max_steps}")
     lr = closed_learning_rate(global_batch_size)
     clip = closed_gradient_clip_norm(global_batch_size)
     if division == "closed":

@@ -9,16 +9,19 @@ completed, `on_checkpoint_committed(step, path)` once saved (any thread, any ord
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rcpflow import manifest, recipe, stop_request
+from rcpflow import manifest, ownership, recipe, stop_request
 from rcpflow.layout import RunLayout, join
 from rcpflow.manifest import ManifestError, ManifestRow
 from rcpflow.mllog import Event, SystemInfo, TrainingLog, read_events, run_start_ms
-from rcpflow.storage import storage_for
+from rcpflow.storage import StorageError, storage_for
+
+log = logging.getLogger(__name__)
 
 # A clock behind the previous update's timestamp by more than this is an error, not a wait.
 CLOCK_STEP_BACK_MS = 1000
@@ -28,6 +31,12 @@ ROW_EXTRA_FIELDS = frozenset({"weights_fingerprint"})
 
 class RecorderError(RuntimeError):
     """The call would break the run's contract; the message names the step and the reason."""
+
+
+class RunFolderError(RecorderError, StorageError):
+    """The run folder is not this trainer's to write: another live owner holds it, or its log
+    has ended (a finished run). A StorageError too, so the jobs report it as one line and exit
+    1 (a run folder that cannot be used as it is)."""
 
 
 def now_ms() -> int:
@@ -142,8 +151,17 @@ class TrainingRecorder:
         rcp_logging: bool = True,
         train_samples: int | None = None,
         target_accuracy: float = recipe.TARGET_ACCURACY,
+        owner: str | None = None,
+        lease_timeout_s: float | None = None,
     ) -> None:
+        """`owner`: this trainer's identity for the run folder's lease (default
+        `rcpflow.ownership.owner_from_env`: a retry of the same orchestrator task is the same
+        owner); `lease_timeout_s`: after how long without a heartbeat the lease is stale."""
         hp = hyperparameters
+        if target_accuracy != recipe.TARGET_ACCURACY:
+            raise ValueError(
+                f"target_accuracy {target_accuracy} is not the benchmark's {recipe.TARGET_ACCURACY}"
+            )
         if not 1 <= val_start_at <= hp.max_steps:
             raise ValueError(
                 f"val_start_at {val_start_at} must be in 1..max_steps ({hp.max_steps}): no "
@@ -168,6 +186,52 @@ class TrainingRecorder:
         self._last_update_ms: int | None = None
         self._update_ms: dict[int, int] = {}  # step -> weight-update time, from val_start_at
         self._committed: dict[int, ManifestRow] = {}
+        self._lease = ownership.Lease(
+            self.layout.root,
+            owner if owner is not None else ownership.owner_from_env(),
+            ownership.timeout_from_env() if lease_timeout_s is None else lease_timeout_s,
+        )
+        self._owned = False
+
+    def _own(self) -> None:
+        """Take the run folder's lease (once) and keep its heartbeat; RunFolderError naming the
+        owner when another live trainer holds it."""
+        with self._lock:
+            if self._owned:
+                return
+            try:
+                said = self._lease.acquire()
+            except ownership.RunOwnedError as e:
+                raise RunFolderError(str(e)) from e
+            if said:
+                log.warning("%s: %s", self._lease.path, said)
+            self._lease.start_heartbeat()
+            self._owned = True
+
+    def _check_still_owned(self, step: int) -> None:
+        lost = self._lease.lost
+        if lost is not None:
+            raise RunFolderError(f"step {step}: this trainer lost the run folder: {lost}")
+
+    def _refuse_an_ended_log(self) -> None:
+        """A finished run's MLLOG is never started afresh: its training section ended."""
+        path = self.mllog_path
+        try:
+            events = read_events(path)
+        except FileNotFoundError:
+            return
+        start = run_start_ms(events)
+        ended = [
+            e
+            for e in events
+            if e.key in ("block_stop", "run_stop") and (start is None or e.time_ms >= start)
+        ]
+        if start is not None and ended:
+            raise RunFolderError(
+                f"{path}: the run has ended ({ended[-1].key} at line {ended[-1].line_no}); a "
+                "trainer never rewrites a finished run's log. To train this folder again from "
+                f"the start, move the old log aside: rcpflow run reset {self.layout.root}"
+            )
 
     @property
     def mllog_path(self) -> str:
@@ -201,6 +265,7 @@ class TrainingRecorder:
     def resume(self) -> Resumed | None:
         """Continue a run whose log or manifest exists; None for a fresh run. Call before
         `on_init_start`. The log's header and every current row must be this run's."""
+        self._own()
         log_exists = storage_for(self.mllog_path).exists(self.mllog_path)
         rows_exist = storage_for(self.layout.manifest).exists(self.layout.manifest)
         if not log_exists and not rows_exist:
@@ -264,9 +329,12 @@ class TrainingRecorder:
     # -- the training loop ------------------------------------------------------------------
 
     def on_init_start(self, time_ms: int | None = None) -> None:
-        """Start the MLLOG afresh: cache_clear, init_start, submission keys, hyperparameters."""
+        """Start the MLLOG afresh: cache_clear, init_start, submission keys, hyperparameters.
+        Refused (RunFolderError) in a folder another trainer owns, or whose log has ended."""
+        self._own()
         if self._resumed or not self.rcp_logging:
             return
+        self._refuse_an_ended_log()
         self._log = TrainingLog(self.mllog_path)
         self._log.training_header(
             self.hp, self.seed, self.system, self.train_samples,
@@ -275,6 +343,7 @@ class TrainingRecorder:
 
     def on_run_start(self, time_ms: int | None = None) -> None:
         """``init_stop``, ``run_start`` and the training block's ``block_start``."""
+        self._own()
         if self._resumed:
             return
         t = now_ms() if time_ms is None else time_ms
@@ -294,6 +363,7 @@ class TrainingRecorder:
         now). Steps and timestamps strictly increase; with None, two updates within one ms wait
         for the next tick rather than share a timestamp.
         """
+        self._check_still_owned(step)
         with self._lock:
             if self._ended:
                 raise RecorderError(f"step {step}: on_update() after on_train_end()")
@@ -380,8 +450,13 @@ class TrainingRecorder:
         return row is not None and row.timestamp_ms == request.timestamp_ms
 
     def on_train_end(self) -> None:
-        """``block_stop`` backdated to the last weight update. Idempotent; a resumed run that
-        had already ended logs nothing. Refuses when committed rows leave a hole."""
+        """``block_stop`` backdated to the last weight update, then the run folder's lease is
+        released. Idempotent; a resumed run that had already ended logs nothing. Refuses when
+        committed rows leave a hole."""
+        self._end()
+        self._lease.release()
+
+    def _end(self) -> None:
         with self._lock:
             if self._ended:
                 return

@@ -1,21 +1,31 @@
 """Where a run stands, for a submitter (`rcpflow status`) and a UI: per manifest row its
-checkpoint, its summary (valid, pass@4, or why not), the gate's decision, and what finalize would
-write now. Reads only; the same checks as the gate and finalize (`rcpflow.verify`).
+checkpoint, its summary (valid, pass@4, or why not), the gate's decision, what finalize would
+write now, and checkpoint folders without a row. Reads only; the same checks as the gate and
+finalize (`rcpflow.verify`), each summary read once (linear in the rows).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from rcpflow.finalize import FinalizeInputError, Status, decide
-from rcpflow.gate import passes, passing_step_below
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import ManifestError, load
+from rcpflow.decided import written_run_stop
+from rcpflow.finalize import FinalizeInputError, Status, decide, finalize
+from rcpflow.gate import passes
+from rcpflow.layout import RunLayout, join, normalized
+from rcpflow.manifest import ManifestError, ManifestRow, load
+from rcpflow.mllog import MLLogError
 from rcpflow.recorder import checkpoint_present
-from rcpflow.verify import SummaryState, evaluate_step
+from rcpflow.storage import StorageError, storage_for
+from rcpflow.usererrors import USER_ERRORS, describe
+from rcpflow.verify import SummaryState, evaluate_step, reading_once
+
+UNRECORDED = "unrecorded (no timestamp; not evaluable)"
+_STEP_FOLDER = re.compile(r"\d+")
 
 GateDecision = Literal["evaluate", "passes", "below target", "skip"]
 
@@ -41,6 +51,9 @@ class FinalizeNow:
     status: Status | Literal["refused"]
     run_stop_step: int | None
     reason: str
+    # The log holds a run_stop (this one) and finalize would change the log: the verdict
+    # written is rewritten by the next finalize (after `eval import --reopen`, say).
+    rewrites: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,21 +64,58 @@ class RunStatus:
     warnings: tuple[str, ...]
     steps: tuple[StepStatus, ...]
     finalize: FinalizeNow | None
+    unrecorded: tuple[str, ...] = ()  # checkpoint folders with no manifest row
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2) + "\n"
 
 
+def unrecorded_checkpoints(layout: RunLayout, rows: Sequence[ManifestRow]) -> tuple[str, ...]:
+    """Step folders under ``checkpoints/`` (or one level down, as Tunix's ``actor/<N>``) that no
+    row names: saved, but without a weight-update time they cannot be evaluated."""
+    storage = storage_for(layout.checkpoints_dir)
+    recorded = {normalized(r.checkpoint_path) for r in rows}
+    found: list[str] = []
+    for name in storage.subfolders(layout.checkpoints_dir):
+        path = join(layout.checkpoints_dir, name)
+        if _STEP_FOLDER.fullmatch(name):
+            found.append(path)
+        else:
+            found += [
+                join(path, sub) for sub in storage.subfolders(path) if _STEP_FOLDER.fullmatch(sub)
+            ]
+    return tuple(sorted((p for p in found if normalized(p) not in recorded), key=_step_key))
+
+
+def _step_key(path: str) -> tuple[str, int]:
+    head, _, step = path.rstrip("/").rpartition("/")
+    return head, int(step)
+
+
+def _unrecorded(layout: RunLayout, rows: Sequence[ManifestRow]) -> tuple[tuple[str, ...], str]:
+    try:
+        return unrecorded_checkpoints(layout, rows), ""
+    except USER_ERRORS as e:
+        return (), f"checkpoint folders not listed: {describe(e)}"
+
+
 def run_status(run_dir: str) -> RunStatus:
-    layout = RunLayout(run_dir)
+    with reading_once():  # the gate, the verdict and each step share one read of each summary
+        return _run_status(RunLayout(run_dir))
+
+
+def _run_status(layout: RunLayout) -> RunStatus:
     try:
         manifest = load(layout.manifest)
     except ManifestError as e:
-        return RunStatus(layout.root, layout.manifest, str(e), (), (), None)
+        unrecorded, problem = _unrecorded(layout, ())
+        warnings: tuple[str, ...] = (problem,) if problem else ()
+        return RunStatus(layout.root, layout.manifest, str(e), warnings, (), None, unrecorded)
     steps = []
+    first_pass: int | None = None  # the lowest step whose valid summary passes
     for row in manifest.rows:
         found = evaluate_step(layout.root, row)
-        passed_below = passing_step_below(layout.root, row.step, manifest.rows)
+        passed_below = first_pass
         gate: GateDecision
         if passed_below is not None:
             gate = "skip"
@@ -73,6 +123,8 @@ def run_status(run_dir: str) -> RunStatus:
             gate = "passes" if passes(found.summary, row) else "below target"
         else:
             gate = "evaluate"
+        if first_pass is None and gate == "passes":
+            first_pass = row.step
         steps.append(
             StepStatus(
                 step=row.step,
@@ -94,16 +146,30 @@ def run_status(run_dir: str) -> RunStatus:
         try:
             verdict = decide(layout.root, manifest.rows)
             end = verdict.end_row.step if verdict.end_row is not None else None
-            now = FinalizeNow(verdict.status, end, verdict.reason)
+            now = FinalizeNow(verdict.status, end, verdict.reason, _rewrites(layout, manifest.rows))
         except FinalizeInputError as e:
             now = FinalizeNow("refused", None, str(e))
-    return RunStatus(layout.root, layout.manifest, None, manifest.warnings, tuple(steps), now)
+    unrecorded, problem = _unrecorded(layout, manifest.rows)
+    warnings = manifest.warnings + ((problem,) if problem else ())
+    return RunStatus(layout.root, layout.manifest, None, warnings, tuple(steps), now, unrecorded)
+
+
+def _rewrites(layout: RunLayout, rows: Sequence[ManifestRow]) -> str | None:
+    """The written run_stop, when the next finalize would change the log that holds it."""
+    try:
+        written = written_run_stop(layout.mllog(rows[0].seed), rows[0])
+        if written is None or not finalize(layout.root, write=False).log_changed:
+            return None
+    except (FinalizeInputError, MLLogError, ValueError, OSError, StorageError):
+        return None  # finalize itself will name the problem
+    return written.describe()
 
 
 def render_table(status: RunStatus) -> str:
     """The table `rcpflow status` prints."""
     if status.manifest_error is not None:
-        return f"{status.run_dir}: no usable manifest: {status.manifest_error}\n"
+        unrecorded = "".join(f"{path}: {UNRECORDED}\n" for path in status.unrecorded)
+        return f"{status.run_dir}: no usable manifest: {status.manifest_error}\n{unrecorded}"
     head = ("step", "timestamp_ms", "ckpt", "summary", "pass@4", "gate")
     rows = [head]
     notes = []
@@ -119,9 +185,15 @@ def render_table(status: RunStatus) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines += notes
+    lines += [f"{path}: {UNRECORDED}" for path in status.unrecorded]
     lines += [f"warning: {w}" for w in status.warnings]
     f = status.finalize
     if f is not None:
         stop = f", run_stop at step {f.run_stop_step}" if f.run_stop_step is not None else ""
-        lines.append(f"finalize now: {f.status}{stop} ({f.reason})")
+        rewrites = (
+            f"; the log's eval section is rewritten by the next finalize ({f.rewrites})"
+            if f.rewrites is not None
+            else ""
+        )
+        lines.append(f"finalize now: {f.status}{stop} ({f.reason}){rewrites}")
     return "\n".join(lines) + "\n"

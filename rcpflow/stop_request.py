@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import asdict, dataclass
 
+from rcpflow import jsonio
 from rcpflow.finalize import FinalizeInputError, decide
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import ManifestError, ManifestRow, load
@@ -54,9 +56,9 @@ class StopRequest:
     def from_json(cls, data: bytes, where: str) -> StopRequest:
         """Parse a stop request; StopRequestError naming the field when it is not one."""
         try:
-            d = json.loads(data)
-        except ValueError as exc:
-            raise StopRequestError(f"{where}: not JSON ({exc})") from exc
+            d = jsonio.load_bytes(data, where)  # depth-limited, strict: never a RecursionError
+        except jsonio.JSONInputError as exc:
+            raise StopRequestError(str(exc)) from exc
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise StopRequestError(f"{where}: format is not {FORMAT!r}")
         run = d.get("run")
@@ -96,22 +98,40 @@ def read(run_dir: str) -> StopRequest | None:
     return StopRequest.from_json(data, path)
 
 
+# Problems already reported by `for_run`: a trainer asks after every step, and one bad file
+# must not fill its log.
+_REPORTED: set[str] = set()
+_REPORTED_LOCK = threading.Lock()
+
+
+def _warn_once(message: str) -> None:
+    with _REPORTED_LOCK:
+        if message in _REPORTED:
+            return
+        _REPORTED.add(message)
+    log.warning("%s", message)
+
+
 def for_run(run_dir: str, identity: RunIdentity) -> StopRequest | None:
     """The stop request in `run_dir` if it names this run; another run's or a malformed one is
-    None (logged): never a reason to stop. Costs one existence check when there is none."""
+    None (reported once): never a reason to stop. Never raises into the trainer: a file that
+    cannot be read (a folder, too deep, storage down) is no stop either. Costs one existence
+    check when there is none."""
     try:
         request = read(run_dir)
     except StopRequestError as exc:
-        log.warning("ignoring the stop request: %s", exc)
+        _warn_once(f"ignoring the stop request: {exc}")
+        return None
+    except Exception as exc:  # whatever reading raises, the trainer goes on
+        what = " ".join(str(exc).split()) or type(exc).__name__
+        _warn_once(f"ignoring the stop request in {run_dir}: {type(exc).__name__}: {what}")
         return None
     if request is None:
         return None
     if request.run != identity:
-        log.warning(
-            "ignoring the stop request in %s: it is for run %s, not this one %s",
-            run_dir,
-            request.run,
-            identity,
+        _warn_once(
+            f"ignoring the stop request in {run_dir}: it is for run {request.run}, not this "
+            f"one {identity}"
         )
         return None
     return request

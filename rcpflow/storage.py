@@ -44,6 +44,10 @@ class Storage(ABC):
     def exists(self, path: str) -> bool: ...
 
     @abstractmethod
+    def subfolders(self, prefix: str) -> list[str]:
+        """Names of the folders directly under `prefix`, sorted ([] when there is none)."""
+
+    @abstractmethod
     def list(self, prefix: str) -> list[str]:
         """Full paths of the files under `prefix` (recursively), sorted."""
 
@@ -60,6 +64,11 @@ class Storage(ABC):
     def delete(self, path: str) -> None:
         """Remove `path` if it exists."""
 
+    @abstractmethod
+    def delete_if(self, path: str, condition: Callable[[bytes], bool]) -> bool:
+        """Remove `path` if it exists and ``condition(content)`` holds, with no concurrent
+        update in between (the same lock or precondition as `update`); whether it was removed."""
+
 
 class LocalStorage(Storage):
     def read_bytes(self, path: str) -> bytes:
@@ -68,6 +77,13 @@ class LocalStorage(Storage):
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def subfolders(self, prefix: str) -> list[str]:
+        try:
+            with os.scandir(prefix) as entries:
+                return sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def list(self, prefix: str) -> list[str]:
         if os.path.isfile(prefix):
@@ -127,6 +143,18 @@ class LocalStorage(Storage):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
+    def delete_if(self, path: str, condition: Callable[[bytes], bool]) -> bool:
+        path = os.path.realpath(path)
+        with self._locked(path):
+            try:
+                data = self.read_bytes(path)
+            except FileNotFoundError:
+                return False
+            if not condition(data):
+                return False
+            os.unlink(path)
+            return True
+
 
 # Temp files: `.<name>.<host>.<pid>.<random>.tmp` beside the file they replace. A writer killed
 # between creating and renaming one (SIGKILL, power loss) leaves it behind; the next write of the
@@ -149,7 +177,7 @@ def _create_temp(target: str) -> tuple[int, str]:
             continue
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True  # another thread of ours is writing
     try:
@@ -173,7 +201,7 @@ def _remove_dead_temps(target: str) -> None:
             continue
         host_pid = entry[len(prefix) : -len(_TEMP_SUFFIX)].rpartition(".")[0]  # less the random
         host, _, pid = host_pid.rpartition(".")
-        if host == _HOST and pid.isdigit() and not _pid_alive(int(pid)):
+        if host == _HOST and pid.isdigit() and not pid_alive(int(pid)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(directory, entry))
 
@@ -215,6 +243,15 @@ class GCSStorage(Storage):
     def exists(self, path: str) -> bool:
         with _gcs_errors(path):
             return self._blob(path).exists()
+
+    def subfolders(self, prefix: str) -> list[str]:
+        bucket, name = split_gcs(prefix)
+        folder = name.rstrip("/") + "/" if name.strip("/") else ""
+        with _gcs_errors(prefix):
+            blobs = self.client.list_blobs(bucket, prefix=folder, delimiter="/")
+            for _ in blobs.pages:  # the prefixes are known once every page is read
+                pass
+            return sorted(p[len(folder) :].rstrip("/") for p in blobs.prefixes)
 
     def list(self, prefix: str) -> list[str]:
         bucket, name = split_gcs(prefix)
@@ -261,6 +298,26 @@ class GCSStorage(Storage):
 
         with _gcs_errors(path), contextlib.suppress(NotFound):
             self._blob(path).delete()
+
+    def delete_if(self, path: str, condition: Callable[[bytes], bool]) -> bool:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        with _gcs_errors(path):
+            for attempt in range(self.max_attempts):
+                blob = self._blob(path)
+                try:
+                    blob.reload()
+                    generation = blob.generation
+                    data = blob.download_as_bytes(if_generation_match=generation)
+                    if not condition(data):
+                        return False
+                    blob.delete(if_generation_match=generation)
+                    return True
+                except NotFound:
+                    return False
+                except PreconditionFailed:
+                    time.sleep(self.backoff_s * (attempt + 1))
+        raise StorageError(f"{path}: gave up after {self.max_attempts} conflicting updates")
 
 
 @contextlib.contextmanager

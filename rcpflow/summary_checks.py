@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from rcpflow import recipe
 from rcpflow.manifest import ManifestRow
 from rcpflow.passk import mean_pass_at_k
-from rcpflow.summary import PASS_KS, AttemptResult, EvalSummary, task_counts
+from rcpflow.summary import PASS_KS, AttemptResult, EvalSummary, build_summary, task_counts
 
 # Tolerance of float equalities (pass@1 = resolved/expected, pass@k recomputed): far below the
 # 1/1004 resolution of the counts, far above the rounding of a sum over 251 tasks.
@@ -109,8 +109,19 @@ def consistency_problems(s: EvalSummary) -> list[Problem]:
         rate = s.resolved_attempts / s.expected_attempts
         if not _close(s.avg_at_k, rate):
             out.append(Problem("avg_at_k", f"{s.avg_at_k} != resolved/expected attempts = {rate}"))
-    if not 0.0 <= s.target_accuracy <= 1.0:
-        out.append(Problem("target_accuracy", f"{s.target_accuracy} is not in [0, 1]"))
+    if s.target_accuracy != recipe.TARGET_ACCURACY:
+        out.append(
+            Problem(
+                "target_accuracy",
+                f"{s.target_accuracy} is not the benchmark's {recipe.TARGET_ACCURACY}",
+            )
+        )
+    if not math.isfinite(s.mean_reward):
+        out.append(Problem("mean_reward", f"{s.mean_reward} is not a finite number"))
+    for name in ("eval_start_ms", "eval_stop_ms"):
+        problem = recipe.time_problem(getattr(s, name))
+        if problem is not None:
+            out.append(Problem(name, problem))
     if s.eval_stop_ms < s.eval_start_ms:
         out.append(
             Problem("eval_stop_ms", f"{s.eval_stop_ms} is before eval_start_ms {s.eval_start_ms}")
@@ -166,19 +177,42 @@ def _pass_at_k_problems(s: EvalSummary) -> list[Problem]:
 def recomputed_problems(
     s: EvalSummary, attempts: Sequence[Sequence[AttemptResult]], where: str
 ) -> list[Problem]:
-    """`s`'s pass@k against the attempts it claims to summarise (`where` names that file)."""
+    """`s` against the attempts it claims to summarise (`where` names that file): every count
+    it states (attempts, status_counts) and its pass@k."""
     if len(attempts) > s.instances or s.attempts_per_instance < recipe.PASS_K:
         return [
             Problem("instances", f"{len(attempts)} tasks in {where}, summary says {s.instances}")
         ]
+    if any(len(a) > s.attempts_per_instance for a in attempts):
+        return [
+            Problem(
+                "attempts_per_instance",
+                f"{where} has a task with more than {s.attempts_per_instance} attempts",
+            )
+        ]
+    again = build_summary(
+        attempts,
+        attempts_per_instance=s.attempts_per_instance,
+        instances=s.instances,
+        checkpoint_step=s.checkpoint_step,
+        checkpoint_timestamp_ms=s.checkpoint_timestamp_ms,
+        samples_count=s.samples_count,
+        target_accuracy=s.target_accuracy,
+        eval_start_ms=s.eval_start_ms,
+        eval_stop_ms=s.eval_stop_ms,
+    )
+    out = [
+        Problem(name, f"{getattr(s, name)} but {where} gives {getattr(again, name)}")
+        for name in (*COUNT_FIELDS, "status_counts")
+        if getattr(s, name) != getattr(again, name)
+    ]
     per_task = task_counts(attempts, s.attempts_per_instance, s.instances)
-    out: list[Problem] = []
     for key, value in sorted(s.pass_at_k.items()):
         if not key.isdigit() or not 1 <= int(key) <= s.attempts_per_instance:
             continue  # already named by consistency_problems
-        again = mean_pass_at_k(per_task, int(key))
-        if not _close(value, again):
-            out.append(Problem(f'pass_at_k["{key}"]', f"{value} but {where} gives {again}"))
+        recomputed = mean_pass_at_k(per_task, int(key))
+        if not _close(value, recomputed):
+            out.append(Problem(f'pass_at_k["{key}"]', f"{value} but {where} gives {recomputed}"))
     return out
 
 
@@ -193,10 +227,6 @@ def row_problems(s: EvalSummary, row: ManifestRow) -> list[Problem]:
         )
         if got != want
     ]
-    if not _close(s.target_accuracy, row.target_accuracy):
-        out.append(
-            Problem("target_accuracy", f"{s.target_accuracy} != manifest's {row.target_accuracy}")
-        )
     if s.eval_start_ms < row.timestamp_ms:
         out.append(
             Problem(

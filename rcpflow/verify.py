@@ -8,6 +8,9 @@ same pass@k as they do. Anything else is not a pass.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -61,7 +64,37 @@ def check_summary(
     return problems
 
 
+# While `reading_once` is active (in this thread or task): evaluations by (run, row).
+_READ_ONCE: contextvars.ContextVar[dict[tuple[str, ManifestRow], StepEvaluation] | None] = (
+    contextvars.ContextVar("rcpflow_verify_read_once", default=None)
+)
+
+
+@contextlib.contextmanager
+def reading_once() -> Iterator[None]:
+    """Within the block, each (run, row) is evaluated once: a reader that asks the gate, the
+    verdict and each step (`rcpflow.status`) reads every summary once, in linear time. Only for
+    one consistent look at the run: files written meanwhile are not seen."""
+    token = _READ_ONCE.set({}) if _READ_ONCE.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _READ_ONCE.reset(token)
+
+
 def evaluate_step(run_dir: str, row: ManifestRow) -> StepEvaluation:
+    cache = _READ_ONCE.get()
+    if cache is None:
+        return _evaluate_step(run_dir, row)
+    key = (RunLayout(run_dir).root, row)
+    found = cache.get(key)
+    if found is None:
+        found = cache[key] = _evaluate_step(run_dir, row)
+    return found
+
+
+def _evaluate_step(run_dir: str, row: ManifestRow) -> StepEvaluation:
     path = RunLayout(run_dir).summary(row.step)
     if not storage_for(path).exists(path):
         return StepEvaluation(row.step, path, "missing", None, ("no summary",))

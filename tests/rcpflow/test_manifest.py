@@ -72,7 +72,7 @@ def _rewrite(path, rows):
         ),
         (
             lambda rows: [*rows[:1], dataclasses.replace(rows[1], target_accuracy=0.5), *rows[2:]],
-            "step 19: target_accuracy",
+            "line 2: target_accuracy 0.5 is not the benchmark's 0.69",
         ),
         (lambda rows: [*rows, rows[-1]], "step 21: appears more than once"),
         (

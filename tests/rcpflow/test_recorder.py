@@ -22,9 +22,11 @@ GBS, MAX_STEPS, VAL_START = 256, 24, 18
 T0 = 1_700_000_000_000
 
 
-def recorder(run_dir: str, seed: int = 1) -> TrainingRecorder:
+def recorder(run_dir: str, seed: int = 1, owner: str | None = None) -> TrainingRecorder:
     hp = recipe.hyperparameters("closed", GBS, MAX_STEPS)
-    return TrainingRecorder(run_dir, seed=seed, hyperparameters=hp, val_start_at=VAL_START)
+    return TrainingRecorder(
+        run_dir, seed=seed, hyperparameters=hp, val_start_at=VAL_START, owner=owner
+    )
 
 
 def checkpoint(run_dir: str, step: int) -> str:
@@ -199,7 +201,8 @@ def test_rows_commit_from_many_threads_in_any_order(tmp_path):
 
 def test_manifest_add_for_a_trainer_that_is_not_python(tmp_path):
     run_dir = str(tmp_path / "run")
-    rec = recorder(run_dir)  # stands for the foreign trainer's own MLLOG writer
+    # Stands for the foreign trainer's own MLLOG writer; its adds name the same owner.
+    rec = recorder(run_dir, owner="foreign-trainer")
     rec.on_init_start(T0)
     rec.on_run_start(T0 + 30_000)
 
@@ -215,6 +218,8 @@ def test_manifest_add_for_a_trainer_that_is_not_python(tmp_path):
             ck,
             "--timestamp-ms",
             str(ts),
+            "--owner",
+            "foreign-trainer",
             *extra,
         )
 
@@ -240,6 +245,8 @@ def test_manifest_add_for_a_trainer_that_is_not_python(tmp_path):
         str(tmp_path / "none"),
         "--timestamp-ms",
         str(T0 + 79_000),
+        "--owner",
+        "foreign-trainer",
     )
     assert p.returncode == 1 and "step 19: no checkpoint at" in p.stderr
     assert add(19, T0 + 79_000).returncode == 0

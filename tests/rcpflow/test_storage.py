@@ -189,7 +189,8 @@ while not os.path.exists(go):
 for i in range(50):
     step = 18 + offset + 2 * i
     upsert(path, ManifestRow(
-        step=step, checkpoint_path=f"../checkpoints/{step}", timestamp_ms=1_000 * step,
+        step=step, checkpoint_path=f"../checkpoints/{step}",
+        timestamp_ms=1_700_000_000_000 + 1_000 * step,
         samples_count=256 * step, global_batch_size=256, batch_size=16, num_generations=16,
         val_start_at=18, max_steps=200, target_accuracy=0.69, seed=1, mllog_file="seed_1.out",
     ))

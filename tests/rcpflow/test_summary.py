@@ -25,23 +25,24 @@ from rcpflow.summary_checks import consistency_problems, recomputed_problems, su
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tunix"
 TIMES = (1790661000000, 1790662697760)
+T0 = 1_700_000_000_000  # eval and checkpoint times must be real ones (2020 .. now + 1 day)
 
 
 def _build(attempts, **kw):
     args = dict(
         attempts_per_instance=4,
         checkpoint_step=18,
-        checkpoint_timestamp_ms=5,
+        checkpoint_timestamp_ms=T0 + 5,
         samples_count=18 * 256,
         target_accuracy=0.69,
-        eval_start_ms=10,
-        eval_stop_ms=20,
+        eval_start_ms=T0 + 10,
+        eval_stop_ms=T0 + 20,
     )
     args.update(kw)
     return build_summary(attempts, **args)
 
 
-def _row(step=18, timestamp_ms=5, gbs=256) -> ManifestRow:
+def _row(step=18, timestamp_ms=T0 + 5, gbs=256) -> ManifestRow:
     return ManifestRow(
         step=step,
         checkpoint_path="../checkpoints/18",
@@ -221,7 +222,7 @@ def valid_summaries(draw):
     for _ in range(251):
         c = rng.choices(range(5), weights=weights)[0]
         attempts.append([AttemptResult("resolved", 1.0)] * c + [AttemptResult("failed")] * (4 - c))
-    return _build(attempts, eval_start_ms=10, eval_stop_ms=20)
+    return _build(attempts, eval_start_ms=T0 + 10, eval_stop_ms=T0 + 20)
 
 
 def _other(draw, value: int) -> int:
@@ -278,7 +279,7 @@ def one_broken_rule(draw):
             s, pass_at_k={k: v for k, v in s.pass_at_k.items() if k != key}
         ), "pass_at_k"
     if rule == "eval_stop_ms":
-        return dataclasses.replace(s, eval_stop_ms=draw(st.integers(0, 9))), rule
+        return dataclasses.replace(s, eval_stop_ms=T0 + draw(st.integers(0, 9))), rule
     v = draw(st.floats(-1, 2).filter(lambda x: abs(x - s.avg_at_k) > 1e-8))
     return dataclasses.replace(s, avg_at_k=v), "avg_at_k"
 
