@@ -104,7 +104,7 @@ def test_a_second_trainer_in_another_process_is_refused_naming_the_owner(tmp_pat
 
 
 def test_the_jobs_report_a_refused_trainer_in_one_line_with_exit_1(tmp_path, capsys):
-    from tpu_jobs import job_errors
+    from tpu_jobs.rcp import job_errors
 
     run_dir = str(tmp_path / "run")
     foreign_lease(run_dir, host="pod-a", heartbeat_ms=ownership.now_ms(), owner="dag-a")

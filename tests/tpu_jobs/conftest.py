@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from trainer_runs import NO_TUNIX, TOY, TUNIX, Trainer
+from trainer_runs import NO_TUNIX, TOY, TUNIX, Trainer, finish_run
 
 
 @pytest.fixture(
@@ -18,12 +18,6 @@ from trainer_runs import NO_TUNIX, TOY, TUNIX, Trainer
 )
 def trainer(request: pytest.FixtureRequest) -> Trainer:
     return request.param  # type: ignore[no-any-return]
-
-
-def finish_run(trainer: Trainer, run_dir: Path) -> Path:
-    proc = trainer.run(run_dir)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run_dir
 
 
 @pytest.fixture(scope="module")

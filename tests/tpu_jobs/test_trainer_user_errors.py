@@ -16,9 +16,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import finish_run
 from file_tree import tree_bytes
-from trainer_runs import TOY, Trainer, one_error_line, rows_of
+from trainer_runs import TOY, Trainer, finish_run, one_error_line, rows_of
 
 from rcpflow import logtext, manifest
 from rcpflow.layout import RunLayout

@@ -93,3 +93,9 @@ def written_rows(run_dir: str | Path) -> list[ManifestRow]:
     """The rows as written so far, not validated (none before the first): for polling a run
     that is still writing."""
     return manifest.read_rows(RunLayout(str(run_dir)).manifest)
+
+
+def finish_run(trainer: Trainer, run_dir: Path) -> Path:
+    proc = trainer.run(run_dir)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return run_dir
