@@ -24,6 +24,7 @@ from rcpflow.finalize import finalize
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import load
 from rcpflow.mllog import read_events
+from rcpflow.recorder import now_ms
 from rcpflow.rehearsal import load_curve
 from rcpflow.stop_request import honoured_by, request_stop
 from rcpflow.storage import storage_for
@@ -144,7 +145,10 @@ def test_pass_at_4_of_every_step_is_the_curve_and_the_attempts_give_it(tmp_path:
         assert solved == CURVE.solved(2, step)
         # and rcpflow's import verifies it (pass@k recomputed from the attempts beside it)
         imported = import_eval(
-            str(run_dir), step, str(out / "summary.json"), eval_times=(1_780_000_000_000, 1_780_000_000_001)
+            str(run_dir),
+            step,
+            str(out / "summary.json"),
+            eval_times=(now_ms(), now_ms() + 1),
         )
         assert imported.summary.eval_accuracy == CURVE.pass_at_4(2, step)
         assert imported.attempts_source is not None
