@@ -88,7 +88,7 @@ def _value(hint: Any, value: object, key: str, f: dataclasses.Field[Any]) -> Any
     if origin is Mapping:
         if not isinstance(value, Mapping):
             raise SettingError(key, f"must be a table, got {type(value).__name__}")
-        if dataclasses.is_dataclass(args[1]):  # a table of sub-tables
+        if isinstance(args[1], type) and dataclasses.is_dataclass(args[1]):  # sub-tables
             return types.MappingProxyType(
                 {
                     name: read_table(args[1], item, _join(key, str(name)))

@@ -239,9 +239,9 @@ class GkeSettings:
     max_suspended_minutes: int = 720
     ttl_after_finished_s: int = 86400
     node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    tolerations: tuple[dict, ...] = ()  # type: ignore[type-arg]  # Kubernetes objects
-    volumes: tuple[dict, ...] = ()  # type: ignore[type-arg]
-    volume_mounts: tuple[dict, ...] = ()  # type: ignore[type-arg]
+    tolerations: tuple[dict, ...] = ()  # Kubernetes objects
+    volumes: tuple[dict, ...] = ()
+    volume_mounts: tuple[dict, ...] = ()
     pod_annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     train: TpuJobShape = field(default_factory=default_train_shape)
     evaluate: TpuJobShape = field(default_factory=default_eval_shape)
