@@ -112,10 +112,11 @@ def crd_schema(crd_document: dict[str, Any]) -> dict[str, Any]:
     return crd_document["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
-def older_crd(crd: dict[str, Any]) -> dict[str, Any]:
-    """`crd` as a JobSet release before v0.10 had it: its failure policy rules without
+@pytest.fixture(scope="session")
+def older_crd_document(crd_document: dict[str, Any]) -> dict[str, Any]:
+    """The CRD as a JobSet release before v0.10 had it: its failure policy rules without
     ``onJobFailureMessagePatterns`` (v0.10 added it)."""
-    old = copy.deepcopy(crd)
+    old = copy.deepcopy(crd_document)
     spec = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     rule = spec["properties"]["failurePolicy"]["properties"]["rules"]["items"]
     del rule["properties"]["onJobFailureMessagePatterns"]

@@ -181,12 +181,13 @@ class JobSetTrigger(BaseTrigger):
                 failing_since = now if failing_since is None else failing_since
                 self._hook = None  # the next read looks the endpoint up again
                 down_s = now - failing_since
+                if self.outage_since is None:
+                    self.outage_since = failing_since
                 self.log.warning(
                     "%s: read %d failed (API failing for %.0fs; the watch goes on): %r",
-                    where, errors, now - (self.outage_since or failing_since), exc,
+                    where, errors, now - self.outage_since, exc,
                 )  # fmt: skip
                 if down_s >= self.api_error_budget_s:
-                    self.outage_since = self.outage_since or failing_since
                     message = (
                         f"the Kubernetes API has failed every read for "
                         f"{now - self.outage_since:.0f}s (last: {exc!r}); the JobSet is left "
@@ -201,9 +202,10 @@ class JobSetTrigger(BaseTrigger):
                 await _sleep(min(backoff, self.api_error_budget_s - down_s))
                 continue
             now = _now()
-            if failing_since is not None or self.outage_since is not None:
-                since = self.outage_since or failing_since or now
-                self.log.info("%s: the API answers again after %.0fs", where, now - since)
+            if self.outage_since is not None:
+                self.log.info(
+                    "%s: the API answers again after %.0fs", where, now - self.outage_since
+                )
             errors, failing_since, self.outage_since = 0, None, None
             uid = (jobset.get("metadata") or {}).get("uid")
             if self.uid is not None and uid != self.uid:
