@@ -96,7 +96,7 @@ def _check_env(env: Mapping[str, str], secret_env: Mapping[str, SecretKeyRef]) -
                 f"env.{name}",
                 "looks like a credential: its value would be in every JobSet, log and XCom; "
                 f"give it as a Secret reference instead: secret_env = {{ {name} = {{ secret = "
-                '"<Secret name>", key = "<key>" }} }',
+                '"<Secret name>", key = "<key>" } }',
             )
     for name in secret_env:
         _check_env_name("secret_env", name)
@@ -114,10 +114,13 @@ class SecretKeyRef:
     """One variable of ``secret_env``: the key `key` of the Kubernetes Secret `secret` in the
     job's namespace (rendered as ``valueFrom.secretKeyRef``)."""
 
-    secret: str
-    key: str
+    secret: str = ""  # required: the defaults only let a table without it name the key
+    key: str = ""
 
     def __post_init__(self) -> None:
+        for name, value in (("secret", self.secret), ("key", self.key)):
+            if not value:
+                raise SettingError(name, "is required (secret_env = { VAR = { secret, key } })")
         if len(self.secret) > 253 or not _SECRET_REF_NAME.match(self.secret):
             raise SettingError("secret", f"{self.secret!r} is not a Kubernetes Secret name")
         if len(self.key) > 253 or not _SECRET_KEY.match(self.key):

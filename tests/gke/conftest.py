@@ -233,6 +233,7 @@ class FakeKubeApi:
             self.dead_url = f"http://127.0.0.1:{probe.getsockname()[1]}"
         self.field_validation: list[str | None] = []  # of each create, in order
         self.pruned: list[str] = []  # fields dropped by non-strict creates
+        self.created: list[dict[str, Any]] = []  # the bodies of the creates that succeeded
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.statuses: list[dict[str, Any] | None] = [None]
         self.scripts: dict[str, list[dict[str, Any] | None]] = {}
@@ -302,6 +303,7 @@ class FakeKubeApi:
                         return self._status(409, "AlreadyExists")
                     stored["metadata"]["uid"] = str(uuid.uuid4())
                     api.objects[key] = stored
+                    api.created.append(body)
                 self._reply(201, stored)
 
             def do_GET(self) -> None:

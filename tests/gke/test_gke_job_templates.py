@@ -88,10 +88,10 @@ def test_job_env_values_are_literal_on_the_cluster(strict_jobset) -> None:
     assert gke is not None
     jobset = render_jobset(
         gke, role="train", dag_id="d", run_id="r", job="train", command=["python"],
-        env={"TOKEN_HINT": "$(HOME)/x"},
+        env={"NOTE": "$(HOME)/x"},
     )  # fmt: skip
     assert strict_jobset.errors(jobset) == []
-    assert {"name": "TOKEN_HINT", "value": "$$(HOME)/x"} in _container(jobset)["env"]
+    assert {"name": "NOTE", "value": "$$(HOME)/x"} in _container(jobset)["env"]
 
 
 class FakeTI:

@@ -8,6 +8,9 @@ keeps an endpoint that may have moved. `AsyncJobSetHook` (for triggers) is the s
 the JobSet CRD, create (strict field validation), read, delete, list pods; a JobSet that does
 not exist is `JobSetGone`.
 
+Responses are read raw (``_preload_content=False``): the clients log a decoded body at DEBUG,
+and a JobSet's body carries env values.
+
 Importing this module costs seconds (the providers and kubernetes clients): operators and
 triggers import it in the method that needs it, never at DAG-parse time.
 """
@@ -71,6 +74,13 @@ def cluster_endpoint(cluster: GkeCluster) -> tuple[str, str]:
     return url, ca_cert
 
 
+def _raise_for_status(response: Any) -> None:
+    """kubernetes_asyncio raises for an error status only when it decodes the body itself:
+    the same ApiException for a raw response."""
+    if not 200 <= response.status <= 299:
+        raise AsyncApiException(status=response.status, reason=response.reason)
+
+
 class JobSetHook(GKEKubernetesHook):
     """JobSets on one GKE cluster, synchronously (operators)."""
 
@@ -129,25 +139,28 @@ class JobSetHook(GKEKubernetesHook):
     def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """The JobSet object; JobSetGone when it does not exist."""
         with _gone_on_404(namespace, name):
-            found: dict[str, Any] = self.get_custom_object(
+            response: Any = self.custom_object_client.get_namespaced_custom_object(
                 group=JOBSET_GROUP,
                 version=JOBSET_VERSION,
                 plural=JOBSET_PLURAL,
                 name=name,
                 namespace=namespace,
+                _preload_content=False,
             )
+        found: dict[str, Any] = json.loads(response.data)
         return found
 
     def delete_jobset(self, namespace: str, name: str) -> bool:
         """Delete the JobSet (and so its pods); False when it did not exist."""
         try:
             with _gone_on_404(namespace, name):
-                self.delete_custom_object(
+                self.custom_object_client.delete_namespaced_custom_object(
                     group=JOBSET_GROUP,
                     version=JOBSET_VERSION,
                     plural=JOBSET_PLURAL,
                     name=name,
                     namespace=namespace,
+                    _preload_content=False,
                 )
         except JobSetGone:
             return False
@@ -174,15 +187,16 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
         """The JobSet object; JobSetGone when it does not exist."""
         async with self.get_conn() as api_client:
             with _gone_on_404(namespace, name):
-                found: dict[str, Any] = await CustomObjectsApi(
-                    api_client
-                ).get_namespaced_custom_object(
+                response: Any = await CustomObjectsApi(api_client).get_namespaced_custom_object(
                     group=JOBSET_GROUP,
                     version=JOBSET_VERSION,
                     plural=JOBSET_PLURAL,
                     namespace=namespace,
                     name=name,
+                    _preload_content=False,
                 )
+                _raise_for_status(response)
+                found: dict[str, Any] = await response.json()
         return found
 
     async def delete_jobset(self, namespace: str, name: str) -> bool:
@@ -190,13 +204,18 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
         try:
             async with self.get_conn() as api_client:
                 with _gone_on_404(namespace, name):
-                    await CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                    response: Any = await CustomObjectsApi(
+                        api_client
+                    ).delete_namespaced_custom_object(
                         group=JOBSET_GROUP,
                         version=JOBSET_VERSION,
                         plural=JOBSET_PLURAL,
                         namespace=namespace,
                         name=name,
+                        _preload_content=False,
                     )
+                    response.release()
+                    _raise_for_status(response)
         except JobSetGone:
             return False
         return True
@@ -210,4 +229,5 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
                 label_selector=f"{JOBSET_NAME_LABEL}={name}",
                 _preload_content=False,  # the HTTP response, not models
             )
+            _raise_for_status(response)
             return dict(await response.json())
