@@ -19,10 +19,10 @@ from the rendered `path` after the job (``tunix-tree``: `path` is a tree
 checked when the file is parsed, so a placeholder a job cannot have fails at DAG-parse time
 naming its key (``jobs.train.command[3]``); substitution is per argv item, never a shell.
 
-Credentials are never values in the file: an ``env`` name that looks like one (TOKEN, SECRET,
-PASSWORD, KEY, CREDENTIAL(S) as a part of it, e.g. HF_TOKEN) is refused; ``secret_env`` names a
-Kubernetes Secret and key per variable instead (a ``secretKeyRef``: the value stays in the
-cluster, never in a JobSet that Airflow logs or stores).
+Credentials are never values in the file: an ``env`` name that looks like one (SECRET,
+PASSWORD, CREDENTIAL(S) in it, TOKEN or KEY as a part of it, e.g. HF_TOKEN) is refused;
+``secret_env`` names a Kubernetes Secret and key per variable instead (a ``secretKeyRef``: the
+value stays in the cluster, never in a JobSet that Airflow logs or stores).
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ _PER_STEP = frozenset(
 # Set by the backends themselves (tasks.backends.local, tasks.backends.gke.render).
 _RESERVED_ENV = re.compile(r"^(RCPFLOW_.*|PYTHONUNBUFFERED)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Names that usually hold a credential: TOKEN, SECRET, PASSWORD/PASSWD, CREDENTIAL(S) anywhere
-# in the name, KEY as one of its _-separated parts (API_KEY, not MONKEY).
+# Names that usually hold a credential: SECRET, PASSWORD/PASSWD, CREDENTIAL(S) anywhere in the
+# name, TOKEN and KEY as one of its _-separated parts (HF_TOKEN, API_KEY; not
+# TOKENIZERS_PARALLELISM or MONKEY).
 _SECRET_NAME = re.compile(
-    r"(TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)|(^|_)(API)?KEYS?(_|$)", re.IGNORECASE
+    r"(SECRET|PASSWORD|PASSWD|CREDENTIAL)|(^|_)(TOKENS?|(API)?KEYS?)(_|$)", re.IGNORECASE
 )
 # Kubernetes: a Secret's name is a DNS-1123 subdomain; a key is [-._a-zA-Z0-9]+.
 _SECRET_REF_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

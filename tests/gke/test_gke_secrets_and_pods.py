@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tasks.backends.gke.render import REDACTED, redacted, render_jobset
+from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
 from tasks.deployment import DeploymentError, parse_deployment
 from tasks.jobs.templates import SecretKeyRef, TrainJob
@@ -66,7 +66,8 @@ secret_env = { HF_TOKEN = { secret = "hf-credentials", key = "token" } }
 @pytest.mark.parametrize(
     "name",
     ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD",
-     "GOOGLE_APPLICATION_CREDENTIALS", "API_KEY", "KEY", "MY_APIKEY", "GITHUB_TOKENS"],
+     "GOOGLE_APPLICATION_CREDENTIALS", "API_KEY", "KEY", "MY_APIKEY", "GITHUB_TOKENS",
+     "hf_token", "CLIENT_SECRET_FILE"],
 )  # fmt: skip
 def test_a_credential_looking_env_name_is_refused_with_a_pointer(name: str) -> None:
     text = GKE + f'\n[jobs.train]\nenv = {{ {name} = "hunter2" }}\n'
@@ -78,14 +79,11 @@ def test_a_credential_looking_env_name_is_refused_with_a_pointer(name: str) -> N
     assert "secret_env" in message and "hunter2" not in message
 
 
-@pytest.mark.parametrize("name", ["XLA_FLAGS", "MONKEY_MODE", "KEYBOARD", "TOKENIZERS_X"])
+@pytest.mark.parametrize(
+    "name", ["XLA_FLAGS", "MONKEY_MODE", "KEYBOARD", "TOKENIZERS_PARALLELISM", "KEYSTONE_URL"]
+)
 def test_ordinary_names_are_not_credentials(name: str) -> None:
-    # TOKENIZERS_PARALLELISM-like names do contain TOKEN: refusing them is the safe side
-    if "TOKEN" in name:
-        with pytest.raises(SettingError):
-            TrainJob(env={name: "1"})
-    else:
-        assert TrainJob(env={name: "1"}).env[name] == "1"
+    assert TrainJob(env={name: "1"}).env[name] == "1"
 
 
 @pytest.mark.parametrize(
@@ -117,17 +115,6 @@ secret_env = { HF_TOKEN = { secret = "s", key = "k" } }
 """
     with pytest.raises(DeploymentError, match=r"^t\.toml: jobs\.train\.secret_env: Kubernetes Sec"):
         parse_deployment(text, source="t.toml", base_dir=Path("."))
-
-
-def test_redacted_keeps_references_and_drops_values() -> None:
-    jobset = _render(
-        GkeSettings(), env={"XLA_FLAGS": "flag-value-9"},
-        secret_env={"HF_TOKEN": SecretKeyRef("s", "k")},
-    )  # fmt: skip
-    copy = redacted(jobset)
-    text = json.dumps(copy)
-    assert "flag-value-9" not in text and REDACTED in text and '"secretKeyRef"' in text
-    assert "flag-value-9" in json.dumps(jobset)  # the original is intact
 
 
 class FakeTI:

@@ -96,14 +96,6 @@ class JobSetHook(GKEKubernetesHook):
             impersonation_chain=list(cluster.impersonation_chain) or None,
         )
 
-    @property
-    def cluster_url(self) -> str:
-        return self._cluster_url
-
-    @property
-    def ssl_ca_cert(self) -> str:
-        return self._ssl_ca_cert
-
     def get_jobset_crd(self) -> dict[str, Any]:
         """The cluster's JobSet CustomResourceDefinition (apiextensions.k8s.io/v1) as a dict;
         ApiException 404 when JobSet is not installed."""

@@ -89,8 +89,6 @@ COORDINATOR_PORT = 8476
 POD_RULE_DISRUPTION = 0
 POD_RULE_SIGTERM = 1
 POD_RULE_APPLICATION_EXIT = 2
-# What an env value is replaced by in a copy for logs and XComs (`redacted`).
-REDACTED = "<redacted>"
 JOB_FAILURE_POD_FAILURE_POLICY = "PodFailurePolicy"
 
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -139,8 +137,8 @@ def render_jobset(
 
     The items are passed to the process as they are (no shell, and no Kubernetes ``$(VAR)``
     expansion: every ``$`` is escaped). Raises ValueError naming the bad item, or when
-    JobSet's derived pod names would not fit. The object carries env values: log or return
-    `redacted` of it, never the object itself.
+    JobSet's derived pod names would not fit. The object carries env values: never log it or
+    return it as an XCom (`jobset_ref` is what may be shown).
     """
     if role not in ROLES:
         raise ValueError(f"render_jobset: role must be one of {ROLES}, got {role!r}")
@@ -387,19 +385,6 @@ def kubernetes_literal(text: str) -> str:
     ``$(VAR)`` there and reads ``$$`` as one ``$``, so doubling every ``$`` makes the process
     get `text` exactly."""
     return text.replace("$", "$$")
-
-
-def redacted(jobset: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of `jobset` for a log or an XCom: every container env ``value`` is REDACTED
-    (references such as ``secretKeyRef`` and ``fieldRef`` stay: they hold no value)."""
-    copy = json.loads(json.dumps(jobset))
-    for rjob in copy.get("spec", {}).get("replicatedJobs", []):
-        pod = rjob["template"]["spec"]["template"]["spec"]
-        for container in pod.get("containers", []) + pod.get("initContainers", []):
-            for item in container.get("env", []):
-                if "value" in item:
-                    item["value"] = REDACTED
-    return copy
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:

@@ -18,9 +18,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from types import MappingProxyType
-from typing import Any
 
 from tasks.deployment import register_table
 from tasks.jobs.command import Role
@@ -385,15 +383,6 @@ class GkeSettings:
             use_internal_ip=self.use_internal_ip,
             use_dns_endpoint=self.use_dns_endpoint,
         )
-
-    def watch_kwargs(self) -> dict[str, Any]:
-        """How the JobSet operators watch a JobSet (passed on to `JobSetTrigger`)."""
-        return {
-            "poll_interval_s": self.poll_interval_s,
-            "api_error_budget_s": self.api_error_budget_s,
-            "api_backoff_max_s": self.api_backoff_max_s,
-            "max_suspended": timedelta(minutes=self.max_suspended_minutes),
-        }
 
 
 def _non_empty(value: str, name: str) -> None:
