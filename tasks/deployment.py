@@ -118,6 +118,12 @@ class Deployment:
                 raise SettingError(
                     f"jobs.{key}", f"only the gke backend runs images (backend is {self.backend!r})"
                 )
+        for key in self.jobs.secret_envs():
+            if self.backend != "gke":
+                raise SettingError(
+                    f"jobs.{key}",
+                    f"Kubernetes Secrets are the gke backend's (backend is {self.backend!r})",
+                )
         for name, value, minimum in (
             ("eval_window", self.eval_window, 1),
             ("train_timeout_minutes", self.train_timeout_minutes, 1),

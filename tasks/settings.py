@@ -2,10 +2,11 @@
 
 The keys a table may have are its dataclass's fields; the type of each value is the field's
 annotation (`str`, `int`, `float`, `bool`, `Literal[...]`, `X | None`, `tuple[str, ...]`,
-`Mapping[str, str]`, or a nested settings dataclass, read as a sub-table whose missing keys keep
-the field's default). What types cannot say (ranges, names) a dataclass checks in
-``__post_init__``, raising `SettingError` with the field's name; the reader prefixes the table's
-dotted key, so every error names the key that holds the bad value.
+`Mapping[str, str]`, a Mapping of settings dataclasses (a table of sub-tables), or a nested
+settings dataclass, read as a sub-table whose missing keys keep the field's default). What
+types cannot say (ranges, names) a dataclass checks in ``__post_init__``, raising `SettingError`
+with the field's name; the reader prefixes the table's dotted key, so every error names the key
+that holds the bad value.
 """
 
 from __future__ import annotations
@@ -87,6 +88,13 @@ def _value(hint: Any, value: object, key: str, f: dataclasses.Field[Any]) -> Any
     if origin is Mapping:
         if not isinstance(value, Mapping):
             raise SettingError(key, f"must be a table, got {type(value).__name__}")
+        if isinstance(args[1], type) and dataclasses.is_dataclass(args[1]):  # sub-tables
+            return types.MappingProxyType(
+                {
+                    name: read_table(args[1], item, _join(key, str(name)))
+                    for name, item in value.items()
+                }
+            )
         for name, item in value.items():
             if not _is(args[1], item):
                 raise SettingError(

@@ -5,6 +5,7 @@ where a foreign evaluate job leaves its result.
     command = ["{python}", "/opt/trainer/train.py", "--out", "{run_dir}", "--seed", "{seed}"]
     env = { XLA_FLAGS = "..." }
     image = "registry/trainer:1"            # gke backend only
+    secret_env = { HF_TOKEN = { secret = "hf", key = "token" } }   # gke backend only
 
     [jobs.evaluate]
     command = ["{python}", "/opt/eval/run.py", "--ckpt", "{checkpoint_path}", "--out", "/e"]
@@ -17,6 +18,11 @@ from the rendered `path` after the job (``tunix-tree``: `path` is a tree
 ``DIR/step_<N>/<attempt>/summary.json`` and the attempt the job added is read). Everything is
 checked when the file is parsed, so a placeholder a job cannot have fails at DAG-parse time
 naming its key (``jobs.train.command[3]``); substitution is per argv item, never a shell.
+
+Credentials are never values in the file: an ``env`` name that looks like one (SECRET,
+PASSWORD, CREDENTIAL(S) in it, TOKEN or KEY as a part of it, e.g. HF_TOKEN) is refused;
+``secret_env`` names a Kubernetes Secret and key per variable instead (a ``secretKeyRef``: the
+value stays in the cluster, never in a JobSet that Airflow logs or stores).
 """
 
 from __future__ import annotations
@@ -57,6 +63,15 @@ _PER_STEP = frozenset(
 # Set by the backends themselves (tasks.backends.local, tasks.backends.gke.render).
 _RESERVED_ENV = re.compile(r"^(RCPFLOW_.*|PYTHONUNBUFFERED)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names that usually hold a credential: SECRET, PASSWORD/PASSWD, CREDENTIAL(S) anywhere in the
+# name, TOKEN and KEY as one of its _-separated parts (HF_TOKEN, API_KEY; not
+# TOKENIZERS_PARALLELISM or MONKEY).
+_SECRET_NAME = re.compile(
+    r"(SECRET|PASSWORD|PASSWD|CREDENTIAL)|(^|_)(TOKENS?|(API)?KEYS?)(_|$)", re.IGNORECASE
+)
+# Kubernetes: a Secret's name is a DNS-1123 subdomain; a key is [-._a-zA-Z0-9]+.
+_SECRET_REF_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 
 def _command(role: Role, argv: tuple[str, ...]) -> JobCommand:
@@ -67,17 +82,50 @@ def _command(role: Role, argv: tuple[str, ...]) -> JobCommand:
         raise SettingError(key, str(exc)) from None
 
 
-def _check_env(env: Mapping[str, str]) -> None:
+def _check_env_name(table: str, name: str) -> None:
+    if not _ENV_NAME.match(name):
+        raise SettingError(f"{table}.{name}", "is not an environment variable name")
+    if _RESERVED_ENV.match(name):
+        raise SettingError(f"{table}.{name}", "is set by rcpflow itself; choose another name")
+
+
+def _check_env(env: Mapping[str, str], secret_env: Mapping[str, SecretKeyRef]) -> None:
     for name in env:
-        if not _ENV_NAME.match(name):
-            raise SettingError(f"env.{name}", "is not an environment variable name")
-        if _RESERVED_ENV.match(name):
-            raise SettingError(f"env.{name}", "is set by rcpflow itself; choose another name")
+        _check_env_name("env", name)
+        if _SECRET_NAME.search(name):
+            raise SettingError(
+                f"env.{name}",
+                "looks like a credential: its value would be in every JobSet, log and XCom; "
+                f"give it as a Secret reference instead: secret_env = {{ {name} = {{ secret = "
+                '"<Secret name>", key = "<key>" } }',
+            )
+    for name in secret_env:
+        _check_env_name("secret_env", name)
+        if name in env:
+            raise SettingError(f"secret_env.{name}", "is also in env; give it once")
 
 
 def _check_image(image: str | None) -> None:
     if image is not None and (not image or any(c.isspace() for c in image)):
         raise SettingError("image", f"{image!r} is not an image reference")
+
+
+@dataclass(frozen=True)
+class SecretKeyRef:
+    """One variable of ``secret_env``: the key `key` of the Kubernetes Secret `secret` in the
+    job's namespace (rendered as ``valueFrom.secretKeyRef``)."""
+
+    secret: str = ""  # required: the defaults only let a table without it name the key
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        for name, value in (("secret", self.secret), ("key", self.key)):
+            if not value:
+                raise SettingError(name, "is required (secret_env = { VAR = { secret, key } })")
+        if len(self.secret) > 253 or not _SECRET_REF_NAME.match(self.secret):
+            raise SettingError("secret", f"{self.secret!r} is not a Kubernetes Secret name")
+        if len(self.key) > 253 or not _SECRET_KEY.match(self.key):
+            raise SettingError("key", f"{self.key!r} is not a Secret key ([-._a-zA-Z0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -120,16 +168,18 @@ class EvalResult:
 
 @dataclass(frozen=True)
 class _JobTable:
-    """``[jobs.<role>]``: the command, its extra environment, its image."""
+    """``[jobs.<role>]``: the command, its extra environment (values, and Secret references
+    on GKE), its image."""
 
     role: ClassVar[Role]
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     image: str | None = None  # None: the [gke] table's image
+    secret_env: Mapping[str, SecretKeyRef] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         _command(self.role, self.command)
-        _check_env(self.env)
+        _check_env(self.env, self.secret_env)
         _check_image(self.image)
 
     @property
@@ -156,6 +206,14 @@ class Jobs:
 
     train: TrainJob = field(default_factory=TrainJob)
     evaluate: EvaluateJob = field(default_factory=EvaluateJob)
+
+    def secret_envs(self) -> list[str]:
+        """``jobs.<role>.secret_env`` keys that are set (a GKE-only setting)."""
+        return [
+            f"{r}.secret_env"
+            for r, j in (("train", self.train), ("evaluate", self.evaluate))
+            if j.secret_env
+        ]
 
     def images(self) -> dict[str, str]:
         """``jobs.<role>.image`` keys that are set, with their values."""

@@ -167,7 +167,7 @@ def test_gke_deployment_builds_jobset_tasks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     tasks = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {
-        "train.train_jobset",
+        "train.train_command",
         "train.job.run",
         "train.job.cleanup",
         "train.check_outputs",

@@ -84,8 +84,8 @@ def _strict(node: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
-def crd_schema() -> dict[str, Any]:
-    """The CRD's openAPIV3Schema as shipped (Kubernetes' own, lenient view)."""
+def crd_document() -> dict[str, Any]:
+    """The JobSet CustomResourceDefinition as shipped (what a cluster with it serves)."""
     path = crd_path()
     if path is None:
         where = os.environ.get(CRD_ENV) or "(unset)"
@@ -103,7 +103,50 @@ def crd_schema() -> dict[str, Any]:
     crd = yaml.load(path.read_text(), Loader=loader)
     version = crd["spec"]["versions"][0]
     assert version["name"] == "v1alpha2", f"{path}: first version is {version['name']}"
-    return version["schema"]["openAPIV3Schema"]
+    return crd
+
+
+@pytest.fixture(scope="session")
+def crd_schema(crd_document: dict[str, Any]) -> dict[str, Any]:
+    """The CRD's openAPIV3Schema as shipped (Kubernetes' own, lenient view)."""
+    return crd_document["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+@pytest.fixture(scope="session")
+def older_crd_document(crd_document: dict[str, Any]) -> dict[str, Any]:
+    """The CRD as a JobSet release before v0.10 had it: its failure policy rules without
+    ``onJobFailureMessagePatterns`` (v0.10 added it)."""
+    old = copy.deepcopy(crd_document)
+    spec = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    rule = spec["properties"]["failurePolicy"]["properties"]["rules"]["items"]
+    del rule["properties"]["onJobFailureMessagePatterns"]
+    return old
+
+
+def pruned(obj: Any, schema: dict[str, Any], path: str, dropped: list[str]) -> Any:
+    """`obj` as the apiserver stores it under a structural `schema`: fields the schema does
+    not list are dropped (their paths appended to `dropped`), except under
+    x-kubernetes-preserve-unknown-fields or a map's additionalProperties."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return obj
+    if isinstance(obj, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        if props is None and not isinstance(extra, dict):
+            return obj
+        kept = {}
+        for key, value in obj.items():
+            where = f"{path}.{key}" if path else key
+            if props is not None and key in props:
+                kept[key] = pruned(value, props[key], where, dropped)
+            elif isinstance(extra, dict):
+                kept[key] = pruned(value, extra, where, dropped)
+            else:
+                dropped.append(where)
+        return kept
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [pruned(v, schema["items"], f"{path}[{i}]", dropped) for i, v in enumerate(obj)]
+    return obj
 
 
 @pytest.fixture(scope="session")
@@ -163,15 +206,34 @@ class FakeKubeApi:
 
     Outages: while ``get_failure(path)`` returns a status code, a GET is answered with it (a
     Kubernetes Status object, as the apiserver or its load balancer sends), counted in
-    `failed_gets`. Pods: ``GET /api/v1/namespaces/<ns>/pods`` returns `pods` (a PodList).
+    `failed_gets`; while `refuse` is set, `endpoint()` (what the cluster lookup returns) is a
+    port nobody listens on: connection refused. Pods: ``GET /api/v1/namespaces/<ns>/pods``
+    returns `pods` (a PodList).
+
+    The JobSet CRD `crd` is served at its apiextensions path (None: 404, JobSet not
+    installed), and a create is checked against its schema as the apiserver does: a field the
+    schema does not have is pruned, or refused (400) under ``fieldValidation=Strict``; a value
+    of the wrong type is 422. A created object gets a ``metadata.uid``.
     """
 
     PREFIX = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/"
+    CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
 
-    def __init__(self) -> None:
+    def __init__(self, crd: dict[str, Any] | None) -> None:
+        import socket
         import threading
+        import uuid
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import parse_qs, urlsplit
 
+        self.crd = crd
+        self.refuse = False
+        with socket.socket() as probe:  # a port that was free: connecting to it is refused
+            probe.bind(("127.0.0.1", 0))
+            self.dead_url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+        self.field_validation: list[str | None] = []  # of each create, in order
+        self.pruned: list[str] = []  # fields dropped by non-strict creates
+        self.created: list[dict[str, Any]] = []  # the bodies of the creates that succeeded
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.statuses: list[dict[str, Any] | None] = [None]
         self.scripts: dict[str, list[dict[str, Any] | None]] = {}
@@ -198,18 +260,19 @@ class FakeKubeApi:
                 self.wfile.write(data)
 
             def _route(self) -> tuple[str, str | None] | None:
-                if not self.path.startswith(api.PREFIX):
+                path = urlsplit(self.path).path
+                if not path.startswith(api.PREFIX):
                     return None
-                parts = self.path[len(api.PREFIX) :].split("/")
+                parts = path[len(api.PREFIX) :].split("/")
                 if len(parts) == 2 and parts[1] == "jobsets":
                     return parts[0], None
                 if len(parts) == 3 and parts[1] == "jobsets":
                     return parts[0], parts[2]
                 return None
 
-            def _status(self, code: int, reason: str) -> None:
+            def _status(self, code: int, reason: str, message: str = "") -> None:
                 self._reply(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                   "reason": reason, "code": code})  # fmt: skip
+                                   "reason": reason, "code": code, "message": message})  # fmt: skip
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -220,11 +283,28 @@ class FakeKubeApi:
                         return self._status(404, "NotFound")
                     if api.fail_posts:
                         return self._status(api.fail_posts.pop(0), "ServiceUnavailable")
+                    mode = parse_qs(urlsplit(self.path).query).get("fieldValidation", [None])[0]
+                    api.field_validation.append(mode)
+                    if api.crd is None:
+                        return self._status(404, "NotFound", "the server could not find the "
+                                            "requested resource")  # fmt: skip
+                    schema = api.crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+                    dropped: list[str] = []
+                    stored = pruned(body, schema, "", dropped)
+                    if dropped and mode == "Strict":
+                        unknown = ", ".join(f'unknown field "{d}"' for d in dropped)
+                        return self._status(400, "BadRequest", f"strict decoding error: {unknown}")
+                    api.pruned += dropped
+                    invalid = api.schema_errors(stored)
+                    if invalid:
+                        return self._status(422, "Invalid", "; ".join(invalid))
                     key = (route[0], body["metadata"]["name"])
                     if key in api.objects:
                         return self._status(409, "AlreadyExists")
-                    api.objects[key] = body
-                self._reply(201, body)
+                    stored["metadata"]["uid"] = str(uuid.uuid4())
+                    api.objects[key] = stored
+                    api.created.append(body)
+                self._reply(201, stored)
 
             def do_GET(self) -> None:
                 route = self._route()
@@ -234,6 +314,10 @@ class FakeKubeApi:
                     if failure is not None:
                         api.failed_gets += 1
                         return self._status(failure, "ServiceUnavailable")
+                    if urlsplit(self.path).path == api.CRD_PATH:
+                        if api.crd is None:
+                            return self._status(404, "NotFound")
+                        return self._reply(200, api.crd)
                     if self.path.startswith("/api/v1/namespaces/") and "/pods?" in self.path:
                         return self._reply(200, api.pods)
                     if route is None or route[1] is None or route not in api.objects:
@@ -244,7 +328,7 @@ class FakeKubeApi:
                         (v for k, v in api.scripts.items() if route[1].startswith(k)), api.statuses
                     )
                     status = script[min(count, len(script) - 1)]
-                    obj = dict(api.objects[route])
+                    obj = copy.deepcopy(api.objects[route])
                 if status is not None:
                     obj["status"] = status
                 self._reply(200, obj)
@@ -258,6 +342,7 @@ class FakeKubeApi:
                     api.deleted.append(route[1])
                 self._reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
+        self._checker: Any = None
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -267,13 +352,24 @@ class FakeKubeApi:
         self._server.shutdown()
         self._server.server_close()
 
+    def endpoint(self) -> str:
+        """The URL the cluster lookup gives: this server, or a refused port while `refuse`."""
+        return self.dead_url if self.refuse else self.url
+
+    def schema_errors(self, obj: dict[str, Any]) -> list[str]:
+        assert self.crd is not None
+        if self._checker is None or self._checker[0] is not self.crd:
+            schema = self.crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            self._checker = (self.crd, SchemaCheck(schema))
+        return list(self._checker[1].errors(obj))
+
     def methods(self) -> list[str]:
         return [method for method, _, _ in self.requests]
 
 
 @pytest.fixture
-def fake_kube_api():
-    api = FakeKubeApi()
+def fake_kube_api(crd_document: dict[str, Any]):
+    api = FakeKubeApi(crd_document)
     try:
         yield api
     finally:
@@ -302,7 +398,7 @@ def fake_gke(fake_kube_api: FakeKubeApi, monkeypatch: pytest.MonkeyPatch) -> Fak
     from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
 
     monkeypatch.setattr(
-        GKEClusterAuthDetails, "fetch_cluster_info", lambda self: (fake_kube_api.url, "")
+        GKEClusterAuthDetails, "fetch_cluster_info", lambda self: (fake_kube_api.endpoint(), "")
     )
     monkeypatch.setattr(
         GoogleBaseHook,

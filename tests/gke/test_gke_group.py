@@ -27,22 +27,28 @@ def test_group_shape_run_then_cleanup_as_teardown() -> None:
     with DAG("shape", schedule=None) as dag:
 
         @task
-        def render() -> dict:
-            return {}
+        def render() -> list[str]:
+            return ["python"]
 
         @task
         def after() -> None:
             pass
 
-        jobset_task_group("train_job", render(), GkeSettings()) >> after()
+        settings = GkeSettings()
+        group = jobset_task_group(
+            "train_job", settings, role="train", job="train", command=render()
+        )
+        group >> after()
 
         @task_group
         def evaluate(step: int) -> None:
             @task
-            def render_eval(step: int) -> dict:
-                return {}
+            def render_eval(step: int) -> list[str]:
+                return ["python", str(step)]
 
-            jobset_task_group("job", render_eval(step), GkeSettings())
+            jobset_task_group(
+                "job", settings, role="evaluate", job="eval", command=render_eval(step)
+            )
 
         evaluate.expand(step=[18, 19])
 
@@ -57,14 +63,13 @@ def test_group_shape_run_then_cleanup_as_teardown() -> None:
 
 
 DAG_FILE = '''
-"""Test DAGs: render a JobSet at run time, run it through jobset_task_group."""
+"""Test DAGs: a command rendered at run time, its JobSet run through jobset_task_group."""
 from airflow.sdk import dag, task
 
 from tasks.backends.gke.groups import jobset_task_group
-from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
 
-# A watch that gives up after 0.3 s of API errors, so that a test outage outlasts it.
+# A watch with a 0.3 s error budget, so that a test outage outlasts it many times.
 SETTINGS = GkeSettings(
     use_dns_endpoint=True, poll_interval_s=0.05, api_error_budget_s=0.3, ttl_after_finished_s=600
 )
@@ -74,25 +79,25 @@ def build(dag_id, retries=0):
     @dag(dag_id=dag_id, schedule=None)
     def jobset_dag():
         @task
-        def render(**context) -> dict:
-            run = context["dag_run"]
-            return render_jobset(
-                SETTINGS, role="evaluate", dag_id=run.dag_id, run_id=run.run_id,
-                job="eval-1", command=["python", "-m", "tpu_jobs.evaluate", "--step", "1"],
-            )
+        def render() -> list:
+            return ["python", "-m", "tpu_jobs.evaluate", "--step", "1"]
 
         @task
         def after() -> str:
             return "after ran"
 
-        jobset_task_group("eval_job", render(), SETTINGS, retries=retries) >> after()
+        group = jobset_task_group(
+            "eval_job", SETTINGS, role="evaluate", job="eval-1", command=render(),
+            env={"XLA_FLAGS": "env-value-in-the-pod-only"}, retries=retries,
+        )
+        group >> after()
 
     return jobset_dag()
 
 
 gke_ok = build("gke_ok")
 gke_fail = build("gke_fail", retries=1)
-gke_retry = build("gke_retry", retries=1)
+gke_outage = build("gke_outage", retries=1)
 '''
 
 RUNNER = """
@@ -119,7 +124,7 @@ db.resetdb()
 bag = DagBag(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
 assert not bag.import_errors, bag.import_errors
 results = {}
-for dag_id in ("gke_ok", "gke_fail", "gke_retry"):
+for dag_id in ("gke_ok", "gke_fail", "gke_outage"):
     dr = bag.dags[dag_id].test()
     with create_session() as session:
         tis = dr.get_task_instances(session=session)
@@ -147,15 +152,15 @@ def test_dag_test_runs_the_group_to_success_and_to_failure(
     fake_kube_api.scripts = {
         "gke-ok-": [None, running, succeeded],
         "gke-fail-": [running, recorded_status("status_failed_max_restarts.json")["status"]],
-        "gke-retry-": [None, running, succeeded],
+        "gke-outage-": [None, running, succeeded],
     }
-    # gke_retry: from the watch's first read, the API answers 503 for 3 s, ten times the
-    # watch's error budget; the retry then adopts the JobSet and follows it to success.
+    # gke_outage: from the watch's first read, the API answers 503 for 3 s, ten times the
+    # watch's error budget; the watch defers again each budget and follows it to success.
     outage: dict[str, float] = {}
     lock = threading.Lock()
 
     def failure(path: str) -> int | None:
-        if "/jobsets/gke-retry-" not in path:
+        if "/jobsets/gke-outage-" not in path:
             return None
         with lock:
             reads = outage.setdefault("reads", 0) + 1
@@ -191,7 +196,7 @@ def test_dag_test_runs_the_group_to_success_and_to_failure(
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = json.loads(lines[-1][len("RESULT ") :])
 
-    ok, fail, retry = results["gke_ok"], results["gke_fail"], results["gke_retry"]
+    ok, fail, outage = results["gke_ok"], results["gke_fail"], results["gke_outage"]
     assert ok["state"] == "success", ok
     assert ok["tasks"] == {
         "render": "success",
@@ -204,22 +209,24 @@ def test_dag_test_runs_the_group_to_success_and_to_failure(
     assert fail["tasks"]["eval_job.cleanup"] == "success"  # the teardown ran after the failure
     assert fail["tasks"]["after"] == "upstream_failed"
     assert fail["tries"]["eval_job.run"] == 1  # a failed JobSet is not retried
-    # the lost watch failed the first try; the retry adopted the JobSet and finished
-    assert retry["state"] == "success", retry
-    assert retry["tries"]["eval_job.run"] == 2
-    assert retry["tasks"]["eval_job.cleanup"] == "success"
+    # the outage never failed the task: one try, deferred again until the API answered
+    assert outage["state"] == "success", outage
+    assert outage["tries"]["eval_job.run"] == 1
+    assert outage["tasks"]["eval_job.cleanup"] == "success"
     assert fake_kube_api.failed_gets >= 3
     output = proc.stdout + proc.stderr
-    assert output.count("running trigger in line") == 4  # ok, fail once, retry twice
+    assert output.count("running trigger in line") >= 4  # ok, fail once, the outage 2+ times
     assert "ReachedMaxRestarts" in output
-    assert "could not follow its status" in output
+    assert "the watch goes on" in output and "could not follow" not in output
+    assert "env-value-in-the-pod-only" not in output  # only the cluster has it
+    assert all("env-value-in-the-pod-only" in json.dumps(b) for b in fake_kube_api.created)
 
-    dag_ids = ("gke_ok", "gke_fail", "gke_retry")
+    dag_ids = ("gke_ok", "gke_fail", "gke_outage")
     names = {d: jobset_name(d, results[d]["run_id"], "eval-1") for d in dag_ids}
     assert sorted(fake_kube_api.deleted) == sorted(names.values())  # all cleaned up
     assert fake_kube_api.objects == {}
     posts = [path for method, path, _ in fake_kube_api.requests if method == "POST"]
-    assert len(posts) == 4  # one create per run task try: the retry's got 409 and adopted
+    assert len(posts) == 3  # one create per run task
 
 
 LIGHT_IMPORT_CHECK = """

@@ -88,10 +88,10 @@ def test_job_env_values_are_literal_on_the_cluster(strict_jobset) -> None:
     assert gke is not None
     jobset = render_jobset(
         gke, role="train", dag_id="d", run_id="r", job="train", command=["python"],
-        env={"TOKEN_HINT": "$(HOME)/x"},
+        env={"NOTE": "$(HOME)/x"},
     )  # fmt: skip
     assert strict_jobset.errors(jobset) == []
-    assert {"name": "TOKEN_HINT", "value": "$$(HOME)/x"} in _container(jobset)["env"]
+    assert {"name": "NOTE", "value": "$$(HOME)/x"} in _container(jobset)["env"]
 
 
 class FakeTI:
@@ -148,7 +148,8 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
     assert ti.xcoms["eval_start"]["baseline"] == {"attempts": [], "digest": None}
     # What the pod would do: the evaluator, on the checkpoint, into the Tunix tree.
     subprocess.run([sys.executable, *command[1:]], check=True, capture_output=True)
-    event = {"name": "n", "namespace": "default", "phase": "Succeeded", "progress": "1/1"}
+    event = {"name": "n", "namespace": "default", "phase": "Succeeded", "progress": "1/1",
+             "reason": "", "message": "", "pods": [], "kwargs": None}  # fmt: skip
     passed = op.execute_complete(context, event)  # skill 0.8 at step 2: it passes
     assert passed["step"] == 2 and passed["target_reached"] is True
     summary = read_summary(layout.summary(2))

@@ -146,15 +146,72 @@ def test_tpu_placement_and_sizes() -> None:
     assert "job-index" in env["RCPFLOW_SLICE_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
 
 
-def test_command_is_an_argument_list_passed_through_unchanged() -> None:
-    hostile = ["--run-dir", "/tmp/x; rm -rf / #", "--seed", "$(reboot)", "--note", "a b\n'c'"]
-    jobset = _train(GkeSettings(), command=[*TRAIN, *hostile])
+def kubernetes_expand(text: str, env: dict[str, str]) -> str:
+    """What the kubelet makes of a container's command/args item or env value, by the
+    documented rules (Kubernetes API reference, Container.command / EnvVar.value): a variable
+    reference $(VAR_NAME) is replaced by the variable's value; a reference to a variable that
+    does not exist stays unchanged; "$$" is an escape and yields a single "$", so $$(VAR_NAME)
+    gives the literal "$(VAR_NAME)". Written here from those rules, not from our renderer: a
+    "$" followed by anything else (or by nothing, or an unclosed "$(") is kept as it is."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "(":
+                end = text.find(")", i + 2)
+                if end != -1:
+                    name = text[i + 2 : end]
+                    out.append(env.get(name, f"$({name})"))
+                    i = end + 1
+                    continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
+def test_the_expansion_rules_as_written() -> None:
+    env = {"HF_TOKEN": "hf_secret", "A": "1"}
+    assert kubernetes_expand("$(HF_TOKEN)", env) == "hf_secret"  # the attack
+    assert kubernetes_expand("$$(HF_TOKEN)", env) == "$(HF_TOKEN)"
+    assert kubernetes_expand("$$$(HF_TOKEN)", env) == "$hf_secret"  # the old escaping's hole
+    assert kubernetes_expand("$(NOPE) $ $x $( a$", env) == "$(NOPE) $ $x $( a$"
+
+
+# What a Param value may contain: every way of writing a reference or an escape.
+NASTY = [
+    "$(HF_TOKEN)", "$$(HF_TOKEN)", "$$$(HF_TOKEN)", "$$$$(HF_TOKEN)", "a$(HF_TOKEN)b",
+    "$(HF_TOKEN", "$", "$$", "$$$", "x$", "$x", "$()", "$(A)$(A)", "$$(A)$(A)$$", "(HF_TOKEN)",
+    "/tmp/x; rm -rf / #", "a b\n'c'", "$(PATH)/../$(HOME)", "", "${HF_TOKEN}", "$$${A}",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", NASTY)
+def test_a_param_value_reaches_the_pod_verbatim(value: str) -> None:
+    jobset = _train(GkeSettings(), command=[*TRAIN, "--note", value])
     container = _pod(jobset)["containers"][0]
-    # Kubernetes would expand $(VAR) itself; the escaped form reaches the process verbatim
-    escaped = [a.replace("$(", "$$(") for a in hostile]
-    assert container["command"] == [*TRAIN, *escaped]
-    assert "$$(reboot)" in container["command"]
+    # the pod's environment as Kubernetes resolves it, secrets included
+    pod_env = {"HF_TOKEN": "hf_secret", "A": "1", "PATH": "/bin", "HOME": "/root"}
+    for item in container["env"]:
+        if "value" in item:
+            pod_env[item["name"]] = kubernetes_expand(item["value"], pod_env)
+    assert [kubernetes_expand(a, pod_env) for a in container["command"]] == [
+        *TRAIN, "--note", value,
+    ]  # fmt: skip
     assert "args" not in container
+    # a plain env value too
+    jobset = _train(GkeSettings(), env={"NOTE": value})
+    [item] = [e for e in _pod(jobset)["containers"][0]["env"] if e["name"] == "NOTE"]
+    assert kubernetes_expand(item["value"], pod_env) == value
+
+
+def test_rcpflows_own_references_still_expand() -> None:
+    env = {e["name"]: e for e in _pod(_train(GkeSettings()))["containers"][0]["env"]}
+    resolved = {"RCPFLOW_JOBSET_UID": "u-1", "RCPFLOW_RESTART_ATTEMPT": "2"}
+    assert kubernetes_expand(env["RCPFLOW_ATTEMPT_ID"]["value"], resolved) == "u-1/2"
 
 
 @pytest.mark.parametrize(

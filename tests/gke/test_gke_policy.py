@@ -5,6 +5,7 @@ Kueue labels, grace period, TTL, host networking and the distributed environment
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from tasks.backends.gke.settings import GkeSettings
 from tasks.settings import read_table
 
 RUN_ID = "manual__2026-05-01T12:00:00+00:00"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _render(settings: GkeSettings, role: str = "train") -> dict[str, Any]:
@@ -102,15 +104,54 @@ def _outcome(jobset: dict[str, Any], *, exit_code: int, disrupted: bool = False)
     return _jobset_action(jobset["spec"]["failurePolicy"], reason, message)
 
 
+GKE_ACTIONS = {
+    "success": None,
+    "restart, counted": "RestartJobSet",
+    "restart, not counted": "RestartJobSetAndIgnoreMaxRestarts",
+    "fail at once": "FailJobSet",
+}
+
+
+def _contract() -> dict[str, str]:
+    """The job contract's table in docs/exit-codes.md: code (or "other") -> its GKE column."""
+    text = (REPO / "docs" / "exit-codes.md").read_text()
+    section = text.split("## The job contract", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+|other) \| .* \| ([a-z ,]+) \|$", section, re.MULTILINE)
+    return dict(rows)
+
+
+def test_the_documented_contract_has_every_code() -> None:
+    contract = _contract()
+    assert set(contract) == {"0", "1", "2", "3", "4", "5", "143", "other"}
+    assert set(contract.values()) <= set(GKE_ACTIONS)
+
+
 @pytest.mark.parametrize("role", ["train", "evaluate"])
-def test_disruption_restarts_free_app_errors_fail_crashes_count(role: str) -> None:
+def test_the_rendered_policy_does_what_docs_exit_codes_says(role: str) -> None:
     jobset = _render(GkeSettings(), role)
-    assert _outcome(jobset, exit_code=143, disrupted=True) == "RestartJobSetAndIgnoreMaxRestarts"
-    assert _outcome(jobset, exit_code=2) == "FailJobSet"  # bad arguments
-    assert _outcome(jobset, exit_code=1) == "FailJobSet"  # invalid input / traceback
-    for crash in (134, 137, 139, 143):  # abort (peer lost), OOM kill, segfault, SIGTERM
-        assert _outcome(jobset, exit_code=crash) == "RestartJobSet"
+    contract = _contract()
+    for code, column in contract.items():
+        if code == "0":
+            continue
+        codes = [134, 137, 139, 6, 255] if code == "other" else [int(code)]
+        for exit_code in codes:
+            want = GKE_ACTIONS[column]
+            assert _outcome(jobset, exit_code=exit_code) == want, (exit_code, column)
+            # a disrupted pod (preempted, evicted) restarts free whatever its exit code
+            assert (
+                _outcome(jobset, exit_code=exit_code, disrupted=True)
+                == "RestartJobSetAndIgnoreMaxRestarts"
+            )
     assert _pod(jobset)["restartPolicy"] == "Never"  # podFailurePolicy requires it
+
+
+def test_uncaught_exceptions_restart_and_user_errors_fail() -> None:
+    # the three cases the contract exists for, spelt out
+    jobset = _render(GkeSettings())
+    assert _outcome(jobset, exit_code=1) == "RestartJobSet"  # traceback, XLA error, storage
+    assert _outcome(jobset, exit_code=2) == "FailJobSet"  # bad flags, another run's checkpoints
+    assert _outcome(jobset, exit_code=5) == "FailJobSet"  # invalid input
+    assert _outcome(jobset, exit_code=143) == "RestartJobSetAndIgnoreMaxRestarts"  # SIGTERM
 
 
 def test_failure_policy_rules_as_rendered() -> None:
@@ -122,29 +163,48 @@ def test_failure_policy_rules_as_rendered() -> None:
                 "name": "disruption",
                 "action": "RestartJobSetAndIgnoreMaxRestarts",
                 "onJobFailureReasons": ["PodFailurePolicy"],
-                "onJobFailureMessagePatterns": ["matching FailJob rule at index 0"],
+                "onJobFailureMessagePatterns": [
+                    "matching FailJob rule at index 0$",
+                    "matching FailJob rule at index 1$",
+                ],
             },
             {
-                "name": "applicationExit",
+                "name": "userError",
                 "action": "FailJobSet",
                 "onJobFailureReasons": ["PodFailurePolicy"],
-                "onJobFailureMessagePatterns": ["matching FailJob rule at index 1"],
+                "onJobFailureMessagePatterns": ["matching FailJob rule at index 2$"],
             },
         ],
     }
-    assert _job(jobset)["podFailurePolicy"]["rules"][1]["onExitCodes"] == {
-        "containerName": "job",
-        "operator": "In",
-        "values": [1, 2],
-    }
+    rules = _job(jobset)["podFailurePolicy"]["rules"]
+    assert [r["onExitCodes"]["values"] for r in rules[1:]] == [[143], [2, 5]]
+
+
+def test_a_rule_pattern_matches_only_its_own_index() -> None:
+    jobset = _render(GkeSettings())
+    policy = jobset["spec"]["failurePolicy"]
+    assert _jobset_action(policy, "PodFailurePolicy", _exit_message(9, 12)) == "RestartJobSet"
+    assert _jobset_action(policy, "PodFailurePolicy", _exit_message(9, 2)) == "FailJobSet"
 
 
 def test_no_fail_exit_codes_means_every_crash_restarts(strict_jobset) -> None:
     jobset = _render(read_table(GkeSettings, {"fail_exit_codes": []}))
     assert strict_jobset.errors(jobset) == []
-    assert len(_job(jobset)["podFailurePolicy"]["rules"]) == 1
+    assert len(_job(jobset)["podFailurePolicy"]["rules"]) == 2
     assert _outcome(jobset, exit_code=2) == "RestartJobSet"
+    assert _outcome(jobset, exit_code=143) == "RestartJobSetAndIgnoreMaxRestarts"
     assert _outcome(jobset, exit_code=9, disrupted=True) == "RestartJobSetAndIgnoreMaxRestarts"
+
+
+@pytest.mark.parametrize(
+    ("codes", "message"),
+    [([1, 2], "1 is Python's exit code for any uncaught exception"), ([143], "143 is SIGTERM")],
+)
+def test_codes_that_must_restart_cannot_fail_at_once(codes: list[int], message: str) -> None:
+    from tasks.settings import SettingError
+
+    with pytest.raises(SettingError, match=f"gke.fail_exit_codes: {message}"):
+        read_table(GkeSettings, {"fail_exit_codes": codes}, "gke")
 
 
 def test_grace_period_ttl_and_restarts_by_role() -> None:
@@ -162,6 +222,7 @@ def test_kueue_queue_and_priority_class(strict_jobset) -> None:
     plain = _render(GkeSettings(), "evaluate")
     assert LABEL_KUEUE_QUEUE not in plain["metadata"]["labels"]
     assert "priorityClassName" not in _pod(plain)
+    assert "suspend" not in plain["spec"]
 
     settings = read_table(GkeSettings, {"queue_name": "tpu-queue", "priority_class": "batch-high"})
     for role in ("train", "evaluate"):
@@ -171,12 +232,13 @@ def test_kueue_queue_and_priority_class(strict_jobset) -> None:
         assert jobset["metadata"]["labels"][LABEL_KUEUE_QUEUE] == "tpu-queue"
         assert LABEL_KUEUE_QUEUE not in _job(jobset)["template"]["metadata"]["labels"]
         assert _pod(jobset)["priorityClassName"] == "batch-high"
+        # created suspended: Kueue admits it; never running unqueued
+        assert jobset["spec"]["suspend"] is True
 
 
 def test_multi_host_training_gets_host_network_and_the_distributed_env() -> None:
     settings = GkeSettings()
     train = _render(settings)
-    name = train["metadata"]["name"]
     pod = _pod(train)
     assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
     assert train["spec"]["network"] == {
@@ -184,8 +246,15 @@ def test_multi_host_training_gets_host_network_and_the_distributed_env() -> None
         "publishNotReadyAddresses": True,
     }
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
-    # Process 0 is pod 0 of job 0, by the JobSet's DNS name for it.
-    assert env[COORDINATOR_ADDRESS_ENV]["value"] == f"{name}-slice-0-0.{name}:8476"
+    # Process 0 is pod 0 of job 0: spec.coordinator, whose DNS name the JobSet controller
+    # writes into each pod's annotation; the address expands from it.
+    assert train["spec"]["coordinator"] == {"replicatedJob": "slice", "jobIndex": 0, "podIndex": 0}
+    assert env["RCPFLOW_COORDINATOR_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['jobset.sigs.k8s.io/coordinator']"
+    )
+    assert env[COORDINATOR_ADDRESS_ENV]["value"] == "$(RCPFLOW_COORDINATOR_HOST):8476"
+    names = [e["name"] for e in pod["containers"][0]["env"]]
+    assert names.index("RCPFLOW_COORDINATOR_HOST") < names.index(COORDINATOR_ADDRESS_ENV)
     assert env[NUM_PROCESSES_ENV]["value"] == "32"
     assert env[PROCESS_ID_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -194,7 +263,7 @@ def test_multi_host_training_gets_host_network_and_the_distributed_env() -> None
     evaluate = _render(settings, "evaluate")  # 16 single-host workers: independent processes
     pod = _pod(evaluate)
     assert "hostNetwork" not in pod and "dnsPolicy" not in pod
-    assert "network" not in evaluate["spec"]
+    assert "network" not in evaluate["spec"] and "coordinator" not in evaluate["spec"]
     names = {e["name"] for e in pod["containers"][0]["env"]}
     assert not names & {COORDINATOR_ADDRESS_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV}
 

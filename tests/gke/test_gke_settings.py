@@ -25,7 +25,7 @@ def test_defaults_are_the_benchmark_shapes() -> None:
     assert train.multi_host and not evaluate.multi_host
     assert settings.api_error_budget_s >= 20 * 60
     assert settings.ttl_after_finished_s >= 100 * settings.poll_interval_s
-    assert settings.fail_exit_codes == (1, 2)
+    assert settings.fail_exit_codes == (2, 5)  # docs/exit-codes.md: the user errors
     assert (train.total_chips, train.hosts_per_slice) == (128, 32)
     assert (evaluate.topology, evaluate.slices, evaluate.hosts_per_slice) == ("2x2x1", 16, 1)
     assert evaluate.total_chips == 64

@@ -111,7 +111,7 @@ def test_the_jobs_report_a_refused_trainer_in_one_line_with_exit_1(tmp_path, cap
     with pytest.raises(RunFolderError) as e:
         recorder(run_dir, owner="dag-b").on_init_start(T0)
     assert isinstance(e.value, job_errors.USER_ERRORS)
-    assert job_errors.report("train", e.value) == 1
+    assert job_errors.report("train", e.value) == 5  # invalid input: fails at once
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("train: error: ") and "dag-a" in err
 

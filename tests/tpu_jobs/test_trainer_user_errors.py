@@ -2,7 +2,7 @@
 run folder as it was (both trainers map them through `tpu_jobs.rcp.job_errors`).
 
 Each probe breaks a copy of one finished run (conftest.py: `run`) and reruns the job with the
-run's arguments: exit 2 for arguments that are not the run's (the line names the flag), 1 for a
+run's arguments: exit 2 for arguments that are not the run's (the line names the flag), 5 for a
 run folder that cannot be resumed as it is (the line names the file). The toy's
 ``--resume-past-corrupt`` resumes past a newest checkpoint that cannot be restored: the step is
 trained again (to the same weights: the trajectory is seeded) and its row replaced.
@@ -22,6 +22,7 @@ from trainer_runs import TOY, Trainer, finish_run, one_error_line, rows_of
 from rcpflow import logtext, manifest
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events
+from tpu_jobs.rcp.job_errors import INVALID_INPUT
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -59,7 +60,7 @@ def test_deleted_mllog(trainer: Trainer, run: Path) -> None:
     one_error_line(
         trainer.run(run),
         trainer.prog,
-        1,
+        INVALID_INPUT,
         f"cannot resume at step {trainer.max_steps}",
         f"seed_{trainer.seed}.out is missing",
         "cannot be rebuilt",
@@ -77,7 +78,10 @@ def test_garbage_manifest_line(trainer: Trainer, run: Path, garbage: bytes, need
         f.write(garbage)
     before = tree_bytes(run)
     one_error_line(
-        trainer.run(run), trainer.prog, 1, f"eval_checkpoints.jsonl: line {line}: {needle}"
+        trainer.run(run),
+        trainer.prog,
+        INVALID_INPUT,
+        f"eval_checkpoints.jsonl: line {line}: {needle}",
     )
     assert tree_bytes(run) == before
 
@@ -86,7 +90,9 @@ def test_run_dir_that_is_a_file(trainer: Trainer, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.write_bytes(b"not a folder\n")
     # the first folder each job makes under it is named (the toy: checkpoints, Tunix: mllog)
-    one_error_line(trainer.run(run_dir), trainer.prog, 1, f"{run_dir}/", ": Not a directory")
+    one_error_line(
+        trainer.run(run_dir), trainer.prog, INVALID_INPUT, f"{run_dir}/", ": Not a directory"
+    )
     assert run_dir.read_bytes() == b"not a folder\n"
     assert sorted(tmp_path.iterdir()) == [run_dir]
 
@@ -124,7 +130,7 @@ def test_truncated_mllog(toy_run: Path, cut: float, needle: str) -> None:
     end = int(len(data) * cut) if cut == 0.5 else data.rfind(b"\n", 0, int(len(data) * cut)) + 1
     log_of(toy_run).write_bytes(data[:end])
     before = tree_bytes(toy_run)
-    one_error_line(train(toy_run), TOY.prog, 1, "cannot resume at step 4", needle)
+    one_error_line(train(toy_run), TOY.prog, INVALID_INPUT, "cannot resume at step 4", needle)
     assert tree_bytes(toy_run) == before
 
 
@@ -132,7 +138,11 @@ def test_deleted_checkpoint_folder(toy_run: Path) -> None:
     shutil.rmtree(toy_run / "checkpoints" / "3")
     before = tree_bytes(toy_run)
     one_error_line(
-        train(toy_run), TOY.prog, 1, "step 3: manifest row points at", "not a complete checkpoint"
+        train(toy_run),
+        TOY.prog,
+        INVALID_INPUT,
+        "step 3: manifest row points at",
+        "not a complete checkpoint",
     )
     assert tree_bytes(toy_run) == before
 
@@ -160,7 +170,11 @@ def test_corrupted_newest_checkpoint_is_resumed_past_with_the_flag(toy_run: Path
     drop_block_stop(toy_run)
     before = tree_bytes(toy_run)
     line = one_error_line(
-        train(toy_run), TOY.prog, 1, "step 4: the newest checkpoint", "cannot be restored"
+        train(toy_run),
+        TOY.prog,
+        INVALID_INPUT,
+        "step 4: the newest checkpoint",
+        "cannot be restored",
     )
     assert "--resume-past-corrupt" in line
     assert tree_bytes(toy_run) == before  # without the flag nothing is touched
@@ -185,7 +199,7 @@ def test_corrupted_last_checkpoint_of_an_ended_log_is_refused(toy_run: Path) -> 
     one_error_line(
         train(toy_run, "--resume-past-corrupt"),
         TOY.prog,
-        1,
+        INVALID_INPUT,
         "cannot be restored",
         "has already ended",
     )

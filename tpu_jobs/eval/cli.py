@@ -39,7 +39,7 @@ from tpu_jobs.eval.shards import (
 )
 from tpu_jobs.eval.target import CheckpointLoader, Target
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FATAL, EXIT_INCOMPLETE = 0, 1, 3, 4
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FATAL, EXIT_INCOMPLETE = 0, 5, 3, 4  # rcpflow.job_exit
 
 
 def write_eval_mllog(path: str, summary: EvalSummary) -> None:

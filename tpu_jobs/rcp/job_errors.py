@@ -1,42 +1,41 @@
-"""Which failures of a training job are the user's, and the exit code each class gets.
+"""Which failures of a training job are the user's, and the exit code each gets.
 
-Arguments that are not those of the run in the run folder exit 2 (like argparse's errors), a
-run folder that cannot be resumed as it is exits 1; each is one line on stderr,
-``<prog>: error: <what>``. Anything else is a bug and keeps its traceback. The contract:
-docs/tpu_jobs.md (exit codes).
+The codes are the job contract of `rcpflow.job_exit` (docs/exit-codes.md): arguments that are
+not those of the run in the folder exit 2, a run folder or checkpoint that cannot be used as it
+is exits 5, a failed save or a storage error that may be transient exits 1 (one line, and a
+restart may cure it). Each is one line on stderr; anything else is a bug and keeps its
+traceback (exit 1).
 """
 
 from __future__ import annotations
 
-import sys
-
+from rcpflow import job_exit
 from rcpflow.manifest import ManifestError
 from rcpflow.mllog import MLLogError
+from rcpflow.recorder import RecorderError
 from rcpflow.storage import StorageError
-from rcpflow.usererrors import describe
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.distributed import LayoutError
 from tpu_jobs.rcp.fingerprint import FingerprintMismatchError
 from tpu_jobs.rcp.hooks import RunMismatchError
 from tpu_jobs.rcp.saver import SaveFailedError
 
-BAD_ARGUMENTS = 2
-BAD_RUN_STATE = 1
+BAD_ARGUMENTS = job_exit.EXIT_BAD_ARGUMENTS
+INVALID_INPUT = job_exit.EXIT_INVALID_INPUT
 ARGUMENT_ERRORS: tuple[type[Exception], ...] = (RunMismatchError, LayoutError)
-# A run folder left in a bad state: one line, exit 1.
-RUN_STATE_ERRORS: tuple[type[Exception], ...] = (
+INVALID_INPUT_ERRORS: tuple[type[Exception], ...] = (
     CheckpointError,
     ManifestError,
     MLLogError,
     FingerprintMismatchError,
-    SaveFailedError,
-    StorageError,
-    OSError,
+    RecorderError,
 )
-USER_ERRORS: tuple[type[Exception], ...] = ARGUMENT_ERRORS + RUN_STATE_ERRORS
+# Told in one line; `report` gives each its code.
+USER_ERRORS: tuple[type[Exception], ...] = (
+    ARGUMENT_ERRORS + INVALID_INPUT_ERRORS + (SaveFailedError, StorageError, OSError)
+)
 
 
 def report(prog: str, e: Exception) -> int:
     """Tell `e` (one of `USER_ERRORS`) as `prog`'s one error line; its exit code."""
-    print(f"{prog}: error: {describe(e)}", file=sys.stderr)
-    return BAD_ARGUMENTS if isinstance(e, ARGUMENT_ERRORS) else BAD_RUN_STATE
+    return job_exit.report(prog, e, ARGUMENT_ERRORS, INVALID_INPUT_ERRORS)

@@ -50,7 +50,7 @@ from tpu_jobs.rehearsal.checkpoints import (
 from tpu_jobs.rehearsal.profile import Timing, add_timing_arguments, timing_from
 
 PROG = "python -m tpu_jobs.rehearsal.evaluate"
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FINGERPRINT = 0, 1, 3
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FINGERPRINT = 0, 5, 3  # rcpflow.job_exit's contract
 OUTPUT_ROOT = "rehearsal_eval"
 ATTEMPTS_FILE = "attempts/attempts.jsonl"
 _UNSOLVED = ("MAX_STEPS_REACHED", "MAX_CONTEXT_LIMIT_REACHED", "TIMEOUT")

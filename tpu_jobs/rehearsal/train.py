@@ -25,13 +25,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rcpflow import recipe
+from rcpflow import job_exit, recipe
 from rcpflow.manifest import ManifestError
 from rcpflow.mllog import MLLogError, require_mlperf_logging
 from rcpflow.recorder import RecorderError, TrainingRecorder
 from rcpflow.rehearsal import PassCurve
 from rcpflow.storage import StorageError
-from rcpflow.usererrors import describe
 from tpu_jobs.rehearsal.checkpoints import (
     Checkpoint,
     RehearsalCheckpointError,
@@ -53,10 +52,9 @@ from tpu_jobs.rehearsal.profile import (
 PROG = "python -m tpu_jobs.rehearsal.train"
 DEFAULT_GLOBAL_BATCH_SIZE = 256
 DEFAULT_MAX_STEPS = 50
-BAD_ARGUMENTS, BAD_RUN_STATE = 2, 1
-RUN_STATE_ERRORS = (
-    RecorderError, RehearsalCheckpointError, ManifestError, MLLogError, StorageError, OSError,
-)  # fmt: skip
+# Told in one line with the job contract's code (`rcpflow.job_exit`): 5 for the invalid ones.
+INVALID_INPUT_ERRORS = (RecorderError, RehearsalCheckpointError)
+RUN_STATE_ERRORS = (*INVALID_INPUT_ERRORS, ManifestError, MLLogError, StorageError, OSError)
 _FLAGS = {
     "seed": "--seed",
     "global_batch_size": "--global-batch-size",
@@ -259,12 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     try:
         last = train(config)
-    except RunMismatchError as e:
-        print(f"{PROG}: error: {describe(e)}", file=sys.stderr)
-        return BAD_ARGUMENTS
-    except RUN_STATE_ERRORS as e:
-        print(f"{PROG}: error: {describe(e)}", file=sys.stderr)
-        return BAD_RUN_STATE
+    except (RunMismatchError, *RUN_STATE_ERRORS) as e:
+        return job_exit.report(PROG, e, (RunMismatchError,), INVALID_INPUT_ERRORS)
     _say({"event": "done", "last_step": last, "wall_s": round(time.monotonic() - started, 2)})
     return 0
 

@@ -31,6 +31,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
     """Evaluate the manifest row `row` as a JobSet of `job` (see the module doc)."""
 
     template_fields = (*RunJobSetOperator.template_fields, "run_dir", "row")
+    _target: EvalTarget
 
     def __init__(
         self,
@@ -42,16 +43,19 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         job_timeout: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
-        # the JobSet is rendered in execute: its name needs the run id
+        # the JobSet is rendered in execute (`render`): its name and command need the row
         super().__init__(
-            jobset={},
+            settings=settings,
+            role="evaluate",
+            job="",
+            command=(),
+            image=job.image,
+            env=job.env,
+            secret_env=job.secret_env,
             job_timeout=job_timeout,
-            cluster=settings.cluster,
-            **settings.watch_kwargs(),
             **kwargs,
         )
-        self.settings = settings
-        self.job = job
+        self.eval_job = job
         self.run_dir = run_dir
         self.row = row
 
@@ -64,30 +68,37 @@ class EvaluateJobSetOperator(RunJobSetOperator):
         skip_if_decided(target)
         if reusable(target):
             return collect(target)
-        dag_run = context["dag_run"]
-        values = evaluate_values(self.run_dir, target.row, "python")
-        self.jobset = render_jobset(
-            self.settings,
-            role="evaluate",
-            dag_id=dag_run.dag_id,
-            run_id=dag_run.run_id,
-            job=f"eval-{target.step}",
-            command=self.job.job_command.render(values),
-            image=self.job.image,
-            env=self.job.env,
-        )
-        if self.job.result.imported:
-            before = baseline(self.job.result, values)
+        self._target = target
+        if self.eval_job.result.imported:
+            values = evaluate_values(self.run_dir, target.row, "python")
+            before = baseline(self.eval_job.result, values)
             context["ti"].xcom_push(
                 key=EVAL_START_XCOM_KEY, value={"ms": now_ms(), "baseline": before.to_dict()}
             )
         return super().execute(context)
 
+    def render(self, context: Context) -> dict[str, Any]:
+        target = self._target
+        dag_run = context["dag_run"]
+        return render_jobset(
+            self.settings,
+            role="evaluate",
+            dag_id=dag_run.dag_id,
+            run_id=dag_run.run_id,
+            job=f"eval-{target.step}",
+            command=self.eval_job.job_command.render(
+                evaluate_values(self.run_dir, target.row, "python")
+            ),
+            image=self.image,
+            env=self.env,
+            secret_env=self.secret_env,
+        )
+
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> Any:
         target = self.target()
         try:
-            super().execute_complete(context, event)
-            if self.job.result.imported:
+            super().execute_complete(context, event)  # a Watching event defers again
+            if self.eval_job.result.imported:
                 self._import_result(context, target.row)
         except Exception:
             skip_if_decided(target)  # a lower step passed meanwhile: this failure is moot
@@ -105,7 +116,7 @@ class EvaluateJobSetOperator(RunJobSetOperator):
                 "created: its eval times are unknown; clear the task to evaluate again"
             )
         imported = import_result(
-            self.job.result,
+            self.eval_job.result,
             evaluate_values(self.run_dir, row, "python"),
             Baseline.from_dict(start["baseline"]),
             (start["ms"], now_ms()),

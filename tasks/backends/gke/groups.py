@@ -7,10 +7,11 @@ Evaluation is one mapped deferrable operator rather than a group per step, so th
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import TaskGroup, XComArg, get_current_context, task
+from airflow.sdk import TaskGroup, XComArg, task
 
 from tasks.backends.gke.evaluate import EvaluateJobSetOperator, EvaluateStepJobSetOperator
 from tasks.backends.gke.operators import (
@@ -18,9 +19,9 @@ from tasks.backends.gke.operators import (
     DeleteJobSetOperator,
     RunJobSetOperator,
 )
-from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
-from tasks.jobs.templates import EvaluateJob, TrainJob
+from tasks.jobs.command import Role
+from tasks.jobs.templates import EvaluateJob, SecretKeyRef, TrainJob
 from tasks.jobs.values import train_values
 from tasks.run.spec import RunSpec, XComValue
 
@@ -30,31 +31,40 @@ if TYPE_CHECKING:
 
 def jobset_task_group(
     group_id: str,
-    jobset: XComArg,
     settings: GkeSettings,
     *,
+    role: Role,
+    job: str,
+    command: Sequence[str] | XComArg,
+    image: str | None = None,
+    env: Mapping[str, str] | None = None,
+    secret_env: Mapping[str, SecretKeyRef] | None = None,
     job_timeout: timedelta | None = None,
     retries: int = 0,
     stop_run_dir: XComArg | None = None,
     stop_grace: timedelta = timedelta(minutes=10),
 ) -> TaskGroup:
-    """TaskGroup `group_id`: ``run`` (RunJobSetOperator) -> ``cleanup`` (DeleteJobSetOperator
-    as a teardown of ``run``) for the JobSet `jobset` resolves to. Works inside a mapped task
-    group (one JobSet per map index); `job_timeout` bounds the JobSet's running time.
-    `retries` are for a watch that lost the JobSet (a retry adopts it); a failed JobSet is
-    never retried. With `stop_run_dir` the JobSet is deleted `stop_grace` after a stop request
-    of that run if still running."""
+    """TaskGroup `group_id`: ``run`` (RunJobSetOperator: the JobSet of `command`, rendered in
+    the task) -> ``cleanup`` (DeleteJobSetOperator as a teardown of ``run``). Works inside a
+    mapped task group (one JobSet per map index); `job_timeout` bounds the JobSet's running
+    time. `retries` are for an error of the task itself (a retry adopts the JobSet); a failed
+    JobSet is never retried. With `stop_run_dir` the JobSet is deleted `stop_grace` after a
+    stop request of that run if still running."""
     with TaskGroup(group_id=group_id) as group:
         run = RunJobSetOperator(
             task_id="run",
-            jobset=jobset,
+            settings=settings,
+            role=role,
+            job=job,
+            command=command,
+            image=image,
+            env=env,
+            secret_env=secret_env,
             job_timeout=job_timeout,
             stop_run_dir=stop_run_dir,
             stop_grace=stop_grace,
             retries=retries,
             retry_delay=timedelta(seconds=settings.poll_interval_s),
-            cluster=settings.cluster,
-            **settings.watch_kwargs(),
         )
         cleanup = DeleteJobSetOperator(
             task_id="cleanup", run_task_id=run.task_id, cluster=settings.cluster
@@ -71,27 +81,23 @@ def train_jobset_group(
     job_timeout: timedelta,
     stop_run_dir: XComArg | None = None,
 ) -> TaskGroup:
-    """``train_jobset`` (render the training JobSet) -> TaskGroup ``job`` (run -> cleanup)."""
+    """``train_command`` (the training job's argument list: no env, no JobSet in an XCom) ->
+    TaskGroup ``job`` (run -> cleanup)."""
 
     @task
-    def train_jobset(spec: XComValue) -> dict[str, Any]:
-        dag_run = get_current_context()["dag_run"]
+    def train_command(spec: XComValue) -> list[str]:
         run = RunSpec.from_dict(spec)
-        return render_jobset(
-            settings,
-            role="train",
-            dag_id=dag_run.dag_id,
-            run_id=dag_run.run_id,
-            job="train",
-            command=job.job_command.render(train_values(run.job_values(), "python")),
-            image=job.image,
-            env=job.env,
-        )
+        return job.job_command.render(train_values(run.job_values(), "python"))
 
     return jobset_task_group(
         "job",
-        train_jobset(spec),
         settings,
+        role="train",
+        job="train",
+        command=train_command(spec),
+        image=job.image,
+        env=job.env,
+        secret_env=job.secret_env,
         job_timeout=job_timeout,
         retries=settings.run_retries,
         stop_run_dir=stop_run_dir,

@@ -1,10 +1,15 @@
 """JobSet hooks: every call the GKE backend makes to a cluster's API goes through these.
 
 `JobSetHook` (sync, for operators) is the cncf-kubernetes provider's `KubernetesHook` with the
-Google provider's GKE credentials (`GKEKubernetesHook`); `JobSetHook.for_cluster` finds the
-cluster's endpoint and CA with the provider's `GKEHook`. `AsyncJobSetHook` (for triggers) is the
-same on `AsyncKubernetesHook` (`GKEKubernetesAsyncHook`). Both speak JobSets and their pods
-only: create, read, delete, list pods; a JobSet that does not exist is `JobSetGone`.
+Google provider's GKE credentials (`GKEKubernetesHook`); `for_cluster` finds the cluster's
+endpoint and CA with the provider's `GKEHook` (`cluster_endpoint`), on every call: nothing
+keeps an endpoint that may have moved. `AsyncJobSetHook` (for triggers) is the same on
+`AsyncKubernetesHook` (`GKEKubernetesAsyncHook`). Both speak JobSets and their pods only: read
+the JobSet CRD, create (strict field validation), read, delete, list pods; a JobSet that does
+not exist is `JobSetGone`.
+
+Responses are read raw (``_preload_content=False``): the clients log a decoded body at DEBUG,
+and a JobSet's body carries env values.
 
 Importing this module costs seconds (the providers and kubernetes clients): operators and
 triggers import it in the method that needs it, never at DAG-parse time.
@@ -12,7 +17,9 @@ triggers import it in the method that needs it, never at DAG-parse time.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,10 +29,12 @@ from airflow.providers.google.cloud.hooks.kubernetes_engine import (
     GKEKubernetesHook,
 )
 from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
+from kubernetes.client import ApiextensionsV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes_asyncio.client import CoreV1Api, CustomObjectsApi
 from kubernetes_asyncio.client.exceptions import ApiException as AsyncApiException
 
+from tasks.backends.gke.crd import CRD_NAME
 from tasks.backends.gke.render import (
     JOBSET_GROUP,
     JOBSET_NAME_LABEL,
@@ -48,53 +57,70 @@ def _gone_on_404(namespace: str, name: str) -> Iterator[None]:
         raise
 
 
+def cluster_endpoint(cluster: GkeCluster) -> tuple[str, str]:
+    """The URL and CA certificate of `cluster`'s API, looked up as the provider's GKE
+    operators do (`GKEClusterAuthDetails`: the GKE API through the Google connection)."""
+    url, ca_cert = GKEClusterAuthDetails(
+        cluster_name=cluster.cluster_name,
+        project_id=cluster.project_id,  # type: ignore[arg-type]  # None: the connection's
+        use_internal_ip=cluster.use_internal_ip,
+        use_dns_endpoint=cluster.use_dns_endpoint,
+        cluster_hook=GKEHook(
+            gcp_conn_id=cluster.gcp_conn_id,
+            location=cluster.location,
+            impersonation_chain=list(cluster.impersonation_chain) or None,
+        ),
+    ).fetch_cluster_info()
+    return url, ca_cert
+
+
+def _raise_for_status(response: Any) -> None:
+    """kubernetes_asyncio raises for an error status only when it decodes the body itself:
+    the same ApiException for a raw response."""
+    if not 200 <= response.status <= 299:
+        raise AsyncApiException(status=response.status, reason=response.reason)
+
+
 class JobSetHook(GKEKubernetesHook):
     """JobSets on one GKE cluster, synchronously (operators)."""
 
     @classmethod
     def for_cluster(cls, cluster: GkeCluster) -> JobSetHook:
-        """The hook for `cluster`, its endpoint and CA looked up as the provider's GKE
-        operators do (`GKEClusterAuthDetails`)."""
-        chain = list(cluster.impersonation_chain) or None
-        url, ca_cert = GKEClusterAuthDetails(
-            cluster_name=cluster.cluster_name,
-            project_id=cluster.project_id,  # type: ignore[arg-type]  # None: the connection's
-            use_internal_ip=cluster.use_internal_ip,
-            use_dns_endpoint=cluster.use_dns_endpoint,
-            cluster_hook=GKEHook(
-                gcp_conn_id=cluster.gcp_conn_id,
-                location=cluster.location,
-                impersonation_chain=chain,
-            ),
-        ).fetch_cluster_info()
+        """The hook for `cluster`, its endpoint and CA looked up now (`cluster_endpoint`)."""
+        url, ca_cert = cluster_endpoint(cluster)
         return cls(
             cluster_url=url,
             ssl_ca_cert=ca_cert,
             use_dns_endpoint=cluster.use_dns_endpoint,
             gcp_conn_id=cluster.gcp_conn_id,
-            impersonation_chain=chain,
+            impersonation_chain=list(cluster.impersonation_chain) or None,
         )
 
-    @property
-    def cluster_url(self) -> str:
-        return self._cluster_url
-
-    @property
-    def ssl_ca_cert(self) -> str:
-        return self._ssl_ca_cert
+    def get_jobset_crd(self) -> dict[str, Any]:
+        """The cluster's JobSet CustomResourceDefinition (apiextensions.k8s.io/v1) as a dict;
+        ApiException 404 when JobSet is not installed."""
+        response: Any = ApiextensionsV1Api(self.api_client).read_custom_resource_definition(
+            CRD_NAME, _preload_content=False
+        )
+        crd: dict[str, Any] = json.loads(response.data)
+        return crd
 
     def create_jobset(self, body: dict[str, Any]) -> bool:
-        """Create the JobSet `body`; False when one of that name exists already (409).
-        Sent once: a retried create cannot tell its own earlier success from a foreign one,
-        so the caller reads the JobSet back (`get_jobset`) whatever this returned."""
+        """Create the JobSet `body` with strict field validation (a field the cluster's CRD
+        does not know is an error, never silently dropped); False when one of that name exists
+        already (409). Sent once: a retried create cannot tell its own earlier success from a
+        foreign one, so the caller reads the JobSet back (`get_jobset`) whatever this
+        returned. Nothing of the body is logged (it carries env values)."""
         ref = jobset_ref(body)
         try:
-            self.create_custom_object(
+            self.custom_object_client.create_namespaced_custom_object(
                 group=JOBSET_GROUP,
                 version=JOBSET_VERSION,
                 plural=JOBSET_PLURAL,
                 body=body,
                 namespace=ref["namespace"],
+                field_validation="Strict",
+                _preload_content=False,
             )
         except ApiException as exc:
             if exc.status == 409:
@@ -105,25 +131,28 @@ class JobSetHook(GKEKubernetesHook):
     def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """The JobSet object; JobSetGone when it does not exist."""
         with _gone_on_404(namespace, name):
-            found: dict[str, Any] = self.get_custom_object(
+            response: Any = self.custom_object_client.get_namespaced_custom_object(
                 group=JOBSET_GROUP,
                 version=JOBSET_VERSION,
                 plural=JOBSET_PLURAL,
                 name=name,
                 namespace=namespace,
+                _preload_content=False,
             )
+        found: dict[str, Any] = json.loads(response.data)
         return found
 
     def delete_jobset(self, namespace: str, name: str) -> bool:
         """Delete the JobSet (and so its pods); False when it did not exist."""
         try:
             with _gone_on_404(namespace, name):
-                self.delete_custom_object(
+                self.custom_object_client.delete_namespaced_custom_object(
                     group=JOBSET_GROUP,
                     version=JOBSET_VERSION,
                     plural=JOBSET_PLURAL,
                     name=name,
                     namespace=namespace,
+                    _preload_content=False,
                 )
         except JobSetGone:
             return False
@@ -133,19 +162,33 @@ class JobSetHook(GKEKubernetesHook):
 class AsyncJobSetHook(GKEKubernetesAsyncHook):
     """JobSets on one GKE cluster, from the triggerer's event loop."""
 
+    @classmethod
+    async def for_cluster(cls, cluster: GkeCluster) -> AsyncJobSetHook:
+        """The hook for `cluster`, its endpoint and CA looked up now (`cluster_endpoint`, in a
+        thread: the provider's lookup is synchronous)."""
+        url, ca_cert = await asyncio.to_thread(cluster_endpoint, cluster)
+        return cls(
+            cluster_url=url,
+            ssl_ca_cert=ca_cert,
+            use_dns_endpoint=cluster.use_dns_endpoint,
+            gcp_conn_id=cluster.gcp_conn_id,
+            impersonation_chain=list(cluster.impersonation_chain) or None,
+        )
+
     async def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """The JobSet object; JobSetGone when it does not exist."""
         async with self.get_conn() as api_client:
             with _gone_on_404(namespace, name):
-                found: dict[str, Any] = await CustomObjectsApi(
-                    api_client
-                ).get_namespaced_custom_object(
+                response: Any = await CustomObjectsApi(api_client).get_namespaced_custom_object(
                     group=JOBSET_GROUP,
                     version=JOBSET_VERSION,
                     plural=JOBSET_PLURAL,
                     namespace=namespace,
                     name=name,
+                    _preload_content=False,
                 )
+                _raise_for_status(response)
+                found: dict[str, Any] = await response.json()
         return found
 
     async def delete_jobset(self, namespace: str, name: str) -> bool:
@@ -153,13 +196,18 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
         try:
             async with self.get_conn() as api_client:
                 with _gone_on_404(namespace, name):
-                    await CustomObjectsApi(api_client).delete_namespaced_custom_object(
+                    response: Any = await CustomObjectsApi(
+                        api_client
+                    ).delete_namespaced_custom_object(
                         group=JOBSET_GROUP,
                         version=JOBSET_VERSION,
                         plural=JOBSET_PLURAL,
                         namespace=namespace,
                         name=name,
+                        _preload_content=False,
                     )
+                    response.release()
+                    _raise_for_status(response)
         except JobSetGone:
             return False
         return True
@@ -173,4 +221,5 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
                 label_selector=f"{JOBSET_NAME_LABEL}={name}",
                 _preload_content=False,  # the HTTP response, not models
             )
+            _raise_for_status(response)
             return dict(await response.json())

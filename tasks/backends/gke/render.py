@@ -4,15 +4,23 @@ One replicated job ``slice`` with one child Job per TPU slice; each Job is Index
 per TPU host, pinned to the slice shape by the GKE TPU node labels and asking for its chips as
 ``google.com/tpu``. The container command is the job's argument list: no shell.
 
-Failure policy (as JobSet and xpk practice have it): each child Job fails on its first pod
-failure (backoffLimit 0) and its podFailurePolicy says why; the JobSet's failurePolicy then
-restarts everything without counting for a disruption (preemption, maintenance eviction: the
-pod condition DisruptionTarget), fails at once for an application exit code
-(`GkeSettings.fail_exit_codes`), and restarts counting against maxRestarts for anything else.
+Failure policy (the exit-code contract of docs/exit-codes.md, as JobSet and xpk practice have
+it): each child Job fails on its first pod failure (backoffLimit 0) and its podFailurePolicy
+says why; the JobSet's failurePolicy then restarts everything without counting for a
+disruption (the pod condition DisruptionTarget: preemption, eviction, maintenance) or a SIGTERM
+exit (143), fails at once for the deterministic user errors (`GkeSettings.fail_exit_codes`),
+and restarts counting against maxRestarts for anything else (exit 1 and every other code, an
+OOM kill). The JobSet rules tell the pod rules apart by ``onJobFailureMessagePatterns``
+(JobSet v0.10; `tasks.backends.gke.crd` refuses an older cluster).
 A multi-host slice's pods share the host network (TPU ICI/DCN setup as GKE documents it) and
-find process 0 by its JobSet DNS name; the RCPFLOW_COORDINATOR_ADDRESS / _NUM_PROCESSES /
-_PROCESS_ID variables are what `tpu_jobs.distributed` reads to form one `jax.distributed`
-system.
+find process 0 through ``spec.coordinator`` (the JobSet controller writes its DNS name into
+each pod's ``jobset.sigs.k8s.io/coordinator`` annotation); the RCPFLOW_COORDINATOR_ADDRESS /
+_NUM_PROCESSES / _PROCESS_ID variables are what `tpu_jobs.distributed` reads to form one
+`jax.distributed` system.
+
+Every ``$`` of a command item and of a plain env value is doubled: Kubernetes expands
+``$(VAR)`` there and turns ``$$`` into ``$``, so each item reaches the process as it was
+given, whatever it contains. Secrets are references (``secretKeyRef``), never values.
 
 Names are deterministic per (DAG, run, job), so a retried task finds the JobSet it created
 before; the spec hash annotation tells whether that JobSet is the same job. The
@@ -27,8 +35,9 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.backends.gke.settings import GkeSettings, TpuJobShape
+from tasks.backends.gke.settings import EXIT_SIGTERM, GkeSettings, TpuJobShape
 from tasks.jobs.command import ROLES, Role
+from tasks.jobs.templates import SecretKeyRef
 
 JOBSET_GROUP = "jobset.x-k8s.io"
 JOBSET_VERSION = "v1alpha2"
@@ -52,6 +61,9 @@ ANNOTATION_SPEC_HASH = "rcpflow.dev/spec-hash"
 # One slice per node pool: the pods of a multi-host slice must share its ICI network.
 ANNOTATION_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+# Set by the JobSet controller (v0.6+) on every pod when spec.coordinator is set: the
+# coordinator pod's stable DNS name.
+JOBSET_COORDINATOR_ANNOTATION = "jobset.sigs.k8s.io/coordinator"
 # Set by the JobSet controller on every pod: which child Job (= which slice) it belongs to.
 JOBSET_JOB_INDEX_ANNOTATION = "jobset.sigs.k8s.io/job-index"
 # Also on every pod: the JobSet's uid and how often it was restarted. Together they name one
@@ -68,13 +80,15 @@ JOB_COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 # The multi-host environment (read by tpu_jobs.distributed) and jax.distributed's usual port.
 COORDINATOR_ADDRESS_ENV = "RCPFLOW_COORDINATOR_ADDRESS"
+COORDINATOR_HOST_ENV = "RCPFLOW_COORDINATOR_HOST"
 NUM_PROCESSES_ENV = "RCPFLOW_NUM_PROCESSES"
 PROCESS_ID_ENV = "RCPFLOW_PROCESS_ID"
 COORDINATOR_PORT = 8476
 # The Job controller's failure message for a podFailurePolicy FailJob rule names the rule's
-# index ("... matching FailJob rule at index 0"); the JobSet rules tell the two apart by it.
+# index ("... matching FailJob rule at index 0"); the JobSet rules tell them apart by it.
 POD_RULE_DISRUPTION = 0
-POD_RULE_APPLICATION_EXIT = 1
+POD_RULE_SIGTERM = 1
+POD_RULE_APPLICATION_EXIT = 2
 JOB_FAILURE_POD_FAILURE_POLICY = "PodFailurePolicy"
 
 _DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -114,14 +128,17 @@ def render_jobset(
     command: Sequence[str],
     image: str | None = None,
     env: Mapping[str, str] | None = None,
+    secret_env: Mapping[str, SecretKeyRef] | None = None,
 ) -> dict[str, Any]:
     """The JobSet object that runs `command` (an argument list) as `role`, on the TPU shape
     `settings` gives that role, named by `jobset_name`; in `image` (None: the settings' image)
-    with `env` added to the variables rcpflow sets (literal values: ``$(`` is escaped).
+    with `env` (literal values) and `secret_env` (Secret references) added to the variables
+    rcpflow sets.
 
     The items are passed to the process as they are (no shell, and no Kubernetes ``$(VAR)``
-    expansion: ``$(`` is escaped). Raises ValueError naming the bad item, or when JobSet's
-    derived pod names would not fit.
+    expansion: every ``$`` is escaped). Raises ValueError naming the bad item, or when
+    JobSet's derived pod names would not fit. The object carries env values: never log it or
+    return it as an XCom (`jobset_ref` is what may be shown).
     """
     if role not in ROLES:
         raise ValueError(f"render_jobset: role must be one of {ROLES}, got {role!r}")
@@ -148,9 +165,9 @@ def render_jobset(
     container = {
         "name": CONTAINER,
         "image": settings.image if image is None else image,
-        # Kubernetes expands $(VAR) in command args; $$ is its escape, so a Param value can
-        # never read the pod's environment.
-        "command": [a.replace("$(", "$$(") for a in command],
+        # Kubernetes expands $(VAR) in command args; a Param value can never read the pod's
+        # environment.
+        "command": [kubernetes_literal(a) for a in command],
         "env": [
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             {"name": "RCPFLOW_NUM_SLICES", "value": str(shape.slices)},
@@ -177,22 +194,39 @@ def render_jobset(
                 "name": "RCPFLOW_ATTEMPT_ID",
                 "value": "$(RCPFLOW_JOBSET_UID)/$(RCPFLOW_RESTART_ATTEMPT)",
             },
-            *({"name": k, "value": v.replace("$(", "$$(")} for k, v in sorted((env or {}).items())),
-            *(_distributed_env(name, shape) if shape.multi_host else []),
+            *({"name": k, "value": kubernetes_literal(v)} for k, v in sorted((env or {}).items())),
+            *(
+                {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
+                for k, ref in sorted((secret_env or {}).items())
+            ),
+            *(_distributed_env(shape) if shape.multi_host else []),
         ],
-        "resources": {"limits": {"google.com/tpu": shape.chips_per_host}},
+        # Requests make the pod Burstable rather than BestEffort (evicted first under node
+        # pressure); no CPU or memory limit, so the job is never throttled or OOM-killed below
+        # what the host has.
+        "resources": {
+            "requests": {"cpu": shape.cpu_request, "memory": shape.memory_request},
+            "limits": {"google.com/tpu": shape.chips_per_host},
+        },
     }
+    if settings.volume_mounts:
+        container["volumeMounts"] = [dict(m) for m in settings.volume_mounts]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": settings.service_account,
         # Restarts are the JobSet's failurePolicy (all slices together), never per pod.
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": shape.termination_grace_period_s,
         "nodeSelector": {
+            **settings.node_selector,
             "cloud.google.com/gke-tpu-accelerator": shape.accelerator,
             "cloud.google.com/gke-tpu-topology": shape.topology,
         },
         "containers": [container],
     }
+    if settings.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in settings.tolerations]
+    if settings.volumes:
+        pod_spec["volumes"] = json.loads(json.dumps(settings.volumes))
     if shape.multi_host:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
@@ -205,7 +239,14 @@ def render_jobset(
         "backoffLimit": 0,
         "podFailurePolicy": _pod_failure_policy(settings),
         "template": {
-            "metadata": {"labels": dict(labels)},
+            "metadata": {
+                "labels": dict(labels),
+                **(
+                    {"annotations": dict(settings.pod_annotations)}
+                    if settings.pod_annotations
+                    else {}
+                ),
+            },
             "spec": pod_spec,
         },
     }
@@ -223,10 +264,16 @@ def render_jobset(
             }
         ],
     }
+    if settings.queue_name is not None:
+        # Kueue admits it by unsuspending; created running, a JobSet whose namespace Kueue
+        # does not manage (or with Kueue's JobSet integration off) would run unqueued.
+        spec["suspend"] = True
     if shape.multi_host:
         # Pods resolve each other as <name>-slice-<job>-<index>.<name> (JobSet's headless
         # service), also before they are ready: process 0 must be reachable while it waits.
         spec["network"] = {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
+        # One slice (settings refuse multislice): process 0 is pod 0 of Job 0.
+        spec["coordinator"] = {"replicatedJob": REPLICATED_JOB, "jobIndex": 0, "podIndex": 0}
     annotations = {ANNOTATION_DAG_ID: dag_id, ANNOTATION_RUN_ID: run_id}
     if shape.multi_host:
         annotations[ANNOTATION_EXCLUSIVE_TOPOLOGY] = GKE_NODEPOOL_LABEL
@@ -249,12 +296,18 @@ def render_jobset(
 
 
 def _pod_failure_policy(settings: GkeSettings) -> dict[str, Any]:
-    # Rule order matters: the JobSet rules below match the index in the Job's failure message.
+    # Rule order matters: the JobSet rules below match the index in the Job's failure message,
+    # and the Job controller applies the first rule that matches (a disrupted pod is a
+    # disruption whatever its exit code).
     rules: list[dict[str, Any]] = [
         {
             "action": "FailJob",
             "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
-        }
+        },
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_SIGTERM]},
+        },
     ]
     if settings.fail_exit_codes:
         rules.append(
@@ -276,31 +329,45 @@ def _failure_policy(settings: GkeSettings, shape: TpuJobShape) -> dict[str, Any]
             "name": "disruption",
             "action": "RestartJobSetAndIgnoreMaxRestarts",
             "onJobFailureReasons": [JOB_FAILURE_POD_FAILURE_POLICY],
-            "onJobFailureMessagePatterns": [_rule_pattern(POD_RULE_DISRUPTION)],
+            "onJobFailureMessagePatterns": [
+                _rule_pattern(POD_RULE_DISRUPTION),
+                _rule_pattern(POD_RULE_SIGTERM),
+            ],
         }
     ]
     if settings.fail_exit_codes:
         rules.append(
             {
-                "name": "applicationExit",
+                "name": "userError",
                 "action": "FailJobSet",
                 "onJobFailureReasons": [JOB_FAILURE_POD_FAILURE_POLICY],
                 "onJobFailureMessagePatterns": [_rule_pattern(POD_RULE_APPLICATION_EXIT)],
             }
         )
-    # No rule matched (BackoffLimitExceeded: a crash): RestartJobSet, counted.
+    # No rule matched (BackoffLimitExceeded: exit 1, any other code, an OOM kill): the
+    # JobSet's default, RestartJobSet, counted.
     return {"maxRestarts": shape.max_restarts, "rules": rules}
 
 
 def _rule_pattern(index: int) -> str:
-    return f"matching FailJob rule at index {index}"
+    # The index ends the message (kubernetes pkg/controller/job/pod_failure_policy.go); "$"
+    # keeps index 1 from matching a rule 10.
+    return f"matching FailJob rule at index {index}$"
 
 
-def _distributed_env(name: str, shape: TpuJobShape) -> list[dict[str, Any]]:
+def _distributed_env(shape: TpuJobShape) -> list[dict[str, Any]]:
     # One slice (settings refuse multislice): the process id is the pod's index in its Job.
-    coordinator = f"{name}-{REPLICATED_JOB}-0-0.{name}:{COORDINATOR_PORT}"
     return [
-        {"name": COORDINATOR_ADDRESS_ENV, "value": coordinator},
+        {
+            "name": COORDINATOR_HOST_ENV,
+            "valueFrom": {
+                "fieldRef": {
+                    "fieldPath": f"metadata.annotations['{JOBSET_COORDINATOR_ANNOTATION}']"
+                }
+            },
+        },
+        # Kubernetes expands $(VAR) from the variables defined above it.
+        {"name": COORDINATOR_ADDRESS_ENV, "value": f"$({COORDINATOR_HOST_ENV}):{COORDINATOR_PORT}"},
         {"name": NUM_PROCESSES_ENV, "value": str(shape.hosts_per_slice * shape.slices)},
         {
             "name": PROCESS_ID_ENV,
@@ -311,6 +378,13 @@ def _distributed_env(name: str, shape: TpuJobShape) -> list[dict[str, Any]]:
             },
         },
     ]
+
+
+def kubernetes_literal(text: str) -> str:
+    """`text` escaped for a container's command, args or env value: Kubernetes expands
+    ``$(VAR)`` there and reads ``$$`` as one ``$``, so doubling every ``$`` makes the process
+    get `text` exactly."""
+    return text.replace("$", "$$")
 
 
 def spec_hash(spec: Mapping[str, Any]) -> str:

@@ -6,16 +6,21 @@ Only shapes whose process layout has been run are accepted: a training job on on
 (one process per host, one `jax.distributed` system; tests/tpu_jobs/test_multihost.py runs it
 with two CPU processes), and evaluation workers of one host each. Multislice training (DCN
 between slices) and multi-host evaluation workers are refused with the reason.
+
+The exit codes are the job contract of docs/exit-codes.md: `fail_exit_codes` fail a JobSet at
+once, SIGTERM (143) and a disruption restart it without counting, anything else (1 included:
+Python's code for any uncaught exception) restarts it up to `max_restarts`.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from types import MappingProxyType
 
+from rcpflow import job_exit
 from tasks.deployment import register_table
 from tasks.jobs.command import Role
 from tasks.settings import SettingError
@@ -38,10 +43,22 @@ _DNS1123_SUBDOMAIN = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 )
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-# What the jobs exit with on purpose (rcpflow's CLIs and the jobs: 1 invalid input, 2 bad
-# arguments): rerunning cannot help, so the JobSet fails at once. Other exits (a signal, an OOM
-# kill, a peer lost by the distributed runtime) restart it, counted against max_restarts.
-DEFAULT_FAIL_EXIT_CODES = (1, 2)
+# Kubernetes resource quantities (apimachinery's resource.Quantity, the forms a request uses).
+_CPU_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]{1,3})?|[0-9]+m)$")
+_MEMORY_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+
+# The job exit-code contract (docs/exit-codes.md). A deterministic user error fails the JobSet
+# at once: rerunning cannot help. 1 is Python's code for any uncaught exception (an XLA runtime
+# error, a transient storage error): restarted, counted. SIGTERM (preemption, eviction, the
+# trainer draining its saves) restarts without counting.
+EXIT_UNCAUGHT = job_exit.EXIT_RESTART
+EXIT_BAD_ARGUMENTS = job_exit.EXIT_BAD_ARGUMENTS
+EXIT_INVALID_INPUT = job_exit.EXIT_INVALID_INPUT
+EXIT_SIGTERM = job_exit.EXIT_SIGTERM
+DEFAULT_FAIL_EXIT_CODES = (EXIT_BAD_ARGUMENTS, EXIT_INVALID_INPUT)
+# The TPU node labels rcpflow sets from the shape; extra node selectors may not change them.
+TPU_NODE_LABELS = ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology")
+_TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
 
 
 @dataclass(frozen=True)
@@ -50,10 +67,13 @@ class TpuJobShape:
     ``hosts_per_slice`` pods with `chips_per_host` chips each.
 
     `max_restarts` is the JobSet's failurePolicy.maxRestarts: the in-cluster restart budget
-    for crashes (all slices restart together); a disruption (preemption, maintenance eviction)
-    restarts without counting, an application exit code fails at once. Airflow-level retries
-    never re-run a failed JobSet. `termination_grace_period_s` is how long a pod has between
-    SIGTERM and SIGKILL: for training, long enough to drain the checkpoint save queue.
+    for crashes (all slices restart together); a disruption (preemption, maintenance eviction,
+    exit 143) restarts without counting, an exit code of `fail_exit_codes` fails at once.
+    Airflow-level retries never re-run a failed JobSet. `termination_grace_period_s` is how
+    long a pod has between SIGTERM and SIGKILL: for training, long enough to drain the
+    checkpoint save queue. `cpu_request` / `memory_request` are each pod's requests (Kubernetes
+    quantities): a pod without them is BestEffort, the first a node under pressure evicts; they
+    must fit the TPU host's allocatable CPU and memory, or the pods never schedule.
     """
 
     accelerator: str
@@ -62,8 +82,21 @@ class TpuJobShape:
     chips_per_host: int
     max_restarts: int = 0
     termination_grace_period_s: int = 60
+    # Small enough for every TPU host GKE offers (the smallest, ct5lp-hightpu-1t, has 24 vCPUs
+    # and 48 GB): raise them to what the job needs.
+    cpu_request: str = "8"
+    memory_request: str = "32Gi"
 
     def __post_init__(self) -> None:
+        if not _CPU_QUANTITY.match(self.cpu_request):
+            raise SettingError(
+                "cpu_request", f"{self.cpu_request!r} is not a CPU quantity (e.g. '8', '7500m')"
+            )
+        if not _MEMORY_QUANTITY.match(self.memory_request):
+            raise SettingError(
+                "memory_request",
+                f"{self.memory_request!r} is not a memory quantity (e.g. '32Gi', '400G')",
+            )
         if self.accelerator not in TPU_ACCELERATORS:
             known = ", ".join(sorted(TPU_ACCELERATORS))
             raise SettingError(
@@ -164,16 +197,25 @@ class GkeSettings:
     `image` is the accelerator image built from docker/Dockerfile.tpu and pushed to a registry
     the cluster can pull from (pin it by digest: ``...@sha256:<digest>``).
 
-    Failures: `fail_exit_codes` fail the JobSet at once (see DEFAULT_FAIL_EXIT_CODES).
+    Failures: `fail_exit_codes` fail the JobSet at once (default DEFAULT_FAIL_EXIT_CODES, the
+    deterministic user errors of docs/exit-codes.md); 1 and 143 may not be among them.
     Queueing: `queue_name` submits through that Kueue LocalQueue (label
-    ``kueue.x-k8s.io/queue-name``; admitted all-or-nothing), `priority_class` is the pods'
-    PriorityClass; a JobSet suspended (not admitted) for `max_suspended_minutes` fails, and that
-    time does not count against the job's own timeout. `ttl_after_finished_s`: the cluster
-    deletes a finished JobSet after that long (the teardown normally deletes it first).
+    ``kueue.x-k8s.io/queue-name``, created suspended; admitted all-or-nothing),
+    `priority_class` is the pods' PriorityClass; a JobSet suspended (not admitted) for
+    `max_suspended_minutes` fails, and that time does not count against the job's own timeout.
+    `ttl_after_finished_s`: the cluster deletes a finished JobSet after that long (the teardown
+    normally deletes it first).
     Watching: the JobSet is read every `poll_interval_s`; API errors are retried with
-    exponential backoff up to `api_backoff_max_s` between reads for `api_error_budget_s`, then
-    the watch gives up and the task fails with retries (`run_retries` for training; evaluation
-    uses the deployment's eval_retries), and a retry adopts the JobSet that is still running.
+    exponential backoff up to `api_backoff_max_s` between reads. An outage never fails the
+    task: after `api_error_budget_s` of failed reads the watch says so in the task log and goes
+    on from a fresh lookup of the cluster's endpoint. `run_retries` (training; evaluation uses
+    the deployment's eval_retries) are for an error of the task itself, and a retry adopts the
+    JobSet that is still running.
+    Pods: `node_selector` adds node labels to the TPU ones, `tolerations` and `volumes` are
+    core/v1 Toleration and Volume objects (TOML tables, Kubernetes' field names) added to every
+    pod, `volume_mounts` (VolumeMount objects) mount them in the job's container, and
+    `pod_annotations` annotate the pods (e.g. ``gke-gcsfuse/volumes = "true"`` for a GCS FUSE
+    CSI volume). The cluster validates them strictly on create.
     """
 
     project_id: str | None = None
@@ -195,6 +237,11 @@ class GkeSettings:
     priority_class: str | None = None
     max_suspended_minutes: int = 720
     ttl_after_finished_s: int = 86400
+    node_selector: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    tolerations: tuple[dict, ...] = ()  # Kubernetes objects
+    volumes: tuple[dict, ...] = ()
+    volume_mounts: tuple[dict, ...] = ()
+    pod_annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     train: TpuJobShape = field(default_factory=default_train_shape)
     evaluate: TpuJobShape = field(default_factory=default_eval_shape)
 
@@ -237,6 +284,18 @@ class GkeSettings:
             raise SettingError(
                 "fail_exit_codes", f"exit codes are 1..255 (0 is success), got {bad_codes}"
             )
+        if EXIT_UNCAUGHT in self.fail_exit_codes:
+            raise SettingError(
+                "fail_exit_codes",
+                "1 is Python's exit code for any uncaught exception (an XLA runtime error, a "
+                "transient storage error): those restart, counted (docs/exit-codes.md); a job "
+                "reports a deterministic user error with 2 or 5",
+            )
+        if EXIT_SIGTERM in self.fail_exit_codes:
+            raise SettingError(
+                "fail_exit_codes", "143 is SIGTERM (preemption): it restarts without counting"
+            )
+        self._check_pod_extras()
         # The watch must see the terminal status before the cluster deletes the JobSet.
         if self.ttl_after_finished_s < max(600, 10 * self.poll_interval_s):
             raise SettingError(
@@ -258,6 +317,40 @@ class GkeSettings:
                 "priority_class", f"{self.priority_class!r} is not a PriorityClass name"
             )
         self._check_proven_shapes()
+
+    def _check_pod_extras(self) -> None:
+        taken = sorted(set(self.node_selector) & set(TPU_NODE_LABELS))
+        if taken:
+            raise SettingError(
+                f"node_selector.{taken[0]}", "is set from the job's TPU shape; set the shape"
+            )
+        for i, toleration in enumerate(self.tolerations):
+            unknown = sorted(set(toleration) - _TOLERATION_KEYS)
+            if unknown or not toleration:
+                raise SettingError(
+                    f"tolerations[{i}]",
+                    f"a Toleration has the keys {', '.join(sorted(_TOLERATION_KEYS))}; got "
+                    f"{', '.join(map(str, unknown)) or 'none'}",
+                )
+        names: list[str] = []
+        for i, volume in enumerate(self.volumes):
+            name = volume.get("name")
+            if not isinstance(name, str) or not _DNS1123_LABEL.match(name) or len(volume) < 2:
+                raise SettingError(
+                    f"volumes[{i}]", "a Volume needs a 'name' (a DNS label) and one volume source"
+                )
+            if name in names:
+                raise SettingError(f"volumes[{i}].name", f"{name!r} is given twice")
+            names.append(name)
+        for i, mount in enumerate(self.volume_mounts):
+            if mount.get("name") not in names:
+                raise SettingError(
+                    f"volume_mounts[{i}].name",
+                    f"{mount.get('name')!r} is not one of gke.volumes ({', '.join(names)})",
+                )
+            path = mount.get("mountPath")
+            if not isinstance(path, str) or not path.startswith("/"):
+                raise SettingError(f"volume_mounts[{i}].mountPath", "must be an absolute path")
 
     def _check_proven_shapes(self) -> None:
         if self.train.slices > 1:
@@ -291,15 +384,6 @@ class GkeSettings:
             use_internal_ip=self.use_internal_ip,
             use_dns_endpoint=self.use_dns_endpoint,
         )
-
-    def watch_kwargs(self) -> dict[str, Any]:
-        """How the JobSet operators watch a JobSet (passed on to `JobSetTrigger`)."""
-        return {
-            "poll_interval_s": self.poll_interval_s,
-            "api_error_budget_s": self.api_error_budget_s,
-            "api_backoff_max_s": self.api_backoff_max_s,
-            "max_suspended": timedelta(minutes=self.max_suspended_minutes),
-        }
 
 
 def _non_empty(value: str, name: str) -> None:

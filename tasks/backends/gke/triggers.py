@@ -1,26 +1,31 @@
 """`JobSetTrigger`: follow a JobSet on the triggerer until it is terminal.
 
 Every read and delete goes through `tasks.backends.gke.hooks.AsyncJobSetHook`, imported on the
-first call, so importing this module stays cheap.
+first call, so importing this module stays cheap; the cluster's endpoint is looked up through
+the Google connection when the trigger starts and again after a failed read, never kept in the
+trigger's kwargs.
 
-API trouble (apiserver restarts, a control-plane upgrade, network loss) is ridden out with
-exponential backoff for a time budget (default 20 minutes) before the watch gives up; giving
-up is an ``error`` event, which fails the task *with* retries, and a retry adopts the JobSet.
-Time spent suspended (waiting for Kueue to admit the JobSet) is bounded on its own and does
-not count against the job's running time.
+The trigger's clocks are wall-clock instants in its kwargs (running since, suspended since,
+stop request seen, API failing since) with the JobSet's UID, and every change of them ends the
+trigger with a ``Watching`` event whose ``kwargs`` the operator defers again with: a triggerer
+restart resumes from the last change, with every clock where it was. API trouble (apiserver
+restarts, a control-plane upgrade, network loss) never fails the task: after
+`api_error_budget_s` of failed reads the trigger re-defers the same way (the task log says
+so) and goes on. Time spent suspended (waiting for Kueue to admit the JobSet) is bounded on its
+own and does not count against the job's running time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
-from functools import cached_property
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from rcpflow.stop_request import current
+from tasks.backends.gke.settings import GkeCluster
 from tasks.backends.gke.status import (
     JobSetGone,
     JobSetStatusError,
@@ -31,44 +36,70 @@ from tasks.backends.gke.status import (
 if TYPE_CHECKING:
     from tasks.backends.gke.hooks import AsyncJobSetHook
 
-# The clock and the sleep of the watch loop; a test replaces both with a simulated clock to
-# run a long outage in no time through the real loop.
-_monotonic = time.monotonic
+# The clock (wall time: it must mean the same in another triggerer process) and the sleep of
+# the watch loop; a test replaces both with a simulated clock to run a long outage in no time.
+_now = time.time
 _sleep = asyncio.sleep
+
+
+def wall_clock() -> float:
+    """The watch's clock, for the operator's initial state (a test's simulated clock too)."""
+    return _now()
 
 
 # Reasons of a Failed event for a JobSet the watch gave up on (the cluster has not failed it).
 SUSPENDED_TOO_LONG = "SuspendedTooLong"
 RUNNING_TOO_LONG = "RunningTooLong"
 WATCH_BOUNDS = (SUSPENDED_TOO_LONG, RUNNING_TOO_LONG)
+# Reason of an error event: the JobSet of that name is another object than the one created.
+REPLACED = "Replaced"
+# The phase of an event that asks the operator to defer again with the event's kwargs.
+WATCHING = "Watching"
+
+
+def cluster_kwargs(cluster: GkeCluster) -> dict[str, Any]:
+    """`cluster` as JSON for the trigger's kwargs."""
+    return {
+        "location": cluster.location,
+        "cluster_name": cluster.cluster_name,
+        "project_id": cluster.project_id,
+        "gcp_conn_id": cluster.gcp_conn_id,
+        "impersonation_chain": list(cluster.impersonation_chain),
+        "use_internal_ip": cluster.use_internal_ip,
+        "use_dns_endpoint": cluster.use_dns_endpoint,
+    }
 
 
 class JobSetTrigger(BaseTrigger):
     """Poll a JobSet every `poll_interval_s` until it is terminal; one event:
-    ``{"phase": "Succeeded"|"Failed"|"error", "name", "namespace", "reason", "message",
-    "progress", "pods"}`` (`pods`: lines on the failed pods, for a Failed JobSet).
+    ``{"phase": "Succeeded"|"Failed"|"Stopped"|"error"|"Watching", "name", "namespace",
+    "reason", "message", "progress", "pods", "kwargs"}`` (`pods`: lines on the failed pods, for
+    a Failed JobSet; `kwargs`: the state to defer again with, for Watching).
 
-    A JobSet that disappears is Failed (reason NotFound). Failed reads are retried, the wait
-    doubling from `poll_interval_s` up to `api_backoff_max_s`, until they have failed for
-    `api_error_budget_s` without a good read in between: then ``error``. A malformed status is
-    ``error`` at once. Suspended for `max_suspended_s` in a row: Failed (reason
-    SuspendedTooLong); running (not suspended) for `max_running_s` in all: Failed (reason
-    RunningTooLong). None: no bound.
+    A JobSet that disappears is Failed (reason NotFound); one whose UID is not `uid` (deleted
+    and created again under the same name) is ``error`` with reason Replaced. Failed reads are
+    retried, the wait doubling from `poll_interval_s` up to `api_backoff_max_s`; after
+    `api_error_budget_s` of them without a good read: Watching. A malformed status is
+    ``error``. Suspended for `max_suspended_s` in a row: Failed (reason SuspendedTooLong);
+    running (not suspended) for `max_running_s` in all: Failed (reason RunningTooLong). None:
+    no bound.
 
     With `stop_run_dir` (training under evaluation during training), a JobSet still running
     `stop_grace_s` after a stop request of that run appeared (`rcpflow.stop_request.current`)
-    is deleted: phase ``Stopped``."""
+    is deleted: phase ``Stopped``.
+
+    State (wall-clock seconds, see the module doc): `running_s` running time before
+    `running_since` (None: not running now), `suspended_since`, `stop_seen`, `outage_since`;
+    `submitted_at` (when the operator created it) is kept for the operator's outer timeout.
+    """
 
     def __init__(
         self,
         *,
         name: str,
         namespace: str,
-        cluster_url: str,
-        ssl_ca_cert: str,
-        gcp_conn_id: str = "google_cloud_default",
-        impersonation_chain: str | Sequence[str] | None = None,
-        use_dns_endpoint: bool = False,
+        cluster: Mapping[str, Any],
+        uid: str | None = None,
         poll_interval_s: float = 30.0,
         api_error_budget_s: float = 1200.0,
         api_backoff_max_s: float = 120.0,
@@ -76,15 +107,18 @@ class JobSetTrigger(BaseTrigger):
         max_running_s: float | None = None,
         stop_run_dir: str | None = None,
         stop_grace_s: float = 600.0,
+        running_s: float = 0.0,
+        running_since: float | None = None,
+        suspended_since: float | None = None,
+        stop_seen: float | None = None,
+        outage_since: float | None = None,
+        submitted_at: float | None = None,
     ) -> None:
         super().__init__()
         self.name = name
         self.namespace = namespace
-        self.cluster_url = cluster_url
-        self.ssl_ca_cert = ssl_ca_cert
-        self.gcp_conn_id = gcp_conn_id
-        self.impersonation_chain = impersonation_chain
-        self.use_dns_endpoint = use_dns_endpoint
+        self.cluster = dict(cluster)
+        self.uid = uid
         self.poll_interval_s = poll_interval_s
         self.api_error_budget_s = api_error_budget_s
         self.api_backoff_max_s = api_backoff_max_s
@@ -92,38 +126,49 @@ class JobSetTrigger(BaseTrigger):
         self.max_running_s = max_running_s
         self.stop_run_dir = stop_run_dir
         self.stop_grace_s = stop_grace_s
+        self.running_s = running_s
+        self.running_since = running_since
+        self.suspended_since = suspended_since
+        self.stop_seen = stop_seen
+        self.outage_since = outage_since
+        self.submitted_at = submitted_at
+        self._hook: AsyncJobSetHook | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        """What this trigger is made of, its state included (JSON)."""
+        return {
+            "name": self.name,
+            "namespace": self.namespace,
+            "cluster": self.cluster,
+            "uid": self.uid,
+            "poll_interval_s": self.poll_interval_s,
+            "api_error_budget_s": self.api_error_budget_s,
+            "api_backoff_max_s": self.api_backoff_max_s,
+            "max_suspended_s": self.max_suspended_s,
+            "max_running_s": self.max_running_s,
+            "stop_run_dir": self.stop_run_dir,
+            "stop_grace_s": self.stop_grace_s,
+            "running_s": self.running_s,
+            "running_since": self.running_since,
+            "suspended_since": self.suspended_since,
+            "stop_seen": self.stop_seen,
+            "outage_since": self.outage_since,
+            "submitted_at": self.submitted_at,
+        }
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         # This module's path; plugins.jobset keeps the path of older releases importable.
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "name": self.name,
-                "namespace": self.namespace,
-                "cluster_url": self.cluster_url,
-                "ssl_ca_cert": self.ssl_ca_cert,
-                "gcp_conn_id": self.gcp_conn_id,
-                "impersonation_chain": self.impersonation_chain,
-                "use_dns_endpoint": self.use_dns_endpoint,
-                "poll_interval_s": self.poll_interval_s,
-                "api_error_budget_s": self.api_error_budget_s,
-                "api_backoff_max_s": self.api_backoff_max_s,
-                "max_suspended_s": self.max_suspended_s,
-                "max_running_s": self.max_running_s,
-                "stop_run_dir": self.stop_run_dir,
-                "stop_grace_s": self.stop_grace_s,
-            },
-        )
+        return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
+
+    def running_time(self, now: float) -> float:
+        """Seconds the JobSet has run (not suspended) up to `now`."""
+        return self.running_s + (0.0 if self.running_since is None else now - self.running_since)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         where = f"JobSet {self.namespace}/{self.name}"
         errors = 0
-        failing_since: float | None = None
-        suspended_since: float | None = None
-        running_s = 0.0
-        running_read: float | None = None  # the previous read, if it saw the JobSet running
+        failing_since: float | None = None  # this trigger's own, for its budget
         last_line = None
-        stop_seen: float | None = None
         while True:
             try:
                 jobset = await self.read_jobset()
@@ -131,27 +176,47 @@ class JobSetTrigger(BaseTrigger):
                 yield TriggerEvent(self._event("Failed", reason="NotFound", message=str(exc)))
                 return
             except Exception as exc:
-                now = _monotonic()
+                now = _now()
                 errors += 1
                 failing_since = now if failing_since is None else failing_since
+                self._hook = None  # the next read looks the endpoint up again
                 down_s = now - failing_since
+                if self.outage_since is None:
+                    self.outage_since = failing_since
                 self.log.warning(
-                    "%s: read %d failed (API failing for %.0fs of %.0fs): %r",
-                    where, errors, down_s, self.api_error_budget_s, exc,
+                    "%s: read %d failed (API failing for %.0fs; the watch goes on): %r",
+                    where, errors, now - self.outage_since, exc,
                 )  # fmt: skip
                 if down_s >= self.api_error_budget_s:
                     message = (
-                        f"the Kubernetes API failed {errors} reads in a row over {down_s:.0f}s "
-                        f"(budget {self.api_error_budget_s:.0f}s), last: {exc!r}"
+                        f"the Kubernetes API has failed every read for "
+                        f"{now - self.outage_since:.0f}s (last: {exc!r}); the JobSet is left "
+                        "as it is and the watch goes on"
                     )
-                    yield TriggerEvent(self._event("error", message=message))
+                    yield TriggerEvent(
+                        self._event(WATCHING, reason="ApiUnreachable", message=message)
+                    )
                     return
                 backoff = min(self.api_backoff_max_s, self.poll_interval_s * 2 ** (errors - 1))
-                # The last wait ends at the budget, so giving up is neither early nor late.
+                # The last wait ends at the budget, so re-deferring is neither early nor late.
                 await _sleep(min(backoff, self.api_error_budget_s - down_s))
                 continue
-            now = _monotonic()
-            errors, failing_since = 0, None
+            now = _now()
+            if self.outage_since is not None:
+                self.log.info(
+                    "%s: the API answers again after %.0fs", where, now - self.outage_since
+                )
+            errors, failing_since, self.outage_since = 0, None, None
+            uid = (jobset.get("metadata") or {}).get("uid")
+            if self.uid is not None and uid != self.uid:
+                message = (
+                    f"{where} is another object now (uid {uid!r}, created as {self.uid!r}): it "
+                    "was deleted and created again by someone else; rcpflow leaves it alone"
+                )
+                yield TriggerEvent(self._event("error", reason=REPLACED, message=message))
+                return
+            changed = self.uid is None and uid is not None
+            self.uid = uid
             try:
                 status = interpret_status(jobset)
             except JobSetStatusError as exc:
@@ -174,15 +239,16 @@ class JobSetTrigger(BaseTrigger):
                 )
                 return
             if status.suspended:
-                running_read = None
-                suspended_since = now if suspended_since is None else suspended_since
-                if (
-                    self.max_suspended_s is not None
-                    and now - suspended_since >= self.max_suspended_s
-                ):
+                if self.running_since is not None:
+                    self.running_s, self.running_since = self.running_time(now), None
+                    changed = True
+                if self.suspended_since is None:
+                    self.suspended_since, changed = now, True
+                suspended_s = now - self.suspended_since
+                if self.max_suspended_s is not None and suspended_s >= self.max_suspended_s:
                     message = (
-                        f"suspended (not admitted) for {now - suspended_since:.0f}s, the bound "
-                        f"is {self.max_suspended_s:.0f}s: {status.message}"
+                        f"suspended (not admitted) for {suspended_s:.0f}s, the bound is "
+                        f"{self.max_suspended_s:.0f}s: {status.message}"
                     )
                     yield TriggerEvent(
                         self._event(
@@ -194,10 +260,11 @@ class JobSetTrigger(BaseTrigger):
                     )
                     return
             else:
-                suspended_since = None
-                if running_read is not None:
-                    running_s += now - running_read
-                running_read = now
+                if self.suspended_since is not None:
+                    self.suspended_since, changed = None, True
+                if self.running_since is None:
+                    self.running_since, changed = now, True
+                running_s = self.running_time(now)
                 if self.max_running_s is not None and running_s >= self.max_running_s:
                     message = (
                         f"still running after {running_s:.0f}s (not counting time suspended), "
@@ -213,19 +280,22 @@ class JobSetTrigger(BaseTrigger):
                     )
                     return
             if self.stop_run_dir is not None:
-                if stop_seen is None:
+                if self.stop_seen is None:
                     request = await asyncio.to_thread(current, self.stop_run_dir)
                     if request is not None:
-                        stop_seen = _monotonic()
+                        self.stop_seen, changed = _now(), True
                         self.log.info("%s: stop requested: %s", where, request.reason)
-                if stop_seen is not None and _monotonic() - stop_seen >= self.stop_grace_s:
-                    await self.hook.delete_jobset(self.namespace, self.name)
+                if self.stop_seen is not None and _now() - self.stop_seen >= self.stop_grace_s:
+                    await (await self.hook()).delete_jobset(self.namespace, self.name)
                     message = f"still running {self.stop_grace_s:.0f} s after the stop request"
                     self.log.warning("%s: %s: deleted", where, message)
                     yield TriggerEvent(
                         self._event("Stopped", reason="StopRequest", message=message, progress=line)
                     )
                     return
+            if changed:  # persisted by the operator's next defer
+                yield TriggerEvent(self._event(WATCHING, reason="StateChanged", progress=line))
+                return
             await _sleep(self.poll_interval_s)
 
     def _event(
@@ -245,28 +315,30 @@ class JobSetTrigger(BaseTrigger):
             "message": message,
             "progress": progress,
             "pods": list(pods),
+            "kwargs": self.kwargs() if phase == WATCHING else None,
         }
 
     async def _failed_pod_lines(self) -> list[str]:
         # The reason and exit code of the failed pods make the task's error actionable; not
         # being able to read them must not hide the failure itself.
         try:
-            return failed_pods(await self.hook.list_jobset_pods(self.namespace, self.name))
+            hook = await self.hook()
+            return failed_pods(await hook.list_jobset_pods(self.namespace, self.name))
         except Exception as exc:
             return [f"(could not read the JobSet's pods: {exc!r})"]
 
     async def read_jobset(self) -> dict[str, Any]:
         """The JobSet object from the cluster; JobSetGone when it does not exist."""
-        return await self.hook.get_jobset(self.namespace, self.name)
+        return await (await self.hook()).get_jobset(self.namespace, self.name)
 
-    @cached_property
-    def hook(self) -> AsyncJobSetHook:
-        from tasks.backends.gke.hooks import AsyncJobSetHook
+    async def hook(self) -> AsyncJobSetHook:
+        """The hook of the cluster, its endpoint looked up on first use and after an error."""
+        if self._hook is None:
+            from tasks.backends.gke.hooks import AsyncJobSetHook
 
-        return AsyncJobSetHook(
-            cluster_url=self.cluster_url,
-            ssl_ca_cert=self.ssl_ca_cert,
-            gcp_conn_id=self.gcp_conn_id,
-            impersonation_chain=self.impersonation_chain,
-            use_dns_endpoint=self.use_dns_endpoint,
-        )
+            cluster = {
+                **self.cluster,
+                "impersonation_chain": tuple(self.cluster["impersonation_chain"]),
+            }
+            self._hook = await AsyncJobSetHook.for_cluster(GkeCluster(**cluster))
+        return self._hook
