@@ -345,7 +345,7 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tasks.devtools.demo",
         description=__doc__.splitlines()[0].replace("``", ""),
@@ -381,7 +381,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="run nothing: bring the finished demo's Airflow back up until Ctrl-C (make ui)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # so `finally` stops Airflow on kill too
     try:
         if args.ui_only:
