@@ -31,6 +31,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from plugins.rcp_view import URL_PREFIX, pages
+from plugins.rcp_view.train_log import dag_run_of, run_dags, with_trainer_log
 from rcpflow.layout import RunLayout, is_gcs, join
 from rcpflow.storage import StorageError, storage_for
 from tasks.convergence import MEDIA_TYPES, PlotView, image_format, render
@@ -226,7 +227,10 @@ def create_app() -> FastAPI:
         found = index(root, _submission_runs(session))
         entries = [submission_entry(root, n) for n in found.submissions]
         runs = [run_view(root, p) for p in found.runs]
-        return HTMLResponse(pages.index_page(found, entries, runs, _airflow_base(request)))
+        dags = run_dags(session)
+        dag_runs = {r.path: dags.get(RunLayout(r.run_dir).root) for r in runs}
+        page = pages.index_page(found, entries, runs, dag_runs, _airflow_base(request))
+        return HTMLResponse(page)
 
     @app.get("/submission", response_class=HTMLResponse)
     def submission_page(request: Request, name: SubmissionName) -> HTMLResponse:
@@ -239,8 +243,11 @@ def create_app() -> FastAPI:
         return HTMLResponse(pages.compare_page([_run(p) for p in path]))
 
     @app.get("/run", response_class=HTMLResponse)
-    def run_page(request: Request, path: RunPath) -> HTMLResponse:
-        return HTMLResponse(pages.run_page(_run(path), _airflow_base(request)))
+    def run_page(request: Request, path: RunPath, session: SessionDep) -> HTMLResponse:
+        run = _run(path)
+        dag_run_id = dag_run_of(session, run.run_dir)
+        run = with_trainer_log(session, run, dag_run_id)
+        return HTMLResponse(pages.run_page(run, dag_run_id, _airflow_base(request)))
 
     @app.get("/dag-run/{dag_id}/{run_id}", response_class=HTMLResponse, response_model=None)
     def dag_run_page(request: Request, dag_id: str, run_id: str, session: SessionDep) -> Response:
@@ -271,27 +278,44 @@ def create_app() -> FastAPI:
 
     @app.get("/plot/run.{fmt}")
     def run_plot(
-        path: RunPath, fmt: str, width: PlotPx = 960, height: PlotPx = 540, view: View = "step"
+        path: RunPath,
+        fmt: str,
+        session: SessionDep,
+        width: PlotPx = 960,
+        height: PlotPx = 540,
+        view: View = "step",
     ) -> Response:
-        return _plot([_run(path)], f"run {path}", fmt, width, height, view)
+        run = with_trainer_log(session, _run(path), None)
+        return _plot([run], f"run {path}", fmt, width, height, view)
 
     @app.get("/plot/runs.{fmt}")
     def runs_plot(
-        path: RunPaths, fmt: str, width: PlotPx = 960, height: PlotPx = 540, view: View = "step"
+        path: RunPaths,
+        fmt: str,
+        session: SessionDep,
+        width: PlotPx = 960,
+        height: PlotPx = 540,
+        view: View = "step",
     ) -> Response:
-        runs = [_run(p) for p in path]
+        runs = [with_trainer_log(session, _run(p), None) for p in path]
         return _plot(runs, f"{len(runs)} runs compared", fmt, width, height, view)
 
     @app.get("/plot/submission.{fmt}")
     def submission_plot(
         name: SubmissionName,
         fmt: str,
+        session: SessionDep,
         width: PlotPx = 960,
         height: PlotPx = 540,
         view: View = "step",
     ) -> Response:
         entry = _submission(name)
-        runs = [dataclasses.replace(r.run, path=f"seed {r.seed}") for r in entry.runs]
+        runs = [
+            dataclasses.replace(
+                with_trainer_log(session, r.run, r.dag_run_id), path=f"seed {r.seed}"
+            )
+            for r in entry.runs
+        ]
         return _plot(runs, f"submission {name}", fmt, width, height, view)
 
     @app.get("/file/mllog")

@@ -11,13 +11,14 @@ attributes are stable: the browser test and anyone scripting against the page re
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from urllib.parse import quote, urlencode
 
 from rcpflow import recipe
 from rcpflow.rcp_numbers import RcpNumbers
 from rcpflow.status import StepStatus
+from tasks.names import RUN_DAG_ID
 from tasks.storage_index import Index, RunEntry, RunView, SubmissionEntry
 from tasks.verdicts import Verdict
 
@@ -214,25 +215,36 @@ def rcp_numbers_block(numbers: RcpNumbers | None, verdict: Verdict | None) -> st
     return f"<table id='rcp-numbers'>{body}</table>{agrees}"
 
 
-def _runs_list(runs: Sequence[RunView]) -> str:
+def _dag_run_link(base: str, dag_run_id: str | None) -> str:
+    if dag_run_id is None:
+        return "<span class='muted'>none known</span>"
+    return _link(_grid(base, RUN_DAG_ID, dag_run_id), dag_run_id, ui=True)
+
+
+def _runs_list(runs: Sequence[RunView], dag_runs: Mapping[str, str | None], base: str) -> str:
     rows = "".join(
         f"<tr data-run='{_e(r.path)}'><td><input type='checkbox' name='path' "
         f"value='{_e(r.path)}'></td><td>{_link(_q('run', path=r.path), r.path)}</td>"
         f"<td class='outcome'>{_e(r.outcome)}</td>"
         f"<td class='ttt'>{_e(_minutes(r.minutes_to_train))}</td>"
-        f"<td>{_verdict(r.compliance)}</td></tr>"
+        f"<td>{_verdict(r.compliance)}</td><td>{_dag_run_link(base, dag_runs.get(r.path))}</td>"
+        "</tr>"
         for r in runs
     )
     return (
         "<form id='compare-form' action='compare' method='get'><table id='standalone-runs'>"
         "<tr><th>compare</th><th>run folder</th><th>outcome (MLLOG)</th><th>time to train</th>"
-        f"<th>compliance checker</th></tr>{rows}</table>"
+        f"<th>compliance checker</th><th>DAG run (grid)</th></tr>{rows}</table>"
         "<p><button type='submit'>Compare the checked runs on one plot</button></p></form>"
     )
 
 
 def index_page(
-    index: Index, entries: Sequence[SubmissionEntry], runs: Sequence[RunView], base: str
+    index: Index,
+    entries: Sequence[SubmissionEntry],
+    runs: Sequence[RunView],
+    dag_runs: Mapping[str, str | None],
+    base: str,
 ) -> str:
     root = index.root
     if not entries:
@@ -255,7 +267,7 @@ def index_page(
             "<th>checkers</th><th>runs</th></tr>" + "".join(rows) + "</table>"
         )
     standalone = (
-        f"<h2>Runs outside a submission</h2>{_runs_list(runs)}"
+        f"<h2>Runs outside a submission</h2>{_runs_list(runs, dag_runs, base)}"
         if runs
         else "<p class='muted'>No run outside a submission.</p>"
     )
@@ -365,7 +377,7 @@ def _step_row(path: str, step: StepStatus) -> str:
     )
 
 
-def run_page(run: RunView, base: str) -> str:
+def run_page(run: RunView, dag_run_id: str | None, base: str) -> str:
     head = (
         "<tr><th>step</th><th>weight update (UTC)</th><th>samples</th><th>checkpoint</th>"
         "<th>summary</th><th>pass@4</th><th>gate</th></tr>"
@@ -410,7 +422,7 @@ def run_page(run: RunView, base: str) -> str:
         f"<p>finalize would write now: <span id='finalize-now'>{_e(_finalize_now(run))}</span>"
         f"</p><p>Official compliance checker: <span id='compliance'>"
         f"{_verdict(run.compliance)}</span>{_verdict_errors(run.compliance)}</p>"
-        f"<p>Files: {files}</p>"
+        f"<p>Files: {files} · DAG run: {_dag_run_link(base, dag_run_id)}</p>"
         + _problems(run.problems)
         + (f"<ul class='muted'>{warnings}</ul>" if warnings else "")
         + f"<h2>Checkpoints</h2><table id='steps'>{head}{rows}</table>"
