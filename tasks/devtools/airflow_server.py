@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tasks.devtools.airflow_server",
         description="Start a private Airflow on 127.0.0.1 over an Airflow home and keep it up "
-        "until Ctrl-C; every process it started is stopped on the way out."
+        "until Ctrl-C; every process it started is stopped on the way out.",
     )
     parser.add_argument(
         "--home", type=Path, required=True, help="AIRFLOW_HOME (created if missing)"

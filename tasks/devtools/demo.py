@@ -270,9 +270,7 @@ def serve_ui(trainer: str) -> int:
     """``make ui``: the finished demo's Airflow, up until Ctrl-C; nothing is triggered."""
     started = time.monotonic()
     if not (HOME / "airflow.db").exists():
-        print(
-            f"error: {HOME}: no demo Airflow home here; run `make demo` first", file=sys.stderr
-        )
+        print(f"error: {HOME}: no demo Airflow home here; run `make demo` first", file=sys.stderr)
         return 1
     _use_deployment(trainer)
     airflow = demo_airflow()
@@ -351,9 +349,7 @@ def arguments() -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0].replace("``", ""),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--seeds", type=int, nargs="+", default=[1, 2, 3], help="one run per seed"
-    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one run per seed")
     parser.add_argument(
         "--global-batch-size",
         type=int,
