@@ -295,9 +295,9 @@ def _draw(fig: Figure, data: ConvergenceData, view: PlotView) -> None:
                     label=f"{curve.label}: passes at step {curve.passing_step}",
                 )  # fmt: skip
         for steps, marker, what, gid in (
-            (curve.skipped, "|", "skipped (a lower step passed)", "skipped"),
+            (curve.skipped, "|", "skipped", "skipped"),  # the legend is narrow: the page says why
             (curve.invalid, "X", "invalid summary", "invalid"),
-            (curve.not_evaluated, "o", "not evaluated yet", "not-evaluated"),
+            (curve.not_evaluated, "o", "not evaluated", "not-evaluated"),
         ):
             xs = _xs(curve, steps, view)
             if xs:

@@ -426,7 +426,9 @@ def run_page(run: RunView, dag_run_id: str | None, base: str) -> str:
         + _problems(run.problems)
         + (f"<ul class='muted'>{warnings}</ul>" if warnings else "")
         + f"<h2>Checkpoints</h2><table id='steps'>{head}{rows}</table>"
-        f"<h2>Convergence</h2><p class='muted' id='training'>{_e(training)}</p>"
+        f"<h2>Convergence</h2><p class='muted'>Marks along the step axis are steps without a "
+        f"score: skipped (a lower step passed), invalid summary, not evaluated.</p>"
+        f"<p class='muted' id='training'>{_e(training)}</p>"
         f"{_plot_block('run', path=run.path)}",
     )
 

@@ -130,7 +130,7 @@ def test_skipped_steps_are_marks_on_the_step_axis_not_scores(tmp_path: Path) -> 
     # every skipped mark sits below every score (SVG y grows downwards), along the axis
     assert min(y for _, y in skipped) > max(y for _, y in scores)
     assert len({y for _, y in skipped}) == 1
-    assert b"skipped (a lower step passed), steps 21-24" in svg
+    assert b"seed 1: skipped, steps 21-24" in svg
 
 
 def test_the_time_view_puts_minutes_from_run_start_on_the_x_axis(tmp_path: Path) -> None:
