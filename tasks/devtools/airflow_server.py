@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         airflow.start()
         print_login(airflow)
-        print("Ctrl-C stops it.", flush=True)
+        print("Airflow stays up until Ctrl-C.", flush=True)
         wait_until_interrupted(airflow)
     except KeyboardInterrupt:
         pass
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
-        airflow.stop()
+        airflow.stop()  # before any print: a closed pipe makes print raise
         print("Airflow stopped.", flush=True)
     return 0
 

@@ -20,6 +20,7 @@ status 0 only when the submission passed every check (``--ui-only``: when Airflo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -249,19 +250,22 @@ def demo_airflow() -> LocalAirflow:
 
 def _keep_up(airflow: LocalAirflow) -> None:
     print()
-    print("Airflow stays up; Ctrl-C stops it.")
     print_login(airflow)
-    print(f"  outputs:     {STORAGE_ROOT / NAME}", flush=True)
-    try:
+    print(f"  outputs:     {STORAGE_ROOT / NAME}")
+    print("Airflow stays up until Ctrl-C.", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
         wait_until_interrupted(airflow)
-    except KeyboardInterrupt:
-        print()
 
 
 def _stop(airflow: LocalAirflow, started: float) -> None:
+    """Stop every process we started; what is printed around it cannot prevent that (a closed
+    terminal or pipe makes print raise)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
-    print("Stopping Airflow ...", flush=True)
-    airflow.stop()
+    try:
+        with contextlib.suppress(OSError):
+            print("\nStopping Airflow ...", flush=True)
+    finally:
+        airflow.stop()
     minutes = (time.monotonic() - started) / 60
     print(f"Airflow stopped. Wall time: {minutes:.1f} min", flush=True)
 
