@@ -108,6 +108,7 @@ class RunView:
     run_start_ms: int | None = None  # the MLLOG's run_start
     training: tuple[TrainingPoint, ...] = ()  # tracked training stats of the MLLOG
     problems: tuple[str, ...] = ()  # files that could not be read, one line each
+    eval_schedule: str | None = None  # the schedule the run used (`recorded_schedule`)
 
     @property
     def passing_step(self) -> int | None:
@@ -330,6 +331,12 @@ def logged_stop(events: Sequence[Event], global_batch_size: int) -> LoggedStop |
     return LoggedStop(str(stop.metadata.get("status")), stop.time_ms, samples, step)
 
 
+def recorded_schedule(run_dir: str) -> str | None:
+    """HOOK (issue 21): the evaluation schedule the run used, once the run DAG persists it in
+    the run folder (tasks/run, another change); until then nothing records it: None."""
+    return None
+
+
 def run_view(root: str, path: str) -> RunView:
     """The run at `path` below `root` (NotUnderRoot if `path` is not a plain relative path)."""
     return read_run(resolve_under(root, path), path.strip("/"))
@@ -369,6 +376,7 @@ def read_run(run_dir: str, path: str) -> RunView:
         run_start_ms=None if events is None else run_start_ms(events),
         training=() if events is None else tracked_training(events),
         problems=tuple(problems),
+        eval_schedule=recorded_schedule(run_dir),
     )
 
 

@@ -413,7 +413,8 @@ def run_page(run: RunView, dag_run_id: str | None, base: str) -> str:
     return _page(
         f"run {run.path}",
         f"<p>{_link('./', 'all submissions')}</p><h1>Run <code>{_e(run.path)}</code></h1>"
-        f"<p class='muted'>{settings}</p>"
+        f"<p class='muted'>{settings}; evaluation schedule <span id='eval-schedule'>"
+        f"{_e(run.eval_schedule or 'not recorded in the run folder')}</span></p>"
         f"<p>Outcome: <span id='outcome'>{_e(run.outcome)}</span></p>"
         f"<p>Time to train (run_start to run_stop): <span id='time-to-train'>"
         f"{_e(_minutes(run.minutes_to_train))}</span> · run_start "
