@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 # Local runs are CPU-only; name the platform so JAX does not probe for accelerators.
 export JAX_PLATFORMS ?= cpu
 
-.PHONY: setup system-packages test test-fast check demo bench bench-verdict lint format clean
+.PHONY: setup system-packages test test-fast check demo ui bench bench-verdict lint format clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,9 @@ test-fast: setup
 
 demo: setup  # TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml); TRAINER=rehearsal: the rehearsal jobs (docker/deployment.rehearsal.toml)
 	$(PY) -m tasks.devtools.demo --trainer $(or $(TRAINER),toy)
+
+ui: setup  # the finished demo's Airflow on 127.0.0.1 again (address and login printed), until Ctrl-C
+	$(PY) -m tasks.devtools.demo --ui-only --trainer $(or $(TRAINER),toy)
 
 bench: setup  # writes BENCHMARKS.md: recording overhead (toy, Tunix) and time to verdict
 	$(PY) -m tpu_jobs.devtools.bench

@@ -14,6 +14,7 @@ from plugins.rcp_view.asgi import LazyApp
 URL_PREFIX = "/rcp"
 NAV_ROUTE = "mlperf-rcp"
 DAG_RUN_ROUTE = "mlperf-rcp-run"
+NAV_LABEL = "RCP"
 
 FASTAPI_APPS: list[dict[str, Any]] = [
     {
@@ -25,9 +26,9 @@ FASTAPI_APPS: list[dict[str, Any]] = [
 
 EXTERNAL_VIEWS: list[dict[str, Any]] = [
     # A top-level nav entry: the submissions under the storage root, in an iframe at
-    # /plugin/mlperf-rcp.
+    # /plugin/mlperf-rcp. The nav bar cuts a label after about eight characters.
     {
-        "name": "MLPerf RCP",
+        "name": NAV_LABEL,
         "href": f"{URL_PREFIX}/",
         "url_route": NAV_ROUTE,
         "destination": "nav",

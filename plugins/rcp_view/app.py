@@ -6,9 +6,14 @@ API's DAG-run routes use (`requires_access_dag("GET", RUN)`), which takes the JW
 view's iframe is authenticated). Without a valid token: 401/403, nothing read.
 
 Only what lies below the deployment's storage root is shown; a path from a URL is resolved by
-`tasks.storage_index.resolve_under`, which refuses ``..`` and absolute paths. What a run or a
+`tasks.storage_index.resolve_under`, which refuses ``..``, absolute paths and symlinks out of
+the root, and every file served is checked the same way (`confined_file`). What a run or a
 submission is, passed or skipped, comes from rcpflow and the persisted verdicts through
-`tasks.storage_index`; this module only turns it into pages.
+`tasks.storage_index`; this module only turns it into pages. A file that cannot be read is a
+named problem on its page (storage_index), never a 500. The API docs (``/openapi.json``,
+``/docs``, ``/redoc``) are off: FastAPI serves them outside the app's dependencies.
+``report.html`` is shown as HTML under a sandboxing Content-Security-Policy (no scripts, no
+access to the UI's origin): it comes from storage, not from this app.
 """
 
 from __future__ import annotations
@@ -26,29 +31,51 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from plugins.rcp_view import URL_PREFIX, pages
-from rcpflow.layout import RunLayout, is_gcs
-from rcpflow.storage import storage_for
-from tasks.convergence import MEDIA_TYPES, image_format, render
+from plugins.rcp_view.train_log import dag_run_of, run_dags, with_trainer_log
+from rcpflow.layout import RunLayout, is_gcs, join
+from rcpflow.storage import StorageError, storage_for
+from tasks.convergence import MEDIA_TYPES, PlotView, image_format, render
 from tasks.deployment import load_deployment
 from tasks.names import SUBMISSION_DAG_ID
 from tasks.storage_index import (
+    REPORT_HTML,
+    REPORT_MD,
     NotUnderRoot,
     RunView,
     SubmissionEntry,
+    confined_file,
     convergence,
+    index,
+    rcp_numbers_of,
     resolve_under,
     run_settings,
     run_view,
     submission_entry,
-    submission_names,
 )
 from tasks.submission.spec import name_from_run_id
 
 MAX_PLOT_PX = 2400
+MAX_COMPARED = 12
 RunPath = Annotated[str, Query(description="run folder, relative to the storage root")]
+RunPaths = Annotated[
+    list[str], Query(min_length=1, max_length=MAX_COMPARED, description="run folders to compare")
+]
 SubmissionName = Annotated[str, Query(description="submission folder under the storage root")]
 ReportFormat = Literal["md", "html"]
+ReportFile = Literal["report.html", "report.md", "convergence.png", "convergence.svg"]
 PlotPx = Annotated[int, Query(ge=100, le=MAX_PLOT_PX, description="image size in pixels")]
+View = Annotated[PlotView, Query(description="x-axis: step, or minutes from run_start")]
+# report.html from storage: rendered, but in an opaque origin without scripts.
+REPORT_CSP = (
+    "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
+    "frame-ancestors 'self'"
+)
+_REPORT_TYPES = {
+    "report.html": "text/html; charset=utf-8",
+    "report.md": "text/markdown; charset=utf-8",
+    "convergence.png": "image/png",
+    "convergence.svg": "image/svg+xml",
+}
 
 
 def storage_root() -> str:
@@ -113,24 +140,48 @@ def _submission_json(entry: SubmissionEntry) -> dict[str, Any]:
     }
 
 
+def _file_bytes(path: str) -> bytes:
+    """A file below the storage root (symlinks resolved); 404 naming it otherwise."""
+    try:
+        confined_file(storage_root(), path)
+        storage = storage_for(path)
+        if not storage.exists(path) or os.path.isdir(path):
+            raise HTTPException(404, f"{path}: no such file")
+        return storage.read_bytes(path)
+    except NotUnderRoot as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except StorageError as exc:
+        raise HTTPException(404, f"cannot read: {exc}") from exc
+
+
 def _text_file(path: str, download_name: str) -> Response:
-    storage = storage_for(path)
-    if not storage.exists(path):
-        raise HTTPException(404, f"{path}: no such file")
     return Response(
-        storage.read_bytes(path),
+        _file_bytes(path),
         media_type="text/plain; charset=utf-8",
         headers={"Content-Disposition": f'attachment; filename="{download_name}"'},
     )
 
 
-def _plot(runs: list[RunView], title: str, fmt: str, width: int, height: int) -> Response:
+def _plot(
+    runs: list[RunView], title: str, fmt: str, width: int, height: int, view: PlotView
+) -> Response:
     try:
         checked = image_format(fmt)
     except ValueError as exc:
         raise HTTPException(404, str(exc)) from exc
-    image = render(convergence(title, runs), checked, (width, height))
+    image = render(convergence(title, runs), checked, (width, height), view)
     return Response(image, media_type=MEDIA_TYPES[checked])
+
+
+def _submission_runs(session: Any) -> set[str]:
+    """Names of the submissions Airflow has run (one still training has no files of its own)."""
+    from airflow.models.dagrun import DagRun
+    from sqlalchemy import select
+
+    rows = session.execute(
+        select(DagRun.run_id, DagRun.conf).where(DagRun.dag_id == SUBMISSION_DAG_ID)
+    )
+    return {str((conf or {}).get("submission_name") or name_from_run_id(rid)) for rid, conf in rows}
 
 
 def create_app() -> FastAPI:
@@ -138,16 +189,27 @@ def create_app() -> FastAPI:
         title="MLPerf RCP view",
         description="Submissions, runs, checker verdicts and convergence plots of rcpflow.",
         dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))],
+        openapi_url=None,  # the docs routes would answer without the dependency above
+        docs_url=None,
+        redoc_url=None,
     )
 
     # ---- JSON ---------------------------------------------------------------------------
 
     @app.get("/api/submissions")
-    def api_submissions() -> JSONResponse:
+    def api_submissions(session: SessionDep) -> JSONResponse:
         root = storage_root()
-        entries = [submission_entry(root, n) for n in submission_names(root)]
-        submissions = [_submission_json(e) for e in entries]
-        return _json({"storage_root": root, "submissions": submissions})
+        found = index(root, _submission_runs(session))
+        submissions = [_submission_json(submission_entry(root, n)) for n in found.submissions]
+        runs = [_run_json(run_view(root, p)) for p in found.runs]
+        return _json(
+            {
+                "storage_root": root,
+                "submissions": submissions,
+                "runs": runs,
+                "skipped": list(found.skipped),
+            }
+        )
 
     @app.get("/api/submission")
     def api_submission(name: SubmissionName) -> JSONResponse:
@@ -160,18 +222,32 @@ def create_app() -> FastAPI:
     # ---- pages --------------------------------------------------------------------------
 
     @app.get("/", response_class=HTMLResponse)
-    def index(request: Request) -> HTMLResponse:
+    def index_page(request: Request, session: SessionDep) -> HTMLResponse:
         root = storage_root()
-        entries = [submission_entry(root, n) for n in submission_names(root)]
-        return HTMLResponse(pages.index_page(root, entries, _airflow_base(request)))
+        found = index(root, _submission_runs(session))
+        entries = [submission_entry(root, n) for n in found.submissions]
+        runs = [run_view(root, p) for p in found.runs]
+        dags = run_dags(session)
+        dag_runs = {r.path: dags.get(RunLayout(r.run_dir).root) for r in runs}
+        page = pages.index_page(found, entries, runs, dag_runs, _airflow_base(request))
+        return HTMLResponse(page)
 
     @app.get("/submission", response_class=HTMLResponse)
     def submission_page(request: Request, name: SubmissionName) -> HTMLResponse:
-        return HTMLResponse(pages.submission_page(_submission(name), _airflow_base(request)))
+        entry = _submission(name)
+        numbers = rcp_numbers_of([r.run for r in entry.runs])
+        return HTMLResponse(pages.submission_page(entry, numbers, _airflow_base(request)))
+
+    @app.get("/compare", response_class=HTMLResponse)
+    def compare_page(path: RunPaths) -> HTMLResponse:
+        return HTMLResponse(pages.compare_page([_run(p) for p in path]))
 
     @app.get("/run", response_class=HTMLResponse)
-    def run_page(request: Request, path: RunPath) -> HTMLResponse:
-        return HTMLResponse(pages.run_page(_run(path), _airflow_base(request)))
+    def run_page(request: Request, path: RunPath, session: SessionDep) -> HTMLResponse:
+        run = _run(path)
+        dag_run_id = dag_run_of(session, run.run_dir)
+        run = with_trainer_log(session, run, dag_run_id)
+        return HTMLResponse(pages.run_page(run, dag_run_id, _airflow_base(request)))
 
     @app.get("/dag-run/{dag_id}/{run_id}", response_class=HTMLResponse, response_model=None)
     def dag_run_page(request: Request, dag_id: str, run_id: str, session: SessionDep) -> Response:
@@ -201,15 +277,46 @@ def create_app() -> FastAPI:
     # ---- plot and files -----------------------------------------------------------------
 
     @app.get("/plot/run.{fmt}")
-    def run_plot(path: RunPath, fmt: str, width: PlotPx = 960, height: PlotPx = 540) -> Response:
-        return _plot([_run(path)], f"run {path}", fmt, width, height)
+    def run_plot(
+        path: RunPath,
+        fmt: str,
+        session: SessionDep,
+        width: PlotPx = 960,
+        height: PlotPx = 540,
+        view: View = "step",
+    ) -> Response:
+        run = with_trainer_log(session, _run(path), None)
+        return _plot([run], f"run {path}", fmt, width, height, view)
+
+    @app.get("/plot/runs.{fmt}")
+    def runs_plot(
+        path: RunPaths,
+        fmt: str,
+        session: SessionDep,
+        width: PlotPx = 960,
+        height: PlotPx = 540,
+        view: View = "step",
+    ) -> Response:
+        runs = [with_trainer_log(session, _run(p), None) for p in path]
+        return _plot(runs, f"{len(runs)} runs compared", fmt, width, height, view)
 
     @app.get("/plot/submission.{fmt}")
     def submission_plot(
-        name: SubmissionName, fmt: str, width: PlotPx = 960, height: PlotPx = 540
+        name: SubmissionName,
+        fmt: str,
+        session: SessionDep,
+        width: PlotPx = 960,
+        height: PlotPx = 540,
+        view: View = "step",
     ) -> Response:
         entry = _submission(name)
-        return _plot([r.run for r in entry.runs], f"submission {name}", fmt, width, height)
+        runs = [
+            dataclasses.replace(
+                with_trainer_log(session, r.run, r.dag_run_id), path=f"seed {r.seed}"
+            )
+            for r in entry.runs
+        ]
+        return _plot(runs, f"submission {name}", fmt, width, height, view)
 
     @app.get("/file/mllog")
     def mllog_file(path: RunPath) -> Response:
@@ -223,7 +330,7 @@ def create_app() -> FastAPI:
         return _text_file(RunLayout(_run_dir(path)).manifest, "eval_checkpoints.jsonl")
 
     @app.get("/file/summary")
-    def summary_file(path: RunPath, step: Annotated[int, Query(ge=0)]) -> Response:
+    def summary_file(path: RunPath, step: Annotated[int, Query(ge=0, le=2**62)]) -> Response:
         summary = RunLayout(_run_dir(path)).summary(step)
         return _text_file(summary, f"summary_step_{step}.json")
 
@@ -233,7 +340,18 @@ def create_app() -> FastAPI:
         path = entry.report_html_path if format == "html" else entry.report_path
         if path is None:
             raise HTTPException(404, f"{name}: no report.{format} yet")
-        # Downloaded, never rendered here: the file comes from storage, not from this app.
-        return _text_file(path, f"{name}_report.{format}")
+        return _text_file(path, f"{name}_report.{format}")  # a download
+
+    @app.get("/report/{name}/{file}")
+    def report_page(name: str, file: ReportFile) -> Response:
+        """report.html as a page (its plot files beside it, as its links expect them)."""
+        folder = _submission(name).folder
+        names = {"report.html": REPORT_HTML, "report.md": REPORT_MD}
+        data = _file_bytes(join(folder, names.get(file, file)))
+        return Response(
+            data,
+            media_type=_REPORT_TYPES[file],
+            headers={"Content-Security-Policy": REPORT_CSP, "X-Content-Type-Options": "nosniff"},
+        )
 
     return app

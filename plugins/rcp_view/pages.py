@@ -11,13 +11,15 @@ attributes are stable: the browser test and anyone scripting against the page re
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from urllib.parse import quote, urlencode
 
 from rcpflow import recipe
+from rcpflow.rcp_numbers import RcpNumbers
 from rcpflow.status import StepStatus
-from tasks.storage_index import RunEntry, RunView, SubmissionEntry
+from tasks.names import RUN_DAG_ID
+from tasks.storage_index import Index, RunEntry, RunView, SubmissionEntry
 from tasks.verdicts import Verdict
 
 _STYLE = """
@@ -31,6 +33,7 @@ tr.skip td { color: #718096; }
 .ok { color: #22543d; font-weight: 600; } .fail { color: #9b2c2c; font-weight: 600; }
 .muted { color: #718096; } code { font-size: 0.85rem; }
 img.plot { max-width: 100%; border: 1px solid #e2e8f0; }
+ul.problems li { color: #9b2c2c; }
 """
 
 
@@ -69,7 +72,19 @@ def _link(href: str, text: str, *, ui: bool = False, cls: str = "") -> str:
 def _time(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    try:
+        moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms (not a date: out of range)"
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _problems(problems: Sequence[str]) -> str:
+    """Files that could not be read, named, one per line (never a 500)."""
+    if not problems:
+        return ""
+    items = "".join(f"<li>{_e(p)}</li>" for p in problems)
+    return f"<h2>Could not read</h2><ul class='problems' id='problems'>{items}</ul>"
 
 
 def _verdict(verdict: Verdict | None) -> str:
@@ -81,7 +96,7 @@ def _verdict(verdict: Verdict | None) -> str:
 
 def _overall(entry: SubmissionEntry) -> str:
     verdict = entry.verdict
-    cls = {"PASS": "ok", "FAIL": "fail"}.get(verdict, "muted")
+    cls = {"PASS": "ok", "FAIL": "fail", "UNREADABLE": "fail"}.get(verdict, "muted")
     missing = sum(v is None for v in entry.all_verdicts)
     note = f" ({missing} checks not run yet)" if verdict == "PENDING" else ""
     return f"<span class='{cls}'>{_e(verdict + note)}</span>"
@@ -103,16 +118,11 @@ def _q(route: str, **params: object) -> str:
 
 def run_outcome(run: RunView) -> str:
     """How the run ended, in the words of its MLLOG (the ``run_stop`` finalize wrote)."""
-    if run.status.manifest_error is not None:
-        return f"no usable manifest: {run.status.manifest_error}"
-    stop = run.logged_stop
-    if stop is None:
-        return "no run_stop yet"
-    if stop.status == "success":
-        return f"success: converged at step {stop.step}"
-    if stop.status == "aborted":
-        return f"aborted: did not converge by step {stop.step}"
-    return f"{stop.status} at step {stop.step}"
+    return run.outcome
+
+
+def _minutes(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} min"
 
 
 def _finalize_now(run: RunView) -> str:
@@ -129,8 +139,9 @@ def _run_row(base: str, entry: RunEntry) -> str:
     return (
         f"<tr data-seed='{entry.seed}'><td>{entry.seed}</td>"
         f"<td>{_link(_q('run', path=run.path), run.path)}</td>"
-        f"<td class='outcome'>{_e(run_outcome(run))}</td>"
+        f"<td class='outcome'>{_e(run.outcome)}</td>"
         f"<td>{_e(passing if passing is not None else '-')}</td>"
+        f"<td class='ttt'>{_e(_minutes(run.minutes_to_train))}</td>"
         f"<td>{_verdict(run.compliance)}</td>"
         f"<td>{_link(_grid(base, entry.dag_id, entry.dag_run_id), entry.dag_run_id, ui=True)}"
         "</td></tr>"
@@ -140,7 +151,7 @@ def _run_row(base: str, entry: RunEntry) -> str:
 def _runs_table(base: str, runs: Sequence[RunEntry]) -> str:
     head = (
         "<tr><th>seed</th><th>run folder</th><th>outcome (MLLOG)</th><th>passing step</th>"
-        "<th>compliance checker</th><th>DAG run (grid)</th></tr>"
+        "<th>time to train</th><th>compliance checker</th><th>DAG run (grid)</th></tr>"
     )
     return f"<table id='runs'>{head}{''.join(_run_row(base, r) for r in runs)}</table>"
 
@@ -154,7 +165,88 @@ def _verdicts_table(entry: SubmissionEntry) -> str:
     return f"<table id='checkers'><tr><th>checker</th><th>verdict</th></tr>{rows}</table>"
 
 
-def index_page(root: str, entries: Sequence[SubmissionEntry], base: str) -> str:
+def _samples(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} samples"
+
+
+def rcp_numbers_block(numbers: RcpNumbers | None, verdict: Verdict | None) -> str:
+    """The RCP checker's numbers (`rcpflow.rcp_numbers`) beside its persisted verdict."""
+    if numbers is None:
+        return (
+            "<p id='rcp-numbers' class='muted'>RCP numbers: unknown (the runs have no one "
+            "batch size, or no usable manifest)</p>"
+        )
+    per_seed = ", ".join(
+        f"seed {seed}: {'did not converge' if v is None else f'{v} samples'}"
+        for seed, v in numbers.samples
+    )
+    rows = [
+        ("reference", numbers.record, "record"),
+        ("reference mean", _samples(numbers.reference_mean), "reference-mean"),
+        (
+            "reference stdev",
+            "-" if numbers.reference_stdev is None else f"{numbers.reference_stdev:.1f}",
+            "reference-stdev",
+        ),
+        ("minimum allowed mean", _samples(numbers.min_allowed), "min-allowed"),
+        ("samples to converge", per_seed, "samples"),
+        (
+            "seeds in the score (olympic)",
+            ", ".join(map(str, numbers.scored_seeds))
+            + (
+                f" (dropped, fastest and slowest: {', '.join(map(str, numbers.dropped_seeds))})"
+                if numbers.dropped_seeds
+                else ""
+            ),
+            "scored-seeds",
+        ),
+        ("this submission's mean", _samples(numbers.submission_mean), "submission-mean"),
+        ("why", numbers.reason, "why"),
+    ]
+    body = "".join(
+        f"<tr data-rcp='{key}'><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v, key in rows
+    )
+    agrees = ""
+    if verdict is not None and verdict.ok != numbers.passes:
+        agrees = (
+            "<p class='fail'>The checker's verdict differs from these numbers: its own words "
+            "above are the verdict.</p>"
+        )
+    return f"<table id='rcp-numbers'>{body}</table>{agrees}"
+
+
+def _dag_run_link(base: str, dag_run_id: str | None) -> str:
+    if dag_run_id is None:
+        return "<span class='muted'>none known</span>"
+    return _link(_grid(base, RUN_DAG_ID, dag_run_id), dag_run_id, ui=True)
+
+
+def _runs_list(runs: Sequence[RunView], dag_runs: Mapping[str, str | None], base: str) -> str:
+    rows = "".join(
+        f"<tr data-run='{_e(r.path)}'><td><input type='checkbox' name='path' "
+        f"value='{_e(r.path)}'></td><td>{_link(_q('run', path=r.path), r.path)}</td>"
+        f"<td class='outcome'>{_e(r.outcome)}</td>"
+        f"<td class='ttt'>{_e(_minutes(r.minutes_to_train))}</td>"
+        f"<td>{_verdict(r.compliance)}</td><td>{_dag_run_link(base, dag_runs.get(r.path))}</td>"
+        "</tr>"
+        for r in runs
+    )
+    return (
+        "<form id='compare-form' action='compare' method='get'><table id='standalone-runs'>"
+        "<tr><th>compare</th><th>run folder</th><th>outcome (MLLOG)</th><th>time to train</th>"
+        f"<th>compliance checker</th><th>DAG run (grid)</th></tr>{rows}</table>"
+        "<p><button type='submit'>Compare the checked runs on one plot</button></p></form>"
+    )
+
+
+def index_page(
+    index: Index,
+    entries: Sequence[SubmissionEntry],
+    runs: Sequence[RunView],
+    dag_runs: Mapping[str, str | None],
+    base: str,
+) -> str:
+    root = index.root
     if not entries:
         body = f"<p class='muted'>No submission under <code>{_e(root)}</code> yet.</p>"
     else:
@@ -167,31 +259,51 @@ def index_page(root: str, entries: Sequence[SubmissionEntry], base: str) -> str:
                 f"<tr data-submission='{_e(e.name)}'>"
                 f"<td>{_link(_q('submission', name=e.name), e.name)}</td><td>{verdict}</td>"
                 f"<td>{_e(score)}</td><td>{checks}</td>"
-                f"<td>{'<br>'.join(_e(f'seed {r.seed}: {run_outcome(r.run)}') for r in e.runs)}"
+                f"<td>{'<br>'.join(_e(f'seed {r.seed}: {r.run.outcome}') for r in e.runs)}"
                 "</td></tr>"
             )
         body = (
             "<table id='submissions'><tr><th>submission</th><th>verdict</th><th>score</th>"
             "<th>checkers</th><th>runs</th></tr>" + "".join(rows) + "</table>"
         )
+    standalone = (
+        f"<h2>Runs outside a submission</h2>{_runs_list(runs, dag_runs, base)}"
+        if runs
+        else "<p class='muted'>No run outside a submission.</p>"
+    )
+    skipped = (
+        "<p class='muted'>Not shown:</p><ul class='muted' id='skipped'>"
+        + "".join(f"<li>{_e(s)}</li>" for s in index.skipped)
+        + "</ul>"
+        if index.skipped
+        else ""
+    )
     return _page(
         "MLPerf RCP",
-        f"<h1>MLPerf {_e(recipe.BENCHMARK)} submissions</h1>"
+        f"<h1>MLPerf {_e(recipe.BENCHMARK)}</h1>"
         f"<p class='muted'>Storage root <code>{_e(root)}</code>; ruleset {_e(recipe.RULESET)}, "
-        f"target eval_accuracy (pass@4) &gt; {recipe.TARGET_ACCURACY}.</p>{body}",
+        f"target eval_accuracy (pass@4) &gt; {recipe.TARGET_ACCURACY}.</p>"
+        f"<h2>Submissions</h2>{body}{standalone}{skipped}",
     )
 
 
-def _plot_block(kind: str, **params: str) -> str:
-    png = _q(f"plot/{kind}.png", **params)
-    svg = _q(f"plot/{kind}.svg", **params)
-    return (
-        f"<p><img id='plot' class='plot' src='{_e(png)}' width='960' height='540' "
-        f"alt='pass@4 by step'></p><p>{_link(png, 'PNG')} · {_link(svg, 'SVG')}</p>"
-    )
+def _plot_block(kind: str, **params: str | list[str]) -> str:
+    """The plot by step and against wall-clock minutes, each with its PNG and SVG links."""
+    blocks = []
+    for view, element, alt in (
+        ("step", "plot", "pass@4 by step"),
+        ("time", "plot-time", "pass@4 against minutes from run_start"),
+    ):
+        query = urlencode({**params, "view": view}, doseq=True)
+        png, svg = f"plot/{kind}.png?{query}", f"plot/{kind}.svg?{query}"
+        blocks.append(
+            f"<p><img id='{element}' class='plot' src='{_e(png)}' width='960' height='540' "
+            f"alt='{_e(alt)}'></p><p>{_link(png, 'PNG')} · {_link(svg, 'SVG')}</p>"
+        )
+    return "".join(blocks)
 
 
-def submission_page(entry: SubmissionEntry, base: str) -> str:
+def submission_page(entry: SubmissionEntry, numbers: RcpNumbers | None, base: str) -> str:
     score = "-" if entry.score_minutes is None else f"{entry.score_minutes:.4f} minutes"
     verdict = _overall(entry)
     report = (
@@ -200,12 +312,16 @@ def submission_page(entry: SubmissionEntry, base: str) -> str:
         else "<span class='muted'>no report.md yet</span>"
     )
     if entry.report_html_path:
-        report += " · " + _link(_q("file/report", name=entry.name, format="html"), "report.html")
+        report += " · " + _link(f"report/{quote(entry.name)}/report.html", "report.html")
     compliance = "".join(
         f"<p>compliance of seed {r.seed}:</p>{_verdict_errors(r.run.compliance)}"
         for r in entry.runs
         if r.run.compliance is not None and not r.run.compliance.ok
     )
+    rcp = dict(entry.verdicts).get("rcp_checker")
+    problems = list(entry.problems) + [
+        f"seed {r.seed}: {p}" for r in entry.runs for p in r.run.problems
+    ]
     return _page(
         f"submission {entry.name}",
         f"<p>{_link('./', 'all submissions')}</p>"
@@ -213,9 +329,28 @@ def submission_page(entry: SubmissionEntry, base: str) -> str:
         f"<p>Verdict: <span id='verdict'>{verdict}</span> · score (result summarizer): "
         f"<span id='score'>{_e(score)}</span> · {report}</p>"
         f"<p class='muted'>Folder <code>{_e(entry.folder)}</code></p>"
+        f"{_problems(problems)}"
         f"<h2>Checkers</h2>{_verdicts_table(entry)}"
+        f"<h2>RCP checker's numbers</h2>{rcp_numbers_block(numbers, rcp)}"
         f"<h2>Runs</h2>{_runs_table(base, entry.runs)}{compliance}"
         f"<h2>Convergence</h2>{_plot_block('submission', name=entry.name)}",
+    )
+
+
+def compare_page(runs: Sequence[RunView]) -> str:
+    paths = [r.path for r in runs]
+    rows = "".join(
+        f"<tr data-run='{_e(r.path)}'><td>{_link(_q('run', path=r.path), r.path)}</td>"
+        f"<td class='outcome'>{_e(r.outcome)}</td>"
+        f"<td class='ttt'>{_e(_minutes(r.minutes_to_train))}</td></tr>"
+        for r in runs
+    )
+    return _page(
+        "compare runs",
+        f"<p>{_link('./', 'all submissions')}</p><h1>{len(runs)} runs compared</h1>"
+        "<table id='compared'><tr><th>run folder</th><th>outcome (MLLOG)</th>"
+        f"<th>time to train</th></tr>{rows}</table>"
+        f"<h2>Convergence</h2>{_plot_block('runs', path=paths)}",
     )
 
 
@@ -242,7 +377,7 @@ def _step_row(path: str, step: StepStatus) -> str:
     )
 
 
-def run_page(run: RunView, base: str) -> str:
+def run_page(run: RunView, dag_run_id: str | None, base: str) -> str:
     head = (
         "<tr><th>step</th><th>weight update (UTC)</th><th>samples</th><th>checkpoint</th>"
         "<th>summary</th><th>pass@4</th><th>gate</th></tr>"
@@ -252,8 +387,9 @@ def run_page(run: RunView, base: str) -> str:
     stop_text = (
         "none"
         if stop is None
-        else f"status={stop.status} at {_time(stop.time_ms)} (step {stop.step}, "
-        f"samples_count {stop.samples_count})"
+        else f"status={stop.status} at {_time(stop.time_ms)} (step "
+        f"{'?' if stop.step is None else stop.step}, samples_count "
+        f"{'missing' if stop.samples_count is None else stop.samples_count})"
     )
     files = " · ".join(
         [
@@ -269,19 +405,32 @@ def run_page(run: RunView, base: str) -> str:
         f"{s.val_start_at}, max_steps {s.max_steps}, target pass@4 &gt; {s.target_accuracy}"
     )
     warnings = "".join(f"<li>{_e(w)}</li>" for w in run.status.warnings)
+    training = (
+        f"{len(run.training)} training steps with reward/loss"
+        if run.training
+        else "no training reward or loss logged"
+    )
     return _page(
         f"run {run.path}",
         f"<p>{_link('./', 'all submissions')}</p><h1>Run <code>{_e(run.path)}</code></h1>"
-        f"<p class='muted'>{settings}</p>"
-        f"<p>Outcome: <span id='outcome'>{_e(run_outcome(run))}</span></p>"
+        f"<p class='muted'>{settings}; evaluation schedule <span id='eval-schedule'>"
+        f"{_e(run.eval_schedule or 'not recorded in the run folder')}</span></p>"
+        f"<p>Outcome: <span id='outcome'>{_e(run.outcome)}</span></p>"
+        f"<p>Time to train (run_start to run_stop): <span id='time-to-train'>"
+        f"{_e(_minutes(run.minutes_to_train))}</span> · run_start "
+        f"<span id='run-start'>{_e(_time(run.run_start_ms))}</span></p>"
         f"<p>run_stop in the MLLOG: <span id='run-stop'>{_e(stop_text)}</span></p>"
         f"<p>finalize would write now: <span id='finalize-now'>{_e(_finalize_now(run))}</span>"
         f"</p><p>Official compliance checker: <span id='compliance'>"
         f"{_verdict(run.compliance)}</span>{_verdict_errors(run.compliance)}</p>"
-        f"<p>Files: {files}</p>"
+        f"<p>Files: {files} · DAG run: {_dag_run_link(base, dag_run_id)}</p>"
+        + _problems(run.problems)
         + (f"<ul class='muted'>{warnings}</ul>" if warnings else "")
         + f"<h2>Checkpoints</h2><table id='steps'>{head}{rows}</table>"
-        f"<h2>Convergence</h2>{_plot_block('run', path=run.path)}",
+        f"<h2>Convergence</h2><p class='muted'>Marks along the step axis are steps without a "
+        f"score: skipped (a lower step passed), invalid summary, not evaluated.</p>"
+        f"<p class='muted' id='training'>{_e(training)}</p>"
+        f"{_plot_block('run', path=run.path)}",
     )
 
 

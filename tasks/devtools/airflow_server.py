@@ -1,9 +1,17 @@
-"""A private Airflow on 127.0.0.1 for the demo and the end-to-end tests: start, drive, stop.
+"""A private Airflow on 127.0.0.1 for the demo, `make ui` and the end-to-end tests: start,
+drive, stop.
 
-Its components (api-server, scheduler, dag-processor, triggerer) are separate processes, each
-the leader of its own group, stopped by the PIDs we hold (`tasks.processes`; why SIGINT:
-docs/airflow.md). Metadata DB: SQLite in AIRFLOW_HOME unless `env` sets
+Its components (api-server, scheduler, dag-processor, triggerer, and one log server) are
+separate processes, each the leader of its own group, stopped by the PIDs we hold
+(`tasks.processes`; why SIGINT: docs/airflow.md). Every port is chosen free and bound to
+127.0.0.1, so two of them on one machine never meet: Airflow 3.3's own log servers (started by
+the scheduler and the triggerer) bind every interface at a fixed port with no host setting, so
+those are skipped (``--skip-serve-logs``) and the same log-server app runs once under uvicorn on
+loopback; the worker and trigger log ports both name it, and the hostname the task instances
+record is 127.0.0.1, where it listens. Metadata DB: SQLite in AIRFLOW_HOME unless `env` sets
 ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; LocalExecutor; REST over the API's v2 routes (urllib).
+
+    python -m tasks.devtools.airflow_server --home DIR [--port N]   # up until Ctrl-C
 """
 
 from __future__ import annotations
@@ -23,10 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.processes import Server, stop_processes
+from tasks.processes import Server, free_port, stop_processes
 
-COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "log-server")
 USER = "admin"
+HOST = "127.0.0.1"
+# Airflow's own log servers bind 0.0.0.0 at a fixed port: ours replaces them (module doc).
+_SKIP_SERVE_LOGS = ("scheduler", "triggerer")
+LOG_SERVER_APP = "airflow.utils.serve_logs.log_server:get_app"
+
+
+def loopback_hostname() -> str:
+    """The ``[core] hostname_callable`` of a local Airflow: where its log server listens."""
+    return HOST
 
 
 class AirflowServerError(RuntimeError):
@@ -38,7 +55,8 @@ class ServerConfig:
     home: Path
     dags_folder: Path
     plugins_folder: Path
-    port: int
+    port: int  # the API server's
+    log_port: int = field(default_factory=free_port)  # the log server's
     parallelism: int = 4
     # Extra environment for every component (and so for the tasks and jobs they run).
     env: Mapping[str, str] = field(default_factory=dict)
@@ -56,7 +74,7 @@ class LocalAirflow(Server):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.config.port}"
+        return f"http://{HOST}:{self.config.port}"
 
     def environment(self) -> dict[str, str]:
         c = self.config
@@ -75,12 +93,18 @@ class LocalAirflow(Server):
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__HOST": HOST,
             "AIRFLOW__API__PORT": str(c.port),
             "AIRFLOW__API__WORKERS": "1",
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__API_AUTH__JWT_SECRET": self._secret("jwt"),
             "AIRFLOW__API__SECRET_KEY": self._secret("session"),
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{__name__}.loopback_hostname",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(c.log_port),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(c.log_port),
+            # off by default; should someone turn it on, not on every interface at 8974
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": HOST,
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
             **c.env,
         }
 
@@ -115,7 +139,7 @@ class LocalAirflow(Server):
         for name in COMPONENTS:
             with open(logs / f"{name}.log", "ab") as out:
                 self.processes[name] = subprocess.Popen(
-                    [self._airflow, name],
+                    self._command(name),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
@@ -124,10 +148,19 @@ class LocalAirflow(Server):
                 )
         self.wait_healthy(timeout_s)
 
+    def _command(self, component: str) -> list[str]:
+        if component == "log-server":
+            return [
+                sys.executable, "-m", "uvicorn", LOG_SERVER_APP, "--factory",
+                "--host", HOST, "--port", str(self.config.log_port), "--no-access-log",
+            ]  # fmt: skip
+        skip = ["--skip-serve-logs"] if component in _SKIP_SERVE_LOGS else []
+        return [self._airflow, component, *skip]
+
     def log_file(self, component: str) -> Path:
         return self.config.home / "component-logs" / f"{component}.log"
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         for name, proc in self.processes.items():
             if proc.poll() is not None:
                 tail = self.log_file(name).read_text(errors="replace")[-3000:]
@@ -139,7 +172,7 @@ class LocalAirflow(Server):
         deadline = time.monotonic() + timeout_s
         last = "no answer"
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             try:
                 health = self._request("GET", "/api/v2/monitor/health", auth=False)
                 states = {k: v.get("status") for k, v in health.items() if isinstance(v, dict)}
@@ -189,7 +222,7 @@ class LocalAirflow(Server):
     def wait_for_dag(self, dag_id: str, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
-            self._check_alive()
+            self.check_alive()
             try:
                 self._request("GET", f"/api/v2/dags/{dag_id}")
                 return
@@ -243,7 +276,7 @@ class LocalAirflow(Server):
         """Poll until the run finishes; returns its state. `on_poll()` is called each second."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             state = self.dag_run(dag_id, run_id)["state"]
             if on_poll is not None:
                 on_poll()
@@ -251,3 +284,77 @@ class LocalAirflow(Server):
                 return str(state)
             time.sleep(1.0)
         raise AirflowServerError(f"{dag_id} run {run_id} not finished after {timeout_s}s")
+
+
+def wait_until_interrupted(airflow: LocalAirflow, poll_s: float = 2.0) -> None:
+    """Keep `airflow` up until Ctrl-C (KeyboardInterrupt) or SIGTERM; a component that dies
+    ends the wait with its log's tail (AirflowServerError)."""
+    signal.signal(signal.SIGTERM, _terminate)
+    while True:
+        airflow.check_alive()
+        time.sleep(poll_s)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def print_login(airflow: LocalAirflow) -> None:
+    print(f"  Airflow UI:  {airflow.url}", flush=True)
+    print(f"  login:       {USER} / {airflow.password}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from tasks.deployment import REPO_ROOT
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tasks.devtools.airflow_server",
+        description="Start a private Airflow on 127.0.0.1 over an Airflow home and keep it up "
+        "until Ctrl-C; every process it started is stopped on the way out.",
+    )
+    parser.add_argument(
+        "--home", type=Path, required=True, help="AIRFLOW_HOME (created if missing)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=0, help="API server port on 127.0.0.1 (default: a free one)"
+    )
+    parser.add_argument(
+        "--dags-folder", type=Path, default=REPO_ROOT / "dags", help="default: this repo's dags/"
+    )
+    parser.add_argument(
+        "--plugins-folder",
+        type=Path,
+        default=REPO_ROOT / "plugins",
+        help="default: this repo's plugins/",
+    )
+    args = parser.parse_args(argv)
+    config = ServerConfig(
+        home=args.home.resolve(),
+        dags_folder=args.dags_folder.resolve(),
+        plugins_folder=args.plugins_folder.resolve(),
+        port=args.port or free_port(),
+        env={"JAX_PLATFORMS": "cpu"},
+    )
+    airflow = LocalAirflow(config)
+    print(f"Starting Airflow in {config.home} ...", flush=True)
+    try:
+        airflow.start()
+        print_login(airflow)
+        print("Airflow stays up until Ctrl-C.", flush=True)
+        wait_until_interrupted(airflow)
+    except KeyboardInterrupt:
+        pass
+    except AirflowServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
+        airflow.stop()  # before any print: a closed pipe makes print raise
+        print("Airflow stopped.", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

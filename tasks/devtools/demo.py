@@ -7,17 +7,20 @@ rehearsal`` the rehearsal jobs at the benchmark's proportions scaled down, from
 ``docker/deployment.rehearsal.toml``), triggers
 ``mlperf_grpo_submission`` with the demo conf (outputs under ``runs/demo/``), prints the UI
 address and login, follows the run (training steps, saved checkpoints, evaluated checkpoints,
-task states), then prints the submission folder and the verdicts. Every Airflow process it
-started is stopped by PID on the way out, also after a failure or Ctrl-C. Exit status 0 only
-when the submission passed every check.
+task states), then prints the submission folder and the verdicts. ``--keep-running`` keeps
+Airflow up afterwards until Ctrl-C; ``--ui-only`` (``make ui``) runs nothing and brings the
+finished demo's Airflow (its home, ``.airflow/demo``) back up until Ctrl-C. Every Airflow
+process it started is stopped by PID on the way out, also after a failure or Ctrl-C. Exit
+status 0 only when the submission passed every check (``--ui-only``: when Airflow came up).
 
     .venv/bin/python -m tasks.devtools.demo [--trainer toy|tunix|rehearsal] [--global-batch-size N]
-        [--max-steps N] [--seeds 1 2 3]
+        [--max-steps N] [--seeds 1 2 3] [--keep-running | --ui-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -30,7 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from tasks.deployment import ENV_VAR, REPO_ROOT
-from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow, ServerConfig
+from tasks.devtools.airflow_server import (
+    AirflowServerError,
+    LocalAirflow,
+    ServerConfig,
+    print_login,
+    wait_until_interrupted,
+)
 from tasks.processes import free_port
 
 SUBMISSION_DAG = "mlperf_grpo_submission"
@@ -217,17 +226,17 @@ def follow_tasks(
         )
 
 
-def run_demo(seeds: Sequence[int], global_batch_size: int, max_steps: int, trainer: str) -> int:
-    started = time.monotonic()
-    for path in (HOME, STORAGE_ROOT / NAME):
-        shutil.rmtree(path, ignore_errors=True)  # the demo's own folders: a clean run each time
-    HOME.mkdir(parents=True)
+def _use_deployment(trainer: str) -> None:
     deployment = DEPLOYMENTS[trainer]
     if deployment is None:
         os.environ.pop(ENV_VAR, None)  # the embedded default deployment
     else:
         os.environ[ENV_VAR] = str(deployment)  # the Airflow processes inherit it
     print(f"Trainer: {trainer} (deployment {deployment or 'embedded default'})")
+
+
+def demo_airflow() -> LocalAirflow:
+    """The demo's local Airflow over its home (`HOME`), on a free port of 127.0.0.1."""
     config = ServerConfig(
         home=HOME,
         dags_folder=REPO_ROOT / "dags",
@@ -236,13 +245,69 @@ def run_demo(seeds: Sequence[int], global_batch_size: int, max_steps: int, train
         parallelism=PARALLELISM,
         env={"JAX_PLATFORMS": "cpu"},
     )
-    airflow = LocalAirflow(config)
+    return LocalAirflow(config)
+
+
+def _keep_up(airflow: LocalAirflow) -> None:
+    print()
+    print_login(airflow)
+    print(f"  outputs:     {STORAGE_ROOT / NAME}")
+    print("Airflow stays up until Ctrl-C.", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        wait_until_interrupted(airflow)
+
+
+def _stop(airflow: LocalAirflow, started: float) -> None:
+    """Stop every process we started; what is printed around it cannot prevent that (a closed
+    terminal or pipe makes print raise)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
+    try:
+        with contextlib.suppress(OSError):
+            print("\nStopping Airflow ...", flush=True)
+    finally:
+        airflow.stop()
+    minutes = (time.monotonic() - started) / 60
+    print(f"Airflow stopped. Wall time: {minutes:.1f} min", flush=True)
+
+
+def serve_ui(trainer: str) -> int:
+    """``make ui``: the finished demo's Airflow, up until Ctrl-C; nothing is triggered."""
+    started = time.monotonic()
+    if not (HOME / "airflow.db").exists():
+        print(f"error: {HOME}: no demo Airflow home here; run `make demo` first", file=sys.stderr)
+        return 1
+    _use_deployment(trainer)
+    airflow = demo_airflow()
+    print(f"Starting the demo's Airflow in {HOME} (SQLite, LocalExecutor)")
+    try:
+        airflow.start()
+        _keep_up(airflow)
+        return 0
+    except AirflowServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        _stop(airflow, started)
+
+
+def run_demo(
+    seeds: Sequence[int],
+    global_batch_size: int,
+    max_steps: int,
+    trainer: str,
+    keep_running: bool = False,
+) -> int:
+    started = time.monotonic()
+    for path in (HOME, STORAGE_ROOT / NAME):
+        shutil.rmtree(path, ignore_errors=True)  # the demo's own folders: a clean run each time
+    HOME.mkdir(parents=True)
+    _use_deployment(trainer)
+    airflow = demo_airflow()
     print(f"Starting Airflow in {HOME} (SQLite, LocalExecutor, parallelism {PARALLELISM})")
     try:
         airflow.start()
         print()
-        print(f"  Airflow UI:  {airflow.url}")
-        print(f"  login:       admin / {airflow.password}")
+        print_login(airflow)
         print(f"  outputs:     {STORAGE_ROOT / NAME}")
         print()
         for dag_id in (SUBMISSION_DAG, RUN_DAG):
@@ -271,28 +336,63 @@ def run_demo(seeds: Sequence[int], global_batch_size: int, max_steps: int, train
         print(f"Report: {report}")
         print()
         print(report.read_text() if report.exists() else "(no report was written)")
+        if keep_running:
+            _keep_up(airflow)
         return 0 if state == "success" else 1
     finally:
-        print("Stopping Airflow ...", flush=True)
-        airflow.stop()
-        minutes = (time.monotonic() - started) / 60
-        print(f"Airflow stopped. Demo wall time: {minutes:.1f} min", flush=True)
+        _stop(airflow, started)
 
 
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tasks.devtools.demo",
+        description=__doc__.splitlines()[0].replace("``", ""),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one run per seed")
+    parser.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=256,
+        help="prompts x 16 generations per step; sets the validation start (18 at 256)",
+    )
+    parser.add_argument(
+        "--max-steps", type=int, default=40, help="training steps at most, per seed"
+    )
+    parser.add_argument(
+        "--trainer",
+        choices=sorted(DEPLOYMENTS),
+        default="toy",
+        help="which jobs train and evaluate: toy (the embedded default), tunix (Tunix's GRPO "
+        "trainer and evaluator), rehearsal (the rehearsal jobs, no JAX)",
+    )
+    after = parser.add_mutually_exclusive_group()
+    after.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="after the demo, keep Airflow up (address and login printed) until Ctrl-C",
+    )
+    after.add_argument(
+        "--ui-only",
+        action="store_true",
+        help="run nothing: bring the finished demo's Airflow back up until Ctrl-C (make ui)",
+    )
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--global-batch-size", type=int, default=256)
-    parser.add_argument("--max-steps", type=int, default=40)
-    parser.add_argument("--trainer", choices=sorted(DEPLOYMENTS), default="toy")
-    args = parser.parse_args(argv)
+    args = arguments().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # so `finally` stops Airflow on kill too
     try:
-        return run_demo(args.seeds, args.global_batch_size, args.max_steps, args.trainer)
+        if args.ui_only:
+            return serve_ui(args.trainer)
+        return run_demo(
+            args.seeds, args.global_batch_size, args.max_steps, args.trainer, args.keep_running
+        )
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
         return 130

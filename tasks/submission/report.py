@@ -14,7 +14,7 @@ from rcpflow import recipe
 from rcpflow.layout import RunLayout, join
 from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.storage import storage_for
-from tasks.html_report import write_html_report
+from tasks.html_report import rcp_section, write_html_report
 from tasks.names import CHECK_TOOLS, COMPLIANCE_TOOL
 from tasks.storage_index import read_run
 from tasks.submission.spec import SubmissionSpec, system_description
@@ -119,6 +119,7 @@ def render_report(spec: SubmissionSpec) -> tuple[str, bool]:
         if o.compliance and not o.compliance.ok:
             lines.append(f"- compliance of seed {o.seed} ({o.log_path}):")
             lines += [f"  - {e}" for e in o.compliance.errors]
+    lines += ["", *rcp_section([read_run(o.run_dir, f"seed {o.seed}") for o in outcomes])]
     passed = all(o.compliance is not None and o.compliance.ok for o in outcomes) and all(
         v is not None and v.ok for v in checks.values()
     )

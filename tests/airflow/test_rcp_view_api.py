@@ -250,3 +250,52 @@ def test_dag_run_tab_opens_the_run_or_submission_it_worked_on(
         outside.status_code == 200 and "is not below this deployment's storage root" in outside.text
     )
     assert get("/rcp/dag-run/mlperf_grpo_run/nope").status_code == 404
+
+
+def test_the_submission_page_shows_the_rcp_checkers_numbers(get: Any) -> None:
+    from rcpflow.rcp_reference import reference_means
+
+    page = get(f"/rcp/submission?name={NAME}").text
+    mean = reference_means()[256]
+    samples = {seed: step * 256 for seed, step in CONVERGES_AT.items()}
+    middle = sorted(samples, key=samples.__getitem__)[1]  # olympic: fastest and slowest dropped
+    assert f"<tr data-rcp='reference-mean'><th>reference mean</th><td>{mean:.0f} samples" in page
+    assert f"<tr data-rcp='submission-mean'><th>this submission&#x27;s mean</th><td>" \
+        f"{samples[middle]} samples" in page  # fmt: skip
+    assert f"<td>{middle} (dropped, fastest and slowest: " in page
+    verdict = "passes" if samples[middle] >= mean else "fails"
+    assert f"<tr data-rcp='why'><th>why</th><td>{verdict}: the submission" in page
+    for seed, n in samples.items():
+        assert f"seed {seed}: {n} samples" in page
+
+
+def test_report_html_is_shown_as_a_sandboxed_page(get: Any) -> None:
+    page = get(f"/rcp/report/{NAME}/report.html")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "sandbox" in page.headers["content-security-policy"]
+    assert "script-src" not in page.headers["content-security-policy"]  # none: default-src
+    assert get(f"/rcp/report/{NAME}/secrets.txt").status_code == 422
+    assert get("/rcp/report/nope/report.html").status_code == 404
+
+
+def test_runs_picked_by_query_share_one_plot(get: Any) -> None:
+    paths = [f"{NAME}/runs/seed_{s}" for s in (1, 3)]
+    page = get("/rcp/compare", params={"path": paths})
+    assert page.status_code == 200 and "2 runs compared" in page.text
+    svg = get("/rcp/plot/runs.svg", params={"path": paths}).text
+    assert 'id="pass4-0"' in svg and 'id="pass4-1"' in svg and 'id="pass4-2"' not in svg
+    for path in paths:
+        assert path in svg
+    assert get("/rcp/plot/runs.svg").status_code == 422
+
+
+def test_the_run_page_shows_time_to_train(get: Any, storage_root: Path) -> None:
+    from rcpflow.mllog import read_events, run_start_ms
+
+    log = storage_root / NAME / "runs" / "seed_2" / "mllog" / "seed_2.out"
+    events = read_events(str(log))
+    (stop,) = [e for e in events if e.key == "run_stop"]
+    start = run_start_ms(events)
+    assert start is not None
+    page = get(f"/rcp/run?path={NAME}/runs/seed_2").text
+    assert f"<span id='time-to-train'>{(stop.time_ms - start) / 60000:.3f} min</span>" in page

@@ -8,11 +8,21 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from synthetic_run import make_run, write_eval
+from synthetic_run import T0, make_run, write_eval
 
 from rcpflow.finalize import finalize
 from rcpflow.status import run_status
-from tasks.convergence import ConvergenceData, convergence_data, image_format, render, seed_curve
+from tasks.convergence import (
+    ConvergenceData,
+    convergence_data,
+    image_format,
+    plot_view,
+    render,
+    seed_curve,
+    tracked_training,
+    trainer_points,
+    y_limits,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +41,9 @@ def _submission(root: Path):
 
 
 def _data(runs, gbs: int | None = 256) -> ConvergenceData:
-    curves = [seed_curve(seed, run_status(run.run_dir)) for seed, run in runs.items()]
+    curves = [
+        seed_curve(f"seed {seed}", seed, run_status(run.run_dir)) for seed, run in runs.items()
+    ]
     return convergence_data("s", curves, gbs)
 
 
@@ -95,3 +107,84 @@ def test_importing_the_plot_module_loads_no_matplotlib() -> None:
         check=True,
     )  # fmt: skip
     assert out.stdout.strip() == "False"
+
+
+def _svg_marks(svg: bytes, gid: str) -> list[tuple[float, float]]:
+    """(x, y) in SVG coordinates of every marker of the mark group `gid`."""
+    root = ET.fromstring(svg)
+    (group,) = [g for g in root.iter() if g.attrib.get("id") == gid]
+    return [(float(u.attrib["x"]), float(u.attrib["y"])) for u in group.iter() if "x" in u.attrib]
+
+
+def test_skipped_steps_are_marks_on_the_step_axis_not_scores(tmp_path: Path) -> None:
+    runs = _submission(tmp_path)
+    data = _data({1: runs[1]})
+    lo, hi = y_limits(data)
+    assert lo >= 0.0 and lo < 0.502 and hi > 0.721 and lo < data.target < hi
+    assert hi - lo < 0.5  # fitted to the data, not the whole 0..1
+    svg = render(data, "svg")
+    skipped = _svg_marks(svg, "skipped-0")
+    assert len(skipped) == len(data.curves[0].skipped) == 4
+    scores = _svg_marks(svg, "pass4-0")
+    assert len(scores) == 3
+    # every skipped mark sits below every score (SVG y grows downwards), along the axis
+    assert min(y for _, y in skipped) > max(y for _, y in scores)
+    assert len({y for _, y in skipped}) == 1
+    assert b"seed 1: skipped, steps 21-24" in svg
+
+
+def test_the_time_view_puts_minutes_from_run_start_on_the_x_axis(tmp_path: Path) -> None:
+    run = make_run(str(tmp_path / "r"), accuracies={18: 0.5, 19: 0.8})
+    status = run_status(run.run_dir)
+    run_start = T0 + 60_000  # synthetic_run's run_start
+    curve = seed_curve("seed 1", 1, status, run_start)
+    assert curve.minutes(18) == (run.row(18).timestamp_ms - run_start) / 60_000
+    data = convergence_data("t", [curve], 256)
+    svg = render(data, "svg", view="time")
+    assert b"minutes from run_start" in svg
+    by_step, by_time = _svg_marks(render(data, "svg"), "pass4-0"), _svg_marks(svg, "pass4-0")
+    assert len(by_step) == len(by_time) == 2
+    with pytest.raises(ValueError, match="step, time"):
+        plot_view("wall")
+
+
+def test_training_reward_and_loss_come_from_the_trainers_lines() -> None:
+    lines = [
+        "not json",
+        '{"event": "train seed 1 | {\\"loss\\": 0.5, \\"mean_reward\\": 0.25, \\"step\\": 1, '
+        '\\"timestamp_ms\\": 1700000061000}", "level": "info"}',
+        'train seed 1 | {"step": 2, "mean_reward": 0.5, "loss": 0.25, "timestamp_ms": 1}',
+        '{"step": 2, "mean_reward": 0.75, "timestamp_ms": 2}',  # a resumed trainer: last wins
+        '{"event": "stop_requested", "step": 2}',
+        '{"step": 3, "mean_reward": NaN}',
+    ]
+    points = trainer_points(lines)
+    assert [(p.step, p.reward, p.loss) for p in points] == [(1, 0.25, 0.5), (2, 0.75, None)]
+    assert points[0].timestamp_ms == 1700000061000
+
+
+def test_training_stats_of_the_mllog_are_plotted_beneath(tmp_path: Path) -> None:
+    from rcpflow.mllog import Event
+
+    events = [
+        Event(
+            "tracked_stats", {"reward": 0.3, "loss": 1.0}, T0 + 61_000, "POINT_IN_TIME", {"step": 1}
+        ),
+        Event(
+            "tracked_stats", {"validation_time": 12.0}, T0, "POINT_IN_TIME", {"samples_count": 256}
+        ),
+    ]
+    training = tracked_training(events)
+    assert [(p.step, p.reward, p.loss) for p in training] == [(1, 0.3, 1.0)]
+    run = make_run(str(tmp_path / "r"), accuracies={18: 0.5})
+    curve = seed_curve("seed 1", 1, run_status(run.run_dir), T0 + 60_000, training)
+    svg = render(convergence_data("t", [curve], 256), "svg")
+    assert b'id="reward-0"' in svg and b'id="loss-0"' in svg and b"training reward" in svg
+
+
+def test_several_runs_share_one_plot(tmp_path: Path) -> None:
+    runs = _submission(tmp_path)
+    svg = render(_data(runs), "svg")
+    for i in range(3):
+        assert f'id="pass4-{i}"'.encode() in svg
+    assert b"seed 3: invalid summary, steps 19" in svg
