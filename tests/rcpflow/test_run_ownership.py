@@ -216,6 +216,7 @@ def test_a_finished_runs_log_is_never_rewritten_by_a_trainer(tmp_path):
     assert not log_path.exists()
     recorder(run_dir, owner="a").on_init_start(T0 + 1)  # now it may start afresh
     assert log_path.exists()
+    (tmp_path / "empty").mkdir()
     p = run_cli("run", "reset", str(tmp_path / "empty"))
     assert p.returncode == 1 and "no MLLOG or manifest" in p.stderr
 
