@@ -193,8 +193,9 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_INVALID
 
 
-def _usage(message: str) -> int:
-    print(f"usage error: {message}", file=sys.stderr)
+def _usage(args: argparse.Namespace, message: str) -> int:
+    """Flags that do not go together: ``usage error: <what> (see <command> --help)``, exit 2."""
+    print(f"usage error: {message} (see {args.prog} --help)", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -203,12 +204,12 @@ def _eval_import(args: argparse.Namespace) -> int:
 
     times = (args.eval_start_ms, args.eval_stop_ms)
     if (times[0] is None) != (times[1] is None):
-        return _usage("--eval-start-ms and --eval-stop-ms go together")
+        return _usage(args, "--eval-start-ms and --eval-stop-ms go together")
     if args.eval_times_from is not None and times[0] is not None:
-        return _usage("--eval-times-from or --eval-start-ms/--eval-stop-ms, not both")
+        return _usage(args, "--eval-times-from or --eval-start-ms/--eval-stop-ms, not both")
     if args.from_tree is not None:
         if args.source is not None or args.step is not None or args.format or times[0] is not None:
-            return _usage("--from-tree takes no SOURCE, --step, --format or eval times")
+            return _usage(args, "--from-tree takes no SOURCE, --step, --format or eval times")
         from rcpflow.terminal_progress import Progress
 
         try:
@@ -230,7 +231,7 @@ def _eval_import(args: argparse.Namespace) -> int:
             return _invalid(f"{args.from_tree}: no step_<N>/<attempt>/summary.json")
         return EXIT_OK if result.all_imported else EXIT_INVALID
     if args.source is None or args.step is None:
-        return _usage("give --step N SOURCE, or --from-tree DIR")
+        return _usage(args, "give --step N SOURCE, or --from-tree DIR")
     try:
         imported = import_eval(
             args.run_dir,
@@ -261,7 +262,7 @@ def _command(
     parser = sub.add_parser(name, help=help_text)
     for positional in positionals:
         parser.add_argument(positional)
-    parser.set_defaults(func=func, path_check=path)
+    parser.set_defaults(func=func, path_check=path, prog=parser.prog)
     return parser
 
 
@@ -271,7 +272,7 @@ def _forecast(args: argparse.Namespace) -> int:
     try:
         request = request_from(args)
     except ForecastUsageError as e:
-        return _usage(str(e))
+        return _usage(args, str(e))
     data = report(request)
     print(
         json.dumps(data, indent=2) if args.json else render_text(request, data, args.each), end=""
