@@ -125,7 +125,10 @@ def run_params(defaults: FormDefaults) -> dict[str, Param]:
             type="string",
             minLength=1,
             title="Run folder",
-            description="Absolute local path or gs://bucket/prefix; created if missing.",
+            description=(
+                "Absolute local path or gs://bucket/prefix under this deployment's storage "
+                "root (unless it allows others); created if missing."
+            ),
         ),
         "seed": Param(
             1,
