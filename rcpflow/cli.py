@@ -1,4 +1,10 @@
-"""The `rcpflow` command line. Exit codes are part of the contract (see each command's help)."""
+"""The `rcpflow` command line. Exit codes are part of the contract (see each command's help).
+
+Every command tells a problem in one line on stderr, with one prefix for its kind: ``invalid:``
+(bad input: the path, what is wrong with it, what to give instead; exit 1), ``error:`` (a
+failure that is not the input's: a path that cannot be read, storage without credentials;
+exit 1) and ``usage error:`` (flags; exit 2). docs/exit-codes.md.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,10 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from rcpflow.eval_import import SOURCE_FORMATS
+from rcpflow.path_hints import log_problem, manifest_problem, run_dir_problem
 from rcpflow.recipe import DIVISIONS
 
 # The exit-code contract of every command: docs/exit-codes.md.
@@ -28,9 +36,29 @@ def _int64(text: str) -> int:
     return value
 
 
+# Which argument of a command is a path of which kind, and what to say when it is not one.
+PathCheck = tuple[str, Callable[[str], "str | None"]]
+_RUN_DIR: PathCheck = ("run_dir", run_dir_problem)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with rcpflow's one style: ``usage error: <what> (see <command> --help)``, exit 2
+    (after argparse's usage line)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"usage error: {message} (see {self.prog} --help)\n")
+
+
 def _invalid(what: object) -> int:
     """Bad input: one line ``invalid: <what>`` on stderr, exit 1."""
     print(f"invalid: {what}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _error(what: object) -> int:
+    """A failure that is not the input's: one line ``error: <what>`` on stderr, exit 1."""
+    print(f"error: {what}", file=sys.stderr)
     return EXIT_INVALID
 
 
@@ -109,11 +137,14 @@ def _run_reset(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from rcpflow.status import render_table, run_status
+    from rcpflow.status import manifest_problem, render_table, run_status
 
     status = run_status(args.run_dir)
     print(status.to_json() if args.json else render_table(status), end="")
-    return EXIT_INVALID if status.manifest_error is not None else EXIT_OK
+    problem = manifest_problem(status)
+    if problem is None:
+        return EXIT_OK
+    return EXIT_INVALID if args.json else _invalid(problem)  # JSON names it as manifest_error
 
 
 def _finalize(args: argparse.Namespace) -> int:
@@ -162,8 +193,9 @@ def _check(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_INVALID
 
 
-def _usage(message: str) -> int:
-    print(f"usage error: {message}", file=sys.stderr)
+def _usage(args: argparse.Namespace, message: str) -> int:
+    """Flags that do not go together: ``usage error: <what> (see <command> --help)``, exit 2."""
+    print(f"usage error: {message} (see {args.prog} --help)", file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -172,12 +204,12 @@ def _eval_import(args: argparse.Namespace) -> int:
 
     times = (args.eval_start_ms, args.eval_stop_ms)
     if (times[0] is None) != (times[1] is None):
-        return _usage("--eval-start-ms and --eval-stop-ms go together")
+        return _usage(args, "--eval-start-ms and --eval-stop-ms go together")
     if args.eval_times_from is not None and times[0] is not None:
-        return _usage("--eval-times-from or --eval-start-ms/--eval-stop-ms, not both")
+        return _usage(args, "--eval-times-from or --eval-start-ms/--eval-stop-ms, not both")
     if args.from_tree is not None:
         if args.source is not None or args.step is not None or args.format or times[0] is not None:
-            return _usage("--from-tree takes no SOURCE, --step, --format or eval times")
+            return _usage(args, "--from-tree takes no SOURCE, --step, --format or eval times")
         from rcpflow.terminal_progress import Progress
 
         try:
@@ -199,7 +231,7 @@ def _eval_import(args: argparse.Namespace) -> int:
             return _invalid(f"{args.from_tree}: no step_<N>/<attempt>/summary.json")
         return EXIT_OK if result.all_imported else EXIT_INVALID
     if args.source is None or args.step is None:
-        return _usage("give --step N SOURCE, or --from-tree DIR")
+        return _usage(args, "give --step N SOURCE, or --from-tree DIR")
     try:
         imported = import_eval(
             args.run_dir,
@@ -218,17 +250,19 @@ def _eval_import(args: argparse.Namespace) -> int:
 
 
 def _command(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    sub: argparse._SubParsersAction[_Parser],
     name: str,
     func: Callable[[argparse.Namespace], int],
     help_text: str,
     *positionals: str,
+    path: PathCheck | None = None,
 ) -> argparse.ArgumentParser:
-    """A subcommand that runs `func`, with its leading positional arguments."""
+    """A subcommand that runs `func`, with its leading positional arguments; `path` names the
+    one that must be a path of a kind (a run folder, a manifest, an MLLOG), checked first."""
     parser = sub.add_parser(name, help=help_text)
     for positional in positionals:
         parser.add_argument(positional)
-    parser.set_defaults(func=func)
+    parser.set_defaults(func=func, path_check=path, prog=parser.prog)
     return parser
 
 
@@ -238,7 +272,7 @@ def _forecast(args: argparse.Namespace) -> int:
     try:
         request = request_from(args)
     except ForecastUsageError as e:
-        return _usage(str(e))
+        return _usage(args, str(e))
     data = report(request)
     print(
         json.dumps(data, indent=2) if args.json else render_text(request, data, args.each), end=""
@@ -247,7 +281,9 @@ def _forecast(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rcpflow", description=__doc__)
+    p = _Parser(
+        prog="rcpflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     v = _command(sub, "val-start", _val_start, "print the validation start step (last line)")
@@ -262,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
         _manifest_validate,
         "exit 0 valid, 1 invalid (names the step or line)",
         "manifest",
+        path=("manifest", manifest_problem),
     )
     mv.add_argument("--mllog", default=None, help="MLLOG for the stale-row check")
     ma = _command(
@@ -271,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         "record a committed checkpoint (trainers that are not Python); the run's fields "
         "come from its MLLOG; exit 0 added or identical, 1 refused (names the step and why)",
         "run_dir",
+        path=_RUN_DIR,
     )
     ma.add_argument("--step", type=_int64, required=True)
     ma.add_argument("--checkpoint", required=True, help="the committed checkpoint (must exist)")
@@ -293,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         "move the run's MLLOG, manifest and stop request aside (previous/reset-<time>/) so a "
         "trainer may start it afresh; exit 0 moved, 1 refused (owned, or nothing to move)",
         "run_dir",
+        path=_RUN_DIR,
     )
 
     e = sub.add_parser("eval", help="evaluation results")
@@ -304,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
         "verify another evaluator's result and write eval/step_N/summary.json; exit 0 "
         "imported, 1 invalid (names the file, field or line; nothing written), 2 usage",
         "run_dir",
+        path=_RUN_DIR,
     )
     ei.add_argument("source", nargs="?", help="summary.json or attempt records (local or gs://)")
     ei.add_argument("--step", type=_int64, help="the manifest row the result belongs to")
@@ -336,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
         "write the eval section; exit 0 success/aborted, "
         "3 incomplete, 1 invalid input (log untouched)",
         "run_dir",
+        path=_RUN_DIR,
     )
 
     st = _command(
@@ -345,10 +386,18 @@ def build_parser() -> argparse.ArgumentParser:
         "per checkpoint: summary, gate decision, and what finalize would write now; exit 0, "
         "1 when the manifest cannot be read",
         "run_dir",
+        path=_RUN_DIR,
     )
     st.add_argument("--json", action="store_true", help="the same data as JSON")
 
-    c = _command(sub, "check", _check, "official compliance checker verdict, exit 0/1", "log")
+    c = _command(
+        sub,
+        "check",
+        _check,
+        "official compliance checker verdict, exit 0/1",
+        "log",
+        path=("log", log_problem),
+    )
     c.add_argument(
         "--division",
         choices=DIVISIONS,
@@ -370,6 +419,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Errors that are the input's (a value, a path that is missing or of the wrong kind); the rest
+# of USER_ERRORS (unreadable, unreachable) are failures.
+_INPUT_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from rcpflow.usererrors import USER_ERRORS, describe
 
@@ -382,10 +442,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.source, extra = extra[0], []
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.path_check is not None:
+        name, problem_of = args.path_check
+        problem = problem_of(getattr(args, name))
+        if problem is not None:
+            return _invalid(problem)
     try:
         return int(args.func(args))
-    except USER_ERRORS as e:  # bad input the command did not name itself: still one line
+    except _INPUT_ERRORS as e:  # bad input the command did not name itself: still one line
         return _invalid(describe(e))
+    except USER_ERRORS as e:  # a path that cannot be read, storage that cannot be reached
+        return _error(describe(e))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import sys
 
 from rcpflow.manifest import ManifestError
 from rcpflow.mllog import MLLogError
+from rcpflow.ownership import LeaseTimeoutError
 from rcpflow.recorder import RunFolderError
 from rcpflow.usererrors import describe
 
@@ -28,6 +29,7 @@ INVALID_INPUT_ERRORS: tuple[type[Exception], ...] = (
     ManifestError,
     MLLogError,
     RunFolderError,
+    LeaseTimeoutError,  # a setting of the job's environment: the same on every restart
     PermissionError,
     IsADirectoryError,
     NotADirectoryError,

@@ -44,6 +44,10 @@ class RunOwnedError(StorageError):
     """The run folder is owned by another live trainer; the message names it."""
 
 
+class LeaseTimeoutError(StorageError):
+    """``RCPFLOW_LEASE_TIMEOUT_S`` is not a usable number of seconds; the message names it."""
+
+
 class _Unchanged(Exception):
     """Nothing to write."""
 
@@ -56,13 +60,18 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def airflow_owner(dag_id: str, run_id: str, task_id: str) -> str:
+    """The owner identity of an Airflow task: the same for every try of one DAG run's task."""
+    return f"airflow:{dag_id}/{run_id}/{task_id}"
+
+
 def owner_from_env() -> str | None:
-    """``RCPFLOW_RUN_OWNER``, else ``airflow:<dag>/<run>/<task>`` inside an Airflow task."""
+    """``RCPFLOW_RUN_OWNER``, else `airflow_owner` from the Airflow task's environment."""
     given = os.environ.get(OWNER_ENV, "").strip()
     if given:
         return given
-    parts = [os.environ.get(name, "") for name in _AIRFLOW_ENV]
-    return "airflow:" + "/".join(parts) if all(parts) else None
+    dag_id, run_id, task_id = (os.environ.get(name, "") for name in _AIRFLOW_ENV)
+    return airflow_owner(dag_id, run_id, task_id) if dag_id and run_id and task_id else None
 
 
 def timeout_from_env() -> float:
@@ -74,7 +83,7 @@ def timeout_from_env() -> float:
     except ValueError:
         value = -1.0
     if not 0 < value < 10**7:  # also refuses nan and inf
-        raise ValueError(f"{TIMEOUT_ENV}={text!r}: not a number of seconds in (0, 1e7)")
+        raise LeaseTimeoutError(f"{TIMEOUT_ENV}={text!r}: not a number of seconds in (0, 1e7)")
     return value
 
 

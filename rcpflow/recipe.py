@@ -36,6 +36,8 @@ LR_SCHEDULE = "constant"
 REFERENCE_BATCH_SIZE = 256
 # Bounds on what a run may state: far beyond any real run, far below 64 bits.
 MAX_STEPS_LIMIT = 100_000
+MAX_GLOBAL_BATCH_SIZE = 2**20  # x MAX_STEPS_LIMIT: samples_count stays far below 64 bits
+MAX_SEED = 2**32 - 1  # what every trainer's RNG takes (JAX keys, numpy seeds)
 EARLIEST_TIME_MS = 1_577_836_800_000  # 2020-01-01T00:00:00Z: no benchmark run is older
 FUTURE_SLACK_MS = 86_400_000  # a clock a day ahead of this host's is a wrong clock
 
@@ -55,13 +57,18 @@ def time_problem(time_ms: int, now_ms: int | None = None) -> str | None:
 
 
 def check_global_batch_size(global_batch_size: int) -> int:
-    """Return `global_batch_size` if it is a positive multiple of the 16 generations per prompt."""
+    """`global_batch_size` if it is a positive multiple of the 16 generations per prompt, at most
+    MAX_GLOBAL_BATCH_SIZE."""
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
         raise ValueError(f"global_batch_size must be an integer, got {global_batch_size!r}")
     if global_batch_size <= 0 or global_batch_size % GENERATIONS_PER_PROMPT:
         raise ValueError(
             f"global_batch_size must be a positive multiple of {GENERATIONS_PER_PROMPT} "
             f"(prompts x {GENERATIONS_PER_PROMPT} generations), got {global_batch_size}"
+        )
+    if global_batch_size > MAX_GLOBAL_BATCH_SIZE:
+        raise ValueError(
+            f"global_batch_size must be at most {MAX_GLOBAL_BATCH_SIZE}, got {global_batch_size}"
         )
     return global_batch_size
 

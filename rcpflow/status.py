@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal
 
 from rcpflow.decided import written_run_stop
@@ -165,19 +166,34 @@ def _rewrites(layout: RunLayout, rows: Sequence[ManifestRow]) -> str | None:
     return written.describe()
 
 
+def utc_text(time_ms: int) -> str:
+    """Epoch milliseconds as ``2026-12-01 20:41:03.123 UTC`` (what `status` shows people)."""
+    stamp = datetime.fromtimestamp(time_ms // 1000, tz=UTC)
+    return stamp.strftime("%Y-%m-%d %H:%M:%S.") + f"{time_ms % 1000:03d} UTC"
+
+
+def manifest_problem(status: RunStatus) -> str | None:
+    """Why the run has no usable manifest, as one line naming the run folder; None if it has."""
+    if status.manifest_error is None:
+        return None
+    return f"{status.run_dir}: no usable manifest: {status.manifest_error}"
+
+
 def render_table(status: RunStatus) -> str:
-    """The table `rcpflow status` prints."""
+    """The table `rcpflow status` prints (times in UTC; ``--json`` keeps the milliseconds).
+    Without a usable manifest (`manifest_problem`), only the checkpoint folders found."""
     if status.manifest_error is not None:
-        unrecorded = "".join(f"{path}: {UNRECORDED}\n" for path in status.unrecorded)
-        return f"{status.run_dir}: no usable manifest: {status.manifest_error}\n{unrecorded}"
-    head = ("step", "timestamp_ms", "ckpt", "summary", "pass@4", "gate")
+        return "".join(f"{path}: {UNRECORDED}\n" for path in status.unrecorded) + "".join(
+            f"warning: {w}\n" for w in status.warnings
+        )
+    head = ("step", "weight update (UTC)", "ckpt", "summary", "pass@4", "gate")
     rows = [head]
     notes = []
     for s in status.steps:
         acc = f"{s.eval_accuracy:.4f}" if s.eval_accuracy is not None else "-"
         gate = f"skip (step {s.skipped_for} passed)" if s.gate == "skip" else s.gate
         rows.append(
-            (str(s.step), str(s.timestamp_ms), "yes" if s.checkpoint_present else "NO",
+            (str(s.step), utc_text(s.timestamp_ms), "yes" if s.checkpoint_present else "NO",
              s.summary, acc, gate)
         )  # fmt: skip
         if s.summary in ("invalid", "unreadable"):

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from rcpflow.recipe import Division
+from rcpflow.recipe import MAX_STEPS_LIMIT, Division
 from tasks.jobs.templates import Jobs
 from tasks.settings import SettingError, read_table
 
@@ -71,8 +71,10 @@ class FormOverrides:
     max_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if self.max_steps is not None and self.max_steps < 1:
-            raise SettingError("max_steps", f"must be >= 1, got {self.max_steps}")
+        if self.max_steps is not None and not 1 <= self.max_steps <= MAX_STEPS_LIMIT:
+            raise SettingError(
+                "max_steps", f"must be in 1..{MAX_STEPS_LIMIT}, got {self.max_steps}"
+            )
 
 
 class DeploymentError(ValueError):
@@ -86,6 +88,9 @@ class Deployment:
     source: str  # the file these came from, or EMBEDDED; not a key of the file
     backend: BackendName = "local"
     storage_root: str = str(REPO_ROOT / "runs")
+    # Whether a run_dir Param (run and deferred-eval DAGs; a submission's storage_root) may
+    # name a folder outside storage_root, where the RCP view cannot show it.
+    allow_run_dirs_outside_root: bool = False
     # How many evaluate instances of one run at once (max_active_tis_per_dagrun):
     # 1 = strictly in step order, more = speculative (faster verdict, some wasted evaluation).
     eval_window: int = 1

@@ -1,17 +1,18 @@
 """Settings tables (TOML) read into frozen dataclasses, typed by the dataclass fields.
 
 The keys a table may have are its dataclass's fields; the type of each value is the field's
-annotation (`str`, `int`, `float`, `bool`, `Literal[...]`, `X | None`, `tuple[str, ...]`,
-`Mapping[str, str]`, a Mapping of settings dataclasses (a table of sub-tables), or a nested
-settings dataclass, read as a sub-table whose missing keys keep the field's default). What
-types cannot say (ranges, names) a dataclass checks in ``__post_init__``, raising `SettingError`
-with the field's name; the reader prefixes the table's dotted key, so every error names the key
-that holds the bad value.
+annotation (`str`, `int`, `float` (finite: TOML's ``nan`` and ``inf`` are refused), `bool`,
+`Literal[...]`, `X | None`, `tuple[str, ...]`, `Mapping[str, str]`, a Mapping of settings
+dataclasses (a table of sub-tables), or a nested settings dataclass, read as a sub-table whose
+missing keys keep the field's default). What types cannot say (ranges, names) a dataclass checks
+in ``__post_init__``, raising `SettingError` with the field's name; the reader prefixes the
+table's dotted key, so every error names the key that holds the bad value.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -103,6 +104,8 @@ def _value(hint: Any, value: object, key: str, f: dataclasses.Field[Any]) -> Any
                 )
         return types.MappingProxyType(dict(value))
     if isinstance(hint, type):
+        if hint is float and isinstance(value, float) and not math.isfinite(value):
+            raise SettingError(key, f"must be a finite number, got {value!r}")
         if not _is(hint, value):
             raise SettingError(
                 key, f"must be {hint.__name__}, got {type(value).__name__} {value!r}"
@@ -120,9 +123,10 @@ def _default(f: dataclasses.Field[Any]) -> object:
 
 
 def _is(kind: type, value: object) -> bool:
-    # bool is an int in Python, never a valid count or duration here; an int is a valid float
+    # bool is an int in Python, never a valid count or duration here; an int is a valid float;
+    # TOML's nan and inf are never a valid setting
     if isinstance(value, bool):
         return kind is bool
     if kind is float:
-        return isinstance(value, int | float)
+        return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
     return isinstance(value, kind)

@@ -17,8 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import XComArg, task
+from airflow.sdk import XComArg, get_current_context, task
 
+from rcpflow.ownership import OWNER_ENV, airflow_owner
 from tasks.backends.base import FormDefaults, register
 from tasks.deployment import BackendName, Deployment
 from tasks.jobs.result import run_evaluate_job
@@ -121,7 +122,10 @@ class LocalBackend:
         def train_job(spec: XComValue) -> None:
             run = RunSpec.from_dict(spec)
             argv = job.job_command.render(train_values(run.job_values(), deployment.job_python))
-            run_job(argv, name=f"train seed {run.seed}", env=env)
+            # The run folder's owner: every try of this DAG run's task, and nobody else.
+            ti = get_current_context()["ti"]
+            owner = airflow_owner(ti.dag_id, ti.run_id, ti.task_id)
+            run_job(argv, name=f"train seed {run.seed}", env={**env, OWNER_ENV: owner})
 
         return train_job(spec)
 

@@ -21,6 +21,7 @@ from rcpflow.layout import RunLayout
 from rcpflow.recipe import DIVISIONS, Division
 from rcpflow.storage import storage_for
 from tasks.backends.base import FormDefaults
+from tasks.deployment import Deployment, load_deployment
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ def training_params(defaults: FormDefaults) -> dict[str, Param]:
             recipe.REFERENCE_BATCH_SIZE,
             type="integer",
             minimum=recipe.GENERATIONS_PER_PROMPT,
+            maximum=recipe.MAX_GLOBAL_BATCH_SIZE,
             multipleOf=recipe.GENERATIONS_PER_PROMPT,
             title="Global batch size",
             description=(
@@ -85,6 +87,7 @@ def training_params(defaults: FormDefaults) -> dict[str, Param]:
             defaults.max_steps,
             type="integer",
             minimum=1,
+            maximum=recipe.MAX_STEPS_LIMIT,
             title="Max steps",
             description=(
                 "Training steps at most; a checkpoint is saved after every step from the "
@@ -96,6 +99,7 @@ def training_params(defaults: FormDefaults) -> dict[str, Param]:
             None,
             type=["null", "integer"],
             minimum=1,
+            maximum=recipe.MAX_STEPS_LIMIT,
             title="Validation start override",
             description="Empty: ceil(2.5 + 3840 / global_batch_size).",
         ),
@@ -121,12 +125,16 @@ def run_params(defaults: FormDefaults) -> dict[str, Param]:
             type="string",
             minLength=1,
             title="Run folder",
-            description="Absolute local path or gs://bucket/prefix; created if missing.",
+            description=(
+                "Absolute local path or gs://bucket/prefix under this deployment's storage "
+                "root (unless it allows others); created if missing."
+            ),
         ),
         "seed": Param(
             1,
             type="integer",
             minimum=0,
+            maximum=recipe.MAX_SEED,
             title="Seed",
             description="The run's seed (logged as `seed`; each run of a submission has its own).",
         ),
@@ -147,30 +155,50 @@ def check_path(name: str, value: Any) -> str:
     return os.path.normpath(value)
 
 
-def _int(params: Mapping[str, Any], name: str, minimum: int) -> int:
+def check_under_root(name: str, path: str, deployment: Deployment) -> str:
+    """`path` (checked by `check_path`) if it is below the deployment's storage root, where the
+    RCP view can show it (links resolved first), or if the deployment allows other folders."""
+    root = deployment.storage_root
+    if deployment.allow_run_dirs_outside_root:
+        return path
+    if root.startswith("gs://") or path.startswith("gs://"):
+        inside = path.startswith(root.rstrip("/") + "/")
+    else:
+        real_root, real = os.path.realpath(root), os.path.realpath(path)
+        inside = real != real_root and os.path.commonpath([real_root, real]) == real_root
+    if not inside:
+        raise ParamError(
+            f"{name}: {path} is outside this deployment's storage root {root} (from "
+            f"{deployment.source}); choose a folder under it, or set "
+            "allow_run_dirs_outside_root = true in the deployment"
+        )
+    return path
+
+
+def _int(params: Mapping[str, Any], name: str, minimum: int, maximum: int) -> int:
     value = params[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ParamError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise ParamError(f"{name}: must be an integer in {minimum}..{maximum}, got {value!r}")
     return value
 
 
 def run_spec(params: Mapping[str, Any]) -> RunSpec:
     """Validate the Params of one run; raises ParamError naming the Param."""
-    gbs = _int(params, "global_batch_size", 1)
+    gbs = _int(params, "global_batch_size", 1, recipe.MAX_GLOBAL_BATCH_SIZE)
     try:
         recipe.check_global_batch_size(gbs)
     except ValueError as exc:
         raise ParamError(str(exc)) from exc
-    max_steps = _int(params, "max_steps", 1)
+    max_steps = _int(params, "max_steps", 1, recipe.MAX_STEPS_LIMIT)
     override = params["val_start_at"]
     if override is not None:
-        override = _int(params, "val_start_at", 1)
+        override = _int(params, "val_start_at", 1, recipe.MAX_STEPS_LIMIT)
     division = params["division"]
     if division not in DIVISIONS:
         raise ParamError(f"division: must be one of {DIVISIONS}, got {division!r}")
     spec = RunSpec(
         run_dir=check_path("run_dir", params["run_dir"]),
-        seed=_int(params, "seed", 0),
+        seed=_int(params, "seed", 0, recipe.MAX_SEED),
         global_batch_size=gbs,
         max_steps=max_steps,
         val_start_at=override,
@@ -192,6 +220,7 @@ class RunNotFound(ValueError):
 def plan_run() -> dict[str, Any]:
     """First task of a run: the validated RunSpec (fails naming the Param, before any job)."""
     spec = run_spec(get_current_context()["params"])
+    check_under_root("run_dir", spec.run_dir, load_deployment())
     log.info("run spec: %s", spec)
     return spec.to_dict()
 
@@ -207,6 +236,7 @@ def run_dir_of(plan: XComArg) -> XComArg:
 def existing_run() -> str:
     """First task of a deferred evaluation: the run_dir Param, checked to hold a manifest."""
     run_dir = check_path("run_dir", get_current_context()["params"]["run_dir"])
+    check_under_root("run_dir", run_dir, load_deployment())
     manifest = RunLayout(run_dir).manifest
     if not storage_for(manifest).exists(manifest):
         raise RunNotFound(f"run_dir: {run_dir} has no manifest at {manifest}; nothing to evaluate")

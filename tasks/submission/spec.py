@@ -23,8 +23,16 @@ from rcpflow.layout import join
 from rcpflow.package import SystemDescription, local_system
 from rcpflow.recipe import Division
 from tasks.backends.registry import backend_type, form_defaults
-from tasks.deployment import BACKEND_NAMES, BackendName, Deployment
-from tasks.run.spec import ParamError, RunSpec, XComValue, check_path, run_spec, training_params
+from tasks.deployment import BACKEND_NAMES, BackendName, Deployment, load_deployment
+from tasks.run.spec import (
+    ParamError,
+    RunSpec,
+    XComValue,
+    check_path,
+    check_under_root,
+    run_spec,
+    training_params,
+)
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +97,7 @@ def submission_params(deployment: Deployment) -> dict[str, Param]:
         "seeds": Param(
             list(DEFAULT_SEEDS),
             type="array",
-            items={"type": "integer", "minimum": 0},
+            items={"type": "integer", "minimum": 0, "maximum": recipe.MAX_SEED},
             minItems=RUNS_PER_SUBMISSION,
             maxItems=RUNS_PER_SUBMISSION,
             uniqueItems=True,
@@ -156,9 +164,11 @@ def submission_spec(
     """Validate the Params across fields; raises ParamError naming the Param."""
     seeds = params["seeds"]
     if not isinstance(seeds, list) or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds
+        isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= recipe.MAX_SEED for s in seeds
     ):
-        raise ParamError(f"seeds: must be a list of integers >= 0, got {seeds!r}")
+        raise ParamError(
+            f"seeds: must be a list of integers in 0..{recipe.MAX_SEED}, got {seeds!r}"
+        )
     repeated = sorted({s for s in seeds if seeds.count(s) > 1})
     if repeated:
         raise ParamError(f"seeds: seed(s) {repeated} repeated; every run needs its own seed")
@@ -233,5 +243,6 @@ def plan_submission(backend: BackendName, deployment_source: str) -> dict[str, A
     spec = submission_spec(
         context["params"], run_id=context["run_id"], backend=backend, source=deployment_source
     )
+    check_under_root("storage_root", spec.out_dir, load_deployment())
     log.info("submission %s in %s: seeds %s", spec.name, spec.out_dir, list(spec.seeds))
     return spec.to_dict()

@@ -58,8 +58,10 @@ class DagRunResult:
 
 
 def write_deployment(path: Path, python: str | None = None, **settings: object) -> Path:
-    """A deployment TOML for tests (local backend unless `settings` says otherwise)."""
+    """A deployment TOML for tests (local backend unless `settings` says otherwise; run folders
+    in the tests' temp dirs, outside the storage root, allowed unless `settings` says otherwise)."""
     lines = []
+    settings = {"allow_run_dirs_outside_root": True, **settings}
     if python is not None:
         lines.append(f"python = {json.dumps(python)}")
     for key, value in settings.items():

@@ -85,7 +85,8 @@ def test_gke_backend_takes_the_same_gate_before_touching_a_cluster(
     run = make_run(str(tmp_path / "run"), max_steps=22, accuracies={18: 0.5, 19: 0.8})
     deployment = tmp_path / "gke.toml"
     deployment.write_text(
-        'backend = "gke"\n[gke]\nproject_id = "p"\ncluster_name = "c"\nimage = "i:1"\n'
+        'backend = "gke"\nallow_run_dirs_outside_root = true\n'
+        '[gke]\nproject_id = "p"\ncluster_name = "c"\nimage = "i:1"\n'
     )
 
     result = run_dag_test("mlperf_grpo_deferred_eval", {"run_dir": run.run_dir}, deployment)

@@ -66,7 +66,10 @@ def test_the_gke_table_is_read_with_its_nested_shapes(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("eval_windw = 2\n", "unknown key(s) eval_windw (allowed: backend,"),
+        (
+            "eval_windw = 2\n",
+            "unknown key(s) eval_windw (allowed: allow_run_dirs_outside_root, backend,",
+        ),
         ('source = "x"\n', "unknown key(s) source"),  # not a setting
         ('eval_window = "2"\n', "eval_window: must be int, got str '2'"),
         ("eval_window = true\n", "eval_window: must be int, got bool True"),

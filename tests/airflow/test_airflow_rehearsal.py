@@ -44,7 +44,9 @@ def test_run_dag_with_the_rehearsal_jobs_ends_compliant(
     text = DEPLOYMENT.read_text().replace('"--time-scale", "0.005"', '"--time-scale", "0"')
     assert text.count('"--time-scale", "0"') == 2
     deployment = tmp_path / "deployment.toml"
-    deployment.write_text(f"python = {json.dumps(str(python))}\n" + text)
+    # run_dir is in the test's temp dir, outside the file's storage root
+    outside = "allow_run_dirs_outside_root = true\n"
+    deployment.write_text(f"python = {json.dumps(str(python))}\n{outside}" + text)
     conf = {**RUN, "division": division, "run_dir": str(run_dir)}
 
     result = run_dag_test("mlperf_grpo_run", conf, deployment)

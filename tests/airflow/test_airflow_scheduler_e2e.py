@@ -16,6 +16,7 @@ from airflow_harness import CONVERGING_RUN, alive
 
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events
+from tasks.deployment import DEFAULT_TOML
 from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow
 from tasks.devtools.postgres_server import LocalPostgres, server_bindir
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
@@ -49,7 +50,10 @@ def server(
     metadata_db: LocalPostgres | None,
     start_airflow: Callable[..., Any],
 ) -> Iterator[LocalAirflow]:
-    env = {"RCPFLOW_DEPLOYMENT": ""}  # the embedded default
+    # The embedded default's settings, with the run folders in the tests' temp dirs.
+    deployment = tmp_path_factory.mktemp("deployment") / "deployment.toml"
+    deployment.write_text("allow_run_dirs_outside_root = true\n" + DEFAULT_TOML)
+    env = {"RCPFLOW_DEPLOYMENT": str(deployment)}
     if metadata_db is not None:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = metadata_db.sqlalchemy_url()
     home = tmp_path_factory.mktemp("airflow")

@@ -49,7 +49,9 @@ def test_run_dag_with_the_tunix_jobs_ends_compliant(airflow_db: str, tmp_path: P
     # The shipped file, with only the interpreter swapped for the recording one (a top-level key
     # before the file's tables).
     deployment = tmp_path / "deployment.toml"
-    deployment.write_text(f'python = "{python}"\n' + TUNIX_DEPLOYMENT.read_text())
+    # (and run_dir in the test's temp dir, outside the file's storage root)
+    outside = "allow_run_dirs_outside_root = true\n"
+    deployment.write_text(f'python = "{python}"\n{outside}' + TUNIX_DEPLOYMENT.read_text())
 
     result = run_dag_test("mlperf_grpo_run", {**TUNIX_RUN, "run_dir": str(run_dir)}, deployment)
 

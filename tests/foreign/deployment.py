@@ -55,6 +55,7 @@ def write_foreign_deployment(
     ``{run_dir}/tunix_eval``."""
     lines = [f"python = {json.dumps(python)}"] if python else []
     lines += [
+        "allow_run_dirs_outside_root = true",  # run folders in the tests' temp dirs
         "[job_env]",
         'JAX_PLATFORMS = "cpu"',
         "[jobs.train]",

@@ -50,6 +50,7 @@ class FakeTI:
     """The part of a running task instance the operators use: XCom push/pull, map index."""
 
     def __init__(self, map_index: int = -1, xcoms: dict | None = None) -> None:
+        self.task_id = "g.run"
         self.map_index = map_index
         self.pushed: dict[str, Any] = {}
         self.xcoms = xcoms or {}
@@ -324,6 +325,22 @@ def test_execute_complete_maps_events_to_task_outcomes() -> None:
     assert ti.pushed["jobset_ref"] == {
         "name": "js", "namespace": "default", "delete": False, "why": "watch error: bad status",
     }  # fmt: skip
+
+
+def _container_env(jobset: dict[str, Any]) -> list[dict[str, Any]]:
+    jobs = jobset["spec"]["replicatedJobs"]
+    pods = [job["template"]["spec"]["template"]["spec"] for job in jobs]
+    return [entry for pod in pods for c in pod["containers"] for entry in c.get("env", [])]
+
+
+def test_the_training_pods_carry_the_dag_runs_owner_identity_and_evaluations_do_not() -> None:
+    from rcpflow.ownership import OWNER_ENV, airflow_owner
+
+    train = _op(role="train", job="train").render(_ctx())
+    owner = [e for e in _container_env(train) if e["name"] == OWNER_ENV]
+    assert owner and all(e["value"] == airflow_owner(DAG_ID, RUN_ID, "g.run") for e in owner)
+    evaluate = _op().render(_ctx())
+    assert [e for e in _container_env(evaluate) if e["name"] == OWNER_ENV] == []
 
 
 def test_a_bad_command_is_refused_before_anything_is_recorded() -> None:

@@ -119,7 +119,7 @@ secret_env = { HF_TOKEN = { secret = "s", key = "k" } }
 
 class FakeTI:
     def __init__(self) -> None:
-        self.map_index = -1
+        self.task_id, self.map_index = "train.job.run", -1
         self.pushed: dict[str, Any] = {}
 
     def xcom_push(self, key: str, value: Any) -> None:

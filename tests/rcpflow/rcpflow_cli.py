@@ -36,13 +36,16 @@ def run_cli(
     )
 
 
-def assert_one_invalid_line(p: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """`p` refused bad input as the contract says; the line, which names every needle."""
+def assert_one_invalid_line(
+    p: subprocess.CompletedProcess[str], *needles: str, prefix: str = "invalid: "
+) -> str:
+    """`p` refused bad input (or, with `prefix` ``error: ``, failed) as the contract says; the
+    line, which names every needle."""
     out = p.stdout + p.stderr
     assert "Traceback" not in out, out
     assert p.returncode == 1, out
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("invalid: "), out
+    assert len(lines) == 1 and lines[0].startswith(prefix), out
     for needle in needles:
         assert needle in lines[0], out
     return lines[0]

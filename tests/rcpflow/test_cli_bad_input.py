@@ -89,8 +89,11 @@ def _run_dir_is_a_file(run):
     a_file = Path(run.run_dir) / "a-file"
     a_file.write_text("")
     return [
-        (("finalize", str(a_file)), "a-file/mllog/eval_checkpoints.jsonl: Not a directory"),
-        (("check", str(a_file / "x.out")), "a-file/x.out': no such MLLOG"),
+        (
+            ("finalize", str(a_file)),
+            f"a-file: is a file, not a run folder; did you mean {run.run_dir} ",
+        ),
+        (("check", str(a_file / "x.out")), f"x.out: does not exist ({a_file} is a file, not a"),
     ]
 
 
@@ -98,10 +101,13 @@ def _mllog_folder_is_a_file(run):
     shutil.rmtree(run.layout.mllog_dir)
     Path(run.layout.mllog_dir).write_text("not a folder")
     needle = "mllog/eval_checkpoints.jsonl: Not a directory"
+    missing = (
+        f"eval_checkpoints.jsonl: does not exist ({run.layout.mllog_dir} is a file, not a folder)"
+    )
     return [
         (("finalize", run.run_dir), needle),
-        (("manifest", "validate", run.layout.manifest), needle),
-        (("check", run.layout.mllog(1)), "no such MLLOG"),
+        (("manifest", "validate", run.layout.manifest), missing),
+        (("check", run.layout.mllog(1)), f"({run.layout.mllog_dir} is a file, not a folder)"),
     ]
 
 
@@ -145,7 +151,7 @@ def test_probe_is_one_invalid_line(tmp_path, probe):
     assert tree_bytes(tmp_path) == before
 
 
-def test_gcs_without_credentials_is_one_invalid_line(tmp_path):
+def test_gcs_without_credentials_is_one_error_line(tmp_path):
     env = {
         k: v
         for k, v in cli_env().items()
@@ -168,6 +174,7 @@ def test_gcs_without_credentials_is_one_invalid_line(tmp_path):
             run_cli(*args, env=env),
             "gs://rcpflow-no-such-bucket/run",
             "no Google Cloud credentials",
+            prefix="error: ",
         )
 
 

@@ -190,7 +190,7 @@ def test_cli_finalize_exit_codes(tmp_path):
     assert p.returncode == 3
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"status": "incomplete"}
     p = run_cli("finalize", str(tmp_path / "missing"))
-    assert p.returncode == 1 and "no manifest" in p.stderr
+    assert p.returncode == 1 and "missing: does not exist; did you mean " in p.stderr
 
 
 def test_cli_manifest_validate_and_val_start(tmp_path):
@@ -222,7 +222,7 @@ def test_cli_check(tmp_path):
     p = run_cli("check", log, "--division", "open", "--log-dir", str(tmp_path))
     assert p.returncode == 1 and "submission_division" in p.stderr
     p = run_cli("check", str(tmp_path / "missing.out"))
-    assert p.returncode == 1 and "no such MLLOG" in p.stderr
+    assert p.returncode == 1 and "missing.out: does not exist; give an MLLOG" in p.stderr
 
 
 def test_cli_check_open_log_by_default(tmp_path):

@@ -201,4 +201,6 @@ def test_bad_input_is_one_usage_line_naming_the_flag(args: tuple[str, ...], flag
 def test_a_missing_figure_without_a_profile_is_named() -> None:
     p = _forecast("--max-steps", "60", "--passing-step", "20")
     assert p.returncode == 2
-    assert p.stderr.strip() == "usage error: --step-seconds is required (or give --profile)"
+    assert p.stderr.strip() == (
+        "usage error: --step-seconds is required (or give --profile) (see rcpflow forecast --help)"
+    )

@@ -216,6 +216,7 @@ def test_a_finished_runs_log_is_never_rewritten_by_a_trainer(tmp_path):
     assert not log_path.exists()
     recorder(run_dir, owner="a").on_init_start(T0 + 1)  # now it may start afresh
     assert log_path.exists()
+    (tmp_path / "empty").mkdir()
     p = run_cli("run", "reset", str(tmp_path / "empty"))
     assert p.returncode == 1 and "no MLLOG or manifest" in p.stderr
 
@@ -242,3 +243,44 @@ def test_manifest_add_into_a_folder_another_trainer_owns_is_refused(tmp_path):
     assert not Path(RunLayout(run_dir).manifest).exists()
     p = run_cli(*args, "--owner", "python-trainer")
     assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "nan", "inf", "1e9"])
+def test_a_bad_lease_timeout_is_one_line_in_the_jobs_and_the_cli(
+    tmp_path, capsys, monkeypatch, value
+):
+    from tpu_jobs.rcp import job_errors
+
+    run_dir = str(tmp_path / "run")
+    rec = recorder(run_dir, owner="dag-a")
+    rec.on_init_start(T0)
+    rec.on_run_start(T0 + 30_000)
+    monkeypatch.setenv(ownership.TIMEOUT_ENV, value)
+    with pytest.raises(ownership.LeaseTimeoutError) as e:
+        recorder(run_dir, owner="dag-a")
+    assert isinstance(e.value, StorageError) and isinstance(e.value, job_errors.USER_ERRORS)
+    assert job_errors.report("train", e.value) == 5  # a setting: the same on every restart
+    err = capsys.readouterr().err
+    assert (
+        err
+        == f"train: error: {ownership.TIMEOUT_ENV}={value!r}: not a number of seconds in (0, 1e7)\n"
+    )
+    args = ["manifest", "add", run_dir, "--step", "18", "--checkpoint", checkpoint(run_dir, 18)]
+    args += ["--timestamp-ms", str(T0 + 78_000), "--owner", "dag-a"]
+    p = run_cli(*args, env=cli_env(**{ownership.TIMEOUT_ENV: value}))
+    assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+    assert f"{ownership.TIMEOUT_ENV}={value!r}" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_an_airflow_tasks_identity_is_the_same_for_every_try(monkeypatch):
+    monkeypatch.delenv(ownership.OWNER_ENV, raising=False)
+    for name, value in zip(
+        ownership._AIRFLOW_ENV, ("d", "manual__1", "train.train_job"), strict=True
+    ):
+        monkeypatch.setenv(name, value)
+    assert ownership.owner_from_env() == ownership.airflow_owner(
+        "d", "manual__1", "train.train_job"
+    )
+    assert ownership.owner_from_env() == "airflow:d/manual__1/train.train_job"
+    monkeypatch.setenv(ownership.OWNER_ENV, "given")
+    assert ownership.owner_from_env() == "given"

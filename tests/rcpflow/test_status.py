@@ -9,7 +9,7 @@ from rcpflow_cli import run_cli
 from synthetic_run import make_run, write_eval
 
 from rcpflow.finalize import finalize
-from rcpflow.status import run_status
+from rcpflow.status import run_status, utc_text
 
 
 def test_status_rows_gate_and_finalize_preview(tmp_path):
@@ -41,8 +41,10 @@ def test_status_rows_gate_and_finalize_preview(tmp_path):
     p = run_cli("status", run.run_dir)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert lines[0].split() == ["step", "timestamp_ms", "ckpt", "summary", "pass@4", "gate"]
-    assert lines[1].split()[:4] == ["18", str(run.row(18).timestamp_ms), "yes", "valid"]
+    head = ["step", "weight", "update", "(UTC)", "ckpt", "summary", "pass@4", "gate"]
+    assert lines[0].split() == head
+    when = utc_text(run.row(18).timestamp_ms)  # times in UTC; --json keeps the milliseconds
+    assert lines[1].split()[:6] == ["18", *when.split(), "yes", "valid"]
     assert "skip (step 20 passed)" in lines[4]
     assert lines[-1].startswith("finalize now: success, run_stop at step 20")
     p = run_cli("status", run.run_dir, "--json")
@@ -54,5 +56,6 @@ def test_status_of_a_run_without_a_usable_manifest(tmp_path):
     run = make_run(str(tmp_path / "run"), max_steps=20)
     Path(run.layout.manifest).write_text(run.row(18).to_json() + "\n" + run.row(20).to_json())
     p = run_cli("status", run.run_dir)
-    assert p.returncode == 1 and "steps 19 missing between 18 and 20" in p.stdout
+    assert p.returncode == 1 and "steps 19 missing between 18 and 20" in p.stderr
+    assert p.stderr.startswith(f"invalid: {run.run_dir}: no usable manifest: ")
     assert run_status(run.run_dir).steps == ()

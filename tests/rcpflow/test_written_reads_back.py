@@ -113,5 +113,5 @@ def test_max_steps_beyond_the_bound_is_refused_with_a_line(run):
     Path(run.layout.manifest).write_text("\n".join(rows) + "\n")
     p = run_cli("status", run.run_dir)
     assert (
-        p.returncode == 1 and "out of the 64-bit range" in p.stdout and "Traceback" not in p.stderr
+        p.returncode == 1 and "out of the 64-bit range" in p.stderr and "Traceback" not in p.stderr
     )

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
+from rcpflow.ownership import OWNER_ENV, airflow_owner
 from tasks.backends.gke import triggers
 from tasks.backends.gke.render import check_adoptable, jobset_ref, render_jobset
 from tasks.backends.gke.settings import GkeCluster, GkeSettings
@@ -126,6 +127,11 @@ class RunJobSetOperator(BaseOperator):
         if isinstance(command, str) or not isinstance(command, Sequence):
             raise ValueError(f"command must be a list of strings, got {command!r}")
         dag_run = context["dag_run"]
+        env = self.env
+        if self.role == "train":
+            # The run folder's owner: every pod, restart and retry of this DAG run's training.
+            owner = airflow_owner(dag_run.dag_id, dag_run.run_id, context["ti"].task_id)
+            env = {**env, OWNER_ENV: owner}
         return render_jobset(
             self.settings,
             role=self.role,
@@ -134,7 +140,7 @@ class RunJobSetOperator(BaseOperator):
             job=self.job,
             command=list(command),
             image=self.image,
-            env=self.env,
+            env=env,
             secret_env=self.secret_env,
         )
 

@@ -1,0 +1,45 @@
+"""The local backend tells the trainer who owns the run folder: ``RCPFLOW_RUN_OWNER`` is the
+DAG run's task (the same for every try of it), the identity `rcpflow.ownership` compares."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from airflow_harness import FAST_RUN, run_dag_test
+
+from tasks.names import RUN_DAG_ID
+
+# A training job that only writes down the owner it was given (its outputs then fail the
+# train group's check, which does not matter here).
+SHOW_OWNER = [
+    "{python}",
+    "-c",
+    "import os, sys; open(sys.argv[1], 'w').write(os.environ['RCPFLOW_RUN_OWNER'])",
+    "{run_dir}.owner",
+]
+
+
+@pytest.mark.timeout(300)
+def test_the_local_trainer_is_given_the_dag_runs_task_as_its_owner(
+    airflow_db: str, tmp_path: Path
+) -> None:
+    from airflow.models import DagRun
+    from airflow.utils.session import create_session
+
+    deployment = tmp_path / "d.toml"
+    deployment.write_text(
+        "allow_run_dirs_outside_root = true\n"
+        "[job_env]\nRCPFLOW_RUN_OWNER = 'not this one'\n"
+        f"[jobs.train]\ncommand = {json.dumps(SHOW_OWNER)}\n"
+    )
+    run_dir = tmp_path / "run"
+
+    result = run_dag_test(RUN_DAG_ID, {**FAST_RUN, "run_dir": str(run_dir)}, deployment)
+
+    assert result.states[("train.train_job", -1)] == "success", result.states
+    with create_session() as session:
+        run_ids = [r.run_id for r in session.query(DagRun).filter(DagRun.dag_id == RUN_DAG_ID)]
+    owner = Path(f"{run_dir}.owner").read_text()
+    assert owner in {f"airflow:{RUN_DAG_ID}/{run_id}/train.train_job" for run_id in run_ids}
