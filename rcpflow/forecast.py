@@ -25,7 +25,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from rcpflow import recipe
 from rcpflow.rehearsal import JobProfile, RehearsalInputError, load_profile
@@ -309,30 +309,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, action="store_true", help=text)
 
 
-def _number(flag: str, text: str | None, default: float | None = None) -> float:
-    """`text` as a number; None: `default` (a profile's), else the flag is required."""
+_N = TypeVar("_N", int, float)
+
+
+def _parsed(flag: str, text: str | None, default: _N | None, parse: type[_N], noun: str) -> _N:
+    """`text` as `parse` reads it; None: `default` (a profile's), else the flag is required."""
     if text is None and default is not None:
         return default
     if text is None:
         raise ForecastUsageError(f"{flag} is required (or give --profile)")
     try:
-        value = float(text)
+        return parse(text)
     except ValueError:
-        raise ForecastUsageError(f"{flag} {text!r} is not a number") from None
-    if not math.isfinite(value):
+        raise ForecastUsageError(f"{flag} {text!r} is not {noun}") from None
+
+
+def _number(flag: str, text: str | None, default: float | None = None) -> float:
+    value = _parsed(flag, text, default, float, "a number")
+    if text is not None and not math.isfinite(value):
         raise ForecastUsageError(f"{flag} {text!r} is not a finite number")
     return value
 
 
 def _integer(flag: str, text: str | None, default: int | None = None) -> int:
-    if text is None and default is not None:
-        return default
-    if text is None:
-        raise ForecastUsageError(f"{flag} is required (or give --profile)")
-    try:
-        return int(text)
-    except ValueError:
-        raise ForecastUsageError(f"{flag} {text!r} is not an integer") from None
+    return _parsed(flag, text, default, int, "an integer")
 
 
 def parse_steps(flag: str, text: str | None) -> tuple[int, ...]:

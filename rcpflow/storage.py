@@ -272,13 +272,12 @@ class GCSStorage(Storage):
     def update(self, path: str, fn: Updater) -> bytes:
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
+        old: bytes | None
         with _gcs_errors(path):
             for attempt in range(self.max_attempts):
                 blob = self._blob(path)
                 try:
-                    blob.reload()
-                    generation = blob.generation
-                    old: bytes | None = blob.download_as_bytes(if_generation_match=generation)
+                    generation, old = _pinned_read(blob)
                 except NotFound:
                     generation, old = 0, None  # 0: succeed only if it still does not exist
                 except PreconditionFailed:
@@ -306,9 +305,7 @@ class GCSStorage(Storage):
             for attempt in range(self.max_attempts):
                 blob = self._blob(path)
                 try:
-                    blob.reload()
-                    generation = blob.generation
-                    data = blob.download_as_bytes(if_generation_match=generation)
+                    generation, data = _pinned_read(blob)
                     if not condition(data):
                         return False
                     blob.delete(if_generation_match=generation)
@@ -318,6 +315,14 @@ class GCSStorage(Storage):
                 except PreconditionFailed:
                     time.sleep(self.backoff_s * (attempt + 1))
         raise StorageError(f"{path}: gave up after {self.max_attempts} conflicting updates")
+
+
+def _pinned_read(blob: storage.Blob) -> tuple[int, bytes]:
+    """The blob's generation and its bytes at that generation; NotFound when it does not exist,
+    PreconditionFailed when it changed between the two reads."""
+    blob.reload()
+    generation: int = blob.generation
+    return generation, blob.download_as_bytes(if_generation_match=generation)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -352,19 +352,21 @@ def _reference_x(data: ConvergenceData, view: PlotView) -> float | None:
     return None  # several runs: no one time stands for the reference step
 
 
+# What `_draw_training` plots of each training update: value, line style, label, SVG id prefix.
+_TRAINING_LINES: tuple[tuple[Callable[[TrainingPoint], float | None], str, str, str], ...] = (
+    (lambda p: p.reward, "-", "training reward", "reward"),
+    (lambda p: p.loss, ":", "loss", "loss"),
+)
+
+
 def _draw_training(ax: Axes, curve: SeedCurve, view: PlotView, color: str, i: int) -> None:
-    rewards = [(_training_x(curve, p, view), p.reward) for p in curve.training]
-    rewards = [(x, r) for x, r in rewards if x is not None and r is not None]
-    if rewards:
-        (line,) = ax.plot(*zip(*rewards, strict=True), "-", color=color, lw=1.2,
-                          label=f"{curve.label}: training reward")  # fmt: skip
-        line.set_gid(f"reward-{i}")
-    losses = [(_training_x(curve, p, view), p.loss) for p in curve.training]
-    losses = [(x, v) for x, v in losses if x is not None and v is not None]
-    if losses:
-        (line,) = ax.plot(*zip(*losses, strict=True), ":", color=color, lw=1.2,
-                          label=f"{curve.label}: loss")  # fmt: skip
-        line.set_gid(f"loss-{i}")
+    for value_of, style, label, gid in _TRAINING_LINES:
+        points = [(_training_x(curve, p, view), value_of(p)) for p in curve.training]
+        points = [(x, v) for x, v in points if x is not None and v is not None]
+        if points:
+            (line,) = ax.plot(*zip(*points, strict=True), style, color=color, lw=1.2,
+                              label=f"{curve.label}: {label}")  # fmt: skip
+            line.set_gid(f"{gid}-{i}")
 
 
 def _ranges(steps: Sequence[int]) -> str:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fake_task import FakeTI
 from foreign.deployment import EVALUATOR, FOREIGN_RUN, TRAINER, evaluate_command
 
 from rcpflow.layout import RunLayout
@@ -94,21 +95,6 @@ def test_job_env_values_are_literal_on_the_cluster(strict_jobset) -> None:
     assert {"name": "NOTE", "value": "$$(HOME)/x"} in _container(jobset)["env"]
 
 
-class FakeTI:
-    """A running mapped task instance as the evaluate operator uses it."""
-
-    def __init__(self) -> None:
-        self.task_id, self.map_index = "evaluation.evaluate", 0  # step 2 of 2..6
-        self.xcoms: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.xcoms[key] = value
-
-    def xcom_pull(self, *, task_ids: str, key: str, map_indexes: int) -> Any:
-        assert (task_ids, map_indexes) == (self.task_id, self.map_index)
-        return self.xcoms.get(key)
-
-
 def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
     fake_gke, recorded_status, tmp_path: Path
 ) -> None:
@@ -135,7 +121,7 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
         task_id="evaluation.evaluate", settings=settings, job=job, run_dir=str(run_dir),
         row=dataclasses.asdict(row),
     )  # fmt: skip
-    ti = FakeTI()
+    ti = FakeTI(task_id="evaluation.evaluate", map_index=0)  # step 2 of 2..6
     fake_gke.statuses = [recorded_status("status_succeeded.json")["status"]]
     context: Any = {"ti": ti, "dag_run": SimpleNamespace(dag_id="mlperf_grpo_run", run_id=RUN_ID)}
     with pytest.raises(TaskDeferred):
@@ -145,7 +131,7 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
     command = _container(created)["command"]
     assert command[:2] == ["python", str(EVALUATOR)]
     assert _container(created)["image"] == "registry/deepswe-eval:1"
-    assert ti.xcoms["eval_start"]["baseline"] == {"attempts": [], "digest": None}
+    assert ti.pushed["eval_start"]["baseline"] == {"attempts": [], "digest": None}
     # What the pod would do: the evaluator, on the checkpoint, into the Tunix tree.
     subprocess.run([sys.executable, *command[1:]], check=True, capture_output=True)
     event = {"name": "n", "namespace": "default", "phase": "Succeeded", "progress": "1/1",
@@ -153,11 +139,11 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
     passed = op.execute_complete(context, event)  # skill 0.8 at step 2: it passes
     assert passed["step"] == 2 and passed["target_reached"] is True
     summary = read_summary(layout.summary(2))
-    assert row.timestamp_ms <= ti.xcoms["eval_start"]["ms"] == summary.eval_start_ms
+    assert row.timestamp_ms <= ti.pushed["eval_start"]["ms"] == summary.eval_start_ms
     assert summary.eval_stop_ms >= summary.eval_start_ms
     # A JobSet that succeeded without adding an attempt: what was there before is not imported.
-    again = FakeTI()
+    again = FakeTI(task_id="evaluation.evaluate", map_index=0)
     before = sorted(str(p) for p in (run_dir / "tunix_eval" / "step_2").glob("*/summary.json"))
-    again.xcoms["eval_start"] = {"ms": 0, "baseline": {"attempts": before, "digest": None}}
+    again.pushed["eval_start"] = {"ms": 0, "baseline": {"attempts": before, "digest": None}}
     with pytest.raises(EvaluationError, match="left no new attempt under"):
         op.execute_complete({**context, "ti": again}, event)

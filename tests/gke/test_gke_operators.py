@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pytest
+from fake_task import FakeTI
 
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
@@ -44,24 +45,6 @@ def _op(settings: GkeSettings = SETTINGS, step: int = 18, **kwargs: Any) -> Any:
 
 def _ctx(ti: FakeTI | None = None) -> dict[str, Any]:
     return {"ti": ti or FakeTI(), "dag_run": SimpleNamespace(dag_id=DAG_ID, run_id=RUN_ID)}
-
-
-class FakeTI:
-    """The part of a running task instance the operators use: XCom push/pull, map index."""
-
-    def __init__(self, map_index: int = -1, xcoms: dict | None = None) -> None:
-        self.task_id = "g.run"
-        self.map_index = map_index
-        self.pushed: dict[str, Any] = {}
-        self.xcoms = xcoms or {}
-        self.pulls: list[tuple] = []
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.pushed[key] = value
-
-    def xcom_pull(self, *, task_ids: str, key: str, map_indexes: int) -> Any:
-        self.pulls.append((task_ids, key, map_indexes))
-        return self.xcoms.get((task_ids, key, map_indexes))
 
 
 def _events(trigger) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fake_task import FakeTI
 
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
@@ -117,18 +118,6 @@ secret_env = { HF_TOKEN = { secret = "s", key = "k" } }
         parse_deployment(text, source="t.toml", base_dir=Path("."))
 
 
-class FakeTI:
-    def __init__(self) -> None:
-        self.task_id, self.map_index = "train.job.run", -1
-        self.pushed: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.pushed[key] = value
-
-    def xcom_pull(self, **kwargs: Any) -> Any:
-        return None
-
-
 def test_no_env_value_reaches_an_xcom_a_template_field_or_a_log(
     fake_gke, recorded_status, caplog, capsys
 ) -> None:
@@ -149,7 +138,7 @@ def test_no_env_value_reaches_an_xcom_a_template_field_or_a_log(
         task_id="train.job.run", settings=settings, role="train", job="train",
         command=["python", "-m", "tpu_jobs.train"], env=job.env, secret_env=job.secret_env,
     )  # fmt: skip
-    ti = FakeTI()
+    ti = FakeTI(task_id="train.job.run")
     ctx: Any = {"ti": ti, "dag_run": SimpleNamespace(dag_id="d", run_id="r")}
     caplog.set_level(logging.DEBUG)
     seen: list[Any] = []

@@ -13,12 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from synthetic_run import attempts_for_accuracy, make_run
+from synthetic_run import make_run, write_eval
 
-from rcpflow import recipe
 from rcpflow.manifest import render_rows
 from rcpflow.status import run_status
-from rcpflow.summary import build_summary, write_summary
 
 
 def build(run_dir: str, rows: int) -> None:
@@ -26,20 +24,8 @@ def build(run_dir: str, rows: int) -> None:
     run = make_run(run_dir, max_steps=17 + rows, last_step=17)  # the log; rows written below
     all_rows = [run.row(step) for step in range(18, 18 + rows)]
     Path(run.layout.manifest).write_bytes(render_rows(all_rows))
-    attempts = attempts_for_accuracy(0.5)
     for row in all_rows:
-        start = row.timestamp_ms + 3_600_000
-        summary = build_summary(
-            attempts,
-            attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
-            checkpoint_step=row.step,
-            checkpoint_timestamp_ms=row.timestamp_ms,
-            samples_count=row.samples_count,
-            target_accuracy=recipe.TARGET_ACCURACY,
-            eval_start_ms=start,
-            eval_stop_ms=start + 1_000,
-        )
-        write_summary(run.layout.summary(row.step), summary)
+        write_eval(run, row.step, 0.5)
 
 
 def measure(rows: int) -> float:

@@ -27,6 +27,7 @@ from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions._internal.mixins import DependencyMixin
+    from airflow.sdk.types import Operator
 
 
 def jobset_task_group(
@@ -66,11 +67,23 @@ def jobset_task_group(
             retries=retries,
             retry_delay=timedelta(seconds=settings.poll_interval_s),
         )
-        cleanup = DeleteJobSetOperator(
-            task_id="cleanup", run_task_id=run.task_id, cluster=settings.cluster
-        )
-        run >> cleanup.as_teardown()
+        _cleanup_after(run, DeleteJobSetOperator, settings)
     return group
+
+
+def _cleanup_after(
+    work: Operator,
+    cleanup: type[DeleteJobSetOperator | DeleteEvalJobSetsOperator],
+    settings: GkeSettings,
+) -> None:
+    """``cleanup``, a `cleanup` operator as the teardown of `work`: it deletes what `work`
+    created, also when `work` fails."""
+    (
+        work
+        >> cleanup(
+            task_id="cleanup", run_task_id=work.task_id, cluster=settings.cluster
+        ).as_teardown()
+    )
 
 
 def train_jobset_group(
@@ -137,10 +150,7 @@ def evaluate_jobsets(
         map_index_template="step {{ task.row['step'] }}",
         **_evaluate_kwargs(settings, job, eval_window, job_timeout, retries),
     ).expand(row=rows)
-    cleanup = DeleteEvalJobSetsOperator(
-        task_id="cleanup", run_task_id=evaluate.task_id, cluster=settings.cluster
-    )
-    evaluate >> cleanup.as_teardown()
+    _cleanup_after(evaluate, DeleteEvalJobSetsOperator, settings)
     return evaluate
 
 
@@ -163,8 +173,5 @@ def evaluate_jobset(
         **_evaluate_kwargs(settings, job, eval_window, job_timeout, retries),
         **resolved,
     )
-    cleanup = DeleteJobSetOperator(
-        task_id="cleanup", run_task_id=evaluate.task_id, cluster=settings.cluster
-    )
-    evaluate >> cleanup.as_teardown()
+    _cleanup_after(evaluate, DeleteJobSetOperator, settings)
     return evaluate

@@ -74,6 +74,25 @@ def cluster_endpoint(cluster: GkeCluster) -> tuple[str, str]:
     return url, ca_cert
 
 
+def _hook_args(cluster: GkeCluster, url: str, ca_cert: str) -> dict[str, Any]:
+    """What either hook is built with for `cluster` at the endpoint `url` with CA `ca_cert`."""
+    return {
+        "cluster_url": url,
+        "ssl_ca_cert": ca_cert,
+        "use_dns_endpoint": cluster.use_dns_endpoint,
+        "gcp_conn_id": cluster.gcp_conn_id,
+        "impersonation_chain": list(cluster.impersonation_chain) or None,
+    }
+
+
+# The JobSet resource, as every custom-object call of either client names it.
+_JOBSET_RESOURCE: dict[str, Any] = {
+    "group": JOBSET_GROUP,
+    "version": JOBSET_VERSION,
+    "plural": JOBSET_PLURAL,
+}
+
+
 def _raise_for_status(response: Any) -> None:
     """kubernetes_asyncio raises for an error status only when it decodes the body itself:
     the same ApiException for a raw response."""
@@ -88,13 +107,7 @@ class JobSetHook(GKEKubernetesHook):
     def for_cluster(cls, cluster: GkeCluster) -> JobSetHook:
         """The hook for `cluster`, its endpoint and CA looked up now (`cluster_endpoint`)."""
         url, ca_cert = cluster_endpoint(cluster)
-        return cls(
-            cluster_url=url,
-            ssl_ca_cert=ca_cert,
-            use_dns_endpoint=cluster.use_dns_endpoint,
-            gcp_conn_id=cluster.gcp_conn_id,
-            impersonation_chain=list(cluster.impersonation_chain) or None,
-        )
+        return cls(**_hook_args(cluster, url, ca_cert))
 
     def get_jobset_crd(self) -> dict[str, Any]:
         """The cluster's JobSet CustomResourceDefinition (apiextensions.k8s.io/v1) as a dict;
@@ -114,9 +127,7 @@ class JobSetHook(GKEKubernetesHook):
         ref = jobset_ref(body)
         try:
             self.custom_object_client.create_namespaced_custom_object(
-                group=JOBSET_GROUP,
-                version=JOBSET_VERSION,
-                plural=JOBSET_PLURAL,
+                **_JOBSET_RESOURCE,
                 body=body,
                 namespace=ref["namespace"],
                 field_validation="Strict",
@@ -132,9 +143,7 @@ class JobSetHook(GKEKubernetesHook):
         """The JobSet object; JobSetGone when it does not exist."""
         with _gone_on_404(namespace, name):
             response: Any = self.custom_object_client.get_namespaced_custom_object(
-                group=JOBSET_GROUP,
-                version=JOBSET_VERSION,
-                plural=JOBSET_PLURAL,
+                **_JOBSET_RESOURCE,
                 name=name,
                 namespace=namespace,
                 _preload_content=False,
@@ -147,9 +156,7 @@ class JobSetHook(GKEKubernetesHook):
         try:
             with _gone_on_404(namespace, name):
                 self.custom_object_client.delete_namespaced_custom_object(
-                    group=JOBSET_GROUP,
-                    version=JOBSET_VERSION,
-                    plural=JOBSET_PLURAL,
+                    **_JOBSET_RESOURCE,
                     name=name,
                     namespace=namespace,
                     _preload_content=False,
@@ -167,22 +174,14 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
         """The hook for `cluster`, its endpoint and CA looked up now (`cluster_endpoint`, in a
         thread: the provider's lookup is synchronous)."""
         url, ca_cert = await asyncio.to_thread(cluster_endpoint, cluster)
-        return cls(
-            cluster_url=url,
-            ssl_ca_cert=ca_cert,
-            use_dns_endpoint=cluster.use_dns_endpoint,
-            gcp_conn_id=cluster.gcp_conn_id,
-            impersonation_chain=list(cluster.impersonation_chain) or None,
-        )
+        return cls(**_hook_args(cluster, url, ca_cert))
 
     async def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """The JobSet object; JobSetGone when it does not exist."""
         async with self.get_conn() as api_client:
             with _gone_on_404(namespace, name):
                 response: Any = await CustomObjectsApi(api_client).get_namespaced_custom_object(
-                    group=JOBSET_GROUP,
-                    version=JOBSET_VERSION,
-                    plural=JOBSET_PLURAL,
+                    **_JOBSET_RESOURCE,
                     namespace=namespace,
                     name=name,
                     _preload_content=False,
@@ -199,9 +198,7 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
                     response: Any = await CustomObjectsApi(
                         api_client
                     ).delete_namespaced_custom_object(
-                        group=JOBSET_GROUP,
-                        version=JOBSET_VERSION,
-                        plural=JOBSET_PLURAL,
+                        **_JOBSET_RESOURCE,
                         namespace=namespace,
                         name=name,
                         _preload_content=False,
