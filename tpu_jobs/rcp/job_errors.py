@@ -19,10 +19,11 @@ from tpu_jobs.rcp.distributed import LayoutError
 from tpu_jobs.rcp.fingerprint import FingerprintMismatchError
 from tpu_jobs.rcp.hooks import RunMismatchError
 from tpu_jobs.rcp.saver import SaveFailedError
+from tpu_jobs.rcp.sharding import BatchSplitError
 
 BAD_ARGUMENTS = 2
 BAD_RUN_STATE = 1
-ARGUMENT_ERRORS: tuple[type[Exception], ...] = (RunMismatchError, LayoutError)
+ARGUMENT_ERRORS: tuple[type[Exception], ...] = (RunMismatchError, LayoutError, BatchSplitError)
 # A run folder left in a bad state: one line, exit 1.
 RUN_STATE_ERRORS: tuple[type[Exception], ...] = (
     CheckpointError,
