@@ -242,4 +242,3 @@ class CheckpointSaver:
         finally:
             with self._manager_lock:
                 self._manager.close()
-

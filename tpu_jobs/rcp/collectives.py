@@ -22,5 +22,6 @@ def any_process(flags: Sequence[bool]) -> list[bool]:
     """Per position: whether any process passed True there (every process gets the answer)."""
     if jax.process_count() == 1:
         return [bool(f) for f in flags]
-    got = multihost_utils.process_allgather(np.asarray(flags, np.int32))
-    return [bool(v) for v in np.asarray(got).reshape(jax.process_count(), -1).any(axis=0)]
+    got = np.asarray(multihost_utils.process_allgather(np.asarray(flags, np.int32)))
+    anywhere = np.asarray(got.reshape(jax.process_count(), -1).any(axis=0))
+    return [bool(anywhere[i]) for i in range(len(flags))]

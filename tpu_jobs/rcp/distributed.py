@@ -126,9 +126,7 @@ class FollowerHooks:
     """`TrainerHooks` of a process other than 0: it writes no MLLOG and no manifest; it takes
     part in every collective save and restore of process 0's choosing."""
 
-    def __init__(
-        self, run_dir: str, val_start_at: int, *, full_state_every: int = 1
-    ) -> None:
+    def __init__(self, run_dir: str, val_start_at: int, *, full_state_every: int = 1) -> None:
         self.val_start_at = val_start_at
         self.full_state_every = full_state_every
         self.saver = CheckpointSaver(RunLayout(run_dir).checkpoints_dir)

@@ -163,9 +163,7 @@ def restore_point(
     saver.reload()
     error: Exception | None = None
     try:
-        params, state, meta = saver.restore_train_state(
-            step, params_like, state_like, verify=False
-        )
+        params, state, meta = saver.restore_train_state(step, params_like, state_like, verify=False)
     except Exception as e:  # whatever Orbax raises; every process must still agree below
         error = e
     [failed] = collectives.any_process([error is not None])

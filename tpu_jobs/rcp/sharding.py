@@ -63,9 +63,13 @@ def check_batch(m: Mesh, rows: int, what: str) -> None:
 
 def local_rows(m: Mesh, rows: int) -> tuple[int, int]:
     """The [start, stop) rows of a global batch of `rows` that this process's devices hold."""
-    indices = batch_sharding(m).addressable_devices_indices_map((rows,))
-    starts = [index[0].start or 0 for index in indices.values()]
-    stops = [rows if index[0].stop is None else index[0].stop for index in indices.values()]
+    slices = [
+        index[0]
+        for index in batch_sharding(m).addressable_devices_indices_map((rows,)).values()
+        if index is not None
+    ]
+    starts = [s.start or 0 for s in slices]
+    stops = [rows if s.stop is None else s.stop for s in slices]
     return min(starts), max(stops)
 
 

@@ -71,7 +71,7 @@ def _slow_after_update() -> float:
 
 def collectives_in(compiled: jax.stages.Compiled) -> list[str]:
     """The collective ops of a compiled program's HLO (none: every device computes alone)."""
-    text = compiled.as_text()
+    text = compiled.as_text() or ""
     return [op for op in COLLECTIVE_OPS if f" {op}(" in text or f" {op}-start(" in text]
 
 
@@ -148,12 +148,19 @@ def train(config: TrainConfig) -> TrainResult:
     last_step = min(first_step - 1, hp.max_steps)
     with hooks, termination.deferred() as sigterm:
         for step in range(first_step, hp.max_steps + 1):
+            started = time.perf_counter()
             state, metrics = step_fn(state, *batch(step))
+            # This process's part of the update is done here; what follows is recording (its
+            # wait for the other processes' parts included).
+            jax.block_until_ready(state.params)
+            computed = time.perf_counter()
             if slow_s:
-                jax.block_until_ready(state.params)
                 time.sleep(slow_s)
-                say({"event": "slow_update_done", "step": step, "time_ms": now_ms()})
+                say({"event": "slow_update_done", "step": step, "time_ms": now_ms(),
+                     "process": jax.process_index()})  # fmt: skip
             timestamp_ms = hooks.after_update(step, state.params, state.opt_state)
+            decision = distributed.stop_decision(hooks, bool(sigterm))
+            recorded = time.perf_counter()
             rewards.append(float(metrics.mean_reward))
             say(
                 {
@@ -161,15 +168,17 @@ def train(config: TrainConfig) -> TrainResult:
                     "mean_reward": round(rewards[-1], 4),
                     "loss": round(float(metrics.loss), 6),
                     "timestamp_ms": timestamp_ms,
+                    "step_s": round(computed - started, 4),
+                    "recording_s": round(recorded - computed, 4),
+                    **({"process": jax.process_index()} if jax.process_count() > 1 else {}),
                 }
             )
             last_step = step
-            decision = distributed.stop_decision(hooks, bool(sigterm))
             if decision.terminated:
-                say({"event": "sigterm", "step": step})
+                say({"event": "sigterm", "step": step, "process": jax.process_index()})
                 raise termination.Terminated(termination.SIGTERM_EXIT_CODE)
             if decision.stop:
-                say({"event": "stop_requested", "step": step})
+                say({"event": "stop_requested", "step": step, "process": jax.process_index()})
                 break
         hooks.on_train_end()
     return TrainResult(
@@ -226,9 +235,7 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
 
     def build(args: argparse.Namespace) -> TrainConfig:
         try:
-            model = ModelConfig(
-                d_model=args.d_model, d_ff=args.d_ff, num_layers=args.num_layers
-            )
+            model = ModelConfig(d_model=args.d_model, d_ff=args.d_ff, num_layers=args.num_layers)
         except ValueError as e:
             parser.error(f"--d-model/--d-ff/--num-layers: {e}")
         if args.full_state_every < 1:

@@ -3,7 +3,8 @@ the recorder resumes from them (`committed_checkpoints`).
 
 Tunix makes one call between an update and the save of its result,
 ``custom_checkpoint_metadata_fn``: there each update is timed (after blocking on the actor's new
-parameters) and, from ``val_start_at`` on, its record goes into the checkpoint's metadata. A
+parameters, through their on-device fingerprint from ``val_start_at`` on) and its record goes
+into the checkpoint's metadata. A
 watcher thread writes the manifest row once Orbax has committed the step (docs/tpu_jobs.md).
 """
 
@@ -65,17 +66,22 @@ class StepRecording:
     def _record_update(self, step: int) -> None:
         if step != self._last_step + 1:
             raise CheckpointError(f"step {step}: Tunix skipped from update {self._last_step}")
-        actor = nnx.state(self.trainer.model, nnx.Param)
-        jax.block_until_ready(actor)
+        fingerprint = None
+        if step >= self.val_start_at:
+            # On the device, at memory bandwidth: its result is ready only once every weight
+            # of the update is, so this is also the wait before the timestamp.
+            fingerprint = weights_fingerprint(policy.params(self.trainer.model))
+        else:
+            jax.block_until_ready(nnx.state(self.trainer.model, nnx.Param))
         timestamp_ms = self.recorder.on_update(step)
         self._last_step = step
         say({"step": step, "timestamp_ms": timestamp_ms})  # progress, as the update happens
         self._current = {}
-        if step >= self.val_start_at:
+        if fingerprint is not None:
             record = checkpoints.CheckpointRecord(
                 step=step,
                 timestamp_ms=timestamp_ms,
-                weights_fingerprint=weights_fingerprint(policy.params(self.trainer.model)),
+                weights_fingerprint=fingerprint,
                 run=self.identity.arguments(),
                 policy=self.policy_config.to_json(),
             )
