@@ -317,10 +317,15 @@ def test_a_batch_that_does_not_split_over_the_devices_is_refused_in_one_line(
 
 
 def test_the_launcher_sets_the_layout_and_returns_the_first_failure(tmp_path: Path) -> None:
+    # Each prints its layout and leaves a mark; process 1 fails once all three have printed,
+    # the others would sleep on.
     script = (
-        "import os, sys, time; i = int(os.environ['RCPFLOW_PROCESS_ID']); "
-        "print(i, os.environ['RCPFLOW_NUM_PROCESSES'], os.environ['RCPFLOW_COORDINATOR_ADDRESS'], "
-        "os.environ['XLA_FLAGS'], flush=True); "
+        "import json, os, sys, time; i = int(os.environ['RCPFLOW_PROCESS_ID']); "
+        "print(json.dumps({k: os.environ[k] for k in ('RCPFLOW_PROCESS_ID', "
+        "'RCPFLOW_NUM_PROCESSES', 'RCPFLOW_COORDINATOR_ADDRESS', 'XLA_FLAGS', 'JAX_PLATFORMS')}), "
+        f"flush=True); open(os.path.join({str(tmp_path)!r}, str(i)), 'w').close(); "
+        "[time.sleep(0.05) for _ in range(1200) "
+        f"if i == 1 and len(os.listdir({str(tmp_path)!r})) < 3]; "
         "time.sleep(0 if i == 1 else 60); sys.exit(7 if i == 1 else 0)"
     )
     proc = subprocess.run(
@@ -330,8 +335,12 @@ def test_the_launcher_sets_the_layout_and_returns_the_first_failure(tmp_path: Pa
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert proc.returncode == 7  # process 1's; the others were killed after the grace period
-    lines = sorted(proc.stdout.splitlines())
-    assert [ln.split()[:2] for ln in lines] == [["0", "3"], ["1", "3"], ["2", "3"]]
-    assert len({ln.split()[2] for ln in lines}) == 1
-    assert {ln.split()[2].split(":")[0] for ln in lines} == {"127.0.0.1"}
-    assert all(ln.split()[3] == "--xla_force_host_platform_device_count=2" for ln in lines)
+    seen = sorted(_records(proc.stdout), key=lambda r: r["RCPFLOW_PROCESS_ID"])
+    assert [(r["RCPFLOW_PROCESS_ID"], r["RCPFLOW_NUM_PROCESSES"]) for r in seen] == [
+        ("0", "3"), ("1", "3"), ("2", "3"),
+    ]  # fmt: skip
+    [address] = {r["RCPFLOW_COORDINATOR_ADDRESS"] for r in seen}
+    assert address.startswith("127.0.0.1:")
+    for r in seen:
+        assert "--xla_force_host_platform_device_count=2" in r["XLA_FLAGS"].split()
+        assert r["JAX_PLATFORMS"] == "cpu"

@@ -153,14 +153,14 @@ def settle_update(params: PyTree) -> str:
 def restore_point(
     saver: CheckpointSaver, step: int, finished: bool, params_like: PyTree, state_like: PyTree
 ) -> ResumePoint | None:
-    """Every process: the resume point process 0 chose (`step` 0: a fresh run). A finished run
-    restores nothing (no step is trained); otherwise each process reads its shards and the
-    weights are verified together. A restore that fails on any process fails on all."""
+    """Every process: the resume point process 0 chose (`step` 0: a fresh run). Each process
+    reads its shards and the weights are verified together (also for a run that has ended, so
+    a broken newest checkpoint is found); a restore that fails on any process fails on all."""
     if step == 0:
         return None
-    if finished:
-        return ResumePoint(step, params_like, state_like, timestamp_ms=0, finished=True)
     saver.reload()
+    if finished and not saver.has_state(step):
+        return ResumePoint(step, params_like, state_like, timestamp_ms=0, finished=True)
     error: Exception | None = None
     try:
         params, state, meta = saver.restore_train_state(step, params_like, state_like, verify=False)
@@ -173,7 +173,7 @@ def restore_point(
             f"step {step}: {saver.step_path(step)} cannot be restored on every process{why}"
         ) from error
     verify_fingerprint(params, meta.weights_fingerprint, where=saver.step_path(step))
-    return ResumePoint(step, params, state, timestamp_ms=meta.timestamp_ms, finished=False)
+    return ResumePoint(step, params, state, timestamp_ms=meta.timestamp_ms, finished=finished)
 
 
 class RcpHooks:
@@ -321,7 +321,9 @@ class RcpHooks:
             self.recorder, complete, path_of=self.saver.step_path, committed=self._committed
         )
         finished = resumed is not None and resumed.finished
-        return (complete[-1], True) if finished else (full[-1], False)
+        if not full:  # an ended run whose train states are all gone: nothing to restore
+            return complete[-1], finished
+        return full[-1], finished
 
     def _drop_after(self, full: int, later: Sequence[int]) -> None:
         for step in sorted(later, reverse=True):
@@ -363,7 +365,7 @@ class RcpHooks:
                 newest = self.saver.complete_steps()[-1]
                 self._past_corrupt(newest, e, past_corrupt)
                 continue
-            if step == 0 or finished:
+            if step == 0 or (finished and not self.saver.has_state(step)):
                 return restore_point(self.saver, step, finished, params_like, state_like)
             path = self.saver.step_path(step)
             try:
@@ -380,7 +382,7 @@ class RcpHooks:
                 ) from e
             return ResumePoint(
                 step=step, params=params, state=state, timestamp_ms=meta.timestamp_ms,
-                finished=False,
+                finished=finished,
             )  # fmt: skip
 
     def _past_corrupt(self, step: int, error: Exception, past_corrupt: bool) -> None:

@@ -43,7 +43,11 @@ class StepRecording:
         identity: RunIdentity,
         policy_config: policy.PolicyConfig,
         last_step: int,
+        primary: bool = True,
     ) -> None:
+        # A process other than 0 records nothing: it only takes part in the fingerprint (a
+        # collective) and leaves the rows to process 0, whose metadata Orbax writes.
+        self.primary = primary
         self.recorder = recorder
         self.trainer = trainer
         self.val_start_at = val_start_at
@@ -53,7 +57,9 @@ class StepRecording:
         self._last_step = last_step
         self._current: dict[str, Any] = {}
         self._records: dict[int, checkpoints.CheckpointRecord] = {}
-        self.watcher = checkpoints.CommitWatcher(checkpoint_root, self._committed)
+        self.watcher = (
+            checkpoints.CommitWatcher(checkpoint_root, self._committed) if primary else None
+        )
         trainer.custom_checkpoint_metadata_fn = self._metadata
 
     def _metadata(self) -> dict[str, Any]:
@@ -73,11 +79,13 @@ class StepRecording:
             fingerprint = weights_fingerprint(policy.params(self.trainer.model))
         else:
             jax.block_until_ready(nnx.state(self.trainer.model, nnx.Param))
-        timestamp_ms = self.recorder.on_update(step)
         self._last_step = step
-        say({"step": step, "timestamp_ms": timestamp_ms})  # progress, as the update happens
         self._current = {}
-        if fingerprint is not None:
+        if not self.primary:
+            return
+        timestamp_ms = self.recorder.on_update(step)
+        say({"step": step, "timestamp_ms": timestamp_ms})  # progress, as the update happens
+        if fingerprint is not None and self.watcher is not None:
             record = checkpoints.CheckpointRecord(
                 step=step,
                 timestamp_ms=timestamp_ms,
@@ -99,6 +107,8 @@ class StepRecording:
 
     def finish(self) -> None:
         """Wait for the rows of every saved step (Tunix's close has waited for the writes)."""
+        if self.watcher is None:
+            return
         try:
             self.watcher.drain()
         finally:
