@@ -321,9 +321,10 @@ def test_the_launcher_sets_the_layout_and_returns_the_first_failure(tmp_path: Pa
     # the others would sleep on.
     script = (
         "import json, os, sys, time; i = int(os.environ['RCPFLOW_PROCESS_ID']); "
-        "print(json.dumps({k: os.environ[k] for k in ('RCPFLOW_PROCESS_ID', "
-        "'RCPFLOW_NUM_PROCESSES', 'RCPFLOW_COORDINATOR_ADDRESS', 'XLA_FLAGS', 'JAX_PLATFORMS')}), "
-        f"flush=True); open(os.path.join({str(tmp_path)!r}, str(i)), 'w').close(); "
+        "sys.stdout.write(json.dumps({k: os.environ[k] for k in ('RCPFLOW_PROCESS_ID', "
+        "'RCPFLOW_NUM_PROCESSES', 'RCPFLOW_COORDINATOR_ADDRESS', 'XLA_FLAGS', 'JAX_PLATFORMS')})"
+        " + chr(10)); sys.stdout.flush(); "
+        f"open(os.path.join({str(tmp_path)!r}, str(i)), 'w').close(); "
         "[time.sleep(0.05) for _ in range(1200) "
         f"if i == 1 and len(os.listdir({str(tmp_path)!r})) < 3]; "
         "time.sleep(0 if i == 1 else 60); sys.exit(7 if i == 1 else 0)"
