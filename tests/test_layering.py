@@ -350,7 +350,7 @@ def test_arrows_up_inside_tasks_are_found(
 _SHARED_LEAVES = frozenset({"tpu_jobs.task", "tpu_jobs.sampling"})  # the digit task, the sampler
 _ENTRY_POINTS = frozenset(
     {"tpu_jobs", "tpu_jobs.train", "tpu_jobs.evaluate", "tpu_jobs.tunix_train"}
-    | {"tpu_jobs.tunix_evaluate", "tpu_jobs.devtools"}
+    | {"tpu_jobs.tunix_evaluate", "tpu_jobs.launch", "tpu_jobs.devtools"}
 )
 # Which parts of tpu_jobs each part may import (itself always). The recording library imports no
 # trainer and no evaluator; the evaluator (shared by both trainers' evaluators) imports no

@@ -75,14 +75,14 @@ def install_commit_crash(step: int) -> None:
 def install_row_crash(step: int) -> None:
     """Kill the process in the saver's thread once `step`'s checkpoint has committed, just
     before its manifest row is upserted."""
-    original = RcpHooks._record_row
+    original = RcpHooks._on_commit
 
     def record_row(self: RcpHooks, saved: SavedCheckpoint) -> None:
         if saved.step == step:
             os._exit(CRASH_EXIT_CODE)
         original(self, saved)
 
-    RcpHooks._record_row = record_row
+    RcpHooks._on_commit = record_row
 
 
 def main(argv: list[str]) -> int:

@@ -164,19 +164,19 @@ def test_gcs_pipeline_tiny_batch(gcs, gcs_prefix) -> None:
     assert attempts == [f"{RunLayout(run_dir).attempts_dir(3)}/attempts.jsonl"]
 
 
-# The toy trainer, SIGKILLed by itself as the saver starts writing step KILL_AT's checkpoint
-# (steps before it committed with their rows, that one queued): a crash mid-checkpointing at a
-# known point, not a race with the clock.
+# The toy trainer, SIGKILLed by itself as process 0 starts waiting for step KILL_AT's commit
+# (steps before it handed on with their rows, that one being written by Orbax): a crash
+# mid-checkpointing at a known point, not a race with the clock.
 KILL_WHILE_SAVING = """
 import os, signal, sys
 from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
 from tpu_jobs.toy import train
-write = CheckpointSaver._write
-def write_or_die(self, job):
+watch = CheckpointSaver._watch
+def watch_or_die(self, job):
     if job.step == int(os.environ["KILL_AT"]):
         os.kill(os.getpid(), signal.SIGKILL)
-    return write(self, job)
-CheckpointSaver._write = write_or_die
+    return watch(self, job)
+CheckpointSaver._watch = watch_or_die
 sys.exit(train.main(sys.argv[1:]))
 """
 

@@ -23,7 +23,7 @@ from rcpflow.recorder import RecorderError
 from rcpflow.storage import storage_for
 from tpu_jobs.rcp.checkpoint_format import CheckpointError, SavedCheckpoint, is_complete
 from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_params
-from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver, StepSnapshot
+from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
 from tpu_jobs.rcp.fingerprint import weights_fingerprint
 from tpu_jobs.rcp.hooks import RcpHooks
 from tpu_jobs.rcp.saver import SaveFailedError
@@ -197,19 +197,20 @@ def stand_in_loop(hooks: RcpHooks, record: Recorder) -> dict[int, tuple[int, str
     return passed
 
 
-def test_loop_does_not_wait_for_slow_writes_and_rows_follow_commits(tmp_path, monkeypatch) -> None:
-    """Every checkpoint write is held back until the whole loop has run: no after_update waits
-    for one. Then each row appears only once its checkpoint is complete, in step order."""
+def test_loop_does_not_wait_for_the_rows_and_rows_follow_commits(tmp_path, monkeypatch) -> None:
+    """Process 0's hand-on of every committed checkpoint is held back until the whole loop has
+    run: no after_update waits for one. Then each row appears only once its checkpoint is
+    complete, in step order."""
     run_dir = str(tmp_path / "run")
     layout = RunLayout(run_dir)
     record = Recorder()
     release = threading.Event()
-    write, record_row = CheckpointSaver._write, RcpHooks._record_row
+    watch, record_row = CheckpointSaver._watch, RcpHooks._on_commit
 
-    def slow_write(saver: CheckpointSaver, job: StepSnapshot) -> SavedCheckpoint:
-        # Only a loop that waits for this write would reach the timeout (and fail below).
+    def slow_watch(saver: CheckpointSaver, job: SavedCheckpoint) -> SavedCheckpoint:
+        # Only a loop that waits for this hand-on would reach the timeout (and fail below).
         release.wait(timeout=30)
-        return write(saver, job)
+        return watch(saver, job)
 
     def recording_row(hooks: RcpHooks, saved: SavedCheckpoint) -> None:
         existing = storage_for(layout.manifest).exists(layout.manifest)
@@ -217,8 +218,8 @@ def test_loop_does_not_wait_for_slow_writes_and_rows_follow_commits(tmp_path, mo
         record.note("row", saved.step, is_complete(saved.path), before)
         record_row(hooks, saved)
 
-    monkeypatch.setattr(CheckpointSaver, "_write", slow_write)
-    monkeypatch.setattr(RcpHooks, "_record_row", recording_row)
+    monkeypatch.setattr(CheckpointSaver, "_watch", slow_watch)
+    monkeypatch.setattr(RcpHooks, "_on_commit", recording_row)
     hp = recipe.hyperparameters("closed", GBS, MAX_STEPS)
     hooks = RcpHooks(run_dir, 0, hp, VAL_START, max_pending_saves=MAX_STEPS)
     hooks.on_init_start()
@@ -226,7 +227,7 @@ def test_loop_does_not_wait_for_slow_writes_and_rows_follow_commits(tmp_path, mo
     with hooks:
         passed = stand_in_loop(hooks, record)
         saved_steps = list(range(VAL_START, MAX_STEPS + 1))
-        # Every after_update has returned while no write has finished: nothing is committed.
+        # Every after_update has returned while no commit was handed on: no row yet.
         assert hooks.saver.pending() == saved_steps
         assert record.of("row") == []
         assert not storage_for(layout.manifest).exists(layout.manifest)
@@ -244,14 +245,14 @@ def test_loop_does_not_wait_for_slow_writes_and_rows_follow_commits(tmp_path, mo
 
 def test_a_failed_save_is_raised_in_the_training_thread(tmp_path, monkeypatch) -> None:
     run_dir = str(tmp_path / "run")
-    write = CheckpointSaver._write
+    watch = CheckpointSaver._watch
 
-    def failing_write(saver: CheckpointSaver, job: StepSnapshot) -> SavedCheckpoint:
+    def failing_watch(saver: CheckpointSaver, job: SavedCheckpoint) -> SavedCheckpoint:
         if job.step == 4:
             raise OSError("bucket unreachable (simulated)")
-        return write(saver, job)
+        return watch(saver, job)
 
-    monkeypatch.setattr(CheckpointSaver, "_write", failing_write)
+    monkeypatch.setattr(CheckpointSaver, "_watch", failing_watch)
     hooks = RcpHooks(run_dir, 0, recipe.hyperparameters("closed", GBS, MAX_STEPS), VAL_START)
     hooks.on_init_start()
     hooks.on_run_start()
@@ -264,8 +265,7 @@ def test_a_failed_save_is_raised_in_the_training_thread(tmp_path, monkeypatch) -
         hooks.on_train_end()
     # Reported once: closing the saver on the way out does not add the same failure as a note.
     assert getattr(failure.value, "__notes__", []) == []
-    assert [r.step for r in assert_consistent(run_dir)] == [3]
-    assert not is_complete(str(tmp_path / "run" / "checkpoints" / "4"))
+    assert [r.step for r in assert_consistent(run_dir)] == [3]  # no row past the failure
     keys = [e.key for e in read_events(RunLayout(run_dir).mllog(0))]
     assert "block_stop" not in keys  # the run did not finish
 

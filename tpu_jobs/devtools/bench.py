@@ -14,7 +14,11 @@ the ratios travel):
 2. restore throughput of a scanned checkpoint (numpy, uncompressed) vs a raw read of the same
    files from the same disk (both from the page cache: the bench reads them once first);
 3. unscan (per-layer views) time vs restore time, and vs an unscan that copies each layer;
-4. the toy trainer's steps/s; the fingerprint's hash throughput (it runs inside `save()`).
+4. the toy trainer's steps/s; the fingerprint's throughput;
+5. recording cost by model size: the toy trainer itself (`tpu_jobs.launch`, 1 and 2
+   processes) at about 1M to 100M parameters, checkpointing every step: the loop's time in
+   recording (fingerprint, timestamp, save call, stop decision; the step lines' ``recording_s``)
+   over the step's own compute (``step_s``), and the bytes of one step's checkpoint.
 
 Speeds are never asserted by tests; this is where they are recorded.
 """
@@ -237,6 +241,93 @@ def bench_restore(workdir: Path, megabytes: int) -> RestoreNumbers:
     )
 
 
+SIZES_TITLE = "## Recording cost by model size"
+# (d_model, d_ff, num_layers): about 1.6M, 9.5M and 101M parameters (vocab 16).
+SIZES = ((256, 1024, 2), (512, 2048, 3), (1024, 4096, 8))
+SIZE_STEPS = 5
+
+
+@dataclass(frozen=True)
+class SizeRow:
+    params: int
+    processes: int
+    step_s: float
+    recording_s: float
+    checkpoint_bytes: int
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def bench_size(workdir: Path, size: tuple[int, int, int], processes: int) -> SizeRow:
+    """One toy run through the launcher (1 device per process), a checkpoint every step."""
+    d_model, d_ff, layers = size
+    run_dir = workdir / f"size-{d_model}-{processes}"
+    command = [
+        sys.executable, "-m", "tpu_jobs.launch", "--processes", str(processes), "--",
+        sys.executable, "-m", "tpu_jobs.train", "--run-dir", str(run_dir), "--seed", "0",
+        "--global-batch-size", "32", "--val-start-at", "1", "--max-steps", str(SIZE_STEPS),
+        "--d-model", str(d_model), "--d-ff", str(d_ff), "--num-layers", str(layers),
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench run {size} x {processes} failed:\n{proc.stderr[-3000:]}")
+    import json
+
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    steps = [r for r in lines if "step_s" in r and r.get("process", 0) == 0][1:]  # warm
+    saved = _tree_bytes(run_dir / "checkpoints" / str(SIZE_STEPS))
+    from tpu_jobs.rcp.checkpoint_restore import restore_params
+
+    params, _ = restore_params(str(run_dir / "checkpoints" / str(SIZE_STEPS)))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return SizeRow(
+        params=sum(int(np.asarray(x).size) for x in jax.tree.leaves(params)),
+        processes=processes,
+        step_s=statistics.median(r["step_s"] for r in steps),
+        recording_s=statistics.median(r["recording_s"] for r in steps),
+        checkpoint_bytes=saved,
+    )
+
+
+def render_sizes(rows: list[SizeRow], when: str, where: str) -> str:
+    table = "\n".join(
+        f"| {r.params / 1e6:.1f}M | {r.processes} | {r.step_s:.3f} s | "
+        f"{r.recording_s / r.step_s:.3f} | {r.checkpoint_bytes / 1e6:.0f} MB |"
+        for r in rows
+    )
+    return f"""{SIZES_TITLE}
+
+Written by `python -m tpu_jobs.devtools.bench` (`--only-sizes` rewrites just this section);
+{when}; {where}. The toy trainer through `tpu_jobs.launch` (1 CPU device per process), gbs 32,
+a checkpoint (weights and full train state) every step, {SIZE_STEPS} steps, medians of steps
+2-{SIZE_STEPS} of process 0. `step time`: the update's own compute on this process;
+`recording / step`: the loop's time after it (fingerprint and the wait for every process's
+update, timestamp, the save call, which waits for the previous save when saves outlast steps,
+and the stop decision) over the step time; `checkpoint bytes per step`: one step's folder.
+
+| params | processes | step time | recording / step | checkpoint bytes per step |
+| --- | --- | --- | --- | --- |
+{table}
+"""
+
+
+def write_sizes_section(output: Path, section: str) -> None:
+    """Put `section` into `output`, replacing an earlier one (before the Tunix section)."""
+    text = output.read_text() if output.exists() else "# Benchmarks\n"
+    start = text.find(SIZES_TITLE)
+    if start >= 0:
+        end = text.find("\n## ", start + len(SIZES_TITLE))
+        text = text[:start] + text[end + 1 :] if end >= 0 else text[:start]
+    marker = text.find("\n## Tunix")
+    if marker >= 0:
+        text = text[: marker + 1] + section + "\n" + text[marker + 1 :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    output.write_text(text)
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     with open("/proc/cpuinfo") as f:
@@ -310,7 +401,7 @@ layer out |
 | one save's write to its commit (saver's thread, nothing else running) | \
 {t.save_write_s * 1e3:.1f} ms |
 | toy policy parameters | {t.param_bytes / 1e6:.2f} MB |
-| weights fingerprint (sha256) of the toy policy (saver's thread) | {t.fingerprint_s * 1e3:.2f} ms |
+| weights fingerprint (pos32, on device) of the toy policy | {t.fingerprint_s * 1e3:.2f} ms |
 | restore throughput (numpy, uncompressed, {mb:.0f} MB) | {gbps(r.nbytes, r.restore_s):.2f} GB/s |
 | raw read throughput, same files | {gbps(r.nbytes, r.raw_read_s):.2f} GB/s |
 | fingerprint verify after restore | {gbps(r.nbytes, r.verify_s):.2f} GB/s |
@@ -320,26 +411,20 @@ layer out |
 
 ## Reading these numbers
 
-- The loop does not wait for checkpoint writes. `after_update` copies params and optimizer state
-  to host memory and queues the step; one thread writes the queued steps in step order
-  (synchronous Orbax saves) and upserts each manifest row after its commit. The loop waits only
-  when `max_pending_saves` steps are still unwritten (backpressure bounding host memory).
-- Before this design the ratio was 2.01 (the committed run of 8d158f7, load average 9) and
-  2.74 and 2.79 when that code's bench was re-run just before this version's, lightly loaded
-  (its ratio included each block's wait: compare with the second row). Orbax keeps one save in
-  flight, so each `save()` first waited for the previous save, whose fixed work (~100 ms of CPU,
-  mostly Orbax's Python, threads and event loops) outlasted a toy step. Writing numpy host
-  snapshots with a synchronous manager in our own thread also halves that CPU cost (measured
-  while choosing the design: ~50 ms vs ~100 ms of CPU per save).
-- What is left is CPU, not waiting: the toy step already keeps about 1.7 of the 2 cores busy
-  (XLA's threads), so a save's write slows the steps it overlaps, and Python's GIL is shared with
-  the saver's thread. When a write is slower than a step for longer than the queue is deep, the
-  queue fills and the loop waits for a slot. Where the step runs on an accelerator, the host
-  CPU should be mostly free for the writes, leaving the snapshot as the loop's part (not
-  measured here: this bench runs on CPU only).
-- A step's timestamp is taken before its snapshot, so save time never enters the step's own
+- Since issue 17 every process takes part in an async Orbax save of its own shards:
+  `after_update` computes the weights fingerprint on device (the wait for the update on every
+  process), then Orbax copies the arrays to host memory and returns; the write and commit run
+  in Orbax's thread, and process 0's watcher writes each row after the commit. Orbax keeps one
+  save in flight: a `save()` first waits for the previous one, so `max_pending_saves` above 1
+  only lets the rows lag; the "queue of one" rows measure the same design.
+- The design before it (host snapshots written by our own thread, synchronous Orbax saves;
+  its numbers are in this file's history) could not save arrays split over several hosts.
+  On 2 shared CPU cores the fixed CPU cost of an Orbax save (~100 ms, mostly
+  its Python, threads and event loops) is comparable to a toy step, which is why the small
+  sizes pay most; the table by model size shows the ratio where steps are longer.
+- A step's timestamp is taken before its save, so save time never enters the step's own
   timestamp; slowdowns of later steps are real time-to-train. The wait at the end of a block
-  stands for the saves still queued when training stops, after the last step's timestamp.
+  stands for the saves still unfinished when training stops, after the last step's timestamp.
 """
 
 
@@ -371,10 +456,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file to (re)write")
     ap.add_argument("--steps", type=int, default=30, help="toy steps timed per configuration")
     ap.add_argument("--restore-mb", type=int, default=128, help="size of the restore checkpoint")
+    ap.add_argument(
+        "--only-sizes", action="store_true", help="only the recording cost by model size"
+    )
     args = ap.parse_args(argv)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     where = machine()
     workdir = Path(tempfile.mkdtemp(prefix="rcpflow-bench-"))
+    if args.only_sizes:
+        try:
+            rows = []
+            for size in SIZES:
+                for processes in (1, 2):
+                    print(f"bench: toy {size} on {processes} process(es) ...", flush=True)
+                    rows.append(bench_size(workdir, size, processes))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        write_sizes_section(Path(args.output), render_sizes(rows, when, where))
+        print(f"wrote {args.output}")
+        return 0
     try:
         print(
             f"bench: toy trainer, {args.steps} steps without and with checkpoints ...", flush=True
@@ -385,6 +485,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     Path(args.output).write_text(render(trainer, restore, args.steps, when, where))
+    sizes = []
+    for size in SIZES:
+        for processes in (1, 2):
+            print(f"bench: toy {size} on {processes} process(es) ...", flush=True)
+            sizes.append(bench_size(workdir, size, processes))
+    shutil.rmtree(workdir, ignore_errors=True)
+    write_sizes_section(Path(args.output), render_sizes(sizes, when, where))
     for name, value in ratios_of(trainer, restore).items():
         print(f"{name:16s} {value:.3g}")
     print(f"{'steps_per_s':16s} {1 / trainer.step_s_off:.3g}")

@@ -1,5 +1,6 @@
-"""Reading checkpoints (`tpu_jobs.rcp.checkpoint_format`) without their saver: the meta record,
-a readability check, the params for evaluation and the train state for a follower process.
+"""Reading checkpoints (`tpu_jobs.rcp.checkpoint_format`) without their saver, on one process:
+the meta record, a readability check, and the params for evaluation (as numpy, whatever number of
+processes wrote them: Orbax reassembles the shards).
 
 Every read verifies the weights against the fingerprint recorded at save time.
 """
@@ -71,6 +72,7 @@ def check_readable(step_path: str) -> None:
                 **{
                     item: ocp.args.PyTreeRestore(restore_args=_numpy_restore_args(items[item].tree))
                     for item in (PARAMS_ITEM, STATE_ITEM)
+                    if item in items and items[item] is not None  # a weights-only step
                 },
                 **{META_ITEM: ocp.args.JsonRestore()},
             ),
@@ -122,30 +124,3 @@ def restore_params(
     params = restored[PARAMS_ITEM]
     verify_fingerprint(params, expected_fingerprint or meta.weights_fingerprint, where=step_path)
     return params, meta
-
-
-def restore_train_state_numpy(
-    step_path: str, params_like: PyTree, state_like: PyTree
-) -> tuple[PyTree, PyTree]:
-    """Params and train state of a complete checkpoint as numpy arrays in the trees of
-    `params_like`/`state_like` (what a process that does not own the saver resumes from); the
-    weights are checked against the recorded fingerprint."""
-    if not is_complete(step_path):
-        raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
-    restored = _reader().restore(
-        epath.Path(step_path),
-        args=ocp.args.Composite(
-            **{
-                PARAMS_ITEM: ocp.args.PyTreeRestore(
-                    item=params_like, restore_args=_numpy_restore_args(params_like)
-                ),
-                STATE_ITEM: ocp.args.PyTreeRestore(
-                    item=state_like, restore_args=_numpy_restore_args(state_like)
-                ),
-                META_ITEM: ocp.args.JsonRestore(),
-            }
-        ),
-    )
-    meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
-    verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=step_path)
-    return restored[PARAMS_ITEM], restored[STATE_ITEM]

@@ -1,25 +1,28 @@
-"""Background saves of step checkpoints (`tpu_jobs.rcp.checkpoint_format`) under one folder.
+"""Collective step checkpoints (`tpu_jobs.rcp.checkpoint_format`) under one folder.
 
-`CheckpointSaver.save` returns once params and state are copied to host memory
-(`host_snapshot`); the queue (`tpu_jobs.rcp.saver`) writes the steps in order, each to its Orbax
-commit, then hands the committed save on. The saver also restores a step for resuming training.
+Every process of the job calls `CheckpointSaver.save` for the same steps: an async Orbax save in
+which each process writes its own shards. It returns once Orbax has copied the arrays to host
+memory; the write and the commit run in Orbax's background thread (Orbax keeps one save in
+flight: a save first waits for the previous one). On process 0 (`primary`) a watcher thread (an
+`OrderedSaveQueue` whose write is "wait for the commit marker") hands each committed step to
+``on_commit`` in step order, which writes its manifest row. A save without a train state is an
+evaluation checkpoint (params and meta only); `drop_state` deletes a step's train state later.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
 from rcpflow.layout import join
+from rcpflow.storage import storage_for
 from tpu_jobs.rcp.checkpoint_format import (
-    COMMIT_MARKER,
     META_ITEM,
     PARAMS_ITEM,
     STATE_ITEM,
@@ -28,71 +31,40 @@ from tpu_jobs.rcp.checkpoint_format import (
     SavedCheckpoint,
     handlers,
     is_complete,
-    local_multiprocessing,
 )
 from tpu_jobs.rcp.checkpoint_restore import read_meta
-from tpu_jobs.rcp.fingerprint import leaf_name, verify_fingerprint, weights_fingerprint
+from tpu_jobs.rcp.fingerprint import verify_fingerprint, weights_fingerprint
 from tpu_jobs.rcp.saver import OrderedSaveQueue
 
-# Two snapshots absorb one save slower than a step without stalling the loop, for one extra copy
-# of params + state in host memory. Raise it when saves outlast steps only for a short while.
+# Saves whose commit process 0 has not yet seen before `save` waits for the oldest (Orbax's own
+# one-in-flight limit usually binds first).
 DEFAULT_MAX_PENDING = 2
+COMMIT_TIMEOUT_S = 1800.0
+POLL_START_S = 0.005
+POLL_MAX_S = 0.1
 
 PyTree = Any
 
 
-def host_snapshot(tree: PyTree, what: str) -> PyTree:
-    """`tree` with every array leaf copied into a numpy array that owns its memory.
-
-    What a background save may hold on to: a JAX array passed in may be donated or (on CPU, where
-    ``np.asarray`` is a view of the device buffer) reused by the next update, but this copy is
-    read by nobody else. Other leaves (Python scalars, strings) are immutable and kept as they are.
-    An array replicated over several processes is copied from this process's replica; one split
-    over several hosts cannot be copied here and is refused by name.
-    """
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    for _, leaf in leaves:
-        if isinstance(leaf, jax.Array) and leaf.is_fully_addressable:
-            leaf.copy_to_host_async()  # start every transfer before waiting on the first
-
-    def copy(path: jax.tree_util.KeyPath, leaf: Any) -> Any:
-        if isinstance(leaf, jax.Array):
-            name = f"{what}/{leaf_name(path)}"
-            if not leaf.is_fully_addressable:
-                if not leaf.is_fully_replicated:
-                    raise CheckpointError(
-                        f"{name}: array is split over several hosts; host snapshots need a "
-                        "whole copy on this one"
-                    )
-                leaf = leaf.addressable_data(0)
-            if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-                raise CheckpointError(
-                    f"{name}: typed PRNG key; save jax.random.key_data(key) instead"
-                )
-        if isinstance(leaf, jax.Array | np.ndarray):
-            return np.array(leaf, copy=True)
-        return leaf
-
-    return jax.tree_util.tree_map_with_path(copy, tree)
-
-
-@dataclass(frozen=True)
-class StepSnapshot:
-    """One queued save: host copies (`host_snapshot`) of a step's params and state."""
-
-    step: int
-    params: PyTree
-    state: PyTree
-    timestamp_ms: int
-    extra: Mapping[str, Any]
+def _wait_for_commit(path: str, step: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    wait = POLL_START_S
+    while not is_complete(path):
+        if time.monotonic() > deadline:
+            raise CheckpointError(
+                f"step {step}: {path} did not commit within {timeout_s:.0f} s (see the Orbax "
+                "log above)"
+            )
+        time.sleep(wait)
+        wait = min(wait * 2, POLL_MAX_S)
 
 
 class CheckpointSaver:
-    """Step checkpoints under one folder (local path or ``gs://``), written in the background.
+    """Step checkpoints under one folder (local path or ``gs://``), saved by every process.
 
-    `save` returns once the arrays are copied to host memory; the queue (`OrderedSaveQueue`)
-    writes the steps in order, each to its Orbax commit, then calls ``on_commit(saved)`` (in its
-    thread, in step order, before the next step's write starts). `wait` blocks until it is empty.
+    `save` returns once Orbax holds host copies; ``on_commit(saved)`` runs on process 0 in the
+    watcher's thread, in step order, once the step's commit marker is there. `wait` blocks until
+    every save has committed (and, on process 0, been handed on).
     """
 
     def __init__(
@@ -101,35 +73,33 @@ class CheckpointSaver:
         *,
         max_pending: int = DEFAULT_MAX_PENDING,
         on_commit: Callable[[SavedCheckpoint], None] | None = None,
+        commit_timeout_s: float = COMMIT_TIMEOUT_S,
     ) -> None:
         self.directory = directory.rstrip("/") if directory.startswith("gs://") else directory
-        self._queue: OrderedSaveQueue[StepSnapshot, SavedCheckpoint] = OrderedSaveQueue(
-            self._write,
+        self.primary = jax.process_index() == 0
+        self.max_pending = max_pending
+        self._commit_timeout_s = commit_timeout_s
+        self._queue: OrderedSaveQueue[SavedCheckpoint, SavedCheckpoint] = OrderedSaveQueue(
+            self._watch,
             max_pending=max_pending,
             on_commit=on_commit,
-            thread_name=f"checkpoint-saver:{self.directory}",
+            thread_name=f"checkpoint-commits:{self.directory}",
         )
-        self.max_pending = max_pending
-        # Synchronous Orbax saves: the queue's thread is the asynchrony; an Orbax background
-        # thread on top would only add a thread per save and more CPU. Orbax 0.12.8 offers no
-        # bounded queue of its own: its async save first waits for the previous save to finish.
         # cleanup_tmp_directories: a save cut short by a crash left a half-written step folder;
         # Orbax removes it before this saver's first save, so the step can be saved again.
-        # Orbax refuses create=True for a manager of a subset of processes: make it here.
-        epath.Path(self.directory).mkdir(parents=True, exist_ok=True)
         self._manager = ocp.CheckpointManager(
             epath.Path(self.directory),
             item_handlers=handlers(),
             options=ocp.CheckpointManagerOptions(
-                create=False,
+                create=True,
                 cleanup_tmp_directories=True,
-                enable_async_checkpointing=False,
+                enable_async_checkpointing=True,
                 save_root_metadata=False,
-                multiprocessing_options=local_multiprocessing(),
             ),
         )
-        self._manager_lock = threading.Lock()  # the worker's save vs. the caller's reads
-        self._steps_on_open = frozenset(self._manager.all_steps())
+        self._manager_lock = threading.Lock()
+        self._last_step: int | None = None
+        self._closed = False
 
     def step_path(self, step: int) -> str:
         return join(self.directory, str(step))
@@ -141,101 +111,104 @@ class CheckpointSaver:
             steps = sorted(self._manager.all_steps())
         return [s for s in steps if is_complete(self.step_path(s))]
 
+    def has_state(self, step: int) -> bool:
+        """Whether step `step`'s checkpoint holds the train state (a resume point)."""
+        path = join(self.step_path(step), STATE_ITEM)
+        return storage_for(path).exists(join(path, "_METADATA"))
+
     def save(
         self,
         step: int,
         params: PyTree,
-        state: PyTree,
+        state: PyTree | None,
         *,
         timestamp_ms: int,
         extra: Mapping[str, Any] | None = None,
+        fingerprint: str | None = None,
     ) -> None:
-        """Queue step `step`: `params` (scanned) and `state` are copied to host memory before this
-        returns, so the caller may then donate or overwrite them. Blocks only while `max_pending`
-        saves are unfinished. Steps must increase from call to call. Raises `SaveFailedError` if an
-        earlier save failed."""
-        self._queue.check(step)  # a failed save, close() or the step order are named first
-        if step in self._steps_on_open:
-            raise CheckpointError(
-                f"step {step}: a complete checkpoint already exists at {self.step_path(step)}"
-            )
-
-        def snapshot() -> StepSnapshot:
+        """Save step `step` on every process: `params` (scanned) and `state` (None: an
+        evaluation checkpoint without train state) as they are sharded. Returns once Orbax has
+        host copies, so the caller may then donate them. `fingerprint` is ``weights_fingerprint
+        (params)`` if the caller has it (computed here otherwise: a collective). Steps must
+        increase; raises `SaveFailedError` if an earlier save failed."""
+        if self._closed:
+            raise CheckpointError(f"step {step}: save() after close()")
+        self._queue.check(step)
+        if self._last_step is not None and step <= self._last_step:
+            raise CheckpointError(f"step {step}: saves must be in increasing step order")
+        meta = CheckpointMeta(
+            step=step,
+            timestamp_ms=timestamp_ms,
+            weights_fingerprint=fingerprint or weights_fingerprint(params),
+            extra=dict(extra or {}),
+        )
+        items: dict[str, Any] = {
+            PARAMS_ITEM: ocp.args.PyTreeSave(params),
+            META_ITEM: ocp.args.JsonSave(meta.to_json()),
+        }
+        if state is not None:
+            items[STATE_ITEM] = ocp.args.PyTreeSave(state)
+        with self._manager_lock:
             try:
-                return StepSnapshot(
-                    step=step,
-                    params=host_snapshot(params, PARAMS_ITEM),
-                    state=host_snapshot(state, STATE_ITEM),
-                    timestamp_ms=timestamp_ms,
-                    extra=dict(extra or {}),
-                )
-            except CheckpointError as e:
+                saved = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+            except ValueError as e:  # Orbax refuses a step that exists
                 raise CheckpointError(f"step {step}: {e}") from e
+        if not saved:
+            raise CheckpointError(f"step {step}: Orbax declined to save this step")
+        self._last_step = step
+        if self.primary:
+            record = SavedCheckpoint(step=step, path=self.step_path(step), meta=meta)
+            self._queue.put(step, lambda: record)
 
-        self._queue.put(step, snapshot)
+    def _watch(self, record: SavedCheckpoint) -> SavedCheckpoint:
+        _wait_for_commit(record.path, record.step, self._commit_timeout_s)
+        return record
 
     def pending(self) -> list[int]:
-        """Steps queued or being written, ascending."""
+        """Steps saved whose commit process 0 has not yet handed on, ascending."""
         return self._queue.pending()
 
     def wait(self) -> list[SavedCheckpoint]:
-        """Block until every queued save has committed; return the committed saves not yet
-        returned, ascending. Raises `SaveFailedError` if one failed."""
-        return self._queue.wait()
-
-    def _write(self, job: StepSnapshot) -> SavedCheckpoint:
-        meta = CheckpointMeta(
-            step=job.step,
-            timestamp_ms=job.timestamp_ms,
-            weights_fingerprint=weights_fingerprint(job.params),
-            extra=job.extra,
-        )
+        """Block until every save has committed (every process) and, on process 0, has been
+        handed on; return those not yet returned. Raises `SaveFailedError` if one failed."""
         with self._manager_lock:
-            saved = self._manager.save(
-                job.step,
-                args=ocp.args.Composite(
-                    **{
-                        PARAMS_ITEM: ocp.args.PyTreeSave(job.params),
-                        STATE_ITEM: ocp.args.PyTreeSave(job.state),
-                        META_ITEM: ocp.args.JsonSave(meta.to_json()),
-                    }
-                ),
-                force=True,
-            )
-        if not saved:
-            raise CheckpointError(f"step {job.step}: Orbax declined to save this step")
-        path = self.step_path(job.step)
-        # Orbax logs (rather than raises) some commit failures: trust only the marker.
-        if not is_complete(path):
-            raise CheckpointError(
-                f"step {job.step}: save ended but {path} has no {COMMIT_MARKER} (the write "
-                "failed; see the Orbax log above)"
-            )
-        return SavedCheckpoint(step=job.step, path=path, meta=meta)
+            self._manager.wait_until_finished()
+        return self._queue.wait()
 
     def read_meta(self, step: int) -> CheckpointMeta:
         return read_meta(self.step_path(step))
 
     def delete(self, step: int) -> None:
-        """Remove step `step`'s checkpoint (one that cannot be restored), so it can be saved
-        again. Only before the first `save`."""
+        """Remove step `step`'s checkpoint (process 0; to be saved again). Other processes must
+        `reload` before their next read."""
         if self.pending():
             raise CheckpointError(f"step {step}: cannot delete a checkpoint while saves are queued")
+        path = epath.Path(self.step_path(step))
+        if path.exists():
+            path.rmtree()
+        self.reload()
+
+    def drop_state(self, step: int) -> None:
+        """Delete step `step`'s train state, keeping its weights for evaluation (process 0)."""
+        path = epath.Path(join(self.step_path(step), STATE_ITEM))
+        if path.exists():
+            path.rmtree()
+
+    def reload(self) -> None:
         with self._manager_lock:
-            self._manager.delete(step)
             self._manager.reload()
-        self._steps_on_open = self._steps_on_open - {step}
 
     def restore_train_state(
-        self, step: int, params_like: PyTree, state_like: PyTree
+        self, step: int, params_like: PyTree, state_like: PyTree, *, verify: bool = True
     ) -> tuple[PyTree, PyTree, CheckpointMeta]:
-        """Restore step `step` for resuming training, as arrays shaped/sharded like the targets.
-
-        The weights are checked against the fingerprint recorded at save time.
-        """
+        """Restore step `step` for resuming training (every process: each reads its shards of
+        the targets' shardings). With `verify` the weights are checked against the recorded
+        fingerprint (a collective: without it, the caller verifies)."""
         path = self.step_path(step)
         if not is_complete(path):
             raise CheckpointError(f"step {step}: {path} is not a complete checkpoint")
+        if not self.has_state(step):
+            raise CheckpointError(f"step {step}: {path} holds no {STATE_ITEM} (weights only)")
         with self._manager_lock:
             restored = self._manager.restore(
                 step,
@@ -254,13 +227,17 @@ class CheckpointSaver:
                 ),
             )
         meta = CheckpointMeta.from_json(restored[META_ITEM], where=path)
-        verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=path)
+        if verify:
+            verify_fingerprint(restored[PARAMS_ITEM], meta.weights_fingerprint, where=path)
         return restored[PARAMS_ITEM], restored[STATE_ITEM], meta
 
     def close(self) -> None:
-        """Let the queued saves finish (committed ones stay returned by `wait`), close Orbax's
-        manager; raises `SaveFailedError` if a save failed. Idempotent."""
+        """Let the saves finish and their commits be handed on, close Orbax's manager; raises
+        `SaveFailedError` if a save failed. Idempotent."""
+        self._closed = True
         try:
+            with self._manager_lock:
+                self._manager.wait_until_finished()
             self._queue.close()
         finally:
             with self._manager_lock:

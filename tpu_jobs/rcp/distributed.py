@@ -1,10 +1,12 @@
 """One training job over several processes (the hosts of a TPU slice): the layout from the
-environment, `jax.distributed` from it, and `FollowerHooks` for every process but 0.
+environment, `jax.distributed` from it, `FollowerHooks` for every process but 0, and the stop
+decision all of them share.
 
 RCPFLOW_COORDINATOR_ADDRESS / RCPFLOW_NUM_PROCESSES / RCPFLOW_PROCESS_ID (set by
-tasks.backends.gke.render) give the layout; without them the job is one process. Process 0
-alone writes the MLLOG, the manifest and the checkpoints; what it decides (where to resume,
-whether to stop) is broadcast to the others (docs/tpu_jobs.md has the why).
+tasks.backends.gke.render and by `tpu_jobs.launch`) give the layout; without them the job is one
+process. Every process saves and restores its own shards of each checkpoint; process 0 alone
+writes the MLLOG and the manifest, and what it decides (where to resume, whether to stop) reaches
+the others (docs/tpu_jobs.md has the why).
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from rcpflow.layout import RunLayout, join
+from rcpflow.layout import RunLayout
 from rcpflow.recorder import now_ms
-from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_train_state_numpy
+from tpu_jobs.rcp import collectives
+from tpu_jobs.rcp.checkpoint_format import CheckpointError
+from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
+from tpu_jobs.rcp.hooks import close_after_failure, is_full_state_step, restore_point, settle_update
 from tpu_jobs.rcp.trainer_hooks import ResumePoint, TrainerHooks
 
 COORDINATOR_ADDRESS_ENV = "RCPFLOW_COORDINATOR_ADDRESS"
@@ -95,77 +97,50 @@ def initialize(layout: ProcessLayout) -> None:
         )
 
 
-def replicate(tree: PyTree) -> PyTree:
-    """`tree` (this process's copy, identical on every process) as global arrays replicated on
-    every device of the system: what the jitted step takes on several processes."""
-    if jax.process_count() == 1:
-        return tree
-    sharding = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), PartitionSpec())
+@dataclass(frozen=True)
+class StopDecision:
+    """After a step, the same on every process: stop here, and whether because of SIGTERM."""
 
-    def one(leaf: Any) -> Any:
-        if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            data = np.asarray(jax.random.key_data(leaf))
-            array = jax.make_array_from_callback(data.shape, sharding, lambda i: data[i])
-            return jax.random.wrap_key_data(array, impl=jax.random.key_impl(leaf))
-        host = np.asarray(leaf)
-        return jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
-
-    return jax.tree.map(one, tree)
+    stop: bool
+    terminated: bool
 
 
-def broadcast_resume(point: ResumePoint | None) -> tuple[int, bool]:
-    """(step, finished) of process 0's resume point (0: a fresh run), on every process."""
-    mine = np.array([0, 0] if point is None else [point.step, int(point.finished)], np.int64)
-    got = multihost_utils.broadcast_one_to_all(mine)
-    return int(got[0]), bool(got[1])
-
-
-def stop_requested(hooks: TrainerHooks) -> bool:
-    """After a step: does the run stop here? Process 0's answer (only it reads the stop request)
-    on every process: they all run the same steps, and one that stopped alone would leave the
-    others waiting in the next step's collectives."""
-    mine = hooks.stop_requested()
-    if jax.process_count() == 1:
-        return mine
-    return bool(multihost_utils.broadcast_one_to_all(np.array(int(mine), np.int64)))
+def stop_decision(hooks: TrainerHooks, terminated: bool) -> StopDecision:
+    """After a step: does the run stop here? Process 0's stop request (only it reads it) or a
+    SIGTERM on any process (`terminated`, this process's): decided once, on every process, so
+    they all run (and save) the same steps; one that stopped alone would leave the others
+    waiting in the next step's collectives."""
+    requested, term = collectives.any_process([hooks.stop_requested(), terminated])
+    return StopDecision(stop=requested or term, terminated=term)
 
 
 def resume(
     hooks: TrainerHooks, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
 ) -> ResumePoint | None:
-    """``hooks.resume(...)`` on every process; process 0's choice is broadcast to the others,
-    whose `FollowerHooks.resume` receives it and restores that step."""
-    point = hooks.resume(params_like, state_like, past_corrupt=past_corrupt)
-    if jax.process_count() > 1 and jax.process_index() == 0:
-        broadcast_resume(point)
-    return point
+    """``hooks.resume(...)`` on every process: process 0 plans, every process restores its
+    shards of that step (`tpu_jobs.rcp.hooks.restore_point`)."""
+    return hooks.resume(params_like, state_like, past_corrupt=past_corrupt)
 
 
 class FollowerHooks:
-    """`TrainerHooks` of a process other than 0: it writes nothing (no MLLOG, manifest or
-    checkpoint) and restores what process 0 resumes from."""
+    """`TrainerHooks` of a process other than 0: it writes no MLLOG and no manifest; it takes
+    part in every collective save and restore of process 0's choosing."""
 
-    def __init__(self, run_dir: str) -> None:
-        # Not a CheckpointSaver: opening one cleans up half-written step folders, which on a
-        # follower would be process 0's saves in progress.
-        self._checkpoints_dir = RunLayout(run_dir).checkpoints_dir
+    def __init__(self, run_dir: str, val_start_at: int, *, full_state_every: int = 1) -> None:
+        self.val_start_at = val_start_at
+        self.full_state_every = full_state_every
+        self.saver = CheckpointSaver(RunLayout(run_dir).checkpoints_dir)
 
     def resume(
         self, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
     ) -> ResumePoint | None:
         """The step process 0 resumes from (`past_corrupt` is process 0's to act on)."""
-        step, finished = broadcast_resume(None)
-        if step == 0:
-            return None
-        path = join(self._checkpoints_dir, str(step))
-        params, state = restore_train_state_numpy(path, params_like, state_like)
-        return ResumePoint(
-            step=step,
-            params=params,
-            state=state,
-            timestamp_ms=read_meta(path).timestamp_ms,
-            finished=finished,
-        )
+        failed, step, finished = collectives.from_primary([0, 0, 0])
+        if failed:
+            raise CheckpointError(
+                "process 0 could not resume the run folder (its error line says why)"
+            )
+        return restore_point(self.saver, step, bool(finished), params_like, state_like)
 
     def on_init_start(self, time_ms: int | None = None) -> None:
         pass
@@ -174,17 +149,29 @@ class FollowerHooks:
         pass
 
     def after_update(self, step: int, params: PyTree, state: PyTree) -> int:
-        jax.block_until_ready(params)
-        return now_ms()
+        fingerprint = settle_update(params)
+        timestamp_ms = now_ms()  # process 0's is the one recorded
+        if step >= self.val_start_at:
+            full = is_full_state_step(step, self.val_start_at, self.full_state_every)
+            self.saver.save(
+                step,
+                params,
+                state if full else None,
+                timestamp_ms=timestamp_ms,
+                fingerprint=fingerprint,
+            )
+        return timestamp_ms
 
     def stop_requested(self) -> bool:
-        return False  # process 0 reads the request; `stop_requested` broadcasts its answer
+        return False  # process 0 reads the request; `stop_decision` tells every process
 
     def on_train_end(self) -> None:
-        pass
+        self.saver.wait()
+        self.saver.close()
 
     def __enter__(self) -> FollowerHooks:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        pass  # nothing queued, nothing to finish
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            close_after_failure(self.saver, exc)

@@ -1,19 +1,36 @@
-"""The weights fingerprint: which bytes identify a set of weights, and the check on restore.
+"""The weights fingerprint: which bits identify a set of weights, and the check on restore.
 
-A sha256 over every leaf's name, dtype, shape and bytes in a canonical leaf order, so it does
-not depend on container types or on where the arrays live. Taken at save time and stored with
-the checkpoint; a restore whose weights hash differently is refused before anything scores them.
+The current scheme, ``pos32:<hex>``, is computed on the accelerator where the weights live: for
+each leaf and each of two lanes, the sum mod 2^32 of every element's bits (as uint32) times an
+odd weight derived from its global position (a product of per-axis hashes of its index). Integer
+addition mod 2^32 does not depend on the order of the sum, so the value is the same for the same
+weights in any layout (one process or N, any sharding): jit runs it under the arrays' sharding,
+each device sums its shard and XLA inserts the reduction. A changed element changes its term (an
+odd multiplier is a bijection mod 2^32), hence the sum. Not cryptographic. The per-leaf sums (8
+bytes each) come to the host, where sha256 binds them to the leaves' names, dtypes and shapes.
+On several processes every process must call it (a collective); the result is replicated.
+
+``sha256:<hex>`` (host bytes of every leaf) is the earlier scheme: still verified, never written.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
-FINGERPRINT_ALGORITHM = "sha256"
+POSITIONAL = "pos32"
+SHA256 = "sha256"
+FINGERPRINT_ALGORITHM = POSITIONAL
+# Independent seeds of the two lanes and of each axis' index hash.
+_LANE_SEEDS = (0x9E3779B9, 0x85EBCA77)
+_AXIS_SALT = 0x27D4EB2F
 
 PyTree = Any
 
@@ -27,28 +44,118 @@ def leaf_name(path: jax.tree_util.KeyPath) -> str:
     return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
-def weights_fingerprint(params: PyTree) -> str:
-    """``sha256:<hex>`` over every leaf's name, dtype, shape and bytes, leaves sorted by name.
-
-    Independent of the container types (dict, FrozenDict) and of where the arrays live (JAX
-    device arrays are read to host; numpy views are hashed as their logical contents).
-    """
+def _named_leaves(params: PyTree) -> list[tuple[str, Any]]:
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     named = sorted(((leaf_name(p), leaf) for p, leaf in leaves), key=lambda item: item[0])
     names = [name for name, _ in named]
     if len(set(names)) != len(names):
         raise ValueError("weights_fingerprint: two parameter leaves have the same name")
+    return named
+
+
+def _mix(x: jax.Array) -> jax.Array:
+    # murmur3's 32-bit finaliser: every input bit affects every output bit.
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def _bits(leaf: jax.Array) -> jax.Array:
+    """The leaf's elements as uint32 words carrying exactly their bits."""
+    dtype = jnp.dtype(leaf.dtype)
+    if dtype == jnp.bool_:
+        return leaf.astype(jnp.uint32)
+    if dtype.itemsize == 4:
+        return jax.lax.bitcast_convert_type(leaf, jnp.uint32)
+    if dtype.itemsize == 2:
+        return jax.lax.bitcast_convert_type(leaf, jnp.uint16).astype(jnp.uint32)
+    if dtype.itemsize == 1:
+        return jax.lax.bitcast_convert_type(leaf, jnp.uint8).astype(jnp.uint32)
+    raise TypeError(f"weights_fingerprint: no {POSITIONAL} words for dtype {dtype}")
+
+
+def _leaf_sums(leaf: jax.Array) -> jax.Array:
+    """(2,) uint32: per lane, sum of bits * odd positional weight, mod 2^32."""
+    words = _bits(leaf)
+    lanes = []
+    for seed in _LANE_SEEDS:
+        weight = jnp.ones(words.shape, jnp.uint32)
+        for axis, size in enumerate(words.shape):
+            index = jnp.arange(size, dtype=jnp.uint32)
+            axis_hash = _mix(index ^ jnp.uint32((seed + _AXIS_SALT * (axis + 1)) & 0xFFFFFFFF))
+            shape = [1] * words.ndim
+            shape[axis] = size
+            weight = weight * (axis_hash | jnp.uint32(1)).reshape(shape)
+        lanes.append(jnp.sum(words * weight, dtype=jnp.uint32))
+    return jnp.stack(lanes)
+
+
+@cache
+def _sums_fn(replicated: jax.sharding.Sharding | None) -> Any:
+    def sums(leaves: Sequence[jax.Array]) -> jax.Array:
+        if not leaves:
+            return jnp.zeros((0, 2), jnp.uint32)
+        return jnp.stack([_leaf_sums(leaf) for leaf in leaves])
+
+    return jax.jit(sums, out_shardings=replicated)
+
+
+def _replicated_out(leaves: Sequence[Any]) -> jax.sharding.Sharding | None:
+    """A replicated output sharding over the mesh of the first sharded leaf (so that every
+    process gets the value), or None for host or single-device leaves."""
+    for leaf in leaves:
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return NamedSharding(sharding.mesh, PartitionSpec())
+    return None
+
+
+def leaf_sums(params: PyTree) -> tuple[list[tuple[str, Any]], np.ndarray]:
+    """The named leaves in fingerprint order and their (n, 2) positional lane sums (host)."""
+    named = _named_leaves(params)
+    leaves = [jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf for _, leaf in named]
+    sums = _sums_fn(_replicated_out(leaves))(leaves)
+    return named, np.asarray(sums)
+
+
+def weights_fingerprint(params: PyTree) -> str:
+    """``pos32:<hex>`` of `params` (JAX arrays of any sharding, or numpy arrays); on several
+    processes a collective that blocks until every process's shards are computed."""
+    named, sums = leaf_sums(params)
     digest = hashlib.sha256()
-    for name, leaf in named:
+    for (name, leaf), lanes in zip(named, sums, strict=True):
+        dtype = np.dtype(leaf.dtype).str
+        digest.update(f"{name}|{dtype}|{tuple(leaf.shape)}|{lanes[0]:08x}{lanes[1]:08x}\n".encode())
+    return f"{POSITIONAL}:{digest.hexdigest()}"
+
+
+def sha256_fingerprint(params: PyTree) -> str:
+    """The earlier ``sha256:<hex>`` over every leaf's name, dtype, shape and host bytes, leaves
+    sorted by name: read only to verify checkpoints written before `POSITIONAL`."""
+    digest = hashlib.sha256()
+    for name, leaf in _named_leaves(params):
         array = np.ascontiguousarray(np.asarray(leaf))
         digest.update(f"{name}|{array.dtype.str}|{array.shape}\n".encode())
         digest.update(array.reshape(-1).view(np.uint8).data)
-    return f"{FINGERPRINT_ALGORITHM}:{digest.hexdigest()}"
+    return f"{SHA256}:{digest.hexdigest()}"
+
+
+def fingerprint_as(params: PyTree, like: str) -> str:
+    """The fingerprint of `params` in the scheme of the recorded fingerprint `like`."""
+    scheme = like.partition(":")[0]
+    if scheme == POSITIONAL:
+        return weights_fingerprint(params)
+    if scheme == SHA256:
+        return sha256_fingerprint(params)
+    raise FingerprintMismatchError(f"unknown weights fingerprint scheme {scheme!r} in {like!r}")
 
 
 def verify_fingerprint(params: PyTree, expected: str, where: str) -> None:
-    """Raise `FingerprintMismatchError` naming `where` unless `params` hash to `expected`."""
-    got = weights_fingerprint(params)
+    """Raise `FingerprintMismatchError` naming `where` unless `params` fingerprint to
+    `expected` (in its own scheme)."""
+    got = fingerprint_as(params, expected)
     if got != expected:
         raise FingerprintMismatchError(
             f"{where}: restored weights have fingerprint {got}, expected {expected}: the "

@@ -1,9 +1,12 @@
 """RCP training hooks for a trainer that lets rcpflow save its checkpoints (`RcpHooks`).
 
 The JAX/Orbax layer of `rcpflow.recorder`: the recorder decides the records; the hooks block on
-an update before its timestamp, queue a background checkpoint of every step from
-``val_start_at`` on, hand its row to the recorder once Orbax has committed it, and choose the
-checkpoint a crashed run resumes from. A step is one optimizer update (``samples = step * gbs``).
+an update (through its weights fingerprint, a replicated value that depends on every process's
+shards) before its timestamp, save a collective checkpoint of every step from ``val_start_at``
+on (its weights; the full train state every `full_state_every` steps, the last
+`keep_full_states` of them kept), hand its row to the recorder once Orbax has committed it, and
+choose the checkpoint a crashed run resumes from: the newest full state, the weights-only steps
+after it trained again. A step is one optimizer update (``samples = step * gbs``).
 """
 
 from __future__ import annotations
@@ -22,15 +25,19 @@ from rcpflow.mllog import MLLogError, SystemInfo, read_events, run_start_ms
 from rcpflow.recorder import RecorderError, Resumed, TrainingRecorder
 from rcpflow.run_identity import RunIdentity
 from rcpflow.storage import storage_for
+from tpu_jobs.rcp import collectives
 from tpu_jobs.rcp.checkpoint_format import CheckpointError, SavedCheckpoint
 from tpu_jobs.rcp.checkpoint_restore import check_readable
 from tpu_jobs.rcp.checkpoint_writer import DEFAULT_MAX_PENDING, CheckpointSaver
+from tpu_jobs.rcp.fingerprint import verify_fingerprint, weights_fingerprint
 from tpu_jobs.rcp.saver import SaveFailedError
 from tpu_jobs.rcp.trainer_hooks import ResumePoint
 
 PyTree = Any
 RUN_IDENTITY_KEY = "run"
 RESUME_PAST_CORRUPT_FLAG = "--resume-past-corrupt"
+FULL_STATE_EVERY_FLAG = "--full-state-every"
+KEEP_FULL_STATES_FLAG = "--keep-full-states"
 LOG_LOST = " (it cannot be rebuilt: restore it, or start the run afresh in another run_dir)"
 log = logging.getLogger(__name__)
 
@@ -128,8 +135,50 @@ def _resume(
     return resumed
 
 
+def is_full_state_step(step: int, val_start_at: int, every: int) -> bool:
+    """Whether step `step`'s checkpoint holds the train state: every `every`-th from
+    val_start_at (the others hold the weights the evaluator needs, and meta)."""
+    return step >= val_start_at and (step - val_start_at) % every == 0
+
+
+def settle_update(params: PyTree) -> str:
+    """Block until update's `params` are computed on every process; their fingerprint.
+
+    The fingerprint is a replicated value of a collective over every shard, so it is ready only
+    once every process has finished the update (blocking on `params` waits for this process's
+    shards only). Every process calls it after each update."""
+    return weights_fingerprint(params)
+
+
+def restore_point(
+    saver: CheckpointSaver, step: int, finished: bool, params_like: PyTree, state_like: PyTree
+) -> ResumePoint | None:
+    """Every process: the resume point process 0 chose (`step` 0: a fresh run). Each process
+    reads its shards and the weights are verified together (also for a run that has ended, so
+    a broken newest checkpoint is found); a restore that fails on any process fails on all."""
+    if step == 0:
+        return None
+    saver.reload()
+    if finished and not saver.has_state(step):
+        return ResumePoint(step, params_like, state_like, timestamp_ms=0, finished=True)
+    error: Exception | None = None
+    try:
+        params, state, meta = saver.restore_train_state(step, params_like, state_like, verify=False)
+    except Exception as e:  # whatever Orbax raises; every process must still agree below
+        error = e
+    [failed] = collectives.any_process([error is not None])
+    if failed:
+        why = "" if error is None else f": {textwrap.shorten(repr(error), 400)}"
+        raise CorruptCheckpointError(
+            f"step {step}: {saver.step_path(step)} cannot be restored on every process{why}"
+        ) from error
+    verify_fingerprint(params, meta.weights_fingerprint, where=saver.step_path(step))
+    return ResumePoint(step, params, state, timestamp_ms=meta.timestamp_ms, finished=finished)
+
+
 class RcpHooks:
-    """Per-run hooks. In another trainer's loop (MaxText, Tunix, ...)::
+    """Per-run hooks of process 0 (the others run `tpu_jobs.rcp.distributed.FollowerHooks`).
+    In another trainer's loop (MaxText, Tunix, ...)::
 
         hp = recipe.hyperparameters("closed", global_batch_size=gbs, max_steps=40)
         hooks = RcpHooks(run_dir, seed, hp, val_start_at=recipe.val_start_at(gbs))
@@ -147,8 +196,9 @@ class RcpHooks:
                 hooks.after_update(step, params, opt_state)
             hooks.on_train_end()     # waits for the saves and their rows, then block_stop
 
-    Saving, fingerprinting and the manifest row run in the saver's thread: they compete with
-    the training step for CPU only, never by making the loop wait.
+    Writing a checkpoint and its manifest row run in Orbax's and the watcher's threads: the
+    loop waits only for Orbax's copy to host memory (and for the previous save, when saves
+    outlast steps).
     """
 
     def __init__(
@@ -163,9 +213,15 @@ class RcpHooks:
         train_samples: int | None = None,
         checkpoint_extra: Mapping[str, Any] | None = None,
         max_pending_saves: int = DEFAULT_MAX_PENDING,
+        full_state_every: int = 1,
+        keep_full_states: int | None = None,
     ) -> None:
         if RUN_IDENTITY_KEY in (checkpoint_extra or {}):
             raise ValueError(f"checkpoint_extra must not use the reserved key {RUN_IDENTITY_KEY!r}")
+        if full_state_every < 1:
+            raise ValueError(f"full_state_every must be >= 1, got {full_state_every}")
+        if keep_full_states is not None and keep_full_states < 1:
+            raise ValueError(f"keep_full_states must be >= 1, got {keep_full_states}")
 
         def new_recorder() -> TrainingRecorder:
             return TrainingRecorder(
@@ -178,15 +234,17 @@ class RcpHooks:
                 train_samples=train_samples,
             )
 
-        # A resume past a corrupt checkpoint starts over with a recorder that has not read the
-        # manifest yet.
+        # A resume past a corrupt checkpoint, or from a full state older than the last row,
+        # starts over with a recorder that has not read the removed rows.
         self._new_recorder = new_recorder
         self.recorder = new_recorder()
         self.layout = self.recorder.layout
         self.val_start_at = val_start_at
-        # The saver's thread hands each checkpoint to the recorder right after it commits.
+        self.full_state_every = full_state_every
+        self.keep_full_states = keep_full_states
+        # The watcher's thread hands each checkpoint to the recorder right after it commits.
         self.saver = CheckpointSaver(
-            self.layout.checkpoints_dir, max_pending=max_pending_saves, on_commit=self._record_row
+            self.layout.checkpoints_dir, max_pending=max_pending_saves, on_commit=self._on_commit
         )
         self._identity = RunIdentity(
             seed=seed,
@@ -196,6 +254,7 @@ class RcpHooks:
             run_start_ms=None,  # a checkpoint records only the arguments
         )
         self._extra = {**dict(checkpoint_extra or {}), RUN_IDENTITY_KEY: self._identity.arguments()}
+        self._full_states: list[int] = []  # committed full states of this process's life
 
     @property
     def mllog_path(self) -> str:
@@ -206,10 +265,17 @@ class RcpHooks:
         """(step, timestamp_ms) of the last weight update seen (or restored), if any."""
         return self.recorder.last_update
 
-    def _record_row(self, saved: SavedCheckpoint) -> None:
+    def _on_commit(self, saved: SavedCheckpoint) -> None:
         self.recorder.on_checkpoint_committed(
             saved.step, saved.path, {"weights_fingerprint": saved.meta.weights_fingerprint}
         )
+        if not is_full_state_step(saved.step, self.val_start_at, self.full_state_every):
+            return
+        self._full_states.append(saved.step)
+        if self.keep_full_states is not None:
+            # Older full states go once a newer one has committed; their weights stay.
+            while len(self._full_states) > self.keep_full_states:
+                self.saver.drop_state(self._full_states.pop(0))
 
     def _committed(self, step: int) -> Committed:
         meta = self.saver.read_meta(step)
@@ -219,62 +285,107 @@ class RcpHooks:
 
     # -- resume ---------------------------------------------------------------------------
 
-    def resume(
-        self, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
-    ) -> ResumePoint | None:
-        """Restore the newest complete checkpoint of this run, or None if there is none.
+    def plan_resume(self) -> tuple[int, bool]:
+        """Process 0, before any restore: (step to restore, the run already ended); (0, False)
+        for a fresh run. Call before `on_init_start`.
 
-        Call before `on_init_start`. The recorder resumes from the manifest and the log first
-        (`resume_recorder`): a complete checkpoint above its last row (the crash came between
-        the commit and the row) gets the row it would have had; a current row pointing at no
-        complete checkpoint is an error, never papered over. Then the newest is restored.
-        A newest checkpoint that cannot be restored raises `CorruptCheckpointError`; with
-        `past_corrupt` it is deleted with its row instead and the one before it is resumed, so
-        that step is trained (and its row written) again.
-        """
+        The newest complete checkpoint must be this run's. The step restored is the newest
+        that holds a full train state; the weights-only checkpoints after it (and their rows)
+        are deleted, rows first, and those steps are trained again, so a row never names
+        weights other than its checkpoint's. The recorder then resumes from the manifest and
+        the log (`resume_recorder`): a complete checkpoint above its last row (the crash came
+        between the commit and the row) gets the row it would have had; a current row pointing
+        at no complete checkpoint is an error, never papered over."""
         complete = [s for s in self.saver.complete_steps() if s >= self.val_start_at]
         if not complete:
-            return None
+            return 0, False
         newest = complete[-1]
         path = self.saver.step_path(newest)
-        try:
-            meta = self.saver.read_meta(newest)
-        except Exception as e:  # whatever Orbax raises on a broken folder
-            return self._past_corrupt(newest, e, params_like, state_like, past_corrupt)
+        meta = self.saver.read_meta(newest)
         found = meta.extra.get(RUN_IDENTITY_KEY)
         if found != self._identity.arguments():
             raise run_mismatch(newest, path, found, self._identity)
-        # Before the restore, which may take minutes: the log and the manifest are checked here.
+        ended = self.recorder.rcp_logging and check_log(self.mllog_path, newest)
+        full = [s for s in complete if self.saver.has_state(s)]
+        if not ended:
+            if not full:
+                raise CheckpointError(
+                    f"cannot resume: no checkpoint of {self.saver.directory} holds a train "
+                    f"state (steps {complete[0]}..{newest} are weights only; deleted by hand?)"
+                )
+            if full[-1] < newest:
+                self._drop_after(full[-1], [s for s in complete if s > full[-1]])
+                complete = [s for s in complete if s <= full[-1]]
+        self._full_states = full[-(self.keep_full_states or len(full)) :] if full else []
         resumed = resume_recorder(
             self.recorder, complete, path_of=self.saver.step_path, committed=self._committed
         )
-        try:
-            params, state, meta = self.saver.restore_train_state(newest, params_like, state_like)
-        except Exception as e:  # a complete checkpoint of this run that will not load
-            try:
-                check_readable(path)
-            except Exception as broken:  # broken on storage, not just unlike the targets
-                return self._past_corrupt(newest, broken, params_like, state_like, past_corrupt)
-            raise CheckpointError(
-                f"step {newest}: {path} reads on its own but not into this trainer's params "
-                f"and state (another model?): {textwrap.shorten(str(e), 400)}"
-            ) from e
-        return ResumePoint(
-            step=newest,
-            params=params,
-            state=state,
-            timestamp_ms=meta.timestamp_ms,
-            finished=resumed is not None and resumed.finished,
-        )
+        finished = resumed is not None and resumed.finished
+        if not full:  # an ended run whose train states are all gone: nothing to restore
+            return complete[-1], finished
+        return full[-1], finished
 
-    def _past_corrupt(
-        self,
-        step: int,
-        error: Exception,
-        params_like: PyTree,
-        state_like: PyTree,
-        past_corrupt: bool,
+    def _drop_after(self, full: int, later: Sequence[int]) -> None:
+        for step in sorted(later, reverse=True):
+            manifest.remove(self.layout.manifest, step)
+        for step in sorted(later, reverse=True):
+            self.saver.delete(step)
+        log.warning(
+            "resuming from the full train state of step %d: deleted the weights-only "
+            "checkpoints and rows of steps %s, which are trained again",
+            full,
+            list(later),
+        )
+        self.recorder = self._new_recorder()
+
+    def resume(
+        self, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
     ) -> ResumePoint | None:
+        """Restore the newest full train state of this run (`plan_resume`), or None if there is
+        none. On several processes process 0 plans, every process restores its shards
+        (`restore_point`); the others call `FollowerHooks.resume` at the same time.
+
+        One process: a newest full state that cannot be restored raises
+        `CorruptCheckpointError`; with `past_corrupt` it is deleted with its row instead and the
+        one before it is resumed, so that step is trained (and its row written) again."""
+        if jax.process_count() > 1:
+            try:
+                step, finished = self.plan_resume()
+            except BaseException:
+                collectives.from_primary([1, 0, 0])  # the others exit too, instead of waiting
+                raise
+            collectives.from_primary([0, step, int(finished)])
+            return restore_point(self.saver, step, finished, params_like, state_like)
+        while True:
+            try:
+                step, finished = self.plan_resume()
+            except CheckpointError:
+                raise
+            except Exception as e:  # whatever Orbax raises on a broken newest folder
+                newest = self.saver.complete_steps()[-1]
+                self._past_corrupt(newest, e, past_corrupt)
+                continue
+            if step == 0 or (finished and not self.saver.has_state(step)):
+                return restore_point(self.saver, step, finished, params_like, state_like)
+            path = self.saver.step_path(step)
+            try:
+                params, state, meta = self.saver.restore_train_state(step, params_like, state_like)
+            except Exception as e:  # a complete checkpoint of this run that will not load
+                try:
+                    check_readable(path)
+                except Exception as broken:  # broken on storage, not just unlike the targets
+                    self._past_corrupt(step, broken, past_corrupt)
+                    continue
+                raise CheckpointError(
+                    f"step {step}: {path} reads on its own but not into this trainer's params "
+                    f"and state (another model?): {textwrap.shorten(str(e), 400)}"
+                ) from e
+            return ResumePoint(
+                step=step, params=params, state=state, timestamp_ms=meta.timestamp_ms,
+                finished=finished,
+            )  # fmt: skip
+
+    def _past_corrupt(self, step: int, error: Exception, past_corrupt: bool) -> None:
         path = self.saver.step_path(step)
         reason = textwrap.shorten(f"{type(error).__name__}: {error}", 400, placeholder=" ...")
         if not past_corrupt:
@@ -290,11 +401,13 @@ class RcpHooks:
                 "the run's MLLOG has already ended (block_stop): its last step cannot be trained "
                 "again; start the run afresh in another run_dir"
             ) from error
-        self.saver.delete(step)
-        manifest.remove(self.layout.manifest, step)
+        later = [s for s in self.saver.complete_steps() if s > step]
+        for s in sorted([*later, step], reverse=True):
+            manifest.remove(self.layout.manifest, s)
+        for s in sorted([*later, step], reverse=True):
+            self.saver.delete(s)
         log.warning("step %d: deleted the checkpoint that cannot be restored (%s)", step, reason)
         self.recorder = self._new_recorder()  # one that has not read the removed row
-        return self.resume(params_like, state_like, past_corrupt=True)
 
     # -- the training loop ----------------------------------------------------------------
 
@@ -307,14 +420,13 @@ class RcpHooks:
         self.recorder.on_run_start(time_ms)
 
     def after_update(self, step: int, params: PyTree, state: PyTree) -> int:
-        """Call right after optimizer update number `step`; returns its timestamp_ms.
+        """Call right after optimizer update number `step` (every process); its timestamp_ms.
 
-        Blocks until `params` are computed, takes the timestamp (the recorder's), then (from
-        val_start_at on) copies `params` and `state` to host memory and queues their save; it
-        waits for earlier saves only when `max_pending_saves` of them are unfinished. The
-        trainer must not donate `params` or `state` before this returns; afterwards the save
-        holds its own host copy. Raises `tpu_jobs.rcp.saver.SaveFailedError` if an earlier save
-        failed (its step is named).
+        Blocks until the update is computed on every process (`settle_update`), takes the
+        timestamp (the recorder's), then (from val_start_at on) saves the step: its weights,
+        and its train state on full-state steps; Orbax copies them to host memory before this
+        returns (after waiting for the previous save, if that has not finished). Raises
+        `tpu_jobs.rcp.saver.SaveFailedError` if an earlier save failed (its step is named).
         """
         last = self.recorder.last_update
         # One call per update: a skipped step would leave a hole in the per-step checkpoints.
@@ -322,10 +434,18 @@ class RcpHooks:
             raise ValueError(
                 f"step {step}: expected step {last[0] + 1} (steps are updates, 1 apart)"
             )
-        jax.block_until_ready(params)
+        fingerprint = settle_update(params)
         timestamp_ms = self.recorder.on_update(step)
         if step >= self.val_start_at:
-            self.saver.save(step, params, state, timestamp_ms=timestamp_ms, extra=self._extra)
+            full = is_full_state_step(step, self.val_start_at, self.full_state_every)
+            self.saver.save(
+                step,
+                params,
+                state if full else None,
+                timestamp_ms=timestamp_ms,
+                extra=self._extra,
+                fingerprint=fingerprint,
+            )
         return timestamp_ms
 
     def stop_requested(self) -> bool:
@@ -335,13 +455,13 @@ class RcpHooks:
         return self.recorder.stop_requested()
 
     def flush(self) -> None:
-        """Block until every queued save has committed and has its row (e.g. before the trainer
-        exits on a preemption notice); raises `SaveFailedError` if one failed."""
+        """Block until every save has committed and has its row (e.g. before the trainer exits
+        on a preemption notice); raises `SaveFailedError` if one failed."""
         self.saver.wait()
 
     def on_train_end(self) -> None:
-        """Wait for the queued saves and their rows, then log ``block_stop`` backdated to the
-        last weight update. Idempotent; a resumed run that had already ended logs nothing."""
+        """Wait for the saves and their rows, then log ``block_stop`` backdated to the last
+        weight update. Idempotent; a resumed run that had already ended logs nothing."""
         self.flush()
         self.saver.close()
         self.recorder.on_train_end()
@@ -359,12 +479,17 @@ class RcpHooks:
     ) -> None:
         if exc is None:
             return
-        # Training failed: finish the queued saves of updates that did complete, with their rows
+        # Training failed: finish the saves of updates that did complete, with their rows
         # (a resume continues from them), but end nothing: no block_stop for an unfinished run.
-        try:
-            self.saver.close()
-        except SaveFailedError as e:
-            if not isinstance(exc, SaveFailedError):  # else it is the failure being raised
-                exc.add_note(f"(also: a checkpoint save failed: {e})")
-        except Exception as e:
-            exc.add_note(f"(also: closing the checkpoint saver failed: {e})")
+        close_after_failure(self.saver, exc)
+
+
+def close_after_failure(saver: CheckpointSaver, exc: BaseException) -> None:
+    """Close `saver` while `exc` unwinds the loop; its own failure becomes a note on `exc`."""
+    try:
+        saver.close()
+    except SaveFailedError as e:
+        if not isinstance(exc, SaveFailedError):  # else it is the failure being raised
+            exc.add_note(f"(also: a checkpoint save failed: {e})")
+    except Exception as e:
+        exc.add_note(f"(also: closing the checkpoint saver failed: {e})")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,8 +62,10 @@ C = TypeVar("C", bound=RunConfig)
 
 
 def say(record: dict[str, object]) -> None:
-    """One progress line on stdout (JSON)."""
-    print(json.dumps(record, sort_keys=True), flush=True)
+    """One progress line on stdout (JSON), in one write: the processes of a local multi-process
+    job share one pipe, and print's separate write of the newline could interleave there."""
+    sys.stdout.write(json.dumps(record, sort_keys=True) + "\n")
+    sys.stdout.flush()
 
 
 def start_event(

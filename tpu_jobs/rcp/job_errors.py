@@ -19,10 +19,11 @@ from tpu_jobs.rcp.distributed import LayoutError
 from tpu_jobs.rcp.fingerprint import FingerprintMismatchError
 from tpu_jobs.rcp.hooks import RunMismatchError
 from tpu_jobs.rcp.saver import SaveFailedError
+from tpu_jobs.rcp.sharding import BatchSplitError
 
 BAD_ARGUMENTS = job_exit.EXIT_BAD_ARGUMENTS
 INVALID_INPUT = job_exit.EXIT_INVALID_INPUT
-ARGUMENT_ERRORS: tuple[type[Exception], ...] = (RunMismatchError, LayoutError)
+ARGUMENT_ERRORS: tuple[type[Exception], ...] = (RunMismatchError, LayoutError, BatchSplitError)
 INVALID_INPUT_ERRORS: tuple[type[Exception], ...] = (
     CheckpointError,
     ManifestError,

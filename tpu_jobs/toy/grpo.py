@@ -14,8 +14,9 @@ trajectory it would have had without the interruption.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cache
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -86,7 +87,7 @@ def init_state(cfg: ModelConfig, hp: Hyperparameters, seed: int) -> TrainState:
     return TrainState(step=jnp.int32(0), params=params, opt_state=make_optimizer(hp).init(params))
 
 
-def rollout_key(seed: int, step: int) -> jax.Array:
+def rollout_key(seed: int, step: int | jax.Array) -> jax.Array:
     """The sampling key of update number ``step`` (1-based), a pure function of seed and step."""
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), _ROLLOUT_STREAM), step)
 
@@ -102,6 +103,33 @@ def make_train_step(cfg: ModelConfig, hp: Hyperparameters) -> TrainStep:
     ``prompts`` is ``(hp.num_prompts_per_step, task.PROMPT_LENGTH)``. Cached per settings, so
     callers share one compiled program.
     """
+    return jax.jit(train_step_fn(cfg, hp))
+
+
+def sharded_train_step(
+    cfg: ModelConfig,
+    hp: Hyperparameters,
+    seed: int,
+    state_shardings: Any,
+    metrics_sharding: jax.sharding.Sharding,
+) -> TrainStep:
+    """A jitted ``(state, prompts, step) -> (state, metrics)`` whose state keeps
+    `state_shardings` and whose metrics are laid out as `metrics_sharding` (replicated); the
+    rollout key is `rollout_key(seed, step)`, derived on device from the int32 ``step``."""
+    step_fn = train_step_fn(cfg, hp)
+
+    def sharded(
+        state: TrainState, prompts: jax.Array, step: jax.Array
+    ) -> tuple[TrainState, StepMetrics]:
+        return step_fn(state, prompts, rollout_key(seed, step))
+
+    return jax.jit(sharded, out_shardings=(state_shardings, metrics_sharding))
+
+
+def train_step_fn(
+    cfg: ModelConfig, hp: Hyperparameters
+) -> Callable[[TrainState, jax.Array, jax.Array], tuple[TrainState, StepMetrics]]:
+    """The un-jitted ``(state, prompts, key) -> (state, metrics)`` of `make_train_step`."""
     optimizer = make_optimizer(hp)
     generations = hp.num_generations_per_prompt
     logits_fn = scanned_logits_fn(cfg)
@@ -131,7 +159,7 @@ def make_train_step(cfg: ModelConfig, hp: Hyperparameters) -> TrainStep:
         )
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
-    return jax.jit(train_step)
+    return train_step
 
 
 def prompts_for_step(hp: Hyperparameters, seed: int, step: int) -> np.ndarray:

@@ -149,9 +149,11 @@ def _check_tokens(cfg: ModelConfig, tokens: jax.Array) -> None:
 
 @cache
 def _init_fn(cfg: ModelConfig) -> Callable[[jax.Array], Any]:
-    # One compiled program: much faster than initialising op by op.
-    dummy = jnp.zeros((1, 4), dtype=jnp.int32)
-    return jax.jit(lambda rng: ScannedTransformer(cfg).init(rng, dummy)["params"])
+    # One compiled program: much faster than initialising op by op. The dummy input is made
+    # inside: this cached function may first be called while another jit traces its caller.
+    return jax.jit(
+        lambda rng: ScannedTransformer(cfg).init(rng, jnp.zeros((1, 4), jnp.int32))["params"]
+    )
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:

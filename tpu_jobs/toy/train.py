@@ -1,6 +1,7 @@
 """The toy GRPO training job (``python -m tpu_jobs.train --run-dir D --seed S [...]``).
 
-Trains the toy policy on the digit task with GRPO, recording through `RcpHooks`; runs
+Trains the toy policy on the digit task with GRPO on every device of every process (an FSDP mesh;
+`tpu_jobs.launch` starts several local processes), recording through `RcpHooks`; runs
 ``--max-steps`` updates unless a stop request for this run stands (checked after each step), and
 a rerun with the same flags resumes from the newest complete checkpoint (``--resume-past-corrupt``
 drops a newest one that cannot be restored). Prints one JSON line per update; exit codes:
@@ -10,24 +11,40 @@ docs/tpu_jobs.md (0 done, 2 bad flags, 1 a run folder that cannot be resumed, 14
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rcpflow import recipe
 from rcpflow.mllog import SystemInfo
-from tpu_jobs.rcp import distributed, job_cli, job_errors, termination
-from tpu_jobs.rcp.hooks import RESUME_PAST_CORRUPT_FLAG, RcpHooks
+from rcpflow.recorder import now_ms
+from tpu_jobs.rcp import distributed, job_cli, job_errors, sharding, termination
+from tpu_jobs.rcp.hooks import (
+    FULL_STATE_EVERY_FLAG,
+    KEEP_FULL_STATES_FLAG,
+    RESUME_PAST_CORRUPT_FLAG,
+    RcpHooks,
+)
 from tpu_jobs.rcp.job_cli import RunConfig, TrainResult, say
 from tpu_jobs.rcp.trainer_hooks import TrainerHooks
 from tpu_jobs.toy import grpo
 from tpu_jobs.toy.model import MODEL_CONFIG_KEY, ModelConfig
 
 PROG = "python -m tpu_jobs.train"
+
+
+# Test hook (the straggler test): "<process>:<seconds>" makes that process sleep after each
+# update is computed, before its recording, as a slow host would.
+SLOW_AFTER_UPDATE_ENV = "RCPFLOW_TEST_SLOW_AFTER_UPDATE"
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 @dataclass(frozen=True)
@@ -40,12 +57,31 @@ class TrainConfig(RunConfig):
     max_steps: int = 50
     resume_past_corrupt: bool = False
     model: ModelConfig = field(default_factory=ModelConfig)
+    full_state_every: int = 1
+    keep_full_states: int | None = None
+
+
+def _slow_after_update() -> float:
+    raw = os.environ.get(SLOW_AFTER_UPDATE_ENV, "")
+    if not raw:
+        return 0.0
+    process, _, seconds = raw.partition(":")
+    return float(seconds) if int(process) == jax.process_index() else 0.0
+
+
+def collectives_in(compiled: jax.stages.Compiled) -> list[str]:
+    """The collective ops of a compiled program's HLO (none: every device computes alone)."""
+    text = compiled.as_text() or ""
+    return [op for op in COLLECTIVE_OPS if f" {op}(" in text or f" {op}-start(" in text]
 
 
 def train(config: TrainConfig) -> TrainResult:
     hp = config.hyperparameters()
     val_start = recipe.val_start_at(hp.global_batch_size, config.val_start_at)
     cfg = config.model
+    mesh = sharding.mesh()
+    prompts_per_step = hp.num_prompts_per_step
+    sharding.check_batch(mesh, prompts_per_step, "--global-batch-size / 16 prompts")
     hooks: TrainerHooks
     if jax.process_index() == 0:
         hooks = RcpHooks(
@@ -54,13 +90,21 @@ def train(config: TrainConfig) -> TrainResult:
             hp,
             val_start,
             rcp_logging=config.rcp_logging,
-            # One update consumes the whole global batch at once on one device.
-            system=SystemInfo(micro_batch_size=hp.global_batch_size),
+            # One update consumes the whole global batch at once, split over the devices.
+            system=SystemInfo(micro_batch_size=hp.global_batch_size // mesh.devices.size),
             checkpoint_extra={MODEL_CONFIG_KEY: asdict(cfg)},
+            full_state_every=config.full_state_every,
+            keep_full_states=config.keep_full_states,
         )
-    else:  # one writer: the other processes of a multi-process job write nothing
-        hooks = distributed.FollowerHooks(config.run_dir)
-    state = grpo.init_state(cfg, hp, config.seed)
+    else:  # one writer of the log and manifest; every process saves its shards
+        hooks = distributed.FollowerHooks(
+            config.run_dir, val_start, full_state_every=config.full_state_every
+        )
+    # Each leaf is created where it lives: no process holds the whole model.
+    init = partial(grpo.init_state, cfg, hp, config.seed)
+    state_shardings = sharding.tree_shardings(mesh, jax.eval_shape(init))
+    replicated = sharding.replicated(mesh)
+    state = jax.jit(init, out_shardings=state_shardings)()
     resumed = distributed.resume(
         hooks,
         params_like=state.params,
@@ -69,36 +113,54 @@ def train(config: TrainConfig) -> TrainResult:
     )
     first_step = 1
     if resumed is not None:
-        state = grpo.TrainState(
-            step=jnp.int32(resumed.step), params=resumed.params, opt_state=resumed.state
-        )
+        step0 = jax.jit(lambda: jnp.int32(resumed.step), out_shardings=replicated)()
+        state = grpo.TrainState(step=step0, params=resumed.params, opt_state=resumed.state)
         # A run whose log already ended only gets its last rows checked by on_train_end().
         first_step = hp.max_steps + 1 if resumed.finished else resumed.step + 1
-    state = distributed.replicate(state)
     hooks.on_init_start()
-    start = job_cli.start_event(hp, val_start, None if resumed is None else resumed.step)
-    say({**start, "process": [jax.process_index(), jax.process_count()]})
+    start_row, stop_row = sharding.local_rows(mesh, prompts_per_step)
+
+    def batch(step: int) -> tuple[jax.Array, jax.Array]:
+        # This process's rows only: the global batch is assembled from every process's part.
+        mine = grpo.prompts_for_step(hp, config.seed, step)[start_row:stop_row]
+        prompts = sharding.global_batch(mesh, mine, prompts_per_step)
+        step_array = jax.make_array_from_process_local_data(replicated, np.int32(step), ())
+        return prompts, step_array
+
     # Compile before run_start: initialisation is not time-to-train.
     step_fn = (
-        grpo.make_train_step(cfg, hp)
-        .lower(
-            state,
-            distributed.replicate(grpo.prompts_for_step(hp, config.seed, first_step)),
-            distributed.replicate(grpo.rollout_key(config.seed, first_step)),
-        )
+        grpo.sharded_train_step(cfg, hp, config.seed, state_shardings, replicated)
+        .lower(state, *batch(first_step))
         .compile()
     )
+    start = job_cli.start_event(hp, val_start, None if resumed is None else resumed.step)
+    say(
+        {
+            **start,
+            "process": [jax.process_index(), jax.process_count()],
+            "rows": [start_row, stop_row],
+            "collectives": collectives_in(step_fn),
+        }
+    )
+    slow_s = _slow_after_update()
     hooks.on_run_start()
     rewards: list[float] = []
     last_step = min(first_step - 1, hp.max_steps)
-    with hooks:
+    with hooks, termination.deferred() as sigterm:
         for step in range(first_step, hp.max_steps + 1):
-            state, metrics = step_fn(
-                state,
-                distributed.replicate(grpo.prompts_for_step(hp, config.seed, step)),
-                distributed.replicate(grpo.rollout_key(config.seed, step)),
-            )
+            started = time.perf_counter()
+            state, metrics = step_fn(state, *batch(step))
+            # This process's part of the update is done here; what follows is recording (its
+            # wait for the other processes' parts included).
+            jax.block_until_ready(state.params)
+            computed = time.perf_counter()
+            if slow_s:
+                time.sleep(slow_s)
+                say({"event": "slow_update_done", "step": step, "time_ms": now_ms(),
+                     "process": jax.process_index()})  # fmt: skip
             timestamp_ms = hooks.after_update(step, state.params, state.opt_state)
+            decision = distributed.stop_decision(hooks, bool(sigterm))
+            recorded = time.perf_counter()
             rewards.append(float(metrics.mean_reward))
             say(
                 {
@@ -106,11 +168,17 @@ def train(config: TrainConfig) -> TrainResult:
                     "mean_reward": round(rewards[-1], 4),
                     "loss": round(float(metrics.loss), 6),
                     "timestamp_ms": timestamp_ms,
+                    "step_s": round(computed - started, 4),
+                    "recording_s": round(recorded - computed, 4),
+                    **({"process": jax.process_index()} if jax.process_count() > 1 else {}),
                 }
             )
             last_step = step
-            if distributed.stop_requested(hooks):
-                say({"event": "stop_requested", "step": step})
+            if decision.terminated:
+                say({"event": "sigterm", "step": step, "process": jax.process_index()})
+                raise termination.Terminated(termination.SIGTERM_EXIT_CODE)
+            if decision.stop:
+                say({"event": "stop_requested", "step": step, "process": jax.process_index()})
                 break
         hooks.on_train_end()
     return TrainResult(
@@ -137,19 +205,49 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
         help="feed-forward width (default %(default)s)",
     )
     parser.add_argument(
+        "--num-layers",
+        type=int,
+        default=ModelConfig.num_layers,
+        help="decoder layers (default %(default)s)",
+    )
+    parser.add_argument(
         RESUME_PAST_CORRUPT_FLAG,
         action="store_true",
         help="when the newest checkpoint cannot be restored, delete it (and its manifest row) "
-        "and train that step again from the one before",
+        "and train that step again from the one before (one process only)",
+    )
+    parser.add_argument(
+        FULL_STATE_EVERY_FLAG,
+        type=int,
+        default=1,
+        metavar="K",
+        help="save the full train state (for resume) every K checkpointed steps from "
+        "val_start_at; the others hold the weights only (default %(default)s: every step)",
+    )
+    parser.add_argument(
+        KEEP_FULL_STATES_FLAG,
+        type=int,
+        default=None,
+        metavar="N",
+        help="keep the train state of the last N full-state steps only (their weights stay "
+        "for evaluation; default: keep all)",
     )
 
     def build(args: argparse.Namespace) -> TrainConfig:
         try:
-            model = ModelConfig(d_model=args.d_model, d_ff=args.d_ff)
+            model = ModelConfig(d_model=args.d_model, d_ff=args.d_ff, num_layers=args.num_layers)
         except ValueError as e:
-            parser.error(f"--d-model/--d-ff: {e}")
+            parser.error(f"--d-model/--d-ff/--num-layers: {e}")
+        if args.full_state_every < 1:
+            parser.error(f"{FULL_STATE_EVERY_FLAG} must be >= 1, got {args.full_state_every}")
+        if args.keep_full_states is not None and args.keep_full_states < 1:
+            parser.error(f"{KEEP_FULL_STATES_FLAG} must be >= 1, got {args.keep_full_states}")
         return TrainConfig(
-            **job_cli.run_fields(args), resume_past_corrupt=args.resume_past_corrupt, model=model
+            **job_cli.run_fields(args),
+            resume_past_corrupt=args.resume_past_corrupt,
+            model=model,
+            full_state_every=args.full_state_every,
+            keep_full_states=args.keep_full_states,
         )
 
     return job_cli.parse_run_args(parser, argv, build)

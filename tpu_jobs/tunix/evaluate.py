@@ -25,7 +25,7 @@ from tpu_jobs.eval import cli
 from tpu_jobs.eval.attempts import attempt_keys, attempt_rows, pad_rows, scored
 from tpu_jobs.eval.shards import Record
 from tpu_jobs.eval.target import CheckpointFacts, LoadedCheckpoint
-from tpu_jobs.rcp.fingerprint import FingerprintMismatchError, weights_fingerprint
+from tpu_jobs.rcp.fingerprint import FingerprintMismatchError, fingerprint_as
 from tpu_jobs.sampling import filter_logits
 from tpu_jobs.tunix import checkpoints, policy
 
@@ -65,7 +65,7 @@ def load_policy(
             f"expects {expected}: not the checkpoint the manifest recorded"
         )
     params = checkpoints.restore_params(path)
-    got = weights_fingerprint(params)
+    got = fingerprint_as(params, record.weights_fingerprint)  # also an earlier sha256 one
     if got != record.weights_fingerprint:
         raise FingerprintMismatchError(
             f"{path}: restored weights have fingerprint {got}, recorded at save "

@@ -3,7 +3,8 @@ the recorder resumes from them (`committed_checkpoints`).
 
 Tunix makes one call between an update and the save of its result,
 ``custom_checkpoint_metadata_fn``: there each update is timed (after blocking on the actor's new
-parameters) and, from ``val_start_at`` on, its record goes into the checkpoint's metadata. A
+parameters, through their on-device fingerprint from ``val_start_at`` on) and its record goes
+into the checkpoint's metadata. A
 watcher thread writes the manifest row once Orbax has committed the step (docs/tpu_jobs.md).
 """
 
@@ -42,7 +43,11 @@ class StepRecording:
         identity: RunIdentity,
         policy_config: policy.PolicyConfig,
         last_step: int,
+        primary: bool = True,
     ) -> None:
+        # A process other than 0 records nothing: it only takes part in the fingerprint (a
+        # collective) and leaves the rows to process 0, whose metadata Orbax writes.
+        self.primary = primary
         self.recorder = recorder
         self.trainer = trainer
         self.val_start_at = val_start_at
@@ -52,7 +57,9 @@ class StepRecording:
         self._last_step = last_step
         self._current: dict[str, Any] = {}
         self._records: dict[int, checkpoints.CheckpointRecord] = {}
-        self.watcher = checkpoints.CommitWatcher(checkpoint_root, self._committed)
+        self.watcher = (
+            checkpoints.CommitWatcher(checkpoint_root, self._committed) if primary else None
+        )
         trainer.custom_checkpoint_metadata_fn = self._metadata
 
     def _metadata(self) -> dict[str, Any]:
@@ -65,17 +72,24 @@ class StepRecording:
     def _record_update(self, step: int) -> None:
         if step != self._last_step + 1:
             raise CheckpointError(f"step {step}: Tunix skipped from update {self._last_step}")
-        actor = nnx.state(self.trainer.model, nnx.Param)
-        jax.block_until_ready(actor)
-        timestamp_ms = self.recorder.on_update(step)
-        self._last_step = step
-        say({"step": step, "timestamp_ms": timestamp_ms})  # progress, as the update happens
-        self._current = {}
+        fingerprint = None
         if step >= self.val_start_at:
+            # On the device, at memory bandwidth: its result is ready only once every weight
+            # of the update is, so this is also the wait before the timestamp.
+            fingerprint = weights_fingerprint(policy.params(self.trainer.model))
+        else:
+            jax.block_until_ready(nnx.state(self.trainer.model, nnx.Param))
+        self._last_step = step
+        self._current = {}
+        if not self.primary:
+            return
+        timestamp_ms = self.recorder.on_update(step)
+        say({"step": step, "timestamp_ms": timestamp_ms})  # progress, as the update happens
+        if fingerprint is not None and self.watcher is not None:
             record = checkpoints.CheckpointRecord(
                 step=step,
                 timestamp_ms=timestamp_ms,
-                weights_fingerprint=weights_fingerprint(policy.params(self.trainer.model)),
+                weights_fingerprint=fingerprint,
                 run=self.identity.arguments(),
                 policy=self.policy_config.to_json(),
             )
@@ -93,6 +107,8 @@ class StepRecording:
 
     def finish(self) -> None:
         """Wait for the rows of every saved step (Tunix's close has waited for the writes)."""
+        if self.watcher is None:
+            return
         try:
             self.watcher.drain()
         finally:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import jax
 import numpy as np
 from tunix.rl import rl_cluster as rlc
 from tunix.rl.grpo import grpo_learner
@@ -26,7 +27,7 @@ from rcpflow.mllog import SystemInfo
 from rcpflow.recorder import TrainingRecorder
 from rcpflow.run_identity import RunIdentity
 from tpu_jobs import task
-from tpu_jobs.rcp import job_cli
+from tpu_jobs.rcp import collectives, distributed, job_cli, job_errors
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.hooks import resume_recorder
 from tpu_jobs.rcp.job_cli import RunConfig, TrainResult, say
@@ -184,9 +185,11 @@ def train(config: TrainConfig) -> TrainResult:
         system=SystemInfo(micro_batch_size=hp.global_batch_size),
         rcp_logging=config.rcp_logging,
     )
+    # One recorder: process 0's (every process trains and saves its shards).
+    primary = jax.process_index() == 0
     committed = {c.step: c for c in committed_checkpoints(root, identity, val_start)}
     resumed = None
-    if committed:
+    if committed and primary:
         resumed = resume_recorder(
             recorder,
             sorted(committed),
@@ -194,8 +197,14 @@ def train(config: TrainConfig) -> TrainResult:
             committed=committed.__getitem__,
         )
     # The log already has its block_stop (a finished or stopped run started again): no training.
-    ended = resumed is not None and resumed.finished
-    recorder.on_init_start()
+    [ended_flag] = collectives.from_primary([int(resumed is not None and resumed.finished)])
+    ended = bool(ended_flag)
+
+    def stop_requested() -> bool:  # process 0 reads it; every process stops at the same step
+        return collectives.any_process([primary and recorder.stop_requested()])[0]
+
+    if primary:
+        recorder.on_init_start()
     job = build_job(config, hp, val_start, root)
     cluster, trainer, learner, rollout = job.cluster, job.trainer, job.learner, job.rollout
     restored = max(committed, default=0)
@@ -212,13 +221,21 @@ def train(config: TrainConfig) -> TrainResult:
         identity=identity,
         policy_config=config.policy,
         last_step=restored,
+        primary=primary,
     )
-    say({**job_cli.start_event(hp, val_start, restored or None), "trainer": "tunix"})
-    recorder.on_run_start()
+    say(
+        {
+            **job_cli.start_event(hp, val_start, restored or None),
+            "trainer": "tunix",
+            "process": [jax.process_index(), jax.process_count()],
+        }
+    )
+    if primary:
+        recorder.on_run_start()
     source = StoppableBatches(
-        config.seed, hp, rollout, resumed_from=restored, stop_requested=recorder.stop_requested
+        config.seed, hp, rollout, resumed_from=restored, stop_requested=stop_requested
     )
-    stopped_before = restored < hp.max_steps and not ended and recorder.stop_requested()
+    stopped_before = restored < hp.max_steps and not ended and stop_requested()
     if stopped_before:  # the request came before the crash this run resumes from
         say({"event": "stop_requested", "step": restored})
     try:
@@ -234,7 +251,8 @@ def train(config: TrainConfig) -> TrainResult:
             f"Tunix stopped at step {last} of {hp.max_steps}, and no stop request for this run "
             "asked it to"
         )
-    recorder.on_train_end()
+    if primary:
+        recorder.on_train_end()
     return TrainResult(first_step=restored + 1, last_step=last, resumed_from=restored or None)
 
 
@@ -247,4 +265,10 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return job_cli.run_job(PROG, parse_args(argv), train)
+    config = parse_args(argv)
+    try:
+        layout = distributed.layout_from_env()
+    except distributed.LayoutError as e:
+        return job_errors.report(PROG, e)
+    distributed.initialize(layout)  # several processes: one system, process 0 records
+    return job_cli.run_job(PROG, config, train)
