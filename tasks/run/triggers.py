@@ -203,6 +203,12 @@ class _CheckpointWait(BaseTrigger):
                 )
             if progress.state == "ended":
                 return "ended", f"step {target.step}: skipped: {progress.detail}", progress
+            halted = snapshot.ended_at is not None
+            if progress.state == "committed" and (schedule == "during_training" or halted):
+                if admit is None or await admit(snapshot):
+                    return "committed", progress.detail, progress
+                await asyncio.sleep(self.poll_interval_s)
+                continue
             states = await self.train_task_states(target)
             if not states:
                 return (
@@ -228,12 +234,15 @@ class _CheckpointWait(BaseTrigger):
                 if progress.state != "committed":
                     return (
                         "ended",
-                        f"step {target.step}: skipped: training finished without its checkpoint",
+                        f"step {target.step}: skipped: training finished without a checkpoint of step {target.step}",
                         progress,
                     )
-            halted = snapshot.ended_at is not None or training == "succeeded"
-            ready = progress.state == "committed" and (schedule == "during_training" or halted)
-            if ready and (admit is None or await admit(snapshot)):
+            # committed under after_training: training halts when its group succeeds
+            if (
+                progress.state == "committed"
+                and training == "succeeded"
+                and (admit is None or await admit(snapshot))
+            ):
                 return "committed", progress.detail, progress
             if training == "not_started" and start_grace_s is not None:
                 now = time.monotonic()
