@@ -234,7 +234,8 @@ class _CheckpointWait(BaseTrigger):
                 if progress.state != "committed":
                     return (
                         "ended",
-                        f"step {target.step}: skipped: training finished without a checkpoint of step {target.step}",
+                        f"step {target.step}: skipped: training finished without a "
+                        f"checkpoint of step {target.step}",
                         progress,
                     )
             # committed under after_training: training halts when its group succeeds
