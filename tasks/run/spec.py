@@ -22,7 +22,13 @@ from rcpflow.recipe import DIVISIONS, Division
 from rcpflow.storage import storage_for
 from tasks.backends.base import FormDefaults
 from tasks.deployment import EvalSchedule
-from tasks.run.schedules import RULES_WORDING, SCHEDULES, ScheduleRecord, record_schedule
+from tasks.run.schedules import (
+    RULES_WORDING,
+    SCHEDULES,
+    ScheduleRecord,
+    closed_division_warning,
+    record_schedule,
+)
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +249,9 @@ def plan_run() -> dict[str, Any]:
     log.info("run spec: %s", spec)
     record_schedule(spec.run_dir, spec.schedule)
     log.info("%s", spec.schedule.statement())
+    warning = closed_division_warning(spec.eval_schedule, spec.division)
+    if warning is not None:
+        log.warning("%s", warning)
     return spec.to_dict()
 
 
