@@ -205,8 +205,11 @@ class _CheckpointWait(BaseTrigger):
                 return "ended", f"step {target.step}: skipped: {progress.detail}", progress
             halted = snapshot.ended_at is not None
             if progress.state == "committed" and (schedule == "during_training" or halted):
-                if admit is None or await admit(snapshot):
-                    return "committed", progress.detail, progress
+                if await self.admitted(target, snapshot, admit):
+                    # read afresh: this poll's shared read may predate the summary of the
+                    # evaluation whose end freed the slot
+                    decided = await self.decided(target, snapshot)
+                    return decided or ("committed", progress.detail, progress)
                 await asyncio.sleep(self.poll_interval_s)
                 continue
             states = await self.train_task_states(target)
@@ -239,12 +242,10 @@ class _CheckpointWait(BaseTrigger):
                         progress,
                     )
             # committed under after_training: training halts when its group succeeds
-            if (
-                progress.state == "committed"
-                and training == "succeeded"
-                and (admit is None or await admit(snapshot))
-            ):
-                return "committed", progress.detail, progress
+            ready = progress.state == "committed" and training == "succeeded"
+            if ready and await self.admitted(target, snapshot, admit):
+                decided = await self.decided(target, snapshot)  # afresh, as above
+                return decided or ("committed", progress.detail, progress)
             if training == "not_started" and start_grace_s is not None:
                 now = time.monotonic()
                 not_started_since = not_started_since or now
@@ -253,6 +254,26 @@ class _CheckpointWait(BaseTrigger):
             else:
                 not_started_since = None
             await asyncio.sleep(self.poll_interval_s)
+
+    async def admitted(
+        self, target: WaitTarget, snapshot: RunSnapshot, admit: Admit | None
+    ) -> bool:
+        """`admit` lets the step go (no `admit`: it goes)."""
+        return admit is None or await admit(snapshot)
+
+    async def decided(
+        self, target: WaitTarget, snapshot: RunSnapshot
+    ) -> tuple[Outcome, str, CheckpointProgress | None] | None:
+        """The ``decided`` outcome if a lower step's valid summary passes, read now."""
+        passed = await asyncio.to_thread(lowest_passing, target.run_dir, snapshot.rows)
+        if passed is None or passed >= target.step:
+            return None
+        return (
+            "decided",
+            f"step {target.step}: skipped, not evaluated: step {passed} already passed the "
+            "target, which decided the run",
+            snapshot.progress(target.step),
+        )
 
     async def snapshot(self, target: WaitTarget) -> RunSnapshot:
         snapshot: RunSnapshot = await SHARED.get(
