@@ -28,6 +28,7 @@ jobs are subprocesses.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import itertools
 import json
@@ -337,7 +338,7 @@ class SeedRun:
     verdict_s: float  # the latest eval_stop of the steps up to the passing one, after trigger
     ideal_s: float  # passing step's weight update (after trigger) + its evaluation time
     eval_busy_s: float  # evaluation jobs' time: summaries' eval times, stopped tasks' runs
-    wasted: int  # evaluate tasks above the passing step that started
+    wasted: int  # evaluate tasks above the passing step that ran a task process
     steps_trained: int
     task_start_s: list[float]  # evaluate task start after its wait ended
     free_skips: int  # evaluate tasks above the passing step skipped without a task process
@@ -406,10 +407,12 @@ def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]
     busy = sum((v.eval_stop_ms - v.eval_start_ms) / 1000 for v in summaries.values())
     wasted, starts, free, above = 0, [], 0, 0
     for (task, index), ti in by_index.items():
+        # a task process ran only where the instance has a pid (the scheduler sets start and
+        # end dates on an instance it skips)
         if task == "evaluate" and first + index > step:
             above += 1
-            free += ti["state"] == "skipped" and not ti["start_date"]
-        if task != "evaluate" or not ti["start_date"]:
+            free += ti["state"] == "skipped" and ti["pid"] is None
+        if task != "evaluate" or ti["pid"] is None or not ti["start_date"]:
             continue
         wait = by_index.get(("wait", index))
         if wait is not None and wait["end_date"]:
@@ -574,8 +577,9 @@ def proportions_section(
             "back up (divided by the factor), in hours.",
             "- evaluation chip-hours: every evaluation's time (a summary's eval times; a stopped "
             f"one's task run) x {PROFILE.eval_chips} chips, scaled back up, all three seeds.",
-            "- wasted evaluations: evaluate tasks above a seed's passing step that started (their "
-            "jobs are stopped at the pass), all seeds.",
+            "- wasted evaluations: evaluate tasks above a seed's passing step that ran a task "
+            "process (their jobs are stopped at the pass, or they skipped at the gate), all "
+            "seeds.",
             "- forecast error: (forecast - measured) / measured submission time to verdict; the "
             "forecast is `rcpflow.forecast.simulate` per seed at the scaled times plus that "
             "seed's measured run_start after the trigger, with two overheads measured once on "
@@ -611,10 +615,21 @@ def run_proportions(args: argparse.Namespace) -> str:
         for c in PROPORTIONS
         if args.only_proportions is None or f"{c[0]}:{c[1]}" in args.only_proportions
     ]
-    rows = [
-        run_proportion(s, w, scale=args.scale, max_steps=args.proportions_max_steps)
-        for s, w in configs
-    ]
+    saved = WORKDIR / "proportions.json"
+    if args.proportions_from is not None:  # the section again from a run's measurements
+        rows = [
+            ProportionRow(
+                r["schedule"], r["window"], tuple(SeedRun(**s) for s in r["seeds"]), r["load"]
+            )
+            for r in json.loads(args.proportions_from.read_text())
+        ]
+    else:
+        rows = []
+        for s, w in configs:
+            rows.append(
+                run_proportion(s, w, scale=args.scale, max_steps=args.proportions_max_steps)
+            )
+            saved.write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
     first = rows[0]
     cal = Calibration(
         task_start_s=statistics.median(t for s in first.seeds for t in s.task_start_s),
@@ -654,6 +669,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--scale", type=float, default=0.01, help="the rehearsal jobs' time scale (1/100)"
     )
     parser.add_argument("--proportions-max-steps", type=int, default=60)
+    parser.add_argument(
+        "--proportions-from",
+        type=Path,
+        default=None,
+        help="write the section from the measurements a run saved (proportions.json)",
+    )
     parser.add_argument(
         "--only-proportions",
         choices=[f"{s}:{w}" for s, w in PROPORTIONS],
