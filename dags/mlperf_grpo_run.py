@@ -1,11 +1,15 @@
 """mlperf_grpo_run: one seed of a qwen35_397b_grpo submission.
 
-``plan`` (check the Params) -> ``train`` (the training job on the deployment's backend, then its
-outputs checked) -> ``evaluation`` (every saved checkpoint in step order until one passes,
-later ones skipped; ``finalize`` writes the eval section and ``run_stop``; ``check`` runs the
-official compliance checker). With the deployment's ``eval_schedule = "during_training"`` the
-evaluation starts alongside training and stops it at the verdict. Triggered by
-``mlperf_grpo_submission`` per seed, or by hand.
+``plan`` (check the Params, record the evaluation schedule) -> ``train`` (the training job on
+the deployment's backend, then its outputs checked) beside ``evaluation`` (one ``checkpoint``
+group per planned step: ``wait``, ``evaluate``, ``stop_if_decided``; W checkpoints at a time,
+lowest first, until one passes; the others skipped or stopped; ``finalize`` writes the eval
+section and ``run_stop``; ``check`` runs the official compliance checker). The Params
+``eval_schedule`` and ``eval_window`` choose when: ``after_training`` (the default, the rules'
+wording: once training halts) or ``during_training`` (not described by the rules: while
+training runs, stopping it at the verdict). Triggered by ``mlperf_grpo_submission`` per seed,
+or by hand. Per-step instances are labelled ``step N`` once they ran; the RCP tab of a DAG run
+(``/rcp/dag-run/<dag_id>/<run_id>``) has every step.
 """
 
 from airflow.sdk import dag
@@ -13,7 +17,7 @@ from airflow.sdk import dag
 from tasks.backends.registry import backend_for, form_defaults
 from tasks.deployment import load_deployment
 from tasks.names import RUN_DAG_ID
-from tasks.run.schedules import evaluation_for
+from tasks.run.planned import evaluation_over_steps
 from tasks.run.spec import plan_run, run_params
 from tasks.run.train import train_group
 
@@ -31,7 +35,7 @@ BACKEND = backend_for(DEPLOYMENT)
 )
 def mlperf_grpo_run() -> None:
     spec = plan_run()
-    evaluation_for(BACKEND, DEPLOYMENT, spec, train_group(BACKEND, spec))
+    evaluation_over_steps(BACKEND, DEPLOYMENT, spec, train_group(BACKEND, spec))
 
 
 mlperf_grpo_run()

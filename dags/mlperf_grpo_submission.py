@@ -3,8 +3,10 @@
 ``plan`` (Params checked, bad ones refused by name before anything runs) -> ``run_seed`` (one
 ``mlperf_grpo_run`` per seed, waited for) -> ``package`` (results/, systems/, benchmarks/) ->
 the official RCP checker, package checker and result summarizer -> ``report`` (report.md with
-the verdicts of every run and check; runs after any outcome). The schedule is a deployment
-setting, off by default.
+the verdicts of every run and check, and the evaluation schedule each run used, with a warning
+for a closed-division one outside the rules' wording; runs after any outcome). The Params
+``eval_schedule`` and ``eval_window`` are passed to every run. The DAG's own cron schedule is a
+deployment setting, off by default.
 """
 
 from airflow.sdk import dag

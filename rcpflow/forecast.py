@@ -1,5 +1,5 @@
 """``rcpflow forecast``: time to verdict and chip-hours of a run, by an event simulation of the
-rules the run DAG follows (`tasks.run.evaluation`, `tasks.run.during`, `tasks.run.steps`).
+rules the run DAG follows (`tasks.run.evaluation`, `tasks.run.planned`, `tasks.run.steps`).
 
 Time 0 is ``run_start`` (the training job starts). Step k's update and checkpoint are done at
 ``k * step_seconds``; an evaluation takes ``eval_seconds`` on ``eval_chips``.

@@ -91,14 +91,15 @@ class Deployment:
     # Whether a run_dir Param (run and deferred-eval DAGs; a submission's storage_root) may
     # name a folder outside storage_root, where the RCP view cannot show it.
     allow_run_dirs_outside_root: bool = False
-    # How many evaluate instances of one run at once (max_active_tis_per_dagrun):
-    # 1 = strictly in step order, more = speculative (faster verdict, some wasted evaluation).
+    # How many checkpoints of one run are evaluated at once (the default of the runs'
+    # eval_window Param; the deferred-eval DAG's max_active_tis_per_dagrun): 1 = strictly in
+    # step order, more = speculative (faster verdict, some wasted evaluation).
     eval_window: int = 1
     # after_training: evaluate the manifest's rows once training has ended; during_training:
     # evaluate each planned step as soon as its checkpoint is committed, and ask the trainer
-    # to stop once the verdict is decided (tasks.run.during).
+    # to stop once the verdict is decided (tasks.run.planned). The default of the runs' Param.
     eval_schedule: EvalSchedule = "after_training"
-    # How often a waiting evaluation (during_training) reads the run's manifest.
+    # How often a waiting step reads the run's files and task states.
     checkpoint_poll_seconds: float = 5.0
     # Interpreter of local jobs; empty means the Airflow worker's own (its venv has tpu_jobs).
     python: str = ""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 from rcpflow.recipe import Division
-from tasks.deployment import BACKEND_NAMES, BackendName, Deployment
+from tasks.deployment import BACKEND_NAMES, BackendName, Deployment, EvalSchedule
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
@@ -25,6 +25,9 @@ class FormDefaults:
 
     division: Division
     max_steps: int
+    # The deployment's (`form_defaults` sets them): a run's Params may choose otherwise.
+    eval_schedule: EvalSchedule = "after_training"
+    eval_window: int = 1
 
 
 class Backend(Protocol):
@@ -50,8 +53,16 @@ class Backend(Protocol):
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
         """Task ``evaluate`` of the checkpoint of `step` (its row read from the manifest),
-        inside the mapped task group of evaluation during training, behind the same steps and
-        with the same eval window; what the step's stop check waits for."""
+        inside the run DAG's mapped task group ``checkpoint`` (one per planned step), behind
+        the same steps; the step's ``wait`` holds it back to the run's eval window (a Param),
+        so its own limit is only a ceiling (`tasks.run.spec.MAX_EVAL_WINDOW`); what the
+        step's ``after_evaluation`` waits for."""
+        ...
+
+    def cancel_evaluation(self, run_dir: str, step: int) -> bool:
+        """Stop the evaluation job of `step` of the run in `run_dir` if one is running (called
+        from a task of the same DAG run once a lower step passed); True when one was stopped.
+        The job's task then ends skipped, naming the step that passed."""
         ...
 
 
@@ -83,14 +94,15 @@ def backend_type(name: BackendName) -> type[Backend]:
 
 
 def form_defaults(deployment: Deployment) -> FormDefaults:
-    """The trigger forms' defaults: the deployment's ``[form_defaults]``, else its backend's."""
+    """The trigger forms' defaults: the deployment's ``[form_defaults]``, else its backend's;
+    the evaluation schedule and window are the deployment's own keys."""
     base = backend_type(deployment.backend).form_defaults
     overrides = deployment.form_defaults
-    if overrides is None:
-        return base
     return FormDefaults(
-        division=overrides.division or base.division,
-        max_steps=overrides.max_steps or base.max_steps,
+        division=(overrides.division if overrides else None) or base.division,
+        max_steps=(overrides.max_steps if overrides else None) or base.max_steps,
+        eval_schedule=deployment.eval_schedule,
+        eval_window=deployment.eval_window,
     )
 
 

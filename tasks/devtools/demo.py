@@ -206,12 +206,18 @@ def follow_tasks(
         progress.task_states[key] = state
         task_id, index = ti["task_id"], ti["map_index"]
         label = task_id
+        # the run DAG's per-step tasks (evaluation.checkpoint.*) and the deferred-eval DAG's
+        evaluate = task_id in ("evaluation.evaluate", "evaluation.checkpoint.evaluate")
+        if task_id.startswith("evaluation.checkpoint.") and not evaluate:
+            if state in ("failed", "upstream_failed"):
+                progress.say(f"{where}: {task_id}[{ti['rendered_map_index'] or index}] {state}")
+            continue  # waits and stop checks: their steps are reported by the evaluations
         if index >= 0:
-            if task_id == "evaluation.evaluate" and index < len(steps):
+            if evaluate and index < len(steps):
                 label = f"evaluate step {steps[index]}"
             else:
                 label += f"[{ti['rendered_map_index'] or index}]"
-        if task_id == "evaluation.evaluate":
+        if evaluate:
             # evaluated checkpoints are reported from their summaries (follow_runs)
             if state == "skipped":
                 skipped.append(label.removeprefix("evaluate step "))

@@ -14,6 +14,14 @@ from tasks.run.spec import XComValue
 from tasks.run.steps import check_run, finalize_run, load_rows
 from tasks.verdicts import verdict_path
 
+# The task documentation of every per-step instance: where its step is when the grid shows a
+# bare map index (docs/airflow.md: rendered_map_index).
+RCP_VIEW_DOC = """Each instance is one checkpoint, labelled `step N` once it has run. Instances that
+never ran a task process show their bare map index instead (not yet started, a `wait` that
+lives on the triggerer only, or skipped after a lower step passed): Airflow 3.3 renders the
+label only in a task process. The run's checkpoint table, with every step's state and summary,
+is the RCP tab of this DAG run (`/rcp/dag-run/<dag_id>/<run_id>`)."""
+
 if TYPE_CHECKING:
     from tasks.backends.base import Backend
 

@@ -1,9 +1,11 @@
 """`WaitForCheckpointOperator`: the first half of evaluating a planned step during training.
 
-It succeeds once the step's checkpoint is committed (the step's ``evaluate`` then reads its
-row from the manifest). Under a scheduler it starts and ends on the triggerer
+It succeeds once the step's checkpoint can be evaluated under the run's schedule: committed,
+and under ``after_training`` also training halted (the step's ``evaluate`` then reads its row
+from the manifest). Under a scheduler it starts and ends on the triggerer
 (`tasks.run.triggers.StartedCheckpointTrigger`): no worker process at all while it waits, and
-not counted in the eval window. Started on a worker instead (``dag.test()``), it defers to
+not counted in the eval window, which it holds for its step instead. Started on a worker
+(``dag.test()``), it defers to
 `tasks.run.triggers.CheckpointTrigger` and resumes with its event. Either way it skips, saying
 why, when a lower step already passed (`rcpflow.gate`), when training ended
 without that checkpoint (stopped at the verdict) or when training failed. On a worker, when
@@ -26,8 +28,9 @@ from airflow.sdk.exceptions import (
 )
 from airflow.triggers.base import StartTriggerArgs
 
-from rcpflow.checkpoint_state import CheckpointProgress, ProgressError, checkpoint_progress
+from rcpflow.checkpoint_state import CheckpointProgress, ProgressError, RunSnapshot, run_snapshot
 from rcpflow.gate import passing_step_below
+from tasks.deployment import EvalSchedule
 from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger
 
 if TYPE_CHECKING:
@@ -36,13 +39,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _schedule(value: object) -> EvalSchedule:
+    if value == "after_training" or value == "during_training":
+        return value
+    raise AirflowFailException(f"eval_schedule: {value!r} is not a schedule")
+
+
 class WaitForCheckpointOperator(BaseOperator):
     """Wait, deferred, for the checkpoint of `step` of the run of `seed` in `run_dir`.
     `timeout` bounds the whole wait (then the task fails); the run's RunSpec is the XCom of
     `plan_task_id`, the planned steps that of `steps_task_id` (what the triggerer reads: it
     has no resolved arguments), the train group is `train_group_id` of the same DAG run."""
 
-    template_fields: Sequence[str] = ("run_dir", "step", "seed")
+    template_fields: Sequence[str] = ("run_dir", "step", "seed", "schedule")
     ui_color = "#f1f3f4"
     start_from_trigger = True
 
@@ -52,6 +61,7 @@ class WaitForCheckpointOperator(BaseOperator):
         run_dir: str | XComArg,  # template fields: an XComArg is resolved before execute
         step: int | XComArg,
         seed: int | XComArg,
+        schedule: str | XComArg,
         plan_task_id: str,
         steps_task_id: str,
         train_group_id: str = "train",
@@ -63,6 +73,7 @@ class WaitForCheckpointOperator(BaseOperator):
         self.run_dir = run_dir
         self.step = step
         self.seed = seed
+        self.schedule = schedule
         self.train_group_id = train_group_id
         self.poll_interval_s = poll_interval_s
         self.timeout = timeout
@@ -85,21 +96,27 @@ class WaitForCheckpointOperator(BaseOperator):
             raise TypeError(f"unresolved arguments: {run_dir!r}, {step!r}, {seed!r}")
         return run_dir, step, seed
 
-    def _progress(self) -> CheckpointProgress:
+    def _snapshot(self) -> RunSnapshot:
         run_dir, step, seed = self._args()
         try:
-            return checkpoint_progress(run_dir, step, seed)
+            return run_snapshot(run_dir, seed)
         except ProgressError as exc:
             raise AirflowFailException(f"step {step}: {exc}") from exc
 
+    def _progress(self) -> CheckpointProgress:
+        return self._snapshot().progress(self._args()[1])
+
     def execute(self, context: Context) -> None:
-        progress = self._progress()
-        if progress.state != "pending":
+        snapshot = self._snapshot()
+        progress = snapshot.progress(self._args()[1])
+        halted = snapshot.ended_at is not None
+        if progress.state == "ended" or (
+            progress.state == "committed" and (self.schedule == "during_training" or halted)
+        ):
             self._finish(progress)
             return
         dag_run = context["dag_run"]
         run_dir, step, seed = self._args()
-        log.info("%s; deferring", progress.detail)
         self.defer(
             trigger=CheckpointTrigger(
                 run_dir=run_dir,
@@ -110,6 +127,9 @@ class WaitForCheckpointOperator(BaseOperator):
                 train_group_id=self.train_group_id,
                 poll_interval_s=self.poll_interval_s,
                 start_grace_s=3 * self.poll_interval_s,
+                schedule="after_training"
+                if self.schedule == "after_training"
+                else "during_training",
             ),
             method_name="execute_complete",
             timeout=self.timeout,
@@ -119,8 +139,9 @@ class WaitForCheckpointOperator(BaseOperator):
         state, detail = event["state"], event["detail"]
         if state == "error":
             raise AirflowFailException(f"step {self.step}: {detail}")
-        if state == "training_failed":
-            raise AirflowSkipException(f"step {self.step} is not evaluated: {detail}")
+        if state in ("training_failed", "decided", "ended"):
+            log.info("%s", detail)
+            raise AirflowSkipException(detail)
         if state == "not_started":
             log.info("step %s: %s; waiting again later", self.step, detail)
             raise AirflowRescheduleException(
@@ -132,13 +153,18 @@ class WaitForCheckpointOperator(BaseOperator):
         if progress.state == "pending":  # only after a trigger said otherwise: files went back
             raise AirflowFailException(f"step {self.step}: {progress.detail} after the wait ended")
         if progress.state == "ended":
-            raise AirflowSkipException(f"step {self.step} is not evaluated: {progress.detail}")
+            reason = f"step {self.step}: skipped: {progress.detail}"
+            log.info("%s", reason)
+            raise AirflowSkipException(reason)
         row = progress.row
         if row is None:
             raise AirflowFailException(f"step {self.step}: committed without a row")
         passed = passing_step_below(self._args()[0], row.step, progress.rows)
         if passed is not None:
-            raise AirflowSkipException(
-                f"step {passed} already passed the target; step {row.step} is not evaluated"
+            reason = (
+                f"step {row.step}: skipped, not evaluated: step {passed} already passed the "
+                "target, which decided the run"
             )
+            log.info("%s", reason)
+            raise AirflowSkipException(reason)
         log.info("step %d: checkpoint committed at %s", row.step, row.checkpoint_path)

@@ -21,13 +21,24 @@ from rcpflow.layout import RunLayout
 from rcpflow.recipe import DIVISIONS, Division
 from rcpflow.storage import storage_for
 from tasks.backends.base import FormDefaults
-from tasks.deployment import Deployment, load_deployment
+from tasks.deployment import Deployment, EvalSchedule, load_deployment
+from tasks.run.schedules import (
+    RULES_WORDING,
+    SCHEDULES,
+    ScheduleRecord,
+    closed_division_warning,
+    record_schedule,
+)
 
 log = logging.getLogger(__name__)
 
 # A task parameter wired from another task's output: a JSON value from XCom at run time, the
 # XComArg that resolves to it in a DAG body. The task parses it into a typed spec first thing.
 XComValue = Any
+
+# The largest eval window a Param may ask for: the ceiling the evaluate task's own
+# max_active_tis_per_dagrun is set to (the run's window itself is held by the waits).
+MAX_EVAL_WINDOW = 64
 
 
 class ParamError(ValueError):
@@ -42,10 +53,16 @@ class RunSpec:
     max_steps: int
     val_start_at: int | None  # the override; None = the recipe's ceil(2.5 + 3840/gbs)
     division: Division
+    eval_schedule: EvalSchedule = "after_training"
+    eval_window: int = 1
 
     @classmethod
     def from_dict(cls, d: XComValue) -> RunSpec:
         return cls(**d)
+
+    @property
+    def schedule(self) -> ScheduleRecord:
+        return ScheduleRecord(eval_schedule=self.eval_schedule, eval_window=self.eval_window)
 
     @property
     def effective_val_start_at(self) -> int:
@@ -113,6 +130,33 @@ def training_params(defaults: FormDefaults) -> dict[str, Param]:
                 "clip, AdamW as the rules fix them); open: the trainer's own (the local toy "
                 "policy learns only at its own learning rate). Default: this deployment's "
                 f"({defaults.division})."
+            ),
+        ),
+        "eval_schedule": Param(
+            defaults.eval_schedule,
+            type="string",
+            enum=list(SCHEDULES),
+            values_display={
+                "after_training": "after_training (the rules' wording)",
+                "during_training": "during_training (not described by the rules)",
+            },
+            title="Evaluation schedule",
+            description=(
+                " ".join(RULES_WORDING[s] for s in SCHEDULES)
+                + f" Default: this deployment's ({defaults.eval_schedule})."
+            ),
+        ),
+        "eval_window": Param(
+            defaults.eval_window,
+            type="integer",
+            minimum=1,
+            maximum=MAX_EVAL_WINDOW,
+            title="Evaluation window W",
+            description=(
+                "How many checkpoints of a run are evaluated at once: 1 = strictly in step "
+                "order; more = speculative (a faster verdict, some evaluations wasted; the ones "
+                "above the passing step are stopped at the verdict). Default: this "
+                f"deployment's ({defaults.eval_window})."
             ),
         ),
     }
@@ -196,6 +240,10 @@ def run_spec(params: Mapping[str, Any]) -> RunSpec:
     division = params["division"]
     if division not in DIVISIONS:
         raise ParamError(f"division: must be one of {DIVISIONS}, got {division!r}")
+    schedule = params["eval_schedule"]
+    if schedule not in SCHEDULES:
+        raise ParamError(f"eval_schedule: must be one of {SCHEDULES}, got {schedule!r}")
+    window = _int(params, "eval_window", 1, MAX_EVAL_WINDOW)
     spec = RunSpec(
         run_dir=check_path("run_dir", params["run_dir"]),
         seed=_int(params, "seed", 0, recipe.MAX_SEED),
@@ -203,6 +251,8 @@ def run_spec(params: Mapping[str, Any]) -> RunSpec:
         max_steps=max_steps,
         val_start_at=override,
         division=division,
+        eval_schedule=schedule,
+        eval_window=window,
     )
     if spec.effective_val_start_at > max_steps:
         raise ParamError(
@@ -218,10 +268,16 @@ class RunNotFound(ValueError):
 
 @task(task_id="plan", multiple_outputs=True)
 def plan_run() -> dict[str, Any]:
-    """First task of a run: the validated RunSpec (fails naming the Param, before any job)."""
+    """First task of a run: the validated RunSpec (fails naming the Param, before any job);
+    records the run's evaluation schedule in its folder (`tasks.run.schedules`)."""
     spec = run_spec(get_current_context()["params"])
     check_under_root("run_dir", spec.run_dir, load_deployment())
     log.info("run spec: %s", spec)
+    record_schedule(spec.run_dir, spec.schedule)
+    log.info("%s", spec.schedule.statement())
+    warning = closed_division_warning(spec.eval_schedule, spec.division)
+    if warning is not None:
+        log.warning("%s", warning)
     return spec.to_dict()
 
 

@@ -3,22 +3,24 @@ checks after training, the steps before and after an evaluation job, ``finalize`
 compliance checker. (The pure decision whether a step is needed is `rcpflow.gate`'s.)
 
 Evaluation instances run in any order, so whether a step is evaluated is decided from the
-summaries on storage alone (`skip_if_decided`, `reusable`). Every instance starts and skips
-itself, naming the step that decided the run (why: docs/airflow.md, rendered_map_index).
+summaries on storage alone (`skip_if_decided`, `reusable`); once a step passes, the
+evaluations of higher steps still running are stopped (`cancel_above`), and never one below.
+A skip's reason is the first line the instance logs. An aborted run is said in so many words
+(`aborted_sentence`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowSkipException
 
 from rcpflow.checkers import compliance
-from rcpflow.finalize import FinalizeInputError, finalize
+from rcpflow.finalize import FinalizeInputError, FinalizeResult, finalize
 from rcpflow.gate import passes, passing_step_below, valid_summary
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import ManifestError, ManifestRow, load
@@ -129,8 +131,27 @@ def finalize_run(run_dir: str) -> dict[str, Any]:
         raise EvaluationError(
             f"run {run_dir} is incomplete, no run_stop was written: {result.reason}"
         )
+    if result.status == "aborted":
+        log.warning("%s", aborted_sentence(result))
     log.info("finalize: %s (%s); MLLOG %s", result.status, result.reason, result.log_path)
     return {**result.verdict(), "reason": result.reason, "log_path": result.log_path}
+
+
+def aborted_sentence(result: FinalizeResult) -> str:
+    """What an aborted run is, in the words the report and the task log use."""
+    return aborted_words(result.step)
+
+
+def aborted_words(step: int | None) -> str:
+    return f"aborted: no checkpoint reached the target by step {step}"
+
+
+def aborted_step(row: ManifestRow) -> int | None:
+    """The step of the run_stop status=aborted in `row`'s MLLOG, if the run was aborted."""
+    stops = [e for e in read_events(row.mllog_file) if e.key == "run_stop"]
+    if not stops or stops[-1].metadata.get("status") != "aborted":
+        return None
+    return int(stops[-1].metadata["samples_count"]) // row.global_batch_size
 
 
 def log_division(log_path: str) -> str:
@@ -148,15 +169,21 @@ def check_run(run_dir: str) -> dict[str, Any]:
     """The official compliance checker on the run's MLLOG, for the division it declares."""
 
     layout = RunLayout(run_dir)
-    log_path = load(layout.manifest).rows[0].mllog_file
+    first = load(layout.manifest).rows[0]
+    log_path = first.mllog_file
+    aborted = aborted_step(first)
+    if aborted is not None:  # first, before the checker's own words
+        log.warning("%s", aborted_words(aborted))
     division = log_division(log_path)
     result = compliance(log_path, division=division, log_dir=tool_log_dir(layout.root))
     verdict = record(result, subject=log_path, folder=layout.root)
     for line in result.output.splitlines()[-20:]:
         log.info("compliance_checker | %s", line)
     if not verdict.ok:
+        headline = "" if aborted is None else f"{aborted_words(aborted)}; "
         raise EvaluationError(
-            f"compliance checker ({division}) rejects {log_path}:\n  " + "\n  ".join(verdict.errors)
+            f"{headline}compliance checker ({division}) rejects {log_path}:\n  "
+            + "\n  ".join(verdict.errors)
         )
     log.info("compliance checker (%s division): %s passes", division, log_path)
     return {"division": division, "log_path": log_path, "ok": True}
@@ -201,16 +228,21 @@ def step_target(run_dir: str, step: int) -> EvalTarget:
     return EvalTarget(run_dir=run_dir, row=current, rows=manifest.rows)
 
 
-def skip_if_decided(target: EvalTarget) -> None:
+def skip_if_decided(target: EvalTarget, *, stopped: bool = False) -> None:
     """AirflowSkipException when a lower step's valid summary already passes the target; its
-    message (in the instance's log) names the step that decided the run."""
+    message names the step that decided the run and is logged first (the task runner logs an
+    exception's message only under "Post Execute"). `stopped`: the step's job was running
+    and was stopped (or failed) after that pass."""
 
     passed = passing_step_below(target.run_dir, target.step, target.rows)
     if passed is not None:
-        raise AirflowSkipException(
-            f"step {target.step} is not evaluated: step {passed} already passed the target "
+        what = "its evaluation was stopped" if stopped else "not evaluated"
+        reason = (
+            f"step {target.step}: skipped, {what}: step {passed} already passed the target "
             f"(its valid summary is above {target.row.target_accuracy}), which decided the run"
         )
+        log.info("%s", reason)
+        raise AirflowSkipException(reason)
 
 
 def reusable(target: EvalTarget) -> bool:
@@ -250,7 +282,7 @@ def collect(target: EvalTarget) -> dict[str, Any]:
     later = [r.step for r in target.rows if r.step > step]
     if reached and later:
         log.info(
-            "step %d passed: the instances of steps %d..%d will skip themselves",
+            "step %d passed: the evaluations of steps %d..%d are not needed",
             step,
             later[0],
             later[-1],
@@ -258,16 +290,54 @@ def collect(target: EvalTarget) -> dict[str, Any]:
     return {"step": step, "eval_accuracy": summary.eval_accuracy, "target_reached": reached}
 
 
-def evaluate_target(target: EvalTarget, launch: Callable[[str, int], None]) -> dict[str, Any]:
+Cancel = Callable[[str, int], bool]
+
+
+def passed_step(run_dir: str, step: int) -> bool:
+    """Whether `step` has a valid summary above the target now (read from storage)."""
+    manifest = load(RunLayout(run_dir).manifest)
+    try:
+        row = manifest.row(step)
+    except ManifestError:
+        return False
+    summary = valid_summary(run_dir, row)
+    return summary is not None and passes(summary, row)
+
+
+def cancel_above(
+    run_dir: str, step: int, cancel: Cancel, steps: Iterable[int] | None = None
+) -> list[int]:
+    """Stop the evaluation jobs of the steps above `step` (its summary passed): each through
+    `cancel(run_dir, step)`, which says whether one was running. `steps`: the candidates
+    (default: the manifest's rows). Never a step at or below `step`. Returns those stopped."""
+    if steps is None:
+        steps = [r.step for r in load(RunLayout(run_dir).manifest).rows]
+    stopped = [s for s in sorted(set(steps)) if s > step and cancel(run_dir, s)]
+    if stopped:
+        log.info(
+            "step %d passed: stopped the evaluation(s) of step(s) %s, now useless",
+            step,
+            ", ".join(map(str, stopped)),
+        )
+    return stopped
+
+
+def evaluate_target(
+    target: EvalTarget, launch: Callable[[str, int], None], cancel: Cancel | None = None
+) -> dict[str, Any]:
     """Evaluate one checkpoint unless the gate says a lower step already passed;
-    `launch(run_dir, step)` runs the evaluation job and raises if it fails."""
+    `launch(run_dir, step)` runs the evaluation job and raises if it fails. With `cancel`,
+    a pass stops the evaluations of the higher steps still running (`cancel_above`)."""
     skip_if_decided(target)
     if not reusable(target):
         try:
             launch(target.run_dir, target.step)
         except Exception:
-            # With an eval window > 1 a lower step may have passed while this job ran: then
-            # this failure does not matter to the run.
-            skip_if_decided(target)
+            # With an eval window > 1 a lower step may have passed while this job ran (and
+            # stopped it): then this failure does not matter to the run.
+            skip_if_decided(target, stopped=True)
             raise
-    return collect(target)
+    result = collect(target)
+    if result["target_reached"] and cancel is not None:
+        cancel_above(target.run_dir, target.step, cancel)  # rows committed since count too
+    return result

@@ -10,16 +10,24 @@ waits here, holding no worker slot. Two ways in:
 - `CheckpointTrigger`: a wait that started on a worker (``dag.test()``, which runs tasks one
   at a time) defers to it and resumes with its event.
 
-Both read the run's files through `rcpflow.training_progress` (the same answer on local folders
+Both read the run's files through `rcpflow.checkpoint_state` (the same answer on local folders
 and ``gs://``) and, so that a failed or not yet started training does not leave them waiting
-until their timeout, the states of the run's ``train`` task group through the Task SDK. The
+until their timeout, the states of the run's ``train`` task group through the Task SDK. On
+every poll a wait ends skipped once a lower step's valid summary passes (so the waits above a
+verdict end at once, and their evaluate tasks are skipped without a task process). Under
+``after_training`` a committed step goes only once training has halted (its ``block_stop``
+or the train group's success). A started wait also holds the run's eval window: it lets its
+step go only when the step is among the W lowest committed steps whose evaluation has not
+ended (`window_admits`), read from the task states of the run's waits and evaluations. The
 waits of one run share those reads (`SharedReads`): one per poll for all its steps. Storage
-calls are synchronous, so they run in a thread, off the triggerer's event loop.
+calls are synchronous, so they run in a thread, off the triggerer's event loop. A wait logs
+nothing until it ends: the outcome (a skip's reason) is the first line of its log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -33,14 +41,20 @@ from airflow.triggers.base import (
     TriggerEvent,
 )
 
-from rcpflow.checkpoint_state import CheckpointProgress, ProgressError, run_snapshot
-from rcpflow.gate import passing_step_below
+from rcpflow.checkpoint_state import CheckpointProgress, ProgressError, RunSnapshot, run_snapshot
+from rcpflow.gate import passes, valid_summary
+from rcpflow.manifest import ManifestRow
+from tasks.deployment import EvalSchedule
 from tasks.run.spec import RunSpec
 
 TrainingState = Literal["not_started", "running", "succeeded", "failed"]
 # A task in one of these states will not run (again) in this DAG run.
 _FAILED = frozenset({"failed", "upstream_failed", "skipped", "removed"})
 _NOT_STARTED = frozenset({None, "none", "scheduled"})
+# A step's evaluation is over (its slot in the eval window is free) once its evaluate task or
+# its wait is in one of these.
+_EVALUATE_OVER = frozenset({"success", "skipped", "failed", "upstream_failed", "removed"})
+_WAIT_OVER = frozenset({"skipped", "failed", "upstream_failed", "removed"})
 
 T = TypeVar("T")
 
@@ -93,6 +107,47 @@ class SharedReads:
 
 SHARED = SharedReads()
 
+# A valid summary of a row never changes (a valid one is reused, never evaluated again), so
+# whether it passes is read once per row: run_dir, step, weight-update time -> passes.
+_VERDICTS: dict[tuple[str, int, int], bool] = {}
+
+
+def lowest_passing(run_dir: str, rows: tuple[ManifestRow, ...]) -> int | None:
+    """The lowest step of `rows` whose valid summary passes the target (`rcpflow.gate`)."""
+    for row in sorted(rows, key=lambda r: r.step):
+        key = (run_dir, row.step, row.timestamp_ms)
+        if key not in _VERDICTS:
+            summary = valid_summary(run_dir, row)
+            if summary is None:
+                continue
+            _VERDICTS[key] = passes(summary, row)
+        if _VERDICTS[key]:
+            return row.step
+    return None
+
+
+def window_admits(
+    step: int,
+    window: int,
+    steps: list[int],
+    committed: set[int],
+    states: Mapping[str, Any],
+    wait_task_id: str,
+    evaluate_task_id: str,
+) -> bool:
+    """Whether `step` may be evaluated now: it is among the `window` lowest committed steps
+    whose evaluation is not over (`states`: task id + ``_<map index>`` -> state; map index i
+    is steps[i]). Steps commit in step order and a step let go stays in that set until its
+    evaluation ends, so at most `window` are let go at a time, lowest first."""
+
+    def over(index: int) -> bool:
+        evaluate = states.get(f"{evaluate_task_id}_{index}")
+        wait = states.get(f"{wait_task_id}_{index}")
+        return str(evaluate) in _EVALUATE_OVER or str(wait) in _WAIT_OVER
+
+    open_steps = sorted(s for i, s in enumerate(steps) if s in committed and not over(i))
+    return step in open_steps[:window]
+
 
 @dataclass(frozen=True)
 class WaitTarget:
@@ -105,7 +160,9 @@ class WaitTarget:
     run_id: str
 
 
-Outcome = Literal["committed", "ended", "training_failed", "not_started", "error"]
+Outcome = Literal["committed", "ended", "decided", "training_failed", "not_started", "error"]
+# Asked once the step can be evaluated: may it go now (the eval window)?
+Admit = Callable[[RunSnapshot], Awaitable[bool]]
 
 
 class _CheckpointWait(BaseTrigger):
@@ -115,19 +172,46 @@ class _CheckpointWait(BaseTrigger):
     poll_interval_s: float
 
     async def wait(
-        self, target: WaitTarget, start_grace_s: float | None
+        self,
+        target: WaitTarget,
+        start_grace_s: float | None,
+        schedule: EvalSchedule,
+        admit: Admit | None = None,
     ) -> tuple[Outcome, str, CheckpointProgress | None]:
-        """Poll until the checkpoint of `target` is committed or will never be. With
-        `start_grace_s`, give up (``not_started``) when the train group has not started for
-        that long."""
+        """Poll until the checkpoint of `target` can be evaluated (and `admit` lets it go) or
+        never will be. With `start_grace_s`, give up (``not_started``) when the train group
+        has not started for that long."""
         not_started_since: float | None = None
         while True:
             try:
-                progress = await self.progress(target)
+                snapshot = await self.snapshot(target)
+                rows = snapshot.rows
+                passed = await SHARED.get(
+                    ("passed", target.run_dir, rows),
+                    self.poll_interval_s,
+                    functools.partial(asyncio.to_thread, lowest_passing, target.run_dir, rows),
+                )
             except ProgressError as exc:
                 return "error", str(exc), None
-            if progress.state != "pending":
-                return progress.state, progress.detail, progress
+            progress = snapshot.progress(target.step)
+            if passed is not None and passed < target.step:
+                return (
+                    "decided",
+                    f"step {target.step}: skipped, not evaluated: step {passed} already passed "
+                    "the target, which decided the run",
+                    progress,
+                )
+            if progress.state == "ended":
+                return "ended", f"step {target.step}: skipped: {progress.detail}", progress
+            halted = snapshot.ended_at is not None
+            if progress.state == "committed" and (schedule == "during_training" or halted):
+                if await self.admitted(target, snapshot, admit):
+                    # read afresh: this poll's shared read may predate the summary of the
+                    # evaluation whose end freed the slot
+                    decided = await self.decided(target, snapshot)
+                    return decided or ("committed", progress.detail, progress)
+                await asyncio.sleep(self.poll_interval_s)
+                continue
             states = await self.train_task_states(target)
             if not states:
                 return (
@@ -137,23 +221,31 @@ class _CheckpointWait(BaseTrigger):
                 )
             training = training_state(states)
             if training == "failed":
-                return "training_failed", f"the {self.train_group_id} group failed", None
-            if training == "succeeded":
+                return (
+                    "training_failed",
+                    f"step {target.step}: skipped: the {self.train_group_id} group failed",
+                    None,
+                )
+            if progress.state == "pending" and training == "succeeded":
                 # Its output check passed after the job ended: read the files afresh, as the
                 # last row and block_stop were written before that.
                 try:
-                    progress = await asyncio.to_thread(
-                        lambda: run_snapshot(target.run_dir, target.seed).progress(target.step)
-                    )
+                    snapshot = await asyncio.to_thread(run_snapshot, target.run_dir, target.seed)
                 except ProgressError as exc:
                     return "error", str(exc), None
-                if progress.state != "pending":
-                    return progress.state, progress.detail, progress
-                return (
-                    "ended",
-                    f"training finished without a checkpoint of step {target.step}",
-                    None,
-                )
+                progress = snapshot.progress(target.step)
+                if progress.state != "committed":
+                    return (
+                        "ended",
+                        f"step {target.step}: skipped: training finished without a "
+                        f"checkpoint of step {target.step}",
+                        progress,
+                    )
+            # committed under after_training: training halts when its group succeeds
+            ready = progress.state == "committed" and training == "succeeded"
+            if ready and await self.admitted(target, snapshot, admit):
+                decided = await self.decided(target, snapshot)  # afresh, as above
+                return decided or ("committed", progress.detail, progress)
             if training == "not_started" and start_grace_s is not None:
                 now = time.monotonic()
                 not_started_since = not_started_since or now
@@ -163,13 +255,33 @@ class _CheckpointWait(BaseTrigger):
                 not_started_since = None
             await asyncio.sleep(self.poll_interval_s)
 
-    async def progress(self, target: WaitTarget) -> CheckpointProgress:
-        snapshot = await SHARED.get(
+    async def admitted(
+        self, target: WaitTarget, snapshot: RunSnapshot, admit: Admit | None
+    ) -> bool:
+        """`admit` lets the step go (no `admit`: it goes)."""
+        return admit is None or await admit(snapshot)
+
+    async def decided(
+        self, target: WaitTarget, snapshot: RunSnapshot
+    ) -> tuple[Outcome, str, CheckpointProgress | None] | None:
+        """The ``decided`` outcome if a lower step's valid summary passes, read now."""
+        passed = await asyncio.to_thread(lowest_passing, target.run_dir, snapshot.rows)
+        if passed is None or passed >= target.step:
+            return None
+        return (
+            "decided",
+            f"step {target.step}: skipped, not evaluated: step {passed} already passed the "
+            "target, which decided the run",
+            snapshot.progress(target.step),
+        )
+
+    async def snapshot(self, target: WaitTarget) -> RunSnapshot:
+        snapshot: RunSnapshot = await SHARED.get(
             ("files", target.run_dir, target.seed),
             self.poll_interval_s,
             lambda: asyncio.to_thread(run_snapshot, target.run_dir, target.seed),
         )
-        return snapshot.progress(target.step)
+        return snapshot
 
     async def train_task_states(self, target: WaitTarget) -> Mapping[str, Any]:
         """Task id -> state of the tasks of the train group in this DAG run."""
@@ -189,10 +301,12 @@ class _CheckpointWait(BaseTrigger):
 
 class CheckpointTrigger(_CheckpointWait):
     """A wait deferred from a worker: poll every `poll_interval_s` until the checkpoint of
-    `step` is committed or will never be. One event ``{"state", "step", "detail"}``, state one
-    of: ``committed``, ``ended`` (training ended without that row), ``training_failed``,
-    ``not_started`` (the train group had not started for `start_grace_s`: the task gives its
-    place back and comes again), ``error`` (the run's files are unreadable)."""
+    `step` can be evaluated under `schedule` or never will be. One event ``{"state", "step",
+    "detail"}``, state one of: ``committed``, ``ended`` (training ended without that row),
+    ``decided`` (a lower step passed), ``training_failed``, ``not_started`` (the train group
+    had not started for `start_grace_s`: the task gives its place back and comes again),
+    ``error`` (the run's files are unreadable). No eval window: a worker-started wait runs
+    under ``dag.test()``, one task at a time."""
 
     def __init__(
         self,
@@ -205,12 +319,14 @@ class CheckpointTrigger(_CheckpointWait):
         train_group_id: str,
         poll_interval_s: float,
         start_grace_s: float,
+        schedule: EvalSchedule = "during_training",  # what the earlier release's waits did
     ) -> None:
         super().__init__()
         self.target = WaitTarget(run_dir, step, seed, dag_id, run_id)
         self.train_group_id = train_group_id
         self.poll_interval_s = poll_interval_s
         self.start_grace_s = start_grace_s
+        self.schedule: EvalSchedule = schedule
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         t = self.target
@@ -225,21 +341,35 @@ class CheckpointTrigger(_CheckpointWait):
                 "train_group_id": self.train_group_id,
                 "poll_interval_s": self.poll_interval_s,
                 "start_grace_s": self.start_grace_s,
+                "schedule": self.schedule,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        state, detail, _ = await self.wait(self.target, self.start_grace_s)
+        state, detail, _ = await self.wait(self.target, self.start_grace_s, self.schedule)
         yield TriggerEvent({"state": state, "step": self.target.step, "detail": detail})
+
+
+@dataclass(frozen=True)
+class StartedWait:
+    """What a started wait resolves from its DAG run: its target and the run's plan."""
+
+    target: WaitTarget
+    spec: RunSpec
+    steps: list[int]
+    wait_task_id: str
+    evaluate_task_id: str
 
 
 class StartedCheckpointTrigger(_CheckpointWait):
     """A wait started on the triggerer, for the task instance it is given: its step is the
     `steps_task_id` XCom at the instance's map index, its run the `plan_task_id` XCom (a
-    RunSpec). Ends the task: success once the step's checkpoint is committed; skipped when
+    RunSpec, with the run's schedule and eval window). Ends the task: success once the step
+    can be evaluated and the window has room for it (`window_admits`, over the states of the
+    waits and of the sibling task `evaluate_task` of the run's instances); skipped when
     training ended without the row, when training failed, or when a lower step already
-    passed; failed when the run's files are unreadable (the reason is in this trigger's
-    log)."""
+    passed; failed when the run's files are unreadable. The reason is the first line of this
+    trigger's log."""
 
     def __init__(
         self,
@@ -248,12 +378,14 @@ class StartedCheckpointTrigger(_CheckpointWait):
         steps_task_id: str,
         train_group_id: str,
         poll_interval_s: float,
+        evaluate_task: str = "evaluate",
     ) -> None:
         super().__init__()
         self.plan_task_id = plan_task_id
         self.steps_task_id = steps_task_id
         self.train_group_id = train_group_id
         self.poll_interval_s = poll_interval_s
+        self.evaluate_task = evaluate_task
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -263,10 +395,11 @@ class StartedCheckpointTrigger(_CheckpointWait):
                 "steps_task_id": self.steps_task_id,
                 "train_group_id": self.train_group_id,
                 "poll_interval_s": self.poll_interval_s,
+                "evaluate_task": self.evaluate_task,
             },
         )
 
-    async def resolve(self) -> WaitTarget:
+    async def resolve(self) -> StartedWait:
         """The step and run of the task instance this trigger runs for."""
         from asgiref.sync import sync_to_async
 
@@ -275,31 +408,69 @@ class StartedCheckpointTrigger(_CheckpointWait):
             raise RuntimeError(f"{type(self).__name__} runs only as a task's start trigger")
         pull = sync_to_async(ti.xcom_pull)
         spec = RunSpec.from_dict(await pull(task_ids=self.plan_task_id, map_indexes=-1))
-        steps = await pull(task_ids=self.steps_task_id, map_indexes=-1)
+        steps = list(await pull(task_ids=self.steps_task_id, map_indexes=-1))
         step = steps[ti.map_index]
-        return WaitTarget(spec.run_dir, step, spec.seed, ti.dag_id, ti.run_id)
+        group = ti.task_id.rpartition(".")[0]
+        return StartedWait(
+            target=WaitTarget(spec.run_dir, step, spec.seed, ti.dag_id, ti.run_id),
+            spec=spec,
+            steps=steps,
+            wait_task_id=ti.task_id,
+            evaluate_task_id=f"{group}.{self.evaluate_task}" if group else self.evaluate_task,
+        )
+
+    async def step_states(self, wait: StartedWait) -> Mapping[str, Any]:
+        """Task id + ``_<map index>`` -> state of the run's waits and evaluations."""
+        from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+        from asgiref.sync import sync_to_async
+
+        target = wait.target
+
+        async def read() -> Mapping[str, Any]:
+            found = await sync_to_async(RuntimeTaskInstance.get_task_states)(
+                dag_id=target.dag_id,
+                task_ids=[wait.wait_task_id, wait.evaluate_task_id],
+                run_ids=[target.run_id],
+            )
+            return dict(found.get(target.run_id, {}))
+
+        key = ("steps", target.dag_id, target.run_id, wait.wait_task_id)
+        return await SHARED.get(key, self.poll_interval_s, read)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        target = await self.resolve()
-        state, detail, progress = await self.wait(target, start_grace_s=None)
+        wait = await self.resolve()
+        target, spec = wait.target, wait.spec
+
+        async def admit(snapshot: RunSnapshot) -> bool:
+            states = await self.step_states(wait)
+            return window_admits(
+                target.step,
+                spec.eval_window,
+                wait.steps,
+                {r.step for r in snapshot.rows},
+                states,
+                wait.wait_task_id,
+                wait.evaluate_task_id,
+            )
+
+        state, detail, progress = await self.wait(
+            target, start_grace_s=None, schedule=spec.eval_schedule, admit=admit
+        )
         if state == "error":
             self.log.error("step %d: %s", target.step, detail)
             yield TaskFailedEvent()
             return
         if state != "committed" or progress is None or progress.row is None:
-            self.log.info("step %d is not evaluated: %s", target.step, detail)
+            self.log.info("%s", detail)
             yield TaskSkippedEvent()
             return
         row = progress.row
-        passed = await asyncio.to_thread(
-            passing_step_below, target.run_dir, row.step, progress.rows
+        self.log.info(
+            "step %d: checkpoint committed at %s; evaluated now (%s, eval window %d)",
+            row.step,
+            row.checkpoint_path,
+            spec.eval_schedule,
+            spec.eval_window,
         )
-        if passed is not None:
-            self.log.info(
-                "step %d already passed the target; step %d is not evaluated", passed, row.step
-            )
-            yield TaskSkippedEvent()
-            return
-        self.log.info("step %d: checkpoint committed at %s", row.step, row.checkpoint_path)
         # No XCom: the step's evaluate reads the row from the manifest (docs/airflow.md).
         yield TaskSuccessEvent()

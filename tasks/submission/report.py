@@ -1,5 +1,7 @@
-"""The submission report (markdown): per run, how it ended and its compliance verdict; then
-the RCP checker, package checker and result summarizer verdicts and the score.
+"""The submission report (markdown): per run, how it ended, the evaluation schedule it used and
+its compliance verdict; what the rules say about those schedules (a closed-division submission
+evaluated outside the rules' wording carries a visible warning, not a block); then the RCP
+checker, package checker and result summarizer verdicts and the score.
 
 Drawn only from what is on storage (MLLOGs and persisted verdicts), so it can be written after
 any failure, and says "not run" where a check never happened rather than guessing.
@@ -16,6 +18,14 @@ from rcpflow.mllog import read_events, run_start_ms
 from rcpflow.storage import storage_for
 from tasks.html_report import rcp_section, write_html_report
 from tasks.names import CHECK_TOOLS, COMPLIANCE_TOOL
+from tasks.run.schedules import (
+    RULES_WORDING,
+    ScheduleRecord,
+    ScheduleRecordError,
+    closed_division_warning,
+    read_schedule,
+)
+from tasks.run.steps import aborted_words
 from tasks.storage_index import read_run
 from tasks.submission.spec import SubmissionSpec, system_description
 from tasks.verdicts import Verdict, read_verdict
@@ -36,14 +46,26 @@ class RunOutcome:
     minutes_to_train: float | None
     evaluated: int
     compliance: Verdict | None
+    schedule: ScheduleRecord | None = None  # None: the run recorded none (or an unreadable one)
+
+
+def _schedule(run_dir: str) -> ScheduleRecord | None:
+    try:
+        return read_schedule(run_dir)
+    except ScheduleRecordError as exc:
+        log.warning("%s", exc)
+        return None
 
 
 def run_outcome(spec: SubmissionSpec, seed: int) -> RunOutcome:
     run_dir = spec.run_dir(seed)
     log_path = RunLayout(run_dir).mllog(seed)
     compliance = read_verdict(run_dir, COMPLIANCE_TOOL)
+    schedule = _schedule(run_dir)
     if not storage_for(log_path).exists(log_path):
-        return RunOutcome(seed, run_dir, log_path, "no MLLOG", None, None, None, 0, compliance)
+        return RunOutcome(
+            seed, run_dir, log_path, "no MLLOG", None, None, None, 0, compliance, schedule
+        )
     events = read_events(log_path)
     accuracies = {
         e.metadata["samples_count"]: float(e.value) for e in events if e.key == "eval_accuracy"
@@ -51,7 +73,16 @@ def run_outcome(spec: SubmissionSpec, seed: int) -> RunOutcome:
     stops = [e for e in events if e.key == "run_stop"]
     if not stops:
         return RunOutcome(
-            seed, run_dir, log_path, "no run_stop", None, None, None, len(accuracies), compliance
+            seed,
+            run_dir,
+            log_path,
+            "no run_stop",
+            None,
+            None,
+            None,
+            len(accuracies),
+            compliance,
+            schedule,
         )
     stop = stops[-1]
     samples = stop.metadata["samples_count"]
@@ -66,6 +97,7 @@ def run_outcome(spec: SubmissionSpec, seed: int) -> RunOutcome:
         minutes_to_train=None if start is None else (stop.time_ms - start) / 60000,
         evaluated=len(accuracies),
         compliance=compliance,
+        schedule=schedule,
     )
 
 
@@ -78,8 +110,33 @@ def _result(o: RunOutcome) -> str:
     if o.status == "success":
         return f"converged at step {o.step}"
     if o.status == "aborted":
-        return f"did not converge by step {o.step}"
+        return aborted_words(o.step)
     return "-"
+
+
+def _schedule_cell(o: RunOutcome) -> str:
+    if o.schedule is None:
+        return "not recorded"
+    return f"{o.schedule.eval_schedule}, W={o.schedule.eval_window}"
+
+
+def schedule_lines(spec: SubmissionSpec, outcomes: list[RunOutcome]) -> list[str]:
+    """What the runs used and what the rules say about it; the closed-division warning."""
+    used = {o.schedule.eval_schedule for o in outcomes if o.schedule is not None}
+    lines = ["## Evaluation schedule", ""]
+    warnings = [w for s in sorted(used) if (w := closed_division_warning(s, spec.division))]
+    lines += [f"> **{w}**" for w in warnings]
+    if warnings:
+        lines.append("")
+    for schedule in sorted(used):
+        seeds = [
+            str(o.seed) for o in outcomes if o.schedule and o.schedule.eval_schedule == schedule
+        ]
+        lines.append(f"- seed(s) {', '.join(seeds)}: {RULES_WORDING[schedule]}")
+    missing = [str(o.seed) for o in outcomes if o.schedule is None]
+    if missing:
+        lines.append(f"- seed(s) {', '.join(missing)}: no schedule recorded in the run folder")
+    return [*lines, ""]
 
 
 def render_report(spec: SubmissionSpec) -> tuple[str, bool]:
@@ -98,17 +155,19 @@ def render_report(spec: SubmissionSpec) -> tuple[str, bool]:
         f"- submission folder: `{join(spec.out_dir, 'submission')}`",
         f"- system: `{system.system_name}`",
         "",
+        *schedule_lines(spec, outcomes),
         "## Runs",
         "",
         "| seed | status | result | eval_accuracy | minutes to train | checkpoints evaluated "
-        "| compliance |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| eval schedule | compliance |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for o in outcomes:
         compliance = o.compliance.headline().split(": ", 1)[1] if o.compliance else "not run"
         lines.append(
             f"| {o.seed} | {o.status} | {_result(o)} | {_cell(o.eval_accuracy, '{:.4f}')} | "
-            f"{_cell(o.minutes_to_train, '{:.3f}')} | {o.evaluated} | {compliance} |"
+            f"{_cell(o.minutes_to_train, '{:.3f}')} | {o.evaluated} | {_schedule_cell(o)} "
+            f"| {compliance} |"
         )
     lines += ["", "## Checkers", ""]
     for tool, verdict in checks.items():

@@ -23,7 +23,8 @@ from rcpflow.layout import join
 from rcpflow.package import SystemDescription, local_system
 from rcpflow.recipe import Division
 from tasks.backends.registry import backend_type, form_defaults
-from tasks.deployment import BACKEND_NAMES, BackendName, Deployment, load_deployment
+from tasks.deployment import BACKEND_NAMES, BackendName, Deployment, EvalSchedule, load_deployment
+from tasks.run.schedules import closed_division_warning
 from tasks.run.spec import (
     ParamError,
     RunSpec,
@@ -54,6 +55,8 @@ class SubmissionSpec:
     division: Division
     backend: BackendName
     system: Mapping[str, str]  # overrides of rcpflow.package's system description
+    eval_schedule: EvalSchedule = "after_training"
+    eval_window: int = 1
 
     def run_dir(self, seed: int) -> str:
         return join(self.out_dir, "runs", f"seed_{seed}")
@@ -66,6 +69,8 @@ class SubmissionSpec:
             max_steps=self.max_steps,
             val_start_at=self.val_start_at,
             division=self.division,
+            eval_schedule=self.eval_schedule,
+            eval_window=self.eval_window,
         )
 
     def triggers(self) -> list[dict[str, Any]]:
@@ -218,6 +223,8 @@ def submission_spec(
         division=params["division"],
         backend=backend,
         system=dict(system),
+        eval_schedule=params["eval_schedule"],
+        eval_window=params["eval_window"],
     )
     for seed in spec.seeds:
         run_spec(spec.run_spec(seed).to_dict())  # the per-run checks, before any run starts
@@ -245,4 +252,9 @@ def plan_submission(backend: BackendName, deployment_source: str) -> dict[str, A
     )
     check_under_root("storage_root", spec.out_dir, load_deployment())
     log.info("submission %s in %s: seeds %s", spec.name, spec.out_dir, list(spec.seeds))
+    schedule = spec.run_spec(spec.seeds[0]).schedule
+    log.info("every run: %s", schedule.statement())
+    warning = closed_division_warning(spec.eval_schedule, spec.division)
+    if warning is not None:
+        log.warning("%s", warning)
     return spec.to_dict()

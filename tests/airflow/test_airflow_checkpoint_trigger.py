@@ -18,8 +18,10 @@ from tasks.run.spec import RunSpec
 from tasks.run.triggers import (
     CheckpointTrigger,
     StartedCheckpointTrigger,
+    StartedWait,
     WaitTarget,
     training_state,
+    window_admits,
 )
 
 
@@ -32,10 +34,12 @@ class ScriptedTrigger(CheckpointTrigger):
         return self.script.pop(0) if len(self.script) > 1 else self.script[0]
 
 
-def first_event(run_dir: str, step: int, script: list[Mapping[str, Any]]) -> dict[str, Any]:
+def first_event(
+    run_dir: str, step: int, script: list[Mapping[str, Any]], schedule: str = "during_training"
+) -> dict[str, Any]:
     trigger = ScriptedTrigger(
         run_dir=run_dir, step=step, seed=1, dag_id="d", run_id="r", train_group_id="train",
-        poll_interval_s=0.01, start_grace_s=0.05,
+        poll_interval_s=0.01, start_grace_s=0.05, schedule=schedule,  # type: ignore[arg-type]
     )  # fmt: skip
     trigger.script = script
     _, kwargs = trigger.serialize()  # what the triggerer rebuilds it from
@@ -88,6 +92,68 @@ def test_waits_while_training_runs_then_sees_the_row(tmp_path: Path) -> None:
     assert "training finished without a checkpoint of step 18" in event["detail"]
 
 
+def _still_training(run_dir: str) -> None:
+    """Drop the MLLOG's block_stop: the trainer has not halted yet."""
+    log = Path(RunLayout(run_dir).mllog(1))
+    log.write_text("".join(x for x in log.read_text().splitlines(True) if "block_stop" not in x))
+
+
+def test_after_training_a_committed_step_waits_until_training_halts(tmp_path: Path) -> None:
+    run = make_run(str(tmp_path / "run"), max_steps=24, last_step=20)
+    _still_training(run.run_dir)
+    # during training the committed row is enough
+    assert first_event(run.run_dir, 19, [RUNNING])["state"] == "committed"
+    # after training it waits while the train group runs, and goes once it has succeeded
+    done = {"train.train_job": "success", "train.check_outputs": "success"}
+    script = [RUNNING, RUNNING, RUNNING, done]
+    assert first_event(run.run_dir, 19, script, "after_training")["state"] == "committed"
+    # ... or as soon as the trainer's block_stop is there (the train group still running)
+    halted = make_run(str(tmp_path / "halted"), max_steps=24, last_step=24)
+    assert first_event(halted.run_dir, 19, [RUNNING], "after_training")["state"] == "committed"
+
+
+def test_a_waiting_step_ends_at_once_when_a_lower_step_passes(tmp_path: Path) -> None:
+    # step 18 passed; step 23 is not saved yet and training still runs: it ends now, not
+    # when training stops (during), nor when its row comes (after)
+    run = make_run(str(tmp_path / "run"), max_steps=24, last_step=20, accuracies={18: 0.9})
+    _still_training(run.run_dir)
+    for schedule in ("during_training", "after_training"):
+        event = first_event(run.run_dir, 23, [RUNNING], schedule)
+        assert event["state"] == "decided"
+        assert event["detail"].startswith("step 23: skipped, not evaluated: step 18 already passed")
+    # a lower step below the target decides nothing
+    low = make_run(str(tmp_path / "low"), max_steps=24, last_step=20, accuracies={18: 0.3})
+    assert first_event(low.run_dir, 19, [RUNNING])["state"] == "committed"
+
+
+WAIT_ID, EVAL_ID = "evaluation.checkpoint.wait", "evaluation.checkpoint.evaluate"
+
+
+@pytest.mark.parametrize(
+    ("window", "states", "admitted"),
+    [
+        # nothing evaluated yet: the W lowest committed steps go
+        (1, {}, [10]),
+        (3, {}, [10, 11, 12]),
+        # step 10 done (whatever its end), 11 running: W=1 admits only 11 (already let go)
+        (1, {f"{EVAL_ID}_0": "success", f"{EVAL_ID}_1": "running"}, [11]),
+        (2, {f"{EVAL_ID}_0": "failed", f"{EVAL_ID}_1": "running"}, [11, 12]),
+        # a step whose wait was skipped (decided, ended) frees its slot
+        (1, {f"{WAIT_ID}_0": "skipped"}, [11]),
+        # a step let go whose evaluate waits for the scheduler or a retry keeps its slot
+        (1, {f"{WAIT_ID}_0": "success", f"{EVAL_ID}_0": "up_for_retry"}, [10]),
+        (1, {f"{WAIT_ID}_0": "success", f"{EVAL_ID}_0": None}, [10]),
+    ],
+)
+def test_the_eval_window_lets_the_lowest_open_steps_go(
+    window: int, states: dict[str, Any], admitted: list[int]
+) -> None:
+    steps = list(range(10, 16))  # map index i is step 10 + i
+    committed = {10, 11, 12, 13}  # 14 and 15 not saved yet: never admitted
+    got = [s for s in steps if window_admits(s, window, steps, committed, states, WAIT_ID, EVAL_ID)]
+    assert got == admitted
+
+
 def test_failed_and_not_started_training(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     failed = {"train.train_job": "failed", "train.check_outputs": "upstream_failed"}
@@ -127,10 +193,16 @@ class RunTaskInstance:
 
 
 class ScriptedStartedTrigger(StartedCheckpointTrigger):
+    """Train group states from `script`; every lower step's evaluation is over."""
+
     script: list[Mapping[str, Any]]
 
     async def train_task_states(self, target: WaitTarget) -> Mapping[str, Any]:
         return self.script.pop(0) if len(self.script) > 1 else self.script[0]
+
+    async def step_states(self, wait: StartedWait) -> Mapping[str, Any]:
+        index = wait.steps.index(wait.target.step)
+        return {f"{wait.evaluate_task_id}_{i}": "success" for i in range(index)}
 
 
 def started_event(
@@ -221,7 +293,7 @@ def test_required_params_get_nullable_copies_for_the_triggerer() -> None:
     from airflow.sdk.definitions.param import process_params
     from airflow.serialization.serialized_objects import DagSerialization
 
-    from tasks.run.during import nullable_required_params
+    from tasks.run.planned import nullable_required_params
 
     def dag_params() -> dict[str, Param]:
         return {"run_dir": Param(type="string", minLength=1), "seed": Param(1, type="integer")}

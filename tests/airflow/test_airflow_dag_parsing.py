@@ -172,10 +172,14 @@ def test_gke_deployment_builds_jobset_tasks(tmp_path: Path) -> None:
         "train.job.cleanup",
         "train.check_outputs",
     } <= set(tasks["mlperf_grpo_run"])
-    for dag_id in ("mlperf_grpo_run", "mlperf_grpo_deferred_eval"):
-        assert {"evaluation.evaluate", "evaluation.cleanup", "evaluation.finalize"} <= set(
+    # the run DAG evaluates per planned step (either schedule), the deferred one per row
+    for dag_id, group in (
+        ("mlperf_grpo_run", "evaluation.checkpoint"),
+        ("mlperf_grpo_deferred_eval", "evaluation"),
+    ):
+        assert {f"{group}.evaluate", f"{group}.cleanup", "evaluation.finalize"} <= set(
             tasks[dag_id]
         )
         # a retry adopts the JobSet after a lost watch: evaluation has eval_retries
-        assert tasks[f"{dag_id}:retries"]["evaluation.evaluate"] == 3
+        assert tasks[f"{dag_id}:retries"][f"{group}.evaluate"] == 3
     assert tasks["mlperf_grpo_run:retries"]["train.job.run"] == 2  # gke.run_retries

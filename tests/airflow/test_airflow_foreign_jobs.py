@@ -25,7 +25,8 @@ from rcpflow.mllog import EventRenderer, read_events
 from rcpflow.summary import read_summary
 from tasks.verdicts import read_verdict
 
-EVALUATE = "evaluation.evaluate"
+EVALUATE = "evaluation.evaluate"  # the deferred-eval DAG's, mapped over rows
+RUN_EVALUATE = "evaluation.checkpoint.evaluate"  # the run DAG's, per planned step
 FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
 
 
@@ -57,7 +58,7 @@ def test_foreign_trainer_and_evaluator_end_in_a_compliant_log(
     assert all(
         j.startswith(f"{EVALUATOR} --checkpoint {run_dir}/own_checkpoints/") for j in jobs[1:]
     )
-    assert result.mapped(EVALUATE)[: len(ran)] == ["success"] * len(ran)
+    assert result.mapped(RUN_EVALUATE)[: len(ran)] == ["success"] * len(ran)
     for step in ran:
         # What the evaluator left is Tunix's format (no wall clock) ...
         [tunix] = _tree_attempts(run_dir, step)
@@ -92,7 +93,7 @@ def test_a_foreign_summary_its_attempts_contradict_fails_without_run_stop(
     result = run_dag_test("mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)}, deployment)
 
     assert result.state == "failed"
-    assert result.mapped(EVALUATE)[0] == "failed"
+    assert result.mapped(RUN_EVALUATE)[0] == "failed"
     assert _tree_attempts(run_dir, FIRST)  # the job ran and left its (lying) summary
     layout = RunLayout(str(run_dir))
     assert not Path(layout.summary(FIRST)).exists()  # nothing imported

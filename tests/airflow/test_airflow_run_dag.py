@@ -63,7 +63,9 @@ def test_run_dag_trains_evaluates_until_the_target_and_checks(
     for step in evaluated:
         assert json.loads(Path(layout.summary(step)).read_text())["checkpoint_step"] == step
     # instances for steps after the passing one are skipped unless they ran first
-    states = dict(zip(range(first, last + 1), result.mapped("evaluation.evaluate"), strict=True))
+    states = dict(
+        zip(range(first, last + 1), result.mapped("evaluation.checkpoint.evaluate"), strict=True)
+    )
     assert all(states[s] == "success" for s in range(first, passed + 1))
     assert all(states[s] in ("skipped", "success") for s in range(passed + 1, last + 1))
     verdict = read_verdict(str(run_dir), "compliance_checker")

@@ -45,7 +45,8 @@ def test_foreign_jobs_under_the_scheduler(server: LocalAirflow, tmp_path: Path) 
     assert state == "success", states
     first, last = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
     evals = sorted(
-        (t for t in tis if t["task_id"] == "evaluation.evaluate"), key=lambda t: t["map_index"]
+        (t for t in tis if t["task_id"] == "evaluation.checkpoint.evaluate"),
+        key=lambda t: t["map_index"],
     )
     ran = [t for t in evals if t["state"] == "success"]
     # the eval window of 1: in step order, one at a time, nothing after the passing step

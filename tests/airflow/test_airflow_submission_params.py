@@ -26,6 +26,8 @@ def _params(tmp_path: Path, **changes: Any) -> dict[str, Any]:
         "storage_root": str(tmp_path / "root"),
         "submission_name": "s1",
         "system": {},
+        "eval_schedule": "after_training",
+        "eval_window": 1,
     }
     return {**params, **changes}
 
@@ -38,6 +40,16 @@ def test_good_params_give_one_run_per_seed(tmp_path: Path) -> None:
         str(tmp_path / "root" / "s1" / "runs" / f"seed_{s}") for s in (1, 2, 3)
     ]
     assert {t["conf"]["division"] for t in triggers} == {"open"}
+    assert {(t["conf"]["eval_schedule"], t["conf"]["eval_window"]) for t in triggers} == {
+        ("after_training", 1)
+    }
+
+
+def test_the_schedule_and_window_go_to_every_run(tmp_path: Path) -> None:
+    params = _params(tmp_path, eval_schedule="during_training", eval_window=10)
+    spec = submission_spec(params, run_id="r", **LOCAL)
+    confs = [t["conf"] for t in spec.triggers()]
+    assert {(c["eval_schedule"], c["eval_window"]) for c in confs} == {("during_training", 10)}
 
 
 def test_submission_name_defaults_to_a_safe_form_of_the_run_id(tmp_path: Path) -> None:
@@ -59,6 +71,9 @@ def test_submission_name_defaults_to_a_safe_form_of_the_run_id(tmp_path: Path) -
         ({"submission_name": "../up"}, "submission_name: '../up' must match"),
         ({"system": {"colour": "red"}}, "system: unknown field(s) colour"),
         ({"system": {"status": "made up"}}, "system: system description: status must be one of"),
+        ({"eval_schedule": "sometimes"}, "eval_schedule: must be one of"),
+        ({"eval_window": 0}, "eval_window: must be an integer >= 1, got 0"),
+        ({"eval_window": 65}, "eval_window: must be at most 64, got 65"),
     ],
 )
 def test_bad_params_are_refused_naming_the_param(
@@ -106,6 +121,55 @@ def _forms(toml: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
     deployment = parse_deployment(toml, source="t.toml", base_dir=tmp_path)
     return submission_params(deployment), run_params(form_defaults(deployment))
+
+
+@pytest.mark.parametrize(
+    ("toml", "schedule", "window"),
+    [
+        ("", "after_training", 1),
+        ('eval_schedule = "during_training"\neval_window = 10\n', "during_training", 10),
+    ],
+)
+def test_the_schedule_params_default_to_the_deployment(
+    tmp_path: Path, toml: str, schedule: str, window: int
+) -> None:
+    for params in _forms(toml, tmp_path):
+        assert params["eval_schedule"].value == schedule
+        assert params["eval_window"].value == window
+        assert f"this deployment's ({schedule})" in params["eval_schedule"].description
+        # the form says what the rules say about each schedule
+        assert "the rules' own wording" in params["eval_schedule"].description
+        assert "not described by the rules" in params["eval_schedule"].description
+
+
+@pytest.mark.parametrize(
+    ("conf", "ok"),
+    [
+        ({"eval_schedule": "during_training", "eval_window": 3}, True),
+        ({"eval_schedule": "at_random"}, False),
+        ({"eval_window": 0}, False),
+        ({"eval_window": 65}, False),
+        ({"eval_window": "3"}, False),
+    ],
+)
+def test_a_trigger_conf_is_validated_against_the_schedule_params(
+    tmp_path: Path, conf: dict[str, Any], ok: bool
+) -> None:
+    # what the REST API and the form do with a trigger's conf: the DAG's Params updated by it,
+    # then validated against their JSON schemas
+    from airflow.sdk.definitions.param import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    for params in _forms("", tmp_path):
+        merged = ParamsDict(params)
+        required = {"run_dir": str(tmp_path / "run")} if "run_dir" in params else {}
+        if ok:
+            merged.update({**required, **conf})
+            assert merged.validate()["eval_window"] == conf["eval_window"]
+        else:
+            with pytest.raises(ParamValidationError, match="eval_"):
+                merged.update({**required, **conf})
+                merged.validate()
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,8 @@ def test_html_report_is_the_markdown_with_the_plot(tmp_path: Path) -> None:
     assert Path(path).name == "report.html"
     assert "<h1>qwen35_397b_grpo submission <code>h</code></h1>" in page
     assert page.count("<table>") == 1 and "<td>aborted</td>" in page  # seed 3 never passed
-    assert "<td>did not converge by step 24</td>" in page and "converged at step 19" in page
+    assert "<td>aborted: no checkpoint reached the target by step 24</td>" in page
+    assert "converged at step 19" in page
     assert "<figure id='convergence'><svg" in page and "reference RCP: 4608 samples" in page
     data = convergence("submission h", runs)
     assert (tmp_path / "h" / "convergence.png").read_bytes() == render(data, "png")

@@ -6,8 +6,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from airflow.sdk import get_current_context
+
 from tasks.backends.base import FormDefaults, register
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
+from tasks.backends.gke.operators import jobset_hook
+from tasks.backends.gke.render import jobset_name
 from tasks.backends.gke.settings import TABLE, GkeSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
 from tasks.run.spec import run_dir_of
@@ -35,16 +39,23 @@ class GkeBackend:
         self.settings: GkeSettings = settings
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
-        # Under evaluation during training the JobSet is deleted if the trainer has not ended
-        # a grace period after the run's stop request (the trainer reads it from storage).
-        during = self.deployment.eval_schedule == "during_training"
+        # The JobSet is deleted if the trainer has not ended a grace period after the run's
+        # stop request (the trainer reads it from storage); only evaluation during training
+        # (a run's Param) writes one.
         return train_jobset_group(
             self.settings,
             self.deployment.jobs.train,
             spec,
             job_timeout=timedelta(minutes=self.deployment.train_timeout_minutes),
-            stop_run_dir=run_dir_of(spec) if during else None,
+            stop_run_dir=run_dir_of(spec),
         )
+
+    def cancel_evaluation(self, run_dir: str, step: int) -> bool:
+        """Delete the step's evaluate JobSet of this DAG run (named as `render_jobset` names
+        it); False when there was none."""
+        context = get_current_context()
+        name = jobset_name(context["dag"].dag_id, context["run_id"], f"eval-{step}")
+        return jobset_hook(self.settings.cluster).delete_jobset(self.settings.namespace, name)
 
     def _limits(self) -> dict[str, Any]:
         """What bounds every evaluate JobSet: the eval window, its timeout, its retries."""

@@ -1,10 +1,13 @@
-"""Evaluation during training (deployment ``eval_schedule = "during_training"``).
+"""The run DAG's ``evaluation`` group, for either evaluation schedule (`tasks.run.schedules`).
 
-The ``evaluation`` group maps a task group ``checkpoint`` over the planned steps
-(``val_start_at..max_steps``) and starts alongside training. Per step: ``wait`` (on the
-triggerer, no limit) until the checkpoint is committed or will never be; the backend's
-``evaluate`` (limited to the eval window); ``stop_if_decided`` writes the stop request once the
-summaries decide the run. ``finalize`` and ``check`` are the same as after training.
+It maps a task group ``checkpoint`` over the planned steps (``val_start_at..max_steps``) and
+starts alongside training. Per step: ``wait`` (on the triggerer, no task process) until the
+checkpoint can be evaluated (committed; under ``after_training`` also training halted) and
+the run's eval window has room for it, or ends skipped when it never will be or a lower step
+already passed; the backend's ``evaluate``; ``stop_if_decided``: once this step passed, the
+evaluations of higher steps still running are stopped (the backend's ``cancel_evaluation``)
+and, during training, the stop request is written when the summaries decide the run.
+``finalize`` and ``check`` follow training and every step.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from airflow.sdk import Param, TaskGroup, XComArg, task, task_group
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from rcpflow.stop_request import request_stop
-from tasks.run.evaluation import check, finalize
+from tasks.run.evaluation import RCP_VIEW_DOC, check, finalize
 from tasks.run.operators import WaitForCheckpointOperator
 from tasks.run.spec import RunSpec, XComValue
+from tasks.run.steps import cancel_above, passed_step
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.param import ParamsDict
@@ -39,18 +43,6 @@ def planned_steps(spec: XComValue) -> list[int]:
     return list(range(run.effective_val_start_at, run.max_steps + 1))
 
 
-@task(map_index_template="step {{ task.op_kwargs['step'] }}")
-def stop_if_decided(run_dir: XComValue, step: XComValue) -> dict[str, Any] | None:
-    """Write the stop request when the run's summaries now decide it (else nothing); runs
-    after the evaluation of `step`."""
-    request = request_stop(run_dir)
-    if request is None:
-        log.info("after step %s the run's verdict is not decided yet: training goes on", step)
-        return None
-    log.info("verdict decided: %s; stop request in %s", request.reason, run_dir)
-    return {"step": request.step, "timestamp_ms": request.timestamp_ms}
-
-
 def nullable_required_params(params: ParamsDict) -> dict[str, Param]:
     """Task-level copies of the DAG's Params that have no default, with a null default: a
     start-from-trigger task's Params are resolved before the run's conf (docs/airflow.md)."""
@@ -66,14 +58,33 @@ def nullable_required_params(params: ParamsDict) -> dict[str, Param]:
     return copies
 
 
-def during_training_group(
+def evaluation_over_steps(
     backend: Backend, deployment: Deployment, spec: XComArg, train: TaskGroup
 ) -> TaskGroup:
     """TaskGroup ``evaluation`` for the RunSpec dict `spec` resolves to, alongside `train`."""
     if not isinstance(spec, PlainXComArg):
         raise TypeError(f"expected the output of plan_run, got {spec!r}")
-    run_dir, seed = spec["run_dir"], spec["seed"]
+    run_dir, seed, schedule = spec["run_dir"], spec["seed"], spec["eval_schedule"]
     wait_timeout = timedelta(minutes=deployment.train_timeout_minutes + 5)
+
+    @task(map_index_template="step {{ task.op_kwargs['step'] }}", doc_md=RCP_VIEW_DOC)
+    def stop_if_decided(
+        run_dir: XComValue, step: XComValue, schedule: XComValue
+    ) -> dict[str, Any] | None:
+        """After the evaluation of `step`: if it passed, stop the evaluations of higher steps
+        still running; during training, write the stop request once the summaries decide the
+        run (else nothing)."""
+        passed = passed_step(run_dir, step)
+        if passed:
+            cancel_above(run_dir, step, backend.cancel_evaluation)
+        if schedule != "during_training":
+            return None
+        request = request_stop(run_dir)
+        if request is None:
+            log.info("after step %s the run's verdict is not decided yet: training goes on", step)
+            return None
+        log.info("verdict decided: %s; stop request in %s", request.reason, run_dir)
+        return {"step": request.step, "timestamp_ms": request.timestamp_ms}
 
     with TaskGroup(group_id="evaluation") as group:
         steps = planned_steps(spec)
@@ -92,6 +103,7 @@ def during_training_group(
                 run_dir=run_dir,
                 step=step,
                 seed=seed,
+                schedule=schedule,
                 plan_task_id=plan_task_id,
                 steps_task_id=steps_task_id,
                 train_group_id=TRAIN_GROUP_ID,
@@ -99,9 +111,10 @@ def during_training_group(
                 timeout=wait_timeout,
                 map_index_template="step {{ task.step }}",
                 params=wait_params,
+                doc_md=RCP_VIEW_DOC,
             )
             evaluate = backend.evaluate_checkpoint(run_dir, step)
-            wait >> evaluate >> stop_if_decided(run_dir=run_dir, step=step)
+            wait >> evaluate >> stop_if_decided(run_dir=run_dir, step=step, schedule=schedule)
 
         [checkpoint.expand(step=steps), train] >> finalize(run_dir) >> check(run_dir)
     return group
