@@ -332,9 +332,16 @@ def logged_stop(events: Sequence[Event], global_batch_size: int) -> LoggedStop |
 
 
 def recorded_schedule(run_dir: str) -> str | None:
-    """HOOK (issue 21): the evaluation schedule the run used, once the run DAG persists it in
-    the run folder (tasks/run, another change); until then nothing records it: None."""
-    return None
+    """The evaluation schedule the run used, as one line with what the rules say of it
+    (`tasks.run.schedules`); None for a run whose plan recorded none; the problem when the
+    record is unreadable."""
+    from tasks.run.schedules import ScheduleRecordError, read_schedule
+
+    try:
+        record = read_schedule(run_dir)
+    except (ScheduleRecordError, StorageError) as e:
+        return f"unreadable schedule record: {e}"
+    return None if record is None else f"{record.eval_schedule}: {record.statement()}"
 
 
 def run_view(root: str, path: str) -> RunView:

@@ -67,6 +67,11 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         str(root / "experiments" / "aborted"), accuracies={s: 0.5 for s in range(18, 25)}
     )
     assert finalize(aborted.run_dir).status == "aborted"
+    # the schedule its plan recorded, and an unreadable record
+    from tasks.run.schedules import ScheduleRecord, record_schedule, schedule_path
+
+    record_schedule(aborted.run_dir, ScheduleRecord(eval_schedule="during_training", eval_window=3))
+    Path(schedule_path(good.run_dir)).write_text("{")
     # names the view cannot serve
     for name in ("my sub", "a<b"):
         make_run(str(root / name / "runs" / "seed_1"))
@@ -218,3 +223,14 @@ def test_the_view_reads_each_file_once_per_page(get: Any, monkeypatch: Any) -> N
     assert get(f"/rcp/run?path={SUB}/runs/seed_1").status_code == 200
     manifest_reads = sum(p.endswith("eval_checkpoints.jsonl") for p in opened)
     assert manifest_reads <= 3, manifest_reads
+
+
+def test_the_run_page_says_which_schedule_the_run_used_and_what_the_rules_say(get: Any) -> None:
+    page = get("/rcp/run?path=experiments/aborted")
+    assert page.status_code == 200
+    assert "during_training: " in page.text and "not described by the rules" in page.text
+    assert "W = 3" in page.text
+    broken = get(f"/rcp/run?path={SUB}/runs/seed_1")
+    assert broken.status_code == 200 and "unreadable schedule record" in broken.text
+    solo = get("/rcp/run?path=solo/runs/seed_1")
+    assert "not recorded in the run folder" in solo.text
