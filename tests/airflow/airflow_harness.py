@@ -164,3 +164,22 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def submission_params(root: Path, **changes: object) -> dict[str, object]:
+    """A valid conf of the submission DAG on the local backend under `root`, with `changes`."""
+    params: dict[str, object] = {
+        "seeds": [1, 2, 3],
+        "global_batch_size": 256,
+        "max_steps": 40,
+        "val_start_at": None,
+        "target": 0.69,
+        "division": "open",
+        "backend": "local",
+        "storage_root": str(root),
+        "submission_name": "s1",
+        "system": {},
+        "eval_schedule": "after_training",
+        "eval_window": 1,
+    }
+    return {**params, **changes}

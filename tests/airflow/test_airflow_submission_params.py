@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_harness import run_dag_test
+from airflow_harness import run_dag_test, submission_params
 
 from tasks.run.spec import ParamError
 from tasks.submission.spec import submission_spec
@@ -15,21 +15,7 @@ LOCAL = {"backend": "local", "source": "<embedded default>"}
 
 
 def _params(tmp_path: Path, **changes: Any) -> dict[str, Any]:
-    params = {
-        "seeds": [1, 2, 3],
-        "global_batch_size": 256,
-        "max_steps": 40,
-        "val_start_at": None,
-        "target": 0.69,
-        "division": "open",
-        "backend": "local",
-        "storage_root": str(tmp_path / "root"),
-        "submission_name": "s1",
-        "system": {},
-        "eval_schedule": "after_training",
-        "eval_window": 1,
-    }
-    return {**params, **changes}
+    return submission_params(tmp_path / "root", **changes)
 
 
 def test_good_params_give_one_run_per_seed(tmp_path: Path) -> None:
@@ -72,8 +58,8 @@ def test_submission_name_defaults_to_a_safe_form_of_the_run_id(tmp_path: Path) -
         ({"system": {"colour": "red"}}, "system: unknown field(s) colour"),
         ({"system": {"status": "made up"}}, "system: system description: status must be one of"),
         ({"eval_schedule": "sometimes"}, "eval_schedule: must be one of"),
-        ({"eval_window": 0}, "eval_window: must be an integer >= 1, got 0"),
-        ({"eval_window": 65}, "eval_window: must be at most 64, got 65"),
+        ({"eval_window": 0}, "eval_window: must be an integer in 1..64, got 0"),
+        ({"eval_window": 65}, "eval_window: must be an integer in 1..64, got 65"),
     ],
 )
 def test_bad_params_are_refused_naming_the_param(

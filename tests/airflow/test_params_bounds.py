@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_harness import run_dag_test, write_deployment
+from airflow_harness import run_dag_test, submission_params, write_deployment
 
 from rcpflow import recipe
 from tasks.backends import registry  # noqa: F401  (registers the [gke] table)
@@ -27,24 +27,14 @@ RUN = {
     "max_steps": 40,
     "val_start_at": None,
     "division": "open",
+    "eval_schedule": "after_training",
+    "eval_window": 1,
 }
 LOCAL = {"backend": "local", "source": "<embedded default>"}
 
 
 def _submission(tmp_path: Path, **changes: Any) -> dict[str, Any]:
-    params = {
-        "seeds": [1, 2, 3],
-        "global_batch_size": 256,
-        "max_steps": 40,
-        "val_start_at": None,
-        "target": 0.69,
-        "division": "open",
-        "backend": "local",
-        "storage_root": str(tmp_path / "root"),
-        "submission_name": "s1",
-        "system": {},
-    }
-    return {**params, **changes}
+    return submission_params(tmp_path / "root", **changes)
 
 
 @pytest.fixture(scope="module")
