@@ -11,12 +11,13 @@ from airflow_harness import FAST_RUN, run_dag_test
 
 from tasks.names import RUN_DAG_ID
 
-# A training job that only writes down the owner it was given (its outputs then fail the
-# train group's check, which does not matter here).
+# A training job that only writes down the owner it was given, then fails (invalid input, 5):
+# a job that succeeded without rows would leave dag.test's inline waits polling for a row while
+# the train group's check, which would end them, cannot run beside them.
 SHOW_OWNER = [
     "{python}",
     "-c",
-    "import os, sys; open(sys.argv[1], 'w').write(os.environ['RCPFLOW_RUN_OWNER'])",
+    "import os, sys; open(sys.argv[1], 'w').write(os.environ['RCPFLOW_RUN_OWNER']); sys.exit(5)",
     "{run_dir}.owner",
 ]
 
@@ -38,7 +39,7 @@ def test_the_local_trainer_is_given_the_dag_runs_task_as_its_owner(
 
     result = run_dag_test(RUN_DAG_ID, {**FAST_RUN, "run_dir": str(run_dir)}, deployment)
 
-    assert result.states[("train.train_job", -1)] == "success", result.states
+    assert result.states[("train.train_job", -1)] == "failed", result.states
     with create_session() as session:
         run_ids = [r.run_id for r in session.query(DagRun).filter(DagRun.dag_id == RUN_DAG_ID)]
     owner = Path(f"{run_dir}.owner").read_text()
