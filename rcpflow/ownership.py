@@ -239,15 +239,22 @@ class Lease:
 
         self._thread = threading.Thread(target=run, name="rcpflow-lease", daemon=True)
         self._thread.start()
-        atexit.register(_release_at_exit, ref)
+        # By path and token, not by the object: a lease dropped before exit (a job that failed
+        # after taking it) is released too; one taken over since holds another token.
+        atexit.register(_release_at_exit, self.path, self.me.token)
 
 
-def _release_at_exit(ref: weakref.ReferenceType[Lease]) -> None:
+def _release_at_exit(path: str, token: str) -> None:
     """A trainer that exits (also on an error or SIGTERM) leaves its run free for a resume."""
-    lease = ref()
-    if lease is not None and lease.lost is None:
-        with contextlib.suppress(Exception):
-            lease.release()
+
+    def ours(data: bytes) -> bool:
+        try:
+            return Holder.from_json(data, path).token == token
+        except ValueError:
+            return False
+
+    with contextlib.suppress(Exception):
+        storage_for(path).delete_if(path, ours)
 
 
 def check_or_refresh(layout: RunLayout, owner: str | None) -> None:
