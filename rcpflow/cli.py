@@ -63,6 +63,7 @@ def _error(what: object) -> int:
 
 
 def _val_start(args: argparse.Namespace) -> int:
+    """print the validation start step (last line)"""
     from rcpflow.recipe import GENERATIONS_PER_PROMPT, val_start_at
 
     gbs, override = args.global_batch_size, args.override
@@ -80,6 +81,7 @@ def _val_start(args: argparse.Namespace) -> int:
 
 
 def _manifest_validate(args: argparse.Namespace) -> int:
+    """exit 0 valid, 1 invalid (names the step or line)"""
     from rcpflow.manifest import ManifestError, load
 
     try:
@@ -101,6 +103,8 @@ def _manifest_validate(args: argparse.Namespace) -> int:
 
 
 def _manifest_add(args: argparse.Namespace) -> int:
+    """record a committed checkpoint (trainers that are not Python); the run's fields come from its
+    MLLOG; exit 0 added or identical, 1 refused (names the step and why)"""
     from rcpflow.manifest_add import add_row
     from rcpflow.ownership import RunOwnedError, owner_from_env
     from rcpflow.recorder import RecorderError
@@ -124,6 +128,8 @@ def _manifest_add(args: argparse.Namespace) -> int:
 
 
 def _run_reset(args: argparse.Namespace) -> int:
+    """move the run's MLLOG, manifest and stop request aside (previous/reset-<time>/) so a trainer
+    may start it afresh; exit 0 moved, 1 refused (owned, or nothing to move)"""
     from rcpflow.run_reset import ResetError, reset_run
 
     try:
@@ -137,6 +143,8 @@ def _run_reset(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    """per checkpoint: summary, gate decision, and what finalize would write now; exit 0, 1 when the
+    manifest cannot be read"""
     from rcpflow.status import manifest_problem, render_table, run_status
 
     status = run_status(args.run_dir)
@@ -148,6 +156,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _finalize(args: argparse.Namespace) -> int:
+    """write the eval section; exit 0 success/aborted, 3 incomplete, 1 invalid input (log
+    untouched)"""
     from rcpflow.finalize import FinalizeInputError, finalize
 
     try:
@@ -162,6 +172,7 @@ def _finalize(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    """official compliance checker verdict, exit 0/1"""
     import contextlib
     import tempfile
 
@@ -200,6 +211,8 @@ def _usage(args: argparse.Namespace, message: str) -> int:
 
 
 def _eval_import(args: argparse.Namespace) -> int:
+    """verify another evaluator's result and write eval/step_N/summary.json; exit 0 imported, 1
+    invalid (names the file, field or line; nothing written), 2 usage"""
     from rcpflow.eval_import import EvalImportError, import_eval, import_tree
 
     times = (args.eval_start_ms, args.eval_stop_ms)
@@ -253,20 +266,20 @@ def _command(
     sub: argparse._SubParsersAction[_Parser],
     name: str,
     func: Callable[[argparse.Namespace], int],
-    help_text: str,
-    *positionals: str,
     path: PathCheck | None = None,
 ) -> argparse.ArgumentParser:
-    """A subcommand that runs `func`, with its leading positional arguments; `path` names the
-    one that must be a path of a kind (a run folder, a manifest, an MLLOG), checked first."""
-    parser = sub.add_parser(name, help=help_text)
-    for positional in positionals:
-        parser.add_argument(positional)
+    """A subcommand that runs `func`, whose docstring is its help; `path` names its leading
+    positional argument, a path of a kind (a run folder, a manifest, an MLLOG), checked first."""
+    parser = sub.add_parser(name, help=func.__doc__)
+    if path is not None:
+        parser.add_argument(path[0])
     parser.set_defaults(func=func, path_check=path, prog=parser.prog)
     return parser
 
 
 def _forecast(args: argparse.Namespace) -> int:
+    """time to verdict, chip-hours and wasted evaluations of a run, simulated with the run DAG's
+    rules; exit 0, 2 usage (names the flag)"""
     from rcpflow.forecast import ForecastUsageError, render_text, report, request_from
 
     try:
@@ -286,30 +299,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    v = _command(sub, "val-start", _val_start, "print the validation start step (last line)")
+    v = _command(sub, "val-start", _val_start)
     v.add_argument("--global-batch-size", type=_int64, required=True)
     v.add_argument("--override", type=_int64, default=None, help="explicit start step (> 0 wins)")
 
     m = sub.add_parser("manifest", help="manifest commands")
     msub = m.add_subparsers(dest="manifest_command", required=True)
-    mv = _command(
-        msub,
-        "validate",
-        _manifest_validate,
-        "exit 0 valid, 1 invalid (names the step or line)",
-        "manifest",
-        path=("manifest", manifest_problem),
-    )
+    mv = _command(msub, "validate", _manifest_validate, path=("manifest", manifest_problem))
     mv.add_argument("--mllog", default=None, help="MLLOG for the stale-row check")
-    ma = _command(
-        msub,
-        "add",
-        _manifest_add,
-        "record a committed checkpoint (trainers that are not Python); the run's fields "
-        "come from its MLLOG; exit 0 added or identical, 1 refused (names the step and why)",
-        "run_dir",
-        path=_RUN_DIR,
-    )
+    ma = _command(msub, "add", _manifest_add, path=_RUN_DIR)
     ma.add_argument("--step", type=_int64, required=True)
     ma.add_argument("--checkpoint", required=True, help="the committed checkpoint (must exist)")
     ma.add_argument("--timestamp-ms", type=_int64, required=True, help="its weight-update time")
@@ -324,27 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run folder commands")
     rsub = r.add_subparsers(dest="run_command", required=True)
-    _command(
-        rsub,
-        "reset",
-        _run_reset,
-        "move the run's MLLOG, manifest and stop request aside (previous/reset-<time>/) so a "
-        "trainer may start it afresh; exit 0 moved, 1 refused (owned, or nothing to move)",
-        "run_dir",
-        path=_RUN_DIR,
-    )
+    _command(rsub, "reset", _run_reset, path=_RUN_DIR)
 
     e = sub.add_parser("eval", help="evaluation results")
     esub = e.add_subparsers(dest="eval_command", required=True)
-    ei = _command(
-        esub,
-        "import",
-        _eval_import,
-        "verify another evaluator's result and write eval/step_N/summary.json; exit 0 "
-        "imported, 1 invalid (names the file, field or line; nothing written), 2 usage",
-        "run_dir",
-        path=_RUN_DIR,
-    )
+    ei = _command(esub, "import", _eval_import, path=_RUN_DIR)
     ei.add_argument("source", nargs="?", help="summary.json or attempt records (local or gs://)")
     ei.add_argument("--step", type=_int64, help="the manifest row the result belongs to")
     ei.add_argument("--eval-start-ms", type=_int64, help="eval wall clock (else from the source)")
@@ -369,35 +351,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="import every step of DIR/step_<N>/<stamp>-<id>/summary.json (newest valid one)",
     )
 
-    _command(
-        sub,
-        "finalize",
-        _finalize,
-        "write the eval section; exit 0 success/aborted, "
-        "3 incomplete, 1 invalid input (log untouched)",
-        "run_dir",
-        path=_RUN_DIR,
-    )
+    _command(sub, "finalize", _finalize, path=_RUN_DIR)
 
-    st = _command(
-        sub,
-        "status",
-        _status,
-        "per checkpoint: summary, gate decision, and what finalize would write now; exit 0, "
-        "1 when the manifest cannot be read",
-        "run_dir",
-        path=_RUN_DIR,
-    )
+    st = _command(sub, "status", _status, path=_RUN_DIR)
     st.add_argument("--json", action="store_true", help="the same data as JSON")
 
-    c = _command(
-        sub,
-        "check",
-        _check,
-        "official compliance checker verdict, exit 0/1",
-        "log",
-        path=("log", log_problem),
-    )
+    c = _command(sub, "check", _check, path=("log", log_problem))
     c.add_argument(
         "--division",
         choices=DIVISIONS,
@@ -408,13 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from rcpflow.forecast import add_arguments
 
-    fc = _command(
-        sub,
-        "forecast",
-        _forecast,
-        "time to verdict, chip-hours and wasted evaluations of a run, simulated with the "
-        "run DAG's rules; exit 0, 2 usage (names the flag)",
-    )
+    fc = _command(sub, "forecast", _forecast)
     add_arguments(fc)
     return p
 

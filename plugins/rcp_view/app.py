@@ -162,14 +162,31 @@ def _text_file(path: str, download_name: str) -> Response:
     )
 
 
-def _plot(
-    runs: list[RunView], title: str, fmt: str, width: int, height: int, view: PlotView
-) -> Response:
+@dataclasses.dataclass(frozen=True)
+class PlotArgs:
+    """What every plot route takes besides what it plots: the image's format, size and x-axis."""
+
+    fmt: str
+    width: int
+    height: int
+    view: PlotView
+
+
+def _plot_args(
+    fmt: str, width: PlotPx = 960, height: PlotPx = 540, view: View = "step"
+) -> PlotArgs:
+    return PlotArgs(fmt, width, height, view)
+
+
+Plot = Annotated[PlotArgs, Depends(_plot_args)]
+
+
+def _plot(runs: list[RunView], title: str, plot: PlotArgs) -> Response:
     try:
-        checked = image_format(fmt)
+        checked = image_format(plot.fmt)
     except ValueError as exc:
         raise HTTPException(404, str(exc)) from exc
-    image = render(convergence(title, runs), checked, (width, height), view)
+    image = render(convergence(title, runs), checked, (plot.width, plot.height), plot.view)
     return Response(image, media_type=MEDIA_TYPES[checked])
 
 
@@ -277,38 +294,17 @@ def create_app() -> FastAPI:
     # ---- plot and files -----------------------------------------------------------------
 
     @app.get("/plot/run.{fmt}")
-    def run_plot(
-        path: RunPath,
-        fmt: str,
-        session: SessionDep,
-        width: PlotPx = 960,
-        height: PlotPx = 540,
-        view: View = "step",
-    ) -> Response:
+    def run_plot(path: RunPath, session: SessionDep, plot: Plot) -> Response:
         run = with_trainer_log(session, _run(path), None)
-        return _plot([run], f"run {path}", fmt, width, height, view)
+        return _plot([run], f"run {path}", plot)
 
     @app.get("/plot/runs.{fmt}")
-    def runs_plot(
-        path: RunPaths,
-        fmt: str,
-        session: SessionDep,
-        width: PlotPx = 960,
-        height: PlotPx = 540,
-        view: View = "step",
-    ) -> Response:
+    def runs_plot(path: RunPaths, session: SessionDep, plot: Plot) -> Response:
         runs = [with_trainer_log(session, _run(p), None) for p in path]
-        return _plot(runs, f"{len(runs)} runs compared", fmt, width, height, view)
+        return _plot(runs, f"{len(runs)} runs compared", plot)
 
     @app.get("/plot/submission.{fmt}")
-    def submission_plot(
-        name: SubmissionName,
-        fmt: str,
-        session: SessionDep,
-        width: PlotPx = 960,
-        height: PlotPx = 540,
-        view: View = "step",
-    ) -> Response:
+    def submission_plot(name: SubmissionName, session: SessionDep, plot: Plot) -> Response:
         entry = _submission(name)
         runs = [
             dataclasses.replace(
@@ -316,7 +312,7 @@ def create_app() -> FastAPI:
             )
             for r in entry.runs
         ]
-        return _plot(runs, f"submission {name}", fmt, width, height, view)
+        return _plot(runs, f"submission {name}", plot)
 
     @app.get("/file/mllog")
     def mllog_file(path: RunPath) -> Response:
