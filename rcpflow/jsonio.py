@@ -96,15 +96,14 @@ def _float(text: str) -> float:
     return value
 
 
+# `allow_nan` keeps the duplicate-key and integer checks; the strict hooks add NaN/Infinity and
+# floats that overflow to infinity.
+_LAX_NUMBER_HOOKS: dict[str, Any] = {"object_pairs_hook": _object, "parse_int": _int}
 _STRICT_HOOKS: dict[str, Any] = {
-    "object_pairs_hook": _object,
+    **_LAX_NUMBER_HOOKS,
     "parse_constant": _constant,
-    "parse_int": _int,
     "parse_float": _float,
 }
-
-
-_LAX_NUMBER_HOOKS: dict[str, Any] = {"object_pairs_hook": _object, "parse_int": _int}
 
 
 def load_bytes(data: bytes, where: str) -> Any:

@@ -175,3 +175,20 @@ def hyperparameters(
         init_checkpoint_step=INIT_CHECKPOINT_STEP,
         max_steps=max_steps,
     )
+
+
+def trainer_run(
+    division: Division, global_batch_size: int, max_steps: int, val_start_override: int | None
+) -> tuple[Hyperparameters, int]:
+    """The hyperparameters and validation start step of a trainer's run flags, if they describe
+    a run that saves and evaluates at least one checkpoint; a ValueError names the flag."""
+    if val_start_override is not None and val_start_override <= 0:
+        raise ValueError(f"--val-start-at must be positive, got {val_start_override}")
+    hp = hyperparameters(division, global_batch_size, max_steps)
+    val_start = val_start_at(hp.global_batch_size, val_start_override)
+    if val_start > hp.max_steps:
+        raise ValueError(
+            f"--max-steps {hp.max_steps} is below the validation start step {val_start}: "
+            "no checkpoint would ever be saved or evaluated"
+        )
+    return hp, val_start

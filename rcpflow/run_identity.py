@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rcpflow.manifest import ManifestRow
+from rcpflow.recipe import Hyperparameters
 
 # The trainer flag that sets each of `RunIdentity.arguments`.
 FLAGS: Mapping[str, str] = {
@@ -40,14 +41,14 @@ class RunIdentity:
             run_start_ms=run_start_ms,
         )
 
+    @classmethod
+    def of_run(cls, seed: int, hp: Hyperparameters, val_start_at: int) -> RunIdentity:
+        """A trainer's own run as its checkpoints record it: the arguments, no run_start."""
+        return cls(seed, hp.global_batch_size, val_start_at, hp.max_steps, run_start_ms=None)
+
     def arguments(self) -> dict[str, int]:
         """The values the trainer's flags set, as a checkpoint records them (JSON)."""
-        return {
-            "seed": self.seed,
-            "global_batch_size": self.global_batch_size,
-            "val_start_at": self.val_start_at,
-            "max_steps": self.max_steps,
-        }
+        return {name: getattr(self, name) for name in FLAGS}
 
     def differing_flags(self, recorded: object) -> str:
         """Each flag whose value differs from a checkpoint's `recorded` arguments, for a message."""

@@ -45,58 +45,59 @@ def test_status_of_a_submission_folder_names_its_runs(demo, capsys) -> None:
     assert p.returncode == 1 and p.stdout == "" and p.stderr == line + "\n"
 
 
-def test_a_folder_of_runs_names_them(demo, capsys) -> None:
-    line = _one_line(capsys, main(["status", "runs/demo/runs"]))
-    assert line == (
+# A path of the wrong kind: (argv, the one line that says what it is and what to give instead).
+WRONG_KIND_OF_PATH = {
+    "a folder of runs names them": (
+        ["status", "runs/demo/runs"],
         "invalid: runs/demo/runs: is a folder of runs, not a run folder; did you mean "
-        "runs/demo/runs/seed_1 (or seed_2, seed_3)?"
-    )
-
-
-def test_a_file_names_the_run_folder_it_is_in(demo, capsys) -> None:
-    line = _one_line(capsys, main(["status", "runs/demo/runs/seed_1/mllog/seed_1.out"]))
-    assert line == (
+        "runs/demo/runs/seed_1 (or seed_2, seed_3)?",
+    ),
+    "a file names the run folder it is in": (
+        ["status", "runs/demo/runs/seed_1/mllog/seed_1.out"],
         "invalid: runs/demo/runs/seed_1/mllog/seed_1.out: is a file, not a run folder; did you "
-        "mean runs/demo/runs/seed_1 (the run folder it is in)?"
-    )
-    loose = Path("notes.txt")
-    loose.write_text("x")
+        "mean runs/demo/runs/seed_1 (the run folder it is in)?",
+    ),
+    "a folder inside a run names the run": (
+        ["status", "runs/demo/runs/seed_2/mllog"],
+        "invalid: runs/demo/runs/seed_2/mllog: is a folder inside a run, not a run folder; "
+        "did you mean runs/demo/runs/seed_2?",
+    ),
+    "a missing folder names the runs beside it": (
+        ["status", "runs/demo/runs/seed_4"],
+        "invalid: runs/demo/runs/seed_4: does not exist; did you mean runs/demo/runs/seed_1 "
+        "(or seed_2, seed_3)?",
+    ),
+    "a missing folder elsewhere says what to give": (
+        ["status", "/nowhere/run"],
+        "invalid: /nowhere/run: does not exist; give a run folder (a run folder holds mllog/)",
+    ),
+    "a run folder for a manifest names the manifest": (
+        ["manifest", "validate", "runs/demo/runs/seed_3"],
+        "invalid: runs/demo/runs/seed_3: is a run folder, not a manifest "
+        "(RUN_DIR/mllog/eval_checkpoints.jsonl); did you mean "
+        "runs/demo/runs/seed_3/mllog/eval_checkpoints.jsonl?",
+    ),
+    "an mllog folder for an MLLOG names the MLLOG": (
+        ["check", "runs/demo/runs/seed_3/mllog"],
+        "invalid: runs/demo/runs/seed_3/mllog: is a run's mllog folder, not an MLLOG "
+        "(RUN_DIR/mllog/seed_<n>.out); did you mean runs/demo/runs/seed_3/mllog/seed_3.out?",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_KIND_OF_PATH)
+def test_a_path_of_the_wrong_kind_says_what_it_is_and_what_to_give(demo, capsys, case) -> None:
+    argv, expected = WRONG_KIND_OF_PATH[case]
+    assert _one_line(capsys, main(argv)) == expected
+
+
+def test_a_loose_file_says_what_a_run_folder_holds(demo, capsys) -> None:
+    Path("notes.txt").write_text("x")
     line = _one_line(capsys, main(["finalize", "notes.txt"]))
     assert line == "invalid: notes.txt: is a file, not a run folder (a run folder holds mllog/)"
 
 
-def test_a_folder_inside_a_run_names_the_run(demo, capsys) -> None:
-    line = _one_line(capsys, main(["status", "runs/demo/runs/seed_2/mllog"]))
-    assert line == (
-        "invalid: runs/demo/runs/seed_2/mllog: is a folder inside a run, not a run folder; "
-        "did you mean runs/demo/runs/seed_2?"
-    )
-
-
-def test_a_missing_folder_says_it_does_not_exist(demo, capsys) -> None:
-    line = _one_line(capsys, main(["status", "runs/demo/runs/seed_4"]))
-    assert line == (
-        "invalid: runs/demo/runs/seed_4: does not exist; did you mean runs/demo/runs/seed_1 "
-        "(or seed_2, seed_3)?"
-    )
-    line = _one_line(capsys, main(["status", "/nowhere/run"]))
-    assert line == (
-        "invalid: /nowhere/run: does not exist; give a run folder (a run folder holds mllog/)"
-    )
-
-
-def test_a_manifest_or_log_expected_names_the_file_to_give(demo, capsys) -> None:
-    line = _one_line(capsys, main(["manifest", "validate", "runs/demo/runs/seed_3"]))
-    assert line == (
-        "invalid: runs/demo/runs/seed_3: is a run folder, not a manifest "
-        "(RUN_DIR/mllog/eval_checkpoints.jsonl); did you mean "
-        "runs/demo/runs/seed_3/mllog/eval_checkpoints.jsonl?"
-    )
-    line = _one_line(capsys, main(["check", "runs/demo/runs/seed_3/mllog"]))
-    assert line == (
-        "invalid: runs/demo/runs/seed_3/mllog: is a run's mllog folder, not an MLLOG "
-        "(RUN_DIR/mllog/seed_<n>.out); did you mean runs/demo/runs/seed_3/mllog/seed_3.out?"
-    )
+def test_a_submission_folder_for_an_mllog_names_every_runs_mllog(demo, capsys) -> None:
     line = _one_line(capsys, main(["check", "runs/demo"]))
     assert line.endswith("did you mean runs/demo/runs/seed_1/mllog/seed_1.out (or seed_2, seed_3)?")
 

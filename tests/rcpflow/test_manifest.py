@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from synthetic_run import T0, make_run, rows_of
+from synthetic_run import make_run, rows_of
 
 from rcpflow.manifest import ManifestError, ManifestRow, load, parse_rows, upsert
 
@@ -170,19 +170,6 @@ def test_property_valid_iff_contiguous_from_start(tmp_path_factory, steps):
             load(run.layout.manifest)
 
 
-def test_row_from_dict_round_trip():
-    row = ManifestRow(
-        step=3,
-        checkpoint_path="c/3",
-        timestamp_ms=T0,
-        samples_count=96,
-        global_batch_size=32,
-        batch_size=2,
-        num_generations=16,
-        val_start_at=3,
-        max_steps=5,
-        target_accuracy=0.69,
-        seed=0,
-        mllog_file="seed_0.out",
-    )
+def test_row_from_dict_round_trip(tmp_path):
+    row = dataclasses.replace(make_run(str(tmp_path)).row(19), weights_fingerprint="sha256:ab")
     assert ManifestRow.from_dict(json.loads(row.to_json()), where="x") == row

@@ -17,6 +17,7 @@ from typing import Any
 
 from rcpflow import jsonio
 from rcpflow.layout import RunLayout, join
+from rcpflow.run_identity import FLAGS, RunIdentity
 from rcpflow.storage import storage_for
 
 FORMAT = "rcpflow-rehearsal-checkpoint/1"
@@ -29,14 +30,6 @@ class RehearsalCheckpointError(ValueError):
 
 class FingerprintMismatchError(RehearsalCheckpointError):
     """The weights are not the ones recorded for the checkpoint."""
-
-
-@dataclass(frozen=True)
-class RunIdentity:
-    seed: int
-    global_batch_size: int
-    val_start_at: int
-    max_steps: int
 
 
 @dataclass(frozen=True)
@@ -63,9 +56,8 @@ class Checkpoint:
     weights_fingerprint: str
 
     def to_json(self) -> bytes:
-        return (
-            json.dumps({"format": FORMAT, **asdict(self)}, indent=2, sort_keys=True) + "\n"
-        ).encode()
+        record = {"format": FORMAT, **asdict(self), "run": self.run.arguments()}
+        return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
 
 
 def checkpoint_dir(run_dir: str, step: int) -> str:
@@ -103,7 +95,7 @@ def read_checkpoint(folder: str) -> Checkpoint:
     run, weights = _field(d, "run", dict, path), _field(d, "weights", dict, path)
     checkpoint = Checkpoint(
         run=RunIdentity(
-            **{k: _field(run, k, int, f"{path}: run") for k in RunIdentity.__dataclass_fields__}
+            **{k: _field(run, k, int, f"{path}: run") for k in FLAGS}, run_start_ms=None
         ),
         step=_field(d, "step", int, path),
         samples_count=_field(d, "samples_count", int, path),

@@ -30,11 +30,11 @@ from rcpflow.manifest import ManifestError
 from rcpflow.mllog import MLLogError, require_mlperf_logging
 from rcpflow.recorder import RecorderError, TrainingRecorder
 from rcpflow.rehearsal import PassCurve
+from rcpflow.run_identity import RunIdentity
 from rcpflow.storage import StorageError
 from tpu_jobs.rehearsal.checkpoints import (
     Checkpoint,
     RehearsalCheckpointError,
-    RunIdentity,
     Weights,
     checkpoint_dir,
     complete_steps,
@@ -55,12 +55,6 @@ DEFAULT_MAX_STEPS = 50
 # Told in one line with the job contract's code (`rcpflow.job_exit`): 5 for the invalid ones.
 INVALID_INPUT_ERRORS = (RecorderError, RehearsalCheckpointError)
 RUN_STATE_ERRORS = (*INVALID_INPUT_ERRORS, ManifestError, MLLogError, StorageError, OSError)
-_FLAGS = {
-    "seed": "--seed",
-    "global_batch_size": "--global-batch-size",
-    "val_start_at": "--val-start-at",
-    "max_steps": "--max-steps",
-}
 
 
 class RunMismatchError(ValueError):
@@ -78,12 +72,7 @@ class Config:
 
     @property
     def identity(self) -> RunIdentity:
-        return RunIdentity(
-            seed=self.seed,
-            global_batch_size=self.hp.global_batch_size,
-            val_start_at=self.val_start_at,
-            max_steps=self.hp.max_steps,
-        )
+        return RunIdentity.of_run(self.seed, self.hp, self.val_start_at)
 
 
 def _say(record: dict[str, object]) -> None:
@@ -97,14 +86,10 @@ def _check_identity(config: Config) -> None:
     for step in complete_steps(config.run_dir)[-1:]:
         found = read_checkpoint(checkpoint_dir(config.run_dir, step)).run
         if found != ours:
-            differ = ", ".join(
-                f"{flag} {getattr(ours, key)} vs the run's {getattr(found, key)}"
-                for key, flag in _FLAGS.items()
-                if getattr(ours, key) != getattr(found, key)
-            )
             raise RunMismatchError(
                 f"step {step}: the checkpoint in {config.run_dir} belongs to another run "
-                f"({differ}); resume with that run's arguments, or use another run_dir"
+                f"({ours.differing_flags(found.arguments())}); resume with that run's "
+                "arguments, or use another run_dir"
             )
 
 
@@ -228,18 +213,12 @@ def parse_args(argv: Sequence[str] | None) -> Config:
     )
     add_timing_arguments(parser)
     args = parser.parse_args(argv)
-    if args.val_start_at is not None and args.val_start_at <= 0:
-        parser.error(f"--val-start-at must be positive, got {args.val_start_at}")
     try:
-        hp = recipe.hyperparameters(args.division, args.global_batch_size, args.max_steps)
+        hp, val_start = recipe.trainer_run(
+            args.division, args.global_batch_size, args.max_steps, args.val_start_at
+        )
     except ValueError as e:
         parser.error(str(e))
-    val_start = recipe.val_start_at(hp.global_batch_size, args.val_start_at)
-    if val_start > hp.max_steps:
-        parser.error(
-            f"--max-steps {hp.max_steps} is below the validation start step {val_start}: "
-            "no checkpoint would ever be saved or evaluated"
-        )
     timing = timing_from(args, parser)
     curve = curve_from(args, parser)
     if args.seed not in curve.seeds:

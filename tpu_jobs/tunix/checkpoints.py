@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import jax
@@ -78,14 +78,7 @@ class CheckpointRecord:
     policy: Mapping[str, int]  # `tpu_jobs.tunix.policy.PolicyConfig` fields
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": RECORD_FORMAT,
-            "step": self.step,
-            "timestamp_ms": self.timestamp_ms,
-            "weights_fingerprint": self.weights_fingerprint,
-            "run": dict(self.run),
-            "policy": dict(self.policy),
-        }
+        return {"format": RECORD_FORMAT, **asdict(self)}
 
     @classmethod
     def from_json(cls, d: Any, where: str) -> CheckpointRecord:

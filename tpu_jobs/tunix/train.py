@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, ClassVar
 
 import jax
@@ -52,13 +52,7 @@ class TrainConfig(RunConfig):
 
 def run_identity(config: TrainConfig, hp: recipe.Hyperparameters, val_start: int) -> RunIdentity:
     """What this run's checkpoints record about it (its `RunIdentity.arguments`)."""
-    return RunIdentity(
-        seed=config.seed,
-        global_batch_size=hp.global_batch_size,
-        val_start_at=val_start,
-        max_steps=hp.max_steps,
-        run_start_ms=None,
-    )
+    return RunIdentity.of_run(config.seed, hp, val_start)
 
 
 def batches(
@@ -75,6 +69,7 @@ def batches(
         yield vocab.batch(seed, step, hp.num_prompts_per_step)
 
 
+@dataclass(eq=False)  # hashed and compared by identity, as any iterable handed to Tunix
 class StoppableBatches:
     """`batches` for ``learner.train``, ending early once the run's stop request stands.
 
@@ -84,27 +79,19 @@ class StoppableBatches:
     before. `stopped_after` is the last update when the request ended training, else None.
     """
 
-    def __init__(
-        self,
-        seed: int,
-        hp: recipe.Hyperparameters,
-        rollout: base_rollout.RolloutConfig,
-        *,
-        resumed_from: int,
-        stop_requested: Callable[[], bool],
-    ) -> None:
-        self.seed = seed
-        self.hp = hp
-        self.rollout = rollout
-        self.resumed_from = resumed_from
-        self._stop_requested = stop_requested
-        self.stopped_after: int | None = None
+    seed: int
+    hp: recipe.Hyperparameters
+    rollout: base_rollout.RolloutConfig
+    _: KW_ONLY
+    resumed_from: int
+    stop_requested: Callable[[], bool]
+    stopped_after: int | None = field(default=None, init=False)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         drawn = batches(self.seed, self.hp, self.rollout)
         for step in range(1, self.hp.max_steps + 1):
             done = step - 1
-            if done > self.resumed_from and self._stop_requested():
+            if done > self.resumed_from and self.stop_requested():
                 self.stopped_after = done
                 say({"event": "stop_requested", "step": done})
                 return  # Tunix ends training on the exhausted iterator
