@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -52,24 +53,54 @@ def test_a_pass_at_4_is_a_whole_number_of_solved_tasks() -> None:
     assert curve.pass_at_4(7, 1) == 173 / 251  # 0.69 x 251 = 173.19: 173 tasks, below target
 
 
+# A curve or a profile that cannot be used: the message names the file, then the line, column
+# or key.
 @pytest.mark.parametrize(
-    ("text", "where"),
+    ("parse", "text", "where"),
     [
-        ("", "no header"),
-        ("stp,seed_1\n1,0.5\n", "line 1: header"),
-        ("step,seed_x\n1,0.5\n", "column 'seed_x'"),
-        ("step,seed_1,seed_1\n1,0.5,0.5\n", "twice"),
-        ("step,seed_1\n1,0.5\n3,0.5\n", "line 3: step '3', expected 2"),
-        ("step,seed_1\n1,1.5\n", "line 2: seed_1 '1.5'"),
-        ("step,seed_1\n1,nan\n", "line 2: seed_1 'nan'"),
-        ("step,seed_1\n1\n", "line 2: 1 values"),
-        ("# only a comment\nstep,seed_1\n", "no steps"),
+        (parse_curve, "", "no header"),
+        (parse_curve, "stp,seed_1\n1,0.5\n", "line 1: header"),
+        (parse_curve, "step,seed_x\n1,0.5\n", "column 'seed_x'"),
+        (parse_curve, "step,seed_1,seed_1\n1,0.5,0.5\n", "twice"),
+        (parse_curve, "step,seed_1\n1,0.5\n3,0.5\n", "line 3: step '3', expected 2"),
+        (parse_curve, "step,seed_1\n1,1.5\n", "line 2: seed_1 '1.5'"),
+        (parse_curve, "step,seed_1\n1,nan\n", "line 2: seed_1 'nan'"),
+        (parse_curve, "step,seed_1\n1\n", "line 2: 1 values"),
+        (parse_curve, "# only a comment\nstep,seed_1\n", "no steps"),
+        (
+            parse_profile,
+            "step_seconds = 1\neval_seconds = 1\ntrain_chips = 1\n",
+            "eval_chips is missing",
+        ),
+        (
+            parse_profile,
+            "step_seconds = 0\neval_seconds = 1\ntrain_chips = 1\neval_chips = 1\n",
+            "step_seconds",
+        ),
+        (
+            parse_profile,
+            'step_seconds = "1"\neval_seconds = 1\ntrain_chips = 1\neval_chips = 1\n',
+            "number",
+        ),
+        (
+            parse_profile,
+            "step_seconds = 1\neval_seconds = 1\ntrain_chips = 1.5\neval_chips = 1\n",
+            "integer",
+        ),
+        (
+            parse_profile,
+            "step_seconds = 1\neval_seconds = 1\ntrain_chips = 1\neval_chips = 1\nx = 1\n",
+            "'x'",
+        ),
+        (parse_profile, "step_seconds = \n", "not TOML"),
     ],
 )
-def test_a_bad_curve_names_the_line(text: str, where: str) -> None:
+def test_a_bad_input_names_the_file_and_where(
+    parse: Callable[[str, str], object], text: str, where: str
+) -> None:
     with pytest.raises(RehearsalInputError) as e:
-        parse_curve(text, "c.csv")
-    assert str(e.value).startswith("c.csv: ") and where in str(e.value)
+        parse(text, "in.txt")
+    assert str(e.value).startswith("in.txt: ") and where in str(e.value)
 
 
 def test_a_curve_knows_its_seeds_and_steps() -> None:
@@ -79,20 +110,3 @@ def test_a_curve_knows_its_seeds_and_steps() -> None:
         curve.solved(2, 1)
     with pytest.raises(RehearsalInputError, match="no step 3"):
         curve.solved(1, 3)
-
-
-@pytest.mark.parametrize(
-    ("text", "where"),
-    [
-        ("step_seconds = 1\neval_seconds = 1\ntrain_chips = 1\n", "eval_chips is missing"),
-        ("step_seconds = 0\neval_seconds = 1\ntrain_chips = 1\neval_chips = 1\n", "step_seconds"),
-        ('step_seconds = "1"\neval_seconds = 1\ntrain_chips = 1\neval_chips = 1\n', "number"),
-        ("step_seconds = 1\neval_seconds = 1\ntrain_chips = 1.5\neval_chips = 1\n", "integer"),
-        ("step_seconds = 1\neval_seconds = 1\ntrain_chips = 1\neval_chips = 1\nx = 1\n", "'x'"),
-        ("step_seconds = \n", "not TOML"),
-    ],
-)
-def test_a_bad_profile_names_the_key(text: str, where: str) -> None:
-    with pytest.raises(RehearsalInputError) as e:
-        parse_profile(text, "p.toml")
-    assert str(e.value).startswith("p.toml: ") and where in str(e.value)
