@@ -71,9 +71,10 @@ def write_deployment(path: Path, python: str | None = None, **settings: object) 
     return path
 
 
-def recording_python(folder: Path) -> tuple[Path, Path]:
+def recording_python(folder: Path, before_run: str = "") -> tuple[Path, Path]:
     """An interpreter wrapper that appends each job's arguments to a file, then runs it for
-    real: tests see exactly which jobs a DAG launched."""
+    real: tests see exactly which jobs a DAG launched. `before_run`: Python lines the wrapper
+    runs after recording, before the job (e.g. to make one job fail)."""
     record = folder / "jobs.txt"
     wrapper = folder / "python"
     wrapper.write_text(
@@ -81,6 +82,7 @@ def recording_python(folder: Path) -> tuple[Path, Path]:
         "import os, sys\n"
         f"with open({str(record)!r}, 'a') as f:\n"
         "    f.write(' '.join(sys.argv[1:]) + '\\n')\n"
+        f"{before_run}"
         f"os.execv({PYTHON!r}, [{PYTHON!r}, *sys.argv[1:]])\n"
     )
     wrapper.chmod(0o755)

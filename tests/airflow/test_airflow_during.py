@@ -16,7 +16,6 @@ import pytest
 from airflow_harness import (
     CONVERGING_RUN,
     FAST_RUN,
-    PYTHON,
     launched_jobs,
     recording_python,
     run_dag_test,
@@ -44,20 +43,14 @@ def during(tmp_path: Path, python: Path) -> Path:
 
 def failing_python(folder: Path, step: int) -> tuple[Path, Path]:
     """Like `recording_python`, but the evaluation job of `step` fails (exit 3)."""
-    record = folder / "jobs.txt"
-    wrapper = folder / "python"
-    wrapper.write_text(
-        f"#!{PYTHON}\n"
-        "import os, sys\n"
-        f"with open({str(record)!r}, 'a') as f:\n"
-        "    f.write(' '.join(sys.argv[1:]) + '\\n')\n"
-        f"if sys.argv[1:3] == ['-m', 'tpu_jobs.evaluate'] and '{step}' == sys.argv[-1]:\n"
-        "    print('evaluation failed on purpose', file=sys.stderr)\n"
-        "    sys.exit(3)\n"
-        f"os.execv({PYTHON!r}, [{PYTHON!r}, *sys.argv[1:]])\n"
+    return recording_python(
+        folder,
+        before_run=(
+            f"if sys.argv[1:3] == ['-m', 'tpu_jobs.evaluate'] and '{step}' == sys.argv[-1]:\n"
+            "    print('evaluation failed on purpose', file=sys.stderr)\n"
+            "    sys.exit(3)\n"
+        ),
     )
-    wrapper.chmod(0o755)
-    return wrapper, record
 
 
 @pytest.mark.timeout(900)
