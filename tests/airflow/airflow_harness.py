@@ -12,10 +12,15 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tasks.devtools.airflow_server import LocalAirflow
 
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "dags"
@@ -55,6 +60,30 @@ class DagRunResult:
         """Rendered map indexes of a mapped task's instances, by map index."""
         found = sorted((i, s) for (t, i), s in self.labels.items() if t == task_id)
         return [s for _, s in found]
+
+
+@dataclass(frozen=True)
+class ScheduledRun:
+    """A DAG run a real scheduler finished: its id, state and task instances (as the REST API
+    gives them)."""
+
+    run_id: str
+    state: str
+    tis: list[dict[str, Any]]
+
+    @property
+    def states(self) -> dict[tuple[str, int], str]:
+        """(task_id, map_index) -> state."""
+        return {(t["task_id"], t["map_index"]): t["state"] for t in self.tis}
+
+
+def run_under_scheduler(
+    server: LocalAirflow, dag_id: str, conf: Mapping[str, Any], timeout_s: float
+) -> ScheduledRun:
+    """Trigger `dag_id` with `conf` through the REST API and follow the run to its end."""
+    run_id = server.trigger(dag_id, conf)
+    state = server.wait_for_run(dag_id, run_id, timeout_s=timeout_s)
+    return ScheduledRun(run_id, state, server.task_instances(dag_id, run_id))
 
 
 def write_deployment(path: Path, python: str | None = None, **settings: object) -> Path:

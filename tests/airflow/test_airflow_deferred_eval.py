@@ -117,6 +117,14 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@pytest.fixture
+def run_dir(trained_run: Path, tmp_path: Path) -> Path:
+    """This test's own copy of `trained_run`, to change as it likes."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy)
+    return copy
+
+
 def _plant_summary(run_dir: Path, step: int, accuracy: float) -> None:
     """Prepare the run: a valid summary for `step` with the given pass@4, written through
     rcpflow for the real manifest row (the toy cannot pass after 6 tiny steps)."""
@@ -138,10 +146,8 @@ def _plant_summary(run_dir: Path, step: int, accuracy: float) -> None:
 
 @pytest.mark.timeout(600)
 def test_real_jobs_evaluate_below_a_passing_middle_checkpoint(
-    airflow_db: str, trained_run: Path, tmp_path: Path
+    airflow_db: str, run_dir: Path, tmp_path: Path
 ) -> None:
-    run_dir = tmp_path / "run"
-    shutil.copytree(trained_run, run_dir)
     _plant_summary(run_dir, 4, 0.80)
 
     result, jobs = _evaluate(str(run_dir), tmp_path)
@@ -164,10 +170,8 @@ def test_real_jobs_evaluate_below_a_passing_middle_checkpoint(
 
 @pytest.mark.timeout(600)
 def test_a_failing_evaluation_fails_the_task_and_writes_no_run_stop(
-    airflow_db: str, trained_run: Path, tmp_path: Path
+    airflow_db: str, run_dir: Path, tmp_path: Path
 ) -> None:
-    run_dir = tmp_path / "run"
-    shutil.copytree(trained_run, run_dir)
     # Damage step 3's checkpoint: its weights no longer restore, the evaluator fails (exit 3).
     for path in (run_dir / "checkpoints" / "3").rglob("*"):
         if path.is_file() and path.parent.name != "3":
