@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from repo_paths import REPO
 
 if TYPE_CHECKING:
     from tasks.devtools.airflow_server import LocalAirflow
 
-REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "dags"
 PLUGINS = REPO / "plugins"
 PYTHON = sys.executable

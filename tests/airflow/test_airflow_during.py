@@ -32,10 +32,11 @@ EVALUATE = "evaluation.checkpoint.evaluate"
 STOP = "evaluation.checkpoint.stop_if_decided"
 
 
-def during(tmp_path: Path, python: Path) -> Path:
+def during(tmp_path: Path, python: Path | None = None) -> Path:
+    """A during-training deployment whose jobs run with `python` (default: this interpreter)."""
     return write_deployment(
         tmp_path / "deployment.toml",
-        python=str(python),
+        python=None if python is None else str(python),
         eval_schedule="during_training",
         checkpoint_poll_seconds=0.5,
     )
@@ -97,10 +98,9 @@ def test_a_run_that_never_passes_trains_to_max_steps_and_aborts(
     airflow_db: str, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    python, _ = recording_python(tmp_path)
     conf = {**FAST_RUN, "run_dir": str(run_dir)}
 
-    result = run_dag_test("mlperf_grpo_run", conf, during(tmp_path, python))
+    result = run_dag_test("mlperf_grpo_run", conf, during(tmp_path))
 
     layout = RunLayout(str(run_dir))
     rows = load(layout.manifest).rows

@@ -12,10 +12,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from tasks.backends.gke.settings import GkeSettings
 
-REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 
 
