@@ -12,12 +12,17 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
+if TYPE_CHECKING:
+    from tasks.devtools.airflow_server import LocalAirflow
+
 DAGS = REPO / "dags"
 PLUGINS = REPO / "plugins"
 PYTHON = sys.executable
@@ -57,6 +62,30 @@ class DagRunResult:
         return [s for _, s in found]
 
 
+@dataclass(frozen=True)
+class ScheduledRun:
+    """A DAG run a real scheduler finished: its id, state and task instances (as the REST API
+    gives them)."""
+
+    run_id: str
+    state: str
+    tis: list[dict[str, Any]]
+
+    @property
+    def states(self) -> dict[tuple[str, int], str]:
+        """(task_id, map_index) -> state."""
+        return {(t["task_id"], t["map_index"]): t["state"] for t in self.tis}
+
+
+def run_under_scheduler(
+    server: LocalAirflow, dag_id: str, conf: Mapping[str, Any], timeout_s: float
+) -> ScheduledRun:
+    """Trigger `dag_id` with `conf` through the REST API and follow the run to its end."""
+    run_id = server.trigger(dag_id, conf)
+    state = server.wait_for_run(dag_id, run_id, timeout_s=timeout_s)
+    return ScheduledRun(run_id, state, server.task_instances(dag_id, run_id))
+
+
 def write_deployment(path: Path, python: str | None = None, **settings: object) -> Path:
     """A deployment TOML for tests (local backend unless `settings` says otherwise; run folders
     in the tests' temp dirs, outside the storage root, allowed unless `settings` says otherwise)."""
@@ -71,9 +100,10 @@ def write_deployment(path: Path, python: str | None = None, **settings: object) 
     return path
 
 
-def recording_python(folder: Path) -> tuple[Path, Path]:
+def recording_python(folder: Path, before_run: str = "") -> tuple[Path, Path]:
     """An interpreter wrapper that appends each job's arguments to a file, then runs it for
-    real: tests see exactly which jobs a DAG launched."""
+    real: tests see exactly which jobs a DAG launched. `before_run`: Python lines the wrapper
+    runs after recording, before the job (e.g. to make one job fail)."""
     record = folder / "jobs.txt"
     wrapper = folder / "python"
     wrapper.write_text(
@@ -81,6 +111,7 @@ def recording_python(folder: Path) -> tuple[Path, Path]:
         "import os, sys\n"
         f"with open({str(record)!r}, 'a') as f:\n"
         "    f.write(' '.join(sys.argv[1:]) + '\\n')\n"
+        f"{before_run}"
         f"os.execv({PYTHON!r}, [{PYTHON!r}, *sys.argv[1:]])\n"
     )
     wrapper.chmod(0o755)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from airflow_harness import AIRFLOW_ENV, DAGS, PLUGINS, PYTHON, REPO
@@ -50,37 +51,48 @@ image = "example.com/rcpflow-tpu:test"
 """
 
 
+def _gke_deployment(folder: Path) -> str:
+    toml = folder / "deployment.toml"
+    toml.write_text(GKE_DEPLOYMENT)
+    return str(toml)
+
+
 def test_dagbag_has_no_import_errors(dagbag) -> None:
     assert dagbag.import_errors == {}
     assert set(dagbag.dag_ids) >= DAG_IDS
 
 
-def _modules_after_parsing(path: Path, extra_env: dict[str, str]) -> list[str]:
-    env = {**os.environ, **AIRFLOW_ENV, **extra_env}
+def _probe(code: str, *args: str, extra_env: dict[str, str], timeout_s: float) -> Any:
+    """Run `code` in a fresh interpreter under the tests' Airflow environment; the JSON it
+    printed last."""
     proc = subprocess.run(
-        [PYTHON, "-c", _PROBE, str(path)],
-        env=env,
+        [PYTHON, "-c", code, *args],
+        env={**os.environ, **AIRFLOW_ENV, **extra_env},
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout_s,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _heavy(modules: list[str]) -> list[str]:
+    return [m for m in modules if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
+
+
+def _modules_after_parsing(path: Path, extra_env: dict[str, str]) -> list[str]:
+    return _probe(_PROBE, str(path), extra_env=extra_env, timeout_s=120)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["local", "gke"])
 @pytest.mark.parametrize("dag_file", DAG_FILES)
 def test_parsing_imports_nothing_heavy(dag_file: str, backend: str, tmp_path: Path) -> None:
-    extra = {}
-    if backend == "gke":
-        toml = tmp_path / "deployment.toml"
-        toml.write_text(GKE_DEPLOYMENT)
-        extra["RCPFLOW_DEPLOYMENT"] = str(toml)
+    extra = {"RCPFLOW_DEPLOYMENT": _gke_deployment(tmp_path)} if backend == "gke" else {}
     modules = _modules_after_parsing(DAGS / dag_file, extra)
-    loaded = [m for m in modules if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
+    loaded = _heavy(modules)
     assert loaded == [], f"parsing {dag_file} ({backend}) imported {loaded}"
 
 
@@ -89,7 +101,7 @@ def test_parsing_imports_nothing_heavy(dag_file: str, backend: str, tmp_path: Pa
 def test_loading_a_plugin_module_imports_nothing_heavy(plugin_file: str) -> None:
     # every Airflow component (api-server, scheduler, triggerer) imports these
     modules = _modules_after_parsing(PLUGINS / plugin_file, {})
-    loaded = [m for m in modules if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
+    loaded = _heavy(modules)
     assert loaded == [], f"loading {plugin_file} imported {loaded}"
     assert "tasks.devtools" not in {m.rsplit(".", 1)[0] for m in modules}
 
@@ -113,23 +125,13 @@ NOT_AT_PLUGIN_LOAD = ("matplotlib", "plugins.rcp_view.app", "tasks.convergence",
 
 @pytest.mark.timeout(300)
 def test_airflow_registers_the_rcpflow_plugin_cheaply() -> None:
-    proc = subprocess.run(
-        [PYTHON, "-c", _PLUGINS],
-        env={**os.environ, **AIRFLOW_ENV},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    found = _probe(_PLUGINS, extra_env={}, timeout_s=240)
     assert found["errors"] == {}
     assert found["names"] == ["rcpflow"]  # the folder's other modules are not plugins
     assert found["apps"]["rcpflow"] == ["/rcp"]
     assert found["views"]["rcpflow"] == ["mlperf-rcp", "mlperf-rcp-run"]
     modules = found["modules"]
-    heavy = [m for m in modules if m.split(".")[0] in FORBIDDEN or m in FORBIDDEN]
+    heavy = _heavy(modules)
     assert heavy == []
     late = [m for m in modules if any(m == n or m.startswith(n + ".") for n in NOT_AT_PLUGIN_LOAD)]
     assert late == [], f"loading the plugins imported {late}"
@@ -152,20 +154,8 @@ print(json.dumps(out))
 
 @pytest.mark.timeout(300)
 def test_gke_deployment_builds_jobset_tasks(tmp_path: Path) -> None:
-    toml = tmp_path / "deployment.toml"
-    toml.write_text(GKE_DEPLOYMENT)
-    env = {**os.environ, **AIRFLOW_ENV, "RCPFLOW_DEPLOYMENT": str(toml)}
-    proc = subprocess.run(
-        [PYTHON, "-c", _SERIALIZE, str(DAGS)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    tasks = json.loads(proc.stdout.strip().splitlines()[-1])
+    extra = {"RCPFLOW_DEPLOYMENT": _gke_deployment(tmp_path)}
+    tasks = _probe(_SERIALIZE, str(DAGS), extra_env=extra, timeout_s=240)
     assert {
         "train.train_command",
         "train.job.run",

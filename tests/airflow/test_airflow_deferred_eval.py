@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from airflow_harness import (
+    DagRunResult,
     launched_jobs,
     recording_python,
     run_dag_test,
     train_fast_run,
     write_deployment,
 )
-from synthetic_run import attempts_for_accuracy, make_run
+from synthetic_run import SyntheticRun, attempts_for_accuracy, make_run
 
 from rcpflow import recipe
 from rcpflow.layout import RunLayout
@@ -24,23 +26,32 @@ from rcpflow.summary import build_summary, read_summary, write_summary
 EVALUATE = "evaluation.evaluate"
 
 
+def _evaluate(run_dir: str, tmp_path: Path) -> tuple[DagRunResult, list[str]]:
+    """mlperf_grpo_deferred_eval on `run_dir`, its jobs run by the recording interpreter: the
+    DAG run's result and the jobs it launched."""
+    python, record = recording_python(tmp_path)
+    deployment = write_deployment(tmp_path / "deployment.toml", python=str(python))
+    result = run_dag_test("mlperf_grpo_deferred_eval", {"run_dir": run_dir}, deployment)
+    return result, launched_jobs(record)
+
+
+def _evaluate_synthetic(tmp_path: Path, **run: Any) -> tuple[SyntheticRun, DagRunResult, list[str]]:
+    """`_evaluate` of a synthetic run made by `make_run(tmp_path / "run", **run)`."""
+    made = make_run(str(tmp_path / "run"), **run)
+    return (made, *_evaluate(made.run_dir, tmp_path))
+
+
 @pytest.mark.timeout(300)
 def test_decided_run_launches_no_job_and_stops_at_the_first_pass(
     airflow_db: str, tmp_path: Path
 ) -> None:
     # val_start 18 at gbs 256; step 20 is the first above 0.69 (21 is too, but later).
-    run = make_run(
-        str(tmp_path / "run"),
-        max_steps=24,
-        accuracies={18: 0.40, 19: 0.60, 20: 0.75, 21: 0.80},
+    run, result, jobs = _evaluate_synthetic(
+        tmp_path, max_steps=24, accuracies={18: 0.40, 19: 0.60, 20: 0.75, 21: 0.80}
     )
-    python, record = recording_python(tmp_path)
-    deployment = write_deployment(tmp_path / "deployment.toml", python=str(python))
-
-    result = run_dag_test("mlperf_grpo_deferred_eval", {"run_dir": run.run_dir}, deployment)
 
     assert result.state == "success", result.states
-    assert launched_jobs(record) == []  # every needed summary was already there
+    assert jobs == []  # every needed summary was already there
     # steps 18..24: 18-20 evaluated (reused), 21-24 skipped because 20 passed
     assert result.mapped(EVALUATE) == ["success"] * 3 + ["skipped"] * 4
     # labelled by step before anything runs, so the skipped ones are too
@@ -106,6 +117,14 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run_dir
 
 
+@pytest.fixture
+def run_dir(trained_run: Path, tmp_path: Path) -> Path:
+    """This test's own copy of `trained_run`, to change as it likes."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run, copy)
+    return copy
+
+
 def _plant_summary(run_dir: Path, step: int, accuracy: float) -> None:
     """Prepare the run: a valid summary for `step` with the given pass@4, written through
     rcpflow for the real manifest row (the toy cannot pass after 6 tiny steps)."""
@@ -127,20 +146,16 @@ def _plant_summary(run_dir: Path, step: int, accuracy: float) -> None:
 
 @pytest.mark.timeout(600)
 def test_real_jobs_evaluate_below_a_passing_middle_checkpoint(
-    airflow_db: str, trained_run: Path, tmp_path: Path
+    airflow_db: str, run_dir: Path, tmp_path: Path
 ) -> None:
-    run_dir = tmp_path / "run"
-    shutil.copytree(trained_run, run_dir)
     _plant_summary(run_dir, 4, 0.80)
-    python, record = recording_python(tmp_path)
-    deployment = write_deployment(tmp_path / "deployment.toml", python=str(python))
 
-    result = run_dag_test("mlperf_grpo_deferred_eval", {"run_dir": str(run_dir)}, deployment)
+    result, jobs = _evaluate(str(run_dir), tmp_path)
 
     assert result.state == "success", result.states
     # steps 2..6: 2 and 3 evaluated by the real evaluator, 4 reused, 5 and 6 skipped
     assert result.mapped(EVALUATE) == ["success"] * 3 + ["skipped"] * 2
-    assert sorted(launched_jobs(record)) == [
+    assert sorted(jobs) == [
         f"-m tpu_jobs.evaluate --run-dir {run_dir} --step 2",
         f"-m tpu_jobs.evaluate --run-dir {run_dir} --step 3",
     ]
@@ -155,10 +170,8 @@ def test_real_jobs_evaluate_below_a_passing_middle_checkpoint(
 
 @pytest.mark.timeout(600)
 def test_a_failing_evaluation_fails_the_task_and_writes_no_run_stop(
-    airflow_db: str, trained_run: Path, tmp_path: Path
+    airflow_db: str, run_dir: Path, tmp_path: Path
 ) -> None:
-    run_dir = tmp_path / "run"
-    shutil.copytree(trained_run, run_dir)
     # Damage step 3's checkpoint: its weights no longer restore, the evaluator fails (exit 3).
     for path in (run_dir / "checkpoints" / "3").rglob("*"):
         if path.is_file() and path.parent.name != "3":
@@ -184,19 +197,12 @@ def test_a_run_without_a_verdict_fails_finalize_and_gets_no_run_stop(
     airflow_db: str, tmp_path: Path
 ) -> None:
     # Training stopped at step 20 of 24 and no checkpoint passed: not aborted, incomplete.
-    run = make_run(
-        str(tmp_path / "run"),
-        max_steps=24,
-        last_step=20,
-        accuracies={18: 0.3, 19: 0.4, 20: 0.5},
+    run, result, jobs = _evaluate_synthetic(
+        tmp_path, max_steps=24, last_step=20, accuracies={18: 0.3, 19: 0.4, 20: 0.5}
     )
-    python, record = recording_python(tmp_path)
-    deployment = write_deployment(tmp_path / "deployment.toml", python=str(python))
-
-    result = run_dag_test("mlperf_grpo_deferred_eval", {"run_dir": run.run_dir}, deployment)
 
     assert result.state == "failed"
-    assert launched_jobs(record) == []
+    assert jobs == []
     assert result.mapped(EVALUATE) == ["success"] * 3
     assert result.states[("evaluation.finalize", -1)] == "failed"
     assert result.states[("evaluation.check", -1)] == "upstream_failed"

@@ -16,7 +16,6 @@ import pytest
 from airflow_harness import (
     CONVERGING_RUN,
     FAST_RUN,
-    PYTHON,
     launched_jobs,
     recording_python,
     run_dag_test,
@@ -33,10 +32,11 @@ EVALUATE = "evaluation.checkpoint.evaluate"
 STOP = "evaluation.checkpoint.stop_if_decided"
 
 
-def during(tmp_path: Path, python: Path) -> Path:
+def during(tmp_path: Path, python: Path | None = None) -> Path:
+    """A during-training deployment whose jobs run with `python` (default: this interpreter)."""
     return write_deployment(
         tmp_path / "deployment.toml",
-        python=str(python),
+        python=None if python is None else str(python),
         eval_schedule="during_training",
         checkpoint_poll_seconds=0.5,
     )
@@ -44,20 +44,14 @@ def during(tmp_path: Path, python: Path) -> Path:
 
 def failing_python(folder: Path, step: int) -> tuple[Path, Path]:
     """Like `recording_python`, but the evaluation job of `step` fails (exit 3)."""
-    record = folder / "jobs.txt"
-    wrapper = folder / "python"
-    wrapper.write_text(
-        f"#!{PYTHON}\n"
-        "import os, sys\n"
-        f"with open({str(record)!r}, 'a') as f:\n"
-        "    f.write(' '.join(sys.argv[1:]) + '\\n')\n"
-        f"if sys.argv[1:3] == ['-m', 'tpu_jobs.evaluate'] and '{step}' == sys.argv[-1]:\n"
-        "    print('evaluation failed on purpose', file=sys.stderr)\n"
-        "    sys.exit(3)\n"
-        f"os.execv({PYTHON!r}, [{PYTHON!r}, *sys.argv[1:]])\n"
+    return recording_python(
+        folder,
+        before_run=(
+            f"if sys.argv[1:3] == ['-m', 'tpu_jobs.evaluate'] and '{step}' == sys.argv[-1]:\n"
+            "    print('evaluation failed on purpose', file=sys.stderr)\n"
+            "    sys.exit(3)\n"
+        ),
     )
-    wrapper.chmod(0o755)
-    return wrapper, record
 
 
 @pytest.mark.timeout(900)
@@ -104,10 +98,9 @@ def test_a_run_that_never_passes_trains_to_max_steps_and_aborts(
     airflow_db: str, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    python, _ = recording_python(tmp_path)
     conf = {**FAST_RUN, "run_dir": str(run_dir)}
 
-    result = run_dag_test("mlperf_grpo_run", conf, during(tmp_path, python))
+    result = run_dag_test("mlperf_grpo_run", conf, during(tmp_path))
 
     layout = RunLayout(str(run_dir))
     rows = load(layout.manifest).rows

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from tasks.backends.local import LocalBackend
 from tasks.deployment import DeploymentError, parse_deployment
@@ -108,7 +109,7 @@ def test_result_formats_are_rcpflow_eval_imports_own() -> None:
 
 
 def test_the_readme_worked_deployment_file_parses(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     section = readme.split("## Bring your own trainer and evaluator", 1)[1]
     text = section.split("```toml\n", 1)[1].split("```", 1)[0]
     d = _parse(text, tmp_path)

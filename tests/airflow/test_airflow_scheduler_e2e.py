@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_harness import CONVERGING_RUN, alive
+from airflow_harness import CONVERGING_RUN, alive, run_under_scheduler
 
 from rcpflow.layout import RunLayout
 from rcpflow.mllog import read_events
@@ -97,14 +97,12 @@ def test_run_dag_under_the_scheduler(
     server: LocalAirflow, metadata_db: LocalPostgres | None, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    run_id = server.trigger("mlperf_grpo_run", {**CONVERGING_RUN, "run_dir": str(run_dir)})
-    state = server.wait_for_run("mlperf_grpo_run", run_id, timeout_s=600)
-    tis = server.task_instances("mlperf_grpo_run", run_id)
+    conf = {**CONVERGING_RUN, "run_dir": str(run_dir)}
+    run = run_under_scheduler(server, "mlperf_grpo_run", conf, timeout_s=600)
 
-    states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
-    assert state == "success", states
+    assert run.state == "success", run.states
     if metadata_db is not None:
-        assert _dag_run_state_in_db(metadata_db, "mlperf_grpo_run", run_id) == "success"
+        assert _dag_run_state_in_db(metadata_db, "mlperf_grpo_run", run.run_id) == "success"
     else:
         assert (Path(server.config.home) / "airflow.db").is_file()
     events = read_events(RunLayout(str(run_dir)).mllog(1))
@@ -118,7 +116,7 @@ def test_run_dag_under_the_scheduler(
     first, last = CONVERGING_RUN["val_start_at"], CONVERGING_RUN["max_steps"]
     assert first < passed < last
     evals = sorted(
-        (t for t in tis if t["task_id"] == "evaluation.checkpoint.evaluate"),
+        (t for t in run.tis if t["task_id"] == "evaluation.checkpoint.evaluate"),
         key=lambda t: t["map_index"],
     )
     assert [first + t["map_index"] for t in evals] == list(range(first, last + 1))
@@ -134,7 +132,7 @@ def test_run_dag_under_the_scheduler(
     # index where no label was rendered
     assert all(t["pid"] is None for t in above), [(t["map_index"], t["pid"]) for t in above]
     assert all(t["rendered_map_index"] == str(t["map_index"]) for t in above)
-    waits = {t["map_index"]: t for t in tis if t["task_id"] == "evaluation.checkpoint.wait"}
+    waits = {t["map_index"]: t for t in run.tis if t["task_id"] == "evaluation.checkpoint.wait"}
     assert all(waits[t["map_index"]]["state"] == "skipped" for t in above)
     for earlier, later in itertools.pairwise(ran):
         assert earlier["end_date"] <= later["start_date"]
@@ -157,12 +155,10 @@ def test_submission_of_three_seeds_passes_every_checker(
         "submission_name": "e2e",
         "system": {"system_name": "e2e-cpu"},
     }
-    run_id = server.trigger("mlperf_grpo_submission", conf)
-    state = server.wait_for_run("mlperf_grpo_submission", run_id, timeout_s=840)
-    tis = server.task_instances("mlperf_grpo_submission", run_id)
+    run = run_under_scheduler(server, "mlperf_grpo_submission", conf, timeout_s=840)
 
-    states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
-    assert state == "success", states
+    states = run.states
+    assert run.state == "success", states
     assert [states[("run_seed", i)] for i in range(3)] == ["success"] * 3
     out = tmp_path / "e2e"
     for seed in (1, 2, 3):

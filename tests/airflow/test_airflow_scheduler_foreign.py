@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow_harness import run_under_scheduler
 from foreign.deployment import FOREIGN_RUN, PASSING_STEP, write_foreign_deployment
 
 from rcpflow.layout import RunLayout
@@ -37,15 +38,13 @@ def server(
 @pytest.mark.timeout(900)
 def test_foreign_jobs_under_the_scheduler(server: LocalAirflow, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    run_id = server.trigger("mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)})
-    state = server.wait_for_run("mlperf_grpo_run", run_id, timeout_s=600)
-    tis = server.task_instances("mlperf_grpo_run", run_id)
+    conf = {**FOREIGN_RUN, "run_dir": str(run_dir)}
+    run = run_under_scheduler(server, "mlperf_grpo_run", conf, timeout_s=600)
 
-    states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
-    assert state == "success", states
+    assert run.state == "success", run.states
     first, last = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
     evals = sorted(
-        (t for t in tis if t["task_id"] == "evaluation.checkpoint.evaluate"),
+        (t for t in run.tis if t["task_id"] == "evaluation.checkpoint.evaluate"),
         key=lambda t: t["map_index"],
     )
     ran = [t for t in evals if t["state"] == "success"]

@@ -14,12 +14,17 @@ from tasks.submission.report import render_report
 from tasks.submission.spec import SubmissionSpec
 
 
-def test_html_report_is_the_markdown_with_the_plot(tmp_path: Path) -> None:
-    spec = SubmissionSpec(
-        name="h", out_dir=str(tmp_path / "h"), seeds=(1, 2, 3), global_batch_size=256,
+def _spec(tmp_path: Path, name: str) -> SubmissionSpec:
+    """A closed-division submission of three seeds, 24 steps at most, under `tmp_path`/`name`."""
+    return SubmissionSpec(
+        name=name, out_dir=str(tmp_path / name), seeds=(1, 2, 3), global_batch_size=256,
         max_steps=24, val_start_at=None, target=0.69, division="closed", backend="local",
         system={},
     )  # fmt: skip
+
+
+def test_html_report_is_the_markdown_with_the_plot(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "h")
     for seed, step in ((1, 19), (2, 20), (3, 30)):
         accuracies = {s: (0.75 if s == step else 0.5) for s in range(18, min(step, 24) + 1)}
         make_run(spec.run_dir(seed), seed=seed, accuracies=accuracies)
@@ -49,11 +54,7 @@ def test_raw_html_in_the_markdown_is_escaped() -> None:
 def test_the_report_task_writes_both(tmp_path: Path) -> None:
     from tasks.submission.report import write_report
 
-    spec = SubmissionSpec(
-        name="w", out_dir=str(tmp_path / "w"), seeds=(1, 2, 3), global_batch_size=256,
-        max_steps=24, val_start_at=None, target=0.69, division="closed", backend="local",
-        system={},
-    )  # fmt: skip
+    spec = _spec(tmp_path, "w")
     for seed in spec.seeds:
         make_run(spec.run_dir(seed), seed=seed, accuracies={18: 0.8})
         finalize(spec.run_dir(seed))

@@ -170,34 +170,45 @@ def test_a_run_folder_symlinked_out_of_the_root_is_not_shown(get: Any) -> None:
     assert get("/rcp/file/mllog?path=escape").status_code == 404
 
 
-def test_a_run_stop_without_samples_count_is_a_page_naming_it(get: Any) -> None:
-    page = get("/rcp/run?path=nosamples")
+@pytest.mark.parametrize(
+    ("url", "named", "still_served"),
+    [
+        pytest.param(
+            "/rcp/run?path=nosamples",
+            ["run_stop in the MLLOG has no samples_count", "success: converged at step ?"],
+            [],
+            id="run-stop-without-samples-count",
+        ),
+        pytest.param(
+            "/rcp/submission?name=truncated",
+            ["checks/rcp_checker.json: not JSON", "UNREADABLE"],
+            ["/rcp/"],
+            id="truncated-checker-verdict",
+        ),
+        pytest.param(
+            # the manifest reader refuses times more than a day ahead (rcpflow.recipe.time_problem)
+            "/rcp/run?path=future",
+            ["timestamp_ms 10000000000000000 is more than a day ahead of now"],
+            ["/rcp/plot/run.png?path=future", "/rcp/plot/run.png?path=future&view=time"],
+            id="timestamp-far-ahead",
+        ),
+        pytest.param(
+            "/rcp/run?path=cloud",
+            ["no Google Cloud credentials"],
+            ["/rcp/api/run?path=cloud"],
+            id="gs-without-credentials",
+        ),
+    ],
+)
+def test_a_damaged_input_is_a_page_naming_it(
+    get: Any, url: str, named: list[str], still_served: list[str]
+) -> None:
+    page = get(url)
     assert page.status_code == 200
-    assert "run_stop in the MLLOG has no samples_count" in page.text
-    assert "success: converged at step ?" in page.text
-
-
-def test_a_truncated_checker_verdict_is_a_page_naming_it(get: Any) -> None:
-    page = get("/rcp/submission?name=truncated")
-    assert page.status_code == 200
-    assert "checks/rcp_checker.json: not JSON" in page.text and "UNREADABLE" in page.text
-    assert get("/rcp/").status_code == 200
-
-
-def test_a_timestamp_far_ahead_of_now_is_named_on_the_page(get: Any) -> None:
-    # the manifest reader refuses times more than a day ahead (rcpflow.recipe.time_problem)
-    page = get("/rcp/run?path=future")
-    assert page.status_code == 200
-    assert "timestamp_ms 10000000000000000 is more than a day ahead of now" in page.text
-    assert get("/rcp/plot/run.png?path=future").status_code == 200
-    assert get("/rcp/plot/run.png?path=future&view=time").status_code == 200
-
-
-def test_gs_checkpoints_without_credentials_are_a_page_naming_it(get: Any) -> None:
-    page = get("/rcp/run?path=cloud")
-    assert page.status_code == 200
-    assert "no Google Cloud credentials" in page.text
-    assert get("/rcp/api/run?path=cloud").status_code == 200
+    for text in named:
+        assert text in page.text
+    for other in still_served:
+        assert get(other).status_code == 200
 
 
 @pytest.mark.parametrize("route", ["/rcp/openapi.json", "/rcp/docs", "/rcp/redoc"])

@@ -25,8 +25,8 @@ from typing import Any
 
 import google.auth.credentials
 import pytest
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CRD_ENV = "RCPFLOW_JOBSET_CRD"
 DEFAULT_CRD = REPO.parent / "shared" / "k8s" / "jobset.x-k8s.io_jobsets.yaml"

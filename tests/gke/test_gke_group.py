@@ -12,11 +12,21 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from tasks.backends.gke.settings import GkeSettings
 
-REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
+
+
+def _python(
+    code: str, env: dict[str, str] | None, timeout_s: float
+) -> subprocess.CompletedProcess[str]:
+    """`code` run by a fresh interpreter in the repository root (`env`: its whole environment,
+    None for ours)."""
+    return subprocess.run(
+        [PYTHON, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s
+    )
 
 
 def test_group_shape_run_then_cleanup_as_teardown() -> None:
@@ -184,14 +194,8 @@ def test_dag_test_runs_the_group_to_success_and_to_failure(
         "FAKE_KUBE_URL": fake_kube_api.url,
     }
     env.pop("RCPFLOW_DEPLOYMENT", None)
-    proc = subprocess.run(
-        [PYTHON, "-c", RUNNER],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=360,  # dag.test ignores SIGTERM; subprocess.run kills (SIGKILL) on timeout
-    )
+    # dag.test ignores SIGTERM; subprocess.run kills (SIGKILL) on timeout
+    proc = _python(RUNNER, env, timeout_s=360)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = json.loads(lines[-1][len("RESULT ") :])
@@ -250,14 +254,7 @@ def test_importing_the_backends_and_plugins_pulls_in_no_provider_or_kubernetes(
     tmp_path: Path,
 ) -> None:
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
-    proc = subprocess.run(
-        [PYTHON, "-c", LIGHT_IMPORT_CHECK],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
+    proc = _python(LIGHT_IMPORT_CHECK, env, timeout_s=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "HEAVY []" in proc.stdout, proc.stdout
 
@@ -268,8 +265,6 @@ def test_settings_and_rendering_import_no_airflow(tmp_path: Path) -> None:
     modules = "tasks.deployment, tasks.backends.gke.settings, tasks.backends.gke.render, "
     modules += "tasks.backends.gke.status"
     code = f"import sys, {modules}; print(sorted(m for m in sys.modules if 'airflow' in m))"
-    proc = subprocess.run(
-        [PYTHON, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=50
-    )
+    proc = _python(code, None, timeout_s=50)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "[]"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from fake_task import FakeTI
 from foreign.deployment import EVALUATOR, FOREIGN_RUN, TRAINER, evaluate_command
+from repo_paths import REPO
 
 from rcpflow.layout import RunLayout
 from rcpflow.manifest import ManifestRow, load
@@ -26,7 +27,6 @@ from tasks.jobs.values import evaluate_values, train_values
 from tasks.run.spec import RunSpec
 from tasks.run.steps import EvaluationError
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docker" / "deployment.byo.example.toml"
 RUN_ID = "manual__2026-05-01T12:00:00+00:00"
 

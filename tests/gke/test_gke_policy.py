@@ -5,10 +5,10 @@ Kueue labels, grace period, TTL, host networking and the distributed environment
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
+from repo_paths import REPO
 
 from tasks.backends.gke.render import (
     COORDINATOR_ADDRESS_ENV,
@@ -21,7 +21,6 @@ from tasks.backends.gke.settings import GkeSettings
 from tasks.settings import read_table
 
 RUN_ID = "manual__2026-05-01T12:00:00+00:00"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _render(settings: GkeSettings, role: str = "train") -> dict[str, Any]:

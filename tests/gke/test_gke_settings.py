@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeCluster, GkeSettings, TpuJobShape
 from tasks.deployment import parse_deployment
 from tasks.jobs.command import TRAIN_JOB
 from tasks.settings import SettingError, read_table
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_are_the_benchmark_shapes() -> None:

@@ -238,6 +238,7 @@ class JobSetTrigger(BaseTrigger):
                     )
                 )
                 return
+            over_bound: str | None = None  # the reason of a time bound passed; `message` says it
             if status.suspended:
                 if self.running_since is not None:
                     self.running_s, self.running_since = self.running_time(now), None
@@ -246,19 +247,11 @@ class JobSetTrigger(BaseTrigger):
                     self.suspended_since, changed = now, True
                 suspended_s = now - self.suspended_since
                 if self.max_suspended_s is not None and suspended_s >= self.max_suspended_s:
+                    over_bound = SUSPENDED_TOO_LONG
                     message = (
                         f"suspended (not admitted) for {suspended_s:.0f}s, the bound is "
                         f"{self.max_suspended_s:.0f}s: {status.message}"
                     )
-                    yield TriggerEvent(
-                        self._event(
-                            "Failed",
-                            reason=SUSPENDED_TOO_LONG,
-                            message=message,
-                            progress=status.progress,
-                        )
-                    )
-                    return
             else:
                 if self.suspended_since is not None:
                     self.suspended_since, changed = None, True
@@ -266,19 +259,18 @@ class JobSetTrigger(BaseTrigger):
                     self.running_since, changed = now, True
                 running_s = self.running_time(now)
                 if self.max_running_s is not None and running_s >= self.max_running_s:
+                    over_bound = RUNNING_TOO_LONG
                     message = (
                         f"still running after {running_s:.0f}s (not counting time suspended), "
                         f"the bound is {self.max_running_s:.0f}s"
                     )
-                    yield TriggerEvent(
-                        self._event(
-                            "Failed",
-                            reason=RUNNING_TOO_LONG,
-                            message=message,
-                            progress=status.progress,
-                        )
+            if over_bound is not None:
+                yield TriggerEvent(
+                    self._event(
+                        "Failed", reason=over_bound, message=message, progress=status.progress
                     )
-                    return
+                )
+                return
             if self.stop_run_dir is not None:
                 if self.stop_seen is None:
                     request = await asyncio.to_thread(current, self.stop_run_dir)
