@@ -4,7 +4,7 @@ the contract), on every device of the mesh the params lie on.
 
 The params stay sharded at rest (each process holds its own shards); the sampler gathers each
 layer's weights where the model applies it, and every device samples the whole (replicated)
-batch, so one device or N compute each row with the same arithmetic and the same bits.
+batch, so one device or N compute each row with the same arithmetic (docs/tpu_jobs.md).
 """
 
 from __future__ import annotations
