@@ -15,6 +15,7 @@ Python's code for any uncaught exception) restarts it up to `max_restarts`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -370,16 +371,9 @@ class GkeSettings:
 
     @property
     def cluster(self) -> GkeCluster:
-        """The cluster the JobSet operators talk to (`tasks.backends.gke.hooks`)."""
-        return GkeCluster(
-            location=self.location,
-            cluster_name=self.cluster_name,
-            project_id=self.project_id,
-            gcp_conn_id=self.gcp_conn_id,
-            impersonation_chain=self.impersonation_chain,
-            use_internal_ip=self.use_internal_ip,
-            use_dns_endpoint=self.use_dns_endpoint,
-        )
+        """The cluster the JobSet operators talk to (`tasks.backends.gke.hooks`): the settings'
+        fields of the same names."""
+        return GkeCluster(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GkeCluster)})
 
 
 def check_evaluate_job(settings: GkeSettings, command: Sequence[str], source: str) -> None:
