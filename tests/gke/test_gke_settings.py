@@ -90,10 +90,6 @@ def test_a_table_overrides_and_keeps_the_rest() -> None:
         ({"impersonation_chain": [""]}, "gke.impersonation_chain: account emails must not be"),
         ({"train": "big"}, "gke.train: must be a table, got str"),
         ({"train": {"slices": 2}}, "gke.train.slices: 2 slices: multislice training is not"),
-        (
-            {"evaluate": {"topology": "2x2x2"}},
-            "gke.evaluate.topology: 2x2x2 has 2 hosts per slice: evaluation workers run one",
-        ),
         ({"train": {"termination_grace_period_s": 0}}, "gke.train.termination_grace_period_s"),
         ({"fail_exit_codes": [2, 0]}, "gke.fail_exit_codes: exit codes are 1..255"),
         ({"fail_exit_codes": [256]}, "gke.fail_exit_codes: exit codes are 1..255"),

@@ -9,8 +9,13 @@
     --shard-index K --num-shards N --attempt-id ID
                                worker K of N (where the evaluator shards; defaults from RCPFLOW_*)
 
+A worker may be several processes (the layout variables of `tpu_jobs.rcp.distributed`, for a
+loader with `multi_process`): they join one `jax.distributed` system, evaluate together, process
+0 alone writes, and every process exits with process 0's code.
+
 Exit codes (docs/tpu_jobs.md): 0 summary written or reused (a worker other than 0: its shard
-written); 1 bad input (no manifest, no row N); 2 bad flags; 3 fatal error; 4 incomplete.
+written); 5 bad input (no manifest, no row N); 2 bad flags or process layout; 3 fatal error;
+4 incomplete.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import jax
 
 from rcpflow import gate, recipe
 from rcpflow.finalize import eval_events
 from rcpflow.layout import RunLayout, join
-from rcpflow.manifest import ManifestError, load
+from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import EventRenderer, require_mlperf_logging
 from rcpflow.storage import storage_for
 from rcpflow.summary import EvalSummary
@@ -38,8 +45,10 @@ from tpu_jobs.eval.shards import (
     resolve_sharding,
 )
 from tpu_jobs.eval.target import CheckpointLoader, Target
+from tpu_jobs.rcp import collectives, distributed
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_FATAL, EXIT_INCOMPLETE = 0, 5, 3, 4  # rcpflow.job_exit
+EXIT_RESTART = 1
 
 
 def write_eval_mllog(path: str, summary: EvalSummary) -> None:
@@ -60,6 +69,15 @@ def report(summary: EvalSummary, where: str) -> None:
 
 def finish(outcome: Outcome, sharding: Sharding, what: str, summary_path: str) -> int:
     """Say what happened and pick the exit code (see the module docstring)."""
+    if outcome.follower:  # its process 0 says the rest; the code is process 0's (`main`)
+        if outcome.own_fatal_error is not None:
+            print(
+                f"error: {what}: process {jax.process_index()} of {jax.process_count()}: "
+                f"{outcome.own_fatal_error}",
+                file=sys.stderr,
+            )
+            return EXIT_FATAL
+        return EXIT_OK
     if outcome.summary is None:  # a worker other than 0: its shard is its whole result
         if outcome.own_fatal_error is not None:
             print(
@@ -87,6 +105,21 @@ def finish(outcome: Outcome, sharding: Sharding, what: str, summary_path: str) -
     return EXIT_OK
 
 
+def _target(checkpoint_path: str, out_dir: str, row: ManifestRow | None) -> Target:
+    """What is evaluated: manifest row `row`'s checkpoint, or (None) one standalone folder;
+    the summary and attempts go under `out_dir`."""
+    return Target(
+        checkpoint_path=checkpoint_path,
+        expected_fingerprint=None if row is None else row.weights_fingerprint,
+        step=None if row is None else row.step,
+        timestamp_ms=None if row is None else row.timestamp_ms,
+        samples_count=None if row is None else row.samples_count,
+        target_accuracy=recipe.TARGET_ACCURACY if row is None else row.target_accuracy,
+        summary_path=join(out_dir, "summary.json"),
+        attempts_dir=join(out_dir, "attempts"),
+    )
+
+
 def run_step(
     loader: CheckpointLoader,
     run_dir: str,
@@ -95,26 +128,29 @@ def run_step(
     shard_timeout_s: float = DEFAULT_SHARD_TIMEOUT_S,
 ) -> int:
     layout = RunLayout(run_dir)
+    row: ManifestRow | None = None
+    done: int | None = None  # exit code when there is nothing to evaluate (process 0 decides)
     try:
         row = load(layout.manifest).row(step)
     except ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
+        done = EXIT_BAD_INPUT
+    if row is not None and jax.process_index() == 0:
+        reused = gate.valid_summary(layout.root, row)
+        if reused is not None:
+            print(f"reusing valid summary {layout.summary(step)} (not recomputed)")
+            report(reused, layout.summary(step))
+            done = EXIT_OK
+    # Every process of the worker takes the same way: all evaluate, or none.
+    [decided] = collectives.from_primary([-1 if done is None else done])
+    [unread] = collectives.any_process([row is None])
+    if decided >= 0:
+        return decided
+    if row is None or unread:
+        print(f"error: step {step}: another process of this worker could not read the manifest "
+              "row", file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
-    reused = gate.valid_summary(layout.root, row)
-    if reused is not None:
-        print(f"reusing valid summary {layout.summary(step)} (not recomputed)")
-        report(reused, layout.summary(step))
-        return EXIT_OK
-    target = Target(
-        checkpoint_path=row.checkpoint_path,
-        expected_fingerprint=row.weights_fingerprint,
-        step=row.step,
-        timestamp_ms=row.timestamp_ms,
-        samples_count=row.samples_count,
-        target_accuracy=row.target_accuracy,
-        summary_path=layout.summary(step),
-        attempts_dir=layout.attempts_dir(step),
-    )
+    target = _target(row.checkpoint_path, layout.eval_dir(step), row)
     outcome = evaluate(target, loader, sharding, shard_timeout_s)
     return finish(outcome, sharding, f"step {step}", layout.summary(step))
 
@@ -129,16 +165,7 @@ def run_standalone(
 ) -> int:
     if rcp_logging:
         require_mlperf_logging()  # fail before the work, not after
-    target = Target(
-        checkpoint_path=checkpoint,
-        expected_fingerprint=None,
-        step=None,
-        timestamp_ms=None,
-        samples_count=None,
-        target_accuracy=recipe.TARGET_ACCURACY,
-        summary_path=join(output_dir, "summary.json"),
-        attempts_dir=join(output_dir, "attempts"),
-    )
+    target = _target(checkpoint, output_dir, None)
     outcome = evaluate(target, loader, sharding, shard_timeout_s)
     code = finish(outcome, sharding, checkpoint, target.summary_path)
     if code == EXIT_OK and outcome.summary is not None and rcp_logging:
@@ -208,9 +235,39 @@ def main(
     if args.run_dir is not None:
         if args.step is None or args.checkpoint or args.output_dir:
             ap.error("--run-dir needs --step, and excludes --checkpoint/--output-dir")
-        return run_step(loader, args.run_dir, args.step, sharding, timeout_s)
-    if args.checkpoint is None or args.output_dir is None or args.step is not None:
+    elif args.checkpoint is None or args.output_dir is None or args.step is not None:
         ap.error("give either --run-dir D --step N, or --checkpoint PATH --output-dir OUT")
-    return run_standalone(
-        loader, args.checkpoint, args.output_dir, args.rcp_logging, sharding, timeout_s
+    try:
+        layout = distributed.layout_from_env()
+    except distributed.LayoutError as e:
+        ap.error(str(e))
+    if layout.multi_process and not loader.multi_process:
+        ap.error(
+            f"{distributed.NUM_PROCESSES_ENV}={layout.num_processes}: this evaluator runs one "
+            "process per worker (give each worker a single host)"
+        )
+    distributed.initialize(layout)
+    if args.run_dir is not None:
+        return same_code_on_all(
+            lambda: run_step(loader, args.run_dir, args.step, sharding, timeout_s), prog
+        )
+    return same_code_on_all(
+        lambda: run_standalone(
+            loader, args.checkpoint, args.output_dir, args.rcp_logging, sharding, timeout_s
+        ),
+        prog,
     )
+
+
+def same_code_on_all(run: Callable[[], int], prog: str) -> int:
+    """`run()`'s exit code on one process; on several, process 0's on every process (an
+    exception becomes one error line and code 1, so no process is left waiting for it)."""
+    if jax.process_count() == 1:
+        return run()
+    try:
+        code = run()
+    except Exception as e:
+        print(f"{prog}: error: process {jax.process_index()}: {e!r}", file=sys.stderr)
+        code = EXIT_RESTART
+    [code] = collectives.from_primary([code])
+    return code

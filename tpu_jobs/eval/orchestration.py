@@ -4,7 +4,9 @@ One shard writes the attempts, then the summary (the commit point). With N shard
 writes its shard file (`tpu_jobs.eval.shards`); worker 0 then waits up to a timeout for the
 others and merges them. Nothing raises: a restore, fingerprint or evaluation error (any shard's)
 becomes the summary's ``fatal_error``, and a shard missing at the timeout leaves its attempts
-missing; either summary is never valid, so the run can never end on it.
+missing; either summary is never valid, so the run can never end on it. A worker of several
+processes (one `jax.distributed` system) evaluates its shard on all of them; a failure on any
+is a failure on all, and process 0 alone writes.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
+
+import jax
 
 from rcpflow import recipe
 from rcpflow.layout import join
@@ -32,11 +36,13 @@ from tpu_jobs.eval.shards import (
     write_shard,
 )
 from tpu_jobs.eval.target import CheckpointFacts, CheckpointLoader, Target, checked_facts
+from tpu_jobs.rcp import collectives
 
 # Worker 0's wait for the other shards, after its own; below the deployment's 30-minute watch of
 # an eval JobSet, so the incomplete summary is written before Airflow gives up on the job.
 DEFAULT_SHARD_TIMEOUT_S = 20 * 60.0
 ATTEMPTS_FILE = "attempts.jsonl"
+OTHER_PROCESS_FAILED = "another process of this worker failed (its error line says why)"
 
 
 def now_ms() -> int:
@@ -46,12 +52,13 @@ def now_ms() -> int:
 @dataclass(frozen=True)
 class Outcome:
     """What one worker did: worker 0 (or the only worker) has the summary; the others only
-    wrote their shard."""
+    wrote their shard. `follower`: a process other than 0 of its worker, which wrote nothing."""
 
     summary: EvalSummary | None
     own_fatal_error: str | None
     missing_shards: tuple[int, ...] = ()
     shard_path: str | None = None
+    follower: bool = False
 
 
 def _identity(target: Target, sharding: Sharding, batch_rows: int) -> EvalIdentity:
@@ -83,6 +90,10 @@ def _evaluate_shard(
     except Exception as e:
         fatal = f"{type(e).__name__}: {e}"
         records = []
+    # The worker's processes agree: one that failed alone would leave no valid shard anyway.
+    [failed] = collectives.any_process([fatal is not None])
+    if failed and fatal is None:
+        fatal, records = OTHER_PROCESS_FAILED, []
     shard = Shard(
         index=sharding.index, path="", fatal_error=fatal, start_ms=start_ms, records=tuple(records)
     )
@@ -102,6 +113,8 @@ def evaluate(
     start = now_ms()
     identity = _identity(target, sharding, loader.batch_rows)
     own, facts = _evaluate_shard(target, loader, sharding, start)
+    if jax.process_index() != 0:
+        return Outcome(summary=None, own_fatal_error=own.fatal_error, follower=True)
     if sharding.count == 1:
         gathered = Gathered(shards={0: own}, missing=())
     else:

@@ -56,6 +56,9 @@ class CheckpointLoader(Protocol):
 
     # Rows per sampler call (part of the sampling settings a shard is identified by).
     batch_rows: int
+    # Whether a worker may be several processes: `load` and the attempts are then called on
+    # every process of one jax.distributed system (collectives), raising on all or none.
+    multi_process: bool
 
     def load(self, path: str, expected_fingerprint: str | None) -> LoadedCheckpoint:
         """Restore `path` and verify its weights (against `expected_fingerprint` when given);

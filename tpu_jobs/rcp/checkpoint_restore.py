@@ -1,19 +1,23 @@
-"""Reading checkpoints (`tpu_jobs.rcp.checkpoint_format`) without their saver, on one process:
-the meta record, a readability check, and the params for evaluation (as numpy, whatever number of
-processes wrote them: Orbax reassembles the shards).
+"""Reading checkpoints (`tpu_jobs.rcp.checkpoint_format`) without their saver: the meta record,
+a readability check, and the params for evaluation, whatever number of processes wrote them:
+as numpy on one process (`restore_params`), or laid over a mesh by the training rule on every
+process of a job, each reading only its own shards (`restore_sharded_params`).
 
 Every read verifies the weights against the fingerprint recorded at save time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from jax.sharding import Mesh
 
+from tpu_jobs.rcp import collectives, sharding
 from tpu_jobs.rcp.checkpoint_format import (
     COMMIT_MARKER,
     META_ITEM,
@@ -85,15 +89,10 @@ def check_readable(step_path: str) -> None:
         raise CheckpointError(f"{step_path}: cannot be read: {e!r}") from e
 
 
-def restore_params(
-    step_path: str, expected_fingerprint: str | None = None
+def _restore_params(
+    step_path: str, restore_args: Callable[[PyTree], PyTree]
 ) -> tuple[PyTree, CheckpointMeta]:
-    """Read the scanned params of a complete checkpoint as numpy arrays and verify them.
-
-    `expected_fingerprint` is the manifest row's; without one (standalone evaluation) the
-    checkpoint's own recorded fingerprint is the reference. Raises `CheckpointError` or
-    `FingerprintMismatchError` naming the checkpoint.
-    """
+    """The params item (read with ``restore_args(tree_metadata)``) and the meta record."""
     if not is_complete(step_path):
         raise CheckpointError(f"{step_path}: not a complete checkpoint (no {COMMIT_MARKER})")
     reader = _reader()
@@ -104,9 +103,7 @@ def restore_params(
             path,
             args=ocp.args.Composite(
                 **{
-                    PARAMS_ITEM: ocp.args.PyTreeRestore(
-                        restore_args=_numpy_restore_args(tree_metadata)
-                    ),
+                    PARAMS_ITEM: ocp.args.PyTreeRestore(restore_args=restore_args(tree_metadata)),
                     META_ITEM: ocp.args.JsonRestore(),
                 }
             ),
@@ -115,12 +112,63 @@ def restore_params(
         raise
     except Exception as e:
         raise CheckpointError(f"{step_path}: restore failed: {e!r}") from e
-    meta = CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+    return restored[PARAMS_ITEM], CheckpointMeta.from_json(restored[META_ITEM], where=step_path)
+
+
+def _verified(
+    step_path: str, params: PyTree, meta: CheckpointMeta, expected_fingerprint: str | None
+) -> tuple[PyTree, CheckpointMeta]:
     if expected_fingerprint is not None and expected_fingerprint != meta.weights_fingerprint:
         raise FingerprintMismatchError(
             f"{step_path}: checkpoint records fingerprint {meta.weights_fingerprint}, the "
             f"manifest expects {expected_fingerprint}: not the checkpoint the manifest recorded"
         )
-    params = restored[PARAMS_ITEM]
     verify_fingerprint(params, expected_fingerprint or meta.weights_fingerprint, where=step_path)
     return params, meta
+
+
+def restore_params(
+    step_path: str, expected_fingerprint: str | None = None
+) -> tuple[PyTree, CheckpointMeta]:
+    """Read the scanned params of a complete checkpoint as numpy arrays and verify them.
+
+    `expected_fingerprint` is the manifest row's; without one (standalone evaluation) the
+    checkpoint's own recorded fingerprint is the reference. Raises `CheckpointError` or
+    `FingerprintMismatchError` naming the checkpoint.
+    """
+    params, meta = _restore_params(step_path, _numpy_restore_args)
+    return _verified(step_path, params, meta, expected_fingerprint)
+
+
+def restore_sharded_params(
+    step_path: str, expected_fingerprint: str | None, m: Mesh
+) -> tuple[PyTree, CheckpointMeta]:
+    """`restore_params` on every process of a job together: each leaf laid over `m` as
+    training lays it (`sharding.tree_shardings`), each process reading only the shards its
+    devices hold. A restore that fails on any process raises `CheckpointError` on all (none is
+    left waiting in the next collective); the fingerprint is then verified on device, together.
+    """
+
+    def sharded_args(tree_metadata: PyTree) -> PyTree:
+        return jax.tree.map(
+            lambda leaf: ocp.ArrayRestoreArgs(
+                sharding=sharding.leaf_sharding(m, tuple(leaf.shape)),
+                global_shape=tuple(leaf.shape),
+                dtype=leaf.dtype,
+            ),
+            tree_metadata,
+        )
+
+    error: Exception | None = None
+    try:
+        params, meta = _restore_params(step_path, sharded_args)
+    except Exception as e:  # every process must still agree below
+        error = e
+    [failed] = collectives.any_process([error is not None])
+    if error is not None:
+        raise error
+    if failed:
+        raise CheckpointError(
+            f"{step_path}: restore failed on another process of this job (its error line says why)"
+        )
+    return _verified(step_path, params, meta, expected_fingerprint)

@@ -1,5 +1,7 @@
 """The toy trainer's evaluator (``python -m tpu_jobs.evaluate``): `ToyCheckpoints` for the shared
-evaluator (`tpu_jobs.eval.cli`, which has the flags and the exit codes)."""
+evaluator (`tpu_jobs.eval.cli`, which has the flags and the exit codes). A worker may be several
+processes (one `jax.distributed` system): the params are restored sharded over all their devices
+as training lays them, each process reading its own shards."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ from collections.abc import Sequence
 
 from tpu_jobs.eval import cli
 from tpu_jobs.eval.target import CheckpointFacts, LoadedCheckpoint
+from tpu_jobs.rcp import sharding
 from tpu_jobs.rcp.checkpoint_format import CheckpointMeta
-from tpu_jobs.rcp.checkpoint_restore import restore_params
+from tpu_jobs.rcp.checkpoint_restore import restore_sharded_params
 from tpu_jobs.rcp.hooks import RUN_IDENTITY_KEY
 from tpu_jobs.toy.eval_sampling import EVAL_BATCH_ROWS, run_attempts
 from tpu_jobs.toy.model import MODEL_CONFIG_KEY, ModelConfig
@@ -28,14 +31,16 @@ class ToyCheckpoints:
     """The toy trainer's checkpoints (`tpu_jobs.rcp` layout, `ModelConfig` in their extra)."""
 
     batch_rows = EVAL_BATCH_ROWS
+    multi_process = True
 
     def load(self, path: str, expected_fingerprint: str | None) -> LoadedCheckpoint:
-        params, meta = restore_params(path, expected_fingerprint)
+        m = sharding.mesh()
+        params, meta = restore_sharded_params(path, expected_fingerprint, m)
         gbs = int(meta.extra[RUN_IDENTITY_KEY]["global_batch_size"])
         cfg = model_config(meta, path)
         return LoadedCheckpoint(
             facts=CheckpointFacts(meta.step, meta.timestamp_ms, meta.step * gbs),
-            attempts=lambda instances: run_attempts(cfg, params, instances),
+            attempts=lambda instances: run_attempts(cfg, params, instances, m),
         )
 
 

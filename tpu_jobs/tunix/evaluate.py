@@ -99,6 +99,8 @@ class TunixCheckpoints:
     """The Tunix trainer's checkpoints (`tpu_jobs.tunix.checkpoints`)."""
 
     batch_rows = BATCH_ROWS
+    # `checkpoints.restore_params` reads the whole actor on one host as numpy.
+    multi_process = False
 
     def load(self, path: str, expected_fingerprint: str | None) -> LoadedCheckpoint:
         config, state, record = load_policy(path, expected_fingerprint)

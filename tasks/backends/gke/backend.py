@@ -12,7 +12,7 @@ from tasks.backends.base import FormDefaults, register
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
 from tasks.backends.gke.operators import jobset_hook
 from tasks.backends.gke.render import jobset_name
-from tasks.backends.gke.settings import TABLE, GkeSettings
+from tasks.backends.gke.settings import TABLE, GkeSettings, check_evaluate_job
 from tasks.deployment import BackendName, Deployment, DeploymentError
 from tasks.run.spec import run_dir_of
 
@@ -35,6 +35,7 @@ class GkeBackend:
         settings = deployment.table(TABLE, GkeSettings)
         if settings is None:
             raise DeploymentError(f"{deployment.source}: backend 'gke' needs a [gke] table")
+        check_evaluate_job(settings, deployment.jobs.evaluate.command, deployment.source)
         self.deployment = deployment
         self.settings: GkeSettings = settings
 

@@ -12,11 +12,12 @@ exit (143), fails at once for the deterministic user errors (`GkeSettings.fail_e
 and restarts counting against maxRestarts for anything else (exit 1 and every other code, an
 OOM kill). The JobSet rules tell the pod rules apart by ``onJobFailureMessagePatterns``
 (JobSet v0.10; `tasks.backends.gke.crd` refuses an older cluster).
-A multi-host slice's pods share the host network (TPU ICI/DCN setup as GKE documents it) and
-find process 0 through ``spec.coordinator`` (the JobSet controller writes its DNS name into
-each pod's ``jobset.sigs.k8s.io/coordinator`` annotation); the RCPFLOW_COORDINATOR_ADDRESS /
-_NUM_PROCESSES / _PROCESS_ID variables are what `tpu_jobs.distributed` reads to form one
-`jax.distributed` system.
+A multi-host slice's pods share the host network (TPU ICI/DCN setup as GKE documents it); the
+RCPFLOW_COORDINATOR_ADDRESS / _NUM_PROCESSES / _PROCESS_ID variables are what
+`tpu_jobs.rcp.distributed` reads to form a `jax.distributed` system. Training is one system
+whose process 0 is found through ``spec.coordinator`` (the JobSet controller writes its DNS
+name into each pod's ``jobset.sigs.k8s.io/coordinator`` annotation); an evaluation worker (one
+slice) is one system of its own, whose process 0 is pod 0 of its Job, by its JobSet hostname.
 
 Every ``$`` of a command item and of a plain env value is doubled: Kubernetes expands
 ``$(VAR)`` there and turns ``$$`` into ``$``, so each item reaches the process as it was
@@ -199,7 +200,7 @@ def render_jobset(
                 {"name": k, "valueFrom": {"secretKeyRef": {"name": ref.secret, "key": ref.key}}}
                 for k, ref in sorted((secret_env or {}).items())
             ),
-            *(_distributed_env(shape) if shape.multi_host else []),
+            *(_distributed_env(shape, role, name) if shape.multi_host else []),
         ],
         # Requests make the pod Burstable rather than BestEffort (evicted first under node
         # pressure); no CPU or memory limit, so the job is never throttled or OOM-killed below
@@ -272,6 +273,7 @@ def render_jobset(
         # Pods resolve each other as <name>-slice-<job>-<index>.<name> (JobSet's headless
         # service), also before they are ready: process 0 must be reachable while it waits.
         spec["network"] = {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
+    if shape.multi_host and role == "train":
         # One slice (settings refuse multislice): process 0 is pod 0 of Job 0.
         spec["coordinator"] = {"replicatedJob": REPLICATED_JOB, "jobIndex": 0, "podIndex": 0}
     annotations = {ANNOTATION_DAG_ID: dag_id, ANNOTATION_RUN_ID: run_id}
@@ -355,20 +357,27 @@ def _rule_pattern(index: int) -> str:
     return f"matching FailJob rule at index {index}$"
 
 
-def _distributed_env(shape: TpuJobShape) -> list[dict[str, Any]]:
-    # One slice (settings refuse multislice): the process id is the pod's index in its Job.
-    return [
-        {
+def _distributed_env(shape: TpuJobShape, role: Role, name: str) -> list[dict[str, Any]]:
+    if role == "train":
+        # One slice (settings refuse multislice): process 0 is pod 0 of Job 0 (spec.coordinator).
+        annotation = f"metadata.annotations['{JOBSET_COORDINATOR_ANNOTATION}']"
+        host: dict[str, Any] = {
             "name": COORDINATOR_HOST_ENV,
-            "valueFrom": {
-                "fieldRef": {
-                    "fieldPath": f"metadata.annotations['{JOBSET_COORDINATOR_ANNOTATION}']"
-                }
-            },
-        },
+            "valueFrom": {"fieldRef": {"fieldPath": annotation}},
+        }
+    else:
+        # One system per worker (slice): process 0 is pod 0 of this pod's own Job, by the
+        # hostname JobSet gives it (<jobset>-<replicated job>-<job index>-<pod index>, in the
+        # subdomain <jobset>); RCPFLOW_SLICE_INDEX is defined above.
+        host = {
+            "name": COORDINATOR_HOST_ENV,
+            "value": f"{name}-{REPLICATED_JOB}-$(RCPFLOW_SLICE_INDEX)-0.{name}",
+        }
+    return [
+        host,
         # Kubernetes expands $(VAR) from the variables defined above it.
         {"name": COORDINATOR_ADDRESS_ENV, "value": f"$({COORDINATOR_HOST_ENV}):{COORDINATOR_PORT}"},
-        {"name": NUM_PROCESSES_ENV, "value": str(shape.hosts_per_slice * shape.slices)},
+        {"name": NUM_PROCESSES_ENV, "value": str(shape.hosts_per_slice)},
         {
             "name": PROCESS_ID_ENV,
             "valueFrom": {

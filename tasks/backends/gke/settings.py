@@ -4,8 +4,9 @@ library: read at DAG-parse time for free.
 
 Only shapes whose process layout has been run are accepted: a training job on one slice
 (one process per host, one `jax.distributed` system; tests/tpu_jobs/test_multihost.py runs it
-with two CPU processes), and evaluation workers of one host each. Multislice training (DCN
-between slices) and multi-host evaluation workers are refused with the reason.
+with two CPU processes), and evaluation workers of one slice each, one `jax.distributed` system
+per slice (tests/tpu_jobs/test_multihost_eval.py). Multislice training (DCN between slices), and
+multi-host workers for the Tunix evaluator (`check_evaluate_job`), are refused with the reason.
 
 The exit codes are the job contract of docs/exit-codes.md: `fail_exit_codes` fail a JobSet at
 once, SIGTERM (143) and a disruption restart it without counting, anything else (1 included:
@@ -14,14 +15,15 @@ Python's code for any uncaught exception) restarts it up to `max_restarts`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from rcpflow import job_exit
-from tasks.deployment import register_table
+from tasks.deployment import DeploymentError, register_table
 from tasks.jobs.command import Role
 from tasks.settings import SettingError
 
@@ -59,6 +61,8 @@ DEFAULT_FAIL_EXIT_CODES = (EXIT_BAD_ARGUMENTS, EXIT_INVALID_INPUT)
 # The TPU node labels rcpflow sets from the shape; extra node selectors may not change them.
 TPU_NODE_LABELS = ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology")
 _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+# The evaluator that runs one process per worker, as a module (``-m``) and as a script.
+TUNIX_EVALUATOR = ("tpu_jobs.tunix_evaluate", "tpu_jobs/tunix_evaluate.py")
 
 
 @dataclass(frozen=True)
@@ -360,13 +364,6 @@ class GkeSettings:
                 "trainer forms one jax.distributed system per slice; DCN between slices is not "
                 "proven); use one larger slice",
             )
-        if self.evaluate.multi_host:
-            raise SettingError(
-                "evaluate.topology",
-                f"{self.evaluate.topology} has {self.evaluate.hosts_per_slice} hosts per slice: "
-                "evaluation workers run one process each (not proven multi-host); use a "
-                "single-host topology and more slices",
-            )
 
     def shape(self, role: Role) -> TpuJobShape:
         """The shape of a job role's JobSet."""
@@ -374,15 +371,23 @@ class GkeSettings:
 
     @property
     def cluster(self) -> GkeCluster:
-        """The cluster the JobSet operators talk to (`tasks.backends.gke.hooks`)."""
-        return GkeCluster(
-            location=self.location,
-            cluster_name=self.cluster_name,
-            project_id=self.project_id,
-            gcp_conn_id=self.gcp_conn_id,
-            impersonation_chain=self.impersonation_chain,
-            use_internal_ip=self.use_internal_ip,
-            use_dns_endpoint=self.use_dns_endpoint,
+        """The cluster the JobSet operators talk to (`tasks.backends.gke.hooks`): the settings'
+        fields of the same names."""
+        return GkeCluster(**{f.name: getattr(self, f.name) for f in dataclasses.fields(GkeCluster)})
+
+
+def check_evaluate_job(settings: GkeSettings, command: Sequence[str], source: str) -> None:
+    """Refuse a multi-host evaluation shape for `command` (``jobs.evaluate`` of the deployment
+    file `source`) when it runs the evaluator that is one process per worker, the Tunix one:
+    `DeploymentError` naming the file, the setting and the job."""
+    shape = settings.evaluate
+    module, script = TUNIX_EVALUATOR
+    if shape.multi_host and any(item == module or item.endswith(script) for item in command):
+        raise DeploymentError(
+            f"{source}: gke.evaluate.topology: {shape.topology} has {shape.hosts_per_slice} "
+            "hosts per slice, but jobs.evaluate runs the Tunix evaluator "
+            "(tpu_jobs.tunix_evaluate), which restores a checkpoint on one process; use a "
+            "single-host topology and more slices"
         )
 
 
