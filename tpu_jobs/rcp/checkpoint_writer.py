@@ -30,6 +30,7 @@ from tpu_jobs.rcp.checkpoint_format import (
     CheckpointError,
     CheckpointMeta,
     SavedCheckpoint,
+    barriers_off_the_devices,
     handlers,
     is_complete,
 )
@@ -91,6 +92,8 @@ class CheckpointSaver:
         self.primary = jax.process_index() == 0
         self.max_pending = max_pending
         self._commit_timeout_s = commit_timeout_s
+        if jax.process_count() > 1:
+            barriers_off_the_devices()  # this saver's thread takes Orbax's barriers
         self._queue: OrderedSaveQueue[_SaveJob, SavedCheckpoint] = OrderedSaveQueue(
             self._write,
             max_pending=max_pending,
