@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import flags
 
 from rcpflow.layout import join
 from rcpflow.storage import storage_for
@@ -24,6 +25,8 @@ STATE_ITEM = "train_state"
 META_ITEM = "meta"
 COMMIT_MARKER = "commit_success.txt"
 META_FORMAT = 1
+# Defined by orbax.checkpoint (its multihost module); read when a barrier is taken.
+_ORBAX_DISTRIBUTED_BARRIER_FLAG = "experimental_orbax_use_distributed_barrier"
 PyTree = Any
 
 
@@ -85,6 +88,16 @@ def handlers() -> dict[str, ocp.CheckpointHandler]:
         STATE_ITEM: ocp.PyTreeCheckpointHandler(use_compression=False),
         META_ITEM: ocp.JsonCheckpointHandler(),
     }
+
+
+def barriers_off_the_devices() -> None:
+    """Make Orbax's barriers (in `sync_global_processes`) wait on `jax.distributed`'s key-value
+    store rather than on a device collective. A saver's thread saves while the training loop
+    runs its own collectives; collectives from two threads reach the devices in a different
+    order on each process (gloo aborts: "collective mismatch"). Process-wide, idempotent."""
+    holder = flags.FLAGS[_ORBAX_DISTRIBUTED_BARRIER_FLAG]
+    if not holder.value or not holder.present:
+        holder.parse("true")
 
 
 def local_multiprocessing() -> ocp.options.MultiprocessingOptions:

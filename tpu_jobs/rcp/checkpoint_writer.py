@@ -1,11 +1,11 @@
 """Collective step checkpoints (`tpu_jobs.rcp.checkpoint_format`) under one folder.
 
-Every process of the job calls `CheckpointSaver.save` for the same steps: an async Orbax save in
-which each process writes its own shards. It returns once Orbax has copied the arrays to host
-memory; the write and the commit run in Orbax's background thread (Orbax keeps one save in
-flight: a save first waits for the previous one). On process 0 (`primary`) a watcher thread (an
-`OrderedSaveQueue` whose write is "wait for the commit marker") hands each committed step to
-``on_commit`` in step order, which writes its manifest row. A save without a train state is an
+Every process of the job calls `CheckpointSaver.save` for the same steps. `save` only queues the
+step (the arrays as they are, and its fingerprint's pending device computation); a worker thread
+on each process then makes the async Orbax save, in which each process writes its own shards,
+one step at a time in step order. On process 0 (`primary`) the worker also waits for the step's
+commit marker and hands the committed step to ``on_commit`` (its manifest row). The loop waits
+only while `max_pending` steps are queued or saving. A save without a train state is an
 evaluation checkpoint (params and meta only); `drop_state` deletes a step's train state later.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -29,15 +30,15 @@ from tpu_jobs.rcp.checkpoint_format import (
     CheckpointError,
     CheckpointMeta,
     SavedCheckpoint,
+    barriers_off_the_devices,
     handlers,
     is_complete,
 )
 from tpu_jobs.rcp.checkpoint_restore import read_meta
-from tpu_jobs.rcp.fingerprint import verify_fingerprint, weights_fingerprint
+from tpu_jobs.rcp.fingerprint import PendingFingerprint, start_fingerprint, verify_fingerprint
 from tpu_jobs.rcp.saver import OrderedSaveQueue
 
-# Saves whose commit process 0 has not yet seen before `save` waits for the oldest (Orbax's own
-# one-in-flight limit usually binds first).
+# Steps queued or saving (their arrays held by the saver) before `save` waits for the oldest.
 DEFAULT_MAX_PENDING = 2
 COMMIT_TIMEOUT_S = 1800.0
 POLL_START_S = 0.005
@@ -59,12 +60,24 @@ def _wait_for_commit(path: str, step: int, timeout_s: float) -> None:
         wait = min(wait * 2, POLL_MAX_S)
 
 
+@dataclass(frozen=True)
+class _SaveJob:
+    step: int
+    params: PyTree
+    state: PyTree | None
+    timestamp_ms: int
+    extra: Mapping[str, Any]
+    fingerprint: str | PendingFingerprint
+
+
 class CheckpointSaver:
     """Step checkpoints under one folder (local path or ``gs://``), saved by every process.
 
-    `save` returns once Orbax holds host copies; ``on_commit(saved)`` runs on process 0 in the
-    watcher's thread, in step order, once the step's commit marker is there. `wait` blocks until
-    every save has committed (and, on process 0, been handed on).
+    `save` returns once the step is queued; the arrays it was given are held (not copied) until
+    Orbax has its host copies, so a trainer must not donate them to a later step.
+    ``on_commit(saved)`` runs on process 0 in the worker's thread, in step order, once the
+    step's commit marker is there. `wait` blocks until every save has committed (and, on
+    process 0, been handed on).
     """
 
     def __init__(
@@ -79,11 +92,13 @@ class CheckpointSaver:
         self.primary = jax.process_index() == 0
         self.max_pending = max_pending
         self._commit_timeout_s = commit_timeout_s
-        self._queue: OrderedSaveQueue[SavedCheckpoint, SavedCheckpoint] = OrderedSaveQueue(
-            self._watch,
+        if jax.process_count() > 1:
+            barriers_off_the_devices()  # this saver's thread takes Orbax's barriers
+        self._queue: OrderedSaveQueue[_SaveJob, SavedCheckpoint] = OrderedSaveQueue(
+            self._write,
             max_pending=max_pending,
-            on_commit=on_commit,
-            thread_name=f"checkpoint-commits:{self.directory}",
+            on_commit=on_commit if self.primary else None,
+            thread_name=f"checkpoint-saves:{self.directory}",
         )
         # cleanup_tmp_directories: a save cut short by a crash left a half-written step folder;
         # Orbax removes it before this saver's first save, so the step can be saved again.
@@ -98,7 +113,9 @@ class CheckpointSaver:
             ),
         )
         self._manager_lock = threading.Lock()
-        self._last_step: int | None = None
+        # The steps on storage as of the last reload, and those saved since: `save` refuses
+        # one of them without asking Orbax (whose lock the worker may hold).
+        self._known_steps = set(self._manager.all_steps())
         self._closed = False
 
     def step_path(self, step: int) -> str:
@@ -106,10 +123,8 @@ class CheckpointSaver:
 
     def complete_steps(self) -> list[int]:
         """Steps whose checkpoint is fully written, ascending (re-read from storage)."""
-        with self._manager_lock:
-            self._manager.reload()
-            steps = sorted(self._manager.all_steps())
-        return [s for s in steps if is_complete(self.step_path(s))]
+        self.reload()
+        return [s for s in sorted(self._known_steps) if is_complete(self.step_path(s))]
 
     def has_state(self, step: int) -> bool:
         """Whether step `step`'s checkpoint holds the train state (a resume point)."""
@@ -124,56 +139,70 @@ class CheckpointSaver:
         *,
         timestamp_ms: int,
         extra: Mapping[str, Any] | None = None,
-        fingerprint: str | None = None,
+        fingerprint: str | PendingFingerprint | None = None,
     ) -> None:
-        """Save step `step` on every process: `params` (scanned) and `state` (None: an
-        evaluation checkpoint without train state) as they are sharded. Returns once Orbax has
-        host copies, so the caller may then donate them. `fingerprint` is ``weights_fingerprint
-        (params)`` if the caller has it (computed here otherwise: a collective). Steps must
+        """Queue step `step` on every process: `params` (scanned) and `state` (None: an
+        evaluation checkpoint without train state) as they are sharded. Blocks only while
+        `max_pending` steps are unfinished. `fingerprint` is that of `params` if the caller
+        has started it (`start_fingerprint`; started here otherwise: a collective). Steps must
         increase; raises `SaveFailedError` if an earlier save failed."""
         if self._closed:
             raise CheckpointError(f"step {step}: save() after close()")
         self._queue.check(step)
-        if self._last_step is not None and step <= self._last_step:
-            raise CheckpointError(f"step {step}: saves must be in increasing step order")
-        meta = CheckpointMeta(
+        if step in self._known_steps:
+            raise CheckpointError(f"step {step}: {self.step_path(step)} exists; not saved again")
+        job = _SaveJob(
             step=step,
+            params=params,
+            state=state,
             timestamp_ms=timestamp_ms,
-            weights_fingerprint=fingerprint or weights_fingerprint(params),
             extra=dict(extra or {}),
+            fingerprint=start_fingerprint(params) if fingerprint is None else fingerprint,
+        )
+        self._queue.put(step, lambda: job)
+        self._known_steps.add(step)
+
+    def _write(self, job: _SaveJob) -> SavedCheckpoint:
+        fingerprint = job.fingerprint
+        meta = CheckpointMeta(
+            step=job.step,
+            timestamp_ms=job.timestamp_ms,
+            weights_fingerprint=(
+                fingerprint if isinstance(fingerprint, str) else fingerprint.result()
+            ),
+            extra=job.extra,
         )
         items: dict[str, Any] = {
-            PARAMS_ITEM: ocp.args.PyTreeSave(params),
+            PARAMS_ITEM: ocp.args.PyTreeSave(job.params),
             META_ITEM: ocp.args.JsonSave(meta.to_json()),
         }
-        if state is not None:
-            items[STATE_ITEM] = ocp.args.PyTreeSave(state)
+        if job.state is not None:
+            items[STATE_ITEM] = ocp.args.PyTreeSave(job.state)
         with self._manager_lock:
             try:
-                saved = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+                saved = self._manager.save(job.step, args=ocp.args.Composite(**items), force=True)
             except ValueError as e:  # Orbax refuses a step that exists
-                raise CheckpointError(f"step {step}: {e}") from e
+                raise CheckpointError(f"step {job.step}: {e}") from e
         if not saved:
-            raise CheckpointError(f"step {step}: Orbax declined to save this step")
-        self._last_step = step
-        if self.primary:
-            record = SavedCheckpoint(step=step, path=self.step_path(step), meta=meta)
-            self._queue.put(step, lambda: record)
+            raise CheckpointError(f"step {job.step}: Orbax declined to save this step")
+        record = SavedCheckpoint(step=job.step, path=self.step_path(job.step), meta=meta)
+        return self._watch(record) if self.primary else record
 
     def _watch(self, record: SavedCheckpoint) -> SavedCheckpoint:
         _wait_for_commit(record.path, record.step, self._commit_timeout_s)
         return record
 
     def pending(self) -> list[int]:
-        """Steps saved whose commit process 0 has not yet handed on, ascending."""
+        """Steps queued or saving (on process 0: until handed on), ascending."""
         return self._queue.pending()
 
     def wait(self) -> list[SavedCheckpoint]:
         """Block until every save has committed (every process) and, on process 0, has been
         handed on; return those not yet returned. Raises `SaveFailedError` if one failed."""
+        done = self._queue.wait()
         with self._manager_lock:
             self._manager.wait_until_finished()
-        return self._queue.wait()
+        return done
 
     def read_meta(self, step: int) -> CheckpointMeta:
         return read_meta(self.step_path(step))
@@ -197,6 +226,7 @@ class CheckpointSaver:
     def reload(self) -> None:
         with self._manager_lock:
             self._manager.reload()
+            self._known_steps = set(self._manager.all_steps())
 
     def restore_train_state(
         self, step: int, params_like: PyTree, state_like: PyTree, *, verify: bool = True
@@ -236,9 +266,9 @@ class CheckpointSaver:
         `SaveFailedError` if a save failed. Idempotent."""
         self._closed = True
         try:
+            self._queue.close()
             with self._manager_lock:
                 self._manager.wait_until_finished()
-            self._queue.close()
         finally:
             with self._manager_lock:
                 self._manager.close()

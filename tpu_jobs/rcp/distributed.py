@@ -23,7 +23,7 @@ from rcpflow.recorder import now_ms
 from tpu_jobs.rcp import collectives
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
-from tpu_jobs.rcp.hooks import close_after_failure, is_full_state_step, restore_point, settle_update
+from tpu_jobs.rcp.hooks import close_after_failure, restore_point, save_update
 from tpu_jobs.rcp.trainer_hooks import ResumePoint, TrainerHooks
 
 COORDINATOR_ADDRESS_ENV = "RCPFLOW_COORDINATOR_ADDRESS"
@@ -149,18 +149,15 @@ class FollowerHooks:
         pass
 
     def after_update(self, step: int, params: PyTree, state: PyTree) -> int:
-        fingerprint = settle_update(params)
-        timestamp_ms = now_ms()  # process 0's is the one recorded
-        if step >= self.val_start_at:
-            full = is_full_state_step(step, self.val_start_at, self.full_state_every)
-            self.saver.save(
-                step,
-                params,
-                state if full else None,
-                timestamp_ms=timestamp_ms,
-                fingerprint=fingerprint,
-            )
-        return timestamp_ms
+        return save_update(
+            self.saver,
+            step,
+            params,
+            state,
+            timestamp=now_ms,  # process 0's is the one recorded
+            full_state_every=self.full_state_every,
+            val_start_at=self.val_start_at,
+        )
 
     def stop_requested(self) -> bool:
         return False  # process 0 reads the request; `stop_decision` tells every process

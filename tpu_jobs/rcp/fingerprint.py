@@ -112,23 +112,49 @@ def _replicated_out(leaves: Sequence[Any]) -> jax.sharding.Sharding | None:
     return None
 
 
-def leaf_sums(params: PyTree) -> tuple[list[tuple[str, Any]], np.ndarray]:
-    """The named leaves in fingerprint order and their (n, 2) positional lane sums (host)."""
+def _start_sums(params: PyTree) -> tuple[list[tuple[str, Any]], jax.Array]:
     named = _named_leaves(params)
     leaves = [jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf for _, leaf in named]
-    sums = _sums_fn(_replicated_out(leaves))(leaves)
+    return named, _sums_fn(_replicated_out(leaves))(leaves)
+
+
+def leaf_sums(params: PyTree) -> tuple[list[tuple[str, Any]], np.ndarray]:
+    """The named leaves in fingerprint order and their (n, 2) positional lane sums (host)."""
+    named, sums = _start_sums(params)
     return named, np.asarray(sums)
+
+
+class PendingFingerprint:
+    """A fingerprint whose device computation is dispatched but not awaited: `result` blocks
+    (in whichever thread calls it) and returns ``pos32:<hex>``. Dispatch order is what the
+    processes of a job must agree on, so start it where every process starts it."""
+
+    def __init__(self, named: list[tuple[str, Any]], sums: jax.Array) -> None:
+        self._named = [(name, np.dtype(leaf.dtype).str, tuple(leaf.shape)) for name, leaf in named]
+        self._sums: jax.Array | None = sums
+        self._value = ""
+
+    def result(self) -> str:
+        if self._sums is not None:
+            digest = hashlib.sha256()
+            sums = np.asarray(self._sums)
+            for (name, dtype, shape), lanes in zip(self._named, sums, strict=True):
+                digest.update(f"{name}|{dtype}|{shape}|{lanes[0]:08x}{lanes[1]:08x}\n".encode())
+            self._value = f"{POSITIONAL}:{digest.hexdigest()}"
+            self._sums = None  # its device buffer is not needed any more
+        return self._value
+
+
+def start_fingerprint(params: PyTree) -> PendingFingerprint:
+    """Dispatch the ``pos32`` fingerprint of `params` on the device and return at once; on
+    several processes a collective every process must start, in the same order."""
+    return PendingFingerprint(*_start_sums(params))
 
 
 def weights_fingerprint(params: PyTree) -> str:
     """``pos32:<hex>`` of `params` (JAX arrays of any sharding, or numpy arrays); on several
     processes a collective that blocks until every process's shards are computed."""
-    named, sums = leaf_sums(params)
-    digest = hashlib.sha256()
-    for (name, leaf), lanes in zip(named, sums, strict=True):
-        dtype = np.dtype(leaf.dtype).str
-        digest.update(f"{name}|{dtype}|{tuple(leaf.shape)}|{lanes[0]:08x}{lanes[1]:08x}\n".encode())
-    return f"{POSITIONAL}:{digest.hexdigest()}"
+    return start_fingerprint(params).result()
 
 
 def sha256_fingerprint(params: PyTree) -> str:

@@ -29,7 +29,7 @@ from tpu_jobs.rcp import collectives
 from tpu_jobs.rcp.checkpoint_format import CheckpointError, SavedCheckpoint
 from tpu_jobs.rcp.checkpoint_restore import check_readable
 from tpu_jobs.rcp.checkpoint_writer import DEFAULT_MAX_PENDING, CheckpointSaver
-from tpu_jobs.rcp.fingerprint import verify_fingerprint, weights_fingerprint
+from tpu_jobs.rcp.fingerprint import start_fingerprint, verify_fingerprint
 from tpu_jobs.rcp.saver import SaveFailedError
 from tpu_jobs.rcp.trainer_hooks import ResumePoint
 
@@ -141,13 +141,35 @@ def is_full_state_step(step: int, val_start_at: int, every: int) -> bool:
     return step >= val_start_at and (step - val_start_at) % every == 0
 
 
-def settle_update(params: PyTree) -> str:
-    """Block until update's `params` are computed on every process; their fingerprint.
-
-    The fingerprint is a replicated value of a collective over every shard, so it is ready only
-    once every process has finished the update (blocking on `params` waits for this process's
-    shards only). Every process calls it after each update."""
-    return weights_fingerprint(params)
+def save_update(
+    saver: CheckpointSaver,
+    step: int,
+    params: PyTree,
+    state: PyTree,
+    *,
+    timestamp: Callable[[], int],
+    full_state_every: int,
+    val_start_at: int,
+    extra: Mapping[str, Any] | None = None,
+) -> int:
+    """Every process, right after update `step`: block until the update is computed on every
+    process (`collectives.wait_everywhere`, a collective whose cost grows with the number of
+    leaves, not their size), take ``timestamp()``, and from `val_start_at` on queue the step's
+    save with its fingerprint started on the device (both finish in the saver's thread).
+    Returns the timestamp."""
+    collectives.wait_everywhere(params)
+    timestamp_ms = timestamp()
+    if step >= val_start_at:
+        full = is_full_state_step(step, val_start_at, full_state_every)
+        saver.save(
+            step,
+            params,
+            state if full else None,
+            timestamp_ms=timestamp_ms,
+            extra=extra,
+            fingerprint=start_fingerprint(params),
+        )
+    return timestamp_ms
 
 
 def restore_point(
@@ -196,9 +218,9 @@ class RcpHooks:
                 hooks.after_update(step, params, opt_state)
             hooks.on_train_end()     # waits for the saves and their rows, then block_stop
 
-    Writing a checkpoint and its manifest row run in Orbax's and the watcher's threads: the
-    loop waits only for Orbax's copy to host memory (and for the previous save, when saves
-    outlast steps).
+    Saving a checkpoint and writing its manifest row run in the saver's and Orbax's threads: the
+    loop waits for the update on every process, and for the saver only when saves outlast
+    steps.
     """
 
     def __init__(
@@ -422,11 +444,12 @@ class RcpHooks:
     def after_update(self, step: int, params: PyTree, state: PyTree) -> int:
         """Call right after optimizer update number `step` (every process); its timestamp_ms.
 
-        Blocks until the update is computed on every process (`settle_update`), takes the
-        timestamp (the recorder's), then (from val_start_at on) saves the step: its weights,
-        and its train state on full-state steps; Orbax copies them to host memory before this
-        returns (after waiting for the previous save, if that has not finished). Raises
-        `tpu_jobs.rcp.saver.SaveFailedError` if an earlier save failed (its step is named).
+        Blocks until the update is computed on every process, takes the timestamp (the
+        recorder's), then (from val_start_at on) queues the step's save (`save_update`): its
+        weights, and its train state on full-state steps. The arrays are held until Orbax has
+        copied them: do not donate them to the next step. Waits only while the saver has
+        `max_pending_saves` steps unfinished. Raises `tpu_jobs.rcp.saver.SaveFailedError` if
+        an earlier save failed (its step is named).
         """
         last = self.recorder.last_update
         # One call per update: a skipped step would leave a hole in the per-step checkpoints.
@@ -434,19 +457,16 @@ class RcpHooks:
             raise ValueError(
                 f"step {step}: expected step {last[0] + 1} (steps are updates, 1 apart)"
             )
-        fingerprint = settle_update(params)
-        timestamp_ms = self.recorder.on_update(step)
-        if step >= self.val_start_at:
-            full = is_full_state_step(step, self.val_start_at, self.full_state_every)
-            self.saver.save(
-                step,
-                params,
-                state if full else None,
-                timestamp_ms=timestamp_ms,
-                extra=self._extra,
-                fingerprint=fingerprint,
-            )
-        return timestamp_ms
+        return save_update(
+            self.saver,
+            step,
+            params,
+            state,
+            timestamp=lambda: self.recorder.on_update(step),
+            full_state_every=self.full_state_every,
+            val_start_at=self.val_start_at,
+            extra=self._extra,
+        )
 
     def stop_requested(self) -> bool:
         """After a step: has the orchestrator asked this run to stop, its verdict decided?
