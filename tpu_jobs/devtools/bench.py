@@ -9,16 +9,17 @@ the ratios travel):
    RCP hooks saving a checkpoint after every step vs no checkpointing, in the loop (what the
    steps' timestamps see) and including the wait for the queued saves at the end of a block;
    the same with a queue of one (`max_pending_saves=1`: each save waits for the previous one);
-   the part of one save the loop runs itself (`save()`: host snapshot + enqueue) and one save's
-   write in the background, each against a step;
+   the part of one save the loop runs itself (`save()`: fingerprint started, step queued) and
+   one save's write in the background, each against a step;
 2. restore throughput of a scanned checkpoint (numpy, uncompressed) vs a raw read of the same
    files from the same disk (both from the page cache: the bench reads them once first);
 3. unscan (per-layer views) time vs restore time, and vs an unscan that copies each layer;
 4. the toy trainer's steps/s; the fingerprint's throughput;
 5. recording cost by model size: the toy trainer itself (`tpu_jobs.launch`, 1 and 2
    processes) at about 1M to 100M parameters, checkpointing every step: the loop's time in
-   recording (fingerprint, timestamp, save call, stop decision; the step lines' ``recording_s``)
-   over the step's own compute (``step_s``), and the bytes of one step's checkpoint.
+   recording (the wait for every process, timestamp, queueing the save, stop decision; the step
+   lines' ``recording_s``) over the step's own compute (``step_s``), the bytes of one step's
+   checkpoint, and the step time against a run that saves nothing.
 
 Speeds are never asserted by tests; this is where they are recorded.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shutil
@@ -146,8 +148,8 @@ def bench_trainer(workdir: Path, steps: int) -> TrainerNumbers:
     timed_steps = ROUNDS * per_block
     main, one_deep = times[DEFAULT_MAX_PENDING], times[1]
 
-    # What one save costs with nothing else running: the loop's part (`save()`: host snapshot
-    # and enqueue) and the write in the saver's thread (to its commit).
+    # What one save costs with nothing else running: the loop's part (`save()`: the fingerprint
+    # started and the step queued) and the write in the saver's thread (to its commit).
     saver = CheckpointSaver(str(workdir / "blocking"))
     blocking, writes = [], []
     for i in range(1, 8):
@@ -244,7 +246,11 @@ def bench_restore(workdir: Path, megabytes: int) -> RestoreNumbers:
 SIZES_TITLE = "## Recording cost by model size"
 # (d_model, d_ff, num_layers): about 1.6M, 9.5M and 101M parameters (vocab 16).
 SIZES = ((256, 1024, 2), (512, 2048, 3), (1024, 4096, 8))
-SIZE_STEPS = 5
+SIZE_STEPS = 8
+SIZES_HEADER = (
+    "| params | processes | step time | recording / step | checkpoint bytes per step "
+    "| step time / without saves |\n| --- | --- | --- | --- | --- | --- |"
+)
 
 
 @dataclass(frozen=True)
@@ -254,33 +260,41 @@ class SizeRow:
     step_s: float
     recording_s: float
     checkpoint_bytes: int
+    plain_step_s: float  # the same run's steps before any save (`--val-start-at` the last)
 
 
 def _tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def bench_size(workdir: Path, size: tuple[int, int, int], processes: int) -> SizeRow:
-    """One toy run through the launcher (1 device per process), a checkpoint every step."""
+def _toy_run(
+    run_dir: Path, size: tuple[int, int, int], processes: int, val_start: int
+) -> list[dict]:
+    """Process 0's step lines of one toy run through the launcher (1 device per process)."""
     d_model, d_ff, layers = size
-    run_dir = workdir / f"size-{d_model}-{processes}"
     command = [
         sys.executable, "-m", "tpu_jobs.launch", "--processes", str(processes), "--",
         sys.executable, "-m", "tpu_jobs.train", "--run-dir", str(run_dir), "--seed", "0",
-        "--global-batch-size", "32", "--val-start-at", "1", "--max-steps", str(SIZE_STEPS),
+        "--global-batch-size", "32", "--val-start-at", str(val_start),
+        "--max-steps", str(SIZE_STEPS),
         "--d-model", str(d_model), "--d-ff", str(d_ff), "--num-layers", str(layers),
     ]  # fmt: skip
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"bench run {size} x {processes} failed:\n{proc.stderr[-3000:]}")
-    import json
-
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-    steps = [r for r in lines if "step_s" in r and r.get("process", 0) == 0][1:]  # warm
-    saved = _tree_bytes(run_dir / "checkpoints" / str(SIZE_STEPS))
-    from tpu_jobs.rcp.checkpoint_restore import restore_params
+    return [r for r in lines if "step_s" in r and r.get("process", 0) == 0]
 
-    params, _ = restore_params(str(run_dir / "checkpoints" / str(SIZE_STEPS)))
+
+def bench_size(workdir: Path, size: tuple[int, int, int], processes: int) -> SizeRow:
+    """Two toy runs: a checkpoint every step, and none until the last step (the baseline)."""
+    run_dir = workdir / f"size-{size[0]}-{processes}"
+    steps = _toy_run(run_dir, size, processes, val_start=1)[2:]  # steps 1-2 compile
+    last = run_dir / "checkpoints" / str(SIZE_STEPS)
+    saved = _tree_bytes(last)
+    params, _ = restore_params(str(last))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    plain = _toy_run(run_dir, size, processes, val_start=SIZE_STEPS)[2:-1]
     shutil.rmtree(run_dir, ignore_errors=True)
     return SizeRow(
         params=sum(int(np.asarray(x).size) for x in jax.tree.leaves(params)),
@@ -288,13 +302,15 @@ def bench_size(workdir: Path, size: tuple[int, int, int], processes: int) -> Siz
         step_s=statistics.median(r["step_s"] for r in steps),
         recording_s=statistics.median(r["recording_s"] for r in steps),
         checkpoint_bytes=saved,
+        plain_step_s=statistics.median(r["step_s"] for r in plain),
     )
 
 
 def render_sizes(rows: list[SizeRow], when: str, where: str) -> str:
     table = "\n".join(
         f"| {r.params / 1e6:.1f}M | {r.processes} | {r.step_s:.3f} s | "
-        f"{r.recording_s / r.step_s:.3f} | {r.checkpoint_bytes / 1e6:.0f} MB |"
+        f"{r.recording_s / r.step_s:.3f} | {r.checkpoint_bytes / 1e6:.0f} MB | "
+        f"{r.step_s / r.plain_step_s:.2f} |"
         for r in rows
     )
     return f"""{SIZES_TITLE}
@@ -302,13 +318,16 @@ def render_sizes(rows: list[SizeRow], when: str, where: str) -> str:
 Written by `python -m tpu_jobs.devtools.bench` (`--only-sizes` rewrites just this section);
 {when}; {where}. The toy trainer through `tpu_jobs.launch` (1 CPU device per process), gbs 32,
 a checkpoint (weights and full train state) every step, {SIZE_STEPS} steps, medians of steps
-2-{SIZE_STEPS} of process 0. `step time`: the update's own compute on this process;
-`recording / step`: the loop's time after it (fingerprint and the wait for every process's
-update, timestamp, the save call, which waits for the previous save when saves outlast steps,
-and the stop decision) over the step time; `checkpoint bytes per step`: one step's folder.
+3-{SIZE_STEPS} of process 0 (steps 1-2 compile). `step time`: the update's own compute on this
+process; `recording / step`: the loop's time after it (the wait for every process's update,
+timestamp, starting the fingerprint, queueing the save, which waits only when
+{DEFAULT_MAX_PENDING} saves are unfinished, and the stop decision) over the step time;
+`checkpoint bytes per step`: one step's folder; `step time / without saves`: the step time
+over that of a second run whose steps 3-{SIZE_STEPS - 1} save nothing (`--val-start-at
+{SIZE_STEPS}`): what the saver's thread, Orbax's writes and the fingerprint, running beside the
+next steps on the same CPU cores, cost the computation.
 
-| params | processes | step time | recording / step | checkpoint bytes per step |
-| --- | --- | --- | --- | --- |
+{SIZES_HEADER}
 {table}
 """
 
@@ -374,7 +393,7 @@ each save waits for the previous one, as Orbax's own async save does |
 | the same, with each block's wait for its queued saves | \
 {ratios["ckpt_on_off_one_drained"]:.2f} | |
 | save() in the loop / step time | {ratios["blocking_step"]:.3f} | the loop's own part of a \
-save: host snapshot and enqueue |
+save: fingerprint started, step queued |
 | one save's write / step time | {ratios["write_step"]:.2f} | in the saver's thread, nothing else \
 running; above 1, saves fall behind steps and the queue fills |
 | restore / raw read throughput | {ratios["restore_raw"]:.2f} | Orbax numpy restore vs reading the \
@@ -397,7 +416,7 @@ layer out |
 | toy step time in the loop, queue of one | {t.step_s_on_one * 1e3:.1f} ms |
 | waiting for the queued save after a block's last step (queue of one) | \
 {t.drain_s_one * 1e3:.1f} ms |
-| save() in the loop: host snapshot + enqueue | {t.save_blocking_s * 1e3:.2f} ms |
+| save() in the loop: fingerprint started, step queued | {t.save_blocking_s * 1e3:.2f} ms |
 | one save's write to its commit (saver's thread, nothing else running) | \
 {t.save_write_s * 1e3:.1f} ms |
 | toy policy parameters | {t.param_bytes / 1e6:.2f} MB |
