@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 
 from rcpflow import recipe
+from rcpflow.captured import run_captured
 from rcpflow.layout import is_gcs
 from rcpflow.recipe import DIVISIONS
 from rcpflow.storage import storage_for
@@ -93,16 +94,7 @@ def _fresh(path: str) -> str:
 def _run(args: list[str], cwd: str, timeout_s: float) -> tuple[int, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # keep print() and logging in order
     try:
-        proc = subprocess.run(
-            args,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=timeout_s,
-            check=False,
-        )
+        proc = run_captured(args, cwd=cwd, env=env, timeout_s=timeout_s)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if e.stdout else ""
         return TIMEOUT_RETURNCODE, out + f"\nrcpflow: timed out after {timeout_s:.0f}s\n"

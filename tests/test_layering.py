@@ -158,10 +158,15 @@ def test_no_import_circle_between_project_modules() -> None:
 
 
 def _tree(tmp_path: Path, files: Mapping[str, str]) -> Path:
+    """A package tree: `files` (name -> text), and an empty ``__init__.py`` in every folder
+    that `files` gives none."""
     for name, text in files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
+    for name in files:
+        for folder in (tmp_path / name).relative_to(tmp_path).parents[:-1]:
+            (tmp_path / folder / "__init__.py").touch()
     return tmp_path
 
 
@@ -169,7 +174,6 @@ def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> No
     root = _tree(
         tmp_path,
         {
-            "tasks/__init__.py": "",
             "tasks/report.py": "from tasks.submission import Spec\n",
             "tasks/submission.py": "class Spec: ...\ndef f():\n    from tasks import report\n",
         },
@@ -182,29 +186,26 @@ def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> No
     ("files", "expected"),
     [
         (
-            {"rcpflow/__init__.py": "", "rcpflow/a.py": "def f():\n    import airflow.sdk\n"},
+            {"rcpflow/a.py": "def f():\n    import airflow.sdk\n"},
             "rcpflow.a:2 imports airflow.sdk (rcpflow must not)",
         ),
         (
             {
-                "rcpflow/__init__.py": "",
                 "rcpflow/a.py": "from typing import TYPE_CHECKING\n"
                 "if TYPE_CHECKING:\n    from tasks.x import Y\n",
-                "tasks/__init__.py": "",
                 "tasks/x.py": "Y = 1\n",
             },
             "rcpflow.a:3 imports tasks.x (rcpflow -> tasks)",
         ),
         (
             {
-                "tasks/__init__.py": "",
                 "tasks/a.py": "from . import b\n",
                 "tasks/b.py": "import jax\n",
             },
             "tasks.b:1 imports jax (tasks must not)",
         ),
         (
-            {"plugins/__init__.py": "", "plugins/p.py": "from tpu_jobs.train import main\n"},
+            {"plugins/p.py": "from tpu_jobs.train import main\n"},
             "plugins.p:1 imports tpu_jobs.train (plugins -> tpu_jobs)",
         ),
     ],
@@ -310,8 +311,6 @@ def test_nothing_outside_the_developer_tools_imports_them() -> None:
     [
         (
             {
-                "tasks/__init__.py": "",
-                "tasks/backends/__init__.py": "",
                 "tasks/backends/base.py": "def f():\n    from tasks.backends import local\n",
                 "tasks/backends/local.py": "",
             },
@@ -319,19 +318,14 @@ def test_nothing_outside_the_developer_tools_imports_them() -> None:
         ),
         (
             {
-                "tasks/__init__.py": "",
                 "tasks/deployment.py": "from tasks.backends.gke.settings import GkeSettings\n",
-                "tasks/backends/__init__.py": "",
-                "tasks/backends/gke/__init__.py": "",
                 "tasks/backends/gke/settings.py": "GkeSettings = 1\n",
             },
             "tasks.deployment:1 imports tasks.backends.gke.settings (level 2 -> 5)",
         ),
         (
             {
-                "tasks/__init__.py": "",
                 "tasks/storage_index.py": "from tasks.submission.spec import RUN_DAG_ID\n",
-                "tasks/submission/__init__.py": "",
                 "tasks/submission/spec.py": "RUN_DAG_ID = 1\n",
             },
             "tasks.storage_index:1 imports tasks.submission.spec (level 7 -> 8)",
@@ -423,14 +417,10 @@ def test_tpu_jobs_parts_import_downwards_only() -> None:
 def test_tpu_jobs_arrows_against_the_parts_are_found(
     tmp_path: Path, source: str, expected: str
 ) -> None:
-    package = source.rsplit("/", 1)[0]
     root = _tree(
         tmp_path,
         {
-            "tpu_jobs/__init__.py": "",
-            "tpu_jobs/toy/__init__.py": "",
             "tpu_jobs/toy/m.py": "",
-            f"{package}/__init__.py": "",
             source: "def f() -> None:\n    from tpu_jobs.toy import m\n",
         },
     )

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rcpflow.captured import run_captured
 from tasks.processes import Server, free_port, stop_processes
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "log-server")
@@ -124,15 +125,7 @@ class LocalAirflow(Server):
         env = self.environment()
         logs = c.home / "component-logs"
         logs.mkdir(exist_ok=True)
-        migrate = subprocess.run(
-            [self._airflow, "db", "migrate"],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=timeout_s,
-            check=False,
-        )
+        migrate = run_captured([self._airflow, "db", "migrate"], env=env, timeout_s=timeout_s)
         if migrate.returncode != 0:
             tail = migrate.stdout.decode(errors="replace")[-3000:]
             raise AirflowServerError(f"airflow db migrate failed:\n{tail}")

@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rcpflow.captured import run_captured
 from tasks.processes import Server, free_port, stop_processes
 
 SEARCH = "/usr/lib/postgresql"
@@ -68,13 +69,9 @@ class LocalPostgres(Server):
         return f"postgresql+{driver}://{SUPERUSER}@127.0.0.1:{self.port}/{self.database}"
 
     def _run(self, *argv: str, timeout_s: float = 120.0) -> None:
-        proc = subprocess.run(
+        proc = run_captured(
             argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            timeout=timeout_s,
-            check=False,
+            timeout_s=timeout_s,
             user=self._uid,
             group=self._gid,
             extra_groups=self._extra_groups,

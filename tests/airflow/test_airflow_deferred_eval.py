@@ -120,9 +120,7 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def run_dir(trained_run: Path, tmp_path: Path) -> Path:
     """This test's own copy of `trained_run`, to change as it likes."""
-    copy = tmp_path / "run"
-    shutil.copytree(trained_run, copy)
-    return copy
+    return shutil.copytree(trained_run, tmp_path / "run")
 
 
 def _plant_summary(run_dir: Path, step: int, accuracy: float) -> None:
