@@ -11,24 +11,47 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+
+@cache
+def _process_mesh() -> Mesh:
+    # One device of each process, in process order: the host-level agreements need no more.
+    firsts: dict[int, jax.Device] = {}
+    for device in sorted(jax.devices(), key=lambda d: d.id):
+        firsts.setdefault(device.process_index, device)
+    return Mesh(np.asarray([firsts[p] for p in sorted(firsts)]), ("processes",))
+
+
+@cache
+def _rows_fn(mesh: Mesh) -> Any:
+    # Compiled once per shape (multihost_utils builds its program anew on every call: about
+    # 0.1 s a step, measured on two CPU processes).
+    return jax.jit(lambda rows: rows, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
+def _every_process_row(values: Sequence[int]) -> np.ndarray:
+    """(process_count, len(values)): each process's `values`, on every process."""
+    mesh = _process_mesh()
+    local = np.asarray(values, np.int32).reshape(1, -1)  # steps and flags: JAX runs 32-bit
+    rows = jax.make_array_from_process_local_data(
+        NamedSharding(mesh, PartitionSpec("processes")), local, (mesh.size, local.shape[1])
+    )
+    return np.asarray(_rows_fn(mesh)(rows))
 
 
 def from_primary(values: Sequence[int]) -> list[int]:
     """Process 0's `values` on every process (the others pass placeholders of the same length)."""
     if jax.process_count() == 1:
         return list(values)
-    got = multihost_utils.broadcast_one_to_all(np.asarray(values, np.int64))
-    return [int(v) for v in got]
+    return [int(v) for v in _every_process_row(values)[0]]
 
 
 def any_process(flags: Sequence[bool]) -> list[bool]:
     """Per position: whether any process passed True there (every process gets the answer)."""
     if jax.process_count() == 1:
         return [bool(f) for f in flags]
-    got = np.asarray(multihost_utils.process_allgather(np.asarray(flags, np.int32)))
-    anywhere = np.asarray(got.reshape(jax.process_count(), -1).any(axis=0))
+    anywhere = np.asarray(_every_process_row([int(bool(f)) for f in flags]).any(axis=0))
     return [bool(anywhere[i]) for i in range(len(flags))]
 
 
