@@ -10,7 +10,7 @@ docs/tpu_jobs.md).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import jax
@@ -44,13 +44,7 @@ class CheckpointMeta:
     extra: Mapping[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": META_FORMAT,
-            "step": self.step,
-            "timestamp_ms": self.timestamp_ms,
-            "weights_fingerprint": self.weights_fingerprint,
-            "extra": dict(self.extra),
-        }
+        return {"format": META_FORMAT, **asdict(self)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], where: str) -> CheckpointMeta:
