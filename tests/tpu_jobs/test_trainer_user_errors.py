@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from file_tree import tree_bytes
-from trainer_runs import TOY, Trainer, finish_run, one_error_line, rows_of
+from trainer_runs import TOY, Trainer, copy_of, finish_run, one_error_line, rows_of
 
 from rcpflow import logtext, manifest
 from rcpflow.layout import RunLayout
@@ -107,9 +107,7 @@ def toy_finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def toy_run(toy_finished: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(toy_finished, copy)
-    return copy
+    return copy_of(toy_finished, tmp_path)
 
 
 def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
