@@ -34,6 +34,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, half-written, or cannot be saved; the message names the step."""
 
 
+def update_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The weight update a checkpoint's record names (step, its time, the weights' fingerprint),
+    typed; KeyError, TypeError or ValueError when one is missing or not of its type."""
+    return {
+        "step": int(d["step"]),
+        "timestamp_ms": int(d["timestamp_ms"]),
+        "weights_fingerprint": str(d["weights_fingerprint"]),
+    }
+
+
 @dataclass(frozen=True)
 class CheckpointMeta:
     """What a checkpoint says about itself (the ``meta`` item)."""
@@ -51,12 +61,7 @@ class CheckpointMeta:
         if d.get("format") != META_FORMAT:
             raise CheckpointError(f"{where}: unknown checkpoint meta format {d.get('format')!r}")
         try:
-            return cls(
-                step=int(d["step"]),
-                timestamp_ms=int(d["timestamp_ms"]),
-                weights_fingerprint=str(d["weights_fingerprint"]),
-                extra=dict(d["extra"]),
-            )
+            return cls(**update_fields(d), extra=dict(d["extra"]))
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: malformed checkpoint meta ({e!r})") from e
 
