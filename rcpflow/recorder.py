@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from rcpflow import manifest, ownership, recipe, stop_request
@@ -325,6 +325,13 @@ class TrainingRecorder:
                 timestamp_ms=rows[-1].timestamp_ms if rows else None,
                 finished=bool(stops),
             )
+
+    def row_without_checkpoint(self, complete: Container[int]) -> int | None:
+        """Right after `resume`: the first step whose current row (they run on from
+        val_start_at) is not among the trainer's `complete` checkpoints; None when all are."""
+        with self._lock:
+            last = max(self._committed, default=self.val_start_at - 1)
+        return next((s for s in range(self.val_start_at, last + 1) if s not in complete), None)
 
     # -- the training loop ------------------------------------------------------------------
 

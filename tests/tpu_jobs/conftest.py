@@ -4,11 +4,10 @@ honour (the Tunix case is slow and needs the ``tunix`` extra), one finished run 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from trainer_runs import NO_TUNIX, TOY, TUNIX, Trainer, finish_run
+from trainer_runs import NO_TUNIX, TOY, TUNIX, Trainer, copy_of, finish_run
 
 
 @pytest.fixture(
@@ -29,6 +28,4 @@ def finished(trainer: Trainer, tmp_path_factory: pytest.TempPathFactory) -> Path
 @pytest.fixture
 def run(finished: Path, tmp_path: Path) -> Path:
     """A copy of the finished run, for a test to break."""
-    copy = tmp_path / "run"
-    shutil.copytree(finished, copy)
-    return copy
+    return copy_of(finished, tmp_path)

@@ -48,6 +48,15 @@ def _launch(
     )  # fmt: skip
 
 
+def _launch_slowed(run_dir: Path, max_steps: int, slow_s: float) -> subprocess.Popen[str]:
+    """2 processes x 2 devices, a full state every 2 steps, process 1 sleeping `slow_s` after
+    each update."""
+    return _launch(
+        run_dir, 2, 2, "--max-steps", str(max_steps), "--full-state-every", "2",
+        env={SLOW_AFTER_UPDATE_ENV: f"1:{slow_s}"},
+    )  # fmt: skip
+
+
 def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, list[dict], str]:
     try:
         out, err = proc.communicate(timeout=timeout)  # a lost peer aborts only after a timeout
@@ -113,10 +122,7 @@ def test_two_processes_shard_the_step_save_together_and_stop_together(tmp_path: 
     1's late update; a stop request stops both at the same step; one process evaluates a
     checkpoint of the two; a rerun changes nothing."""
     run_dir = tmp_path / "run"
-    proc = _launch(
-        run_dir, 2, 2, "--max-steps", "30", "--full-state-every", "2",
-        env={SLOW_AFTER_UPDATE_ENV: "1:0.4"},
-    )  # fmt: skip
+    proc = _launch_slowed(run_dir, 30, slow_s=0.4)
     _wait_for_row(run_dir, 3, proc)
     [row3] = [r for r in written_rows(run_dir) if r.step == 3]
     start = run_start_ms(read_events(RunLayout(str(run_dir)).mllog(SEED)))
@@ -185,10 +191,7 @@ def test_a_process_killed_then_a_rerun_resumes_from_the_last_full_state(tmp_path
     resumes from the newest full state (every 2 steps), trains the weights-only steps after it
     again with new rows, and the run ends with one row per step, each naming its checkpoint."""
     run_dir = tmp_path / "run"
-    proc = _launch(
-        run_dir, 2, 2, "--max-steps", "8", "--full-state-every", "2",
-        env={SLOW_AFTER_UPDATE_ENV: "1:0.3"},
-    )  # fmt: skip
+    proc = _launch_slowed(run_dir, 8, slow_s=0.3)
     _wait_for_row(run_dir, 5, proc)
     os.kill(_children(proc.pid)[1], signal.SIGKILL)
     rc, _, _ = _finish(proc)

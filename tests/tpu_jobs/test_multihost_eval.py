@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 from test_multihost import _finish, _launch, _records
+from trainer_runs import copy_of
 
 from rcpflow import gate, manifest
 from rcpflow.layout import RunLayout
@@ -67,9 +68,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def run(trained: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(trained, copy)
-    return copy
+    return copy_of(trained, tmp_path)
 
 
 def _row(run_dir: Path) -> manifest.ManifestRow:

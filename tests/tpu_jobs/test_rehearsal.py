@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from file_tree import tree_bytes
 
-from rcpflow import manifest
+from rcpflow import job_exit, manifest
 from rcpflow.attempts import parse_attempts
 from rcpflow.checkers import compliance
 from rcpflow.eval_import import import_eval
@@ -250,6 +251,19 @@ def test_a_crash_resumes_and_a_checkpoint_without_its_row_gets_it_back(tmp_path:
     events = read_events(layout.mllog(1))
     assert [e.key for e in events].count("run_start") == 1
     assert [e.key for e in events].count("block_stop") == 1
+
+
+def test_a_row_whose_checkpoint_was_deleted_is_refused(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    _train(run_dir, max_steps=21)
+    shutil.rmtree(RunLayout(str(run_dir)).checkpoint(19))
+    log = RunLayout(str(run_dir)).mllog(1)
+    before = Path(log).read_bytes()
+    p = _job(TRAIN, *_train_args(run_dir, max_steps=21), check=False)
+    _one_error_line(
+        p, job_exit.EXIT_INVALID_INPUT, "step 19: manifest row points at", "no rehearsal checkpoint"
+    )
+    assert Path(log).read_bytes() == before
 
 
 def test_bad_arguments_are_one_line_naming_the_flag(tmp_path: Path) -> None:

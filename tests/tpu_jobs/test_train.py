@@ -143,6 +143,13 @@ def test_divisions_and_their_learning_rates(capsys: pytest.CaptureFixture[str]) 
     assert "closed division pins learning_rate" in capsys.readouterr().err
 
 
+def test_model_size_flags_shape_the_model() -> None:
+    base = ["--run-dir", "unused", "--seed", "0"]
+    assert train.parse_args(base).model == ModelConfig()
+    sized = train.parse_args([*base, "--d-model", "32", "--d-ff", "48", "--num-layers", "3"])
+    assert sized.model == ModelConfig(d_model=32, d_ff=48, num_layers=3)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

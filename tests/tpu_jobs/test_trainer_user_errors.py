@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from file_tree import tree_bytes
-from trainer_runs import TOY, Trainer, finish_run, one_error_line, rows_of
+from trainer_runs import TOY, Trainer, copy_of, finish_run, one_error_line, rows_of
 
 from rcpflow import logtext, manifest
 from rcpflow.layout import RunLayout
@@ -107,9 +107,7 @@ def toy_finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def toy_run(toy_finished: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(toy_finished, copy)
-    return copy
+    return copy_of(toy_finished, tmp_path)
 
 
 def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -118,6 +116,15 @@ def train(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 def log_of(run_dir: Path) -> Path:
     return TOY.mllog(run_dir)
+
+
+def refused(run_dir: Path, args: tuple[str, ...], *needles: str) -> str:
+    """Train over `run_dir` with `args`: its one error line (exit INVALID_INPUT, holding every
+    needle), the run folder left byte for byte as it was."""
+    before = tree_bytes(run_dir)
+    line = one_error_line(train(run_dir, *args), TOY.prog, INVALID_INPUT, *needles)
+    assert tree_bytes(run_dir) == before
+    return line
 
 
 @pytest.mark.parametrize(
@@ -129,22 +136,12 @@ def test_truncated_mllog(toy_run: Path, cut: float, needle: str) -> None:
     # 0.5: cut in the middle of a line; 0.2: at a line end, inside the header
     end = int(len(data) * cut) if cut == 0.5 else data.rfind(b"\n", 0, int(len(data) * cut)) + 1
     log_of(toy_run).write_bytes(data[:end])
-    before = tree_bytes(toy_run)
-    one_error_line(train(toy_run), TOY.prog, INVALID_INPUT, "cannot resume at step 4", needle)
-    assert tree_bytes(toy_run) == before
+    refused(toy_run, (), "cannot resume at step 4", needle)
 
 
 def test_deleted_checkpoint_folder(toy_run: Path) -> None:
     shutil.rmtree(toy_run / "checkpoints" / "3")
-    before = tree_bytes(toy_run)
-    one_error_line(
-        train(toy_run),
-        TOY.prog,
-        INVALID_INPUT,
-        "step 3: manifest row points at",
-        "not a complete checkpoint",
-    )
-    assert tree_bytes(toy_run) == before
+    refused(toy_run, (), "step 3: manifest row points at", "not a complete checkpoint")
 
 
 def corrupt(step_dir: Path) -> None:
@@ -168,16 +165,8 @@ def test_corrupted_newest_checkpoint_is_resumed_past_with_the_flag(toy_run: Path
     original = {r.step: r for r in manifest.load(layout.manifest).rows}
     corrupt(toy_run / "checkpoints" / "4")
     drop_block_stop(toy_run)
-    before = tree_bytes(toy_run)
-    line = one_error_line(
-        train(toy_run),
-        TOY.prog,
-        INVALID_INPUT,
-        "step 4: the newest checkpoint",
-        "cannot be restored",
-    )
-    assert "--resume-past-corrupt" in line
-    assert tree_bytes(toy_run) == before  # without the flag nothing is touched
+    line = refused(toy_run, (), "step 4: the newest checkpoint", "cannot be restored")
+    assert "--resume-past-corrupt" in line  # without the flag nothing is touched
 
     proc = train(toy_run, "--resume-past-corrupt")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -195,15 +184,7 @@ def test_corrupted_newest_checkpoint_is_resumed_past_with_the_flag(toy_run: Path
 
 def test_corrupted_last_checkpoint_of_an_ended_log_is_refused(toy_run: Path) -> None:
     corrupt(toy_run / "checkpoints" / "4")
-    before = tree_bytes(toy_run)
-    one_error_line(
-        train(toy_run, "--resume-past-corrupt"),
-        TOY.prog,
-        INVALID_INPUT,
-        "cannot be restored",
-        "has already ended",
-    )
-    assert tree_bytes(toy_run) == before
+    refused(toy_run, ("--resume-past-corrupt",), "cannot be restored", "has already ended")
 
 
 def test_a_checkpoint_unlike_the_trainer_is_never_deleted_as_corrupt(toy_run: Path) -> None:

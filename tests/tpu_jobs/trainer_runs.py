@@ -1,10 +1,12 @@
 """The two trainers as subprocesses (`Trainer`, `TOY`, `TUNIX`) and small readers of what a job
-left: its one error line, a run folder's manifest rows. The fixtures are in conftest.py."""
+left: its one error line, a run folder's manifest rows; `copy_of` a finished run. The fixtures
+are in conftest.py."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -82,6 +84,13 @@ def one_error_line(
     for needle in needles:
         assert needle in errors[0], errors[0]
     return errors[0]
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the run folder `run_dir` as ``<tmp_path>/run``, for one test to change."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    return copy
 
 
 def rows_of(run_dir: str | Path) -> list[ManifestRow]:

@@ -21,6 +21,7 @@ written); 5 bad input (no manifest, no row N); 2 bad flags or process layout; 3 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -34,9 +35,10 @@ from rcpflow.manifest import ManifestError, ManifestRow, load
 from rcpflow.mllog import EventRenderer, require_mlperf_logging
 from rcpflow.storage import storage_for
 from rcpflow.summary import EvalSummary
-from tpu_jobs.eval.orchestration import DEFAULT_SHARD_TIMEOUT_S, Outcome, evaluate
+from tpu_jobs.eval.orchestration import Outcome, evaluate
 from tpu_jobs.eval.shards import (
     ATTEMPT_ID_ENV,
+    DEFAULT_SHARD_TIMEOUT_S,
     NUM_SLICES_ENV,
     SINGLE,
     SLICE_INDEX_ENV,
@@ -120,13 +122,7 @@ def _target(checkpoint_path: str, out_dir: str, row: ManifestRow | None) -> Targ
     )
 
 
-def run_step(
-    loader: CheckpointLoader,
-    run_dir: str,
-    step: int,
-    sharding: Sharding = SINGLE,
-    shard_timeout_s: float = DEFAULT_SHARD_TIMEOUT_S,
-) -> int:
+def run_step(loader: CheckpointLoader, run_dir: str, step: int, sharding: Sharding = SINGLE) -> int:
     layout = RunLayout(run_dir)
     row: ManifestRow | None = None
     done: int | None = None  # exit code when there is nothing to evaluate (process 0 decides)
@@ -151,7 +147,7 @@ def run_step(
               "row", file=sys.stderr)  # fmt: skip
         return EXIT_BAD_INPUT
     target = _target(row.checkpoint_path, layout.eval_dir(step), row)
-    outcome = evaluate(target, loader, sharding, shard_timeout_s)
+    outcome = evaluate(target, loader, sharding)
     return finish(outcome, sharding, f"step {step}", layout.summary(step))
 
 
@@ -161,12 +157,11 @@ def run_standalone(
     output_dir: str,
     rcp_logging: bool,
     sharding: Sharding = SINGLE,
-    shard_timeout_s: float = DEFAULT_SHARD_TIMEOUT_S,
 ) -> int:
     if rcp_logging:
         require_mlperf_logging()  # fail before the work, not after
     target = _target(checkpoint, output_dir, None)
-    outcome = evaluate(target, loader, sharding, shard_timeout_s)
+    outcome = evaluate(target, loader, sharding)
     code = finish(outcome, sharding, checkpoint, target.summary_path)
     if code == EXIT_OK and outcome.summary is not None and rcp_logging:
         write_eval_mllog(join(output_dir, "mllog", "eval.out"), outcome.summary)
@@ -221,17 +216,15 @@ def main(
             f"(default {DEFAULT_SHARD_TIMEOUT_S:.0f})",
         )
     args = ap.parse_args(argv)
-    sharding, timeout_s = SINGLE, DEFAULT_SHARD_TIMEOUT_S
+    sharding = SINGLE
     if sharded:
         if not args.shard_timeout_s >= 0:
             ap.error(f"--shard-timeout-s must be >= 0, got {args.shard_timeout_s}")
-        timeout_s = args.shard_timeout_s
         try:
-            sharding = resolve_sharding(
-                args.shard_index, args.num_shards, args.attempt_id, os.environ
-            )
+            found = resolve_sharding(args.shard_index, args.num_shards, args.attempt_id, os.environ)
         except ShardingError as e:
             ap.error(str(e))
+        sharding = dataclasses.replace(found, timeout_s=args.shard_timeout_s)
     if args.run_dir is not None:
         if args.step is None or args.checkpoint or args.output_dir:
             ap.error("--run-dir needs --step, and excludes --checkpoint/--output-dir")
@@ -248,12 +241,10 @@ def main(
         )
     distributed.initialize(layout)
     if args.run_dir is not None:
-        return same_code_on_all(
-            lambda: run_step(loader, args.run_dir, args.step, sharding, timeout_s), prog
-        )
+        return same_code_on_all(lambda: run_step(loader, args.run_dir, args.step, sharding), prog)
     return same_code_on_all(
         lambda: run_standalone(
-            loader, args.checkpoint, args.output_dir, args.rcp_logging, sharding, timeout_s
+            loader, args.checkpoint, args.output_dir, args.rcp_logging, sharding
         ),
         prog,
     )

@@ -38,9 +38,6 @@ from tpu_jobs.eval.shards import (
 from tpu_jobs.eval.target import CheckpointFacts, CheckpointLoader, Target, checked_facts
 from tpu_jobs.rcp import collectives
 
-# Worker 0's wait for the other shards, after its own; below the deployment's 30-minute watch of
-# an eval JobSet, so the incomplete summary is written before Airflow gives up on the job.
-DEFAULT_SHARD_TIMEOUT_S = 20 * 60.0
 ATTEMPTS_FILE = "attempts.jsonl"
 OTHER_PROCESS_FAILED = "another process of this worker failed (its error line says why)"
 
@@ -104,7 +101,6 @@ def evaluate(
     target: Target,
     loader: CheckpointLoader,
     sharding: Sharding = SINGLE,
-    shard_timeout_s: float = DEFAULT_SHARD_TIMEOUT_S,
 ) -> Outcome:
     """Evaluate this worker's share of `target`. One shard: write attempts then the summary
     (the commit point). Several: write this worker's shard; worker 0 then gathers the others
@@ -126,7 +122,7 @@ def evaluate(
         if own.fatal_error is None:  # a fatal error of its own decides; no need to wait
             try:
                 gathered = gather_shards(
-                    target.attempts_dir, identity, own, timeout_s=shard_timeout_s
+                    target.attempts_dir, identity, own, timeout_s=sharding.timeout_s
                 )
             except ShardError as e:
                 gathered = Gathered(

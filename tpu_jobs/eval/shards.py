@@ -31,6 +31,9 @@ STATUSES = ("resolved", "failed", "error")
 # enough that 15 pollers-worth of GCS list calls stay negligible.
 POLL_S = 2.0
 PROGRESS_EVERY_S = 60.0
+# Worker 0's wait for the other shards, after its own; below the deployment's 30-minute watch of
+# an eval JobSet, so the incomplete summary is written before Airflow gives up on the job.
+DEFAULT_SHARD_TIMEOUT_S = 20 * 60.0
 
 Record = dict[str, Any]
 
@@ -45,11 +48,13 @@ class ShardError(ValueError):
 
 @dataclass(frozen=True)
 class Sharding:
-    """This worker's place in the evaluation: shard `index` of `count`, launch `attempt_id`."""
+    """This worker's place in the evaluation: shard `index` of `count`, launch `attempt_id`;
+    worker 0 waits `timeout_s` for the other shards after its own."""
 
     index: int
     count: int
     attempt_id: str = ""
+    timeout_s: float = DEFAULT_SHARD_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.count < 1 or not 0 <= self.index < self.count:

@@ -10,7 +10,7 @@ docs/tpu_jobs.md).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import jax
@@ -34,6 +34,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, half-written, or cannot be saved; the message names the step."""
 
 
+def update_fields(d: Mapping[str, Any]) -> dict[str, Any]:
+    """The weight update a checkpoint's record names (step, its time, the weights' fingerprint),
+    typed; KeyError, TypeError or ValueError when one is missing or not of its type."""
+    return {
+        "step": int(d["step"]),
+        "timestamp_ms": int(d["timestamp_ms"]),
+        "weights_fingerprint": str(d["weights_fingerprint"]),
+    }
+
+
 @dataclass(frozen=True)
 class CheckpointMeta:
     """What a checkpoint says about itself (the ``meta`` item)."""
@@ -44,25 +54,14 @@ class CheckpointMeta:
     extra: Mapping[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": META_FORMAT,
-            "step": self.step,
-            "timestamp_ms": self.timestamp_ms,
-            "weights_fingerprint": self.weights_fingerprint,
-            "extra": dict(self.extra),
-        }
+        return {"format": META_FORMAT, **asdict(self)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], where: str) -> CheckpointMeta:
         if d.get("format") != META_FORMAT:
             raise CheckpointError(f"{where}: unknown checkpoint meta format {d.get('format')!r}")
         try:
-            return cls(
-                step=int(d["step"]),
-                timestamp_ms=int(d["timestamp_ms"]),
-                weights_fingerprint=str(d["weights_fingerprint"]),
-                extra=dict(d["extra"]),
-            )
+            return cls(**update_fields(d), extra=dict(d["extra"]))
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: malformed checkpoint meta ({e!r})") from e
 

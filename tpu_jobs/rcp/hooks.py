@@ -101,38 +101,27 @@ def resume_recorder(
     if recorder.rcp_logging:
         check_log(recorder.mllog_path, complete[-1])
     try:
-        return _resume(recorder, complete, path_of, committed)
+        resumed = recorder.resume()
+        unsaved = recorder.row_without_checkpoint(complete)
+        if unsaved is not None:
+            raise CheckpointError(
+                f"step {unsaved}: manifest row points at {path_of(unsaved)}, which is not a "
+                "complete checkpoint (deleted by hand?); refusing to resume over it"
+            )
+        last_row = None if resumed is None else resumed.step
+        missing = [committed(s) for s in complete if last_row is None or s > last_row]
+        if resumed is None and missing:
+            # Neither log nor row (rcp_logging off, the crash before the first row): the first
+            # checkpoint's update time stands in for run_start, as the rows' would.
+            recorder.on_run_start(time_ms=missing[0].timestamp_ms)
+        for c in missing:
+            recorder.on_update(c.step, timestamp_ms=c.timestamp_ms)
+            recorder.on_checkpoint_committed(
+                c.step, c.path, {"weights_fingerprint": c.weights_fingerprint}
+            )
+        return resumed
     except RecorderError as e:
         raise CheckpointError(str(e)) from e
-
-
-def _resume(
-    recorder: TrainingRecorder,
-    complete: Sequence[int],
-    path_of: Callable[[int], str],
-    committed: Callable[[int], Committed],
-) -> Resumed | None:
-    resumed = recorder.resume()
-    last_row = None if resumed is None else resumed.step
-    if last_row is not None:
-        # The recorder's rows are contiguous from val_start_at.
-        for step in range(recorder.val_start_at, last_row + 1):
-            if step not in complete:
-                raise CheckpointError(
-                    f"step {step}: manifest row points at {path_of(step)}, which is not a "
-                    "complete checkpoint (deleted by hand?); refusing to resume over it"
-                )
-    missing = [committed(s) for s in complete if last_row is None or s > last_row]
-    if resumed is None and missing:
-        # Neither log nor row (rcp_logging off, the crash before the first row): the first
-        # checkpoint's update time stands in for run_start, as the rows' would.
-        recorder.on_run_start(time_ms=missing[0].timestamp_ms)
-    for c in missing:
-        recorder.on_update(c.step, timestamp_ms=c.timestamp_ms)
-        recorder.on_checkpoint_committed(
-            c.step, c.path, {"weights_fingerprint": c.weights_fingerprint}
-        )
-    return resumed
 
 
 def is_full_state_step(step: int, val_start_at: int, every: int) -> bool:

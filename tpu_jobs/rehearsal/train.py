@@ -106,13 +106,12 @@ def _resume(config: Config, rec: TrainingRecorder) -> tuple[int, bool]:
             )
         return 0, False
     last_row = resumed.step
-    if last_row is not None:
-        for step in range(config.val_start_at, last_row + 1):
-            if step not in saved:
-                raise RehearsalCheckpointError(
-                    f"step {step}: manifest row points at {checkpoint_dir(config.run_dir, step)}, "
-                    "which holds no rehearsal checkpoint (deleted by hand?); refusing to resume"
-                )
+    unsaved = rec.row_without_checkpoint(saved)
+    if unsaved is not None:
+        raise RehearsalCheckpointError(
+            f"step {unsaved}: manifest row points at {checkpoint_dir(config.run_dir, unsaved)}, "
+            "which holds no rehearsal checkpoint (deleted by hand?); refusing to resume"
+        )
     for step in saved:
         if last_row is not None and step <= last_row:
             continue

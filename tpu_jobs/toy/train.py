@@ -192,24 +192,16 @@ def train(config: TrainConfig) -> TrainResult:
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     job_cli.add_run_flags(parser, TrainConfig)
-    parser.add_argument(
-        "--d-model",
-        type=int,
-        default=ModelConfig.d_model,
-        help="policy width (default %(default)s; recorded in each checkpoint for the evaluator)",
-    )
-    parser.add_argument(
-        "--d-ff",
-        type=int,
-        default=ModelConfig.d_ff,
-        help="feed-forward width (default %(default)s)",
-    )
-    parser.add_argument(
-        "--num-layers",
-        type=int,
-        default=ModelConfig.num_layers,
-        help="decoder layers (default %(default)s)",
-    )
+    for name, what in (
+        (
+            "d_model",
+            "policy width (default %(default)s; recorded in each checkpoint for the evaluator)",
+        ),
+        ("d_ff", "feed-forward width (default %(default)s)"),
+        ("num_layers", "decoder layers (default %(default)s)"),
+    ):
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=int, default=getattr(ModelConfig, name), help=what)
     parser.add_argument(
         RESUME_PAST_CORRUPT_FLAG,
         action="store_true",

@@ -24,7 +24,12 @@ from etils import epath
 
 from rcpflow.layout import join
 from rcpflow.storage import storage_for
-from tpu_jobs.rcp.checkpoint_format import COMMIT_MARKER, CheckpointError, is_complete
+from tpu_jobs.rcp.checkpoint_format import (
+    COMMIT_MARKER,
+    CheckpointError,
+    is_complete,
+    update_fields,
+)
 
 ACTOR_DIR = "actor"  # Tunix puts the actor's checkpoints under this folder of the root
 PARAMS_ITEM = "model_params"
@@ -85,13 +90,7 @@ class CheckpointRecord:
         if not isinstance(d, dict) or d.get("format") != RECORD_FORMAT:
             raise CheckpointError(f"{where}: no rcpflow record of format {RECORD_FORMAT}: {d!r}")
         try:
-            return cls(
-                step=int(d["step"]),
-                timestamp_ms=int(d["timestamp_ms"]),
-                weights_fingerprint=str(d["weights_fingerprint"]),
-                run=dict(d["run"]),
-                policy=dict(d["policy"]),
-            )
+            return cls(**update_fields(d), run=dict(d["run"]), policy=dict(d["policy"]))
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"{where}: malformed rcpflow record ({e!r})") from e
 
