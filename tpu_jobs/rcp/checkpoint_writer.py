@@ -192,6 +192,11 @@ class CheckpointSaver:
         _wait_for_commit(record.path, record.step, self._commit_timeout_s)
         return record
 
+    @property
+    def waited_s(self) -> float:
+        """`save`'s time waiting for room in the queue (saves outlasting steps), in all."""
+        return self._queue.waited_s
+
     def pending(self) -> list[int]:
         """Steps queued or saving (on process 0: until handed on), ascending."""
         return self._queue.pending()

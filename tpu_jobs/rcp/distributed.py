@@ -159,6 +159,10 @@ class FollowerHooks:
             val_start_at=self.val_start_at,
         )
 
+    @property
+    def save_wait_s(self) -> float:
+        return self.saver.waited_s
+
     def stop_requested(self) -> bool:
         return False  # process 0 reads the request; `stop_decision` tells every process
 

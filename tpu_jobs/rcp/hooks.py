@@ -457,6 +457,10 @@ class RcpHooks:
             extra=self._extra,
         )
 
+    @property
+    def save_wait_s(self) -> float:
+        return self.saver.waited_s
+
     def stop_requested(self) -> bool:
         """After a step: has the orchestrator asked this run to stop, its verdict decided?
         (`TrainingRecorder.stop_requested`); then end with `on_train_end`, which finishes the

@@ -9,6 +9,7 @@ a gap in the manifest, and every later call raises `SaveFailedError` naming the 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
@@ -65,6 +66,7 @@ class OrderedSaveQueue(Generic[JobT, CommittedT]):
         self._worker: threading.Thread | None = None
         self._last_step: int | None = None
         self._closed = False
+        self.waited_s = 0.0  # put()'s time waiting for room, in all
 
     def check(self, step: int) -> None:
         """Raise now what `put(step, ...)` would refuse, without waiting for room."""
@@ -78,8 +80,10 @@ class OrderedSaveQueue(Generic[JobT, CommittedT]):
         Raises `SaveFailedError` if an earlier save failed."""
         with self._cond:
             self._check(step)
+            started = time.perf_counter()
             while len(self._queue) >= self.max_pending and self._failure is None:
                 self._cond.wait()
+            self.waited_s += time.perf_counter() - started
             self._raise_if_failed()
         job = prepare()
         with self._cond:

@@ -41,6 +41,11 @@ class TrainerHooks(Protocol):
         """Right after optimizer update `step`; returns its timestamp_ms."""
         ...
 
+    @property
+    def save_wait_s(self) -> float:
+        """`after_update`'s time waiting for the saver (saves outlasting steps), in all."""
+        ...
+
     def stop_requested(self) -> bool:
         """After a step: this process's view of the stop request (see `distributed`)."""
         ...

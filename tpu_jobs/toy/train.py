@@ -154,6 +154,7 @@ def train(config: TrainConfig) -> TrainResult:
             # wait for the other processes' parts included).
             jax.block_until_ready(state.params)
             computed = time.perf_counter()
+            waited_before = hooks.save_wait_s
             if slow_s:
                 time.sleep(slow_s)
                 say({"event": "slow_update_done", "step": step, "time_ms": now_ms(),
@@ -170,6 +171,7 @@ def train(config: TrainConfig) -> TrainResult:
                     "timestamp_ms": timestamp_ms,
                     "step_s": round(computed - started, 4),
                     "recording_s": round(recorded - computed, 4),
+                    "save_wait_s": round(hooks.save_wait_s - waited_before, 4),
                     **({"process": jax.process_index()} if jax.process_count() > 1 else {}),
                 }
             )
