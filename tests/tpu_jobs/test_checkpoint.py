@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from tpu_jobs.rcp.checkpoint_format import (
@@ -112,6 +113,30 @@ class Gate:
     def note(self, what: str, step: int) -> None:
         with self._lock:
             self.events.append((what, step))
+
+
+def test_the_caller_never_makes_the_orbax_save_and_returns_before_it(tmp_path, monkeypatch) -> None:
+    """The training loop's part of a save is queueing it: Orbax's save call (its copy of the
+    arrays to host memory included) runs in the saver's thread."""
+    release = threading.Event()
+    callers: list[str] = []
+    original = ocp.CheckpointManager.save
+
+    def save(manager: ocp.CheckpointManager, step: int, *args, **kwargs) -> bool:
+        callers.append(threading.current_thread().name)
+        release.wait(timeout=60)  # held until the caller has returned
+        return original(manager, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+    saver = CheckpointSaver(str(tmp_path / "c"), max_pending=2)
+    saver.save(1, model_params(), train_state(), timestamp_ms=1)
+    saver.save(2, model_params(), None, timestamp_ms=2)
+    assert saver.pending() == [1, 2] and not is_complete(saver.step_path(1))
+    release.set()
+    assert [d.step for d in saver.wait()] == [1, 2]
+    saver.close()
+    assert callers and all(name.startswith("checkpoint-saves:") for name in callers), callers
+    assert threading.current_thread().name not in callers
 
 
 def test_a_weights_only_save_holds_no_train_state(tmp_path) -> None:
