@@ -131,6 +131,10 @@ class FollowerHooks:
         self.full_state_every = full_state_every
         self.saver = CheckpointSaver(RunLayout(run_dir).checkpoints_dir)
 
+    @property
+    def save_wait_s(self) -> float:
+        return self.saver.waited_s
+
     def resume(
         self, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
     ) -> ResumePoint | None:
@@ -158,10 +162,6 @@ class FollowerHooks:
             full_state_every=self.full_state_every,
             val_start_at=self.val_start_at,
         )
-
-    @property
-    def save_wait_s(self) -> float:
-        return self.saver.waited_s
 
     def stop_requested(self) -> bool:
         return False  # process 0 reads the request; `stop_decision` tells every process

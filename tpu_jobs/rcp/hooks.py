@@ -272,6 +272,10 @@ class RcpHooks:
         return self.recorder.mllog_path
 
     @property
+    def save_wait_s(self) -> float:
+        return self.saver.waited_s
+
+    @property
     def last_update(self) -> tuple[int, int] | None:
         """(step, timestamp_ms) of the last weight update seen (or restored), if any."""
         return self.recorder.last_update
@@ -456,10 +460,6 @@ class RcpHooks:
             val_start_at=self.val_start_at,
             extra=self._extra,
         )
-
-    @property
-    def save_wait_s(self) -> float:
-        return self.saver.waited_s
 
     def stop_requested(self) -> bool:
         """After a step: has the orchestrator asked this run to stop, its verdict decided?
