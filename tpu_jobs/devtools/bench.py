@@ -56,6 +56,8 @@ from tpu_jobs.toy import grpo
 from tpu_jobs.toy.model import param_bytes, unscan_params
 from tpu_jobs.toy.train import TrainConfig
 
+TUNIX_SECTION_START = "<!-- tunix_bench: start -->"  # tpu_jobs.devtools.tunix_bench's
+
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t = time.perf_counter()
@@ -348,18 +350,22 @@ rows; without the waits for the saver (the loop's own part), by {len(own)} of {l
 """
 
 
+SIZES_START, SIZES_END = "<!-- bench-sizes:start -->", "<!-- bench-sizes:end -->"
+
+
 def write_sizes_section(output: Path, section: str) -> None:
-    """Put `section` into `output`, replacing an earlier one (before the Tunix section)."""
+    """Put `section` into `output` between its markers, replacing an earlier one; a new one goes
+    before the Tunix section's markers (which `tpu_jobs.devtools.tunix_bench` rewrites whole)."""
     text = output.read_text() if output.exists() else "# Benchmarks\n"
-    start = text.find(SIZES_TITLE)
-    if start >= 0:
-        end = text.find("\n## ", start + len(SIZES_TITLE))
-        text = text[:start] + text[end + 1 :] if end >= 0 else text[:start]
-    marker = text.find("\n## Tunix")
-    if marker >= 0:
-        text = text[: marker + 1] + section + "\n" + text[marker + 1 :]
+    block = f"{SIZES_START}\n{section.rstrip()}\n{SIZES_END}\n"
+    if SIZES_START in text and SIZES_END in text:
+        head, rest = text.split(SIZES_START, 1)
+        text = head + block + rest.split(SIZES_END, 1)[1].lstrip("\n")
+    elif TUNIX_SECTION_START in text:
+        head, rest = text.split(TUNIX_SECTION_START, 1)
+        text = head + block + "\n" + TUNIX_SECTION_START + rest
     else:
-        text = text.rstrip("\n") + "\n\n" + section
+        text = text.rstrip("\n") + "\n\n" + block
     output.write_text(text)
 
 

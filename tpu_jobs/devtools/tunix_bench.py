@@ -46,12 +46,12 @@ from tunix.rl import rl_cluster as rlc
 from rcpflow import recipe
 from rcpflow.mllog import SystemInfo
 from rcpflow.recorder import TrainingRecorder
-from tpu_jobs.devtools.bench import machine
+from tpu_jobs.devtools.bench import TUNIX_SECTION_START, machine
 from tpu_jobs.tunix import train
 from tpu_jobs.tunix.recording import StepRecording
 
 VARIANTS = ("plain", "checkpoints", "recorded")
-SECTION_START = "<!-- tunix_bench: start -->"
+SECTION_START = TUNIX_SECTION_START
 SECTION_END = "<!-- tunix_bench: end -->"
 
 
