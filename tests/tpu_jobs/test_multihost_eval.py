@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from test_multihost import _finish, _launch, _records
+from test_multihost import _finish, _launch
 from trainer_runs import copy_of
 
 from rcpflow import gate, manifest
@@ -105,11 +105,14 @@ def test_two_processes_evaluate_exactly_as_one(trained: Path, tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_each_process_restores_only_the_shards_its_devices_hold(trained: Path) -> None:
+def test_each_process_restores_only_the_shards_its_devices_hold(
+    trained: Path, tmp_path: Path
+) -> None:
     row = _row(trained)
-    proc = _launched(sys.executable, str(DRIVER), row.checkpoint_path)
+    proc = _launched(sys.executable, str(DRIVER), row.checkpoint_path, str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    held = {r["process"]: r for r in _records(proc.stdout)}
+    records = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("process_*.json"))]
+    held = {r["process"]: r for r in records}
     assert sorted(held) == [0, 1]
     full, meta = restore_params(row.checkpoint_path, row.weights_fingerprint)  # numpy, whole
     flat = {
