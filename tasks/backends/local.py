@@ -27,13 +27,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import XComArg, get_current_context, task
 
-from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
+from tasks.backend_api.job_inputs import job_env, train_argv, with_run_owner
 from tasks.backend_api.protocol import FormDefaults, register
 from tasks.deployment import BackendName, Deployment
 from tasks.jobs.processes import send_signal, stop_processes
 from tasks.jobs.result import run_evaluate_job
 from tasks.jobs.templates import EvaluateJob, TrainJob
-from tasks.jobs.values import train_values
 from tasks.run.evaluation_group import RCP_VIEW_DOC
 from tasks.run.spec import MAX_EVAL_WINDOW, RunSpec, XComValue
 from tasks.run.stages import EvalTarget, eval_target, evaluate_target, skip_if_decided, step_target
@@ -199,22 +198,21 @@ class LocalBackend:
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
         deployment, job = self.deployment, self.train
-        env = {**deployment.job_env, **job.env}
+        env = job_env(deployment.job_env, job)
 
         @task(execution_timeout=timedelta(minutes=deployment.train_timeout_minutes))
         def train_job(spec: XComValue) -> None:
             run = RunSpec.from_dict(spec)
-            argv = job.job_command.render(train_values(run.job_values(), deployment.job_python))
-            # The run folder's owner: every try of this DAG run's task, and nobody else.
+            argv = train_argv(job, run.job_values(), deployment.job_python)
             ti = get_current_context()["ti"]
-            owner = airflow_owner(ti.dag_id, ti.run_id, ti.task_id)
-            run_job(argv, name=f"train seed {run.seed}", env={**env, OWNER_ENV: owner})
+            owned = with_run_owner(env, ti.dag_id, ti.run_id, ti.task_id)
+            run_job(argv, name=f"train seed {run.seed}", env=owned)
 
         return train_job(spec)
 
     def _launcher(self) -> Callable[[str, int, Callable[[], EvalTarget]], None]:
         deployment, job = self.deployment, self.evaluate_job
-        env = {**deployment.job_env, **job.env}
+        env = job_env(deployment.job_env, job)
 
         records = self.records
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TaskGroup, XComArg, task
 
+from tasks.backend_api.job_inputs import train_argv
 from tasks.backends.gke.evaluate_operators import EvaluateJobSetOperator, EvaluateStepJobSetOperator
 from tasks.backends.gke.operators import (
     DeleteEvalJobSetsOperator,
@@ -22,7 +23,6 @@ from tasks.backends.gke.operators import (
 from tasks.backends.gke.settings import GkeSettings
 from tasks.jobs.command import Role
 from tasks.jobs.templates import EvaluateJob, SecretKeyRef, TrainJob
-from tasks.jobs.values import train_values
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def train_jobset_group(
     @task
     def train_command(spec: XComValue) -> list[str]:
         run = RunSpec.from_dict(spec)
-        return job.job_command.render(train_values(run.job_values(), "python"))
+        return train_argv(job, run.job_values(), "python")
 
     return jobset_task_group(
         "job",

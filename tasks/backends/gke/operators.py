@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
+from tasks.backend_api.job_inputs import with_run_owner
+from tasks.backend_api.teardown import should_delete
 from tasks.backends.gke import triggers
 from tasks.backends.gke.render import check_adoptable, jobset_ref, render_jobset
 from tasks.backends.gke.settings import GkeCluster, GkeSettings
@@ -62,13 +63,6 @@ def jobset_hook(cluster: GkeCluster) -> JobSetHook:
     from tasks.backends.gke.hooks import JobSetHook
 
     return JobSetHook.for_cluster(cluster)
-
-
-def should_delete(recorded: Mapping[str, Any]) -> tuple[bool, str]:
-    """Whether the teardown deletes a JobSet the run task recorded, and why."""
-    if recorded.get("delete") is None:
-        return True, "the run task ended without deciding (marked by hand, or timed out)"
-    return bool(recorded["delete"]), str(recorded["why"])
 
 
 class RunJobSetOperator(BaseOperator):
@@ -130,8 +124,7 @@ class RunJobSetOperator(BaseOperator):
         env = self.env
         if self.role == "train":
             # The run folder's owner: every pod, restart and retry of this DAG run's training.
-            owner = airflow_owner(dag_run.dag_id, dag_run.run_id, context["ti"].task_id)
-            env = {**env, OWNER_ENV: owner}
+            env = with_run_owner(env, dag_run.dag_id, dag_run.run_id, context["ti"].task_id)
         return render_jobset(
             self.settings,
             role=self.role,

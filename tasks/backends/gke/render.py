@@ -36,7 +36,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tasks.backends.gke.settings import EXIT_SIGTERM, GkeSettings, TpuJobShape
+from tasks.backend_api.exit_policy import codes_deciding
+from tasks.backends.gke.settings import GkeSettings, TpuJobShape
 from tasks.jobs.command import ROLES, Role
 from tasks.jobs.templates import SecretKeyRef
 
@@ -301,6 +302,8 @@ def _pod_failure_policy(settings: GkeSettings) -> dict[str, Any]:
     # Rule order matters: the JobSet rules below match the index in the Job's failure message,
     # and the Job controller applies the first rule that matches (a disrupted pod is a
     # disruption whatever its exit code).
+    uncounted = codes_deciding("restart_uncounted", settings.fail_exit_codes)
+    fail_now = codes_deciding("fail_now", settings.fail_exit_codes)
     rules: list[dict[str, Any]] = [
         {
             "action": "FailJob",
@@ -308,17 +311,17 @@ def _pod_failure_policy(settings: GkeSettings) -> dict[str, Any]:
         },
         {
             "action": "FailJob",
-            "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_SIGTERM]},
+            "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": uncounted},
         },
     ]
-    if settings.fail_exit_codes:
+    if fail_now:
         rules.append(
             {
                 "action": "FailJob",
                 "onExitCodes": {
                     "containerName": CONTAINER,
                     "operator": "In",
-                    "values": sorted(set(settings.fail_exit_codes)),
+                    "values": fail_now,
                 },
             }
         )

@@ -49,15 +49,9 @@ _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _CPU_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]{1,3})?|[0-9]+m)$")
 _MEMORY_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 
-# The job exit-code contract (docs/exit-codes.md). A deterministic user error fails the JobSet
-# at once: rerunning cannot help. 1 is Python's code for any uncaught exception (an XLA runtime
-# error, a transient storage error): restarted, counted. SIGTERM (preemption, eviction, the
-# trainer draining its saves) restarts without counting.
-EXIT_UNCAUGHT = job_exit.EXIT_RESTART
-EXIT_BAD_ARGUMENTS = job_exit.EXIT_BAD_ARGUMENTS
-EXIT_INVALID_INPUT = job_exit.EXIT_INVALID_INPUT
-EXIT_SIGTERM = job_exit.EXIT_SIGTERM
-DEFAULT_FAIL_EXIT_CODES = (EXIT_BAD_ARGUMENTS, EXIT_INVALID_INPUT)
+# The job exit-code contract (docs/exit-codes.md, `rcpflow.trainer.job_exit.restart_decision`):
+# the failurePolicy is rendered from it (`tasks.backends.gke.render`).
+DEFAULT_FAIL_EXIT_CODES = job_exit.DEFAULT_FAIL_EXIT_CODES
 # The TPU node labels rcpflow sets from the shape; extra node selectors may not change them.
 TPU_NODE_LABELS = ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology")
 _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
@@ -283,22 +277,9 @@ class GkeSettings:
                 raise SettingError(name, f"must be > 0, got {seconds}")
         _at_least(self.run_retries, 0, "run_retries")
         _at_least(self.max_suspended_minutes, 1, "max_suspended_minutes")
-        bad_codes = [c for c in self.fail_exit_codes if not 1 <= c <= 255]
-        if bad_codes:
-            raise SettingError(
-                "fail_exit_codes", f"exit codes are 1..255 (0 is success), got {bad_codes}"
-            )
-        if EXIT_UNCAUGHT in self.fail_exit_codes:
-            raise SettingError(
-                "fail_exit_codes",
-                "1 is Python's exit code for any uncaught exception (an XLA runtime error, a "
-                "transient storage error): those restart, counted (docs/exit-codes.md); a job "
-                "reports a deterministic user error with 2 or 5",
-            )
-        if EXIT_SIGTERM in self.fail_exit_codes:
-            raise SettingError(
-                "fail_exit_codes", "143 is SIGTERM (preemption): it restarts without counting"
-            )
+        problem = job_exit.fail_exit_codes_problem(self.fail_exit_codes)
+        if problem:
+            raise SettingError("fail_exit_codes", problem)
         self._check_pod_extras()
         # The watch must see the terminal status before the cluster deletes the JobSet.
         if self.ttl_after_finished_s < max(600, 10 * self.poll_interval_s):
