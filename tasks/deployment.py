@@ -21,6 +21,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from rcpflow.recipe import MAX_STEPS_LIMIT, Division
+
+# When a run's checkpoints are evaluated (README: "Evaluation schedule"); the MLLOG is the same.
+from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, EvalSchedule
 from tasks.jobs.templates import Jobs
 from tasks.settings import SettingError, read_table
 
@@ -33,8 +36,6 @@ EMBEDDED = "<embedded default>"
 
 BackendName = Literal["local", "gke"]
 BACKEND_NAMES: tuple[BackendName, ...] = typing.get_args(BackendName)
-# When a run's checkpoints are evaluated (README: "Evaluation schedule"); the MLLOG is the same.
-EvalSchedule = Literal["after_training", "during_training"]
 
 T = TypeVar("T")
 # A backend's settings table (name -> its frozen dataclass), registered by the backend's module.
@@ -98,7 +99,7 @@ class Deployment:
     # after_training: evaluate the manifest's rows once training has ended; during_training:
     # evaluate each planned step as soon as its checkpoint is committed, and ask the trainer
     # to stop once the verdict is decided (tasks.run.planned). The default of the runs' Param.
-    eval_schedule: EvalSchedule = "after_training"
+    eval_schedule: EvalSchedule = DEFAULT_SCHEDULE
     # How often a waiting step reads the run's files and task states.
     checkpoint_poll_seconds: float = 5.0
     # Interpreter of local jobs; empty means the Airflow worker's own (its venv has tpu_jobs).

@@ -29,9 +29,9 @@ from typing import Any, Literal, TypeVar
 
 from rcpflow import recipe
 from rcpflow.planning.rehearsal import JobProfile, RehearsalInputError, load_profile
+from rcpflow.verdict.schedule import SCHEDULES, EvalSchedule
 
-Schedule = Literal["after_training", "during_training"]
-SCHEDULES: tuple[Schedule, ...] = ("after_training", "during_training")
+Schedule = EvalSchedule  # the schedule vocabulary is rcpflow.verdict.schedule's
 # --recommend: the smallest W whose time to verdict is within this factor of the best W's.
 RECOMMEND_WITHIN = 1.10
 Outcome = Literal["needed", "wasted", "cancelled"]

@@ -6,7 +6,7 @@ A checkpoint can be skipped when a lower step's valid summary already passes the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 
 from rcpflow import recipe
 from rcpflow.records.manifest import ManifestRow
@@ -27,12 +27,28 @@ def passes(summary: EvalSummary, row: ManifestRow) -> bool:
     return summary.eval_accuracy > recipe.TARGET_ACCURACY
 
 
-def passing_step_below(run_dir: str, step: int, rows: Sequence[ManifestRow]) -> int | None:
-    """The lowest step below `step` whose valid summary passes the target, if any."""
+def lowest_passing(
+    run_dir: str,
+    rows: Sequence[ManifestRow],
+    *,
+    below: int | None = None,
+    known: MutableMapping[tuple[str, int, int], bool] | None = None,
+) -> int | None:
+    """The lowest step of `rows` (below `below`, when given) whose valid summary passes the
+    target, if any. `known` keeps the verdicts found (run_dir, step, weight-update time ->
+    passes): a valid summary is reused, never evaluated again, so its verdict never changes."""
     for row in sorted(rows, key=lambda r: r.step):
-        if row.step >= step:
+        if below is not None and row.step >= below:
             break
-        summary = valid_summary(run_dir, row)
-        if summary is not None and passes(summary, row):
+        key = (run_dir, row.step, row.timestamp_ms)
+        verdict = None if known is None else known.get(key)
+        if verdict is None:
+            summary = valid_summary(run_dir, row)
+            if summary is None:
+                continue
+            verdict = passes(summary, row)
+            if known is not None:
+                known[key] = verdict
+        if verdict:
             return row.step
     return None

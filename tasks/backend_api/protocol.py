@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 from rcpflow.recipe import Division
+from rcpflow.verdict.schedule import DEFAULT_SCHEDULE
 from tasks.deployment import BACKEND_NAMES, BackendName, Deployment, EvalSchedule
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ class FormDefaults:
     division: Division
     max_steps: int
     # The deployment's (`form_defaults` sets them): a run's Params may choose otherwise.
-    eval_schedule: EvalSchedule = "after_training"
+    eval_schedule: EvalSchedule = DEFAULT_SCHEDULE
     eval_window: int = 1
 
 

@@ -28,14 +28,11 @@ from airflow.sdk.exceptions import (
 )
 from airflow.triggers.base import StartTriggerArgs
 
-from rcpflow.records.checkpoint_state import (
-    CheckpointProgress,
-    ProgressError,
-    RunSnapshot,
-    run_snapshot,
-)
-from rcpflow.verdict.gate import passing_step_below
-from tasks.deployment import EvalSchedule
+from rcpflow.records.checkpoint_state import ProgressError, RunSnapshot, run_snapshot
+from rcpflow.verdict.gate import lowest_passing
+from rcpflow.verdict.readiness import Readiness, TrainingState, readiness
+from rcpflow.verdict.schedule import EvalSchedule
+from tasks.run.spec import RunSpec
 from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger
 
 if TYPE_CHECKING:
@@ -44,19 +41,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _schedule(value: object) -> EvalSchedule:
-    if value == "after_training" or value == "during_training":
-        return value
-    raise AirflowFailException(f"eval_schedule: {value!r} is not a schedule")
-
-
 class WaitForCheckpointOperator(BaseOperator):
     """Wait, deferred, for the checkpoint of `step` of the run of `seed` in `run_dir`.
-    `timeout` bounds the whole wait (then the task fails); the run's RunSpec is the XCom of
-    `plan_task_id`, the planned steps that of `steps_task_id` (what the triggerer reads: it
-    has no resolved arguments), the train group is `train_group_id` of the same DAG run."""
+    `timeout` bounds the whole wait (then the task fails); the run's RunSpec (its schedule and
+    eval window) is the XCom of `plan_task_id`, the planned steps that of `steps_task_id` (what
+    the triggerer reads too: it has no resolved arguments), the train group is
+    `train_group_id` of the same DAG run."""
 
-    template_fields: Sequence[str] = ("run_dir", "step", "seed", "schedule")
+    template_fields: Sequence[str] = ("run_dir", "step", "seed")
     ui_color = "#f1f3f4"
     start_from_trigger = True
 
@@ -66,7 +58,6 @@ class WaitForCheckpointOperator(BaseOperator):
         run_dir: str | XComArg,  # template fields: an XComArg is resolved before execute
         step: int | XComArg,
         seed: int | XComArg,
-        schedule: str | XComArg,
         plan_task_id: str,
         steps_task_id: str,
         train_group_id: str = "train",
@@ -78,7 +69,7 @@ class WaitForCheckpointOperator(BaseOperator):
         self.run_dir = run_dir
         self.step = step
         self.seed = seed
-        self.schedule = schedule
+        self.plan_task_id = plan_task_id
         self.train_group_id = train_group_id
         self.poll_interval_s = poll_interval_s
         self.timeout = timeout
@@ -108,17 +99,23 @@ class WaitForCheckpointOperator(BaseOperator):
         except ProgressError as exc:
             raise AirflowFailException(f"step {step}: {exc}") from exc
 
-    def _progress(self) -> CheckpointProgress:
-        return self._snapshot().progress(self._args()[1])
+    def _readiness(
+        self, schedule: EvalSchedule, training: TrainingState | None = None
+    ) -> Readiness:
+        run_dir, step, _ = self._args()
+        snapshot = self._snapshot()
+        passed = lowest_passing(run_dir, snapshot.rows, below=step)
+        return readiness(step, snapshot, passed, schedule, training)
+
+    def _schedule(self, context: Context) -> EvalSchedule:
+        """The run's schedule: its RunSpec, the plan's output (as the triggerer reads it)."""
+        return RunSpec.from_dict(context["ti"].xcom_pull(task_ids=self.plan_task_id)).eval_schedule
 
     def execute(self, context: Context) -> None:
-        snapshot = self._snapshot()
-        progress = snapshot.progress(self._args()[1])
-        halted = snapshot.ended_at is not None
-        if progress.state == "ended" or (
-            progress.state == "committed" and (self.schedule == "during_training" or halted)
-        ):
-            self._finish(progress)
+        schedule = self._schedule(context)
+        answer = self._readiness(schedule)
+        if answer.decision != "wait":
+            self._finish(answer)
             return
         dag_run = context["dag_run"]
         run_dir, step, seed = self._args()
@@ -132,9 +129,7 @@ class WaitForCheckpointOperator(BaseOperator):
                 train_group_id=self.train_group_id,
                 poll_interval_s=self.poll_interval_s,
                 start_grace_s=3 * self.poll_interval_s,
-                schedule="after_training"
-                if self.schedule == "after_training"
-                else "during_training",
+                schedule=schedule,
             ),
             method_name="execute_complete",
             timeout=self.timeout,
@@ -152,24 +147,17 @@ class WaitForCheckpointOperator(BaseOperator):
             raise AirflowRescheduleException(
                 reschedule_date=datetime.now(tz=UTC) + timedelta(seconds=self.poll_interval_s)
             )
-        self._finish(self._progress())
+        # committed: the trigger saw the step go (under after_training, training had halted)
+        answer = self._readiness(self._schedule(context), training="succeeded")
+        if answer.decision == "wait":  # only after a trigger said otherwise: files went back
+            raise AirflowFailException(f"step {self.step}: {answer.sentence} after the wait ended")
+        self._finish(answer)
 
-    def _finish(self, progress: CheckpointProgress) -> None:
-        if progress.state == "pending":  # only after a trigger said otherwise: files went back
-            raise AirflowFailException(f"step {self.step}: {progress.detail} after the wait ended")
-        if progress.state == "ended":
-            reason = f"step {self.step}: skipped: {progress.detail}"
-            log.info("%s", reason)
-            raise AirflowSkipException(reason)
-        row = progress.row
+    def _finish(self, answer: Readiness) -> None:
+        if answer.decision == "skip":
+            log.info("%s", answer.sentence)
+            raise AirflowSkipException(answer.sentence)
+        row = answer.row
         if row is None:
             raise AirflowFailException(f"step {self.step}: committed without a row")
-        passed = passing_step_below(self._args()[0], row.step, progress.rows)
-        if passed is not None:
-            reason = (
-                f"step {row.step}: skipped, not evaluated: step {passed} already passed the "
-                "target, which decided the run"
-            )
-            log.info("%s", reason)
-            raise AirflowSkipException(reason)
         log.info("step %d: checkpoint committed at %s", row.step, row.checkpoint_path)

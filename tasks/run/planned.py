@@ -103,7 +103,6 @@ def evaluation_over_steps(
                 run_dir=run_dir,
                 step=step,
                 seed=seed,
-                schedule=schedule,
                 plan_task_id=plan_task_id,
                 steps_task_id=steps_task_id,
                 train_group_id=TRAIN_GROUP_ID,

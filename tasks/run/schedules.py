@@ -1,5 +1,6 @@
-"""When a run's checkpoints are evaluated (the ``eval_schedule`` and ``eval_window`` Params),
-what the rules say about each, and the record of what a run used.
+"""The record of when a run's checkpoints were evaluated (the ``eval_schedule`` and
+``eval_window`` Params); the schedules and what the rules say about each are
+`rcpflow.verdict.schedule`'s.
 
 Both schedules have one wiring (`tasks.run.planned`): a ``checkpoint`` group per planned step
 whose ``wait`` lets its step go when the checkpoint can be evaluated and the run's window has
@@ -13,51 +14,14 @@ way.
 from __future__ import annotations
 
 import json
-import typing
 from dataclasses import dataclass
 
 from rcpflow.files.layout import join
 from rcpflow.files.storage import storage_for
-from rcpflow.recipe import Division
-from tasks.deployment import EvalSchedule
+from rcpflow.verdict.schedule import RULES_WORDING, SCHEDULES, EvalSchedule, described_by_rules
 
-SCHEDULES: tuple[EvalSchedule, ...] = typing.get_args(EvalSchedule)
 FILE_NAME = "eval_schedule.json"
 FORMAT = "rcpflow.eval_schedule.v1"
-
-# training_policies #596, quoted: the only evaluation timing the rules describe.
-RULES_QUOTE = (
-    "Once training halts, saved checkpoints may be evaluated offline in any order until the "
-    "one that achieves target evaluation accuracy is found"
-)
-RULES_WORDING: dict[EvalSchedule, str] = {
-    "after_training": (
-        "after_training: the rules' own wording (training_policies #596: "
-        f'"{RULES_QUOTE}"): training runs to max_steps, then the checkpoints are evaluated in '
-        "any order, W at a time, and the log is written in step order."
-    ),
-    "during_training": (
-        "during_training: not described by the rules (training_policies #596 describes "
-        "evaluation once training halts): checkpoints are evaluated while training runs and "
-        "training is stopped at the verdict. For the open division, or with the working "
-        "group's agreement."
-    ),
-}
-
-
-def described_by_rules(schedule: EvalSchedule) -> bool:
-    return schedule == "after_training"
-
-
-def closed_division_warning(schedule: EvalSchedule, division: Division) -> str | None:
-    """The warning a closed-division result evaluated outside the rules' wording carries."""
-    if division != "closed" or described_by_rules(schedule):
-        return None
-    return (
-        f"WARNING: closed division with eval_schedule {schedule}: evaluating during training "
-        "and stopping training at the verdict are not described by the rules (training_policies "
-        "#596); submit such a result only with the working group's agreement."
-    )
 
 
 class ScheduleRecordError(ValueError):

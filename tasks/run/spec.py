@@ -20,15 +20,15 @@ from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
 from rcpflow.recipe import DIVISIONS, Division
-from tasks.backend_api.protocol import FormDefaults
-from tasks.deployment import Deployment, EvalSchedule, load_deployment
-from tasks.run.schedules import (
+from rcpflow.verdict.schedule import (
+    DEFAULT_SCHEDULE,
     RULES_WORDING,
     SCHEDULES,
-    ScheduleRecord,
     closed_division_warning,
-    record_schedule,
 )
+from tasks.backend_api.protocol import FormDefaults
+from tasks.deployment import Deployment, EvalSchedule, load_deployment
+from tasks.run.schedules import ScheduleRecord, record_schedule
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class RunSpec:
     max_steps: int
     val_start_at: int | None  # the override; None = the recipe's ceil(2.5 + 3840/gbs)
     division: Division
-    eval_schedule: EvalSchedule = "after_training"
+    eval_schedule: EvalSchedule = DEFAULT_SCHEDULE
     eval_window: int = 1
 
     @classmethod

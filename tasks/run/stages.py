@@ -24,7 +24,7 @@ from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
 from rcpflow.submission.checkers import compliance
 from rcpflow.verdict.finalize import FinalizeInputError, FinalizeResult, finalize
-from rcpflow.verdict.gate import passes, passing_step_below, valid_summary
+from rcpflow.verdict.gate import lowest_passing, passes, valid_summary
 from rcpflow.verdict.stop_request import honoured_by
 from rcpflow.verdict.verify import evaluate_step
 from tasks.jobs.result import EvaluationError
@@ -234,7 +234,7 @@ def skip_if_decided(target: EvalTarget, *, stopped: bool = False) -> None:
     exception's message only under "Post Execute"). `stopped`: the step's job was running
     and was stopped (or failed) after that pass."""
 
-    passed = passing_step_below(target.run_dir, target.step, target.rows)
+    passed = lowest_passing(target.run_dir, target.rows, below=target.step)
     if passed is not None:
         what = "its evaluation was stopped" if stopped else "not evaluated"
         reason = (

@@ -11,10 +11,12 @@ waits here, holding no worker slot. Two ways in:
   at a time) defers to it and resumes with its event.
 
 Both read the run's files through `rcpflow.records.checkpoint_state` (the same answer on local
-folders and ``gs://``) and, so that a failed or not yet started training does not leave them waiting
-until their timeout, the states of the run's ``train`` task group through the Task SDK. On
-every poll a wait ends skipped once a lower step's valid summary passes (so the waits above a
-verdict end at once, and their evaluate tasks are skipped without a task process). Under
+folders and ``gs://``) and ask `rcpflow.verdict.readiness` whether the step goes, waits or is
+skipped (the triggers hold no rule of their own); so that a failed or not yet started training
+does not leave them waiting until their timeout, they also read the states of the run's
+``train`` task group through the Task SDK when the files alone do not answer. On every poll a
+wait ends skipped once a lower step's valid summary passes (so the waits above a verdict end at
+once, and their evaluate tasks are skipped without a task process). Under
 ``after_training`` a committed step goes only once training has halted (its ``block_stop``
 or the train group's success). A started wait also holds the run's eval window: it lets its
 step go only when the step is among the W lowest committed steps whose evaluation has not
@@ -27,7 +29,6 @@ nothing until it ends: the outcome (a skip's reason) is the first line of its lo
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -41,18 +42,13 @@ from airflow.triggers.base import (
     TriggerEvent,
 )
 
-from rcpflow.records.checkpoint_state import (
-    CheckpointProgress,
-    ProgressError,
-    RunSnapshot,
-    run_snapshot,
-)
+from rcpflow.records.checkpoint_state import ProgressError, RunSnapshot, run_snapshot
 from rcpflow.records.manifest import ManifestRow
-from rcpflow.verdict.gate import passes, valid_summary
-from tasks.deployment import EvalSchedule
+from rcpflow.verdict import gate
+from rcpflow.verdict.readiness import Readiness, Reason, TrainingState, readiness
+from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, EvalSchedule
 from tasks.run.spec import RunSpec
 
-TrainingState = Literal["not_started", "running", "succeeded", "failed"]
 # A task in one of these states will not run (again) in this DAG run.
 _FAILED = frozenset({"failed", "upstream_failed", "skipped", "removed"})
 _NOT_STARTED = frozenset({None, "none", "scheduled"})
@@ -112,23 +108,41 @@ class SharedReads:
 
 SHARED = SharedReads()
 
-# A valid summary of a row never changes (a valid one is reused, never evaluated again), so
-# whether it passes is read once per row: run_dir, step, weight-update time -> passes.
-_VERDICTS: dict[tuple[str, int, int], bool] = {}
+
+class Verdicts(dict[tuple[str, int, int], bool]):
+    """Whether a row's valid summary passes, by (run_dir, step, weight-update time): a valid
+    summary is reused, never evaluated again, so its verdict is read once per row
+    (`gate.lowest_passing`'s `known`). A triggerer runs for months and sees many runs: a run's
+    verdicts not asked for in `keep_s` are dropped (its waits are over; a later wait reads the
+    summary again)."""
+
+    keep_s = 3600.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._asked: dict[str, float] = {}  # run_dir -> when its verdicts were last asked for
+
+    def asked(self, run_dir: str) -> None:
+        """Note that `run_dir`'s verdicts were asked for now; drop those of runs not asked for
+        in `keep_s`."""
+        now = time.monotonic()
+        self._asked[run_dir] = now
+        stale = {r for r, t in self._asked.items() if now - t >= self.keep_s}
+        if stale:
+            for key in [k for k in self if k[0] in stale]:
+                del self[key]
+            for r in stale:
+                del self._asked[r]
+
+
+VERDICTS = Verdicts()
 
 
 def lowest_passing(run_dir: str, rows: tuple[ManifestRow, ...]) -> int | None:
-    """The lowest step of `rows` whose valid summary passes the target (`rcpflow.verdict.gate`)."""
-    for row in sorted(rows, key=lambda r: r.step):
-        key = (run_dir, row.step, row.timestamp_ms)
-        if key not in _VERDICTS:
-            summary = valid_summary(run_dir, row)
-            if summary is None:
-                continue
-            _VERDICTS[key] = passes(summary, row)
-        if _VERDICTS[key]:
-            return row.step
-    return None
+    """The lowest step of `rows` whose valid summary passes the target (`rcpflow.verdict.gate`),
+    with the verdicts known on this triggerer."""
+    VERDICTS.asked(run_dir)
+    return gate.lowest_passing(run_dir, rows, known=VERDICTS)
 
 
 def window_admits(
@@ -165,13 +179,22 @@ class WaitTarget:
     run_id: str
 
 
-Outcome = Literal["committed", "ended", "decided", "training_failed", "not_started", "error"]
+Outcome = Reason | Literal["not_started", "error"]
 # Asked once the step can be evaluated: may it go now (the eval window)?
 Admit = Callable[[RunSnapshot], Awaitable[bool]]
 
 
+@dataclass(frozen=True)
+class WaitEnd:
+    """How a wait ended: the outcome, its sentence, and the row when it goes."""
+
+    outcome: Outcome
+    detail: str
+    row: ManifestRow | None = None
+
+
 class _CheckpointWait(BaseTrigger):
-    """The polling loop both triggers share."""
+    """The polling loop both triggers share; the decision is `rcpflow.verdict.readiness`'s."""
 
     train_group_id: str
     poll_interval_s: float
@@ -182,111 +205,79 @@ class _CheckpointWait(BaseTrigger):
         start_grace_s: float | None,
         schedule: EvalSchedule,
         admit: Admit | None = None,
-    ) -> tuple[Outcome, str, CheckpointProgress | None]:
+    ) -> WaitEnd:
         """Poll until the checkpoint of `target` can be evaluated (and `admit` lets it go) or
         never will be. With `start_grace_s`, give up (``not_started``) when the train group
-        has not started for that long."""
+        has not started for that long. Each poll reads the run's snapshot once (shared by the
+        run's waits); the train group's states only when the files alone do not answer."""
         not_started_since: float | None = None
         while True:
             try:
-                snapshot = await self.snapshot(target)
-                rows = snapshot.rows
-                passed = await SHARED.get(
-                    ("passed", target.run_dir, rows),
-                    self.poll_interval_s,
-                    functools.partial(asyncio.to_thread, lowest_passing, target.run_dir, rows),
-                )
+                snapshot, passed = await self.snapshot(target)
+                answer = readiness(target.step, snapshot, passed, schedule)
+                training: TrainingState | None = None
+                if answer.needs_training:
+                    states = await self.train_task_states(target)
+                    if not states:
+                        return WaitEnd(
+                            "error", f"no tasks of group {self.train_group_id!r} in {target.run_id}"
+                        )
+                    training = training_state(states)
+                    if training == "succeeded":
+                        # the files as they were once the group succeeded (its output check
+                        # passed after the last row and block_stop were written)
+                        snapshot, passed = await self.snapshot(target, after=training)
+                    answer = readiness(target.step, snapshot, passed, schedule, training)
             except ProgressError as exc:
-                return "error", str(exc), None
-            progress = snapshot.progress(target.step)
-            if passed is not None and passed < target.step:
-                return (
-                    "decided",
-                    f"step {target.step}: skipped, not evaluated: step {passed} already passed "
-                    "the target, which decided the run",
-                    progress,
-                )
-            if progress.state == "ended":
-                return "ended", f"step {target.step}: skipped: {progress.detail}", progress
-            halted = snapshot.ended_at is not None
-            if progress.state == "committed" and (schedule == "during_training" or halted):
-                if await self.admitted(target, snapshot, admit):
-                    # read afresh: this poll's shared read may predate the summary of the
-                    # evaluation whose end freed the slot
-                    decided = await self.decided(target, snapshot)
-                    return decided or ("committed", progress.detail, progress)
-                await asyncio.sleep(self.poll_interval_s)
-                continue
-            states = await self.train_task_states(target)
-            if not states:
-                return (
-                    "error",
-                    f"no tasks of group {self.train_group_id!r} in {target.run_id}",
-                    None,
-                )
-            training = training_state(states)
-            if training == "failed":
-                return (
-                    "training_failed",
-                    f"step {target.step}: skipped: the {self.train_group_id} group failed",
-                    None,
-                )
-            if progress.state == "pending" and training == "succeeded":
-                # Its output check passed after the job ended: read the files afresh, as the
-                # last row and block_stop were written before that.
+                return WaitEnd("error", str(exc))
+            if answer.decision == "skip":
+                return WaitEnd(answer.reason, self._sentence(answer))
+            if answer.decision == "go" and await self.admitted(snapshot, admit):
+                # the verdict read afresh: this poll's shared read may predate the summary of
+                # the evaluation whose end freed the slot
                 try:
-                    snapshot = await asyncio.to_thread(run_snapshot, target.run_dir, target.seed)
+                    passed = await asyncio.to_thread(lowest_passing, target.run_dir, snapshot.rows)
                 except ProgressError as exc:
-                    return "error", str(exc), None
-                progress = snapshot.progress(target.step)
-                if progress.state != "committed":
-                    return (
-                        "ended",
-                        f"step {target.step}: skipped: training finished without a "
-                        f"checkpoint of step {target.step}",
-                        progress,
-                    )
-            # committed under after_training: training halts when its group succeeds
-            ready = progress.state == "committed" and training == "succeeded"
-            if ready and await self.admitted(target, snapshot, admit):
-                decided = await self.decided(target, snapshot)  # afresh, as above
-                return decided or ("committed", progress.detail, progress)
+                    return WaitEnd("error", str(exc))
+                answer = readiness(target.step, snapshot, passed, schedule, training)
+                if answer.decision == "skip":
+                    return WaitEnd(answer.reason, self._sentence(answer))
+                return WaitEnd("committed", answer.sentence, answer.row)
             if training == "not_started" and start_grace_s is not None:
                 now = time.monotonic()
                 not_started_since = not_started_since or now
                 if now - not_started_since >= start_grace_s:
-                    return "not_started", f"the {self.train_group_id} group has not started", None
+                    return WaitEnd(
+                        "not_started", f"the {self.train_group_id} group has not started"
+                    )
             else:
                 not_started_since = None
             await asyncio.sleep(self.poll_interval_s)
 
-    async def admitted(
-        self, target: WaitTarget, snapshot: RunSnapshot, admit: Admit | None
-    ) -> bool:
+    def _sentence(self, answer: Readiness) -> str:
+        if answer.reason == "training_failed":
+            return f"step {answer.step}: skipped: the {self.train_group_id} group failed"
+        return answer.sentence
+
+    async def admitted(self, snapshot: RunSnapshot, admit: Admit | None) -> bool:
         """`admit` lets the step go (no `admit`: it goes)."""
         return admit is None or await admit(snapshot)
 
-    async def decided(
-        self, target: WaitTarget, snapshot: RunSnapshot
-    ) -> tuple[Outcome, str, CheckpointProgress | None] | None:
-        """The ``decided`` outcome if a lower step's valid summary passes, read now."""
-        passed = await asyncio.to_thread(lowest_passing, target.run_dir, snapshot.rows)
-        if passed is None or passed >= target.step:
-            return None
-        return (
-            "decided",
-            f"step {target.step}: skipped, not evaluated: step {passed} already passed the "
-            "target, which decided the run",
-            snapshot.progress(target.step),
-        )
+    async def snapshot(
+        self, target: WaitTarget, after: TrainingState | None = None
+    ) -> tuple[RunSnapshot, int | None]:
+        """The run's files and the lowest passing step, one read shared by the run's waits in a
+        poll. `after`: a read started once the train group was seen in that state."""
 
-    async def snapshot(self, target: WaitTarget) -> RunSnapshot:
-        snapshot: RunSnapshot = await SHARED.get(
-            ("files", target.run_dir, target.seed),
-            self.poll_interval_s,
-            lambda: asyncio.to_thread(run_snapshot, target.run_dir, target.seed),
+        async def read() -> tuple[RunSnapshot, int | None]:
+            snapshot = await asyncio.to_thread(run_snapshot, target.run_dir, target.seed)
+            passed = await asyncio.to_thread(lowest_passing, target.run_dir, snapshot.rows)
+            return snapshot, passed
+
+        found: tuple[RunSnapshot, int | None] = await SHARED.get(
+            ("files", target.run_dir, target.seed, after), self.poll_interval_s, read
         )
-        return snapshot
+        return found
 
     async def train_task_states(self, target: WaitTarget) -> Mapping[str, Any]:
         """Task id -> state of the tasks of the train group in this DAG run."""
@@ -324,7 +315,7 @@ class CheckpointTrigger(_CheckpointWait):
         train_group_id: str,
         poll_interval_s: float,
         start_grace_s: float,
-        schedule: EvalSchedule = "during_training",  # what the earlier release's waits did
+        schedule: EvalSchedule = DEFAULT_SCHEDULE,
     ) -> None:
         super().__init__()
         self.target = WaitTarget(run_dir, step, seed, dag_id, run_id)
@@ -351,8 +342,8 @@ class CheckpointTrigger(_CheckpointWait):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        state, detail, _ = await self.wait(self.target, self.start_grace_s, self.schedule)
-        yield TriggerEvent({"state": state, "step": self.target.step, "detail": detail})
+        end = await self.wait(self.target, self.start_grace_s, self.schedule)
+        yield TriggerEvent({"state": end.outcome, "step": self.target.step, "detail": end.detail})
 
 
 @dataclass(frozen=True)
@@ -458,18 +449,16 @@ class StartedCheckpointTrigger(_CheckpointWait):
                 wait.evaluate_task_id,
             )
 
-        state, detail, progress = await self.wait(
-            target, start_grace_s=None, schedule=spec.eval_schedule, admit=admit
-        )
-        if state == "error":
-            self.log.error("step %d: %s", target.step, detail)
+        end = await self.wait(target, start_grace_s=None, schedule=spec.eval_schedule, admit=admit)
+        if end.outcome == "error":
+            self.log.error("step %d: %s", target.step, end.detail)
             yield TaskFailedEvent()
             return
-        if state != "committed" or progress is None or progress.row is None:
-            self.log.info("%s", detail)
+        if end.outcome != "committed" or end.row is None:
+            self.log.info("%s", end.detail)
             yield TaskSkippedEvent()
             return
-        row = progress.row
+        row = end.row
         self.log.info(
             "step %d: checkpoint committed at %s; evaluated now (%s, eval window %d)",
             row.step,

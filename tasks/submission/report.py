@@ -16,15 +16,10 @@ from rcpflow import recipe
 from rcpflow.files.layout import RunLayout, join
 from rcpflow.files.storage import storage_for
 from rcpflow.records.mllog import read_events, run_start_ms
+from rcpflow.verdict.schedule import RULES_WORDING, closed_division_warning
 from tasks.names import CHECK_TOOLS, COMPLIANCE_TOOL
 from tasks.results.verdicts import Verdict, read_verdict
-from tasks.run.schedules import (
-    RULES_WORDING,
-    ScheduleRecord,
-    ScheduleRecordError,
-    closed_division_warning,
-    read_schedule,
-)
+from tasks.run.schedules import ScheduleRecord, ScheduleRecordError, read_schedule
 from tasks.run.stages import aborted_words
 from tasks.submission.spec import SubmissionSpec, system_description
 from tasks.views.html_report import rcp_section, write_html_report

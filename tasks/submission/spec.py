@@ -22,9 +22,9 @@ from rcpflow import recipe
 from rcpflow.files.layout import join
 from rcpflow.recipe import Division
 from rcpflow.submission.package import SystemDescription, local_system
+from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, closed_division_warning
 from tasks.backends.registry import backend_type, form_defaults
 from tasks.deployment import BACKEND_NAMES, BackendName, Deployment, EvalSchedule, load_deployment
-from tasks.run.schedules import closed_division_warning
 from tasks.run.spec import (
     ParamError,
     RunSpec,
@@ -55,7 +55,7 @@ class SubmissionSpec:
     division: Division
     backend: BackendName
     system: Mapping[str, str]  # overrides of rcpflow.submission.package's system description
-    eval_schedule: EvalSchedule = "after_training"
+    eval_schedule: EvalSchedule = DEFAULT_SCHEDULE
     eval_window: int = 1
 
     def run_dir(self, seed: int) -> str:

@@ -13,7 +13,7 @@ import pytest
 from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent
 
 from rcpflow.files.layout import RunLayout
-from tasks.devtools.synthetic_run import make_run
+from tasks.devtools.synthetic_run import make_run, rows_of
 from tasks.run.spec import RunSpec
 from tasks.run.triggers import (
     CheckpointTrigger,
@@ -334,3 +334,29 @@ def test_shared_reads_forget_finished_reads_of_runs_gone_quiet() -> None:
 
     asyncio.run(scenario())
     assert calls == ["a", "b", "a"]
+
+
+def test_the_verdict_cache_is_pruned(tmp_path: Path, monkeypatch) -> None:
+    import tasks.run.triggers as triggers
+
+    clock = [1000.0]
+    monkeypatch.setattr(triggers.time, "monotonic", lambda: clock[0])
+    verdicts = triggers.Verdicts()
+    monkeypatch.setattr(triggers, "VERDICTS", verdicts)
+    old = make_run(str(tmp_path / "old"), max_steps=24, last_step=20, accuracies={18: 0.9})
+    new = make_run(str(tmp_path / "new"), max_steps=24, last_step=20, accuracies={18: 0.3})
+    assert triggers.lowest_passing(old.run_dir, tuple(rows_of(old.run_dir))) == 18
+    assert {k[0] for k in verdicts} == {old.run_dir}
+    clock[0] += verdicts.keep_s  # the old run's waits are long over
+    assert triggers.lowest_passing(new.run_dir, tuple(rows_of(new.run_dir))) is None
+    assert {k[0] for k in verdicts} == {new.run_dir}
+
+
+def test_a_worker_started_wait_defaults_to_the_rules_schedule() -> None:
+    from rcpflow.verdict.schedule import DEFAULT_SCHEDULE
+
+    trigger = CheckpointTrigger(
+        run_dir="r", step=18, seed=1, dag_id="d", run_id="r", train_group_id="train",
+        poll_interval_s=1.0, start_grace_s=1.0,
+    )  # fmt: skip
+    assert trigger.schedule == DEFAULT_SCHEDULE == "after_training"

@@ -1,0 +1,81 @@
+"""May the checkpoint of step N be evaluated now? One answer, from one snapshot of the run: go
+now, wait, or skip (with the sentence the task logs). The waits of deferred evaluation
+(`tasks.run.triggers`, on the triggerer) and their operator (`tasks.run.operators`, on a worker)
+read the snapshot and call `readiness`; neither holds a rule of its own (docs/run-folder.md,
+"The wait").
+
+The rules, in order:
+- a lower step's valid summary already passes the target: skip, the run is decided
+  (`rcpflow.verdict.gate`);
+- training ended (``block_stop``) without the step's row: skip, it never comes;
+- the row is committed and the schedule lets it go: ``during_training`` at once,
+  ``after_training`` once training has halted (its ``block_stop``, or the train group's success);
+- otherwise the answer needs the orchestrator's view of training (`Readiness.needs_training`):
+  failed: skip; finished without the row: skip; else wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rcpflow.records.checkpoint_state import RunSnapshot
+from rcpflow.records.manifest import ManifestRow
+from rcpflow.verdict.schedule import EvalSchedule
+
+Decision = Literal["go", "wait", "skip"]
+# Why: committed (go), pending (wait), decided / ended / training_failed (skip).
+Reason = Literal["committed", "pending", "decided", "ended", "training_failed"]
+# The train group's progress as the orchestrator sees it (None: not read).
+TrainingState = Literal["not_started", "running", "succeeded", "failed"]
+
+
+@dataclass(frozen=True)
+class Readiness:
+    step: int
+    decision: Decision
+    reason: Reason
+    sentence: str  # what the task logs (a skip's reason is the first line of its log)
+    row: ManifestRow | None = None  # when it goes
+    needs_training: bool = False  # a wait the training state may turn into a skip or a go
+
+
+def decided_sentence(step: int, passed: int) -> str:
+    return (
+        f"step {step}: skipped, not evaluated: step {passed} already passed the target, "
+        "which decided the run"
+    )
+
+
+def readiness(
+    step: int,
+    snapshot: RunSnapshot,
+    passed: int | None,
+    schedule: EvalSchedule,
+    training: TrainingState | None = None,
+) -> Readiness:
+    """Whether `step` goes now, waits or is skipped, from `snapshot` (the run's rows and
+    block_stop), `passed` (the lowest step whose valid summary passes, `gate.lowest_passing`),
+    `schedule` and, when known, `training` (the train group's state)."""
+    if passed is not None and passed < step:
+        return Readiness(step, "skip", "decided", decided_sentence(step, passed))
+    progress = snapshot.progress(step)
+    if progress.state == "ended":
+        return Readiness(step, "skip", "ended", f"step {step}: skipped: {progress.detail}")
+    halted = snapshot.ended_at is not None or training == "succeeded"
+    if progress.state == "committed" and (schedule == "during_training" or halted):
+        return Readiness(step, "go", "committed", progress.detail, progress.row)
+    if training is None:
+        return Readiness(step, "wait", "pending", progress.detail, needs_training=True)
+    if training == "failed":
+        return Readiness(
+            step, "skip", "training_failed", f"step {step}: skipped: the training group failed"
+        )
+    if training == "succeeded":  # and the step has no row
+        return Readiness(
+            step,
+            "skip",
+            "ended",
+            f"step {step}: skipped: training finished without a checkpoint of step {step}",
+        )
+    return Readiness(step, "wait", "pending", progress.detail)
