@@ -18,11 +18,12 @@ from rcpflow.cli.path_hints import log_problem, manifest_problem, run_dir_proble
 from rcpflow.recipe import DIVISIONS
 from rcpflow.verdict.eval_import import SOURCE_FORMATS
 
-# The exit-code contract of every command: docs/exit-codes.md.
-EXIT_OK = 0
-EXIT_INVALID = 1
-EXIT_USAGE = 2
-EXIT_INCOMPLETE = 3
+# The exit codes of the rcpflow CLI (docs/exit-codes.md, "The `rcpflow` CLI"): not the job
+# contract of rcpflow.trainer.job_exit, hence their own prefix.
+CLI_OK = 0
+CLI_INVALID = 1
+CLI_USAGE = 2
+CLI_INCOMPLETE = 3
 
 
 def _int64(text: str) -> int:
@@ -47,19 +48,19 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"usage error: {message} (see {self.prog} --help)\n")
+        self.exit(CLI_USAGE, f"usage error: {message} (see {self.prog} --help)\n")
 
 
 def _invalid(what: object) -> int:
     """Bad input: one line ``invalid: <what>`` on stderr, exit 1."""
     print(f"invalid: {what}", file=sys.stderr)
-    return EXIT_INVALID
+    return CLI_INVALID
 
 
 def _error(what: object) -> int:
     """A failure that is not the input's: one line ``error: <what>`` on stderr, exit 1."""
     print(f"error: {what}", file=sys.stderr)
-    return EXIT_INVALID
+    return CLI_INVALID
 
 
 def _val_start(args: argparse.Namespace) -> int:
@@ -77,7 +78,7 @@ def _val_start(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(val_start_at(gbs, override))
-    return EXIT_OK
+    return CLI_OK
 
 
 def _manifest_validate(args: argparse.Namespace) -> int:
@@ -99,7 +100,7 @@ def _manifest_validate(args: argparse.Namespace) -> int:
         )
     else:
         print(f"valid: 0 rows, {len(m.stale_steps)} stale dropped")
-    return EXIT_OK
+    return CLI_OK
 
 
 def _manifest_add(args: argparse.Namespace) -> int:
@@ -124,7 +125,7 @@ def _manifest_add(args: argparse.Namespace) -> int:
         return _invalid(e)
     what = "added" if added else "already there (identical)"
     print(f"step {row.step}: row {what}: {row.checkpoint_path} at {row.timestamp_ms}")
-    return EXIT_OK
+    return CLI_OK
 
 
 def _run_reset(args: argparse.Namespace) -> int:
@@ -139,7 +140,7 @@ def _run_reset(args: argparse.Namespace) -> int:
     for path in moved:
         print(f"moved aside: {path}")
     print(f"reset: {args.run_dir} may be trained afresh; the old run is in {folder}")
-    return EXIT_OK
+    return CLI_OK
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -151,8 +152,8 @@ def _status(args: argparse.Namespace) -> int:
     print(status.to_json() if args.json else render_table(status), end="")
     problem = manifest_problem(status)
     if problem is None:
-        return EXIT_OK
-    return EXIT_INVALID if args.json else _invalid(problem)  # JSON names it as manifest_error
+        return CLI_OK
+    return CLI_INVALID if args.json else _invalid(problem)  # JSON names it as manifest_error
 
 
 def _finalize(args: argparse.Namespace) -> int:
@@ -168,7 +169,7 @@ def _finalize(args: argparse.Namespace) -> int:
         print(f"warning: {w}", file=sys.stderr)
     print(f"{result.status}: {result.reason} ({result.log_path})")
     print(json.dumps(result.verdict()))
-    return EXIT_INCOMPLETE if result.status == "incomplete" else EXIT_OK
+    return CLI_INCOMPLETE if result.status == "incomplete" else CLI_OK
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -201,13 +202,13 @@ def _check(args: argparse.Namespace) -> int:
         f"{'PASSED' if result.ok else 'FAILED'}: compliance checker ({division}, ruleset "
         f"6.1.0) on {args.log}; its log: {kept}"
     )
-    return EXIT_OK if result.ok else EXIT_INVALID
+    return CLI_OK if result.ok else CLI_INVALID
 
 
 def _usage(args: argparse.Namespace, message: str) -> int:
     """Flags that do not go together: ``usage error: <what> (see <command> --help)``, exit 2."""
     print(f"usage error: {message} (see {args.prog} --help)", file=sys.stderr)
-    return EXIT_USAGE
+    return CLI_USAGE
 
 
 def _eval_import(args: argparse.Namespace) -> int:
@@ -242,7 +243,7 @@ def _eval_import(args: argparse.Namespace) -> int:
             print(f"warning: {skipped}", file=sys.stderr)
         if not result.steps:
             return _invalid(f"{args.from_tree}: no step_<N>/<attempt>/summary.json")
-        return EXIT_OK if result.all_imported else EXIT_INVALID
+        return CLI_OK if result.all_imported else CLI_INVALID
     if args.source is None or args.step is None:
         return _usage(args, "give --step N SOURCE, or --from-tree DIR")
     try:
@@ -259,7 +260,7 @@ def _eval_import(args: argparse.Namespace) -> int:
     except EvalImportError as e:
         return _invalid(e)
     print(imported.describe())
-    return EXIT_OK
+    return CLI_OK
 
 
 def _command(
@@ -290,7 +291,7 @@ def _forecast(args: argparse.Namespace) -> int:
     print(
         json.dumps(data, indent=2) if args.json else render_text(request, data, args.each), end=""
     )
-    return EXIT_OK
+    return CLI_OK
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,6 @@
-"""The ``run_stop`` a run's MLLOG already holds: which steps a written verdict depends on.
+"""The ``run_stop`` a run's MLLOG already holds: its step (`logged_run_stop`, the one reader of
+it for the report, the RCP view, the check and `eval import`), and which steps a written verdict
+depends on.
 
 A run_stop at step N was decided from the summaries of every step up to N; `eval import` onto
 one of them is refused unless reopened, and `rcpflow status` says when the next finalize would
@@ -7,10 +9,35 @@ rewrite a written verdict (docs/design.md, finalize).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rcpflow.records.manifest import ManifestRow
-from rcpflow.records.mllog import read_events
+from rcpflow.records.mllog import Event, read_events
+
+
+@dataclass(frozen=True)
+class LoggedRunStop:
+    """The last ``run_stop`` of an MLLOG."""
+
+    line_no: int
+    status: str  # success | aborted (as written)
+    time_ms: int
+    samples_count: int | None  # None: the event states no usable one (a foreign log may lack it)
+    step: int | None  # samples_count // global batch size; None with it
+
+
+def logged_run_stop(events: Sequence[Event], global_batch_size: int) -> LoggedRunStop | None:
+    """The last run_stop among `events` and its step, if there is one."""
+    stops = [e for e in events if e.key == "run_stop"]
+    if not stops:
+        return None
+    stop = stops[-1]
+    samples = stop.metadata.get("samples_count")
+    usable = isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0
+    count = samples if usable else None
+    step = None if count is None else count // global_batch_size
+    return LoggedRunStop(stop.line_no, str(stop.metadata.get("status")), stop.time_ms, count, step)
 
 
 @dataclass(frozen=True)
@@ -35,14 +62,7 @@ def written_run_stop(log_path: str, row: ManifestRow) -> WrittenRunStop | None:
         events = read_events(log_path)
     except FileNotFoundError:
         return None
-    stops = [e for e in events if e.key == "run_stop"]
-    if not stops:
+    stop = logged_run_stop(events, row.global_batch_size)
+    if stop is None:
         return None
-    stop = stops[-1]
-    samples = stop.metadata.get("samples_count")
-    step = (
-        samples // row.global_batch_size
-        if isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0
-        else None
-    )
-    return WrittenRunStop(log_path, stop.line_no, str(stop.metadata.get("status")), step)
+    return WrittenRunStop(log_path, stop.line_no, stop.status, stop.step)

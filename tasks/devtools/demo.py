@@ -41,9 +41,8 @@ from tasks.devtools.airflow_server import (
     wait_until_interrupted,
 )
 from tasks.jobs.processes import free_port
+from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
-SUBMISSION_DAG = "mlperf_grpo_submission"
-RUN_DAG = "mlperf_grpo_run"
 NAME = "demo"
 HOME = REPO_ROOT / ".airflow" / "demo"
 STORAGE_ROOT = REPO_ROOT / "runs"
@@ -108,7 +107,7 @@ def _new_log_lines(progress: Progress, path: Path) -> list[str]:
 
 def _training_lines(progress: Progress, seed: int) -> list[str]:
     """The trainer's own output lines, from the train task's log files."""
-    folder = HOME / "logs" / f"dag_id={RUN_DAG}" / f"run_id={NAME}__seed_{seed}"
+    folder = HOME / "logs" / f"dag_id={RUN_DAG_ID}" / f"run_id={NAME}__seed_{seed}"
     lines = []
     for path in sorted(folder.glob("task_id=train.train_job/**/*.log")):
         for raw in _new_log_lines(progress, path):
@@ -316,24 +315,24 @@ def run_demo(
         print_login(airflow)
         print(f"  outputs:     {STORAGE_ROOT / NAME}")
         print()
-        for dag_id in (SUBMISSION_DAG, RUN_DAG):
+        for dag_id in (SUBMISSION_DAG_ID, RUN_DAG_ID):
             airflow.wait_for_dag(dag_id)
             airflow.unpause(dag_id)
         conf = demo_conf(seeds, global_batch_size, max_steps)
-        run_id = airflow.trigger(SUBMISSION_DAG, conf, run_id=f"{NAME}__{int(time.time())}")
-        print(f"Triggered {SUBMISSION_DAG} run {run_id} with conf {json.dumps(conf)}")
+        run_id = airflow.trigger(SUBMISSION_DAG_ID, conf, run_id=f"{NAME}__{int(time.time())}")
+        print(f"Triggered {SUBMISSION_DAG_ID} run {run_id} with conf {json.dumps(conf)}")
         progress = Progress()
 
         def poll() -> None:
             follow_runs(progress, seeds)
-            follow_tasks(progress, airflow, SUBMISSION_DAG, run_id)
+            follow_tasks(progress, airflow, SUBMISSION_DAG_ID, run_id)
             for seed in seeds:
                 try:
-                    follow_tasks(progress, airflow, RUN_DAG, f"{NAME}__seed_{seed}", seed)
+                    follow_tasks(progress, airflow, RUN_DAG_ID, f"{NAME}__seed_{seed}", seed)
                 except AirflowServerError:  # that run does not exist yet
                     continue
 
-        state = airflow.wait_for_run(SUBMISSION_DAG, run_id, TIMEOUT_S, on_poll=poll)
+        state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, TIMEOUT_S, on_poll=poll)
         poll()
         print()
         report = STORAGE_ROOT / NAME / "report.md"

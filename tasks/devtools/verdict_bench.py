@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from rcpflow import recipe
+from rcpflow.files.bench_sections import write_section
 from rcpflow.files.layout import RunLayout
 from rcpflow.planning.forecast import Scenario, simulate
 from rcpflow.planning.rehearsal import load_profile
@@ -54,9 +55,8 @@ from tasks.deployment import ENV_VAR, REPO_ROOT
 from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
 from tasks.jobs.command import TRAIN_JOB
 from tasks.jobs.processes import free_port
+from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
-RUN_DAG = "mlperf_grpo_run"
-SUBMISSION_DAG = "mlperf_grpo_submission"
 WORKDIR = REPO_ROOT / ".airflow" / "verdict_bench"
 SECTION_START = "<!-- verdict-bench:start -->"
 SECTION_END = "<!-- verdict-bench:end -->"
@@ -197,13 +197,13 @@ def run_config(
         "division": "open",
     }
     with LocalAirflow(config) as airflow:
-        airflow.wait_for_dag(RUN_DAG)
-        airflow.unpause(RUN_DAG)
+        airflow.wait_for_dag(RUN_DAG_ID)
+        airflow.unpause(RUN_DAG_ID)
         trigger_ms = time.time_ns() // 1_000_000
-        run_id = airflow.trigger(RUN_DAG, conf)
-        state = airflow.wait_for_run(RUN_DAG, run_id, RUN_TIMEOUT_S)
+        run_id = airflow.trigger(RUN_DAG_ID, conf)
+        state = airflow.wait_for_run(RUN_DAG_ID, run_id, RUN_TIMEOUT_S)
         end_ms = time.time_ns() // 1_000_000
-        tis = airflow.task_instances(RUN_DAG, run_id)
+        tis = airflow.task_instances(RUN_DAG_ID, run_id)
         if state != "success":
             states = {t["task_id"]: t["state"] for t in tis}
             raise RuntimeError(f"{schedule} W={window}: run {state}: {states}")
@@ -302,17 +302,6 @@ def section(
             SECTION_END,
         ]
     )
-
-
-def write_section(path: Path, text: str) -> None:
-    old = path.read_text() if path.exists() else ""
-    if SECTION_START in old and SECTION_END in old:
-        before, rest = old.split(SECTION_START, 1)
-        after = rest.split(SECTION_END, 1)[1]
-        new = before + text + after
-    else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(new)
 
 
 # -- Time to verdict at the benchmark's proportions ---------------------------------------------
@@ -467,13 +456,13 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
         "eval_window": window,
     }
     with LocalAirflow(config) as airflow:
-        for dag_id in (SUBMISSION_DAG, RUN_DAG):
+        for dag_id in (SUBMISSION_DAG_ID, RUN_DAG_ID):
             airflow.wait_for_dag(dag_id)
             airflow.unpause(dag_id)
         trigger_ms = time.time_ns() // 1_000_000
-        run_id = airflow.trigger(SUBMISSION_DAG, conf)
-        state = airflow.wait_for_run(SUBMISSION_DAG, run_id, RUN_TIMEOUT_S)
-        runs = {s: airflow.task_instances(RUN_DAG, f"bench__seed_{s}") for s in SEEDS}
+        run_id = airflow.trigger(SUBMISSION_DAG_ID, conf)
+        state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, RUN_TIMEOUT_S)
+        runs = {s: airflow.task_instances(RUN_DAG_ID, f"bench__seed_{s}") for s in SEEDS}
     if state != "success":
         raise RuntimeError(f"{schedule} W={window}: submission {state}; see {folder}")
     seeds = tuple(
@@ -664,16 +653,6 @@ def run_proportions(args: argparse.Namespace) -> str:
     )
 
 
-def write_marked(path: Path, text: str, start: str, end: str) -> None:
-    old = path.read_text() if path.exists() else ""
-    if start in old and end in old:
-        before, rest = old.split(start, 1)
-        new = before + text + rest.split(end, 1)[1]
-    else:
-        new = old.rstrip("\n") + "\n\n" + text + "\n"
-    path.write_text(new)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -709,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.section in ("proportions", "both"):
         text = run_proportions(args)
         print(text)
-        write_marked(args.output, text, PROPORTIONS_START, PROPORTIONS_END)
+        write_section(args.output, text, PROPORTIONS_START, PROPORTIONS_END)
     if args.section == "proportions":
         return 0
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -737,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         load=load,
     )
     print(text)
-    write_section(args.output, text)
+    write_section(args.output, text, SECTION_START, SECTION_END)
     return 0
 
 

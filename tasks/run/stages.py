@@ -20,6 +20,7 @@ from typing import Any
 from airflow.sdk.exceptions import AirflowSkipException
 
 from rcpflow.files.layout import RunLayout
+from rcpflow.records.decided import logged_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
 from rcpflow.submission.checkers import compliance
@@ -148,10 +149,8 @@ def aborted_words(step: int | None) -> str:
 
 def aborted_step(row: ManifestRow) -> int | None:
     """The step of the run_stop status=aborted in `row`'s MLLOG, if the run was aborted."""
-    stops = [e for e in read_events(row.mllog_file) if e.key == "run_stop"]
-    if not stops or stops[-1].metadata.get("status") != "aborted":
-        return None
-    return int(stops[-1].metadata["samples_count"]) // row.global_batch_size
+    stop = logged_run_stop(read_events(row.mllog_file), row.global_batch_size)
+    return stop.step if stop is not None and stop.status == "aborted" else None
 
 
 def log_division(log_path: str) -> str:

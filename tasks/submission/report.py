@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout, join
 from rcpflow.files.storage import storage_for
+from rcpflow.records.decided import logged_run_stop
 from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.verdict.schedule import RULES_WORDING, closed_division_warning
 from tasks.names import CHECK_TOOLS, COMPLIANCE_TOOL
@@ -65,8 +66,8 @@ def run_outcome(spec: SubmissionSpec, seed: int) -> RunOutcome:
     accuracies = {
         e.metadata["samples_count"]: float(e.value) for e in events if e.key == "eval_accuracy"
     }
-    stops = [e for e in events if e.key == "run_stop"]
-    if not stops:
+    stop = logged_run_stop(events, spec.global_batch_size)
+    if stop is None:
         return RunOutcome(
             seed,
             run_dir,
@@ -79,16 +80,14 @@ def run_outcome(spec: SubmissionSpec, seed: int) -> RunOutcome:
             compliance,
             schedule,
         )
-    stop = stops[-1]
-    samples = stop.metadata["samples_count"]
     start = run_start_ms(events)
     return RunOutcome(
         seed=seed,
         run_dir=run_dir,
         log_path=log_path,
-        status=str(stop.metadata["status"]),
-        step=samples // spec.global_batch_size,
-        eval_accuracy=accuracies.get(samples),
+        status=stop.status,
+        step=stop.step,
+        eval_accuracy=None if stop.samples_count is None else accuracies.get(stop.samples_count),
         minutes_to_train=None if start is None else (stop.time_ms - start) / 60000,
         evaluated=len(accuracies),
         compliance=compliance,

@@ -30,6 +30,7 @@ from rcpflow import recipe
 from rcpflow.cli.status import RunStatus, run_status
 from rcpflow.files.layout import RunLayout, is_gcs, join
 from rcpflow.files.storage import StorageError, storage_for
+from rcpflow.records.decided import LoggedRunStop, logged_run_stop
 from rcpflow.records.manifest import ManifestError, load
 from rcpflow.records.mllog import Event, read_events, run_start_ms
 from rcpflow.submission.rcp_numbers import RcpNumbers, rcp_numbers
@@ -88,22 +89,12 @@ class RunSettings:
 
 
 @dataclass(frozen=True)
-class LoggedStop:
-    """The ``run_stop`` finalize wrote into the MLLOG."""
-
-    status: str
-    time_ms: int
-    samples_count: int | None  # None: the event lacks it (the page says so)
-    step: int | None
-
-
-@dataclass(frozen=True)
 class RunView:
     path: str  # relative to the storage root
     run_dir: str
     status: RunStatus  # rcpflow.cli.status
     settings: RunSettings | None  # None: no usable manifest rows
-    logged_stop: LoggedStop | None  # None: not finalized, or finalize ended it without one
+    logged_stop: LoggedRunStop | None  # None: not finalized, or finalize ended it without one
     compliance: Verdict | None
     run_start_ms: int | None = None  # the MLLOG's run_start
     training: tuple[TrainingPoint, ...] = ()  # tracked training stats of the MLLOG
@@ -320,17 +311,6 @@ def run_settings(run_dir: str) -> RunSettings | None:
     )
 
 
-def logged_stop(events: Sequence[Event], global_batch_size: int) -> LoggedStop | None:
-    stops = [e for e in events if e.key == "run_stop"]
-    if not stops:
-        return None
-    stop = stops[-1]
-    samples = stop.metadata.get("samples_count")  # a foreign log may lack it: said, not raised
-    samples = samples if isinstance(samples, int) else None
-    step = None if samples is None else samples // global_batch_size
-    return LoggedStop(str(stop.metadata.get("status")), stop.time_ms, samples, step)
-
-
 def recorded_schedule(run_dir: str) -> str | None:
     """The evaluation schedule the run used, as one line with what the rules say of it
     (`tasks.run.schedules`); None for a run whose plan recorded none; the problem when the
@@ -367,7 +347,7 @@ def read_run(run_dir: str, path: str) -> RunView:
         events = _read(f"MLLOG {mllog}", problems, lambda: read_events(mllog))
     stop = None
     if events is not None and settings is not None:
-        stop = logged_stop(events, settings.global_batch_size)
+        stop = logged_run_stop(events, settings.global_batch_size)
         if stop is not None and stop.samples_count is None:
             problems.append("run_stop in the MLLOG has no samples_count: its step is unknown")
     compliance = _read(

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rcpflow.files.bench_sections import write_section
 from tpu_jobs.devtools.bench import SIZES_TITLE, write_sizes_section
-from tpu_jobs.devtools.tunix_bench import SECTION_END, SECTION_START, write_section
+from tpu_jobs.devtools.tunix_bench import SECTION_END, SECTION_START
 
 
 def test_the_sizes_and_tunix_sections_survive_each_others_rewrites(tmp_path: Path) -> None:
@@ -15,7 +16,9 @@ def test_the_sizes_and_tunix_sections_survive_each_others_rewrites(tmp_path: Pat
         f"# Benchmarks\n\n## Ratios\nr\n\n{SECTION_START}\n## Tunix job\nold\n{SECTION_END}\n"
     )
     write_sizes_section(out, f"{SIZES_TITLE}\n\nsizes one\n")
-    write_section(out, f"{SECTION_START}\n## Tunix job\nnew\n{SECTION_END}\n")
+    write_section(
+        out, f"{SECTION_START}\n## Tunix job\nnew\n{SECTION_END}\n", SECTION_START, SECTION_END
+    )
     assert "sizes one" in out.read_text()  # the Tunix rewrite kept it
     write_sizes_section(out, f"{SIZES_TITLE}\n\nsizes two\n")
     text = out.read_text()
@@ -23,3 +26,15 @@ def test_the_sizes_and_tunix_sections_survive_each_others_rewrites(tmp_path: Pat
     assert "new" in text and "old" not in text
     assert text.count(SIZES_TITLE) == 1 and text.count(SECTION_START) == 1
     assert text.index("## Ratios") < text.index(SIZES_TITLE) < text.index(SECTION_START)
+
+
+def test_the_main_bench_rewrites_only_the_head(tmp_path: Path) -> None:
+    from rcpflow.files.bench_sections import write_head
+
+    out = tmp_path / "BENCHMARKS.md"
+    write_head(out, "# Benchmarks\n\n## Ratios\nold\n")
+    write_section(out, "verdict", "<!-- verdict-bench:start -->", "<!-- verdict-bench:end -->")
+    write_head(out, "# Benchmarks\n\n## Ratios\nnew\n")
+    text = out.read_text()
+    assert "new" in text and "old" not in text
+    assert text.index("## Ratios") < text.index("<!-- verdict-bench:start -->\nverdict\n")

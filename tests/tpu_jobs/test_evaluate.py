@@ -208,7 +208,7 @@ def test_corrupted_weights_give_fatal_summary_then_a_fixed_checkpoint_is_re_eval
 
 def test_unknown_step_is_bad_input(built_run, tmp_path) -> None:
     run_dir = copy_run(built_run[0], tmp_path / "run")
-    assert evaluate.main(["--run-dir", run_dir, "--step", "9"]) == eval_cli.EXIT_BAD_INPUT
+    assert evaluate.main(["--run-dir", run_dir, "--step", "9"]) == eval_cli.EXIT_INVALID_INPUT
     assert not Path(RunLayout(run_dir).eval_dir(9)).exists()
 
 

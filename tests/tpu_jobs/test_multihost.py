@@ -21,11 +21,11 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records.mllog import parse, read_events, run_start_ms
 from rcpflow.records.run_identity import RunIdentity
 from rcpflow.records.summary import read_summary
+from rcpflow.trainer.job_exit import EXIT_SIGTERM
 from rcpflow.verdict.stop_request import StopRequest
 from tpu_jobs.rcp import distributed
 from tpu_jobs.rcp.checkpoint_format import is_complete
 from tpu_jobs.rcp.checkpoint_restore import restore_params
-from tpu_jobs.rcp.termination import SIGTERM_EXIT_CODE
 from tpu_jobs.toy.train import SLOW_AFTER_UPDATE_ENV
 
 pytestmark = pytest.mark.timeout(600)
@@ -228,7 +228,7 @@ def test_sigterm_to_one_of_four_processes_stops_all_at_the_same_step(tmp_path: P
     _wait_for_row(run_dir, 2, proc)
     os.kill(_children(proc.pid)[2], signal.SIGTERM)
     rc, out, err = _finish(proc)
-    assert rc == SIGTERM_EXIT_CODE, err[-4000:]
+    assert rc == EXIT_SIGTERM, err[-4000:]
     assert "Traceback" not in err
     starts = [r for r in out if r.get("event") == "start"]
     assert sorted(tuple(s["rows"]) for s in starts) == [(0, 1), (1, 2), (2, 3), (3, 4)]

@@ -16,8 +16,8 @@ from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
 from rcpflow.records import manifest
 from rcpflow.records.mllog import parse
+from rcpflow.trainer.job_exit import EXIT_SIGTERM
 from tpu_jobs.rcp.checkpoint_format import is_complete
-from tpu_jobs.rcp.termination import SIGTERM_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = ["--seed", "2", "--global-batch-size", "32", "--val-start-at", "2", "--max-steps", "60"]
@@ -54,7 +54,7 @@ def test_sigterm_drains_the_save_queue_and_a_rerun_resumes(tmp_path: Path) -> No
             proc.kill()
             proc.wait()
     assert seen[-1] == 4, seen
-    assert proc.returncode == SIGTERM_EXIT_CODE, err[-3000:]
+    assert proc.returncode == EXIT_SIGTERM, err[-3000:]
     assert "Traceback" not in err
     printed = seen + [json.loads(x)["step"] for x in rest.splitlines() if '"step"' in x]
     last = printed[-1]

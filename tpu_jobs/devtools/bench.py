@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rcpflow.files.bench_sections import write_head, write_section
 from tpu_jobs.rcp.checkpoint_format import PARAMS_ITEM
 from tpu_jobs.rcp.checkpoint_restore import restore_params
 from tpu_jobs.rcp.checkpoint_writer import DEFAULT_MAX_PENDING, CheckpointSaver
@@ -356,17 +357,7 @@ SIZES_START, SIZES_END = "<!-- bench-sizes:start -->", "<!-- bench-sizes:end -->
 def write_sizes_section(output: Path, section: str) -> None:
     """Put `section` into `output` between its markers, replacing an earlier one; a new one goes
     before the Tunix section's markers (which `tpu_jobs.devtools.tunix_bench` rewrites whole)."""
-    text = output.read_text() if output.exists() else "# Benchmarks\n"
-    block = f"{SIZES_START}\n{section.rstrip()}\n{SIZES_END}\n"
-    if SIZES_START in text and SIZES_END in text:
-        head, rest = text.split(SIZES_START, 1)
-        text = head + block + rest.split(SIZES_END, 1)[1].lstrip("\n")
-    elif TUNIX_SECTION_START in text:
-        head, rest = text.split(TUNIX_SECTION_START, 1)
-        text = head + block + "\n" + TUNIX_SECTION_START + rest
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    output.write_text(text)
+    write_section(output, section, SIZES_START, SIZES_END, new_before=TUNIX_SECTION_START)
 
 
 def machine() -> str:
@@ -525,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         restore = bench_restore(workdir, args.restore_mb)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    Path(args.output).write_text(render(trainer, restore, args.steps, when, where))
+    write_head(args.output, render(trainer, restore, args.steps, when, where))
     sizes = []
     for size in SIZES:
         for processes in (1, 2):

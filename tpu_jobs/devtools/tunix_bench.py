@@ -44,6 +44,7 @@ import orbax.checkpoint
 from tunix.rl import rl_cluster as rlc
 
 from rcpflow import recipe
+from rcpflow.files.bench_sections import write_section
 from rcpflow.records.mllog import SystemInfo
 from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs.devtools.bench import TUNIX_SECTION_START, machine
@@ -174,18 +175,6 @@ averages above: a ratio below 1 means the noise was larger than the recording's 
 """
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace the Tunix section of `path` (or append it; the file is created if missing)."""
-    old = path.read_text() if path.exists() else ""
-    if SECTION_START in old and SECTION_END in old:
-        head, rest = old.split(SECTION_START, 1)
-        tail = rest.split(SECTION_END, 1)[1].lstrip("\n")
-        new = head + text + ("\n" + tail if tail else "")
-    else:
-        new = old.rstrip("\n") + ("\n\n" if old else "") + text
-    path.write_text(new)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tpu_jobs.devtools.tunix_bench")
     ap.add_argument("--rounds", type=int, default=4)
@@ -228,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         block_medians[r, "recorded"] / block_medians[r, "checkpoints"] for r in range(args.rounds)
     ]
     text = section(med, per_round, recording_s, len(times["plain"]), args, where)
-    write_section(Path(args.output), text)
+    write_section(Path(args.output), text, SECTION_START, SECTION_END)
     print(f"wrote the Tunix section of {args.output}", flush=True)
     return 0
 

@@ -34,6 +34,13 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import EventRenderer, require_mlperf_logging
 from rcpflow.records.summary import EvalSummary
+from rcpflow.trainer.job_exit import (
+    EXIT_FATAL,
+    EXIT_INCOMPLETE,
+    EXIT_INVALID_INPUT,
+    EXIT_OK,
+    EXIT_RESTART,
+)
 from rcpflow.verdict import gate
 from rcpflow.verdict.finalize import eval_events
 from tpu_jobs.eval.orchestration import Outcome, evaluate
@@ -49,9 +56,6 @@ from tpu_jobs.eval.shards import (
 )
 from tpu_jobs.eval.target import CheckpointLoader, Target
 from tpu_jobs.rcp import collectives, distributed
-
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FATAL, EXIT_INCOMPLETE = 0, 5, 3, 4  # rcpflow.trainer.job_exit
-EXIT_RESTART = 1
 
 
 def write_eval_mllog(path: str, summary: EvalSummary) -> None:
@@ -131,7 +135,7 @@ def run_step(loader: CheckpointLoader, run_dir: str, step: int, sharding: Shardi
         row = load(layout.manifest).row(step)
     except ManifestError as e:
         print(f"error: {e}", file=sys.stderr)
-        done = EXIT_BAD_INPUT
+        done = EXIT_INVALID_INPUT
     if row is not None and jax.process_index() == 0:
         reused = gate.valid_summary(layout.root, row)
         if reused is not None:
@@ -146,7 +150,7 @@ def run_step(loader: CheckpointLoader, run_dir: str, step: int, sharding: Shardi
     if row is None or unread:
         print(f"error: step {step}: another process of this worker could not read the manifest "
               "row", file=sys.stderr)  # fmt: skip
-        return EXIT_BAD_INPUT
+        return EXIT_INVALID_INPUT
     target = _target(row.checkpoint_path, layout.eval_dir(step), row)
     outcome = evaluate(target, loader, sharding)
     return finish(outcome, sharding, f"step {step}", layout.summary(step))

@@ -12,17 +12,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
+from rcpflow.trainer.job_exit import EXIT_SIGTERM
 
 
 class Terminated(SystemExit):
-    """SIGTERM arrived; the process exits with `SIGTERM_EXIT_CODE` once it has unwound."""
+    """SIGTERM arrived; the process exits with `EXIT_SIGTERM` once it has unwound."""
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     # Once: a second SIGTERM while unwinding must not cut the save queue's drain short.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated(SIGTERM_EXIT_CODE)
+    raise Terminated(EXIT_SIGTERM)
 
 
 def exit_on_sigterm() -> None:

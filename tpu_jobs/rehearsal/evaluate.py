@@ -41,6 +41,7 @@ from rcpflow.files.usererrors import describe
 from rcpflow.records.attempts import DEEPSWE_SCHEMA
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.summary import AttemptResult, build_summary
+from rcpflow.trainer.job_exit import EXIT_FATAL, EXIT_INVALID_INPUT, EXIT_OK
 from tpu_jobs.rehearsal.checkpoints import (
     Checkpoint,
     FingerprintMismatchError,
@@ -50,7 +51,6 @@ from tpu_jobs.rehearsal.checkpoints import (
 from tpu_jobs.rehearsal.profile import Timing, add_timing_arguments, timing_from
 
 PROG = "python -m tpu_jobs.rehearsal.evaluate"
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FINGERPRINT = 0, 5, 3  # rcpflow.trainer.job_exit's contract
 OUTPUT_ROOT = "rehearsal_eval"
 ATTEMPTS_FILE = "attempts/attempts.jsonl"
 _UNSOLVED = ("MAX_STEPS_REACHED", "MAX_CONTEXT_LIMIT_REACHED", "TIMEOUT")
@@ -252,10 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         out_dir, summary = evaluate(args, timing)
     except FingerprintMismatchError as e:
         print(f"{PROG}: error: {describe(e)}", file=sys.stderr)
-        return EXIT_FINGERPRINT
+        return EXIT_FATAL
     except (RehearsalCheckpointError, ManifestError, StorageError, OSError) as e:
         print(f"{PROG}: error: {describe(e)}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_INVALID_INPUT
     print(json.dumps({"out_dir": out_dir, "pass_at_k": summary["pass_at_k"]}, sort_keys=True))
     return EXIT_OK
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from rcpflow import recipe
 from rcpflow.records.mllog import SystemInfo
+from rcpflow.trainer.job_exit import EXIT_SIGTERM
 from rcpflow.trainer.recorder import now_ms
 from tpu_jobs.rcp import distributed, job_cli, job_errors, sharding, termination
 from tpu_jobs.rcp.hooks import (
@@ -178,7 +179,7 @@ def train(config: TrainConfig) -> TrainResult:
             last_step = step
             if decision.terminated:
                 say({"event": "sigterm", "step": step, "process": jax.process_index()})
-                raise termination.Terminated(termination.SIGTERM_EXIT_CODE)
+                raise termination.Terminated(EXIT_SIGTERM)
             if decision.stop:
                 say({"event": "stop_requested", "step": step, "process": jax.process_index()})
                 break
