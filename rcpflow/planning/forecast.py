@@ -13,8 +13,9 @@ Time 0 is ``run_start`` (the training job starts). Step k's update and checkpoin
 
 Both: an evaluation slot that frees is taken one task start later by the lowest waiting step.
 A step above the passing one that starts after the pass skips (the gate); one already running
-is wasted: cancelled at the pass (issue 18), or with ``cancel=False`` (today) it runs to its
-end. The verdict is when the passing step and every lower one have their summaries.
+is wasted: cancelled at the pass (``cancel=True``, what the run DAG does), or with
+``cancel=False`` it runs to its end. The verdict is when the passing step and every lower one
+have their summaries.
 """
 
 from __future__ import annotations

@@ -107,12 +107,12 @@ class WaitForCheckpointOperator(BaseOperator):
         passed = lowest_passing(run_dir, snapshot.rows, below=step)
         return readiness(step, snapshot, passed, schedule, training)
 
-    def _schedule(self, context: Context) -> EvalSchedule:
+    def _run_schedule(self, context: Context) -> EvalSchedule:
         """The run's schedule: its RunSpec, the plan's output (as the triggerer reads it)."""
         return RunSpec.from_dict(context["ti"].xcom_pull(task_ids=self.plan_task_id)).eval_schedule
 
     def execute(self, context: Context) -> None:
-        schedule = self._schedule(context)
+        schedule = self._run_schedule(context)
         answer = self._readiness(schedule)
         if answer.decision != "wait":
             self._finish(answer)
@@ -148,7 +148,7 @@ class WaitForCheckpointOperator(BaseOperator):
                 reschedule_date=datetime.now(tz=UTC) + timedelta(seconds=self.poll_interval_s)
             )
         # committed: the trigger saw the step go (under after_training, training had halted)
-        answer = self._readiness(self._schedule(context), training="succeeded")
+        answer = self._readiness(self._run_schedule(context), training="succeeded")
         if answer.decision == "wait":  # only after a trigger said otherwise: files went back
             raise AirflowFailException(f"step {self.step}: {answer.sentence} after the wait ended")
         self._finish(answer)

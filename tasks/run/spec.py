@@ -61,7 +61,8 @@ class RunSpec:
         return cls(**d)
 
     @property
-    def schedule(self) -> ScheduleRecord:
+    def schedule_record(self) -> ScheduleRecord:
+        """`eval_schedule` and `eval_window` as the plan records them (`tasks.run.schedules`)."""
         return ScheduleRecord(eval_schedule=self.eval_schedule, eval_window=self.eval_window)
 
     @property
@@ -273,8 +274,8 @@ def plan_run() -> dict[str, Any]:
     spec = run_spec(get_current_context()["params"])
     check_under_root("run_dir", spec.run_dir, load_deployment())
     log.info("run spec: %s", spec)
-    record_schedule(spec.run_dir, spec.schedule)
-    log.info("%s", spec.schedule.statement())
+    record_schedule(spec.run_dir, spec.schedule_record)
+    log.info("%s", spec.schedule_record.statement())
     warning = closed_division_warning(spec.eval_schedule, spec.division)
     if warning is not None:
         log.warning("%s", warning)

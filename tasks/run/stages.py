@@ -6,7 +6,7 @@ Evaluation instances run in any order, so whether a step is evaluated is decided
 summaries on storage alone (`skip_if_decided`, `reusable`); once a step passes, the
 evaluations of higher steps still running are stopped (`cancel_above`), and never one below.
 A skip's reason is the first line the instance logs. An aborted run is said in so many words
-(`aborted_sentence`).
+(`aborted_words`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from rcpflow.records.decided import logged_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
 from rcpflow.submission.checkers import compliance
-from rcpflow.verdict.finalize import FinalizeInputError, FinalizeResult, finalize
+from rcpflow.verdict.finalize import FinalizeInputError, finalize
 from rcpflow.verdict.gate import lowest_passing, passes, valid_summary
 from rcpflow.verdict.stop_request import honoured_by
 from rcpflow.verdict.verify import evaluate_step
@@ -112,11 +112,7 @@ def load_rows(run_dir: str) -> list[dict[str, Any]]:
         manifest.rows[0].step,
         manifest.rows[-1].step,
     )
-    return [_row_dict(r) for r in manifest.rows]
-
-
-def _row_dict(row: ManifestRow) -> dict[str, Any]:
-    return dataclasses.asdict(row)
+    return [dataclasses.asdict(r) for r in manifest.rows]
 
 
 def finalize_run(run_dir: str) -> dict[str, Any]:
@@ -133,17 +129,13 @@ def finalize_run(run_dir: str) -> dict[str, Any]:
             f"run {run_dir} is incomplete, no run_stop was written: {result.reason}"
         )
     if result.status == "aborted":
-        log.warning("%s", aborted_sentence(result))
+        log.warning("%s", aborted_words(result.step))
     log.info("finalize: %s (%s); MLLOG %s", result.status, result.reason, result.log_path)
     return {**result.verdict(), "reason": result.reason, "log_path": result.log_path}
 
 
-def aborted_sentence(result: FinalizeResult) -> str:
-    """What an aborted run is, in the words the report and the task log use."""
-    return aborted_words(result.step)
-
-
 def aborted_words(step: int | None) -> str:
+    """What an aborted run is, in the words the report and the task log use."""
     return f"aborted: no checkpoint reached the target by step {step}"
 
 
@@ -211,7 +203,7 @@ def eval_target(run_dir: str, row: dict[str, Any]) -> EvalTarget:
         current = manifest.row(step)
     except ManifestError as exc:
         raise EvaluationError(f"step {step}: no longer in the manifest: {exc}") from exc
-    if _row_dict(current) != row:
+    if dataclasses.asdict(current) != row:
         raise EvaluationError(f"step {step}: manifest row changed since load_manifest; re-run")
     return EvalTarget(run_dir=run_dir, row=current, rows=manifest.rows)
 

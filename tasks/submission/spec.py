@@ -252,7 +252,7 @@ def plan_submission(backend: BackendName, deployment_source: str) -> dict[str, A
     )
     check_under_root("storage_root", spec.out_dir, load_deployment())
     log.info("submission %s in %s: seeds %s", spec.name, spec.out_dir, list(spec.seeds))
-    schedule = spec.run_spec(spec.seeds[0]).schedule
+    schedule = spec.run_spec(spec.seeds[0]).schedule_record
     log.info("every run: %s", schedule.statement())
     warning = closed_division_warning(spec.eval_schedule, spec.division)
     if warning is not None:

@@ -294,10 +294,6 @@ def index(root: str, submission_runs: Collection[str] = ()) -> Index:
     return Index(root, tuple(submissions), tuple(runs), tuple(skipped))
 
 
-def submission_names(root: str, submission_runs: Collection[str] = ()) -> list[str]:
-    return list(index(root, submission_runs).submissions)
-
-
 def run_settings(run_dir: str) -> RunSettings | None:
     try:
         rows = load(RunLayout(run_dir).manifest).rows

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from rcpflow import recipe
+from tpu_jobs.rcp.callbacks import RcpHooks
 from tpu_jobs.rcp.checkpoint_format import SavedCheckpoint
-from tpu_jobs.rcp.hooks import RcpHooks
 
 NUM_LAYERS = 3
 CRASH_EXIT_CODE = 17

@@ -30,9 +30,9 @@ from tpu_jobs import task
 from tpu_jobs.eval import cli as eval_cli
 from tpu_jobs.eval import shards as es
 from tpu_jobs.eval.orchestration import ATTEMPTS_FILE
+from tpu_jobs.rcp.callbacks import RcpHooks
 from tpu_jobs.rcp.checkpoint_format import COMMIT_MARKER
 from tpu_jobs.rcp.checkpoint_restore import restore_params
-from tpu_jobs.rcp.hooks import RcpHooks
 from tpu_jobs.toy import evaluate
 from tpu_jobs.toy.evaluate import model_config
 from tpu_jobs.toy.model import (

@@ -17,9 +17,9 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records import manifest
 from rcpflow.records.mllog import parse, run_start_ms
 from rcpflow.verdict import stop_request
+from tpu_jobs.rcp.callbacks import RcpHooks
 from tpu_jobs.rcp.checkpoint_format import is_complete
 from tpu_jobs.rcp.checkpoint_restore import read_meta
-from tpu_jobs.rcp.hooks import RcpHooks
 from tpu_jobs.toy import train
 from tpu_jobs.toy.model import MODEL_CONFIG_KEY, ModelConfig
 

@@ -23,7 +23,7 @@ from rcpflow.files import logtext
 from rcpflow.files.layout import RunLayout
 from rcpflow.records import manifest
 from rcpflow.records.mllog import read_events
-from tpu_jobs.rcp.job_errors import INVALID_INPUT
+from rcpflow.trainer.job_exit import EXIT_INVALID_INPUT
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -61,7 +61,7 @@ def test_deleted_mllog(trainer: Trainer, run: Path) -> None:
     one_error_line(
         trainer.run(run),
         trainer.prog,
-        INVALID_INPUT,
+        EXIT_INVALID_INPUT,
         f"cannot resume at step {trainer.max_steps}",
         f"seed_{trainer.seed}.out is missing",
         "cannot be rebuilt",
@@ -81,7 +81,7 @@ def test_garbage_manifest_line(trainer: Trainer, run: Path, garbage: bytes, need
     one_error_line(
         trainer.run(run),
         trainer.prog,
-        INVALID_INPUT,
+        EXIT_INVALID_INPUT,
         f"eval_checkpoints.jsonl: line {line}: {needle}",
     )
     assert tree_bytes(run) == before
@@ -92,7 +92,7 @@ def test_run_dir_that_is_a_file(trainer: Trainer, tmp_path: Path) -> None:
     run_dir.write_bytes(b"not a folder\n")
     # the path is named, and why (the toy: its checkpoints folder is not a directory; Tunix
     # takes the run folder's lease first: the folder cannot be made, a file is there)
-    line = one_error_line(trainer.run(run_dir), trainer.prog, INVALID_INPUT, f"{run_dir}")
+    line = one_error_line(trainer.run(run_dir), trainer.prog, EXIT_INVALID_INPUT, f"{run_dir}")
     assert ": Not a directory" in line or ": File exists" in line, line
     assert run_dir.read_bytes() == b"not a folder\n"
     assert sorted(tmp_path.iterdir()) == [run_dir]
@@ -120,10 +120,10 @@ def log_of(run_dir: Path) -> Path:
 
 
 def refused(run_dir: Path, args: tuple[str, ...], *needles: str) -> str:
-    """Train over `run_dir` with `args`: its one error line (exit INVALID_INPUT, holding every
+    """Train over `run_dir` with `args`: its one error line (exit 5, holding every
     needle), the run folder left byte for byte as it was."""
     before = tree_bytes(run_dir)
-    line = one_error_line(train(run_dir, *args), TOY.prog, INVALID_INPUT, *needles)
+    line = one_error_line(train(run_dir, *args), TOY.prog, EXIT_INVALID_INPUT, *needles)
     assert tree_bytes(run_dir) == before
     return line
 
@@ -194,8 +194,8 @@ def test_a_checkpoint_unlike_the_trainer_is_never_deleted_as_corrupt(toy_run: Pa
     import jax.numpy as jnp
 
     from rcpflow import recipe
+    from tpu_jobs.rcp.callbacks import RcpHooks
     from tpu_jobs.rcp.checkpoint_format import CheckpointError, is_complete
-    from tpu_jobs.rcp.hooks import RcpHooks
     from tpu_jobs.toy.train import TrainConfig
 
     hp = recipe.hyperparameters(

@@ -48,11 +48,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rcpflow.files.bench_sections import write_head, write_section
+from tpu_jobs.rcp.callbacks import RcpHooks
 from tpu_jobs.rcp.checkpoint_format import PARAMS_ITEM
 from tpu_jobs.rcp.checkpoint_restore import restore_params
 from tpu_jobs.rcp.checkpoint_writer import DEFAULT_MAX_PENDING, CheckpointSaver
 from tpu_jobs.rcp.fingerprint import weights_fingerprint
-from tpu_jobs.rcp.hooks import RcpHooks
 from tpu_jobs.toy import grpo
 from tpu_jobs.toy.model import param_bytes, unscan_params
 from tpu_jobs.toy.train import TrainConfig

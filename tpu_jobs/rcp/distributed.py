@@ -21,9 +21,9 @@ import jax
 from rcpflow.files.layout import RunLayout
 from rcpflow.trainer.recorder import now_ms
 from tpu_jobs.rcp import collectives
+from tpu_jobs.rcp.callbacks import close_after_failure, restore_point, save_update
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
-from tpu_jobs.rcp.hooks import close_after_failure, restore_point, save_update
 from tpu_jobs.rcp.trainer_hooks import ResumePoint, TrainerHooks
 
 COORDINATOR_ADDRESS_ENV = "RCPFLOW_COORDINATOR_ADDRESS"
@@ -118,7 +118,7 @@ def resume(
     hooks: TrainerHooks, params_like: PyTree, state_like: PyTree, *, past_corrupt: bool = False
 ) -> ResumePoint | None:
     """``hooks.resume(...)`` on every process: process 0 plans, every process restores its
-    shards of that step (`tpu_jobs.rcp.hooks.restore_point`)."""
+    shards of that step (`tpu_jobs.rcp.callbacks.restore_point`)."""
     return hooks.resume(params_like, state_like, past_corrupt=past_corrupt)
 
 

@@ -27,7 +27,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 POSITIONAL = "pos32"
 SHA256 = "sha256"
-FINGERPRINT_ALGORITHM = POSITIONAL
 # Independent seeds of the two lanes and of each axis' index hash.
 _LANE_SEEDS = (0x9E3779B9, 0x85EBCA77)
 _AXIS_SALT = 0x27D4EB2F
@@ -116,12 +115,6 @@ def _start_sums(params: PyTree) -> tuple[list[tuple[str, Any]], jax.Array]:
     named = _named_leaves(params)
     leaves = [jnp.asarray(leaf) if isinstance(leaf, np.ndarray) else leaf for _, leaf in named]
     return named, _sums_fn(_replicated_out(leaves))(leaves)
-
-
-def leaf_sums(params: PyTree) -> tuple[list[tuple[str, Any]], np.ndarray]:
-    """The named leaves in fingerprint order and their (n, 2) positional lane sums (host)."""
-    named, sums = _start_sums(params)
-    return named, np.asarray(sums)
 
 
 class PendingFingerprint:

@@ -14,15 +14,13 @@ from rcpflow.records.manifest import ManifestError
 from rcpflow.records.mllog import MLLogError
 from rcpflow.trainer import job_exit
 from rcpflow.trainer.recorder import RecorderError
+from tpu_jobs.rcp.callbacks import RunMismatchError
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.distributed import LayoutError
 from tpu_jobs.rcp.fingerprint import FingerprintMismatchError
-from tpu_jobs.rcp.hooks import RunMismatchError
 from tpu_jobs.rcp.saver import SaveFailedError
 from tpu_jobs.rcp.sharding import BatchSplitError
 
-BAD_ARGUMENTS = job_exit.EXIT_BAD_ARGUMENTS
-INVALID_INPUT = job_exit.EXIT_INVALID_INPUT
 ARGUMENT_ERRORS: tuple[type[Exception], ...] = (RunMismatchError, LayoutError, BatchSplitError)
 INVALID_INPUT_ERRORS: tuple[type[Exception], ...] = (
     CheckpointError,

@@ -1,6 +1,6 @@
 """What a training loop calls on its RCP hooks (`TrainerHooks`), whichever process it runs on.
 
-`tpu_jobs.rcp.hooks.RcpHooks` (process 0: records and saves) and
+`tpu_jobs.rcp.callbacks.RcpHooks` (process 0: records and saves) and
 `tpu_jobs.rcp.distributed.FollowerHooks` (the other processes: write nothing) both satisfy it;
 the loop and `tpu_jobs.rcp.distributed` call only these methods.
 """

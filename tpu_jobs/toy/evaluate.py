@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from tpu_jobs.eval import cli
 from tpu_jobs.eval.target import CheckpointFacts, LoadedCheckpoint
 from tpu_jobs.rcp import sharding
+from tpu_jobs.rcp.callbacks import RUN_IDENTITY_KEY
 from tpu_jobs.rcp.checkpoint_format import CheckpointMeta
 from tpu_jobs.rcp.checkpoint_restore import restore_sharded_params
-from tpu_jobs.rcp.hooks import RUN_IDENTITY_KEY
 from tpu_jobs.toy.eval_sampling import EVAL_BATCH_ROWS, run_attempts
 from tpu_jobs.toy.model import MODEL_CONFIG_KEY, ModelConfig
 

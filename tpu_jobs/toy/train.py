@@ -28,7 +28,7 @@ from rcpflow.records.mllog import SystemInfo
 from rcpflow.trainer.job_exit import EXIT_SIGTERM
 from rcpflow.trainer.recorder import now_ms
 from tpu_jobs.rcp import distributed, job_cli, job_errors, sharding, termination
-from tpu_jobs.rcp.hooks import (
+from tpu_jobs.rcp.callbacks import (
     FULL_STATE_EVERY_FLAG,
     KEEP_FULL_STATES_FLAG,
     RESUME_PAST_CORRUPT_FLAG,

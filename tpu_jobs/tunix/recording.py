@@ -17,9 +17,9 @@ from flax import nnx
 
 from rcpflow.records.run_identity import RunIdentity
 from rcpflow.trainer.recorder import TrainingRecorder
+from tpu_jobs.rcp.callbacks import Committed, run_mismatch
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.fingerprint import weights_fingerprint
-from tpu_jobs.rcp.hooks import Committed, run_mismatch
 from tpu_jobs.rcp.job_cli import say
 from tpu_jobs.tunix import checkpoints, policy
 

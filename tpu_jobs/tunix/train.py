@@ -28,8 +28,8 @@ from rcpflow.records.run_identity import RunIdentity
 from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs import task
 from tpu_jobs.rcp import collectives, distributed, job_cli, job_errors
+from tpu_jobs.rcp.callbacks import resume_recorder
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
-from tpu_jobs.rcp.hooks import resume_recorder
 from tpu_jobs.rcp.job_cli import RunConfig, TrainResult, say
 from tpu_jobs.rcp.optimizer import make_optimizer
 from tpu_jobs.tunix import checkpoints, policy, vocab

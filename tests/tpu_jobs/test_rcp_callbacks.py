@@ -22,11 +22,11 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records import manifest
 from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.trainer.recorder import RecorderError
+from tpu_jobs.rcp.callbacks import RcpHooks
 from tpu_jobs.rcp.checkpoint_format import CheckpointError, SavedCheckpoint, is_complete
 from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_params
 from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
 from tpu_jobs.rcp.fingerprint import weights_fingerprint
-from tpu_jobs.rcp.hooks import RcpHooks
 from tpu_jobs.rcp.saver import SaveFailedError
 
 pytestmark = pytest.mark.timeout(600)
