@@ -2,7 +2,8 @@
 what the Dockerfiles COPY exists and is not ignored, every pip install is pinned by
 constraints.txt and names extras that pyproject.toml defines, the Python version matches, the
 job image's entry-point modules exist, the Airflow image points Airflow at the copied dags/ and
-plugins/ (the example GKE deployment file is checked in tests/gke/test_gke_settings.py)."""
+plugins/ (the example GKE deployment file is checked in
+tests/tasks/backends/gke/test_gke_settings.py)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import os
 from pathlib import Path
 
 import pytest
+from eval_records import START, STOP, deepswe_lines, tunix_for, write_lines
 from rcpflow_cli import run_cli
-from test_eval_import import START, STOP, _tunix_for, deepswe_lines, write_lines
 
 from rcpflow.cli.status import UNRECORDED, render_table, run_status
 from rcpflow.records.manifest import load, upsert
@@ -69,11 +69,11 @@ def test_from_tree_follows_symlinked_step_folders_inside_and_names_those_outside
     tree = tmp_path / "tree"
     kept = tree / "archive" / "s18" / "20260929T080000Z-1" / "summary.json"
     kept.parent.mkdir(parents=True)
-    kept.write_text(json.dumps(_tunix_for(run, 18, "summary_full.json")))
+    kept.write_text(json.dumps(tunix_for(run, 18, "summary_full.json")))
     (tree / "step_18").symlink_to(tree / "archive" / "s18")  # a step folder linked in the tree
     outside = tmp_path / "elsewhere" / "20260929T080000Z-2" / "summary.json"
     outside.parent.mkdir(parents=True)
-    outside.write_text(json.dumps(_tunix_for(run, 19, "summary_full.json")))
+    outside.write_text(json.dumps(tunix_for(run, 19, "summary_full.json")))
     (tree / "step_19").symlink_to(tmp_path / "elsewhere")  # leads out of the tree
     (tree / "archive" / "back").symlink_to(tree)  # a loop: named, never walked for ever
     result = import_tree(run.run_dir, str(tree))

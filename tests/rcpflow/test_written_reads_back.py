@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from eval_records import START, STOP, deepswe_lines, r2egym_lines, write_lines
 from rcpflow_cli import run_cli
-from test_eval_import import START, STOP, deepswe_lines, r2egym_lines, write_lines
 
 from rcpflow import recipe
 from rcpflow.records.manifest import ManifestError, ManifestRow

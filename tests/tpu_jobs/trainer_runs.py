@@ -5,6 +5,7 @@ are in conftest.py."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -108,3 +109,35 @@ def finish_run(trainer: Trainer, run_dir: Path) -> Path:
     proc = trainer.run(run_dir)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run_dir
+
+
+# The multi-process toy trainer (tests/tpu_jobs/rcp/test_multihost.py, eval/test_multihost_eval.py)
+MULTIHOST_ARGS = ["--seed", "3", "--global-batch-size", "64", "--val-start-at", "2"]
+
+
+def launch_job(
+    run_dir: Path, processes: int, devices: int, *flags: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """The trainer as `processes` local processes of one job, through `tpu_jobs.launch`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tpu_jobs.launch", "--processes", str(processes),
+         "--devices-per-process", str(devices), "--grace-s", "5", "--",
+         sys.executable, "-m", "tpu_jobs.train", "--run-dir", str(run_dir), *MULTIHOST_ARGS,
+         *flags],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def finish_job(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, list[dict], str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)  # a lost peer aborts only after a timeout
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, records(out), err
+
+
+def records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]

@@ -3,10 +3,11 @@ shape of each job role, and the policy for failures, queueing and watching. Pure
 library: read at DAG-parse time for free.
 
 Only shapes whose process layout has been run are accepted: a training job on one slice
-(one process per host, one `jax.distributed` system; tests/tpu_jobs/test_multihost.py runs it
-with two CPU processes), and evaluation workers of one slice each, one `jax.distributed` system
-per slice (tests/tpu_jobs/test_multihost_eval.py). Multislice training (DCN between slices), and
-multi-host workers for the Tunix evaluator (`check_evaluate_job`), are refused with the reason.
+(one process per host, one `jax.distributed` system; tests/tpu_jobs/rcp/test_multihost.py
+runs it with two CPU processes), and evaluation workers of one slice each, one
+`jax.distributed` system per slice (tests/tpu_jobs/eval/test_multihost_eval.py). Multislice
+training (DCN between slices), and multi-host workers for the Tunix evaluator
+(`check_evaluate_job`), are refused with the reason.
 
 The exit codes are the job contract of docs/exit-codes.md: `fail_exit_codes` fail a JobSet at
 once, SIGTERM (143) and a disruption restart it without counting, anything else (1 included:

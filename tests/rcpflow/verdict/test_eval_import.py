@@ -6,6 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
+from eval_records import (
+    FIXTURES,
+    START,
+    STOP,
+    deepswe_lines,
+    r2egym_lines,
+    solved_pattern,
+    tunix_for,
+    write_lines,
+)
 from rcpflow_cli import run_cli
 
 from rcpflow.records.manifest import load
@@ -13,102 +23,7 @@ from rcpflow.records.summary import read_summary
 from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_tree
 from rcpflow.verdict.gate import valid_summary
 from rcpflow.verdict.verify import evaluate_step
-from tasks.devtools.synthetic_run import T0, make_run, write_eval
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "tunix"
-SCHEMA = "canon.p46.deepswe-eval.trajectory.v4"
-START, STOP = T0 + 3_600_000, T0 + 3_700_000
-
-
-def solved_pattern(task: int) -> list[bool]:
-    """Task i: samples solved by a fixed pattern (0..4 of the 4), 150 tasks solved at least once."""
-    if task >= 150:
-        return [False] * 4
-    return [s < 1 + task % 4 for s in range(4)]
-
-
-def deepswe_lines(tasks: range = range(251), retried: frozenset[int] = frozenset()) -> list[str]:
-    """DeepSWE records; for tasks in `retried`, sample 0 first failed on infrastructure."""
-    lines = []
-    for t in tasks:
-        image = f"r2e/task_{t:03d}:latest"
-        for s, solved in enumerate(solved_pattern(t)):
-            base = {
-                "schema": SCHEMA,
-                "task_key": image,
-                "instance_id": f"task_{t:03d}",
-                "docker_image": image,
-                "sample_index": s,
-                "elapsed_secs": 12.5,
-                "trajectory": [],
-            }
-            if s == 0 and t in retried:
-                lines.append(
-                    json.dumps(
-                        base
-                        | {
-                            "attempt_index": 0,
-                            "status": "SANDBOX_ERROR",
-                            "reward": 0.0,
-                            "solved": False,
-                            "valid": False,
-                            "validity_reason": "pod lost",
-                        }
-                    )
-                )
-            status = "SUCCEEDED" if solved or s % 2 else "MAX_CONTEXT_LIMIT_REACHED"
-            lines.append(
-                json.dumps(
-                    base
-                    | {
-                        "attempt_index": 1 if t in retried and s == 0 else 0,
-                        "status": status,
-                        "reward": 1.0 if solved else 0.0,
-                        "solved": solved,
-                        "valid": True,
-                        "validity_reason": None,
-                    }
-                )
-            )
-    return lines
-
-
-def r2egym_lines(retried: frozenset[int] = frozenset()) -> list[str]:
-    lines = []
-    for t in range(251):
-        image = f"namanjain12/r2e_{t:03d}"
-        for s, solved in enumerate(solved_pattern(t)):
-            if s == 0 and t in retried:
-                lines.append(
-                    json.dumps(
-                        {
-                            "docker_image": image,
-                            "reward": 0.0,
-                            "exit_reason": "env_exception",
-                            "output_patch": "",
-                        }
-                    )
-                )
-            lines.append(
-                json.dumps(
-                    {
-                        "docker_image": image,
-                        "reward": 1.0 if solved else 0.0,
-                        "exit_reason": "agent",
-                        "output_patch": "diff",
-                        "test_output": "",
-                        "trajectory_steps": [],
-                        "max_steps": 40,
-                    }
-                )
-            )
-    return lines
-
-
-def write_lines(path: Path, lines: list[str]) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(line + "\n" for line in lines))
-    return str(path)
+from tasks.devtools.synthetic_run import make_run, write_eval
 
 
 @pytest.fixture
@@ -262,26 +177,13 @@ def test_summary_of_another_checkpoint_and_missing_times(run, tmp_path):
         import_eval(run.run_dir, 17, str(source), eval_times=(START, STOP))
 
 
-def _tunix_for(run, step: int, fixture: str, with_times: bool = True) -> dict:
-    d = json.loads((FIXTURES / fixture).read_text())
-    row = run.row(step)
-    d.update(
-        checkpoint_step=step,
-        checkpoint_timestamp_ms=row.timestamp_ms,
-        samples_count=row.samples_count,
-    )
-    if with_times:
-        d.update(eval_start_ms=START + step, eval_stop_ms=STOP + step)
-    return d
-
-
 def test_from_tree_takes_the_newest_valid_attempt_per_step(run, tmp_path):
     tree = tmp_path / "eval_results_v3"
     plant = {
-        (18, "20260929T060823Z-f604fb47"): _tunix_for(run, 18, "summary_step1.json"),
-        (18, "20260929T070000Z-0badbeef"): _tunix_for(run, 18, "summary_smoke.json"),  # newer
-        (19, "20260929T080000Z-11111111"): _tunix_for(run, 19, "summary_full.json"),
-        (20, "20260929T090000Z-22222222"): _tunix_for(run, 20, "summary_full.json", False),
+        (18, "20260929T060823Z-f604fb47"): tunix_for(run, 18, "summary_step1.json"),
+        (18, "20260929T070000Z-0badbeef"): tunix_for(run, 18, "summary_smoke.json"),  # newer
+        (19, "20260929T080000Z-11111111"): tunix_for(run, 19, "summary_full.json"),
+        (20, "20260929T090000Z-22222222"): tunix_for(run, 20, "summary_full.json", False),
     }
     for (step, stamp), d in plant.items():
         path = tree / f"step_{step}" / stamp / "summary.json"
@@ -328,7 +230,7 @@ def test_imported_summaries_finalize(run, tmp_path):
     write_eval(run, 18, 0.5)
     source = write_lines(tmp_path / "r2e.jsonl", r2egym_lines())
     import_eval(run.run_dir, 19, source, eval_times=(START, STOP))
-    d = _tunix_for(run, 20, "summary_full.json")
+    d = tunix_for(run, 20, "summary_full.json")
     (tmp_path / "s20.json").write_text(json.dumps(d))
     import_eval(run.run_dir, 20, str(tmp_path / "s20.json"))
     result = finalize(run.run_dir)

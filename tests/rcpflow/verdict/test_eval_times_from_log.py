@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+from eval_records import FIXTURES
 from rcpflow_cli import run_cli
-from test_eval_import import FIXTURES
 
 from rcpflow.records.mllog import EventRenderer
 from rcpflow.records.summary import read_summary

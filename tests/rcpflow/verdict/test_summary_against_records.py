@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from eval_records import START, STOP, deepswe_lines, write_lines
 from rcpflow_cli import run_cli
-from test_eval_import import START, STOP, deepswe_lines, write_lines
 
 from rcpflow.cli.status import run_status
 from rcpflow.verdict.eval_import import EvalImportError, import_eval

@@ -17,8 +17,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -375,12 +373,6 @@ def fake_kube_api(crd_document: dict[str, Any]):
     finally:
         api.close()
 
-
-# Airflow imported by these tests (in-process ones) must not write into ~/airflow; another test
-# folder's harness may have configured it already, which then wins.
-if "AIRFLOW_HOME" not in os.environ and "airflow" not in sys.modules:
-    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="rcpflow-gke-airflow-home-")
-    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 # A Google connection with no credentials in it (the tests replace the credentials).
 GOOGLE_CONN_ENV = {

@@ -1,5 +1,5 @@
 """Multi-host evaluation workers on GKE: each slice of the evaluate JobSet is one worker and one
-`jax.distributed` system of its own hosts (tests/tpu_jobs/test_multihost_eval.py runs such a
+`jax.distributed` system of its own hosts (tests/tpu_jobs/eval/test_multihost_eval.py runs such a
 worker on CPU processes); the Tunix evaluator, one process per worker, is refused such a shape
 when the deployment is parsed."""
 

@@ -1,4 +1,4 @@
-"""JobSet status reading against recorded status objects (tests/gke/fixtures/)."""
+"""JobSet status reading against recorded status objects (tests/tasks/backends/gke/fixtures/)."""
 
 from __future__ import annotations
 

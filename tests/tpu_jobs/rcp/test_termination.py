@@ -19,7 +19,7 @@ from rcpflow.records.mllog import parse
 from rcpflow.trainer.job_exit import EXIT_SIGTERM
 from tpu_jobs.rcp.checkpoint_format import is_complete
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ARGS = ["--seed", "2", "--global-batch-size", "32", "--val-start-at", "2", "--max-steps", "60"]
 
 

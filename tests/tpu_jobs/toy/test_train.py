@@ -25,7 +25,7 @@ from tpu_jobs.toy.model import MODEL_CONFIG_KEY, ModelConfig
 
 pytestmark = pytest.mark.timeout(600)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FAST = ["--global-batch-size", "32", "--val-start-at", "2"]
 
 

@@ -32,7 +32,7 @@ from tpu_jobs.rcp.saver import SaveFailedError
 pytestmark = pytest.mark.timeout(600)
 
 DRIVER = Path(__file__).with_name("hooks_driver.py")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 GBS, MAX_STEPS, VAL_START = 32, 6, 3
 CRASH_EXIT_CODE = 17
 # Linux stamps files from a coarse clock that can lag time.time() by up to one tick; a file

@@ -33,8 +33,8 @@ from tpu_jobs.toy.train import TrainConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
-# See test_rcp_hooks: file mtimes come from a clock that can lag time.time() by one tick.
+REPO = Path(__file__).resolve().parents[3]
+# See test_rcp_callbacks: file mtimes come from a clock that can lag time.time() by one tick.
 COARSE_CLOCK_NS = int(time.clock_getres(5) * 1e9)  # 5 = CLOCK_REALTIME_COARSE
 
 

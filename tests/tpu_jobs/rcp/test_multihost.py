@@ -5,7 +5,6 @@ checkpoint together with one writer of the log and manifest, stop together and r
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,6 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from trainer_runs import MULTIHOST_ARGS as ARGS
+from trainer_runs import finish_job as _finish
+from trainer_runs import launch_job as _launch
+from trainer_runs import records as _records
 from trainer_runs import rows_of, written_rows
 
 from rcpflow.files.layout import RunLayout
@@ -30,22 +33,8 @@ from tpu_jobs.toy.train import SLOW_AFTER_UPDATE_ENV
 
 pytestmark = pytest.mark.timeout(600)
 
-REPO = Path(__file__).resolve().parents[2]
-ARGS = ["--seed", "3", "--global-batch-size", "64", "--val-start-at", "2"]
+REPO = Path(__file__).resolve().parents[3]
 SEED = 3
-
-
-def _launch(
-    run_dir: Path, processes: int, devices: int, *flags: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[str]:
-    """The trainer as `processes` local processes of one job, through `tpu_jobs.launch`."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "tpu_jobs.launch", "--processes", str(processes),
-         "--devices-per-process", str(devices), "--grace-s", "5", "--",
-         sys.executable, "-m", "tpu_jobs.train", "--run-dir", str(run_dir), *ARGS, *flags],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
 
 
 def _launch_slowed(run_dir: Path, max_steps: int, slow_s: float) -> subprocess.Popen[str]:
@@ -55,20 +44,6 @@ def _launch_slowed(run_dir: Path, max_steps: int, slow_s: float) -> subprocess.P
         run_dir, 2, 2, "--max-steps", str(max_steps), "--full-state-every", "2",
         env={SLOW_AFTER_UPDATE_ENV: f"1:{slow_s}"},
     )  # fmt: skip
-
-
-def _finish(proc: subprocess.Popen[str], timeout: float = 300) -> tuple[int, list[dict], str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)  # a lost peer aborts only after a timeout
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, _records(out), err
-
-
-def _records(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 def _read(path: str) -> bytes:

@@ -17,8 +17,9 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from test_multihost import _finish, _launch
 from trainer_runs import copy_of
+from trainer_runs import finish_job as _finish
+from trainer_runs import launch_job as _launch
 
 from rcpflow.files.layout import RunLayout
 from rcpflow.records import manifest
@@ -34,7 +35,7 @@ from tpu_jobs.rcp.fingerprint import leaf_name
 
 pytestmark = pytest.mark.timeout(600)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("multihost_eval_driver.py")
 STEP = 3
 PROCESSES, DEVICES = 2, 2

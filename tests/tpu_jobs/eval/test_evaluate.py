@@ -46,7 +46,7 @@ from tpu_jobs.toy.model import (
 
 pytestmark = pytest.mark.timeout(600)
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CFG = ModelConfig(d_model=32, num_heads=2, num_layers=2, d_ff=64)
 GBS, MAX_STEPS, VAL_START = 32, 4, 3
 

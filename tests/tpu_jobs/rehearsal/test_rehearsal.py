@@ -32,7 +32,7 @@ from rcpflow.verdict.finalize import finalize
 from rcpflow.verdict.stop_request import honoured_by, request_stop
 from tpu_jobs.rehearsal.profile import DEFAULT_CURVE
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CURVE = load_curve(str(DEFAULT_CURVE))
 TRAIN = "tpu_jobs.rehearsal.train"
 EVALUATE = "tpu_jobs.rehearsal.evaluate"

@@ -126,7 +126,7 @@ print(len(prints))
 
 
 def test_the_same_weights_give_the_same_value_in_any_sharding() -> None:
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     env = {
         **os.environ,
         "JAX_PLATFORMS": "cpu",

@@ -40,7 +40,7 @@ recording = pytest.importorskip("tpu_jobs.tunix.recording", reason=_WHY)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
 SHORT = ["--max-steps", "4", "--val-start-at", "2"]
 
