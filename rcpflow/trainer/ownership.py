@@ -436,3 +436,80 @@ def _read(path: str) -> bytes | None:
         except FileNotFoundError:
             return None
     return _local_read(path)
+
+
+# -- a lease held by a trainer that is not Python: `rcpflow lease hold|renew|release` ---------
+
+
+def hold(run_dir: str, owner: str, timeout_s: float) -> str | None:
+    """Take the lease as `owner`, live by its heartbeat alone (renew it well within the
+    timeout); what was taken over, or None. RunOwnedError naming another live holder."""
+    return Lease(run_dir, owner, timeout_s, by_heartbeat=True).acquire()
+
+
+def renew(run_dir: str, owner: str) -> Holder:
+    """Renew `owner`'s heartbeat; RunOwnedError when the lease is not `owner`'s (taken over,
+    released, or never held): that trainer must stop writing into the folder."""
+    path = lease_path(run_dir)
+    renewed: list[Holder] = []
+
+    def beat(old: bytes | None) -> bytes:
+        if old is None:
+            raise RunOwnedError(f"{path}: no lease: {owner} does not hold the run (lease hold)")
+        held = Holder.from_json(old, path)
+        if held.owner != owner:
+            raise RunOwnedError(f"{path}: the run is held by {held.describe()}, not {owner}")
+        renewed.append(replace(held, heartbeat_ms=now_ms()))
+        return renewed[-1].to_json()
+
+    try:
+        _update(path, beat, create=False)
+    except ValueError as e:
+        raise RunOwnedError(f"the lease is unreadable: {e}") from e
+    return renewed[-1]
+
+
+def release_owned(run_dir: str, owner: str) -> bool:
+    """Remove the lease if `owner` holds it; False when there is none. RunOwnedError naming
+    the holder when it is another's."""
+    path = lease_path(run_dir)
+
+    def owners(data: bytes) -> bool:
+        try:
+            return Holder.from_json(data, path).owner == owner
+        except ValueError:
+            return False
+
+    if _delete_if(path, owners):
+        return True
+    data = _read(path) if os.path.isdir(dirname(path)) or path.startswith("gs://") else None
+    if data is None:
+        return False
+    try:
+        held = Holder.from_json(data, path).describe()
+    except ValueError as e:
+        held = f"an unreadable lease ({e})"
+    raise RunOwnedError(f"{path}: held by {held}, not {owner}: not released")
+
+
+def refuse_if_live(layout: RunLayout, what: str) -> None:
+    """Refuse `what` while any live lease holds the folder, whoever holds it (a Python trainer,
+    or one held by heartbeat): `rcpflow run reset`."""
+    path = lease_path(layout.root)
+    data = _read(path)
+    if data is None:
+        return
+    try:
+        held = Holder.from_json(data, path)
+    except ValueError:
+        return  # an unreadable lease holds nothing
+    timeout_s = timeout_from_env()
+    me = Holder(socket.gethostname(), os.getpid(), "", None, 0, 0)
+    now = now_ms()
+    if _why_free(held, me, timeout_s, now) is None:
+        raise RunOwnedError(
+            f"{layout.root}: owned by {held.describe()}, heartbeat "
+            f"{(now - held.heartbeat_ms) / 1000:.0f} s ago ({path}); {what} is refused while "
+            f"the lease is live (free once its heartbeat is {timeout_s:.0f} s old, or: rcpflow "
+            "lease release RUN_DIR --owner NAME)"
+        )
