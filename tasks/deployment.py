@@ -78,6 +78,14 @@ class FormOverrides:
             )
 
 
+# The ranges of the deployment's numbers (beyond the settings reader's int32 and 1e9 bounds).
+# the runs' eval_window Param's maximum too (tasks.run.spec; a test holds them equal)
+MAX_EVAL_WINDOW = 64
+MAX_TIMEOUT_MINUTES = 60 * 24 * 31  # a job of a month
+MAX_RETRIES = 100
+MAX_POLL_SECONDS = 3600.0
+
+
 class DeploymentError(ValueError):
     """The deployment file is unusable; the message names the file and the key."""
 
@@ -131,17 +139,18 @@ class Deployment:
                     f"jobs.{key}",
                     f"Kubernetes Secrets are the gke backend's (backend is {self.backend!r})",
                 )
-        for name, value, minimum in (
-            ("eval_window", self.eval_window, 1),
-            ("train_timeout_minutes", self.train_timeout_minutes, 1),
-            ("eval_timeout_minutes", self.eval_timeout_minutes, 1),
-            ("eval_retries", self.eval_retries, 0),
+        for name, value, minimum, maximum in (
+            ("eval_window", self.eval_window, 1, MAX_EVAL_WINDOW),
+            ("train_timeout_minutes", self.train_timeout_minutes, 1, MAX_TIMEOUT_MINUTES),
+            ("eval_timeout_minutes", self.eval_timeout_minutes, 1, MAX_TIMEOUT_MINUTES),
+            ("eval_retries", self.eval_retries, 0, MAX_RETRIES),
         ):
-            if value < minimum:
-                raise SettingError(name, f"must be >= {minimum}, got {value}")
-        if self.checkpoint_poll_seconds <= 0:
+            if not minimum <= value <= maximum:
+                raise SettingError(name, f"must be in {minimum}..{maximum}, got {value}")
+        if not 0 < self.checkpoint_poll_seconds <= MAX_POLL_SECONDS:
             raise SettingError(
-                "checkpoint_poll_seconds", f"must be > 0, got {self.checkpoint_poll_seconds}"
+                "checkpoint_poll_seconds",
+                f"must be in (0, {MAX_POLL_SECONDS:g}], got {self.checkpoint_poll_seconds}",
             )
         if not self.storage_root:
             raise SettingError("storage_root", "must not be empty")

@@ -4,7 +4,9 @@ The keys a table may have are its dataclass's fields; the type of each value is 
 annotation (`str`, `int`, `float` (finite: TOML's ``nan`` and ``inf`` are refused), `bool`,
 `Literal[...]`, `X | None`, `tuple[str, ...]`, `Mapping[str, str]`, a Mapping of settings
 dataclasses (a table of sub-tables), or a nested settings dataclass, read as a sub-table whose
-missing keys keep the field's default). What types cannot say (ranges, names) a dataclass checks
+missing keys keep the field's default). Every number is bounded before a dataclass sees it: an
+`int` in [-2^31, 2^31) (every count, code and duration here; Kubernetes' int32), a `float` in
+[-1e9, 1e9] (seconds: 31 years). What types cannot say (ranges, names) a dataclass checks
 in ``__post_init__``, raising `SettingError` with the field's name; the reader prefixes the
 table's dotted key, so every error names the key that holds the bad value.
 """
@@ -85,6 +87,8 @@ def _value(hint: Any, value: object, key: str, f: dataclasses.Field[Any]) -> Any
     if origin is tuple and args[1:] == (Ellipsis,):
         if not isinstance(value, list) or not all(_is(args[0], v) for v in value):
             raise SettingError(key, f"must be a list of {args[0].__name__}, got {value!r}")
+        for item in value:
+            _bounded(key, item)
         return tuple(value)
     if origin is Mapping:
         if not isinstance(value, Mapping):
@@ -110,8 +114,23 @@ def _value(hint: Any, value: object, key: str, f: dataclasses.Field[Any]) -> Any
             raise SettingError(
                 key, f"must be {hint.__name__}, got {type(value).__name__} {value!r}"
             )
+        _bounded(key, value)
         return hint(value)
     raise TypeError(f"{key}: a setting of type {hint!r} is not supported")
+
+
+INT_RANGE = (-(2**31), 2**31 - 1)
+FLOAT_LIMIT = 1e9
+
+
+def _bounded(key: str, value: object) -> None:
+    """Every number a setting takes is within a documented range (module docstring)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int) and not INT_RANGE[0] <= value <= INT_RANGE[1]:
+        raise SettingError(key, f"must be in {INT_RANGE[0]}..{INT_RANGE[1]}, got {value}")
+    if isinstance(value, float) and not -FLOAT_LIMIT <= value <= FLOAT_LIMIT:
+        raise SettingError(key, f"must be in [-{FLOAT_LIMIT:g}, {FLOAT_LIMIT:g}], got {value!r}")
 
 
 def _default(f: dataclasses.Field[Any]) -> object:

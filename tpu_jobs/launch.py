@@ -14,6 +14,7 @@ leave them waiting in a collective.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import socket
@@ -77,6 +78,10 @@ def supervise(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> int:
         time.sleep(POLL_S)
 
 
+MAX_PROCESSES = 1024  # a local launch of a few CPU processes; more is a typo
+MAX_GRACE_S = 3600.0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     ap.add_argument("--processes", type=int, required=True, help="number of processes N")
@@ -87,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--grace-s",
         type=float,
         default=30.0,
-        help="after a process fails, how long the others get to exit (default %(default)s)",
+        help="after a failure, how long the others get to exit, 0..3600 s (default %(default)s)",
     )
     ap.add_argument("argv", nargs=argparse.REMAINDER, help="-- the command of every process")
     args = ap.parse_args(argv)
@@ -98,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--processes must be >= 1, got {args.processes}")
     if args.devices_per_process < 1:
         ap.error(f"--devices-per-process must be >= 1, got {args.devices_per_process}")
+    if args.processes > MAX_PROCESSES or args.devices_per_process > MAX_PROCESSES:
+        ap.error(f"--processes and --devices-per-process must be <= {MAX_PROCESSES}")
+    if not (math.isfinite(args.grace_s) and 0 <= args.grace_s <= MAX_GRACE_S):
+        ap.error(f"--grace-s {args.grace_s} must be a number of seconds in [0, {MAX_GRACE_S:g}]")
     port = free_port()
     base = dict(os.environ)
     procs: list[subprocess.Popen[bytes]] = []

@@ -143,6 +143,30 @@ def _run_reset(args: argparse.Namespace) -> int:
     return CLI_OK
 
 
+def _lease(args: argparse.Namespace) -> int:
+    """the run folder's lease for a trainer that is not Python: hold takes it (live while its
+    heartbeat is fresh: renew well within RCPFLOW_LEASE_TIMEOUT_S), renew beats it, release
+    frees it; exit 0 done, 1 refused (another live holder, or not yours: stop writing)"""
+    from rcpflow.trainer import ownership
+
+    owner = args.owner if args.owner is not None else ownership.owner_from_env()
+    if owner is None or not owner.strip() or len(owner) > 1000 or not owner.isprintable():
+        return _usage(args, "--owner: give this trainer's identity (or $RCPFLOW_RUN_OWNER)")
+    try:
+        if args.action == "hold":
+            said = ownership.hold(args.run_dir, owner, ownership.timeout_from_env())
+            print(f"held by {owner}{f': {said}' if said else ''}")
+        elif args.action == "renew":
+            ownership.renew(args.run_dir, owner)
+            print(f"renewed by {owner}")
+        else:
+            released = ownership.release_owned(args.run_dir, owner)
+            print(f"released by {owner}" if released else "no lease: nothing to release")
+    except ownership.RunOwnedError as e:
+        return _invalid(e)
+    return EXIT_OK
+
+
 def _status(args: argparse.Namespace) -> int:
     """per checkpoint: summary, gate decision, and what finalize would write now; exit 0, 1 when the
     manifest cannot be read"""
@@ -319,6 +343,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--owner",
         help="the trainer's identity for the run folder's lease (default $RCPFLOW_RUN_OWNER); "
         "without one the add only checks that no other trainer owns the folder",
+    )
+
+    le = _command(sub, "lease", _lease)
+    le.add_argument("action", choices=("hold", "renew", "release"))
+    le.add_argument("run_dir")
+    le.add_argument(
+        "--owner",
+        help="the trainer's identity (default $RCPFLOW_RUN_OWNER); the same for every call",
     )
 
     r = sub.add_parser("run", help="run folder commands")

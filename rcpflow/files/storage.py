@@ -180,9 +180,11 @@ def _create_temp(target: str) -> tuple[int, str]:
 def pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True  # another thread of ours is writing
+    if not 0 < pid < 2**31:  # 0 and negatives name process groups; beyond pid_t: no process
+        return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:
         return True  # someone else's process

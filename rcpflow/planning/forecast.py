@@ -4,7 +4,8 @@ rules the run DAG follows (`tasks.run.evaluation_group`, `tasks.run.planned`, `t
 Time 0 is ``run_start`` (the training job starts). Step k's update and checkpoint are done at
 ``k * step_seconds``; an evaluation takes ``eval_seconds`` on ``eval_chips``.
 
-- ``after_training``: training runs to max_steps; then (``load_manifest``, then the mapped
+- ``after_training``: training runs to max_steps; its end is seen at the next poll (the train
+  group waits on the job as a step's wait does); then (``load_manifest``, then the mapped
   ``evaluate``: two task starts) the steps are evaluated in step order, at most W at once.
 - ``during_training``: the planned steps val_start_at..max_steps; a step's wait sees its
   checkpoint at the next poll, its evaluate starts one task start later, at most W at once in
@@ -16,6 +17,13 @@ A step above the passing one that starts after the pass skips (the gate); one al
 is wasted: cancelled at the pass (``cancel=True``, what the run DAG does), or with
 ``cancel=False`` it runs to its end. The verdict is when the passing step and every lower one
 have their summaries.
+
+Bounds (each refused in one usage line naming its flag, before any work): seconds are finite,
+in (0, `SECONDS_MAX`] (step, evaluation) or [0, `SECONDS_MAX`] (task start, poll); steps, W and
+passing steps in 1..`STEPS_MAX`; chips in 1..`CHIPS_MAX`; the global batch size in
+1..`BATCH_MAX`; and the whole request (schedules x W x passing steps x evaluated steps, with
+``--recommend`` its searches) at most `WORK_MAX` simulated steps, so that any accepted request
+answers within a second.
 """
 
 from __future__ import annotations
@@ -36,6 +44,11 @@ Schedule = EvalSchedule  # the schedule vocabulary is rcpflow.verdict.schedule's
 # --recommend: the smallest W whose time to verdict is within this factor of the best W's.
 RECOMMEND_WITHIN = 1.10
 Outcome = Literal["needed", "wasted", "cancelled"]
+SECONDS_MAX = 1e7  # 115 days: more than any step, evaluation, task start or poll
+STEPS_MAX = 10_000  # max_steps, W and passing steps
+CHIPS_MAX = 10**6
+BATCH_MAX = 10**9
+WORK_MAX = 150_000  # simulated steps per request (a forecast counts 100 more): under a second
 
 
 class ForecastUsageError(ValueError):
@@ -64,23 +77,28 @@ class Scenario:
             ("--step-seconds", self.step_seconds),
             ("--eval-seconds", self.eval_seconds),
         ):
-            if not (math.isfinite(value) and value > 0):
-                raise ForecastUsageError(f"{flag} {value} must be a positive number of seconds")
+            if not (math.isfinite(value) and 0 < value <= SECONDS_MAX):
+                raise ForecastUsageError(
+                    f"{flag} {value} must be a number of seconds in (0, {SECONDS_MAX:g}]"
+                )
         for flag, value in (
             ("--task-start-seconds", self.task_start_seconds),
             ("--poll-seconds", self.poll_seconds),
         ):
-            if not (math.isfinite(value) and value >= 0):
-                raise ForecastUsageError(f"{flag} {value} must be a number of seconds >= 0")
-        for flag, count in (
-            ("--window", self.window),
-            ("--train-chips", self.train_chips),
-            ("--eval-chips", self.eval_chips),
+            if not (math.isfinite(value) and 0 <= value <= SECONDS_MAX):
+                raise ForecastUsageError(
+                    f"{flag} {value} must be a number of seconds in [0, {SECONDS_MAX:g}]"
+                )
+        for flag, count, most in (
+            ("--window", self.window, STEPS_MAX),
+            ("--train-chips", self.train_chips, CHIPS_MAX),
+            ("--eval-chips", self.eval_chips, CHIPS_MAX),
+            ("--max-steps", self.max_steps, STEPS_MAX),
         ):
             if count < 1:
                 raise ForecastUsageError(f"{flag} {count} must be at least 1")
-        if self.max_steps < 1:
-            raise ForecastUsageError(f"--max-steps {self.max_steps} must be at least 1")
+            if count > most:
+                raise ForecastUsageError(f"{flag} {count} must be at most {most}")
         if not 1 <= self.val_start_at <= self.max_steps:
             raise ForecastUsageError(
                 f"--val-start-at {self.val_start_at} must be in 1..--max-steps {self.max_steps}"
@@ -167,21 +185,19 @@ def _seen(t: float, poll_s: float) -> float:
 def simulate(s: Scenario) -> Forecast:
     first, last, p = s.val_start_at, s.max_steps, s.passing_step
     start_latency = s.task_start_seconds
-    if s.schedule == "after_training":
-        # after the train group: load_manifest, then the mapped evaluate
-        training_over = last * s.step_seconds + 2 * start_latency
-        ready = {k: training_over for k in range(first, last + 1)}
-    else:
-        ready = {
-            k: _seen(k * s.step_seconds, s.poll_seconds) + start_latency
-            for k in range(first, last + 1)
-        }
+    after = s.schedule == "after_training"
+    # after: the train group's end, seen at a poll; then load_manifest and the mapped evaluate
+    training_over = _seen(last * s.step_seconds, s.poll_seconds) + 2 * start_latency
+
+    def ready(k: int) -> float:
+        return training_over if after else _seen(k * s.step_seconds, s.poll_seconds) + start_latency
+
     free: list[float] = [-math.inf] * s.window  # when each evaluation slot frees
     passed_at: float | None = None
     evaluations: list[Evaluation] = []
     for k in range(first, last + 1):
         slot = heapq.heappop(free)
-        start = ready[k] if slot == -math.inf else max(ready[k], slot + start_latency)
+        start = ready(k) if slot == -math.inf else max(ready(k), slot + start_latency)
         if passed_at is not None and start >= passed_at:
             break  # the gate skips it, and every later step (they start no earlier)
         end = start + s.eval_seconds
@@ -230,17 +246,34 @@ def _mean_forecast(base: Scenario, passing: Sequence[int], **change: Any) -> lis
 
 def recommend(base: Scenario, passing: Sequence[int], schedule: Schedule) -> Recommendation:
     """The smallest W whose mean time to verdict over `passing` is within 10 % of the best W's
-    (W up to one slot per evaluated step, beyond which nothing changes)."""
+    (W up to one slot per evaluated step, beyond which nothing changes). A larger W is never
+    slower (each step starts no later), so both are found by bisection: a bounded search."""
     means: dict[int, tuple[float, float]] = {}
-    for window in range(1, base.max_steps - base.val_start_at + 2):
-        runs = _mean_forecast(base, passing, schedule=schedule, window=window)
-        means[window] = (
-            statistics.fmean(f.verdict_s for f in runs),
-            statistics.fmean(f.eval_chip_hours for f in runs),
-        )
-    best_window = min(means, key=lambda w: (means[w][0], w))
-    best = means[best_window][0]
-    window = min(w for w, (t, _) in means.items() if t <= best * RECOMMEND_WITHIN)
+
+    def mean(window: int) -> tuple[float, float]:
+        if window not in means:
+            runs = _mean_forecast(base, passing, schedule=schedule, window=window)
+            means[window] = (
+                statistics.fmean(f.verdict_s for f in runs),
+                statistics.fmean(f.eval_chip_hours for f in runs),
+            )
+        return means[window]
+
+    def smallest(within: float) -> int:
+        low, high = 1, top  # mean(high) <= within
+        while low < high:
+            mid = (low + high) // 2
+            if mean(mid)[0] <= within:
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    top = base.max_steps - base.val_start_at + 1
+    best = mean(top)[0]
+    best_window = smallest(best)
+    best = mean(best_window)[0]
+    window = smallest(best * RECOMMEND_WITHIN)
     return Recommendation(
         schedule=schedule,
         window=window,
@@ -249,6 +282,12 @@ def recommend(base: Scenario, passing: Sequence[int], schedule: Schedule) -> Rec
         best_window=best_window,
         best_verdict_s=best,
     )
+
+
+def recommend_cost(base: Scenario, passing: Sequence[int]) -> int:
+    """Simulated steps `recommend` may take over both schedules (its bound)."""
+    top = base.max_steps - base.val_start_at + 1
+    return len(SCHEDULES) * len(passing) * top * (2 * top.bit_length() + 1)
 
 
 # -- the command line -----------------------------------------------------------------------
@@ -332,14 +371,20 @@ def _number(flag: str, text: str | None, default: float | None = None) -> float:
     return value
 
 
-def _integer(flag: str, text: str | None, default: int | None = None) -> int:
-    return _parsed(flag, text, default, int, "an integer")
+def _integer(flag: str, text: str | None, default: int | None = None, most: int = 0) -> int:
+    value = _parsed(flag, text, default, int, "an integer")
+    if most and not 1 <= value <= most:
+        raise ForecastUsageError(f"{flag} {value} must be in 1..{most}")
+    return value
 
 
 def parse_steps(flag: str, text: str | None) -> tuple[int, ...]:
-    """``N``, ``A-B`` (inclusive) or a comma list of those, ascending without repeats."""
+    """``N``, ``A-B`` (inclusive) or a comma list of those, ascending without repeats; each in
+    1..`STEPS_MAX` (checked before a range is expanded)."""
     if text is None:
         raise ForecastUsageError(f"{flag} is required")
+    if len(text) > 10_000:
+        raise ForecastUsageError(f"{flag}: {len(text)} characters, more than any list of steps")
     found: list[int] = []
     for part in text.split(","):
         low, dash, high = part.strip().partition("-")
@@ -347,10 +392,16 @@ def parse_steps(flag: str, text: str | None) -> tuple[int, ...]:
             a = int(low)
             b = int(high) if dash else a
         except ValueError:
-            raise ForecastUsageError(f"{flag} {text!r}: {part!r} is not N or A-B") from None
+            raise ForecastUsageError(
+                f"{flag} {text[:80]!r}: {part[:40]!r} is not N or A-B"
+            ) from None
         if b < a:
-            raise ForecastUsageError(f"{flag} {text!r}: {part!r} is an empty range")
+            raise ForecastUsageError(f"{flag} {text[:80]!r}: {part[:40]!r} is an empty range")
+        if b > STEPS_MAX:  # below 1: the scenario names it
+            raise ForecastUsageError(f"{flag} {part[:40]!r}: at most {STEPS_MAX}")
         found += range(a, b + 1)
+        if len(found) > STEPS_MAX:
+            raise ForecastUsageError(f"{flag}: more than {STEPS_MAX} values")
     if len(set(found)) != len(found):
         raise ForecastUsageError(f"{flag} {text!r} names a step twice")
     return tuple(sorted(found))
@@ -379,7 +430,7 @@ def request_from(args: argparse.Namespace) -> Request:
     )
     max_steps = _integer("--max-steps", args.max_steps)
     if args.val_start_at is None:
-        gbs = _integer("--global-batch-size", args.global_batch_size)
+        gbs = _integer("--global-batch-size", args.global_batch_size, most=BATCH_MAX)
         try:
             val_start = recipe.val_start_at(gbs)
         except ValueError as e:
@@ -411,6 +462,16 @@ def request_from(args: argparse.Namespace) -> Request:
         cancel=not args.no_cancel,
     )
     request = Request(base, schedules, windows, passing, args.recommend)
+    evaluated = max_steps - val_start + 1
+    work = len(schedules) * len(windows) * len(passing) * (evaluated + 100)
+    work += recommend_cost(base, passing) if args.recommend else 0
+    if work > WORK_MAX:
+        raise ForecastUsageError(
+            f"--window x --passing-step{' x --recommend' if args.recommend else ''}: "
+            f"{work} simulated steps ({len(schedules)} schedules, {len(windows)} W, "
+            f"{len(passing)} passing steps, {evaluated} evaluated steps) is more than the "
+            f"forecast's bound {WORK_MAX}: give fewer W, passing steps or --max-steps"
+        )
     request.scenarios()  # every combination is checked (Scenario's own checks), not only one
     return request
 

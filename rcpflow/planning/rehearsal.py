@@ -19,8 +19,8 @@ key, line or column.
 from __future__ import annotations
 
 import csv
-import io
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +30,9 @@ from rcpflow import recipe
 from rcpflow.files.storage import storage_for
 
 _PROFILE_KEYS = ("step_seconds", "eval_seconds", "train_chips", "eval_chips")
+SECONDS_MAX = 1e7  # a profile's step or evaluation: 115 days at most
+CHIPS_MAX = 10**6
+_SEED_COLUMN = re.compile(r"seed_([0-9]{1,18})")
 
 
 class RehearsalInputError(ValueError):
@@ -48,11 +51,13 @@ class JobProfile:
     def __post_init__(self) -> None:
         for key in ("step_seconds", "eval_seconds"):
             value = getattr(self, key)
-            if not (math.isfinite(value) and value > 0):
-                raise RehearsalInputError(f"{key} {value!r} must be a positive number of seconds")
+            if not (math.isfinite(value) and 0 < value <= SECONDS_MAX):
+                raise RehearsalInputError(
+                    f"{key} {value!r} must be a number of seconds in (0, {SECONDS_MAX:g}]"
+                )
         for key in ("train_chips", "eval_chips"):
-            if getattr(self, key) < 1:
-                raise RehearsalInputError(f"{key} {getattr(self, key)!r} must be at least 1")
+            if not 1 <= getattr(self, key) <= CHIPS_MAX:
+                raise RehearsalInputError(f"{key} {getattr(self, key)!r} must be in 1..{CHIPS_MAX}")
 
 
 def parse_profile(text: str, where: str) -> JobProfile:
@@ -73,7 +78,12 @@ def parse_profile(text: str, where: str) -> JobProfile:
         kinds: tuple[type, ...] = (int,) if chips else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds):
             what = "an integer" if chips else "a number"
-            raise RehearsalInputError(f"{where}: {key} {value!r} is not {what}")
+            raise RehearsalInputError(f"{where}: {key} {str(value)[:40]} is not {what}")
+        if not chips and isinstance(value, int) and abs(value) > SECONDS_MAX:
+            raise RehearsalInputError(
+                f"{where}: {key} {str(value)[:40]} must be a number of seconds in "
+                f"(0, {SECONDS_MAX:g}]"
+            )
     try:
         return JobProfile(
             step_seconds=float(table["step_seconds"]),
@@ -137,21 +147,26 @@ def parse_curve(text: str, where: str) -> PassCurve:
     lines = [(n, line) for n, line in lines if line.strip()]
     if not lines:
         raise RehearsalInputError(f"{where}: no header line step,seed_<n>,...")
-    rows = list(csv.reader(io.StringIO("\n".join(line for _, line in lines))))
+    rows: list[list[str]] = []
+    for number, line in lines:  # a line is a row: a quoted cell never spans lines
+        try:
+            rows.append(next(csv.reader([line], strict=True), []))
+        except csv.Error as e:
+            raise RehearsalInputError(f"{where}: line {number}: not a CSV row ({e})") from None
     numbers = [n for n, _ in lines]
     header = [cell.strip() for cell in rows[0]]
     if header[:1] != ["step"] or len(header) < 2:
         raise RehearsalInputError(f"{where}: line {numbers[0]}: header must be step,seed_<n>,...")
     seeds: list[int] = []
     for name in header[1:]:
-        digits = name.removeprefix("seed_")
-        if not name.startswith("seed_") or not digits.isdigit():
+        match = _SEED_COLUMN.fullmatch(name)
+        if match is None:
             raise RehearsalInputError(
-                f"{where}: line {numbers[0]}: column {name!r} is not seed_<n>"
+                f"{where}: line {numbers[0]}: column {name[:40]!r} is not seed_<n>"
             )
-        if int(digits) in seeds:
+        if int(match[1]) in seeds:
             raise RehearsalInputError(f"{where}: line {numbers[0]}: column {name!r} twice")
-        seeds.append(int(digits))
+        seeds.append(int(match[1]))
     columns: list[list[float]] = [[] for _ in seeds]
     for number, row in zip(numbers[1:], rows[1:], strict=True):
         if len(row) != len(header):
@@ -161,7 +176,9 @@ def parse_curve(text: str, where: str) -> PassCurve:
         step = row[0].strip()
         want = len(columns[0]) + 1
         if step != str(want):
-            raise RehearsalInputError(f"{where}: line {number}: step {step!r}, expected {want}")
+            raise RehearsalInputError(
+                f"{where}: line {number}: step {step[:40]!r}, expected {want}"
+            )
         for seed, column, cell in zip(seeds, columns, row[1:], strict=True):
             try:
                 value = float(cell)
@@ -169,7 +186,7 @@ def parse_curve(text: str, where: str) -> PassCurve:
                 value = math.nan
             if not 0.0 <= value <= 1.0:
                 raise RehearsalInputError(
-                    f"{where}: line {number}: seed_{seed} {cell.strip()!r} is not a pass@4 "
+                    f"{where}: line {number}: seed_{seed} {cell.strip()[:40]!r} is not a pass@4 "
                     "in [0, 1]"
                 )
             column.append(value)

@@ -216,6 +216,13 @@ class TrainingRecorder:
         if lost is not None:
             raise RunFolderError(f"step {step}: this trainer lost the run folder: {lost}")
 
+    def _confirm_lease(self, step: int) -> None:
+        """Read the lease again (a heartbeat) before a write into the folder: a trainer whose
+        lease was taken over, or whose folder was removed, writes nothing more."""
+        if self._owned:
+            self._lease.refresh()
+        self._check_still_owned(step)
+
     def _refuse_an_ended_log(self) -> None:
         """A finished run's MLLOG is never started afresh: its training section ended."""
         path = self.mllog_path
@@ -431,6 +438,7 @@ class TrainingRecorder:
                 return done
         if not checkpoint_present(checkpoint_path):
             raise RecorderError(f"step {step}: no checkpoint at {checkpoint_path}")
+        self._confirm_lease(step)  # a trainer that lost its lease writes no row
         with self._lock:
             check_new_row(
                 list(self._committed.values()), row, self._run_start, self.layout.manifest
@@ -467,6 +475,11 @@ class TrainingRecorder:
         self._lease.release()
 
     def _end(self) -> None:
+        with self._lock:
+            if self._ended:
+                return
+        if self._log is not None and self._last_step is not None:
+            self._confirm_lease(self._last_step)  # no block_stop into another owner's run
         with self._lock:
             if self._ended:
                 return

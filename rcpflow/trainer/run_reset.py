@@ -34,7 +34,7 @@ def reset_run(run_dir: str, now_s: float | None = None) -> tuple[str, tuple[str,
     """Move the run's log, manifest and stop request aside; returns (folder, moved paths)."""
     layout = RunLayout(run_dir)
     try:
-        ownership.check_or_refresh(layout, None)
+        ownership.refuse_if_live(layout, "a reset")
     except ownership.RunOwnedError as e:
         raise ResetError(str(e)) from e
     storage = storage_for(layout.mllog_dir)

@@ -28,6 +28,9 @@ DEFAULT_PROFILE = HERE / "profile.toml"
 DEFAULT_CURVE = HERE / "curve.csv"
 
 
+MAX_TIME_SCALE = 100.0  # with a profile's seconds (at most 1e7) every wait stays finite
+
+
 @dataclass(frozen=True)
 class Timing:
     """A profile at a time scale: what the jobs actually wait."""
@@ -54,13 +57,13 @@ def add_timing_arguments(parser: argparse.ArgumentParser) -> None:
         "--time-scale",
         type=float,
         default=1.0,
-        help="multiplies the profile's seconds (default 1; e.g. 0.02 for 1/50)",
+        help="multiplies the profile's seconds, in [0, 100] (default 1; e.g. 0.02 for 1/50)",
     )
 
 
 def timing_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Timing:
-    if not (math.isfinite(args.time_scale) and args.time_scale >= 0):
-        parser.error(f"--time-scale {args.time_scale} must be a number >= 0")
+    if not (math.isfinite(args.time_scale) and 0 <= args.time_scale <= MAX_TIME_SCALE):
+        parser.error(f"--time-scale {args.time_scale} must be a number in [0, {MAX_TIME_SCALE:g}]")
     try:
         profile = load_profile(args.profile)
     except (RehearsalInputError, OSError) as e:

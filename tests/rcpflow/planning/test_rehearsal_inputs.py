@@ -111,3 +111,31 @@ def test_a_curve_knows_its_seeds_and_steps() -> None:
         curve.solved(2, 1)
     with pytest.raises(RehearsalInputError, match="no step 3"):
         curve.solved(1, 3)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('step,seed_1\n1,"0.5\n2",0.3\n', "line 2: not a CSV row"),  # a quoted cell spanning lines
+        ("step,seed_\u00b2\n1,0.5\n", "line 1: column 'seed_\u00b2' is not seed_<n>"),
+        ("step,seed_1\n1,0.5\x00\n", "line 2: seed_1"),
+        ("step,seed_1\n1," + "9" * 200_000 + "\n", "line 2: not a CSV row"),
+        ("step,seed_1,seed_01\n1,0.5,0.5\n", "twice"),
+        ("step,seed_99999999999999999999\n1,0.5\n", "is not seed_<n>"),
+    ],
+)
+def test_an_unusual_curve_is_one_named_line(text: str, named: str) -> None:
+    with pytest.raises(RehearsalInputError) as refused:
+        parse_curve(text, "c.csv")
+    assert str(refused.value).startswith("c.csv: ") and named in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("step_seconds", "1e308"), ("step_seconds", "1" + "0" * 400), ("eval_chips", "1" + "0" * 30)],
+)
+def test_a_profile_beyond_its_bounds_is_one_named_line(key: str, value: str) -> None:
+    table = {"step_seconds": "185", "eval_seconds": "1700", "train_chips": "1", "eval_chips": "1"}
+    table[key] = value
+    with pytest.raises(RehearsalInputError, match=f"p.toml: {key} "):
+        parse_profile("\n".join(f"{k} = {v}" for k, v in table.items()), "p.toml")
