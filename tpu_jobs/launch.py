@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from types import FrameType
 
+from rcpflow.trainer.job_exit import EXIT_BAD_ARGUMENTS
 from tpu_jobs.rcp.distributed import COORDINATOR_ADDRESS_ENV, NUM_PROCESSES_ENV, PROCESS_ID_ENV
 
 PROG = "python -m tpu_jobs.launch"
@@ -125,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         forward(signal.SIGTERM, None)
         print(f"{PROG}: error: cannot start {command[0]!r}: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_ARGUMENTS
     return supervise(procs, args.grace_s)
 
 

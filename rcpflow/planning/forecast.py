@@ -40,7 +40,6 @@ from rcpflow import recipe
 from rcpflow.planning.rehearsal import JobProfile, RehearsalInputError, load_profile
 from rcpflow.verdict.schedule import SCHEDULES, EvalSchedule
 
-Schedule = EvalSchedule  # the schedule vocabulary is rcpflow.verdict.schedule's
 # --recommend: the smallest W whose time to verdict is within this factor of the best W's.
 RECOMMEND_WITHIN = 1.10
 Outcome = Literal["needed", "wasted", "cancelled"]
@@ -64,7 +63,7 @@ class Scenario:
     val_start_at: int
     max_steps: int
     passing_step: int
-    schedule: Schedule
+    schedule: EvalSchedule
     window: int
     train_chips: int = 1
     eval_chips: int = 1
@@ -229,7 +228,7 @@ def simulate(s: Scenario) -> Forecast:
 
 @dataclass(frozen=True)
 class Recommendation:
-    schedule: Schedule
+    schedule: EvalSchedule
     window: int
     verdict_s: float  # mean over the passing steps
     eval_chip_hours: float  # mean over the passing steps
@@ -244,7 +243,7 @@ def _mean_forecast(base: Scenario, passing: Sequence[int], **change: Any) -> lis
     return [simulate(replace(base, passing_step=p, **change)) for p in passing]
 
 
-def recommend(base: Scenario, passing: Sequence[int], schedule: Schedule) -> Recommendation:
+def recommend(base: Scenario, passing: Sequence[int], schedule: EvalSchedule) -> Recommendation:
     """The smallest W whose mean time to verdict over `passing` is within 10 % of the best W's
     (W up to one slot per evaluated step, beyond which nothing changes). A larger W is never
     slower (each step starts no later), so both are found by bisection: a bounded search."""
@@ -298,7 +297,7 @@ class Request:
     """What ``rcpflow forecast`` was asked: one scenario per schedule, W and passing step."""
 
     base: Scenario
-    schedules: tuple[Schedule, ...]
+    schedules: tuple[EvalSchedule, ...]
     windows: tuple[int, ...]
     passing_steps: tuple[int, ...]
     recommend: bool
@@ -490,8 +489,8 @@ class Spread:
         return cls(min(v), statistics.fmean(v), max(v))
 
 
-def _group(forecasts: Sequence[Forecast]) -> dict[tuple[Schedule, int], list[Forecast]]:
-    groups: dict[tuple[Schedule, int], list[Forecast]] = {}
+def _group(forecasts: Sequence[Forecast]) -> dict[tuple[EvalSchedule, int], list[Forecast]]:
+    groups: dict[tuple[EvalSchedule, int], list[Forecast]] = {}
     for f in forecasts:
         groups.setdefault((f.scenario.schedule, f.scenario.window), []).append(f)
     return groups

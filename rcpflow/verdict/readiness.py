@@ -16,8 +16,7 @@ The rules, in order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from rcpflow.records.checkpoint_state import RunSnapshot
 from rcpflow.records.manifest import ManifestRow
@@ -30,21 +29,21 @@ Reason = Literal["committed", "pending", "decided", "ended", "training_failed"]
 TrainingState = Literal["not_started", "running", "succeeded", "failed"]
 
 
-@dataclass(frozen=True)
-class Readiness:
-    step: int
-    decision: Decision
-    reason: Reason
-    sentence: str  # what the task logs (a skip's reason is the first line of its log)
-    row: ManifestRow | None = None  # when it goes
-    needs_training: bool = False  # a wait the training state may turn into a skip or a go
-
-
 def decided_sentence(step: int, passed: int) -> str:
     return (
         f"step {step}: skipped, not evaluated: step {passed} already passed the target, "
         "which decided the run"
     )
+
+
+# The answer: go, wait or skip, why, the sentence the task logs (a skip's reason is the first
+# line of its log), the row when it goes, and whether the train group's state may change it.
+class Readiness(NamedTuple):
+    decision: Decision
+    reason: Reason
+    sentence: str
+    row: ManifestRow | None = None
+    needs_training: bool = False
 
 
 def readiness(
@@ -58,24 +57,18 @@ def readiness(
     block_stop), `passed` (the lowest step whose valid summary passes, `gate.lowest_passing`),
     `schedule` and, when known, `training` (the train group's state)."""
     if passed is not None and passed < step:
-        return Readiness(step, "skip", "decided", decided_sentence(step, passed))
+        return Readiness("skip", "decided", decided_sentence(step, passed))
     progress = snapshot.progress(step)
     if progress.state == "ended":
-        return Readiness(step, "skip", "ended", f"step {step}: skipped: {progress.detail}")
+        return Readiness("skip", "ended", f"step {step}: skipped: {progress.detail}")
     halted = snapshot.ended_at is not None or training == "succeeded"
     if progress.state == "committed" and (schedule == "during_training" or halted):
-        return Readiness(step, "go", "committed", progress.detail, progress.row)
+        return Readiness("go", "committed", progress.detail, progress.row)
     if training is None:
-        return Readiness(step, "wait", "pending", progress.detail, needs_training=True)
+        return Readiness("wait", "pending", progress.detail, needs_training=True)
     if training == "failed":
-        return Readiness(
-            step, "skip", "training_failed", f"step {step}: skipped: the training group failed"
-        )
+        return Readiness("skip", "training_failed", f"step {step}: skipped: training failed")
     if training == "succeeded":  # and the step has no row
-        return Readiness(
-            step,
-            "skip",
-            "ended",
-            f"step {step}: skipped: training finished without a checkpoint of step {step}",
-        )
-    return Readiness(step, "wait", "pending", progress.detail)
+        sentence = f"step {step}: skipped: training finished without a checkpoint of step {step}"
+        return Readiness("skip", "ended", sentence)
+    return Readiness("wait", "pending", progress.detail)

@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from rcpflow import recipe
-from rcpflow.files.bench_sections import write_section
 from rcpflow.files.layout import RunLayout
+from rcpflow.files.markdown_sections import write_section
 from rcpflow.planning.forecast import Scenario, simulate
 from rcpflow.planning.rehearsal import load_profile
 from rcpflow.records.manifest import load

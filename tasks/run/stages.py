@@ -6,7 +6,7 @@ Evaluation instances run in any order, so whether a step is evaluated is decided
 summaries on storage alone (`skip_if_decided`, `reusable`); once a step passes, the
 evaluations of higher steps still running are stopped (`cancel_above`), and never one below.
 A skip's reason is the first line the instance logs. An aborted run is said in so many words
-(`aborted_words`).
+(`aborted_words`). Where each step runs in a run folder's life: docs/run-folder.md.
 """
 
 from __future__ import annotations

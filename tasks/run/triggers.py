@@ -231,7 +231,7 @@ class _CheckpointWait(BaseTrigger):
             except ProgressError as exc:
                 return WaitEnd("error", str(exc))
             if answer.decision == "skip":
-                return WaitEnd(answer.reason, self._sentence(answer))
+                return WaitEnd(answer.reason, self._sentence(target.step, answer))
             if answer.decision == "go" and await self.admitted(snapshot, admit):
                 # the verdict read afresh: this poll's shared read may predate the summary of
                 # the evaluation whose end freed the slot
@@ -241,7 +241,7 @@ class _CheckpointWait(BaseTrigger):
                     return WaitEnd("error", str(exc))
                 answer = readiness(target.step, snapshot, passed, schedule, training)
                 if answer.decision == "skip":
-                    return WaitEnd(answer.reason, self._sentence(answer))
+                    return WaitEnd(answer.reason, self._sentence(target.step, answer))
                 return WaitEnd("committed", answer.sentence, answer.row)
             if training == "not_started" and start_grace_s is not None:
                 now = time.monotonic()
@@ -254,9 +254,9 @@ class _CheckpointWait(BaseTrigger):
                 not_started_since = None
             await asyncio.sleep(self.poll_interval_s)
 
-    def _sentence(self, answer: Readiness) -> str:
+    def _sentence(self, step: int, answer: Readiness) -> str:
         if answer.reason == "training_failed":
-            return f"step {answer.step}: skipped: the {self.train_group_id} group failed"
+            return f"step {step}: skipped: the {self.train_group_id} group failed"
         return answer.sentence
 
     async def admitted(self, snapshot: RunSnapshot, admit: Admit | None) -> bool:

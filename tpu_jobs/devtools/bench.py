@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rcpflow.files.bench_sections import write_head, write_section
+from rcpflow.files.markdown_sections import write_head, write_section
 from tpu_jobs.rcp.callbacks import RcpHooks
 from tpu_jobs.rcp.checkpoint_format import PARAMS_ITEM
 from tpu_jobs.rcp.checkpoint_restore import restore_params

@@ -44,7 +44,7 @@ import orbax.checkpoint
 from tunix.rl import rl_cluster as rlc
 
 from rcpflow import recipe
-from rcpflow.files.bench_sections import write_section
+from rcpflow.files.markdown_sections import write_section
 from rcpflow.records.mllog import SystemInfo
 from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs.devtools.bench import TUNIX_SECTION_START, machine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rcpflow.files.bench_sections import write_section
+from rcpflow.files.markdown_sections import write_section
 from tpu_jobs.devtools.bench import SIZES_TITLE, write_sizes_section
 from tpu_jobs.devtools.tunix_bench import SECTION_END, SECTION_START
 
@@ -29,7 +29,7 @@ def test_the_sizes_and_tunix_sections_survive_each_others_rewrites(tmp_path: Pat
 
 
 def test_the_main_bench_rewrites_only_the_head(tmp_path: Path) -> None:
-    from rcpflow.files.bench_sections import write_head
+    from rcpflow.files.markdown_sections import write_head
 
     out = tmp_path / "BENCHMARKS.md"
     write_head(out, "# Benchmarks\n\n## Ratios\nold\n")
