@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from rcpflow.recipe import MAX_STEPS_LIMIT, Division
-from tasks.jobs.templates import Jobs
+from tasks.jobs.templates import Jobs, check_plain_env
 from tasks.settings import SettingError, read_table
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class Deployment:
     form_defaults: FormOverrides | None = None
 
     def __post_init__(self) -> None:
+        check_plain_env("job_env", self.job_env)  # the same rule as every [jobs.*.env]
         for key in self.jobs.images():
             if self.backend != "gke":
                 raise SettingError(
