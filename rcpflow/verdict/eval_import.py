@@ -385,6 +385,12 @@ def tree_summaries(tree: str) -> dict[int, list[str]]:
     return _tree_summaries(tree)[0]
 
 
+def tree_listing(tree: str) -> tuple[dict[int, list[str]], tuple[str, ...]]:
+    """`tree_summaries` and what the walk skipped, each named with why (links out of the tree,
+    dangling links, unlistable folders)."""
+    return _tree_summaries(tree)
+
+
 def _tree_summaries(tree: str) -> tuple[dict[int, list[str]], tuple[str, ...]]:
     root = tree.rstrip("/") if is_gcs(tree) else os.path.normpath(tree)
     paths, skipped = (storage_for(root).list(root), ()) if is_gcs(root) else _local_tree_files(root)
