@@ -44,7 +44,7 @@ GKE_JOB = 'backend = "gke"\n[jobs.train]\ncommand = ["{python}", "-m", "tpu_jobs
         ('[job_env]\n"A\\n" = "x"\n', "job_env.'A\\n'"),
         ('[job_env]\nHF_TOKEN = "x"\n', "job_env.HF_TOKEN: looks like a credential"),
         ('[job_env]\nMY_API_KEY = "x"\n', "job_env.MY_API_KEY: looks like a credential"),
-        ('[job_env]\nRCPFLOW_RUN_OWNER = "x"\n', "job_env.RCPFLOW_RUN_OWNER"),
+        ('[job_env]\n"RCPFLOW_X\\n" = "x"\n', "job_env.'RCPFLOW_X\\n'"),
         (GKE_JOB + 'env = { "PATHX\\n" = "x" }\n', "env.'PATHX\\n'"),
         (GKE_JOB + 'secret_env = { "HF_TOKEN\\n" = { secret = "hf", key = "t" } }\n', "secret_env"),
         (GKE_JOB + 'secret_env = { HF_TOKEN = { secret = "hf\\n", key = "t" } }\n', "secret"),

@@ -84,19 +84,21 @@ def _command(role: Role, argv: tuple[str, ...]) -> JobCommand:
         raise SettingError(key, str(exc)) from None
 
 
-def _check_env_name(table: str, name: str) -> None:
+def _check_env_name(table: str, name: str, reserved: bool = True) -> None:
     if not _ENV_NAME.fullmatch(name):
-        raise SettingError(f"{table}.{name!r}", "is not an environment variable name")
-    if _RESERVED_ENV.fullmatch(name):
+        shown = name if name.isprintable() else repr(name)  # a newline stays visible
+        raise SettingError(f"{table}.{shown}", "is not an environment variable name")
+    if reserved and _RESERVED_ENV.fullmatch(name):
         raise SettingError(f"{table}.{name}", "is set by rcpflow itself; choose another name")
 
 
-def check_plain_env(table: str, env: Mapping[str, str]) -> None:
+def check_plain_env(table: str, env: Mapping[str, str], reserved: bool = True) -> None:
     """The names of an env table whose values are written out (a job's ``env``, the
-    deployment's ``[job_env]``): variable names, not rcpflow's own, and none that looks like a
-    credential (its value would be in every job's spec, log and XCom)."""
+    deployment's ``[job_env]``): variable names, none that looks like a credential (its value
+    would be in every job's spec, log and XCom), and with `reserved` none of rcpflow's own (a
+    job's env; ``[job_env]`` may set them for every local job, e.g. RCPFLOW_LEASE_TIMEOUT_S)."""
     for name in env:
-        _check_env_name(table, name)
+        _check_env_name(table, name, reserved)
         if _SECRET_NAME.search(name):
             raise SettingError(
                 f"{table}.{name}",
