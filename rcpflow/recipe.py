@@ -45,6 +45,12 @@ Division = Literal["closed", "open"]
 DIVISIONS: tuple[Division, ...] = ("closed", "open")
 
 
+# An open division's own optimizer numbers: finite, positive, bounded (nan or inf would be
+# logged as the run's hyperparameters).
+MAX_LEARNING_RATE = 1.0
+MAX_CLIP_NORM = 1e6
+
+
 def time_problem(time_ms: int, now_ms: int | None = None) -> str | None:
     """Why `time_ms` (epoch ms) cannot be a time of a run, or None: before 2020-01-01, or more
     than a day ahead of this host's clock."""
@@ -151,8 +157,12 @@ def hyperparameters(
     else:
         lr = lr if learning_rate is None else float(learning_rate)
         clip = clip if gradient_clip_norm is None else float(gradient_clip_norm)
-        if lr <= 0 or clip <= 0:
-            raise ValueError("learning_rate and gradient_clip_norm must be positive")
+        if not (math.isfinite(lr) and 0 < lr <= MAX_LEARNING_RATE):
+            raise ValueError(f"learning_rate {lr!r} must be a number in (0, {MAX_LEARNING_RATE}]")
+        if not (math.isfinite(clip) and 0 < clip <= MAX_CLIP_NORM):
+            raise ValueError(
+                f"gradient_clip_norm {clip!r} must be a number in (0, {MAX_CLIP_NORM:g}]"
+            )
     return Hyperparameters(
         division=division,
         global_batch_size=global_batch_size,

@@ -24,7 +24,7 @@ from rcpflow.recipe import MAX_STEPS_LIMIT, Division
 
 # When a run's checkpoints are evaluated (README: "Evaluation schedule"); the MLLOG is the same.
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, EvalSchedule
-from tasks.jobs.templates import Jobs
+from tasks.jobs.templates import Jobs, check_plain_env
 from tasks.settings import SettingError, read_table
 
 if TYPE_CHECKING:
@@ -128,6 +128,7 @@ class Deployment:
     form_defaults: FormOverrides | None = None
 
     def __post_init__(self) -> None:
+        check_plain_env("job_env", self.job_env, reserved=False)  # as [jobs.*.env]: names
         for key in self.jobs.images():
             if self.backend != "gke":
                 raise SettingError(
@@ -145,12 +146,18 @@ class Deployment:
             ("eval_timeout_minutes", self.eval_timeout_minutes, 1, MAX_TIMEOUT_MINUTES),
             ("eval_retries", self.eval_retries, 0, MAX_RETRIES),
         ):
-            if not minimum <= value <= maximum:
-                raise SettingError(name, f"must be in {minimum}..{maximum}, got {value}")
-        if not 0 < self.checkpoint_poll_seconds <= MAX_POLL_SECONDS:
+            if value < minimum:
+                raise SettingError(name, f"must be >= {minimum}, got {value}")
+            if value > maximum:
+                raise SettingError(name, f"must be <= {maximum}, got {value}")
+        if self.checkpoint_poll_seconds <= 0:
+            raise SettingError(
+                "checkpoint_poll_seconds", f"must be > 0, got {self.checkpoint_poll_seconds}"
+            )
+        if self.checkpoint_poll_seconds > MAX_POLL_SECONDS:
             raise SettingError(
                 "checkpoint_poll_seconds",
-                f"must be in (0, {MAX_POLL_SECONDS:g}], got {self.checkpoint_poll_seconds}",
+                f"must be <= {MAX_POLL_SECONDS:g}, got {self.checkpoint_poll_seconds}",
             )
         if not self.storage_root:
             raise SettingError("storage_root", "must not be empty")

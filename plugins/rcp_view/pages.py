@@ -360,6 +360,12 @@ def _gate(step: StepStatus) -> str:
     return step.gate
 
 
+def _checkpoint_cell(step: StepStatus) -> str:
+    if step.checkpoint_problem:  # its storage could not be reached: unknown, and why
+        return f"?<br><code>{_e(step.checkpoint_problem)}</code>"
+    return "yes" if step.checkpoint_present else "no"
+
+
 def _step_row(path: str, step: StepStatus) -> str:
     passed = step.gate == "passes"
     cls = "passed" if passed else ("skip" if step.gate == "skip" else "")
@@ -372,7 +378,7 @@ def _step_row(path: str, step: StepStatus) -> str:
     return (
         f"<tr class='{cls}' data-step='{step.step}'><td>{step.step}</td>"
         f"<td>{_e(_time(step.timestamp_ms))}</td><td>{step.samples_count}</td>"
-        f"<td>{'yes' if step.checkpoint_present else 'no'}</td><td>{evaluation}</td>"
+        f"<td>{_checkpoint_cell(step)}</td><td>{evaluation}</td>"
         f"<td class='pass4'>{_e(accuracy)}</td><td>{_e(_gate(step))}</td></tr>"
     )
 

@@ -2,6 +2,12 @@
 checkpoint, its summary (valid, pass@4, or why not), the gate's decision, what finalize would
 write now, and checkpoint folders without a row. Reads only; the same checks as the gate and
 finalize (`rcpflow.verdict.verify`), each summary read once (linear in the rows).
+
+It degrades per step, never per run: a file of one step that cannot be read (an attempts path
+that is a folder, a permission) shows that step as unreadable with why; a checkpoint on a
+storage it cannot reach (``gs://`` without credentials while the run's own files are local)
+shows that step's checkpoint as unknown with why. Only a manifest that cannot be used fails
+the whole status (exit 1); everything else is the table with its reasons.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from rcpflow.records.mllog import MLLogError
 from rcpflow.trainer.recorder import checkpoint_present
 from rcpflow.verdict.finalize import FinalizeInputError, Status, decide, finalize
 from rcpflow.verdict.gate import passes
-from rcpflow.verdict.verify import SummaryState, evaluate_step, reading_once
+from rcpflow.verdict.verify import StepEvaluation, SummaryState, evaluate_step, reading_once
 
 UNRECORDED = "unrecorded (no timestamp; not evaluable)"
 _STEP_FOLDER = re.compile(r"\d+")
@@ -43,6 +49,8 @@ class StepStatus:
     problems: tuple[str, ...]  # why the summary is not valid
     gate: GateDecision  # evaluate it, reuse it (passes / below target), or skip it
     skipped_for: int | None  # skip: the lower step that already passed
+    # why the checkpoint could not be looked at (then checkpoint_present is False: unknown)
+    checkpoint_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +123,12 @@ def _run_status(layout: RunLayout) -> RunStatus:
     steps = []
     first_pass: int | None = None  # the lowest step whose valid summary passes
     for row in manifest.rows:
-        found = evaluate_step(layout.root, row)
+        try:
+            found = evaluate_step(layout.root, row)
+        except USER_ERRORS as e:  # one step's file, not the run: that step is unreadable
+            found = StepEvaluation(
+                row.step, layout.summary(row.step), "unreadable", None, (describe(e),)
+            )
         passed_below = first_pass
         gate: GateDecision
         if passed_below is not None:
@@ -126,13 +139,15 @@ def _run_status(layout: RunLayout) -> RunStatus:
             gate = "evaluate"
         if first_pass is None and gate == "passes":
             first_pass = row.step
+        present, checkpoint_problem = _checkpoint(row.checkpoint_path)
         steps.append(
             StepStatus(
                 step=row.step,
                 timestamp_ms=row.timestamp_ms,
                 samples_count=row.samples_count,
                 checkpoint_path=row.checkpoint_path,
-                checkpoint_present=checkpoint_present(row.checkpoint_path),
+                checkpoint_present=present,
+                checkpoint_problem=checkpoint_problem,
                 summary=found.state,
                 eval_accuracy=found.summary.eval_accuracy
                 if found.valid and found.summary
@@ -150,9 +165,19 @@ def _run_status(layout: RunLayout) -> RunStatus:
             now = FinalizeNow(verdict.status, end, verdict.reason, _rewrites(layout, manifest.rows))
         except FinalizeInputError as e:
             now = FinalizeNow("refused", None, str(e))
+        except USER_ERRORS as e:  # a file finalize would need cannot be read
+            now = FinalizeNow("refused", None, describe(e))
     unrecorded, problem = _unrecorded(layout, manifest.rows)
     warnings = manifest.warnings + ((problem,) if problem else ())
     return RunStatus(layout.root, layout.manifest, None, warnings, tuple(steps), now, unrecorded)
+
+
+def _checkpoint(path: str) -> tuple[bool, str | None]:
+    """Whether the checkpoint is there, or why that cannot be told (its storage unreachable)."""
+    try:
+        return checkpoint_present(path), None
+    except USER_ERRORS as e:
+        return False, describe(e)
 
 
 def _rewrites(layout: RunLayout, rows: Sequence[ManifestRow]) -> str | None:
@@ -192,12 +217,14 @@ def render_table(status: RunStatus) -> str:
     for s in status.steps:
         acc = f"{s.eval_accuracy:.4f}" if s.eval_accuracy is not None else "-"
         gate = f"skip (step {s.skipped_for} passed)" if s.gate == "skip" else s.gate
+        ckpt = "?" if s.checkpoint_problem else ("yes" if s.checkpoint_present else "NO")
         rows.append(
-            (str(s.step), utc_text(s.timestamp_ms), "yes" if s.checkpoint_present else "NO",
-             s.summary, acc, gate)
+            (str(s.step), utc_text(s.timestamp_ms), ckpt, s.summary, acc, gate)
         )  # fmt: skip
         if s.summary in ("invalid", "unreadable"):
             notes.append(f"  step {s.step}: {'; '.join(s.problems)}")
+        if s.checkpoint_problem:
+            notes.append(f"  step {s.step}: checkpoint not looked at: {s.checkpoint_problem}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines += notes

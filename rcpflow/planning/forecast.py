@@ -19,9 +19,9 @@ is wasted: cancelled at the pass (``cancel=True``, what the run DAG does), or wi
 have their summaries.
 
 Bounds (each refused in one usage line naming its flag, before any work): seconds are finite,
-in (0, `SECONDS_MAX`] (step, evaluation) or [0, `SECONDS_MAX`] (task start, poll); steps, W and
-passing steps in 1..`STEPS_MAX`; chips in 1..`CHIPS_MAX`; the global batch size in
-1..`BATCH_MAX`; and the whole request (schedules x W x passing steps x evaluated steps, with
+in [`SECONDS_MIN`, `SECONDS_MAX`] (step, evaluation; task start and poll may also be 0);
+max_steps, W and passing steps in 1..`STEPS_MAX`; chips in 1..`CHIPS_MAX`; the global batch
+size in 1..`BATCH_MAX`; and the whole request (schedules x W x passing steps x evaluated steps, with
 ``--recommend`` its searches) at most `WORK_MAX` simulated steps, so that any accepted request
 answers within a second.
 """
@@ -44,10 +44,11 @@ from rcpflow.verdict.schedule import SCHEDULES, EvalSchedule
 RECOMMEND_WITHIN = 1.10
 Outcome = Literal["needed", "wasted", "cancelled"]
 SECONDS_MAX = 1e7  # 115 days: more than any step, evaluation, task start or poll
+SECONDS_MIN = 1e-3  # a millisecond: below it a division by it overflows (0 is "none")
 STEPS_MAX = 10_000  # max_steps, W and passing steps
 CHIPS_MAX = 10**6
 BATCH_MAX = 10**9
-WORK_MAX = 150_000  # simulated steps per request (a forecast counts 100 more): under a second
+WORK_MAX = 100_000  # simulated steps per request (a forecast counts 100 more): under a second
 
 
 class ForecastUsageError(ValueError):
@@ -76,17 +77,19 @@ class Scenario:
             ("--step-seconds", self.step_seconds),
             ("--eval-seconds", self.eval_seconds),
         ):
-            if not (math.isfinite(value) and 0 < value <= SECONDS_MAX):
+            if not (math.isfinite(value) and SECONDS_MIN <= value <= SECONDS_MAX):
                 raise ForecastUsageError(
-                    f"{flag} {value} must be a number of seconds in (0, {SECONDS_MAX:g}]"
+                    f"{flag} {value} must be a number of seconds in "
+                    f"[{SECONDS_MIN:g}, {SECONDS_MAX:g}]"
                 )
         for flag, value in (
             ("--task-start-seconds", self.task_start_seconds),
             ("--poll-seconds", self.poll_seconds),
         ):
-            if not (math.isfinite(value) and 0 <= value <= SECONDS_MAX):
+            if not (math.isfinite(value) and (value == 0 or SECONDS_MIN <= value <= SECONDS_MAX)):
                 raise ForecastUsageError(
-                    f"{flag} {value} must be a number of seconds in [0, {SECONDS_MAX:g}]"
+                    f"{flag} {value} must be 0 or a number of seconds in "
+                    f"[{SECONDS_MIN:g}, {SECONDS_MAX:g}]"
                 )
         for flag, count, most in (
             ("--window", self.window, STEPS_MAX),

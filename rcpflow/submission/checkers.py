@@ -28,7 +28,7 @@ PACKAGE_SUCCESS_LINE = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS !"
 TIMEOUT_RETURNCODE = 124  # as timeout(1) reports it
 
 # The tools log through `logging` with this format (see each tool's __main__).
-_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) - ?(.*)$")
+_RECORD = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) - ?(.*)")  # fullmatch: a whole line
 _MESSAGE_SEPARATOR = "-" * 30
 
 
@@ -105,7 +105,7 @@ def _records(output: str) -> list[tuple[str, str]]:
     """(level, text) of each logging record; continuation lines stay with their record."""
     records: list[tuple[str, list[str]]] = []
     for line in output.splitlines():
-        m = _RECORD.match(line)
+        m = _RECORD.fullmatch(line)
         if m:
             records.append((m.group(1), [m.group(2).strip()]))
         elif records:

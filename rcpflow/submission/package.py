@@ -32,7 +32,7 @@ STATUSES = (
     "Research, Development, or Internal (RDI)",
     "Preview",
 )
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # matched whole (fullmatch)
 # Fields the result summarizer converts with int(); accelerators may be 0 (a CPU-only system).
 _COUNT_FIELDS = {
     "number_of_nodes": 1,
@@ -97,7 +97,7 @@ class SystemDescription:
                 raise ValueError(f"system description: {f.name} must be a string, not {value!r}")
             if not value.strip() and f.name not in _MAY_BE_EMPTY:
                 raise ValueError(f"system description: {f.name} must not be empty")
-        if not _NAME.match(self.system_name):
+        if not _NAME.fullmatch(self.system_name):
             raise ValueError(
                 f"system description: system_name {self.system_name!r} names a folder and a "
                 "file: use letters, digits, '_', '.', '-'"

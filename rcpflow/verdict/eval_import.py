@@ -49,7 +49,7 @@ _ATTEMPT_FORMATS: dict[SourceFormat, AttemptFormat] = {
 }
 _SUMMARY_FORMATS: tuple[SourceFormat, ...] = ("rcpflow-summary", "tunix-summary")
 _SUMMARY_KEYS = frozenset({"instances", "pass_at_k"})
-_TREE_SUMMARY = re.compile(r"/step_(\d+)/([^/]+)/summary\.json")
+_TREE_SUMMARY = re.compile(r"/step_([0-9]+)/([^/]+)/summary\.json")
 # Tasks named when some have too few attempts; the rest are counted.
 _NAMED_TASKS = 5
 
@@ -385,6 +385,12 @@ def tree_summaries(tree: str) -> dict[int, list[str]]:
     return _tree_summaries(tree)[0]
 
 
+def tree_listing(tree: str) -> tuple[dict[int, list[str]], tuple[str, ...]]:
+    """`tree_summaries` and what the walk skipped, each named with why (links out of the tree,
+    dangling links, unlistable folders)."""
+    return _tree_summaries(tree)
+
+
 def _tree_summaries(tree: str) -> tuple[dict[int, list[str]], tuple[str, ...]]:
     root = tree.rstrip("/") if is_gcs(tree) else os.path.normpath(tree)
     paths, skipped = (storage_for(root).list(root), ()) if is_gcs(root) else _local_tree_files(root)
@@ -399,11 +405,18 @@ def _tree_summaries(tree: str) -> tuple[dict[int, list[str]], tuple[str, ...]]:
 
 def _local_tree_files(root: str) -> tuple[list[str], tuple[str, ...]]:
     """Files under `root`, following symlinked folders and files that stay inside the tree;
-    the ones that lead out of it (or round in a loop) are skipped and named."""
+    the ones that lead out of it (or round in a loop), dangling links, a summary that is not a
+    regular file, and folders that cannot be listed are skipped and named: never dropped
+    silently."""
     real_root = os.path.realpath(root)
     files: list[str] = []
     skipped: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+
+    def unlistable(e: OSError) -> None:
+        if e.filename != root:  # the tree itself: the caller names it
+            skipped.append(f"{e.filename}: cannot be listed ({e.strerror}): skipped")
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unlistable, followlinks=True):
         real = os.path.realpath(dirpath)
         # A link to a folder that holds it (an ancestor) would be walked for ever.
         loop = dirpath != root and _inside(os.path.realpath(os.path.dirname(dirpath)), real)
@@ -416,7 +429,11 @@ def _local_tree_files(root: str) -> tuple[list[str], tuple[str, ...]]:
         for name in sorted(f for f in filenames if not f.startswith(".")):
             path = os.path.join(dirpath, name)
             target = os.path.realpath(path)
-            if _inside(target, real_root):
+            if os.path.islink(path) and not os.path.exists(path):
+                skipped.append(f"{path}: a symlink to {target} that does not exist: skipped")
+            elif name == "summary.json" and not os.path.isfile(path):
+                skipped.append(f"{path}: not a regular file: skipped")
+            elif _inside(target, real_root):
                 files.append(path)
             else:
                 skipped.append(f"{path}: a symlink to {target} outside the tree: skipped")

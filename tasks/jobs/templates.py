@@ -61,17 +61,19 @@ _PER_STEP = frozenset(
     {"step", "samples_count", "checkpoint_path", "checkpoint_timestamp_ms", "summary_dir"}
 )
 # Set by the backends themselves (tasks.backends.local, tasks.backends.gke.render).
-_RESERVED_ENV = re.compile(r"^(RCPFLOW_.*|PYTHONUNBUFFERED)$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Every name pattern here is matched whole (fullmatch): `$` alone lets a trailing newline pass.
+_RESERVED_ENV = re.compile(r"RCPFLOW_.*|PYTHONUNBUFFERED")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX; Kubernetes allows more, never less
 # Names that usually hold a credential: SECRET, PASSWORD/PASSWD, CREDENTIAL(S) anywhere in the
 # name, TOKEN and KEY as one of its _-separated parts (HF_TOKEN, API_KEY; not
 # TOKENIZERS_PARALLELISM or MONKEY).
 _SECRET_NAME = re.compile(
     r"(SECRET|PASSWORD|PASSWD|CREDENTIAL)|(^|_)(TOKENS?|(API)?KEYS?)(_|$)", re.IGNORECASE
 )
-# Kubernetes: a Secret's name is a DNS-1123 subdomain; a key is [-._a-zA-Z0-9]+.
-_SECRET_REF_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+# Kubernetes: a Secret's name is a DNS-1123 subdomain (at most 253); a key is [-._a-zA-Z0-9]+
+# of at most 253, and not "." or ".." (IsConfigMapKey).
+_SECRET_REF_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
 
 def _command(role: Role, argv: tuple[str, ...]) -> JobCommand:
@@ -82,23 +84,33 @@ def _command(role: Role, argv: tuple[str, ...]) -> JobCommand:
         raise SettingError(key, str(exc)) from None
 
 
-def _check_env_name(table: str, name: str) -> None:
-    if not _ENV_NAME.match(name):
-        raise SettingError(f"{table}.{name}", "is not an environment variable name")
-    if _RESERVED_ENV.match(name):
+def _check_env_name(table: str, name: str, reserved: bool = True) -> None:
+    if not _ENV_NAME.fullmatch(name):
+        shown = name if name.isprintable() else repr(name)  # a newline stays visible
+        raise SettingError(f"{table}.{shown}", "is not an environment variable name")
+    if reserved and _RESERVED_ENV.fullmatch(name):
         raise SettingError(f"{table}.{name}", "is set by rcpflow itself; choose another name")
 
 
-def _check_env(env: Mapping[str, str], secret_env: Mapping[str, SecretKeyRef]) -> None:
+def check_plain_env(table: str, env: Mapping[str, str], reserved: bool = True) -> None:
+    """The names of an env table whose values are written out (a job's ``env``, the
+    deployment's ``[job_env]``): variable names, none that looks like a credential (its value
+    would be in every job's spec, log and XCom), and with `reserved` none of rcpflow's own (a
+    job's env; ``[job_env]`` may set them for every local job, e.g. RCPFLOW_LEASE_TIMEOUT_S)."""
     for name in env:
-        _check_env_name("env", name)
+        _check_env_name(table, name, reserved)
         if _SECRET_NAME.search(name):
             raise SettingError(
-                f"env.{name}",
+                f"{table}.{name}",
                 "looks like a credential: its value would be in every JobSet, log and XCom; "
                 f"give it as a Secret reference instead: secret_env = {{ {name} = {{ secret = "
-                '"<Secret name>", key = "<key>" } }',
+                '"<Secret name>", key = "<key>" } }'
+                + (" in a [jobs.<kind>] table" if table == "job_env" else ""),
             )
+
+
+def _check_env(env: Mapping[str, str], secret_env: Mapping[str, SecretKeyRef]) -> None:
+    check_plain_env("env", env)
     for name in secret_env:
         _check_env_name("secret_env", name)
         if name in env:
@@ -122,10 +134,12 @@ class SecretKeyRef:
         for name, value in (("secret", self.secret), ("key", self.key)):
             if not value:
                 raise SettingError(name, "is required (secret_env = { VAR = { secret, key } })")
-        if len(self.secret) > 253 or not _SECRET_REF_NAME.match(self.secret):
+        if len(self.secret) > 253 or not _SECRET_REF_NAME.fullmatch(self.secret):
             raise SettingError("secret", f"{self.secret!r} is not a Kubernetes Secret name")
-        if len(self.key) > 253 or not _SECRET_KEY.match(self.key):
-            raise SettingError("key", f"{self.key!r} is not a Secret key ([-._a-zA-Z0-9]+)")
+        if len(self.key) > 253 or not _SECRET_KEY.fullmatch(self.key) or self.key in (".", ".."):
+            raise SettingError(
+                "key", f"{self.key!r} is not a Secret key ([-._a-zA-Z0-9]+, not . or ..)"
+            )
 
 
 @dataclass(frozen=True)

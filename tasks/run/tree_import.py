@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.sdk import Param, get_current_context, task
 
-from rcpflow.verdict.eval_import import EvalImportError, import_tree, tree_summaries
+from rcpflow.verdict.eval_import import EvalImportError, import_tree, tree_listing
 from tasks.run.spec import ParamError, XComValue, check_path
 
 log = logging.getLogger(__name__)
@@ -52,11 +52,15 @@ def import_eval_tree(run_dir: XComValue) -> dict[str, Any]:
         if times is not None:
             raise ParamError("eval_times_from: only used with eval_tree, which is empty")
         log.info("no eval_tree: nothing to import")
-        return {"imported": [], "refused": {}}
+        return {"imported": [], "refused": {}, "skipped": []}
     tree = check_path("eval_tree", tree)
     times = None if times is None else check_path("eval_times_from", times)
-    if not tree_summaries(tree):
-        raise ParamError(f"eval_tree: {tree} has no step_<N>/<attempt>/summary.json")
+    found, skipped = tree_listing(tree)
+    for why in skipped:  # never dropped silently
+        log.warning("eval_tree: %s", why)
+    if not found:
+        also = f" ({len(skipped)} entries skipped, first: {skipped[0]})" if skipped else ""
+        raise ParamError(f"eval_tree: {tree} has no step_<N>/<attempt>/summary.json{also}")
     try:
         result = import_tree(run_dir, tree, eval_times_from=times)
     except EvalImportError as exc:
@@ -75,4 +79,4 @@ def import_eval_tree(run_dir: XComValue) -> dict[str, Any]:
         tree,
         len(result.steps) - len(imported),
     )
-    return {"imported": imported, "refused": refused}
+    return {"imported": imported, "refused": refused, "skipped": list(result.skipped)}

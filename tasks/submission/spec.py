@@ -199,7 +199,7 @@ def submission_spec(
     name = params["submission_name"]
     if name is None:
         name = name_from_run_id(run_id)
-    elif not isinstance(name, str) or not re.match(NAME_PATTERN, name):
+    elif not isinstance(name, str) or not re.fullmatch(NAME_PATTERN, name):
         raise ParamError(f"submission_name: {name!r} must match {NAME_PATTERN}")
     system = params["system"]
     if not isinstance(system, dict) or not all(isinstance(v, str) for v in system.values()):

@@ -44,8 +44,8 @@ from tasks.views.convergence import (
     tracked_training,
 )
 
-_SEED_DIR = re.compile(r"^seed_(\d+)$")
-SAFE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # what a URL of the view can name
+_SEED_DIR = re.compile(r"seed_([0-9]+)")  # matched whole (fullmatch), ASCII digits
+SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")  # what a URL of the view can name
 REPORT_MD, REPORT_HTML = "report.md", "report.html"  # a submission's report, two forms
 RUN_DEPTH = 4  # how deep below the root standalone runs are looked for
 # What reading a file of someone else's making can raise: unreadable storage, a file that is
@@ -213,7 +213,7 @@ def resolve_under(root: str, relative: str) -> str:
     if (
         relative.startswith("/")
         or not parts
-        or not all(SAFE_NAME.match(p) and p not in (".", "..") for p in parts)
+        or not all(SAFE_NAME.fullmatch(p) and p not in (".", "..") for p in parts)
     ):
         raise NotUnderRoot(f"{relative!r} is not a folder below the storage root")
     if is_gcs(root):
@@ -233,7 +233,7 @@ def confined_file(root: str, path: str) -> str:
 
 
 def seeds_of(folder: str) -> list[int]:
-    found = (_SEED_DIR.match(n) for n in _child_dirs(join(folder, "runs")))
+    found = (_SEED_DIR.fullmatch(n) for n in _child_dirs(join(folder, "runs")))
     return sorted(int(m.group(1)) for m in found if m)
 
 
@@ -266,7 +266,7 @@ def index(root: str, submission_runs: Collection[str] = ()) -> Index:
         for name in names:
             path = (*rel, name)
             shown = "/".join(path)
-            if not SAFE_NAME.match(name):
+            if not SAFE_NAME.fullmatch(name):
                 skipped.append(f"{shown!r}: a name the view cannot serve (letters, digits, . _ -)")
                 continue
             child = join(folder, name)

@@ -104,3 +104,29 @@ def test_invalid_records_under_format_deepswe_are_named_as_deepswe_records(run, 
     )  # fmt: skip
     assert p.returncode == 1
     assert "line 3: valid and solved must be booleans (not a valid deepswe record)" in p.stderr
+
+
+def test_from_tree_names_dangling_step_links_odd_summaries_and_unlistable_folders(run, tmp_path):
+    """Never dropped silently (issue 29): a step folder that is a dangling link, a summary that
+    is a FIFO, a step folder that cannot be listed."""
+    tree = tmp_path / "tree"
+    kept = tree / "step_18" / "20260929T080000Z-1" / "summary.json"
+    kept.parent.mkdir(parents=True)
+    kept.write_text(json.dumps(_tunix_for(run, 18, "summary_full.json")))
+    (tree / "step_19").symlink_to(tree / "archive" / "gone")  # dangling, inside the tree
+    fifo = tree / "step_20" / "20260929T080000Z-1" / "summary.json"
+    fifo.parent.mkdir(parents=True)
+    os.mkfifo(fifo)  # would block a reader for ever
+    locked = tree / "step_21"
+    locked.mkdir()
+    locked.chmod(0)
+    try:
+        result = import_tree(run.run_dir, str(tree))
+    finally:
+        locked.chmod(0o755)
+    assert [s.step for s in result.steps] == [18]
+    text = "\n".join(result.skipped)
+    assert f"{tree / 'step_19'}: a symlink to" in text and "does not exist" in text
+    assert f"{fifo}: not a regular file: skipped" in text
+    if os.geteuid() != 0:  # root lists any folder
+        assert f"{locked}: cannot be listed" in text

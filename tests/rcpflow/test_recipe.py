@@ -67,3 +67,9 @@ def test_bad_global_batch_size_is_named(gbs):
 def test_bad_division():
     with pytest.raises(ValueError, match="division"):
         recipe.hyperparameters("mixed", 256, 10)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("lr", [float("nan"), float("inf"), 2.0, 0.0])
+def test_an_open_learning_rate_is_finite_and_bounded(lr):
+    with pytest.raises(ValueError, match=r"learning_rate .* must be a number in"):
+        recipe.hyperparameters("open", 256, 10, learning_rate=lr)

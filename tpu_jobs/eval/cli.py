@@ -58,6 +58,9 @@ from tpu_jobs.eval.target import CheckpointLoader, Target
 from tpu_jobs.rcp import collectives, distributed
 
 
+MAX_SHARD_TIMEOUT_S = 7 * 86400.0  # a week; inf would wait for ever
+
+
 def write_eval_mllog(path: str, summary: EvalSummary) -> None:
     """The eval events of one checkpoint, rendered by the official mllog API (standalone mode)."""
     require_mlperf_logging()
@@ -223,8 +226,11 @@ def main(
     args = ap.parse_args(argv)
     sharding = SINGLE
     if sharded:
-        if not args.shard_timeout_s >= 0:
-            ap.error(f"--shard-timeout-s must be >= 0, got {args.shard_timeout_s}")
+        if not 0 <= args.shard_timeout_s <= MAX_SHARD_TIMEOUT_S:  # also refuses nan
+            ap.error(
+                f"--shard-timeout-s must be >= 0 and at most {MAX_SHARD_TIMEOUT_S:g} s, got "
+                f"{args.shard_timeout_s}"
+            )
         try:
             found = resolve_sharding(args.shard_index, args.num_shards, args.attempt_id, os.environ)
         except ShardingError as e:

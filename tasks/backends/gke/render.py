@@ -93,7 +93,7 @@ POD_RULE_SIGTERM = 1
 POD_RULE_APPLICATION_EXIT = 2
 JOB_FAILURE_POD_FAILURE_POLICY = "PodFailurePolicy"
 
-_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # matched whole (fullmatch)
 
 
 class JobSetConflictError(RuntimeError):
@@ -458,7 +458,7 @@ def _check_child_names(name: str, shape: TpuJobShape) -> None:
     # plus a 5-char random suffix) would not be DNS-1035 labels of <= 63 characters.
     job_name = f"{name}-{REPLICATED_JOB}-{shape.slices - 1}"
     pod_name = f"{job_name}-{shape.hosts_per_slice - 1}-abcde"
-    if not _DNS1035_LABEL.match(name) or len(pod_name) > 63:
+    if not _DNS1035_LABEL.fullmatch(name) or len(pod_name) > 63:
         raise ValueError(
             f"JobSet name {name!r} with {shape.slices} slices x {shape.hosts_per_slice} hosts "
             f"gives pod names like {pod_name!r} ({len(pod_name)} chars); JobSet requires <= 63"

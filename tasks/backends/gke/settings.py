@@ -41,14 +41,13 @@ TPU_ACCELERATORS: dict[str, tuple[int, tuple[int, ...]]] = {
 
 # Kubernetes object names (namespace, service account) are DNS-1123 labels; a PriorityClass
 # name is a DNS-1123 subdomain; a label value (the Kueue queue name) is at most 63 characters.
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+# Every pattern is matched whole (fullmatch: `$` alone lets a trailing newline pass).
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 # Kubernetes resource quantities (apimachinery's resource.Quantity, the forms a request uses).
-_CPU_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]{1,3})?|[0-9]+m)$")
-_MEMORY_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_CPU_QUANTITY = re.compile(r"([0-9]+(\.[0-9]{1,3})?|[0-9]+m)")
+_MEMORY_QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
 
 # The job exit-code contract (docs/exit-codes.md, `rcpflow.trainer.job_exit.restart_decision`):
 # the failurePolicy is rendered from it (`tasks.backends.gke.render`).
@@ -87,11 +86,11 @@ class TpuJobShape:
     memory_request: str = "32Gi"
 
     def __post_init__(self) -> None:
-        if not _CPU_QUANTITY.match(self.cpu_request):
+        if not _CPU_QUANTITY.fullmatch(self.cpu_request):
             raise SettingError(
                 "cpu_request", f"{self.cpu_request!r} is not a CPU quantity (e.g. '8', '7500m')"
             )
-        if not _MEMORY_QUANTITY.match(self.memory_request):
+        if not _MEMORY_QUANTITY.fullmatch(self.memory_request):
             raise SettingError(
                 "memory_request",
                 f"{self.memory_request!r} is not a memory quantity (e.g. '32Gi', '400G')",
@@ -259,7 +258,7 @@ class GkeSettings:
             ("service_account", self.service_account),
         ):
             _non_empty(value, name)
-            if len(value) > 63 or not _DNS1123_LABEL.match(value):
+            if len(value) > 63 or not _DNS1123_LABEL.fullmatch(value):
                 raise SettingError(
                     name,
                     f"{value!r} is not a Kubernetes name (lowercase letters, digits and '-', "
@@ -290,14 +289,14 @@ class GkeSettings:
                 f"{self.poll_interval_s}: the cluster could delete a finished JobSet before the "
                 "watch reads its outcome (use at least 600 s and 10 poll intervals)",
             )
-        if self.queue_name is not None and not _LABEL_VALUE.match(self.queue_name):
+        if self.queue_name is not None and not _LABEL_VALUE.fullmatch(self.queue_name):
             raise SettingError(
                 "queue_name",
                 f"{self.queue_name!r} is not a Kueue LocalQueue name usable as a label value "
                 "(letters, digits, '-', '_', '.', at most 63 characters)",
             )
         if self.priority_class is not None and (
-            len(self.priority_class) > 253 or not _DNS1123_SUBDOMAIN.match(self.priority_class)
+            len(self.priority_class) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(self.priority_class)
         ):
             raise SettingError(
                 "priority_class", f"{self.priority_class!r} is not a PriorityClass name"
@@ -321,7 +320,7 @@ class GkeSettings:
         names: list[str] = []
         for i, volume in enumerate(self.volumes):
             name = volume.get("name")
-            if not isinstance(name, str) or not _DNS1123_LABEL.match(name) or len(volume) < 2:
+            if not isinstance(name, str) or not _DNS1123_LABEL.fullmatch(name) or len(volume) < 2:
                 raise SettingError(
                     f"volumes[{i}]", "a Volume needs a 'name' (a DNS label) and one volume source"
                 )

@@ -61,7 +61,7 @@ def test_an_unbounded_number_is_a_usage_error_naming_the_flag(args, flag):
 @pytest.mark.parametrize(
     "args",
     [
-        ("--max-steps", "10000", "--passing-step", "10000", "--window", "1-7"),
+        ("--max-steps", "10000", "--passing-step", "10000", "--window", "1-4"),
         ("--max-steps", "10000", "--passing-step", "18", "--window", "10000"),
         ("--max-steps", "2000", "--passing-step", "2000", "--recommend"),
         ("--max-steps", "60", "--passing-step", "18-60", "--window", "1,3,10", "--recommend"),

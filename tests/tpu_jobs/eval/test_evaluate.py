@@ -416,6 +416,8 @@ def test_explicit_flags_win_over_the_environment(built_run, tmp_path, monkeypatc
         (["--shard-index", "1", "--num-shards", "3"], {}, "--attempt-id: needed with 3 shards"),
         (["--shard-index", "one"], {}, "argument --shard-index: invalid int value"),
         (["--shard-timeout-s", "-1"], {}, "--shard-timeout-s must be >= 0"),
+        (["--shard-timeout-s", "inf"], {}, "--shard-timeout-s must be >= 0 and at most"),
+        (["--shard-timeout-s", "nan"], {}, "--shard-timeout-s must be >= 0 and at most"),
     ],
 )  # fmt: skip
 def test_bad_shard_settings_fail_naming_the_flag(tmp_path, monkeypatch, capsys, args, env, needle):
