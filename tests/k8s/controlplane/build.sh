@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the tests under tests/tasks/backends/gke/real/ run:
-# etcd, kube-apiserver, kube-controller-manager, the JobSet controller (the README's minimum and
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the JobSet controller (the README's minimum and
 # the newest served), kwok and Kueue's controller, each from its own Go module in this folder
 # (go.mod/go.sum pin every version; see docs/k8s-control-plane.md).
 #
@@ -10,7 +10,9 @@
 #
 # <hash> is taken over this script and every go.mod, go.sum and main.go below this folder, so a
 # changed pin is a new folder. A finished folder holds a file COMPLETE; components already built
-# there are kept (a failed or interrupted build resumes). Kueue is optional: when it does not
+# there are kept (a failed or interrupted build resumes). The manifests the harness applies
+# (CRDs, RBAC, webhook configurations) are copied from each controller's module, as pinned, to
+# <name>-config/ beside its binary. Kueue is optional: when it does not
 # build, the folder is still complete and KUEUE_FAILED says why.
 set -euo pipefail
 
@@ -24,6 +26,7 @@ COMPONENTS=(
 	"etcd|etcd|.|"
 	"kube-apiserver|kube-apiserver|k8s.io/kubernetes/cmd/kube-apiserver|$KUBE_LDFLAGS"
 	"kube-controller-manager|kube-controller-manager|k8s.io/kubernetes/cmd/kube-controller-manager|$KUBE_LDFLAGS"
+	"kube-scheduler|kube-scheduler|k8s.io/kubernetes/cmd/kube-scheduler|$KUBE_LDFLAGS"
 	"jobset-v0.10.1|jobset-v0.10.1|sigs.k8s.io/jobset|"
 	"jobset-v0.12.0|jobset-v0.12.0|sigs.k8s.io/jobset|"
 	"kwok|kwok|sigs.k8s.io/kwok/cmd/kwok|"
@@ -103,6 +106,14 @@ for spec in "${COMPONENTS[@]}"; do
 	fi
 done
 echo "total $(($(date +%s) - total_start))" >>"$times"
+for spec in "jobset-v0.10.1|sigs.k8s.io/jobset" "jobset-v0.12.0|sigs.k8s.io/jobset" "kueue|sigs.k8s.io/kueue"; do
+	IFS='|' read -r name mod <<<"$spec"
+	[ -x "$out/$name" ] || continue
+	src="$(cd "$here/$name" && go list -m -f '{{.Dir}}' "$mod")/config/components"
+	rm -rf "$out/$name-config"
+	cp -r "$src" "$out/$name-config"
+	chmod -R u+w "$out/$name-config"
+done
 {
 	echo "go $(go env GOVERSION)"
 	for spec in "${COMPONENTS[@]}"; do
