@@ -1407,9 +1407,19 @@ class ControlPlane(Server):
         """Make kwok end the running pod with `exit_code` (annotation `EXIT_CODE_ANNOTATION`)."""
         self._annotate_pod(namespace, name, {EXIT_CODE_ANNOTATION: str(exit_code)})
 
-    def disrupt_pod(self, namespace: str, name: str, reason: str = "PreemptionByScheduler") -> None:
-        """Make kwok fail the running pod as disrupted (DisruptionTarget, `reason`, exit 143)."""
-        self._annotate_pod(namespace, name, {DISRUPTION_ANNOTATION: reason})
+    def disrupt_pod(
+        self,
+        namespace: str,
+        name: str,
+        reason: str = "PreemptionByScheduler",
+        exit_code: int | None = None,
+    ) -> None:
+        """Make kwok fail the running pod as disrupted: the DisruptionTarget condition with
+        `reason`, the container ended with `exit_code` (None: 143, SIGTERM)."""
+        annotations = {DISRUPTION_ANNOTATION: reason}
+        if exit_code is not None:
+            annotations[EXIT_CODE_ANNOTATION] = str(exit_code)
+        self._annotate_pod(namespace, name, annotations)
 
     def _annotate_pod(self, namespace: str, name: str, annotations: Mapping[str, str]) -> None:
         self.api.request(

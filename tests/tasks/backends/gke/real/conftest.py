@@ -1,0 +1,86 @@
+"""A real Kubernetes control plane for the GKE backend's tests: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, the JobSet controller and kwok with TPU v5p nodes
+(`tasks.devtools.k8s_control_plane`), started once per session.
+
+The binaries come from $RCPFLOW_K8S_BIN, ``../shared/k8s-bin/<pins hash>/`` or
+``.cache/k8s-bin/<pins hash>/`` (``make k8s-bin`` builds the latter; with
+``RCPFLOW_K8S_BUILD=1`` the fixture builds them when missing). Without them every test here is
+skipped with the reason in pytest's summary; when ``CI`` is set they fail instead.
+
+Fixtures:
+    k8s_bin        (session)  the binaries folder
+    control_plane  (session)  the running control plane (newest JobSet)
+    kube           (session)  a `kubernetes` ApiClient with the admin kubeconfig
+    namespace      (function) a fresh namespace, deleted afterwards (its default service
+                              account exists)
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.devtools.k8s_control_plane import (
+    NEWEST_JOBSET,
+    BinariesMissing,
+    ControlPlane,
+    binaries,
+)
+
+BUILD_ENV = "RCPFLOW_K8S_BUILD"
+
+
+def _missing(reason: str) -> None:
+    message = f"the real Kubernetes control-plane tests did not run: {reason}"
+    if os.environ.get("CI"):  # CI must run them: a missing build there is a fault
+        pytest.fail(f"CI is set: {message}")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def k8s_bin() -> Path:
+    try:
+        return binaries(build=os.environ.get(BUILD_ENV) == "1")
+    except BinariesMissing as exc:
+        _missing(f"{exc} (or set {BUILD_ENV}=1 to build them here)")
+        raise  # not reached
+
+
+@pytest.fixture(scope="session")
+def control_plane(k8s_bin: Path) -> Iterator[ControlPlane]:
+    with ControlPlane(k8s_bin, jobset_version=NEWEST_JOBSET) as plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Iterator[Any]:
+    import kubernetes
+
+    client = kubernetes.config.new_client_from_config(str(control_plane.kubeconfig))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane, kube: Any) -> Iterator[str]:
+    import kubernetes
+
+    core = kubernetes.client.CoreV1Api(kube)
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core.create_namespace({"metadata": {"name": name}})
+    control_plane.wait_for(
+        lambda: core.read_namespaced_service_account("default", name),
+        what=f"service account {name}/default",
+        timeout_s=30,
+    )
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
