@@ -947,6 +947,9 @@ class ControlPlane(Server):
     workdir: Path | None = None
     timeout_s: float = START_TIMEOUT_S
     keep_workdir: bool = False
+    # Bearer tokens the API server takes as admins (group system:masters), e.g. the fixed token
+    # of test Google credentials; `admin_token` is always one of them.
+    admin_tokens: Sequence[str] = ()
     components: dict[str, Component] = field(default_factory=dict)
     _owns_workdir: bool = False
 
@@ -964,6 +967,7 @@ class ControlPlane(Server):
         self.kueue_health_port = free_port()
         self._api: Api | None = None
         self._pki: _Pki | None = None
+        self.admin_token = base64.urlsafe_b64encode(os.urandom(24)).decode()
 
     # -- paths and clients
 
@@ -1101,6 +1105,14 @@ class ControlPlane(Server):
         """Start kube-apiserver (again, after `stop_apiserver`: same port, same etcd) and wait
         for /readyz."""
         pki = self.pki
+        tokens = self.root / "tokens.csv"
+        tokens.write_text(
+            "".join(
+                f'{token},rcpflow-admin-{i},rcpflow-admin-{i},"system:masters"\n'
+                for i, token in enumerate([self.admin_token, *self.admin_tokens])
+            )
+        )
+        tokens.chmod(0o600)
         apiserver = self._add(
             "kube-apiserver",
             [
@@ -1113,6 +1125,7 @@ class ControlPlane(Server):
                 f"--tls-cert-file={pki.apiserver_crt}",
                 f"--tls-private-key-file={pki.apiserver_key}",
                 f"--client-ca-file={pki.ca_crt}",
+                f"--token-auth-file={tokens}",
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
                 f"--service-account-key-file={pki.sa_pub}",
                 f"--service-account-signing-key-file={pki.sa_key}",
@@ -1231,7 +1244,7 @@ class ControlPlane(Server):
                 f"--kubeconfig={self.kubeconfig}",
                 "--controllers=job-controller,garbage-collector-controller,"
                 "serviceaccount-controller,namespace-controller,"
-                "root-ca-certificate-publisher-controller",
+                "root-ca-certificate-publisher-controller,pod-garbage-collector-controller",
                 f"--service-account-private-key-file={self.pki.sa_key}",
                 f"--root-ca-file={self.pki.ca_crt}",
                 "--use-service-account-credentials=false",
