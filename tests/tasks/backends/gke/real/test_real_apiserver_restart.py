@@ -83,7 +83,7 @@ def test_a_watch_across_an_api_server_restart(
     watcher.join(timeout=30)
     assert not watcher.is_alive(), "the watch did not end when the API server stopped"
     assert watcher.ended is not None
-    with pytest.raises(Exception) as down:  # noqa: PT011 - any connection error: the server is gone
+    with pytest.raises(Exception) as down:  # any connection error: the server is gone
         jobsets.get(ns, name)
     assert "refused" in str(down.value).lower() or "max retries" in str(down.value).lower()
 
