@@ -950,6 +950,9 @@ class ControlPlane(Server):
     # Bearer tokens the API server takes as admins (group system:masters), e.g. the fixed token
     # of test Google credentials; `admin_token` is always one of them.
     admin_tokens: Sequence[str] = ()
+    # Bearer token -> user name (no group): a client whose rights are only what RBAC binds to
+    # that user, e.g. the Airflow connection's identity with the roles docs/gke.md lists.
+    user_tokens: Mapping[str, str] = field(default_factory=dict)
     components: dict[str, Component] = field(default_factory=dict)
     _owns_workdir: bool = False
 
@@ -1106,12 +1109,12 @@ class ControlPlane(Server):
         for /readyz."""
         pki = self.pki
         tokens = self.root / "tokens.csv"
-        tokens.write_text(
-            "".join(
-                f'{token},rcpflow-admin-{i},rcpflow-admin-{i},"system:masters"\n'
-                for i, token in enumerate([self.admin_token, *self.admin_tokens])
-            )
-        )
+        lines = [
+            f'{token},rcpflow-admin-{i},rcpflow-admin-{i},"system:masters"'
+            for i, token in enumerate([self.admin_token, *self.admin_tokens])
+        ]
+        lines += [f"{token},{user},{user}" for token, user in self.user_tokens.items()]
+        tokens.write_text("\n".join(lines) + "\n")
         tokens.chmod(0o600)
         apiserver = self._add(
             "kube-apiserver",

@@ -18,12 +18,15 @@ Fixtures:
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from k8s_real import AIRFLOW_USER, GOOGLE_TOKEN
 
 from tasks.devtools.k8s_control_plane import (
     NEWEST_JOBSET,
@@ -33,6 +36,12 @@ from tasks.devtools.k8s_control_plane import (
 )
 
 BUILD_ENV = "RCPFLOW_K8S_BUILD"
+
+# Airflow imported by these tests must not write into ~/airflow; another test folder's harness
+# may have configured it already, which then wins.
+if "AIRFLOW_HOME" not in os.environ and "airflow" not in sys.modules:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="rcpflow-k8s-airflow-home-")
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
 def _missing(reason: str) -> None:
@@ -53,7 +62,9 @@ def k8s_bin() -> Path:
 
 @pytest.fixture(scope="session")
 def control_plane(k8s_bin: Path) -> Iterator[ControlPlane]:
-    with ControlPlane(k8s_bin, jobset_version=NEWEST_JOBSET) as plane:
+    with ControlPlane(
+        k8s_bin, jobset_version=NEWEST_JOBSET, user_tokens={GOOGLE_TOKEN: AIRFLOW_USER}
+    ) as plane:
         yield plane
 
 

@@ -19,6 +19,10 @@ from tasks.backends.gke.settings import GkeSettings, TpuJobShape
 from tasks.devtools.k8s_control_plane import ControlPlane
 
 RUN_ID = "manual__2026-05-01T12:00:00+00:00"
+# The bearer token of the test Google credentials (`fixed_token_credentials`): the API server
+# knows it as AIRFLOW_USER, whom RBAC gives only what docs/gke.md asks for.
+GOOGLE_TOKEN = "rcpflow-test-google-token"
+AIRFLOW_USER = "rcpflow-airflow"
 
 
 def shape(topology: str = "2x2x1", *, slices: int = 1, max_restarts: int = 3) -> TpuJobShape:
@@ -146,3 +150,14 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
         if c.get("type") == kind and c.get("status") == "True":
             return dict(c)
     return None
+
+
+def fixed_token_credentials(token: str) -> Any:
+    """Google credentials whose refresh yields `token` without any network."""
+    import google.auth.credentials
+
+    class FixedTokenCredentials(google.auth.credentials.Credentials):  # type: ignore[misc]
+        def refresh(self, request: Any) -> None:
+            self.token = token
+
+    return FixedTokenCredentials()
