@@ -69,6 +69,8 @@ BIN_ENV = "RCPFLOW_K8S_BIN"  # a folder of binaries to use instead (what build.s
 
 KUBE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 JOBSET_VERSIONS = ("v0.10.1", "v0.12.0")
+# Only its config/components (CRD) is copied, for tests of the version gate: older than v0.10.
+OLDER_JOBSET_CRD = "v0.9.1"
 OLDEST_JOBSET = JOBSET_VERSIONS[0]
 NEWEST_JOBSET = JOBSET_VERSIONS[-1]
 
@@ -944,6 +946,8 @@ class ControlPlane(Server):
     jobset_version: str = NEWEST_JOBSET
     pools: Sequence[TpuNodePool] = DEFAULT_POOLS
     kueue: bool = False
+    # False: etcd and kube-apiserver only (no CRD, controller or node): a bare API server.
+    controllers: bool = True
     workdir: Path | None = None
     timeout_s: float = START_TIMEOUT_S
     keep_workdir: bool = False
@@ -1032,6 +1036,8 @@ class ControlPlane(Server):
         self._start_etcd()
         self.start_apiserver()
         self._api = Api(self.url, self.pki)
+        if not self.controllers:
+            return
         self._install_jobset()
         self._start_kube_controllers()
         self._start_jobset()
