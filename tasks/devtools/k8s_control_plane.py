@@ -448,9 +448,9 @@ KINDS: dict[str, Kind] = {
     "APIService": Kind("apiregistration.k8s.io/v1", "apiservices", False),
     "PriorityClass": Kind("scheduling.k8s.io/v1", "priorityclasses", False),
     "JobSet": Kind("jobset.x-k8s.io/v1alpha2", "jobsets", True),
-    "ResourceFlavor": Kind("kueue.x-k8s.io/v1beta1", "resourceflavors", False),
-    "ClusterQueue": Kind("kueue.x-k8s.io/v1beta1", "clusterqueues", False),
-    "LocalQueue": Kind("kueue.x-k8s.io/v1beta1", "localqueues", True),
+    "ResourceFlavor": Kind("kueue.x-k8s.io/v1beta2", "resourceflavors", False),
+    "ClusterQueue": Kind("kueue.x-k8s.io/v1beta2", "clusterqueues", False),
+    "LocalQueue": Kind("kueue.x-k8s.io/v1beta2", "localqueues", True),
 }
 
 
@@ -1267,11 +1267,8 @@ class ControlPlane(Server):
             [
                 self.binary("kube-scheduler"),
                 f"--kubeconfig={self.kubeconfig}",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
                 "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
+                "--secure-port=0",
             ],
         )
 
@@ -1387,7 +1384,7 @@ class ControlPlane(Server):
         kueue_config.write_text(
             json.dumps(
                 {
-                    "apiVersion": "config.kueue.x-k8s.io/v1beta1",
+                    "apiVersion": "config.kueue.x-k8s.io/v1beta2",
                     "kind": "Configuration",
                     "namespace": KUEUE_NAMESPACE,
                     "leaderElection": {"leaderElect": False},
