@@ -1503,6 +1503,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ControlPlaneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # during the start: what was started is stopped already
+        print("interrupted; stopped", file=sys.stderr)
+        return 130
     print("stopped")
     return 0
 
