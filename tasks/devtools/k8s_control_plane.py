@@ -1253,7 +1253,8 @@ class ControlPlane(Server):
                 f"--kubeconfig={self.kubeconfig}",
                 "--controllers=job-controller,garbage-collector-controller,"
                 "serviceaccount-controller,namespace-controller,"
-                "root-ca-certificate-publisher-controller,pod-garbage-collector-controller",
+                "root-ca-certificate-publisher-controller,pod-garbage-collector-controller,"
+                "node-lifecycle-controller",
                 f"--service-account-private-key-file={self.pki.sa_key}",
                 f"--root-ca-file={self.pki.ca_crt}",
                 "--use-service-account-credentials=false",
@@ -1361,6 +1362,27 @@ class ControlPlane(Server):
             return True if all(n["metadata"]["name"] in ready for n in nodes) else None
 
         wait_until(all_ready, timeout_s=self.timeout_s, what="the TPU nodes Ready", component=kwok)
+
+        def untainted() -> bool | None:
+            # a new node is tainted not-ready (TaintNodesByCondition) until the node lifecycle
+            # controller sees it Ready
+            items = self.api.get("/api/v1/nodes")["items"]
+            tainted = [
+                n["metadata"]["name"]
+                for n in items
+                if any(
+                    t.get("key", "").startswith("node.kubernetes.io/")
+                    for t in n["spec"].get("taints") or []
+                )
+            ]
+            return None if tainted else True
+
+        wait_until(
+            untainted,
+            timeout_s=self.timeout_s,
+            what="the TPU nodes' not-ready taints removed",
+            component=self.components["kube-controller-manager"],
+        )
 
     def _start_kueue(self) -> None:
         if not (self.bin_dir / "kueue").is_file():

@@ -44,13 +44,22 @@ def settings(namespace: str, **kwargs: Any) -> GkeSettings:
     )
 
 
+# A DAG id short enough that a multi-host training JobSet's coordinator label fits (see
+# test_real_jobset_admission.py: with the real DAG's id it does not).
+SHORT_DAG_ID = "rcp"
+
+
 def render(
-    s: GkeSettings, role: str = "train", job: str = "train", run_id: str = RUN_ID
+    s: GkeSettings,
+    role: str = "train",
+    job: str = "train",
+    run_id: str = RUN_ID,
+    dag_id: str = SHORT_DAG_ID,
 ) -> dict[str, Any]:
     return render_jobset(
         s,
         role=role,  # type: ignore[arg-type]
-        dag_id="mlperf_grpo_run",
+        dag_id=dag_id,
         run_id=run_id,
         job=job,
         command=["python", "-m", f"tpu_jobs.{role}", "--run-dir", "gs://bucket/$run"],

@@ -5,16 +5,13 @@ child Jobs and pods on the TPU v5p nodes its selectors name, and completed."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 from k8s_real import JobSets, condition, render, settings
 
-from tasks.backends.gke.render import (
-    JOBSET_COORDINATOR_ANNOTATION,
-    JOBSET_UID_LABEL,
-    render_jobset,
-)
+from tasks.backends.gke.render import JOBSET_COORDINATOR_ANNOTATION, JOBSET_UID_LABEL
 from tasks.backends.gke.status import interpret_status
 from tasks.devtools.k8s_control_plane import (
     NODEPOOL_LABEL,
@@ -27,6 +24,22 @@ from tasks.devtools.k8s_control_plane import (
 @pytest.fixture
 def jobsets(kube: Any, control_plane: ControlPlane) -> JobSets:
     return JobSets(kube, control_plane)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG found by the real JobSet webhook: a multi-host training JobSet of the run DAG "
+    "(mlperf_grpo_run) gets a 32-character name, and JobSet (v0.10+) puts the coordinator "
+    "'<name>-slice-0-0.<name>' (75 characters) into the pods' jobset.sigs.k8s.io/coordinator "
+    "label, which must be <= 63: JobSet v0.11+ refuses the create (422), v0.10 fails to create "
+    "the Jobs. render.py's name check covers pod names, not this label",
+)
+def test_the_run_dags_multi_host_training_jobset_is_admitted(
+    jobsets: JobSets, namespace: str
+) -> None:
+    rendered = render(settings(namespace), dag_id="mlperf_grpo_run")
+    assert len(rendered["metadata"]["name"]) == 32
+    jobsets.create(rendered)
 
 
 def test_rendered_training_jobset_is_admitted_defaulted_and_runs(
@@ -111,8 +124,10 @@ def test_strict_field_validation_refuses_an_unknown_field(jobsets: JobSets, name
     with pytest.raises(kubernetes.client.ApiException) as refused:
         jobsets.create(copy.deepcopy(rendered))
     assert refused.value.status == 400
-    assert 'unknown field "spec.replicatedJobs[0].template.spec.backofLimit"' in str(
-        refused.value.body
+    message = json.loads(refused.value.body)["message"]
+    assert (
+        'strict decoding error: unknown field "spec.replicatedJobs[0].template.spec.backofLimit"'
+        in message
     )
     # Without strict validation the API server prunes it silently: why the project is strict.
     created = jobsets.create(rendered, strict=False)
@@ -127,14 +142,7 @@ def test_a_shape_no_node_pool_has_stays_pending(
     from k8s_real import shape
 
     s = settings(namespace, train=shape("2x2x4"))
-    rendered = render_jobset(
-        s,
-        role="train",
-        dag_id="mlperf_grpo_run",
-        run_id="manual__pending",
-        job="train",
-        command=["true"],
-    )
+    rendered = render(s, run_id="manual__pending")
     name = rendered["metadata"]["name"]
     jobsets.create(rendered)
 
