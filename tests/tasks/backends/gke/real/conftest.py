@@ -10,6 +10,7 @@ skipped with the reason in pytest's summary; when ``CI`` is set they fail instea
 Fixtures:
     k8s_bin        (session)  the binaries folder
     control_plane  (session)  the running control plane (newest JobSet)
+    planes         (session)  planes(version): a control plane with that JobSet version
     kube           (session)  a `kubernetes` ApiClient with the admin kubeconfig
     namespace      (function) a fresh namespace, deleted afterwards (its default service
                               account exists)
@@ -20,13 +21,12 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_real import AIRFLOW_USER, GOOGLE_TOKEN
+from k8s_real import AIRFLOW_USER, GOOGLE_TOKEN, fresh_namespace
 
 from tasks.devtools.k8s_control_plane import (
     NEWEST_JOBSET,
@@ -60,12 +60,42 @@ def k8s_bin() -> Path:
         raise  # not reached
 
 
+class Planes:
+    """One running control plane per JobSet version, started when first asked for."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin_dir = bin_dir
+        self.running: dict[str, ControlPlane] = {}
+
+    def __call__(self, jobset_version: str = NEWEST_JOBSET) -> ControlPlane:
+        if jobset_version not in self.running:
+            plane = ControlPlane(
+                self.bin_dir,
+                jobset_version=jobset_version,
+                user_tokens={GOOGLE_TOKEN: AIRFLOW_USER},
+            )
+            plane.__enter__()
+            self.running[jobset_version] = plane
+        return self.running[jobset_version]
+
+    def close(self) -> None:
+        for plane in self.running.values():
+            plane.stop()
+
+
 @pytest.fixture(scope="session")
-def control_plane(k8s_bin: Path) -> Iterator[ControlPlane]:
-    with ControlPlane(
-        k8s_bin, jobset_version=NEWEST_JOBSET, user_tokens={GOOGLE_TOKEN: AIRFLOW_USER}
-    ) as plane:
-        yield plane
+def planes(k8s_bin: Path) -> Iterator[Planes]:
+    running = Planes(k8s_bin)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture(scope="session")
+def control_plane(planes: Planes) -> ControlPlane:
+    """The control plane with the newest JobSet."""
+    return planes(NEWEST_JOBSET)
 
 
 @pytest.fixture(scope="session")
@@ -80,18 +110,6 @@ def kube(control_plane: ControlPlane) -> Iterator[Any]:
 
 
 @pytest.fixture
-def namespace(control_plane: ControlPlane, kube: Any) -> Iterator[str]:
-    import kubernetes
-
-    core = kubernetes.client.CoreV1Api(kube)
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    core.create_namespace({"metadata": {"name": name}})
-    control_plane.wait_for(
-        lambda: core.read_namespaced_service_account("default", name),
-        what=f"service account {name}/default",
-        timeout_s=30,
-    )
-    try:
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    with fresh_namespace(control_plane) as name:
         yield name
-    finally:
-        core.delete_namespace(name)

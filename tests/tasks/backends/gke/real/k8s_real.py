@@ -4,7 +4,9 @@ controllers made of it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tasks.backends.gke.render import (
@@ -66,8 +68,30 @@ def render(
     )
 
 
+@contextlib.contextmanager
+def fresh_namespace(plane: ControlPlane) -> Iterator[str]:
+    """A new namespace of `plane` (its default service account there), deleted afterwards."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    plane.api.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
+    plane.wait_for(
+        lambda: plane.api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        what=f"service account {name}/default",
+        timeout_s=30,
+    )
+    try:
+        yield name
+    finally:
+        plane.api.request("DELETE", f"/api/v1/namespaces/{name}")
+
+
 class JobSets:
     """The JobSet API of the test control plane through the `kubernetes` client."""
+
+    @classmethod
+    def for_plane(cls, plane: ControlPlane) -> JobSets:
+        import kubernetes
+
+        return cls(kubernetes.config.new_client_from_config(str(plane.kubeconfig)), plane)
 
     def __init__(self, kube: Any, plane: ControlPlane) -> None:
         import kubernetes

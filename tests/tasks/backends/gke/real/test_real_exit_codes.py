@@ -6,14 +6,15 @@ against maxRestarts or not) is what the contract's GKE column says."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from k8s_real import JobSets, condition, render, settings, shape
+from k8s_real import JobSets, condition, fresh_namespace, render, settings, shape
 from repo_paths import REPO
 
 from tasks.backends.gke.status import failed_pods, interpret_status
-from tasks.devtools.k8s_control_plane import ControlPlane
+from tasks.devtools.k8s_control_plane import JOBSET_VERSIONS, ControlPlane
 
 RESTART_BUDGET = 2
 
@@ -31,9 +32,22 @@ CONTRACT = _contract()
 CODES = [*sorted(int(c) for c in CONTRACT if c != "other"), 134, 137]
 
 
+@pytest.fixture(params=JOBSET_VERSIONS)
+def control_plane(request: pytest.FixtureRequest, planes: Any) -> ControlPlane:
+    """Each test runs on the oldest (README's minimum) and the newest JobSet built."""
+    plane: ControlPlane = planes(request.param)
+    return plane
+
+
 @pytest.fixture
-def jobsets(kube: Any, control_plane: ControlPlane) -> JobSets:
-    return JobSets(kube, control_plane)
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    with fresh_namespace(control_plane) as name:
+        yield name
+
+
+@pytest.fixture
+def jobsets(control_plane: ControlPlane) -> JobSets:
+    return JobSets.for_plane(control_plane)
 
 
 def _single_host(namespace: str, run_id: str) -> dict[str, Any]:
