@@ -1504,6 +1504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Ctrl-C is KeyboardInterrupt even where the shell started us with SIGINT ignored (`&`).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     plane = ControlPlane(
         bin_dir, jobset_version=args.jobset, kueue=args.kueue, keep_workdir=args.keep
     )
