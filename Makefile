@@ -66,3 +66,10 @@ format: setup
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+
+# The real Kubernetes control plane of tests/tasks/backends/gke/real/ (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, JobSet, kwok, Kueue), built from the Go modules in
+# tests/k8s/controlplane/ into .cache/k8s-bin/<pins hash>/; docs/k8s-control-plane.md.
+.PHONY: k8s-bin
+k8s-bin:
+	nice -n 10 tests/k8s/controlplane/build.sh

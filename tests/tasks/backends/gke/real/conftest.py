@@ -1,0 +1,115 @@
+"""A real Kubernetes control plane for the GKE backend's tests: etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, the JobSet controller and kwok with TPU v5p nodes
+(`tasks.devtools.k8s_control_plane`), started once per session.
+
+The binaries come from $RCPFLOW_K8S_BIN, ``../shared/k8s-bin/<pins hash>/`` or
+``.cache/k8s-bin/<pins hash>/`` (``make k8s-bin`` builds the latter; with
+``RCPFLOW_K8S_BUILD=1`` the fixture builds them when missing). Without them every test here is
+skipped with the reason in pytest's summary; when ``CI`` is set they fail instead.
+
+Fixtures:
+    k8s_bin        (session)  the binaries folder
+    control_plane  (session)  the running control plane (newest JobSet)
+    planes         (session)  planes(version): a control plane with that JobSet version
+    kube           (session)  a `kubernetes` ApiClient with the admin kubeconfig
+    namespace      (function) a fresh namespace, deleted afterwards (its default service
+                              account exists)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from k8s_real import AIRFLOW_USER, GOOGLE_TOKEN, fresh_namespace
+
+from tasks.devtools.k8s_control_plane import (
+    NEWEST_JOBSET,
+    BinariesMissing,
+    ControlPlane,
+    binaries,
+)
+
+BUILD_ENV = "RCPFLOW_K8S_BUILD"
+
+# Airflow imported by these tests must not write into ~/airflow; another test folder's harness
+# may have configured it already, which then wins.
+if "AIRFLOW_HOME" not in os.environ and "airflow" not in sys.modules:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="rcpflow-k8s-airflow-home-")
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+
+def _missing(reason: str) -> None:
+    message = f"the real Kubernetes control-plane tests did not run: {reason}"
+    if os.environ.get("CI"):  # CI must run them: a missing build there is a fault
+        pytest.fail(f"CI is set: {message}")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def k8s_bin() -> Path:
+    try:
+        return binaries(build=os.environ.get(BUILD_ENV) == "1")
+    except BinariesMissing as exc:
+        _missing(f"{exc} (or set {BUILD_ENV}=1 to build them here)")
+        raise  # not reached
+
+
+class Planes:
+    """One running control plane per JobSet version, started when first asked for."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin_dir = bin_dir
+        self.running: dict[str, ControlPlane] = {}
+
+    def __call__(self, jobset_version: str = NEWEST_JOBSET) -> ControlPlane:
+        if jobset_version not in self.running:
+            plane = ControlPlane(
+                self.bin_dir,
+                jobset_version=jobset_version,
+                user_tokens={GOOGLE_TOKEN: AIRFLOW_USER},
+            )
+            plane.__enter__()
+            self.running[jobset_version] = plane
+        return self.running[jobset_version]
+
+    def close(self) -> None:
+        for plane in self.running.values():
+            plane.stop()
+
+
+@pytest.fixture(scope="session")
+def planes(k8s_bin: Path) -> Iterator[Planes]:
+    running = Planes(k8s_bin)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+@pytest.fixture(scope="session")
+def control_plane(planes: Planes) -> ControlPlane:
+    """The control plane with the newest JobSet."""
+    return planes(NEWEST_JOBSET)
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Iterator[Any]:
+    import kubernetes
+
+    client = kubernetes.config.new_client_from_config(str(control_plane.kubeconfig))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    with fresh_namespace(control_plane) as name:
+        yield name
