@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tasks.processes import Server, free_port, stop_processes
+from tasks.jobs.processes import Server, free_port, stop_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROLPLANE_DIR = ROOT / "tests" / "k8s" / "controlplane"
