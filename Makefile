@@ -22,16 +22,22 @@ test: check system-packages
 	$(PY) -m pytest
 
 # Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Chromium and its driver
-# for the UI test), installed when missing; CI runs as root.
-SYSTEM_PACKAGES := postgresql chromium chromium-driver
+# for the UI test; a private Slurm and an sshd standing in for its login node, for the Slurm
+# backend's tests: docs/slurm.md), installed when missing; CI runs as root. Slurm's packages
+# without their recommends (which pull ~30 more: hdf5, rocm, ...).
+SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin
 system-packages:
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do \
+	@missing() { for p in "$$@"; do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
-	done); \
-	if [ -n "$$missing" ]; then \
-		echo "installing Debian packages: $$missing"; \
+	done; }; \
+	plain=$$(missing $(SYSTEM_PACKAGES)); slurm=$$(missing $(SLURM_PACKAGES)); \
+	if [ -n "$$plain$$slurm" ]; then \
+		echo "installing Debian packages: $$plain $$slurm"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+		$$SUDO apt-get update -q || exit 1; \
+		if [ -n "$$plain" ]; then DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$plain || exit 1; fi; \
+		if [ -n "$$slurm" ]; then DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$slurm || exit 1; fi; \
 	fi
 
 # Lint, formatting and types: the same checks as .pre-commit-config.yaml.
