@@ -217,7 +217,9 @@ class SlurmCluster(Server):
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
-    def _spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> _Daemon:
+    def _spawn(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> _Daemon:
         log = self.log_dir / f"{name}.stdout"
         with log.open("ab") as out:
             process = subprocess.Popen(
@@ -305,8 +307,9 @@ class SlurmCluster(Server):
 
     def rest_token(self, lifespan_s: int = 3600) -> str:
         """A JWT for the current user, from slurmctld (``scontrol token``)."""
-        out = self.client("scontrol", "token", f"username={getpass.getuser()}",
-                          f"lifespan={lifespan_s}")
+        out = self.client(
+            "scontrol", "token", f"username={getpass.getuser()}", f"lifespan={lifespan_s}"
+        )
         for line in out.splitlines():
             if line.startswith("SLURM_JWT="):
                 return line.split("=", 1)[1].strip()
@@ -383,7 +386,8 @@ class SlurmCluster(Server):
             if daemon is not None and daemon.process.poll() is not None:
                 raise SlurmClusterError(
                     f"{what}: {daemon.name} exited with {daemon.process.returncode}; "
-                    f"log {daemon.log}:\n{_tail(daemon.log)}\n{_tail(self.log_dir / (daemon.name + '.log'))}"
+                    f"log {daemon.log}:\n{_tail(daemon.log)}\n"
+                    f"{_tail(self.log_dir / (daemon.name + '.log'))}"
                 )
             if time.monotonic() > deadline:
                 logs = "\n".join(f"{p}:\n{_tail(p)}" for p in sorted(self.log_dir.glob("*")))

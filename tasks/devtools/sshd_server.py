@@ -129,9 +129,7 @@ class LocalSshd(Server):
     def stop(self) -> None:
         # sshd forks a process per session; its children end with their sessions.
         if self.process is not None:
-            stop_processes(
-                [self.process], first=signal.SIGTERM, grace_s=5.0, with_descendants=True
-            )
+            stop_processes([self.process], first=signal.SIGTERM, grace_s=5.0, with_descendants=True)
             self.process = None
 
     def cleanup(self) -> None:

@@ -1,0 +1,133 @@
+"""SlurmSettings: the [slurm] table read into frozen dataclasses; a bad value names its key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings, time_limit_seconds
+from tasks.settings import SettingError, read_table
+
+BASE = {"working_dir": "/shared/rcpflow", "log_dir": "/shared/rcpflow/logs"}
+
+
+def read(**table: object) -> SlurmSettings:
+    return read_table(SlurmSettings, {**BASE, **table}, "slurm")
+
+
+def test_defaults_and_overrides() -> None:
+    settings = read(train={"nodes": 4, "gpus_per_node": 8, "partition": "gpu"})
+    assert settings.transport == "local"
+    assert settings.fail_exit_codes == (2, 5)
+    train = settings.train
+    assert (train.nodes, train.gpus_per_node, train.partition, train.tasks) == (4, 8, "gpu", 4)
+    assert train.max_restarts == 3 and train.signal_grace_s == 600  # kept from the default
+    assert settings.evaluate.max_restarts == 2
+    assert settings.shape("train") is train
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.python = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "words"),
+    [
+        ({"working_dir": "relative"}, "slurm.working_dir", "absolute"),
+        ({"transport": "ssh"}, "slurm.ssh_conn_id", "SSH connection"),
+        ({"transport": "rest", "rest_conn_id": "c"}, "slurm.rest_url", "URL"),
+        ({"transport": "rest", "rest_url": "http://h:1"}, "slurm.rest_conn_id", "JWT"),
+        ({"transport": "pigeon"}, "slurm.transport", "one of"),
+        ({"poll_interval_s": 400}, "slurm.poll_interval_s", "MinJobAge"),
+        ({"fail_exit_codes": [2, 143]}, "slurm.fail_exit_codes", "SIGTERM"),
+        ({"fail_exit_codes": [1]}, "slurm.fail_exit_codes", "uncaught"),
+        ({"train": {"nodes": 0}}, "slurm.train.nodes", ">= 1"),
+        ({"train": {"gres": "gpu:4", "gpus_per_node": 4}}, "slurm.train.gres", "not both"),
+        ({"train": {"time_limit": "1h"}}, "slurm.train.time_limit", "sbatch --time"),
+        ({"train": {"time_limit": "10"}}, "slurm.train.signal_grace_s", "not less than"),
+        ({"train": {"partition": "a b"}}, "slurm.train.partition", "Slurm name"),
+        ({"train": {"mem": "lots"}}, "slurm.train.mem", "--mem"),
+        (
+            {"evaluate": {"extra_sbatch_args": ["--time=5"]}},
+            "slurm.evaluate.extra_sbatch_args[0]",
+            "time_limit",
+        ),
+        (
+            {"evaluate": {"extra_sbatch_args": ["--comment=a b"]}},
+            "slurm.evaluate.extra_sbatch_args[0]",
+            "whitespace",
+        ),
+        (
+            {"evaluate": {"extra_sbatch_args": ["exclusive"]}},
+            "slurm.evaluate.extra_sbatch_args[0]",
+            "one sbatch option",
+        ),
+        (
+            {"evaluate": {"extra_sbatch_args": ["-x=n1"]}},
+            "slurm.evaluate.extra_sbatch_args[0]",
+            "long form",
+        ),
+        (
+            {"evaluate": {"container_mounts": ["/a:/b"]}},
+            "slurm.evaluate.container_mounts",
+            "container_image",
+        ),
+        (
+            {"evaluate": {"container_image": "img", "container_mounts": ["a"]}},
+            "slurm.evaluate.container_mounts[0]",
+            "SRC:DST",
+        ),
+        (
+            {"train": {"secret_env": {"HF_TOKEN": {}}}},
+            "slurm.train.secret_env.HF_TOKEN",
+            "exactly one",
+        ),
+        (
+            {"train": {"secret_env": {"HF_TOKEN": {"file": "rel"}}}},
+            "slurm.train.secret_env.HF_TOKEN.file",
+            "absolute",
+        ),
+        (
+            {"train": {"secret_env": {"RCPFLOW_X": {"env": "A"}}}},
+            "slurm.train.secret_env.RCPFLOW_X",
+            "variable",
+        ),
+        ({"train": {"nodes": True}}, "slurm.train.nodes", "must be int"),
+    ],
+)
+def test_a_bad_setting_names_its_key(table: dict[str, object], key: str, words: str) -> None:
+    with pytest.raises(SettingError) as caught:
+        read(**table)
+    assert caught.value.key == key, caught.value
+    assert words in str(caught.value)
+
+
+def test_good_extra_args_and_containers() -> None:
+    shape = read_table(
+        SlurmJobShape,
+        {
+            "extra_sbatch_args": ["--exclusive", "--segment=8", "--gpu-bind=closest"],
+            "container_image": "nvcr.io#nvidia/pytorch:24.01-py3",
+            "container_mounts": ["/lustre/data:/data", "/lustre/ckpt:/checkpoints"],
+            "secret_env": {
+                "HF_TOKEN": {"file": "/home/u/.hf_token"},
+                "WANDB_API_KEY": {"env": "WK"},
+            },
+        },
+    )
+    assert shape.secret_env["HF_TOKEN"].file == "/home/u/.hf_token"
+    assert shape.secret_env["WANDB_API_KEY"].env == "WK"
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("90", 5400),
+        ("2:30", 150),
+        ("1:00:00", 3600),
+        ("1-2", 93600),
+        ("1-0:30", 88200),
+        ("2-00:00:01", 172801),
+    ],
+)
+def test_time_limit_forms(value: str, seconds: int) -> None:
+    assert time_limit_seconds(value) == seconds
