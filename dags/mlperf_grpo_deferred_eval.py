@@ -12,9 +12,9 @@ from airflow.sdk import Param, dag
 from tasks.backends.registry import backend_for
 from tasks.deployment import load_deployment
 from tasks.names import DEFERRED_EVAL_DAG_ID
-from tasks.run.backfill import import_eval_tree, tree_params
-from tasks.run.evaluation import evaluation_group
+from tasks.run.evaluation_group import evaluation_group
 from tasks.run.spec import existing_run
+from tasks.run.tree_import import import_eval_tree, tree_params
 
 BACKEND = backend_for(load_deployment())
 

@@ -19,7 +19,7 @@ from tasks.deployment import load_deployment
 from tasks.names import RUN_DAG_ID
 from tasks.run.planned import evaluation_over_steps
 from tasks.run.spec import plan_run, run_params
-from tasks.run.train import train_group
+from tasks.run.train_group import train_group
 
 DEPLOYMENT = load_deployment()
 BACKEND = backend_for(DEPLOYMENT)

@@ -2,6 +2,6 @@
 
 import sys
 
-from rcpflow.cli import main
+from rcpflow.cli.commands import main
 
 sys.exit(main())

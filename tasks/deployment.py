@@ -65,7 +65,7 @@ JAX_PLATFORMS = "cpu"
 @dataclass(frozen=True)
 class FormOverrides:
     """``[form_defaults]``: where the trigger forms start, if not where the backend's defaults
-    do (`tasks.backends.base.form_defaults`); keys left out keep the backend's."""
+    do (`tasks.backend_api.protocol.form_defaults`); keys left out keep the backend's."""
 
     division: Division | None = None
     max_steps: int | None = None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 def tree_bytes(root: Path) -> dict[str, bytes | None]:
     """Every file and folder under `root` by relative path (folders as None), but the lock
-    sidecars of local storage (``.<name>.lock``, `rcpflow.storage`): empty, never data."""
+    sidecars of local storage (``.<name>.lock``, `rcpflow.files.storage`): empty, never data."""
     return {
         str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
         for p in sorted(root.rglob("*"))

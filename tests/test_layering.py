@@ -145,7 +145,7 @@ def circles(imports: Iterable[Import], modules: Iterable[str]) -> list[list[str]
 
 def test_every_import_follows_the_arrows() -> None:
     modules = project_modules(ROOT)
-    assert "rcpflow.manifest" in modules and any(m.startswith("dags.") for m in modules)
+    assert "rcpflow.records.manifest" in modules and any(m.startswith("dags.") for m in modules)
     assert arrow_violations(all_imports(ROOT), modules) == []
 
 
@@ -237,31 +237,72 @@ def test_relative_imports_resolve(tmp_path: Path) -> None:
     }
 
 
+# ---- inside rcpflow/: sub-packages by role, lower ones never import higher ones --------------
+
+# The levels of rcpflow/, lowest first (a module matches its longest listed prefix; a module may
+# import its own level or a lower one). The recipe and the file layer know nothing of records;
+# records know no verdict; the verdict knows no trainer, submission or CLI; the CLI is on top.
+RCPFLOW_LEVELS: tuple[tuple[str, ...], ...] = (
+    ("rcpflow.recipe",),
+    ("rcpflow.files",),
+    ("rcpflow.records",),
+    ("rcpflow.verdict", "rcpflow.submission", "rcpflow.planning"),
+    ("rcpflow.trainer",),
+    ("rcpflow.recorder", "rcpflow.cli"),
+    ("rcpflow.__main__",),
+)  # fmt: skip
+# At most this many modules at rcpflow's top level (issue 25): the rest live in sub-packages.
+RCPFLOW_TOP_LEVEL_MAX = 10
+
+
+def test_inside_rcpflow_no_arrow_points_up() -> None:
+    modules = project_modules(ROOT, ["rcpflow"])
+    unlisted = [m for m in modules if m != "rcpflow" and level_of(m, RCPFLOW_LEVELS) is None]
+    assert unlisted == []
+    assert upward_arrows(all_imports(ROOT, ["rcpflow"]), RCPFLOW_LEVELS, "rcpflow") == []
+
+
+def test_rcpflow_keeps_a_short_top_level() -> None:
+    top = sorted(p.name for p in (ROOT / "rcpflow").iterdir() if p.suffix == ".py")
+    assert len(top) <= RCPFLOW_TOP_LEVEL_MAX, top
+
+
+def test_an_arrow_up_inside_rcpflow_is_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "rcpflow/records/manifest.py": "from rcpflow.verdict.finalize import decide\n",
+            "rcpflow/verdict/finalize.py": "decide = 1\n",
+        },
+    )
+    found = upward_arrows(all_imports(root, ["rcpflow"]), RCPFLOW_LEVELS, "rcpflow")
+    assert "rcpflow.records.manifest:1 imports rcpflow.verdict.finalize (level 2 -> 3)" in found
+
+
 # ---- inside tasks/: lower modules never import higher ones ------------------------------------
 
 # The levels of tasks/, lowest first. A module may import modules of its own level or of a lower
-# one, never of a higher one; so the Backend protocol (tasks.backends.base) imports no backend,
-# the jobs and the deployment know no backend, run steps no implementation, and nothing outside
-# the developer tools imports them. A module matches the longest prefix listed.
+# one, never of a higher one; so the Backend protocol (tasks.backend_api.protocol) imports no
+# backend, the jobs and the deployment know no backend, run steps no implementation, and nothing
+# outside the developer tools imports them. A module matches the longest prefix listed.
 TASKS_LEVELS: tuple[tuple[str, ...], ...] = (
-    ("tasks.settings", "tasks.names", "tasks.processes", "tasks.outputs", "tasks.verdicts",
-     "tasks.convergence"),
+    ("tasks.settings", "tasks.names", "tasks.results"),
     ("tasks.jobs",),
     ("tasks.deployment",),
-    ("tasks.backends.base", "tasks.backends"),
+    ("tasks.backend_api",),
     ("tasks.run",),
-    ("tasks.backends.local", "tasks.backends.gke"),
+    ("tasks.backends",),
     ("tasks.backends.registry",),
-    ("tasks.storage_index", "tasks.html_report"),
+    ("tasks.views",),
     ("tasks.submission",),
     ("tasks.devtools",),
 )  # fmt: skip
 
 
-def tasks_level(module: str) -> int | None:
-    """The level of a tasks module (its longest listed prefix), None when none is listed."""
+def level_of(module: str, levels: tuple[tuple[str, ...], ...]) -> int | None:
+    """The level of a module in a level table (its longest listed prefix), None when none is."""
     best: tuple[int, int] | None = None  # (prefix length, level)
-    for level, prefixes in enumerate(TASKS_LEVELS):
+    for level, prefixes in enumerate(levels):
         for prefix in prefixes:
             if (module == prefix or module.startswith(prefix + ".")) and (
                 best is None or len(prefix) > best[0]
@@ -270,14 +311,22 @@ def tasks_level(module: str) -> int | None:
     return None if best is None else best[1]
 
 
-def upward_arrows(imports: Iterable[Import]) -> list[str]:
+def tasks_level(module: str) -> int | None:
+    return level_of(module, TASKS_LEVELS)
+
+
+def upward_arrows(
+    imports: Iterable[Import],
+    levels: tuple[tuple[str, ...], ...] = TASKS_LEVELS,
+    layer: str = "tasks",
+) -> list[str]:
     bad = []
     for imp in imports:
-        if not (imp.module.startswith("tasks.") and imp.target.startswith("tasks.")):
+        if not (imp.module.startswith(layer + ".") and imp.target.startswith(layer + ".")):
             continue
-        here, there = tasks_level(imp.module), tasks_level(imp.target)
+        here, there = level_of(imp.module, levels), level_of(imp.target, levels)
         if here is None or there is None:
-            bad.append(f"{imp.module}:{imp.line}: no level in TASKS_LEVELS for one of the two")
+            bad.append(f"{imp.module}:{imp.line}: no level in the {layer} table for one of the two")
         elif there > here:
             bad.append(f"{imp.module}:{imp.line} imports {imp.target} (level {here} -> {there})")
     return bad
@@ -292,8 +341,8 @@ def test_inside_tasks_no_arrow_points_up() -> None:
 
 
 def test_the_backend_protocol_imports_no_backend() -> None:
-    imports = [i for i in all_imports(ROOT, ["tasks"]) if i.module == "tasks.backends.base"]
-    assert imports, "tasks.backends.base imports nothing?"
+    imports = [i for i in all_imports(ROOT, ["tasks"]) if i.module == "tasks.backend_api.protocol"]
+    assert imports, "tasks.backend_api.protocol imports nothing?"
     assert [i.target for i in imports if i.target.startswith("tasks.backends.")] == []
 
 
@@ -311,10 +360,10 @@ def test_nothing_outside_the_developer_tools_imports_them() -> None:
     [
         (
             {
-                "tasks/backends/base.py": "def f():\n    from tasks.backends import local\n",
+                "tasks/backend_api/protocol.py": "def f():\n    from tasks.backends import local\n",
                 "tasks/backends/local.py": "",
             },
-            "tasks.backends.base:2 imports tasks.backends.local (level 3 -> 5)",
+            "tasks.backend_api.protocol:2 imports tasks.backends.local (level 3 -> 5)",
         ),
         (
             {
@@ -325,10 +374,10 @@ def test_nothing_outside_the_developer_tools_imports_them() -> None:
         ),
         (
             {
-                "tasks/storage_index.py": "from tasks.submission.spec import RUN_DAG_ID\n",
+                "tasks/views/storage_index.py": "from tasks.submission.spec import RUN_DAG_ID\n",
                 "tasks/submission/spec.py": "RUN_DAG_ID = 1\n",
             },
-            "tasks.storage_index:1 imports tasks.submission.spec (level 7 -> 8)",
+            "tasks.views.storage_index:1 imports tasks.submission.spec (level 7 -> 8)",
         ),
     ],
 )

@@ -1,5 +1,5 @@
 """README's module map names every module: a newcomer finds each file of the four code folders
-there, by its path (`rcpflow/gate.py`), or a package by its folder (`tpu_jobs/rcp/`)."""
+there, by its path (`rcpflow/verdict/gate.py`), or a package by its folder (`tpu_jobs/rcp/`)."""
 
 from __future__ import annotations
 
@@ -25,5 +25,5 @@ def test_every_module_is_named_in_readme() -> None:
 
 
 def test_a_module_missing_from_readme_is_found() -> None:
-    assert not named_in("`rcpflow/gate.py`", ROOT / "rcpflow" / "verify.py")
+    assert not named_in("`rcpflow/verdict/gate.py`", ROOT / "rcpflow" / "verify.py")
     assert named_in("see `tpu_jobs/rcp/`", ROOT / "tpu_jobs" / "rcp" / "__init__.py")

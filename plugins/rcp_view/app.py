@@ -6,10 +6,10 @@ API's DAG-run routes use (`requires_access_dag("GET", RUN)`), which takes the JW
 view's iframe is authenticated). Without a valid token: 401/403, nothing read.
 
 Only what lies below the deployment's storage root is shown; a path from a URL is resolved by
-`tasks.storage_index.resolve_under`, which refuses ``..``, absolute paths and symlinks out of
+`tasks.views.storage_index.resolve_under`, which refuses ``..``, absolute paths and symlinks out of
 the root, and every file served is checked the same way (`confined_file`). What a run or a
 submission is, passed or skipped, comes from rcpflow and the persisted verdicts through
-`tasks.storage_index`; this module only turns it into pages. A file that cannot be read is a
+`tasks.views.storage_index`; this module only turns it into pages. A file that cannot be read is a
 named problem on its page (storage_index), never a 500. The API docs (``/openapi.json``,
 ``/docs``, ``/redoc``) are off: FastAPI serves them outside the app's dependencies.
 ``report.html`` is shown as HTML under a sandboxing Content-Security-Policy (no scripts, no
@@ -32,12 +32,13 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from plugins.rcp_view import URL_PREFIX, pages
 from plugins.rcp_view.train_log import dag_run_of, run_dags, with_trainer_log
-from rcpflow.layout import RunLayout, is_gcs, join
-from rcpflow.storage import StorageError, storage_for
-from tasks.convergence import MEDIA_TYPES, PlotView, image_format, render
+from rcpflow.files.layout import RunLayout, is_gcs, join
+from rcpflow.files.storage import StorageError, storage_for
 from tasks.deployment import load_deployment
 from tasks.names import SUBMISSION_DAG_ID
-from tasks.storage_index import (
+from tasks.submission.spec import name_from_run_id
+from tasks.views.convergence import MEDIA_TYPES, PlotView, image_format, render
+from tasks.views.storage_index import (
     REPORT_HTML,
     REPORT_MD,
     NotUnderRoot,
@@ -52,7 +53,6 @@ from tasks.storage_index import (
     run_view,
     submission_entry,
 )
-from tasks.submission.spec import name_from_run_id
 
 MAX_PLOT_PX = 2400
 MAX_COMPARED = 12

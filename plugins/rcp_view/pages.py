@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 from urllib.parse import quote, urlencode
 
 from rcpflow import recipe
-from rcpflow.rcp_numbers import RcpNumbers
-from rcpflow.status import StepStatus
+from rcpflow.cli.status import StepStatus
+from rcpflow.submission.rcp_numbers import RcpNumbers
 from tasks.names import RUN_DAG_ID
-from tasks.storage_index import Index, RunEntry, RunView, SubmissionEntry
-from tasks.verdicts import Verdict
+from tasks.results.verdicts import Verdict
+from tasks.views.storage_index import Index, RunEntry, RunView, SubmissionEntry
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.2rem; color: #1a202c; }
@@ -170,7 +170,7 @@ def _samples(value: float | None) -> str:
 
 
 def rcp_numbers_block(numbers: RcpNumbers | None, verdict: Verdict | None) -> str:
-    """The RCP checker's numbers (`rcpflow.rcp_numbers`) beside its persisted verdict."""
+    """The RCP checker's numbers (`rcpflow.submission.rcp_numbers`) beside its persisted verdict."""
     if numbers is None:
         return (
             "<p id='rcp-numbers' class='muted'>RCP numbers: unknown (the runs have no one "

@@ -5,7 +5,7 @@ train task streams them into its task log. When the MLLOG carries no tracked tra
 the view reads that log with Airflow's own reader (`TaskLogReader`: local files, a log server or
 remote logging, whatever the deployment configured) for the ``train.*`` task instances of the
 ``mlperf_grpo_run`` DAG run that trained the folder, and parses it with
-`tasks.convergence.trainer_points`. A log that cannot be read is a named problem of the run.
+`tasks.views.convergence.trainer_points`. A log that cannot be read is a named problem of the run.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rcpflow.layout import normalize_root
-from tasks.convergence import TrainingPoint, trainer_points
+from rcpflow.files.layout import normalize_root
 from tasks.names import RUN_DAG_ID
-from tasks.storage_index import RunView
+from tasks.views.convergence import TrainingPoint, trainer_points
+from tasks.views.storage_index import RunView
 
 TRAIN_GROUP = "train."
 

@@ -1,2 +1,3 @@
-"""Backends: where the jobs run. `base` is the protocol and the registry it owns; each backend
-is a module (`local`) or a package (`gke`) that registers itself; `registry` imports them all."""
+"""Backends: where the jobs run. Each is a module (`local`) or a package (`gke`, `slurm`) laid out
+like an Airflow provider package, registered with `tasks.backend_api.protocol.register`;
+`registry` imports them all."""

@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import XComArg, get_current_context, task
 
-from rcpflow.ownership import OWNER_ENV, airflow_owner
-from tasks.backends.base import FormDefaults, register
+from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
+from tasks.backend_api.protocol import FormDefaults, register
 from tasks.deployment import BackendName, Deployment
+from tasks.jobs.processes import send_signal, stop_processes
 from tasks.jobs.result import run_evaluate_job
 from tasks.jobs.templates import EvaluateJob, TrainJob
 from tasks.jobs.values import train_values
-from tasks.processes import send_signal, stop_processes
-from tasks.run.evaluation import RCP_VIEW_DOC
+from tasks.run.evaluation_group import RCP_VIEW_DOC
 from tasks.run.spec import MAX_EVAL_WINDOW, RunSpec, XComValue
-from tasks.run.steps import EvalTarget, eval_target, evaluate_target, skip_if_decided, step_target
+from tasks.run.stages import EvalTarget, eval_target, evaluate_target, skip_if_decided, step_target
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions._internal.mixins import DependencyMixin

@@ -3,7 +3,7 @@ drive, stop.
 
 Its components (api-server, scheduler, dag-processor, triggerer, and one log server) are
 separate processes, each the leader of its own group, stopped by the PIDs we hold
-(`tasks.processes`; why SIGINT: docs/airflow.md). Every port is chosen free and bound to
+(`tasks.jobs.processes`; why SIGINT: docs/airflow.md). Every port is chosen free and bound to
 127.0.0.1, so two of them on one machine never meet: Airflow 3.3's own log servers (started by
 the scheduler and the triggerer) bind every interface at a fixed port with no host setting, so
 those are skipped (``--skip-serve-logs``) and the same log-server app runs once under uvicorn on
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rcpflow.captured import run_captured
-from tasks.processes import Server, free_port, stop_processes
+from rcpflow.files.captured import run_captured
+from tasks.jobs.processes import Server, free_port, stop_processes
 
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer", "log-server")
 USER = "admin"

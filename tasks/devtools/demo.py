@@ -40,7 +40,7 @@ from tasks.devtools.airflow_server import (
     print_login,
     wait_until_interrupted,
 )
-from tasks.processes import free_port
+from tasks.jobs.processes import free_port
 
 SUBMISSION_DAG = "mlperf_grpo_submission"
 RUN_DAG = "mlperf_grpo_run"
@@ -140,9 +140,9 @@ def _training_step(line: str) -> dict[str, Any] | None:
 
 def follow_runs(progress: Progress, seeds: Sequence[int]) -> None:
     """Print new training steps, saved checkpoints and evaluated checkpoints per seed."""
-    from rcpflow.layout import RunLayout
-    from rcpflow.manifest import ManifestError, parse_rows
-    from rcpflow.summary import SummaryError, read_summary
+    from rcpflow.files.layout import RunLayout
+    from rcpflow.records.manifest import ManifestError, parse_rows
+    from rcpflow.records.summary import SummaryError, read_summary
 
     for seed in seeds:
         for line in _training_lines(progress, seed):
@@ -181,8 +181,8 @@ def follow_runs(progress: Progress, seeds: Sequence[int]) -> None:
 
 def _steps(seed: int) -> list[int]:
     """Manifest steps of a seed's run, in map-index order of its evaluate instances."""
-    from rcpflow.layout import RunLayout
-    from rcpflow.manifest import ManifestError, parse_rows
+    from rcpflow.files.layout import RunLayout
+    from rcpflow.records.manifest import ManifestError, parse_rows
 
     path = RunLayout(str(_run_dir(seed))).manifest
     try:

@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from rcpflow.captured import run_captured
-from tasks.processes import Server, free_port, stop_processes
+from rcpflow.files.captured import run_captured
+from tasks.jobs.processes import Server, free_port, stop_processes
 
 SEARCH = "/usr/lib/postgresql"
 UNPRIVILEGED_USER = "nobody"

@@ -44,16 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from rcpflow import recipe
-from rcpflow.forecast import Scenario, simulate
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import read_events, run_start_ms
-from rcpflow.rehearsal import load_profile
-from rcpflow.summary import read_summary
+from rcpflow.files.layout import RunLayout
+from rcpflow.planning.forecast import Scenario, simulate
+from rcpflow.planning.rehearsal import load_profile
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events, run_start_ms
+from rcpflow.records.summary import read_summary
 from tasks.deployment import ENV_VAR, REPO_ROOT
 from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
 from tasks.jobs.command import TRAIN_JOB
-from tasks.processes import free_port
+from tasks.jobs.processes import free_port
 
 RUN_DAG = "mlperf_grpo_run"
 SUBMISSION_DAG = "mlperf_grpo_submission"
@@ -495,7 +495,7 @@ class Calibration:
 
 def forecast_s(row: ProportionRow, cal: Calibration, scale: float, max_steps: int) -> float:
     """The forecast of the submission's time to verdict, in measured seconds: per seed its
-    run_start offset (measured) plus `rcpflow.forecast`'s verdict for its passing step."""
+    run_start offset (measured) plus `rcpflow.planning.forecast`'s verdict for its passing step."""
     worst = 0.0
     for seed in row.seeds:
         forecast = simulate(
@@ -600,8 +600,8 @@ def proportions_section(
             "process (their jobs are stopped at the pass, or they skipped at the gate), all "
             "seeds.",
             "- forecast error: (forecast - measured) / measured submission time to verdict; the "
-            "forecast is `rcpflow.forecast.simulate` per seed at the scaled times plus that "
-            "seed's measured run_start after the trigger, with two overheads measured once on "
+            "forecast is `rcpflow.planning.forecast.simulate` per seed at the scaled times plus "
+            "that seed's measured run_start after the trigger, with two overheads measured once on "
             f"the first row and given to every row: task start {cal.task_start_s:.2f} s (median "
             f"evaluate start after its wait ended), poll {cal.poll_s:g} s "
             "(`checkpoint_poll_seconds`).",

@@ -1,4 +1,4 @@
-"""Taking the result of a foreign evaluate job into the run (`rcpflow.eval_import`).
+"""Taking the result of a foreign evaluate job into the run (`rcpflow.verdict.eval_import`).
 
 A job whose result is not rcpflow's own summary leaves it where the deployment's
 ``jobs.evaluate.result`` says. The evaluate step reads the wall clock right before it starts the
@@ -17,16 +17,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rcpflow.eval_import import (
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
+from rcpflow.records.manifest import load
+from rcpflow.verdict.eval_import import (
     SOURCE_FORMATS,
     EvalImportError,
     ImportResult,
     import_eval,
     tree_summaries,
 )
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.storage import storage_for
 from tasks.jobs.templates import EvalResult, EvaluateJob
 from tasks.jobs.values import Values, evaluate_values
 

@@ -46,7 +46,7 @@ from tasks.jobs.command import (
 from tasks.settings import SettingError
 
 # "rcpflow": the job writes the step's summary itself; the others are `rcpflow eval import`'s
-# source formats (rcpflow.eval_import.SOURCE_FORMATS), and a Tunix-style tree of them.
+# source formats (rcpflow.verdict.eval_import.SOURCE_FORMATS), and a Tunix-style tree of them.
 ResultFormat = Literal[
     "rcpflow",
     "rcpflow-summary",

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import ManifestRow
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import ManifestRow
 
 Values = dict[str, str | int]
 

@@ -7,7 +7,7 @@ from the manifest). Under a scheduler it starts and ends on the triggerer
 not counted in the eval window, which it holds for its step instead. Started on a worker
 (``dag.test()``), it defers to
 `tasks.run.triggers.CheckpointTrigger` and resumes with its event. Either way it skips, saying
-why, when a lower step already passed (`rcpflow.gate`), when training ended
+why, when a lower step already passed (`rcpflow.verdict.gate`), when training ended
 without that checkpoint (stopped at the verdict) or when training failed. On a worker, when
 the train group has not started (``dag.test()`` runs one task at a time), it gives its place
 back and comes again (up_for_reschedule).
@@ -28,8 +28,13 @@ from airflow.sdk.exceptions import (
 )
 from airflow.triggers.base import StartTriggerArgs
 
-from rcpflow.checkpoint_state import CheckpointProgress, ProgressError, RunSnapshot, run_snapshot
-from rcpflow.gate import passing_step_below
+from rcpflow.records.checkpoint_state import (
+    CheckpointProgress,
+    ProgressError,
+    RunSnapshot,
+    run_snapshot,
+)
+from rcpflow.verdict.gate import passing_step_below
 from tasks.deployment import EvalSchedule
 from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger
 

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Param, TaskGroup, XComArg, task, task_group
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
-from rcpflow.stop_request import request_stop
-from tasks.run.evaluation import RCP_VIEW_DOC, check, finalize
+from rcpflow.verdict.stop_request import request_stop
+from tasks.run.evaluation_group import RCP_VIEW_DOC, check, finalize
 from tasks.run.operators import WaitForCheckpointOperator
 from tasks.run.spec import RunSpec, XComValue
-from tasks.run.steps import cancel_above, passed_step
+from tasks.run.stages import cancel_above, passed_step
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.param import ParamsDict
 
-    from tasks.backends.base import Backend
+    from tasks.backend_api.protocol import Backend
     from tasks.deployment import Deployment
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import json
 import typing
 from dataclasses import dataclass
 
-from rcpflow.layout import join
+from rcpflow.files.layout import join
+from rcpflow.files.storage import storage_for
 from rcpflow.recipe import Division
-from rcpflow.storage import storage_for
 from tasks.deployment import EvalSchedule
 
 SCHEDULES: tuple[EvalSchedule, ...] = typing.get_args(EvalSchedule)

@@ -17,10 +17,10 @@ from airflow.sdk import Param, XComArg, get_current_context, task
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from rcpflow import recipe
-from rcpflow.layout import RunLayout
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
 from rcpflow.recipe import DIVISIONS, Division
-from rcpflow.storage import storage_for
-from tasks.backends.base import FormDefaults
+from tasks.backend_api.protocol import FormDefaults
 from tasks.deployment import Deployment, EvalSchedule, load_deployment
 from tasks.run.schedules import (
     RULES_WORDING,

@@ -10,8 +10,8 @@ waits here, holding no worker slot. Two ways in:
 - `CheckpointTrigger`: a wait that started on a worker (``dag.test()``, which runs tasks one
   at a time) defers to it and resumes with its event.
 
-Both read the run's files through `rcpflow.checkpoint_state` (the same answer on local folders
-and ``gs://``) and, so that a failed or not yet started training does not leave them waiting
+Both read the run's files through `rcpflow.records.checkpoint_state` (the same answer on local
+folders and ``gs://``) and, so that a failed or not yet started training does not leave them waiting
 until their timeout, the states of the run's ``train`` task group through the Task SDK. On
 every poll a wait ends skipped once a lower step's valid summary passes (so the waits above a
 verdict end at once, and their evaluate tasks are skipped without a task process). Under
@@ -41,9 +41,14 @@ from airflow.triggers.base import (
     TriggerEvent,
 )
 
-from rcpflow.checkpoint_state import CheckpointProgress, ProgressError, RunSnapshot, run_snapshot
-from rcpflow.gate import passes, valid_summary
-from rcpflow.manifest import ManifestRow
+from rcpflow.records.checkpoint_state import (
+    CheckpointProgress,
+    ProgressError,
+    RunSnapshot,
+    run_snapshot,
+)
+from rcpflow.records.manifest import ManifestRow
+from rcpflow.verdict.gate import passes, valid_summary
 from tasks.deployment import EvalSchedule
 from tasks.run.spec import RunSpec
 
@@ -113,7 +118,7 @@ _VERDICTS: dict[tuple[str, int, int], bool] = {}
 
 
 def lowest_passing(run_dir: str, rows: tuple[ManifestRow, ...]) -> int | None:
-    """The lowest step of `rows` whose valid summary passes the target (`rcpflow.gate`)."""
+    """The lowest step of `rows` whose valid summary passes the target (`rcpflow.verdict.gate`)."""
     for row in sorted(rows, key=lambda r: r.step):
         key = (run_dir, row.step, row.timestamp_ms)
         if key not in _VERDICTS:

@@ -13,11 +13,11 @@ import logging
 from dataclasses import dataclass
 
 from rcpflow import recipe
-from rcpflow.layout import RunLayout, join
-from rcpflow.mllog import read_events, run_start_ms
-from rcpflow.storage import storage_for
-from tasks.html_report import rcp_section, write_html_report
+from rcpflow.files.layout import RunLayout, join
+from rcpflow.files.storage import storage_for
+from rcpflow.records.mllog import read_events, run_start_ms
 from tasks.names import CHECK_TOOLS, COMPLIANCE_TOOL
+from tasks.results.verdicts import Verdict, read_verdict
 from tasks.run.schedules import (
     RULES_WORDING,
     ScheduleRecord,
@@ -25,10 +25,10 @@ from tasks.run.schedules import (
     closed_division_warning,
     read_schedule,
 )
-from tasks.run.steps import aborted_words
-from tasks.storage_index import read_run
+from tasks.run.stages import aborted_words
 from tasks.submission.spec import SubmissionSpec, system_description
-from tasks.verdicts import Verdict, read_verdict
+from tasks.views.html_report import rcp_section, write_html_report
+from tasks.views.storage_index import read_run
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,8 @@ def report_path(spec: SubmissionSpec) -> str:
 
 
 def write_report(spec: SubmissionSpec) -> tuple[str, bool]:
-    """report.md, and beside it report.html with the convergence plot (`tasks.html_report`)."""
+    """report.md, and beside it report.html with the convergence plot
+    (`tasks.views.html_report`)."""
     text, passed = render_report(spec)
     path = report_path(spec)
     storage_for(path).write_atomic(path, text.encode())

@@ -19,9 +19,9 @@ from typing import Any
 from airflow.sdk import Param, get_current_context, task
 
 from rcpflow import recipe
-from rcpflow.layout import join
-from rcpflow.package import SystemDescription, local_system
+from rcpflow.files.layout import join
 from rcpflow.recipe import Division
+from rcpflow.submission.package import SystemDescription, local_system
 from tasks.backends.registry import backend_type, form_defaults
 from tasks.deployment import BACKEND_NAMES, BackendName, Deployment, EvalSchedule, load_deployment
 from tasks.run.schedules import closed_division_warning
@@ -54,7 +54,7 @@ class SubmissionSpec:
     target: float
     division: Division
     backend: BackendName
-    system: Mapping[str, str]  # overrides of rcpflow.package's system description
+    system: Mapping[str, str]  # overrides of rcpflow.submission.package's system description
     eval_schedule: EvalSchedule = "after_training"
     eval_window: int = 1
 

@@ -12,17 +12,18 @@ from typing import TYPE_CHECKING, Any
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.sdk import TriggerRule, XComArg, task
 
-from rcpflow import checkers, recipe
-from rcpflow.checkers import CheckResult
-from rcpflow.layout import dirname, join
-from rcpflow.package import package_submission
-from tasks.html_report import HTML_NAME
+from rcpflow import recipe
+from rcpflow.files.layout import dirname, join
+from rcpflow.submission import checkers
+from rcpflow.submission.checkers import CheckResult
+from rcpflow.submission.package import package_submission
 from tasks.names import RUN_DAG_ID, CheckTool
-from tasks.outputs import REPORT, publish
+from tasks.results.assets import REPORT, publish
+from tasks.results.verdicts import record, tool_log_dir
 from tasks.run.spec import XComValue
 from tasks.submission.report import write_report
 from tasks.submission.spec import SubmissionSpec, system_description
-from tasks.verdicts import record, tool_log_dir
+from tasks.views.html_report import HTML_NAME
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.mappedoperator import MappedOperator

@@ -10,8 +10,8 @@ import pytest
 from airflow_harness import DAGS, HOME, REPO, alive
 
 from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
+from tasks.jobs.processes import free_port
 from tasks.names import RUN_DAG_ID
-from tasks.processes import free_port
 
 
 @pytest.fixture(scope="session")

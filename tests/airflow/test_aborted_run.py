@@ -7,10 +7,10 @@ import logging
 from pathlib import Path
 
 import pytest
-from synthetic_run import make_run
 
+from tasks.devtools.synthetic_run import make_run
 from tasks.jobs.result import EvaluationError
-from tasks.run.steps import check_run, finalize_run
+from tasks.run.stages import check_run, finalize_run
 
 SENTENCE = "aborted: no checkpoint reached the target by step 24"
 
@@ -20,13 +20,13 @@ def test_an_aborted_run_says_so_first(tmp_path: Path, caplog: pytest.LogCaptureF
     run = make_run(
         str(tmp_path / "run"), max_steps=24, accuracies=dict.fromkeys(range(18, 25), 0.5)
     )
-    with caplog.at_level(logging.INFO, logger="tasks.run.steps"):
+    with caplog.at_level(logging.INFO, logger="tasks.run.stages"):
         result = finalize_run(run.run_dir)
     assert result["status"] == "aborted" and result["step"] == 24
     assert SENTENCE in caplog.messages
     caplog.clear()
     with (
-        caplog.at_level(logging.INFO, logger="tasks.run.steps"),
+        caplog.at_level(logging.INFO, logger="tasks.run.stages"),
         pytest.raises(EvaluationError) as refused,
     ):
         check_run(run.run_dir)

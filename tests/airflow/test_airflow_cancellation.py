@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow_harness import PYTHON, write_deployment
-from synthetic_run import make_run
 
 from tasks.backends.local import JobRecords, LocalBackend
 from tasks.deployment import _load
-from tasks.run.steps import cancel_above, evaluate_target, step_target
+from tasks.devtools.synthetic_run import make_run
+from tasks.run.stages import cancel_above, evaluate_target, step_target
 
 
 def sleeping_python(folder: Path) -> Path:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent
-from synthetic_run import make_run
 
-from rcpflow.layout import RunLayout
+from rcpflow.files.layout import RunLayout
+from tasks.devtools.synthetic_run import make_run
 from tasks.run.spec import RunSpec
 from tasks.run.triggers import (
     CheckpointTrigger,

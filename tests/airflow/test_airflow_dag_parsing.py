@@ -120,7 +120,7 @@ print(json.dumps({
 """
 # Loading the plugins folder happens in every task process (for macros): the RCP view's app,
 # its plot and the API server's modules are for the API server's first request only.
-NOT_AT_PLUGIN_LOAD = ("matplotlib", "plugins.rcp_view.app", "tasks.convergence", "fastapi")
+NOT_AT_PLUGIN_LOAD = ("matplotlib", "plugins.rcp_view.app", "tasks.views.convergence", "fastapi")
 
 
 @pytest.mark.timeout(300)

@@ -15,13 +15,13 @@ from airflow_harness import (
     train_fast_run,
     write_deployment,
 )
-from synthetic_run import SyntheticRun, attempts_for_accuracy, make_run
 
 from rcpflow import recipe
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import read_events
-from rcpflow.summary import build_summary, read_summary, write_summary
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events
+from rcpflow.records.summary import build_summary, read_summary, write_summary
+from tasks.devtools.synthetic_run import SyntheticRun, attempts_for_accuracy, make_run
 
 EVALUATE = "evaluation.evaluate"
 

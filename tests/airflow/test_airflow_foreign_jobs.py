@@ -18,12 +18,12 @@ from foreign.deployment import (
     write_foreign_deployment,
 )
 
-from rcpflow.checkers import compliance
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import EventRenderer, read_events
-from rcpflow.summary import read_summary
-from tasks.verdicts import read_verdict
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import EventRenderer, read_events
+from rcpflow.records.summary import read_summary
+from rcpflow.submission.checkers import compliance
+from tasks.results.verdicts import read_verdict
 
 EVALUATE = "evaluation.evaluate"  # the deferred-eval DAG's, mapped over rows
 RUN_EVALUATE = "evaluation.checkpoint.evaluate"  # the run DAG's, per planned step

@@ -102,7 +102,7 @@ def test_bad_templates_fail_at_parse_time_naming_the_key(
 def test_result_formats_are_rcpflow_eval_imports_own() -> None:
     import typing
 
-    from rcpflow.eval_import import SOURCE_FORMATS
+    from rcpflow.verdict.eval_import import SOURCE_FORMATS
     from tasks.jobs.templates import ResultFormat
 
     assert set(typing.get_args(ResultFormat)) == {"rcpflow", "tunix-tree", *SOURCE_FORMATS}

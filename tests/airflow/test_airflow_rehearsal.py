@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from airflow_harness import REPO, launched_jobs, recording_python, run_dag_test
 
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import read_events
-from rcpflow.rehearsal import load_curve
-from rcpflow.summary import read_summary
+from rcpflow.files.layout import RunLayout
+from rcpflow.planning.rehearsal import load_curve
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events
+from rcpflow.records.summary import read_summary
 from tasks.deployment import parse_deployment
-from tasks.verdicts import read_verdict
+from tasks.results.verdicts import read_verdict
 
 DEPLOYMENT = REPO / "docker" / "deployment.rehearsal.toml"
 CURVE = load_curve(str(REPO / "tpu_jobs" / "rehearsal" / "curve.csv"))

@@ -14,10 +14,10 @@ from airflow_harness import (
     write_deployment,
 )
 
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import read_events
-from tasks.verdicts import read_verdict
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events
+from tasks.results.verdicts import read_verdict
 
 
 @pytest.mark.timeout(600)

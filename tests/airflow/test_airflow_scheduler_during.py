@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from airflow_harness import PYTHON, write_deployment
 
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import read_events
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events
 from tasks.devtools.airflow_server import LocalAirflow
-from tasks.verdicts import read_verdict
+from tasks.results.verdicts import read_verdict
 
 PARALLELISM = 4
 RUN = {

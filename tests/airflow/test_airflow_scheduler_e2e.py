@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from airflow_harness import CONVERGING_RUN, alive, run_under_scheduler
 
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import read_events
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.mllog import read_events
 from tasks.deployment import DEFAULT_TOML
 from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow
 from tasks.devtools.postgres_server import LocalPostgres, server_bindir
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
-from tasks.verdicts import read_verdict
+from tasks.results.verdicts import read_verdict
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

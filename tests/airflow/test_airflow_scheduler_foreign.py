@@ -15,12 +15,12 @@ import pytest
 from airflow_harness import run_under_scheduler
 from foreign.deployment import FOREIGN_RUN, PASSING_STEP, write_foreign_deployment
 
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import read_events
-from rcpflow.summary import read_summary
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events
+from rcpflow.records.summary import read_summary
 from tasks.devtools.airflow_server import LocalAirflow
-from tasks.verdicts import read_verdict
+from tasks.results.verdicts import read_verdict
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,7 @@ GKE_TOML = 'backend = "gke"\n[gke]\nproject_id = "p"\ncluster_name = "c"\nimage 
 
 
 def _forms(toml: str, tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    from tasks.backends.base import form_defaults
+    from tasks.backend_api.protocol import form_defaults
     from tasks.deployment import parse_deployment
     from tasks.run.spec import run_params
     from tasks.submission.spec import submission_params

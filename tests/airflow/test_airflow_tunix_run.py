@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from airflow_harness import REPO, launched_jobs, recording_python, run_dag_test
 
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import read_events
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events
 from tasks.deployment import parse_deployment
-from tasks.verdicts import read_verdict
+from tasks.results.verdicts import read_verdict
 
 TUNIX_DEPLOYMENT = REPO / "docker" / "deployment.tunix.toml"
 # Seed 0 of the Tunix policy at gbs 256 passes pass@4 > 0.69 at step 20 (measured on CPU, one

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from synthetic_run import make_run
-
-from rcpflow.finalize import finalize
-from tasks.convergence import render
-from tasks.html_report import render_html, write_html_report
-from tasks.storage_index import convergence, read_run
+from rcpflow.verdict.finalize import finalize
+from tasks.devtools.synthetic_run import make_run
 from tasks.submission.report import render_report
 from tasks.submission.spec import SubmissionSpec
+from tasks.views.convergence import render
+from tasks.views.html_report import render_html, write_html_report
+from tasks.views.storage_index import convergence, read_run
 
 
 def _spec(tmp_path: Path, name: str) -> SubmissionSpec:

@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 from PIL import Image
-from synthetic_run import make_run
 
-from rcpflow import checkers, recipe
-from rcpflow.finalize import finalize
-from rcpflow.package import SystemDescription, package_submission
-from rcpflow.status import run_status
-from tasks.verdicts import read_verdict, record
+from rcpflow import recipe
+from rcpflow.cli.status import run_status
+from rcpflow.submission import checkers
+from rcpflow.submission.package import SystemDescription, package_submission
+from rcpflow.verdict.finalize import finalize
+from tasks.devtools.synthetic_run import make_run
+from tasks.results.verdicts import read_verdict, record
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -174,7 +175,7 @@ def test_plots(get: Any, fmt: str, media: str) -> None:
 
 
 def test_a_mix_of_batch_sizes_has_no_reference_point(storage_root: Path, tmp_path: Path) -> None:
-    from tasks.storage_index import convergence, run_view
+    from tasks.views.storage_index import convergence, run_view
 
     one = run_view(str(storage_root), f"{NAME}/runs/seed_1")
     toy = make_run(str(tmp_path / "toy" / "runs" / "seed_1"), global_batch_size=16,
@@ -253,7 +254,7 @@ def test_dag_run_tab_opens_the_run_or_submission_it_worked_on(
 
 
 def test_the_submission_page_shows_the_rcp_checkers_numbers(get: Any) -> None:
-    from rcpflow.rcp_reference import reference_means
+    from rcpflow.records.rcp_reference import reference_means
 
     page = get(f"/rcp/submission?name={NAME}").text
     mean = reference_means()[256]
@@ -290,7 +291,7 @@ def test_runs_picked_by_query_share_one_plot(get: Any) -> None:
 
 
 def test_the_run_page_shows_time_to_train(get: Any, storage_root: Path) -> None:
-    from rcpflow.mllog import read_events, run_start_ms
+    from rcpflow.records.mllog import read_events, run_start_ms
 
     log = storage_root / NAME / "runs" / "seed_2" / "mllog" / "seed_2.out"
     events = read_events(str(log))

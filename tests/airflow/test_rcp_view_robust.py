@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from synthetic_run import make_run
 
-from rcpflow.finalize import finalize
-from tasks.verdicts import Verdict
+from rcpflow.verdict.finalize import finalize
+from tasks.devtools.synthetic_run import make_run
+from tasks.results.verdicts import Verdict
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -220,8 +220,8 @@ def test_the_api_docs_are_off(client: Any, get: Any, route: str) -> None:
 
 def test_the_view_reads_each_file_once_per_page(get: Any, monkeypatch: Any) -> None:
     """Linear in rows: the run page reads the manifest and each summary a bounded number of
-    times, whatever the number of rows (rcpflow.status's own reads counted with ours)."""
-    from rcpflow import storage
+    times, whatever the number of rows (rcpflow.cli.status's own reads counted with ours)."""
+    from rcpflow.files import storage
 
     opened: list[str] = []
     real = storage.LocalStorage.read_bytes

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from synthetic_run import make_run
 
-from rcpflow.finalize import finalize
+from rcpflow.verdict.finalize import finalize
+from tasks.devtools.synthetic_run import make_run
 from tasks.run.schedules import ScheduleRecord, read_schedule, record_schedule
 from tasks.submission.report import render_report
 from tasks.submission.spec import SubmissionSpec

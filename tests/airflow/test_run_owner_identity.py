@@ -1,5 +1,5 @@
 """The local backend tells the trainer who owns the run folder: ``RCPFLOW_RUN_OWNER`` is the
-DAG run's task (the same for every try of it), the identity `rcpflow.ownership` compares."""
+DAG run's task (the same for every try of it), the identity `rcpflow.trainer.ownership` compares."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ metadata into each checkpoint). `tests/foreign/evaluator.py` turns a skill into 
 so the numbers a run is decided on come from what this trainer saved.
 
 What it shares with any real trainer is the rcpflow contract: the MLLOG training section and the
-weight-update timestamps through `rcpflow.recorder.TrainingRecorder`, and a manifest row per
+weight-update timestamps through `rcpflow.trainer.recorder.TrainingRecorder`, and a manifest row per
 committed checkpoint, either through the recorder (``--rows recorder``) or, as a trainer that is
 not Python would, through ``python -m rcpflow manifest add`` (``--rows cli``).
 
@@ -25,7 +25,7 @@ import sys
 import time
 
 from rcpflow import recipe
-from rcpflow.recorder import TrainingRecorder
+from rcpflow.trainer.recorder import TrainingRecorder
 
 CHECKPOINT_FORMAT = "rcpflow-tests-foreign-trainer/1"
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from file_tree import append_bytes, tree_bytes
 from rcpflow_cli import assert_one_invalid_line, run_cli
-from synthetic_run import passing_run
 
-from rcpflow import logtext
-from rcpflow.checkers import compliance
-from rcpflow.finalize import finalize
-from rcpflow.mllog import read_events
+from rcpflow.files import logtext
+from rcpflow.records.mllog import read_events
+from rcpflow.submission.checkers import compliance
+from rcpflow.verdict.finalize import finalize
+from tasks.devtools.synthetic_run import passing_run
 
 NOISE = (
     b"step 3 loss 0.25 \xff\xfe caf\xe9 progress\r\n"  # latin-1 bytes: not UTF-8
@@ -113,7 +113,7 @@ def test_duplicate_key_in_a_summary_is_invalid(tmp_path):
 
 
 def test_duplicate_key_or_non_utf8_in_an_imported_summary_is_invalid(tmp_path):
-    from rcpflow.eval_import import EvalImportError, import_eval
+    from rcpflow.verdict.eval_import import EvalImportError, import_eval
 
     run = passing_run(tmp_path, accuracies={18: 0.5})
     text = Path(run.layout.summary(18)).read_text()
@@ -128,7 +128,7 @@ def test_duplicate_key_or_non_utf8_in_an_imported_summary_is_invalid(tmp_path):
 
 
 def test_non_utf8_attempts_file_makes_the_summary_invalid_naming_it(tmp_path):
-    from rcpflow.verify import attempts_file, evaluate_step
+    from rcpflow.verdict.verify import attempts_file, evaluate_step
 
     run = passing_run(tmp_path)
     path = Path(attempts_file(run.run_dir, 18))

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 from rcpflow_cli import run_cli
-from synthetic_run import make_run
 from test_eval_import import START, STOP, _tunix_for, deepswe_lines, write_lines
 
-from rcpflow.eval_import import EvalImportError, import_eval, import_tree
-from rcpflow.manifest import load, upsert
-from rcpflow.status import UNRECORDED, render_table, run_status
+from rcpflow.cli.status import UNRECORDED, render_table, run_status
+from rcpflow.records.manifest import load, upsert
+from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_tree
+from tasks.devtools.synthetic_run import make_run
 
 
 @pytest.fixture

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 from rcpflow_cli import run_cli
-from synthetic_run import make_run, passing_run, write_eval
 
 from rcpflow import recipe
-from rcpflow.eval_import import EvalImportError, import_eval
-from rcpflow.finalize import finalize
-from rcpflow.recorder import TrainingRecorder
-from rcpflow.status import run_status
-from rcpflow.summary import read_summary
+from rcpflow.cli.status import run_status
+from rcpflow.records.summary import read_summary
+from rcpflow.trainer.recorder import TrainingRecorder
+from rcpflow.verdict.eval_import import EvalImportError, import_eval
+from rcpflow.verdict.finalize import finalize
+from tasks.devtools.synthetic_run import make_run, passing_run, write_eval
 
 
 def _rewrite_rows(manifest: str, **fields: object) -> None:
@@ -68,7 +68,7 @@ def test_a_recorder_with_another_target_is_refused(tmp_path):
 
 
 def test_the_gate_uses_the_rules_target_whatever_a_row_object_says(tmp_path):
-    from rcpflow.gate import passes
+    from rcpflow.verdict.gate import passes
 
     run = make_run(str(tmp_path / "run"), max_steps=20, accuracies={18: 0.75})
     s = read_summary(run.layout.summary(18))

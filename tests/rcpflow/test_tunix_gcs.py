@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from rcpflow_cli import cli_env, run_cli
 
-from rcpflow import checkers, recipe
-from rcpflow.eval_import import import_tree
-from rcpflow.finalize import finalize
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import SystemInfo, TrainingLog, read_events
-from rcpflow.storage import storage_for
-from rcpflow.summary import EvalSummary, write_summary
+from rcpflow import recipe
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
+from rcpflow.records.mllog import SystemInfo, TrainingLog, read_events
+from rcpflow.records.summary import EvalSummary, write_summary
+from rcpflow.submission import checkers
+from rcpflow.verdict.eval_import import import_tree
+from rcpflow.verdict.finalize import finalize
 
 pytestmark = [pytest.mark.gcs, pytest.mark.timeout(300)]
 

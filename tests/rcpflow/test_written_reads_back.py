@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 from rcpflow_cli import run_cli
-from synthetic_run import attempts_for_accuracy, make_run
 from test_eval_import import START, STOP, deepswe_lines, r2egym_lines, write_lines
 
 from rcpflow import recipe
-from rcpflow.eval_import import EvalImportError, import_eval
-from rcpflow.manifest import ManifestError, ManifestRow
-from rcpflow.summary import build_summary
-from rcpflow.summary_checks import consistency_problems
+from rcpflow.records.manifest import ManifestError, ManifestRow
+from rcpflow.records.summary import build_summary
+from rcpflow.records.summary_checks import consistency_problems
+from rcpflow.verdict.eval_import import EvalImportError, import_eval
+from tasks.devtools.synthetic_run import attempts_for_accuracy, make_run
 
 
 @pytest.fixture

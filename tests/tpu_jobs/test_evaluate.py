@@ -18,12 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rcpflow import gate, manifest, recipe
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import parse
-from rcpflow.passk import mean_pass_at_k
-from rcpflow.summary import read_summary
-from rcpflow.summary_checks import summary_problems
+from rcpflow import recipe
+from rcpflow.files.layout import RunLayout
+from rcpflow.records import manifest
+from rcpflow.records.mllog import parse
+from rcpflow.records.passk import mean_pass_at_k
+from rcpflow.records.summary import read_summary
+from rcpflow.records.summary_checks import summary_problems
+from rcpflow.verdict import gate
 from tpu_jobs import task
 from tpu_jobs.eval import cli as eval_cli
 from tpu_jobs.eval import shards as es

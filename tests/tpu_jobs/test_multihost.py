@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from trainer_runs import rows_of, written_rows
 
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import parse, read_events, run_start_ms
-from rcpflow.run_identity import RunIdentity
-from rcpflow.stop_request import StopRequest
-from rcpflow.storage import storage_for
-from rcpflow.summary import read_summary
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
+from rcpflow.records.mllog import parse, read_events, run_start_ms
+from rcpflow.records.run_identity import RunIdentity
+from rcpflow.records.summary import read_summary
+from rcpflow.verdict.stop_request import StopRequest
 from tpu_jobs.rcp import distributed
 from tpu_jobs.rcp.checkpoint_format import is_complete
 from tpu_jobs.rcp.checkpoint_restore import restore_params

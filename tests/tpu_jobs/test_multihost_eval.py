@@ -20,10 +20,11 @@ import pytest
 from test_multihost import _finish, _launch
 from trainer_runs import copy_of
 
-from rcpflow import gate, manifest
-from rcpflow.layout import RunLayout
-from rcpflow.summary import read_summary
-from rcpflow.summary_checks import summary_problems
+from rcpflow.files.layout import RunLayout
+from rcpflow.records import manifest
+from rcpflow.records.summary import read_summary
+from rcpflow.records.summary_checks import summary_problems
+from rcpflow.verdict import gate
 from tpu_jobs.eval import cli as eval_cli
 from tpu_jobs.eval.orchestration import ATTEMPTS_FILE
 from tpu_jobs.launch import free_port, process_env

@@ -15,8 +15,8 @@ import optax
 import pytest
 
 from rcpflow import recipe
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import read_events
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.mllog import read_events
 from tpu_jobs.rcp import optimizer
 
 pytestmark = pytest.mark.timeout(900)

@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rcpflow import manifest
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import read_events, run_start_ms
-from rcpflow.storage import storage_for
-from rcpflow.summary import read_summary
-from rcpflow.summary_checks import summary_problems
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
+from rcpflow.records import manifest
+from rcpflow.records.mllog import read_events, run_start_ms
+from rcpflow.records.summary import read_summary
+from rcpflow.records.summary_checks import summary_problems
 from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_params
 from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
 from tpu_jobs.toy import grpo

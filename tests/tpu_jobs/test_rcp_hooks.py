@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import pytest
 from trainer_runs import rows_of
 
-from rcpflow import manifest, recipe
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import read_events, run_start_ms
-from rcpflow.recorder import RecorderError
-from rcpflow.storage import storage_for
+from rcpflow import recipe
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
+from rcpflow.records import manifest
+from rcpflow.records.mllog import read_events, run_start_ms
+from rcpflow.trainer.recorder import RecorderError
 from tpu_jobs.rcp.checkpoint_format import CheckpointError, SavedCheckpoint, is_complete
 from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_params
 from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver

@@ -17,18 +17,19 @@ from pathlib import Path
 import pytest
 from file_tree import tree_bytes
 
-from rcpflow import job_exit, manifest
-from rcpflow.attempts import parse_attempts
-from rcpflow.checkers import compliance
-from rcpflow.eval_import import import_eval
-from rcpflow.finalize import finalize
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import read_events
-from rcpflow.recorder import now_ms
-from rcpflow.rehearsal import load_curve
-from rcpflow.stop_request import honoured_by, request_stop
-from rcpflow.storage import storage_for
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
+from rcpflow.planning.rehearsal import load_curve
+from rcpflow.records import manifest
+from rcpflow.records.attempts import parse_attempts
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events
+from rcpflow.submission.checkers import compliance
+from rcpflow.trainer import job_exit
+from rcpflow.trainer.recorder import now_ms
+from rcpflow.verdict.eval_import import import_eval
+from rcpflow.verdict.finalize import finalize
+from rcpflow.verdict.stop_request import honoured_by, request_stop
 from tpu_jobs.rehearsal.profile import DEFAULT_CURVE
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rcpflow import manifest
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import parse
-from rcpflow.storage import storage_for
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
+from rcpflow.records import manifest
+from rcpflow.records.mllog import parse
 from tpu_jobs.rcp.checkpoint_format import is_complete
 from tpu_jobs.rcp.termination import SIGTERM_EXIT_CODE
 

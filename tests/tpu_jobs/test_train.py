@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from rcpflow import manifest, stop_request
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import parse, run_start_ms
-from rcpflow.storage import storage_for
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
+from rcpflow.records import manifest
+from rcpflow.records.mllog import parse, run_start_ms
+from rcpflow.verdict import stop_request
 from tpu_jobs.rcp.checkpoint_format import is_complete
 from tpu_jobs.rcp.checkpoint_restore import read_meta
 from tpu_jobs.rcp.hooks import RcpHooks

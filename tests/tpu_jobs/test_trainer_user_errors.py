@@ -19,9 +19,10 @@ import pytest
 from file_tree import tree_bytes
 from trainer_runs import TOY, Trainer, copy_of, finish_run, one_error_line, rows_of
 
-from rcpflow import logtext, manifest
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import read_events
+from rcpflow.files import logtext
+from rcpflow.files.layout import RunLayout
+from rcpflow.records import manifest
+from rcpflow.records.mllog import read_events
 from tpu_jobs.rcp.job_errors import INVALID_INPUT
 
 pytestmark = pytest.mark.timeout(900)

@@ -21,12 +21,12 @@ import pytest
 from flax import nnx
 from trainer_runs import rows_of
 
-from rcpflow.checkers import compliance
-from rcpflow.layout import RunLayout
-from rcpflow.mllog import read_events, run_start_ms
-from rcpflow.recorder import TrainingRecorder
-from rcpflow.summary import read_summary
-from rcpflow.summary_checks import summary_problems
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.mllog import read_events, run_start_ms
+from rcpflow.records.summary import read_summary
+from rcpflow.records.summary_checks import summary_problems
+from rcpflow.submission.checkers import compliance
+from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs.eval.orchestration import evaluate as evaluate_target
 from tpu_jobs.eval.target import Target
 from tpu_jobs.rcp.checkpoint_format import is_complete

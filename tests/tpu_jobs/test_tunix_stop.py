@@ -1,11 +1,12 @@
-"""The Tunix job honours its run's stop request (`rcpflow.stop_request`) like the toy trainer.
+"""The Tunix job honours its run's stop request (`rcpflow.verdict.stop_request`) like the toy
+trainer.
 
 In process, with the request written at a chosen point of Tunix's loop (from the recorder's
 ``on_update``, which Tunix reaches through the checkpoint-metadata call of each update), so the
 step training ends at is known: a request that stands once update N is recorded ends training
 after update N. A request for another run, or for a step this run has not committed, is
-ignored. Summaries are built with `rcpflow.summary` (pass@4 chosen, not sampled): what is under
-test is the training section; the Tunix evaluation has its own tests (test_tunix_job.py).
+ignored. Summaries are built with `rcpflow.records.summary` (pass@4 chosen, not sampled): what is
+under test is the training section; the Tunix evaluation has its own tests (test_tunix_job.py).
 
 Skipped only when the ``tunix`` extra is not installed (CI installs it with ``.[all]``).
 """
@@ -20,18 +21,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from synthetic_run import attempts_for_accuracy
 from trainer_runs import written_rows
 
-from rcpflow import manifest, recipe, stop_request
-from rcpflow.checkers import compliance
-from rcpflow.finalize import finalize
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import ManifestRow
-from rcpflow.mllog import read_events, run_start_ms
-from rcpflow.recorder import TrainingRecorder, now_ms
-from rcpflow.storage import storage_for
-from rcpflow.summary import build_summary, write_summary
+from rcpflow import recipe
+from rcpflow.files.layout import RunLayout
+from rcpflow.files.storage import storage_for
+from rcpflow.records import manifest
+from rcpflow.records.manifest import ManifestRow
+from rcpflow.records.mllog import read_events, run_start_ms
+from rcpflow.records.summary import build_summary, write_summary
+from rcpflow.submission.checkers import compliance
+from rcpflow.trainer.recorder import TrainingRecorder, now_ms
+from rcpflow.verdict import stop_request
+from rcpflow.verdict.finalize import finalize
+from tasks.devtools.synthetic_run import attempts_for_accuracy
 from tpu_jobs.rcp.checkpoint_format import is_complete
 
 _WHY = "google-tunix (the project's `tunix` extra) is not installed"

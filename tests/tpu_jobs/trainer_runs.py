@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from rcpflow import manifest
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import ManifestRow
+from rcpflow.files.layout import RunLayout
+from rcpflow.records import manifest
+from rcpflow.records.manifest import ManifestRow
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_TUNIX = importlib.util.find_spec("tunix") is not None

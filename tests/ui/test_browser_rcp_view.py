@@ -27,20 +27,21 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from chromium_driver import chromium, require_browser
-from synthetic_run import make_run
 
-from rcpflow import checkers, recipe
-from rcpflow.finalize import finalize
-from rcpflow.layout import RunLayout
-from rcpflow.manifest import load
-from rcpflow.mllog import read_events, run_start_ms
-from rcpflow.package import SystemDescription, package_submission
-from rcpflow.rcp_reference import reference_means
+from rcpflow import recipe
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events, run_start_ms
+from rcpflow.records.rcp_reference import reference_means
+from rcpflow.submission import checkers
+from rcpflow.submission.package import SystemDescription, package_submission
+from rcpflow.verdict.finalize import finalize
 from tasks.devtools.airflow_server import USER, LocalAirflow, ServerConfig
-from tasks.processes import free_port
+from tasks.devtools.synthetic_run import make_run
+from tasks.jobs.processes import free_port
+from tasks.results.verdicts import read_verdict, record
 from tasks.submission.report import write_report
 from tasks.submission.spec import SubmissionSpec
-from tasks.verdicts import read_verdict, record
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from synthetic_run import T0, make_run, write_eval
 
-from rcpflow.finalize import finalize
-from rcpflow.status import run_status
-from tasks.convergence import (
+from rcpflow.cli.status import run_status
+from rcpflow.verdict.finalize import finalize
+from tasks.devtools.synthetic_run import T0, make_run, write_eval
+from tasks.views.convergence import (
     ConvergenceData,
     convergence_data,
     image_format,
@@ -101,7 +101,7 @@ def test_svg_is_xml_with_the_target_and_reproducible(tmp_path: Path) -> None:
 
 
 def test_importing_the_plot_module_loads_no_matplotlib() -> None:
-    probe = "import sys, tasks.convergence; print('matplotlib' in sys.modules)"
+    probe = "import sys, tasks.views.convergence; print('matplotlib' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120,
         check=True,
@@ -164,7 +164,7 @@ def test_training_reward_and_loss_come_from_the_trainers_lines() -> None:
 
 
 def test_training_stats_of_the_mllog_are_plotted_beneath(tmp_path: Path) -> None:
-    from rcpflow.mllog import Event
+    from rcpflow.records.mllog import Event
 
     events = [
         Event(

@@ -17,7 +17,7 @@ import pytest
 
 from tasks.devtools.airflow_server import COMPONENTS, LocalAirflow, ServerConfig
 from tasks.devtools.demo import arguments
-from tasks.processes import descendants, free_port
+from tasks.jobs.processes import descendants, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -44,8 +44,8 @@ import orbax.checkpoint
 from tunix.rl import rl_cluster as rlc
 
 from rcpflow import recipe
-from rcpflow.mllog import SystemInfo
-from rcpflow.recorder import TrainingRecorder
+from rcpflow.records.mllog import SystemInfo
+from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs.devtools.bench import TUNIX_SECTION_START, machine
 from tpu_jobs.tunix import train
 from tpu_jobs.tunix.recording import StepRecording

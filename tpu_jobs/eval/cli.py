@@ -28,13 +28,14 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from rcpflow import gate, recipe
-from rcpflow.finalize import eval_events
-from rcpflow.layout import RunLayout, join
-from rcpflow.manifest import ManifestError, ManifestRow, load
-from rcpflow.mllog import EventRenderer, require_mlperf_logging
-from rcpflow.storage import storage_for
-from rcpflow.summary import EvalSummary
+from rcpflow import recipe
+from rcpflow.files.layout import RunLayout, join
+from rcpflow.files.storage import storage_for
+from rcpflow.records.manifest import ManifestError, ManifestRow, load
+from rcpflow.records.mllog import EventRenderer, require_mlperf_logging
+from rcpflow.records.summary import EvalSummary
+from rcpflow.verdict import gate
+from rcpflow.verdict.finalize import eval_events
 from tpu_jobs.eval.orchestration import Outcome, evaluate
 from tpu_jobs.eval.shards import (
     ATTEMPT_ID_ENV,
@@ -49,7 +50,7 @@ from tpu_jobs.eval.shards import (
 from tpu_jobs.eval.target import CheckpointLoader, Target
 from tpu_jobs.rcp import collectives, distributed
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FATAL, EXIT_INCOMPLETE = 0, 5, 3, 4  # rcpflow.job_exit
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FATAL, EXIT_INCOMPLETE = 0, 5, 3, 4  # rcpflow.trainer.job_exit
 EXIT_RESTART = 1
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import jax
 
 from rcpflow import recipe
-from rcpflow.layout import join
-from rcpflow.storage import storage_for
-from rcpflow.summary import AttemptResult, EvalSummary, build_summary, write_summary
+from rcpflow.files.layout import join
+from rcpflow.files.storage import storage_for
+from rcpflow.records.summary import AttemptResult, EvalSummary, build_summary, write_summary
 from tpu_jobs.eval.attempts import sampling_settings
 from tpu_jobs.eval.shards import (
     SINGLE,

@@ -6,7 +6,7 @@ count, times) then the records. A file belongs to this evaluation only if its id
 (`EvalIdentity`: the launch's attempt id, the checkpoint, the sampling settings, N); any other is
 stale, ignored with a word, and worker 0 waits for the live worker to overwrite it. Clearing the
 folder at start could delete a faster worker's shard, and matching on the checkpoint alone would
-merge an earlier attempt's transient error into a retry. Pure Python on `rcpflow.storage`.
+merge an earlier attempt's transient error into a retry. Pure Python on `rcpflow.files.storage`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rcpflow.layout import join
-from rcpflow.storage import storage_for
+from rcpflow.files.layout import join
+from rcpflow.files.storage import storage_for
 
 SLICE_INDEX_ENV = "RCPFLOW_SLICE_INDEX"
 NUM_SLICES_ENV = "RCPFLOW_NUM_SLICES"

@@ -17,8 +17,8 @@ import jax
 import orbax.checkpoint as ocp
 from absl import flags
 
-from rcpflow.layout import join
-from rcpflow.storage import storage_for
+from rcpflow.files.layout import join
+from rcpflow.files.storage import storage_for
 
 PARAMS_ITEM = "params"
 STATE_ITEM = "train_state"

@@ -21,8 +21,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from rcpflow.layout import join
-from rcpflow.storage import storage_for
+from rcpflow.files.layout import join
+from rcpflow.files.storage import storage_for
 from tpu_jobs.rcp.checkpoint_format import (
     META_ITEM,
     PARAMS_ITEM,

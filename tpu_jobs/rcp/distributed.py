@@ -18,8 +18,8 @@ from typing import Any
 
 import jax
 
-from rcpflow.layout import RunLayout
-from rcpflow.recorder import now_ms
+from rcpflow.files.layout import RunLayout
+from rcpflow.trainer.recorder import now_ms
 from tpu_jobs.rcp import collectives
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver

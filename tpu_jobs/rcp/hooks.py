@@ -1,7 +1,7 @@
 """RCP training hooks for a trainer that lets rcpflow save its checkpoints (`RcpHooks`).
 
-The JAX/Orbax layer of `rcpflow.recorder`: the recorder decides the records; the hooks block on
-an update (through its weights fingerprint, a replicated value that depends on every process's
+The JAX/Orbax layer of `rcpflow.trainer.recorder`: the recorder decides the records; the hooks block
+on an update (through its weights fingerprint, a replicated value that depends on every process's
 shards) before its timestamp, save a collective checkpoint of every step from ``val_start_at``
 on (its weights; the full train state every `full_state_every` steps, the last
 `keep_full_states` of them kept), hand its row to the recorder once Orbax has committed it, and
@@ -20,11 +20,12 @@ from typing import Any
 
 import jax
 
-from rcpflow import manifest, recipe
-from rcpflow.mllog import MLLogError, SystemInfo, read_events, run_start_ms
-from rcpflow.recorder import RecorderError, Resumed, TrainingRecorder
-from rcpflow.run_identity import RunIdentity
-from rcpflow.storage import storage_for
+from rcpflow import recipe
+from rcpflow.files.storage import storage_for
+from rcpflow.records import manifest
+from rcpflow.records.mllog import MLLogError, SystemInfo, read_events, run_start_ms
+from rcpflow.records.run_identity import RunIdentity
+from rcpflow.trainer.recorder import RecorderError, Resumed, TrainingRecorder
 from tpu_jobs.rcp import collectives
 from tpu_jobs.rcp.checkpoint_format import CheckpointError, SavedCheckpoint
 from tpu_jobs.rcp.checkpoint_restore import check_readable

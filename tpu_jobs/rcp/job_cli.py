@@ -17,7 +17,7 @@ from typing import Any, ClassVar, TypeVar
 import jax
 
 from rcpflow import recipe
-from rcpflow.mllog import require_mlperf_logging
+from rcpflow.records.mllog import require_mlperf_logging
 from tpu_jobs.rcp import job_errors
 
 DEFAULT_GLOBAL_BATCH_SIZE = 256

@@ -1,7 +1,7 @@
 """Which failures of a training job are the user's, and the exit code each gets.
 
-The codes are the job contract of `rcpflow.job_exit` (docs/exit-codes.md): arguments that are
-not those of the run in the folder exit 2, a run folder or checkpoint that cannot be used as it
+The codes are the job contract of `rcpflow.trainer.job_exit` (docs/exit-codes.md): arguments that
+are not those of the run in the folder exit 2, a run folder or checkpoint that cannot be used as it
 is exits 5, a failed save or a storage error that may be transient exits 1 (one line, and a
 restart may cure it). Each is one line on stderr; anything else is a bug and keeps its
 traceback (exit 1).
@@ -9,11 +9,11 @@ traceback (exit 1).
 
 from __future__ import annotations
 
-from rcpflow import job_exit
-from rcpflow.manifest import ManifestError
-from rcpflow.mllog import MLLogError
-from rcpflow.recorder import RecorderError
-from rcpflow.storage import StorageError
+from rcpflow.files.storage import StorageError
+from rcpflow.records.manifest import ManifestError
+from rcpflow.records.mllog import MLLogError
+from rcpflow.trainer import job_exit
+from rcpflow.trainer.recorder import RecorderError
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.distributed import LayoutError
 from tpu_jobs.rcp.fingerprint import FingerprintMismatchError

@@ -15,10 +15,10 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rcpflow import jsonio
-from rcpflow.layout import RunLayout, join
-from rcpflow.run_identity import FLAGS, RunIdentity
-from rcpflow.storage import storage_for
+from rcpflow.files import jsonio
+from rcpflow.files.layout import RunLayout, join
+from rcpflow.files.storage import storage_for
+from rcpflow.records.run_identity import FLAGS, RunIdentity
 
 FORMAT = "rcpflow-rehearsal-checkpoint/1"
 FILE_NAME = "checkpoint.json"

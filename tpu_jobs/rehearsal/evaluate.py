@@ -35,12 +35,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rcpflow import recipe
-from rcpflow.attempts import DEEPSWE_SCHEMA
-from rcpflow.layout import RunLayout, join
-from rcpflow.manifest import ManifestError, ManifestRow, load
-from rcpflow.storage import StorageError, storage_for
-from rcpflow.summary import AttemptResult, build_summary
-from rcpflow.usererrors import describe
+from rcpflow.files.layout import RunLayout, join
+from rcpflow.files.storage import StorageError, storage_for
+from rcpflow.files.usererrors import describe
+from rcpflow.records.attempts import DEEPSWE_SCHEMA
+from rcpflow.records.manifest import ManifestError, ManifestRow, load
+from rcpflow.records.summary import AttemptResult, build_summary
 from tpu_jobs.rehearsal.checkpoints import (
     Checkpoint,
     FingerprintMismatchError,
@@ -50,7 +50,7 @@ from tpu_jobs.rehearsal.checkpoints import (
 from tpu_jobs.rehearsal.profile import Timing, add_timing_arguments, timing_from
 
 PROG = "python -m tpu_jobs.rehearsal.evaluate"
-EXIT_OK, EXIT_BAD_INPUT, EXIT_FINGERPRINT = 0, 5, 3  # rcpflow.job_exit's contract
+EXIT_OK, EXIT_BAD_INPUT, EXIT_FINGERPRINT = 0, 5, 3  # rcpflow.trainer.job_exit's contract
 OUTPUT_ROOT = "rehearsal_eval"
 ATTEMPTS_FILE = "attempts/attempts.jsonl"
 _UNSOLVED = ("MAX_STEPS_REACHED", "MAX_CONTEXT_LIMIT_REACHED", "TIMEOUT")

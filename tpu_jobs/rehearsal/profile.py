@@ -14,14 +14,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from rcpflow.rehearsal import (
+from rcpflow.files.usererrors import describe
+from rcpflow.planning.rehearsal import (
     JobProfile,
     PassCurve,
     RehearsalInputError,
     load_curve,
     load_profile,
 )
-from rcpflow.usererrors import describe
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_PROFILE = HERE / "profile.toml"

@@ -3,10 +3,10 @@
 Flags as the toy trainer's (``--global-batch-size --max-steps --val-start-at --division``) and
 ``--profile --curve --time-scale`` (`tpu_jobs.rehearsal.profile`). Each step waits the
 profile's step seconds (times the scale; the clock of the run, so file writes do not add up),
-then records its weight update through `rcpflow.recorder.TrainingRecorder`; from val_start_at
-on it saves the step's checkpoint (`tpu_jobs.rehearsal.checkpoints`: the tasks the curve says
-it solves) and, once written, its manifest row with the weights' fingerprint. After each step
-it honours a stop request for this run; at the end ``block_stop`` is backdated to the last
+then records its weight update through `rcpflow.trainer.recorder.TrainingRecorder`; from
+val_start_at on it saves the step's checkpoint (`tpu_jobs.rehearsal.checkpoints`: the tasks the
+curve says it solves) and, once written, its manifest row with the weights' fingerprint. After each
+step it honours a stop request for this run; at the end ``block_stop`` is backdated to the last
 update. Both divisions use the recipe's hyperparameters (nothing is learned).
 
 A rerun with the same arguments resumes: the recorder continues the log and the manifest,
@@ -25,13 +25,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rcpflow import job_exit, recipe
-from rcpflow.manifest import ManifestError
-from rcpflow.mllog import MLLogError, require_mlperf_logging
-from rcpflow.recorder import RecorderError, TrainingRecorder
-from rcpflow.rehearsal import PassCurve
-from rcpflow.run_identity import RunIdentity
-from rcpflow.storage import StorageError
+from rcpflow import recipe
+from rcpflow.files.storage import StorageError
+from rcpflow.planning.rehearsal import PassCurve
+from rcpflow.records.manifest import ManifestError
+from rcpflow.records.mllog import MLLogError, require_mlperf_logging
+from rcpflow.records.run_identity import RunIdentity
+from rcpflow.trainer import job_exit
+from rcpflow.trainer.recorder import RecorderError, TrainingRecorder
 from tpu_jobs.rehearsal.checkpoints import (
     Checkpoint,
     RehearsalCheckpointError,
@@ -52,7 +53,8 @@ from tpu_jobs.rehearsal.profile import (
 PROG = "python -m tpu_jobs.rehearsal.train"
 DEFAULT_GLOBAL_BATCH_SIZE = 256
 DEFAULT_MAX_STEPS = 50
-# Told in one line with the job contract's code (`rcpflow.job_exit`): 5 for the invalid ones.
+# Told in one line with the job contract's code (`rcpflow.trainer.job_exit`): 5 for the invalid
+# ones.
 INVALID_INPUT_ERRORS = (RecorderError, RehearsalCheckpointError)
 RUN_STATE_ERRORS = (*INVALID_INPUT_ERRORS, ManifestError, MLLogError, StorageError, OSError)
 

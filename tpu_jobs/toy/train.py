@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rcpflow import recipe
-from rcpflow.mllog import SystemInfo
-from rcpflow.recorder import now_ms
+from rcpflow.records.mllog import SystemInfo
+from rcpflow.trainer.recorder import now_ms
 from tpu_jobs.rcp import distributed, job_cli, job_errors, sharding, termination
 from tpu_jobs.rcp.hooks import (
     FULL_STATE_EVERY_FLAG,

@@ -22,8 +22,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from rcpflow.layout import join
-from rcpflow.storage import storage_for
+from rcpflow.files.layout import join
+from rcpflow.files.storage import storage_for
 from tpu_jobs.rcp.checkpoint_format import (
     COMMIT_MARKER,
     CheckpointError,

@@ -15,8 +15,8 @@ from typing import Any
 import jax
 from flax import nnx
 
-from rcpflow.recorder import TrainingRecorder
-from rcpflow.run_identity import RunIdentity
+from rcpflow.records.run_identity import RunIdentity
+from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.fingerprint import weights_fingerprint
 from tpu_jobs.rcp.hooks import Committed, run_mismatch

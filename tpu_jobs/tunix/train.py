@@ -22,10 +22,10 @@ from tunix.rl.grpo import grpo_learner
 from tunix.rl.rollout import base_rollout
 
 from rcpflow import recipe
-from rcpflow.layout import RunLayout, join
-from rcpflow.mllog import SystemInfo
-from rcpflow.recorder import TrainingRecorder
-from rcpflow.run_identity import RunIdentity
+from rcpflow.files.layout import RunLayout, join
+from rcpflow.records.mllog import SystemInfo
+from rcpflow.records.run_identity import RunIdentity
+from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs import task
 from tpu_jobs.rcp import collectives, distributed, job_cli, job_errors
 from tpu_jobs.rcp.checkpoint_format import CheckpointError

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import get_current_context
 
-from tasks.backends.base import FormDefaults, register
+from tasks.backend_api.protocol import FormDefaults, register
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
 from tasks.backends.gke.operators import jobset_hook
 from tasks.backends.gke.render import jobset_name

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TaskGroup, XComArg, task
 
-from tasks.backends.gke.evaluate import EvaluateJobSetOperator, EvaluateStepJobSetOperator
+from tasks.backends.gke.evaluate_operators import EvaluateJobSetOperator, EvaluateStepJobSetOperator
 from tasks.backends.gke.operators import (
     DeleteEvalJobSetsOperator,
     DeleteJobSetOperator,

@@ -11,7 +11,7 @@
   the user set, or when the run task ended outside rcpflow's hands (a user's mark, Airflow's
   deferral timeout). A watch or create error leaves the JobSet running (a retry adopts it);
   one that was replaced by someone else is never touched.
-The operators that evaluate a checkpoint as a JobSet are in `tasks.backends.gke.evaluate`.
+The operators that evaluate a checkpoint as a JobSet are in `tasks.backends.gke.evaluate_operators`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from rcpflow.ownership import OWNER_ENV, airflow_owner
+from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
 from tasks.backends.gke import triggers
 from tasks.backends.gke.render import check_adoptable, jobset_ref, render_jobset
 from tasks.backends.gke.settings import GkeCluster, GkeSettings

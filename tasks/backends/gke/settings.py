@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from rcpflow import job_exit
+from rcpflow.trainer import job_exit
 from tasks.deployment import DeploymentError, register_table
 from tasks.jobs.command import Role
 from tasks.settings import SettingError

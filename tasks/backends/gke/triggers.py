@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from rcpflow.stop_request import current
+from rcpflow.verdict.stop_request import current
 from tasks.backends.gke.settings import GkeCluster
 from tasks.backends.gke.status import (
     JobSetGone,
@@ -85,8 +85,8 @@ class JobSetTrigger(BaseTrigger):
     no bound.
 
     With `stop_run_dir` (training under evaluation during training), a JobSet still running
-    `stop_grace_s` after a stop request of that run appeared (`rcpflow.stop_request.current`)
-    is deleted: phase ``Stopped``.
+    `stop_grace_s` after a stop request of that run appeared
+    (`rcpflow.verdict.stop_request.current`) is deleted: phase ``Stopped``.
 
     State (wall-clock seconds, see the module doc): `running_s` running time before
     `running_since` (None: not running now), `suspended_since`, `stop_seen`, `outage_since`;

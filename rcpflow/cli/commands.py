@@ -1,0 +1,412 @@
+"""The `rcpflow` command line. Exit codes are part of the contract (see each command's help).
+
+Every command tells a problem in one line on stderr, with one prefix for its kind: ``invalid:``
+(bad input: the path, what is wrong with it, what to give instead; exit 1), ``error:`` (a
+failure that is not the input's: a path that cannot be read, storage without credentials;
+exit 1) and ``usage error:`` (flags; exit 2). docs/exit-codes.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from rcpflow.cli.path_hints import log_problem, manifest_problem, run_dir_problem
+from rcpflow.recipe import DIVISIONS
+from rcpflow.verdict.eval_import import SOURCE_FORMATS
+
+# The exit-code contract of every command: docs/exit-codes.md.
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3
+
+
+def _int64(text: str) -> int:
+    """An argparse type: a decimal integer within 64 bits (a bigger one is a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not -(2**63) <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{text} is out of the 64-bit range")
+    return value
+
+
+# Which argument of a command is a path of which kind, and what to say when it is not one.
+PathCheck = tuple[str, Callable[[str], "str | None"]]
+_RUN_DIR: PathCheck = ("run_dir", run_dir_problem)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with rcpflow's one style: ``usage error: <what> (see <command> --help)``, exit 2
+    (after argparse's usage line)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"usage error: {message} (see {self.prog} --help)\n")
+
+
+def _invalid(what: object) -> int:
+    """Bad input: one line ``invalid: <what>`` on stderr, exit 1."""
+    print(f"invalid: {what}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _error(what: object) -> int:
+    """A failure that is not the input's: one line ``error: <what>`` on stderr, exit 1."""
+    print(f"error: {what}", file=sys.stderr)
+    return EXIT_INVALID
+
+
+def _val_start(args: argparse.Namespace) -> int:
+    """print the validation start step (last line)"""
+    from rcpflow.recipe import GENERATIONS_PER_PROMPT, val_start_at
+
+    gbs, override = args.global_batch_size, args.override
+    if gbs <= 0 or (override is not None and override < 0):
+        return _invalid("--global-batch-size must be positive and --override >= 0")
+    if gbs % GENERATIONS_PER_PROMPT:
+        # The formula is defined for any batch, but no valid run has this one: say so.
+        print(
+            f"warning: global_batch_size {gbs} is not a multiple of {GENERATIONS_PER_PROMPT} "
+            "(prompts x generations); the closed division rejects it",
+            file=sys.stderr,
+        )
+    print(val_start_at(gbs, override))
+    return EXIT_OK
+
+
+def _manifest_validate(args: argparse.Namespace) -> int:
+    """exit 0 valid, 1 invalid (names the step or line)"""
+    from rcpflow.records.manifest import ManifestError, load
+
+    try:
+        m = load(args.manifest, mllog_path=args.mllog)
+    except ManifestError as e:
+        return _invalid(e)
+    for w in m.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if m.rows:
+        first, last = m.rows[0], m.rows[-1]
+        print(
+            f"valid: {len(m.rows)} rows, steps {first.step}..{last.step} of max_steps "
+            f"{last.max_steps}, global_batch_size {first.global_batch_size}, seed {first.seed}, "
+            f"{len(m.stale_steps)} stale dropped"
+        )
+    else:
+        print(f"valid: 0 rows, {len(m.stale_steps)} stale dropped")
+    return EXIT_OK
+
+
+def _manifest_add(args: argparse.Namespace) -> int:
+    """record a committed checkpoint (trainers that are not Python); the run's fields come from its
+    MLLOG; exit 0 added or identical, 1 refused (names the step and why)"""
+    from rcpflow.trainer.manifest_add import add_row
+    from rcpflow.trainer.ownership import RunOwnedError, owner_from_env
+    from rcpflow.trainer.recorder import RecorderError
+
+    try:
+        row, added = add_row(
+            args.run_dir,
+            args.step,
+            args.checkpoint,
+            args.timestamp_ms,
+            seed=args.seed,
+            val_start_at=args.val_start_at,
+            weights_fingerprint=args.weights_fingerprint,
+            owner=args.owner if args.owner is not None else owner_from_env(),
+        )
+    except (RecorderError, RunOwnedError) as e:
+        return _invalid(e)
+    what = "added" if added else "already there (identical)"
+    print(f"step {row.step}: row {what}: {row.checkpoint_path} at {row.timestamp_ms}")
+    return EXIT_OK
+
+
+def _run_reset(args: argparse.Namespace) -> int:
+    """move the run's MLLOG, manifest and stop request aside (previous/reset-<time>/) so a trainer
+    may start it afresh; exit 0 moved, 1 refused (owned, or nothing to move)"""
+    from rcpflow.trainer.run_reset import ResetError, reset_run
+
+    try:
+        folder, moved = reset_run(args.run_dir)
+    except ResetError as e:
+        return _invalid(e)
+    for path in moved:
+        print(f"moved aside: {path}")
+    print(f"reset: {args.run_dir} may be trained afresh; the old run is in {folder}")
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    """per checkpoint: summary, gate decision, and what finalize would write now; exit 0, 1 when the
+    manifest cannot be read"""
+    from rcpflow.cli.status import manifest_problem, render_table, run_status
+
+    status = run_status(args.run_dir)
+    print(status.to_json() if args.json else render_table(status), end="")
+    problem = manifest_problem(status)
+    if problem is None:
+        return EXIT_OK
+    return EXIT_INVALID if args.json else _invalid(problem)  # JSON names it as manifest_error
+
+
+def _finalize(args: argparse.Namespace) -> int:
+    """write the eval section; exit 0 success/aborted, 3 incomplete, 1 invalid input (log
+    untouched)"""
+    from rcpflow.verdict.finalize import FinalizeInputError, finalize
+
+    try:
+        result = finalize(args.run_dir)
+    except FinalizeInputError as e:
+        return _invalid(e)
+    for w in result.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"{result.status}: {result.reason} ({result.log_path})")
+    print(json.dumps(result.verdict()))
+    return EXIT_INCOMPLETE if result.status == "incomplete" else EXIT_OK
+
+
+def _check(args: argparse.Namespace) -> int:
+    """official compliance checker verdict, exit 0/1"""
+    import contextlib
+    import tempfile
+
+    from rcpflow.files.storage import storage_for
+    from rcpflow.records.mllog import MLLogError, read_events
+    from rcpflow.submission.checkers import compliance
+
+    if not storage_for(args.log).exists(args.log):
+        return _invalid(f"{args.log!r}: no such MLLOG")
+    division = args.division
+    if division is None:  # the rules the log itself asks to be judged by
+        try:
+            declared = [e.value for e in read_events(args.log) if e.key == "submission_division"]
+        except MLLogError as e:
+            return _invalid(e)
+        division = declared[0] if declared and declared[0] in DIVISIONS else "closed"
+    with contextlib.ExitStack() as stack:  # without --log-dir, nothing is left behind
+        log_dir = args.log_dir or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="rcpflow-check-")
+        )
+        result = compliance(args.log, division=division, log_dir=log_dir)
+    kept = result.log_file if args.log_dir else "not kept (pass --log-dir to keep it)"
+    for line in result.errors:
+        print(line, file=sys.stderr)
+    print(
+        f"{'PASSED' if result.ok else 'FAILED'}: compliance checker ({division}, ruleset "
+        f"6.1.0) on {args.log}; its log: {kept}"
+    )
+    return EXIT_OK if result.ok else EXIT_INVALID
+
+
+def _usage(args: argparse.Namespace, message: str) -> int:
+    """Flags that do not go together: ``usage error: <what> (see <command> --help)``, exit 2."""
+    print(f"usage error: {message} (see {args.prog} --help)", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _eval_import(args: argparse.Namespace) -> int:
+    """verify another evaluator's result and write eval/step_N/summary.json; exit 0 imported, 1
+    invalid (names the file, field or line; nothing written), 2 usage"""
+    from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_tree
+
+    times = (args.eval_start_ms, args.eval_stop_ms)
+    if (times[0] is None) != (times[1] is None):
+        return _usage(args, "--eval-start-ms and --eval-stop-ms go together")
+    if args.eval_times_from is not None and times[0] is not None:
+        return _usage(args, "--eval-times-from or --eval-start-ms/--eval-stop-ms, not both")
+    if args.from_tree is not None:
+        if args.source is not None or args.step is not None or args.format or times[0] is not None:
+            return _usage(args, "--from-tree takes no SOURCE, --step, --format or eval times")
+        from rcpflow.files.terminal_progress import Progress
+
+        try:
+            with Progress("importing", 0) as progress:  # the tree's step count, once listed
+                result = import_tree(
+                    args.run_dir,
+                    args.from_tree,
+                    progress,
+                    eval_times_from=args.eval_times_from,
+                    reopen=args.reopen,
+                )
+        except EvalImportError as e:
+            return _invalid(e)
+        for step in result.steps:
+            print(step.describe())
+        for skipped in result.skipped:
+            print(f"warning: {skipped}", file=sys.stderr)
+        if not result.steps:
+            return _invalid(f"{args.from_tree}: no step_<N>/<attempt>/summary.json")
+        return EXIT_OK if result.all_imported else EXIT_INVALID
+    if args.source is None or args.step is None:
+        return _usage(args, "give --step N SOURCE, or --from-tree DIR")
+    try:
+        imported = import_eval(
+            args.run_dir,
+            args.step,
+            args.source,
+            eval_times=None if times[0] is None else (times[0], times[1]),
+            fmt=args.format,
+            attempts=args.attempts,
+            eval_times_from=args.eval_times_from,
+            reopen=args.reopen,
+        )
+    except EvalImportError as e:
+        return _invalid(e)
+    print(imported.describe())
+    return EXIT_OK
+
+
+def _command(
+    sub: argparse._SubParsersAction[_Parser],
+    name: str,
+    func: Callable[[argparse.Namespace], int],
+    path: PathCheck | None = None,
+) -> argparse.ArgumentParser:
+    """A subcommand that runs `func`, whose docstring is its help; `path` names its leading
+    positional argument, a path of a kind (a run folder, a manifest, an MLLOG), checked first."""
+    parser = sub.add_parser(name, help=func.__doc__)
+    if path is not None:
+        parser.add_argument(path[0])
+    parser.set_defaults(func=func, path_check=path, prog=parser.prog)
+    return parser
+
+
+def _forecast(args: argparse.Namespace) -> int:
+    """time to verdict, chip-hours and wasted evaluations of a run, simulated with the run DAG's
+    rules; exit 0, 2 usage (names the flag)"""
+    from rcpflow.planning.forecast import ForecastUsageError, render_text, report, request_from
+
+    try:
+        request = request_from(args)
+    except ForecastUsageError as e:
+        return _usage(args, str(e))
+    data = report(request)
+    print(
+        json.dumps(data, indent=2) if args.json else render_text(request, data, args.each), end=""
+    )
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="rcpflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    v = _command(sub, "val-start", _val_start)
+    v.add_argument("--global-batch-size", type=_int64, required=True)
+    v.add_argument("--override", type=_int64, default=None, help="explicit start step (> 0 wins)")
+
+    m = sub.add_parser("manifest", help="manifest commands")
+    msub = m.add_subparsers(dest="manifest_command", required=True)
+    mv = _command(msub, "validate", _manifest_validate, path=("manifest", manifest_problem))
+    mv.add_argument("--mllog", default=None, help="MLLOG for the stale-row check")
+    ma = _command(msub, "add", _manifest_add, path=_RUN_DIR)
+    ma.add_argument("--step", type=_int64, required=True)
+    ma.add_argument("--checkpoint", required=True, help="the committed checkpoint (must exist)")
+    ma.add_argument("--timestamp-ms", type=_int64, required=True, help="its weight-update time")
+    ma.add_argument("--seed", type=_int64, help="picks mllog/seed_<n>.out (default: the only one)")
+    ma.add_argument("--val-start-at", type=_int64, help="default: the rows', else the recipe's")
+    ma.add_argument("--weights-fingerprint")
+    ma.add_argument(
+        "--owner",
+        help="the trainer's identity for the run folder's lease (default $RCPFLOW_RUN_OWNER); "
+        "without one the add only checks that no other trainer owns the folder",
+    )
+
+    r = sub.add_parser("run", help="run folder commands")
+    rsub = r.add_subparsers(dest="run_command", required=True)
+    _command(rsub, "reset", _run_reset, path=_RUN_DIR)
+
+    e = sub.add_parser("eval", help="evaluation results")
+    esub = e.add_subparsers(dest="eval_command", required=True)
+    ei = _command(esub, "import", _eval_import, path=_RUN_DIR)
+    ei.add_argument("source", nargs="?", help="summary.json or attempt records (local or gs://)")
+    ei.add_argument("--step", type=_int64, help="the manifest row the result belongs to")
+    ei.add_argument("--eval-start-ms", type=_int64, help="eval wall clock (else from the source)")
+    ei.add_argument("--eval-stop-ms", type=_int64)
+    ei.add_argument(
+        "--eval-times-from",
+        metavar="LOG",
+        help="the evaluating pipeline's MLLOG: eval times from its eval_start/eval_stop of the "
+        "row's samples_count (Tunix's summaries carry none)",
+    )
+    ei.add_argument("--format", choices=SOURCE_FORMATS, help="default: detected")
+    ei.add_argument("--attempts", help="attempt records beside a summary (default: its attempts/)")
+    ei.add_argument(
+        "--reopen",
+        action="store_true",
+        help="replace a summary that a written run_stop depends on (the next finalize rewrites "
+        "the eval section)",
+    )
+    ei.add_argument(
+        "--from-tree",
+        metavar="DIR",
+        help="import every step of DIR/step_<N>/<stamp>-<id>/summary.json (newest valid one)",
+    )
+
+    _command(sub, "finalize", _finalize, path=_RUN_DIR)
+
+    st = _command(sub, "status", _status, path=_RUN_DIR)
+    st.add_argument("--json", action="store_true", help="the same data as JSON")
+
+    c = _command(sub, "check", _check, path=("log", log_problem))
+    c.add_argument(
+        "--division",
+        choices=DIVISIONS,
+        default=None,
+        help="rules to apply (default: the division the log declares, else closed)",
+    )
+    c.add_argument("--log-dir", default=None, help="where the checker's own log goes")
+
+    from rcpflow.planning.forecast import add_arguments
+
+    fc = _command(sub, "forecast", _forecast)
+    add_arguments(fc)
+    return p
+
+
+# Errors that are the input's (a value, a path that is missing or of the wrong kind); the rest
+# of USER_ERRORS (unreadable, unreachable) are failures.
+_INPUT_ERRORS = (
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from rcpflow.files.usererrors import USER_ERRORS, describe
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse fills positionals from the first run of them, so in `eval import RUN_DIR --step N
+    # SOURCE` the SOURCE after the option comes back unparsed: it is the source.
+    importing = args.command == "eval" and args.eval_command == "import"
+    if importing and args.source is None and len(extra) == 1 and not extra[0].startswith("-"):
+        args.source, extra = extra[0], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.path_check is not None:
+        name, problem_of = args.path_check
+        problem = problem_of(getattr(args, name))
+        if problem is not None:
+            return _invalid(problem)
+    try:
+        return int(args.func(args))
+    except _INPUT_ERRORS as e:  # bad input the command did not name itself: still one line
+        return _invalid(describe(e))
+    except USER_ERRORS as e:  # a path that cannot be read, storage that cannot be reached
+        return _error(describe(e))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,532 @@
+"""``rcpflow forecast``: time to verdict and chip-hours of a run, by an event simulation of the
+rules the run DAG follows (`tasks.run.evaluation_group`, `tasks.run.planned`, `tasks.run.stages`).
+
+Time 0 is ``run_start`` (the training job starts). Step k's update and checkpoint are done at
+``k * step_seconds``; an evaluation takes ``eval_seconds`` on ``eval_chips``.
+
+- ``after_training``: training runs to max_steps; then (``load_manifest``, then the mapped
+  ``evaluate``: two task starts) the steps are evaluated in step order, at most W at once.
+- ``during_training``: the planned steps val_start_at..max_steps; a step's wait sees its
+  checkpoint at the next poll, its evaluate starts one task start later, at most W at once in
+  step order. At the verdict ``stop_if_decided`` (one task start) writes the stop request and
+  the trainer stops after the step it is in.
+
+Both: an evaluation slot that frees is taken one task start later by the lowest waiting step.
+A step above the passing one that starts after the pass skips (the gate); one already running
+is wasted: cancelled at the pass (issue 18), or with ``cancel=False`` (today) it runs to its
+end. The verdict is when the passing step and every lower one have their summaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal, TypeVar
+
+from rcpflow import recipe
+from rcpflow.planning.rehearsal import JobProfile, RehearsalInputError, load_profile
+
+Schedule = Literal["after_training", "during_training"]
+SCHEDULES: tuple[Schedule, ...] = ("after_training", "during_training")
+# --recommend: the smallest W whose time to verdict is within this factor of the best W's.
+RECOMMEND_WITHIN = 1.10
+Outcome = Literal["needed", "wasted", "cancelled"]
+
+
+class ForecastUsageError(ValueError):
+    """Inputs that describe no run; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One run to simulate."""
+
+    step_seconds: float
+    eval_seconds: float
+    val_start_at: int
+    max_steps: int
+    passing_step: int
+    schedule: Schedule
+    window: int
+    train_chips: int = 1
+    eval_chips: int = 1
+    task_start_seconds: float = 0.0  # a task's start after what it waits for
+    poll_seconds: float = 0.0  # how often a waiting step reads the manifest (0: at once)
+    cancel: bool = True  # higher steps' running evaluations are stopped at the pass
+
+    def __post_init__(self) -> None:
+        for flag, value in (
+            ("--step-seconds", self.step_seconds),
+            ("--eval-seconds", self.eval_seconds),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise ForecastUsageError(f"{flag} {value} must be a positive number of seconds")
+        for flag, value in (
+            ("--task-start-seconds", self.task_start_seconds),
+            ("--poll-seconds", self.poll_seconds),
+        ):
+            if not (math.isfinite(value) and value >= 0):
+                raise ForecastUsageError(f"{flag} {value} must be a number of seconds >= 0")
+        for flag, count in (
+            ("--window", self.window),
+            ("--train-chips", self.train_chips),
+            ("--eval-chips", self.eval_chips),
+        ):
+            if count < 1:
+                raise ForecastUsageError(f"{flag} {count} must be at least 1")
+        if self.max_steps < 1:
+            raise ForecastUsageError(f"--max-steps {self.max_steps} must be at least 1")
+        if not 1 <= self.val_start_at <= self.max_steps:
+            raise ForecastUsageError(
+                f"--val-start-at {self.val_start_at} must be in 1..--max-steps {self.max_steps}"
+            )
+        if not self.val_start_at <= self.passing_step <= self.max_steps:
+            raise ForecastUsageError(
+                f"--passing-step {self.passing_step} must be in --val-start-at "
+                f"{self.val_start_at}..--max-steps {self.max_steps}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ForecastUsageError(f"--schedule {self.schedule!r}: one of {', '.join(SCHEDULES)}")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    step: int
+    start_s: float
+    end_s: float
+    outcome: Outcome  # needed: up to the passing step; above it wasted (ran out) or cancelled
+
+
+@dataclass(frozen=True)
+class Forecast:
+    scenario: Scenario
+    verdict_s: float  # from run_start
+    steps_trained: int
+    training_end_s: float
+    evaluations: tuple[Evaluation, ...]
+
+    @property
+    def verdict_ratio(self) -> float:
+        """Verdict over the ideal: the passing checkpoint evaluated the moment it exists."""
+        s = self.scenario
+        return self.verdict_s / (s.passing_step * s.step_seconds + s.eval_seconds)
+
+    @property
+    def wasted(self) -> int:
+        """Evaluations of steps above the passing one that started (ran out or cancelled)."""
+        return sum(e.outcome != "needed" for e in self.evaluations)
+
+    @property
+    def eval_chip_hours(self) -> float:
+        busy = sum(e.end_s - e.start_s for e in self.evaluations)
+        return busy * self.scenario.eval_chips / 3600
+
+    @property
+    def wasted_chip_hours(self) -> float:
+        busy = sum(e.end_s - e.start_s for e in self.evaluations if e.outcome != "needed")
+        return busy * self.scenario.eval_chips / 3600
+
+    @property
+    def train_chip_hours(self) -> float:
+        return self.training_end_s * self.scenario.train_chips / 3600
+
+    @property
+    def run_end_s(self) -> float:
+        """When the last job of the run ends (training, or an evaluation left running)."""
+        return max([self.training_end_s, *(e.end_s for e in self.evaluations)])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self.scenario),
+            "verdict_s": self.verdict_s,
+            "verdict_h": self.verdict_s / 3600,
+            "verdict_ratio": self.verdict_ratio,
+            "steps_trained": self.steps_trained,
+            "training_end_s": self.training_end_s,
+            "run_end_s": self.run_end_s,
+            "evaluations": len(self.evaluations),
+            "wasted": self.wasted,
+            "eval_chip_hours": self.eval_chip_hours,
+            "wasted_chip_hours": self.wasted_chip_hours,
+            "train_chip_hours": self.train_chip_hours,
+        }
+
+
+def _seen(t: float, poll_s: float) -> float:
+    """The first poll at or after `t` (polls every `poll_s` from run_start)."""
+    if poll_s <= 0:
+        return t
+    return math.ceil(t / poll_s - 1e-9) * poll_s
+
+
+def simulate(s: Scenario) -> Forecast:
+    first, last, p = s.val_start_at, s.max_steps, s.passing_step
+    start_latency = s.task_start_seconds
+    if s.schedule == "after_training":
+        # after the train group: load_manifest, then the mapped evaluate
+        training_over = last * s.step_seconds + 2 * start_latency
+        ready = {k: training_over for k in range(first, last + 1)}
+    else:
+        ready = {
+            k: _seen(k * s.step_seconds, s.poll_seconds) + start_latency
+            for k in range(first, last + 1)
+        }
+    free: list[float] = [-math.inf] * s.window  # when each evaluation slot frees
+    passed_at: float | None = None
+    evaluations: list[Evaluation] = []
+    for k in range(first, last + 1):
+        slot = heapq.heappop(free)
+        start = ready[k] if slot == -math.inf else max(ready[k], slot + start_latency)
+        if passed_at is not None and start >= passed_at:
+            break  # the gate skips it, and every later step (they start no earlier)
+        end = start + s.eval_seconds
+        outcome: Outcome = "needed"
+        if k == p:
+            passed_at = end
+        elif k > p:
+            assert passed_at is not None  # p was simulated before k
+            outcome = "cancelled" if s.cancel else "wasted"
+            if s.cancel:
+                end = passed_at
+        evaluations.append(Evaluation(k, start, end, outcome))
+        heapq.heappush(free, end)
+    verdict = max(e.end_s for e in evaluations if e.step <= p)
+    if s.schedule == "after_training":
+        steps = last
+    else:
+        # stop_if_decided writes the request; the trainer ends the step it is in
+        request = verdict + start_latency
+        steps = min(last, max(p, math.ceil(request / s.step_seconds - 1e-9)))
+    return Forecast(
+        scenario=s,
+        verdict_s=verdict,
+        steps_trained=steps,
+        training_end_s=steps * s.step_seconds,
+        evaluations=tuple(evaluations),
+    )
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    schedule: Schedule
+    window: int
+    verdict_s: float  # mean over the passing steps
+    eval_chip_hours: float  # mean over the passing steps
+    best_window: int
+    best_verdict_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _mean_forecast(base: Scenario, passing: Sequence[int], **change: Any) -> list[Forecast]:
+    return [simulate(replace(base, passing_step=p, **change)) for p in passing]
+
+
+def recommend(base: Scenario, passing: Sequence[int], schedule: Schedule) -> Recommendation:
+    """The smallest W whose mean time to verdict over `passing` is within 10 % of the best W's
+    (W up to one slot per evaluated step, beyond which nothing changes)."""
+    means: dict[int, tuple[float, float]] = {}
+    for window in range(1, base.max_steps - base.val_start_at + 2):
+        runs = _mean_forecast(base, passing, schedule=schedule, window=window)
+        means[window] = (
+            statistics.fmean(f.verdict_s for f in runs),
+            statistics.fmean(f.eval_chip_hours for f in runs),
+        )
+    best_window = min(means, key=lambda w: (means[w][0], w))
+    best = means[best_window][0]
+    window = min(w for w, (t, _) in means.items() if t <= best * RECOMMEND_WITHIN)
+    return Recommendation(
+        schedule=schedule,
+        window=window,
+        verdict_s=means[window][0],
+        eval_chip_hours=means[window][1],
+        best_window=best_window,
+        best_verdict_s=best,
+    )
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``rcpflow forecast`` was asked: one scenario per schedule, W and passing step."""
+
+    base: Scenario
+    schedules: tuple[Schedule, ...]
+    windows: tuple[int, ...]
+    passing_steps: tuple[int, ...]
+    recommend: bool
+
+    def scenarios(self) -> list[Scenario]:
+        return [
+            replace(self.base, schedule=schedule, window=w, passing_step=p)
+            for schedule in self.schedules
+            for w in self.windows
+            for p in self.passing_steps
+        ]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``rcpflow forecast``. Values are read as text and checked by
+    `request_from`, so that each bad one is one usage line naming its flag."""
+    flags = [
+        ("--profile", "a job profile TOML (rcpflow.planning.rehearsal): default seconds and chips"),
+        ("--step-seconds", "one training step (update and checkpoint save)"),
+        ("--eval-seconds", "one evaluation of a checkpoint"),
+        ("--train-chips", "chips of the training job"),
+        ("--eval-chips", "chips of one evaluation (all its workers)"),
+        ("--global-batch-size", "sets the default --val-start-at (the recipe's; default 256)"),
+        ("--val-start-at", "first evaluated step (default: the recipe's)"),
+        ("--max-steps", "the run's max_steps"),
+        ("--passing-step", "the first step above the target: N, A-B or N,M,..."),
+        ("--schedule", "after_training, during_training or both (default)"),
+        ("--window", "evaluations at once, W: N, A-B or N,M,... (default 1)"),
+        ("--task-start-seconds", "a task's start latency in the scheduler (default 0)"),
+        ("--poll-seconds", "how often a waiting step reads the manifest (default 0: at once)"),
+    ]
+    defaults = {
+        "--global-batch-size": "256",
+        "--schedule": "both",
+        "--window": "1",
+        "--task-start-seconds": "0",
+        "--poll-seconds": "0",
+    }
+    for flag, text in flags:
+        p.add_argument(flag, default=defaults.get(flag), help=text)
+    switches = [
+        ("--no-cancel", "higher steps' evaluations running at the pass run to their end"),
+        ("--recommend", "per schedule, the smallest W within 10%% of the best time"),
+        ("--each", "with several passing steps: a row per step, not only min/mean/max"),
+        ("--json", "the same as JSON"),
+    ]
+    for flag, text in switches:
+        p.add_argument(flag, action="store_true", help=text)
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _parsed(flag: str, text: str | None, default: _N | None, parse: type[_N], noun: str) -> _N:
+    """`text` as `parse` reads it; None: `default` (a profile's), else the flag is required."""
+    if text is None and default is not None:
+        return default
+    if text is None:
+        raise ForecastUsageError(f"{flag} is required (or give --profile)")
+    try:
+        return parse(text)
+    except ValueError:
+        raise ForecastUsageError(f"{flag} {text!r} is not {noun}") from None
+
+
+def _number(flag: str, text: str | None, default: float | None = None) -> float:
+    value = _parsed(flag, text, default, float, "a number")
+    if text is not None and not math.isfinite(value):
+        raise ForecastUsageError(f"{flag} {text!r} is not a finite number")
+    return value
+
+
+def _integer(flag: str, text: str | None, default: int | None = None) -> int:
+    return _parsed(flag, text, default, int, "an integer")
+
+
+def parse_steps(flag: str, text: str | None) -> tuple[int, ...]:
+    """``N``, ``A-B`` (inclusive) or a comma list of those, ascending without repeats."""
+    if text is None:
+        raise ForecastUsageError(f"{flag} is required")
+    found: list[int] = []
+    for part in text.split(","):
+        low, dash, high = part.strip().partition("-")
+        try:
+            a = int(low)
+            b = int(high) if dash else a
+        except ValueError:
+            raise ForecastUsageError(f"{flag} {text!r}: {part!r} is not N or A-B") from None
+        if b < a:
+            raise ForecastUsageError(f"{flag} {text!r}: {part!r} is an empty range")
+        found += range(a, b + 1)
+    if len(set(found)) != len(found):
+        raise ForecastUsageError(f"{flag} {text!r} names a step twice")
+    return tuple(sorted(found))
+
+
+def request_from(args: argparse.Namespace) -> Request:
+    """The request the parsed flags make; ForecastUsageError naming the flag otherwise."""
+    profile: JobProfile | None = None
+    if args.profile is not None:
+        try:
+            profile = load_profile(args.profile)
+        except (RehearsalInputError, OSError) as e:
+            raise ForecastUsageError(f"--profile {args.profile}: {e}") from None
+
+    step_s = _number(
+        "--step-seconds", args.step_seconds, None if profile is None else profile.step_seconds
+    )
+    eval_s = _number(
+        "--eval-seconds", args.eval_seconds, None if profile is None else profile.eval_seconds
+    )
+    train_chips = _integer(
+        "--train-chips", args.train_chips, None if profile is None else profile.train_chips
+    )
+    eval_chips = _integer(
+        "--eval-chips", args.eval_chips, None if profile is None else profile.eval_chips
+    )
+    max_steps = _integer("--max-steps", args.max_steps)
+    if args.val_start_at is None:
+        gbs = _integer("--global-batch-size", args.global_batch_size)
+        try:
+            val_start = recipe.val_start_at(gbs)
+        except ValueError as e:
+            raise ForecastUsageError(f"--global-batch-size {gbs}: {e}") from None
+    else:
+        val_start = _integer("--val-start-at", args.val_start_at)
+    passing = parse_steps("--passing-step", args.passing_step)
+    windows = parse_steps("--window", args.window)
+    if args.schedule == "both":
+        schedules = SCHEDULES
+    elif args.schedule in SCHEDULES:
+        schedules = (args.schedule,)
+    else:
+        raise ForecastUsageError(
+            f"--schedule {args.schedule!r}: one of {', '.join(SCHEDULES)} or both"
+        )
+    base = Scenario(
+        step_seconds=step_s,
+        eval_seconds=eval_s,
+        val_start_at=val_start,
+        max_steps=max_steps,
+        passing_step=passing[0],
+        schedule=schedules[0],
+        window=windows[0],
+        train_chips=train_chips,
+        eval_chips=eval_chips,
+        task_start_seconds=_number("--task-start-seconds", args.task_start_seconds),
+        poll_seconds=_number("--poll-seconds", args.poll_seconds),
+        cancel=not args.no_cancel,
+    )
+    request = Request(base, schedules, windows, passing, args.recommend)
+    request.scenarios()  # every combination is checked (Scenario's own checks), not only one
+    return request
+
+
+@dataclass(frozen=True)
+class Spread:
+    """min / mean / max of one figure over the passing steps."""
+
+    low: float
+    mean: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Spread:
+        v = list(values)
+        return cls(min(v), statistics.fmean(v), max(v))
+
+
+def _group(forecasts: Sequence[Forecast]) -> dict[tuple[Schedule, int], list[Forecast]]:
+    groups: dict[tuple[Schedule, int], list[Forecast]] = {}
+    for f in forecasts:
+        groups.setdefault((f.scenario.schedule, f.scenario.window), []).append(f)
+    return groups
+
+
+def report(request: Request) -> dict[str, Any]:
+    """Everything the command prints, as JSON-able data."""
+    forecasts = [simulate(s) for s in request.scenarios()]
+    summary = []
+    for (schedule, window), group in _group(forecasts).items():
+        figures = {
+            "verdict_h": Spread.of(f.verdict_s / 3600 for f in group),
+            "verdict_ratio": Spread.of(f.verdict_ratio for f in group),
+            "eval_chip_hours": Spread.of(f.eval_chip_hours for f in group),
+            "train_chip_hours": Spread.of(f.train_chip_hours for f in group),
+            "wasted": Spread.of(f.wasted for f in group),
+        }
+        summary.append(
+            {"schedule": schedule, "window": window, **{k: asdict(v) for k, v in figures.items()}}
+        )
+    out: dict[str, Any] = {
+        "forecasts": [f.to_dict() for f in forecasts],
+        "summary": summary,
+    }
+    if request.recommend:
+        out["recommend"] = [
+            recommend(request.base, request.passing_steps, s).to_dict() for s in SCHEDULES
+        ]
+    return out
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+
+
+HEADER = (
+    "schedule", "W", "pass", "verdict (h)", "ratio", "steps", "evals", "wasted",
+    "eval chip-h", "train chip-h",
+)  # fmt: skip
+
+
+def _forecast_cells(f: dict[str, Any]) -> list[str]:
+    return [
+        f["schedule"],
+        str(f["window"]),
+        str(f["passing_step"]),
+        f"{f['verdict_h']:.2f}",
+        f"{f['verdict_ratio']:.2f}",
+        str(f["steps_trained"]),
+        str(f["evaluations"]),
+        str(f["wasted"]),
+        f"{f['eval_chip_hours']:.1f}",
+        f"{f['train_chip_hours']:.1f}",
+    ]
+
+
+def _summary_cells(s: dict[str, Any]) -> list[str]:
+    def spread(key: str, fmt: str) -> str:
+        return "/".join(format(s[key][k], fmt) for k in ("low", "mean", "high"))
+
+    return [
+        s["schedule"],
+        str(s["window"]),
+        "all",
+        spread("verdict_h", ".2f"),
+        spread("verdict_ratio", ".2f"),
+        "",
+        "",
+        spread("wasted", ".1f"),
+        spread("eval_chip_hours", ".0f"),
+        spread("train_chip_hours", ".0f"),
+    ]
+
+
+def render_text(request: Request, data: dict[str, Any], each: bool) -> str:
+    b = request.base
+    cancel = "cancelled at the pass" if b.cancel else "left running (--no-cancel)"
+    lines = [
+        f"forecast: step {b.step_seconds:g} s, evaluation {b.eval_seconds:g} s on "
+        f"{b.eval_chips} chips, training on {b.train_chips} chips; steps "
+        f"{b.val_start_at}..{b.max_steps} evaluated; task start {b.task_start_seconds:g} s, "
+        f"poll {b.poll_seconds:g} s; higher steps' evaluations {cancel}; time from run_start",
+    ]
+    several = len(request.passing_steps) > 1
+    if each or not several:
+        lines += _table([HEADER, *(_forecast_cells(f) for f in data["forecasts"])])
+    if several:
+        steps = request.passing_steps
+        lines.append(f"min/mean/max over passing steps {steps[0]}..{steps[-1]}:")
+        lines += _table([HEADER, *(_summary_cells(s) for s in data["summary"])])
+    for r in data["recommend"] if request.recommend else []:
+        lines.append(
+            f"recommend {r['schedule']}: W = {r['window']} (verdict {r['verdict_s'] / 3600:.2f} h,"
+            f" {r['eval_chip_hours']:.1f} evaluation chip-h; the best, W = {r['best_window']}, "
+            f"{r['best_verdict_s'] / 3600:.2f} h)"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,3 @@
+"""A submission of N runs: the official checkers as structured verdicts, the RCP checker's numbers,
+packaging.
+"""

@@ -1,0 +1,681 @@
+"""tasks.backends.gke operators and trigger: the trigger's status handling, its classpaths, and
+the operators driving the Google provider's real GKE operators and hooks against a stand-in
+Kubernetes API (`fake_gke`: only the cluster lookup and the Google credentials are replaced)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+from fake_task import FakeTI
+
+from tasks.backends.gke.render import render_jobset
+from tasks.backends.gke.settings import GkeSettings
+
+SETTINGS = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.01)
+JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"
+DAG_ID, RUN_ID = "mlperf_grpo_run", "manual__2026-05-01T12:00:00+00:00"
+
+
+def _command(step: int = 18) -> list[str]:
+    return ["python", "-m", "tpu_jobs.evaluate", "--run-dir", "gs://b/r", "--step", str(step)]
+
+
+def _jobset(settings: GkeSettings = SETTINGS, step: int = 18) -> dict[str, Any]:
+    return render_jobset(
+        settings, role="evaluate", dag_id=DAG_ID, run_id=RUN_ID, job=f"eval-{step}",
+        command=_command(step),
+    )  # fmt: skip
+
+
+def _op(settings: GkeSettings = SETTINGS, step: int = 18, **kwargs: Any) -> Any:
+    from tasks.backends.gke.operators import RunJobSetOperator
+
+    return RunJobSetOperator(
+        task_id="g.run", settings=settings, role=kwargs.pop("role", "evaluate"),
+        job=kwargs.pop("job", f"eval-{step}"), command=kwargs.pop("command", _command(step)),
+        **kwargs,
+    )  # fmt: skip
+
+
+def _ctx(ti: FakeTI | None = None) -> dict[str, Any]:
+    return {"ti": ti or FakeTI(), "dag_run": SimpleNamespace(dag_id=DAG_ID, run_id=RUN_ID)}
+
+
+def _events(trigger) -> list[dict[str, Any]]:
+    async def collect() -> list[dict[str, Any]]:
+        return [event.payload async for event in trigger.run()]
+
+    return asyncio.run(asyncio.wait_for(collect(), timeout=60))
+
+
+def _restarted(trigger: Any) -> Any:
+    """`trigger` as a (re)started triggerer makes it: from its classpath and kwargs in JSON."""
+    classpath, kwargs = trigger.serialize()
+    return _resolve(classpath)(**json.loads(json.dumps(kwargs)))
+
+
+def _follow(trigger: Any) -> list[dict[str, Any]]:
+    """Run `trigger`, and each trigger a Watching event asks for (through JSON, like a
+    re-defer), until an event that is not Watching; every event in order."""
+    from tasks.backends.gke.triggers import WATCHING, JobSetTrigger
+
+    seen: list[dict[str, Any]] = []
+    while True:
+        [event] = _events(trigger)
+        seen.append(event)
+        if event["phase"] != WATCHING:
+            return seen
+        trigger = _restarted(JobSetTrigger(**event["kwargs"]))
+
+
+def _finish(op: Any, ctx: dict[str, Any], trigger: Any) -> tuple[Any, list[dict[str, Any]]]:
+    """Drive a deferred operator as Airflow does: run its trigger, resume it with the event,
+    and again while it defers; its result and the events."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    events = []
+    while True:
+        [event] = _events(_restarted(trigger))
+        events.append(event)
+        try:
+            return op.execute_complete(ctx, event), events
+        except TaskDeferred as deferred:
+            trigger = deferred.trigger
+
+
+def _trigger(**overrides: Any):
+    from tasks.backends.gke.triggers import JobSetTrigger, cluster_kwargs
+
+    kwargs = {
+        "name": "js",
+        "namespace": "default",
+        "cluster": cluster_kwargs(SETTINGS.cluster),
+        "poll_interval_s": 0.0,
+        "api_error_budget_s": 60.0,
+        "running_since": 0.0,  # seen running at the start, as the operator's read-back says
+    }
+    kwargs.update(overrides)
+    return JobSetTrigger(**kwargs)
+
+
+def _scripted(monkeypatch: pytest.MonkeyPatch, responses: list[Any]) -> list[int]:
+    """Make JobSetTrigger.read_jobset return (or raise) `responses` in order; returns a list
+    that counts the reads."""
+    from tasks.backends.gke.triggers import JobSetTrigger
+
+    reads: list[int] = []
+
+    async def read_jobset(self) -> dict[str, Any]:
+        item = responses[min(len(reads), len(responses) - 1)]
+        reads.append(1)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    monkeypatch.setattr(JobSetTrigger, "read_jobset", read_jobset)
+    return reads
+
+
+# --- trigger: status handling with a scripted status source --------------------------------
+
+
+def test_trigger_waits_through_running_and_suspended(
+    monkeypatch, recorded_status, sim_clock
+) -> None:
+    reads = _scripted(
+        monkeypatch,
+        [
+            recorded_status("status_created.json"),
+            recorded_status("status_suspended.json"),
+            recorded_status("status_running.json"),
+            recorded_status("status_restarting.json"),
+            recorded_status("status_succeeded.json"),
+        ],
+    )
+    events = _follow(_trigger())
+    assert len(reads) == 5
+    # running -> suspended -> running: each change deferred again with the state
+    assert [e["phase"] for e in events] == ["Watching", "Watching", "Succeeded"]
+    assert "16 succeeded" in events[-1]["progress"]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "reason"),
+    [
+        ("status_failed_max_restarts.json", "ReachedMaxRestarts"),
+        ("status_failed_jobs.json", "FailedJobs"),
+    ],
+)
+def test_trigger_reports_failure_with_reason(monkeypatch, recorded_status, fixture, reason) -> None:
+    _scripted(monkeypatch, [recorded_status("status_running.json"), recorded_status(fixture)])
+    [event] = _events(_trigger())
+    assert (event["phase"], event["reason"]) == ("Failed", reason)
+    assert "first failed job" in event["message"]
+
+
+class SimClock:
+    """The watch loop's clock and sleep, simulated: a sleep advances the clock at once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+def sim_clock(monkeypatch: pytest.MonkeyPatch) -> SimClock:
+    from tasks.backends.gke import triggers
+
+    clock = SimClock()
+    monkeypatch.setattr(triggers, "_now", clock.time)
+    monkeypatch.setattr(triggers, "_sleep", clock.sleep)
+    return clock
+
+
+def test_trigger_rides_out_a_few_read_errors(monkeypatch, recorded_status, sim_clock) -> None:
+    reads = _scripted(
+        monkeypatch,
+        [
+            ConnectionResetError("reset"),
+            TimeoutError("slow apiserver"),
+            recorded_status("status_running.json"),
+            ConnectionResetError("reset"),
+            recorded_status("status_succeeded.json"),
+        ],
+    )
+    [event] = _events(_trigger(poll_interval_s=30.0, api_error_budget_s=1200.0))
+    assert event["phase"] == "Succeeded" and len(reads) == 5
+    # backoff doubles from the poll interval and starts afresh after a good read
+    assert sim_clock.sleeps == [30.0, 60.0, 30.0, 30.0]
+
+
+def test_an_outage_longer_than_the_budget_defers_again_and_never_fails(
+    monkeypatch, sim_clock
+) -> None:
+    reads = _scripted(monkeypatch, [PermissionError("403 Forbidden")])
+    trigger = _trigger(poll_interval_s=10.0, api_error_budget_s=300.0)
+    [event] = _events(trigger)
+    assert (event["phase"], event["reason"]) == ("Watching", "ApiUnreachable")
+    assert sim_clock.now == 300.0  # at the budget, not before and not a backoff later
+    assert sim_clock.sleeps == [10.0, 20.0, 40.0, 80.0, 120.0, 30.0]  # capped at 120 s
+    assert len(reads) == 7
+    assert "failed every read for 300s" in event["message"] and "403 Forbidden" in event["message"]
+    assert event["kwargs"]["outage_since"] == 0.0  # kept: the next trigger knows since when
+    [again] = _events(_restarted(_resolve(trigger.serialize()[0])(**event["kwargs"])))
+    assert again["phase"] == "Watching" and "for 600s" in again["message"]
+
+
+def test_trigger_deleted_jobset_and_malformed_status(monkeypatch, recorded_status) -> None:
+    from tasks.backends.gke.triggers import JobSetGone
+
+    _scripted(monkeypatch, [JobSetGone("JobSet default/js not found")])
+    [event] = _events(_trigger())
+    assert (event["phase"], event["reason"]) == ("Failed", "NotFound")
+
+    _scripted(monkeypatch, [recorded_status("status_contradictory.json")])
+    [event] = _events(_trigger())
+    assert event["phase"] == "error" and "contradictory" in event["message"]
+
+
+def test_a_jobset_created_again_under_the_name_is_a_named_error(
+    monkeypatch, recorded_status
+) -> None:
+    running = recorded_status("status_running.json")
+    other = {**running, "metadata": {**running["metadata"], "uid": "uid-2"}}
+    _scripted(monkeypatch, [other])
+    [event] = _events(_trigger(uid="uid-1"))
+    assert (event["phase"], event["reason"]) == ("error", "Replaced")
+    assert "'uid-2'" in event["message"] and "'uid-1'" in event["message"]
+
+    from tasks.backends.gke.operators import JobSetReplacedError
+
+    ti = FakeTI()
+    with pytest.raises(JobSetReplacedError, match="deleted and created again"):
+        _op().execute_complete(_ctx(ti), event)
+    assert ti.pushed["jobset_ref"]["delete"] is False  # not ours: the teardown leaves it
+
+
+def test_trigger_serializes_to_an_importable_classpath() -> None:
+    trigger = _trigger(uid="u", suspended_since=5.0)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "tasks.backends.gke.triggers.JobSetTrigger"
+    json.dumps(kwargs)  # what the triggerer stores must be JSON
+    again = _resolve(classpath)(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+    # the cluster by name, never its endpoint: that is looked up when the trigger runs
+    assert set(kwargs["cluster"]) == {
+        "location", "cluster_name", "project_id", "gcp_conn_id", "impersonation_chain",
+        "use_internal_ip", "use_dns_endpoint",
+    }  # fmt: skip
+    assert not {"cluster_url", "ssl_ca_cert"} & set(kwargs)
+
+
+def test_the_classpath_of_earlier_releases_still_resolves() -> None:
+    # A task deferred before the move has "plugins.jobset.JobSetTrigger" in the trigger table.
+    from tasks.backends.gke.triggers import JobSetTrigger
+
+    old = _resolve("plugins.jobset.JobSetTrigger")
+    assert old is JobSetTrigger
+    _classpath, kwargs = _trigger().serialize()
+    assert old(**kwargs).serialize() == _trigger().serialize()
+
+
+def _resolve(classpath: str) -> Any:
+    """The class as the triggerer finds it (Airflow's own import_string)."""
+    from airflow.sdk.module_loading import import_string
+
+    return import_string(classpath)
+
+
+# --- operators, without a cluster ----------------------------------------------------------
+
+BASE_EVENT = {
+    "name": "js", "namespace": "default", "reason": "", "message": "", "progress": "p",
+    "pods": [], "kwargs": None,
+}  # fmt: skip
+
+
+def test_execute_complete_maps_events_to_task_outcomes() -> None:
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+    op = _op()
+    ti = FakeTI()
+    done = op.execute_complete(_ctx(ti), {**BASE_EVENT, "phase": "Succeeded"})
+    assert done == {"name": "js", "namespace": "default", "phase": "Succeeded", "progress": "p"}
+    assert ti.pushed["jobset_ref"]["delete"] is True
+
+    failed = {**BASE_EVENT, "phase": "Failed", "reason": "ReachedMaxRestarts", "message": "m"}
+    with pytest.raises(AirflowFailException, match=r"default/js failed \(ReachedMaxRestarts\): m"):
+        op.execute_complete(_ctx(ti), failed)
+    assert ti.pushed["jobset_ref"]["delete"] is True
+
+    with pytest.raises(AirflowException, match="could not follow") as excinfo:
+        op.execute_complete(_ctx(ti), {**BASE_EVENT, "phase": "error", "message": "bad status"})
+    assert not isinstance(excinfo.value, AirflowFailException)  # retryable
+    assert ti.pushed["jobset_ref"] == {
+        "name": "js", "namespace": "default", "delete": False, "why": "watch error: bad status",
+    }  # fmt: skip
+
+
+def _container_env(jobset: dict[str, Any]) -> list[dict[str, Any]]:
+    jobs = jobset["spec"]["replicatedJobs"]
+    pods = [job["template"]["spec"]["template"]["spec"] for job in jobs]
+    return [entry for pod in pods for c in pod["containers"] for entry in c.get("env", [])]
+
+
+def test_the_training_pods_carry_the_dag_runs_owner_identity_and_evaluations_do_not() -> None:
+    from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
+
+    train = _op(role="train", job="train").render(_ctx())
+    owner = [e for e in _container_env(train) if e["name"] == OWNER_ENV]
+    assert owner and all(e["value"] == airflow_owner(DAG_ID, RUN_ID, "g.run") for e in owner)
+    evaluate = _op().render(_ctx())
+    assert [e for e in _container_env(evaluate) if e["name"] == OWNER_ENV] == []
+
+
+def test_a_bad_command_is_refused_before_anything_is_recorded() -> None:
+    ti = FakeTI()
+    op = _op(command=["python", "bad\x00arg"])
+    with pytest.raises(ValueError, match=r"command\[1\] contains a NUL"):
+        op.execute(_ctx(ti))
+    assert ti.pushed == {}
+
+
+def test_cleanup_without_a_recorded_jobset_does_nothing(fake_gke) -> None:
+    from tasks.backends.gke.operators import DeleteJobSetOperator
+
+    op = DeleteJobSetOperator(task_id="cleanup", run_task_id="g.run", cluster=SETTINGS.cluster)
+    ti = FakeTI(map_index=3)
+    assert op.execute({"ti": ti}) is None
+    assert ti.pulls == [("g.run", "jobset_ref", 3)]
+    assert fake_gke.requests == []
+
+
+# --- operators and trigger through the provider's GKE operators/hooks ----------------------
+
+CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
+
+
+def _deferred_trigger(op: Any, ti: FakeTI | None = None) -> Any:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(_ctx(ti))
+    return deferred.value.trigger
+
+
+def test_run_checks_the_crd_creates_strictly_defers_and_follows(fake_gke, recorded_status) -> None:
+    jobset = _jobset()
+    name = jobset["metadata"]["name"]
+    fake_gke.statuses = [
+        recorded_status("status_running.json")["status"],
+        recorded_status("status_succeeded.json")["status"],
+    ]
+    op = _op()
+    ti = FakeTI()
+    trigger = _deferred_trigger(op, ti)
+
+    assert ti.pushed == {
+        "jobset_ref": {"name": name, "namespace": "default", "delete": None, "why": "pending"}
+    }
+    # the CRD is read before the create, and the create is strict
+    assert [(m, path.split("?")[0]) for m, path, _ in fake_gke.requests[:2]] == [
+        ("GET", CRD), ("POST", JOBSETS),
+    ]  # fmt: skip
+    assert fake_gke.requests[1][2] == "Bearer test-token"
+    assert fake_gke.field_validation == ["Strict"] and fake_gke.pruned == []
+    stored = json.loads(json.dumps(fake_gke.objects[("default", name)]))
+    uid = stored["metadata"].pop("uid")
+    assert stored == jobset  # the rendered object, unchanged
+    assert (trigger.name, trigger.uid) == (name, uid)
+
+    gets_before = fake_gke.methods().count("GET")
+    result, events = _finish(op, _ctx(ti), trigger)  # kubernetes_asyncio, GKEKubernetesAsyncHook
+    assert fake_gke.methods().count("GET") > gets_before
+    assert result["phase"] == "Succeeded" and [e["phase"] for e in events] == ["Succeeded"]
+
+
+def test_an_older_jobset_crd_is_refused_before_anything_is_created(
+    fake_gke, older_crd_document
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    fake_gke.crd = older_crd_document
+    ti = FakeTI()
+    with pytest.raises(AirflowFailException) as excinfo:
+        _op().execute(_ctx(ti))
+    message = str(excinfo.value)
+    assert "spec.failurePolicy.rules[0].onJobFailureMessagePatterns (JobSet v0.10)" in message
+    assert "older than JobSet v0.10" in message and "Install JobSet v0.10 or newer" in message
+    assert fake_gke.objects == {} and "POST" not in fake_gke.methods()
+    assert ti.pushed["jobset_ref"]["delete"] is False
+
+    fake_gke.crd = None  # JobSet not installed at all
+    with pytest.raises(AirflowFailException, match=r"jobsets\.jobset\.x-k8s\.io is not installed"):
+        _op().execute(_ctx())
+
+
+def test_a_create_the_cluster_would_prune_is_an_error_not_a_silent_change(
+    fake_gke, older_crd_document
+) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from tasks.backends.gke.hooks import JobSetHook
+
+    fake_gke.crd = older_crd_document
+    hook = JobSetHook.for_cluster(SETTINGS.cluster)
+    with pytest.raises(ApiException) as excinfo:
+        hook.create_jobset(_jobset())
+    assert excinfo.value.status == 400
+    message = json.loads(excinfo.value.body)["message"]
+    assert 'unknown field "spec.failurePolicy.rules[0].onJobFailureMessagePatterns"' in message
+    assert fake_gke.objects == {} and fake_gke.field_validation == ["Strict"]
+
+
+def test_run_retry_adopts_its_own_jobset_and_refuses_a_foreign_one(fake_gke) -> None:
+    from tasks.backends.gke.render import JobSetConflictError
+
+    jobset = _jobset()
+    op = _op()
+    uids = [_deferred_trigger(op).uid for _ in range(2)]  # the second try finds the first's
+    assert len(fake_gke.objects) == 1 and uids[0] == uids[1] is not None
+    assert fake_gke.methods().count("POST") == 2
+
+    other = _op(GkeSettings(use_dns_endpoint=True, image="rcpflow-tpu:other"))
+    assert other.render(_ctx())["metadata"]["name"] == jobset["metadata"]["name"]
+    ti = FakeTI()
+    with pytest.raises(JobSetConflictError, match="not rendered from this spec"):
+        other.execute(_ctx(ti))
+    assert ti.pushed["jobset_ref"]["delete"] is False  # a foreign JobSet: never deleted
+
+
+def test_run_never_defers_on_a_jobset_the_cluster_does_not_have(fake_gke) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
+    jobset = _jobset()
+    fake_gke.fail_posts = [503]  # the create fails and the apiserver did not apply it
+    op = _op()
+    with pytest.raises(AirflowException, match=r"not on the cluster after the create call fa"):
+        op.execute(_ctx())
+    assert fake_gke.objects == {}
+    assert fake_gke.methods() == ["GET", "POST", "GET"]  # CRD, one create, the read that tells
+    _deferred_trigger(op)  # what Airflow's retry does: now it is created
+    assert ("default", jobset["metadata"]["name"]) in fake_gke.objects
+
+
+def test_trigger_on_a_deleted_jobset_fails_it(fake_gke) -> None:
+    [event] = _events(_trigger(name="gone", poll_interval_s=0.01))  # GET -> 404
+    assert (event["phase"], event["reason"]) == ("Failed", "NotFound")
+
+
+def _cleanup(ti: FakeTI) -> Any:
+    from tasks.backends.gke.operators import DeleteJobSetOperator
+
+    op = DeleteJobSetOperator(task_id="g.cleanup", run_task_id="g.run", cluster=SETTINGS.cluster)
+    ti.xcoms[("g.run", "jobset_ref", ti.map_index)] = ti.pushed["jobset_ref"]
+    return op.execute({"ti": ti})
+
+
+def test_cleanup_deletes_after_an_outcome_or_a_users_mark(fake_gke, recorded_status) -> None:
+    ti = FakeTI(map_index=2)
+    trigger = _deferred_trigger(_op(), ti)
+    name = trigger.name
+    ref = {"name": name, "namespace": "default"}
+    # deferred, then marked failed by hand: the task never decided; the teardown deletes
+    assert ti.pushed["jobset_ref"]["delete"] is None
+    assert _cleanup(ti) == {**ref, "deleted": True}
+    assert fake_gke.objects == {}
+    assert fake_gke.requests[-1] == ("DELETE", f"{JOBSETS}/{name}", "Bearer test-token")
+    assert _cleanup(ti) == {**ref, "deleted": False}  # already gone: fine
+
+    fake_gke.statuses = [recorded_status("status_failed_jobs.json")["status"]]
+    op = _op()
+    trigger = _deferred_trigger(op, ti)
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException):
+        _finish(op, _ctx(ti), trigger)
+    assert ti.pushed["jobset_ref"]["delete"] is True  # a real failure
+    assert _cleanup(ti) == {**ref, "deleted": True}
+
+
+def test_cleanup_leaves_a_jobset_whose_watch_failed(fake_gke, recorded_status) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
+    # the create's read-back sees no status yet, the watch a contradictory one
+    fake_gke.statuses = [None, recorded_status("status_contradictory.json")["status"]]
+    ti = FakeTI()
+    op = _op()
+    trigger = _deferred_trigger(op, ti)
+    with pytest.raises(AirflowException, match="the JobSet is left running"):
+        _finish(op, _ctx(ti), trigger)
+    assert _cleanup(ti) == {"name": trigger.name, "namespace": "default", "deleted": False}
+    assert fake_gke.deleted == [] and len(fake_gke.objects) == 1
+
+
+def test_on_kill_deletes_the_jobset_the_task_owns(fake_gke) -> None:
+    op = _op()
+    op.on_kill()  # nothing created yet: nothing to delete
+    assert "DELETE" not in fake_gke.methods()
+    trigger = _deferred_trigger(op)
+    op.on_kill()
+    assert fake_gke.deleted == [trigger.name] and fake_gke.objects == {}
+
+
+# --- watch under API trouble, with pod detail ------------------------------------------------
+
+REAL_WATCH = GkeSettings(use_dns_endpoint=True)  # the default watch: 30 s polls, 20 min budget
+
+
+def test_a_60_minute_api_outage_during_training_leaves_it_running_and_the_task_resumes(
+    fake_gke, recorded_status, sim_clock
+) -> None:
+    """Training is running; from the watch's first read the API answers 503 for 40 simulated
+    minutes and then refuses connections for 20 more (a new endpoint lookup each time), three
+    times the error budget. The watch defers again at each budget (as a restarted triggerer
+    would resume it: from the kwargs), the JobSet is never touched, and when the API answers
+    the task goes on to the training's success with its running clock intact."""
+    running = recorded_status("status_running.json")["status"]
+    succeeded = recorded_status("status_succeeded.json")["status"]
+    op = _op(REAL_WATCH, role="train", job="train", job_timeout=timedelta(hours=24))
+    ti = FakeTI()
+    trigger = _deferred_trigger(op, ti)
+    name = trigger.name
+    created = json.loads(json.dumps(fake_gke.objects[("default", name)]))
+    assert trigger.running_since == 0.0  # the operator's read-back: running since submit
+
+    def answer(path: str) -> int | None:
+        if "/jobsets/" in path and sim_clock.now < 40 * 60:
+            return 503
+        return None
+
+    fake_gke.get_failure = answer
+    refused_lookups: list[float] = []
+
+    def endpoint() -> str:
+        if 40 * 60 <= sim_clock.now < 60 * 60:
+            refused_lookups.append(sim_clock.now)
+            return fake_gke.dead_url
+        return fake_gke.url
+
+    fake_gke.endpoint = endpoint  # type: ignore[method-assign]
+    fake_gke.scripts = {name: [running, running, succeeded]}
+
+    result, events = _finish(op, _ctx(ti), trigger)
+    assert result["phase"] == "Succeeded", events
+    assert [e["reason"] for e in events[:-1]] == ["ApiUnreachable"] * 2  # at 20 and 40 min
+    assert sim_clock.now >= 60 * 60 and fake_gke.failed_gets >= 10 and refused_lookups
+    assert max(sim_clock.sleeps) == 120.0  # the backoff is capped
+    # the JobSet was never deleted or changed, and the outage counted as running time
+    assert fake_gke.deleted == [] and "DELETE" not in fake_gke.methods()
+    assert fake_gke.objects[("default", name)] == created
+    assert events[-2]["kwargs"]["running_since"] == 0.0
+    assert ti.pushed["jobset_ref"]["delete"] is True  # succeeded: the teardown may clean up
+
+
+def test_a_triggerer_restart_keeps_every_clock(monkeypatch, recorded_status, sim_clock) -> None:
+    suspended = recorded_status("status_suspended.json")
+    running = recorded_status("status_running.json")
+    _scripted(monkeypatch, [suspended] * 4 + [running] * 100)
+    trigger = _trigger(
+        poll_interval_s=30.0, running_since=None, suspended_since=0.0, max_running_s=300.0,
+        max_suspended_s=3600.0,
+    )  # fmt: skip
+    [admitted] = _events(trigger)  # suspended 4 reads, then running: a change, persisted
+    assert admitted["phase"] == "Watching"
+    state = admitted["kwargs"]
+    assert (state["suspended_since"], state["running_since"]) == (None, 120.0)
+    sim_clock.now += 100.0  # the triggerer was down 100 s: the JobSet ran meanwhile
+    [event] = _events(_restarted(_trigger(**state)))
+    assert (event["phase"], event["reason"]) == ("Failed", "RunningTooLong")
+    # at the first poll after 300 s of running since admission at 120 s, the restart's 100 s
+    # included (a trigger whose clock started afresh would go on until 520 s)
+    assert sim_clock.now == 430.0
+
+
+def test_a_failed_jobset_fails_without_retry_naming_its_pods(fake_gke, recorded_status) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    fake_gke.statuses = [recorded_status("status_failed_jobs.json")["status"]]
+    fake_gke.pods = recorded_status("pods_failed.json")
+    op = _op()
+    [event] = _events(_deferred_trigger(op))
+    assert (event["phase"], event["reason"]) == ("Failed", "FailedJobs")
+    assert any("exit code 2 (Error)" in line for line in event["pods"]), event["pods"]
+    pod_reads = [path for m, path, _ in fake_gke.requests if "/pods?" in path]
+    name = event["name"]
+    assert [unquote(p.split("labelSelector=")[1]) for p in pod_reads] == [
+        f"jobset.sigs.k8s.io/jobset-name={name}"
+    ]
+    with pytest.raises(AirflowFailException) as excinfo:
+        op.execute_complete(_ctx(), event)
+    message = str(excinfo.value)
+    assert "failed pod mlperf-grpo-run-train-61da75ec61-slice-0-0-a1b2c: container job " in message
+    assert "exit code 137 (OOMKilled)" in message and "disrupted (TerminationByKubelet)" in message
+
+
+def test_suspended_time_is_bounded_apart_from_running_time(monkeypatch, recorded_status, sim_clock):
+    suspended = recorded_status("status_suspended.json")
+    running = recorded_status("status_running.json")
+    _scripted(monkeypatch, [suspended] * 5 + [running])  # 5 reads (150 s) waiting for Kueue
+    trigger = _trigger(
+        poll_interval_s=30.0, max_suspended_s=600.0, max_running_s=100.0, running_since=None,
+        suspended_since=0.0,
+    )  # fmt: skip
+    events = _follow(trigger)
+    assert (events[-1]["phase"], events[-1]["reason"]) == ("Failed", "RunningTooLong")
+    assert sim_clock.now >= 150 + 100  # the suspended time did not count as running
+
+    _scripted(monkeypatch, [suspended])
+    start = sim_clock.now
+    [event] = _events(
+        _trigger(poll_interval_s=30.0, max_suspended_s=600.0, running_since=None,
+                 suspended_since=start)
+    )  # fmt: skip
+    assert (event["phase"], event["reason"]) == ("Failed", "SuspendedTooLong")
+    assert sim_clock.now - start == 600.0
+    assert "not admitted" in event["message"]
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    ti = FakeTI()
+    with pytest.raises(AirflowFailException, match=r"\(SuspendedTooLong\): suspended \(not ad"):
+        _op().execute_complete(_ctx(ti), event)
+    assert ti.pushed["jobset_ref"]["delete"] is True  # a bound the deployment set
+
+
+def test_defer_timeout_is_an_outer_net_behind_the_bounds(sim_clock) -> None:
+    op = _op(REAL_WATCH, job_timeout=timedelta(hours=24))
+    trigger = _trigger(submitted_at=0.0)
+    bounds = timedelta(hours=24, minutes=REAL_WATCH.max_suspended_minutes)
+    assert op._defer_timeout(trigger) == bounds + timedelta(minutes=10)
+    sim_clock.now = 3600.0  # a re-defer an hour later: the net does not move
+    assert op._defer_timeout(trigger) == bounds + timedelta(minutes=10) - timedelta(hours=1)
+
+
+def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_path) -> None:
+    """Evaluation during training decided the run and wrote the stop request; a trainer that
+    has not ended `stop_grace_s` later has its JobSet deleted, and the run task succeeds with
+    what was committed. A request of another run in the folder deletes nothing."""
+    from rcpflow.verdict.stop_request import request_stop
+    from tasks.devtools.synthetic_run import make_run
+
+    run = make_run(str(tmp_path / "run"), last_step=20, accuracies={18: 0.3, 19: 0.8})
+    op = _op(stop_run_dir=run.run_dir, stop_grace=timedelta(0))
+    ti = FakeTI()
+    trigger = _deferred_trigger(op, ti)
+    name = trigger.name
+    assert request_stop(run.run_dir) is not None
+
+    result, events = _finish(op, _ctx(ti), trigger)  # the JobSet has no status: still running
+    assert (events[-1]["phase"], events[-1]["reason"]) == ("Stopped", "StopRequest")
+    assert fake_gke.deleted == [name] and fake_gke.objects == {}
+    assert result["phase"] == "Stopped"
+
+
+def test_a_stop_request_of_another_run_deletes_nothing(
+    fake_gke, monkeypatch, recorded_status, tmp_path
+) -> None:
+    from rcpflow.verdict.stop_request import RunIdentity, StopRequest
+    from tasks.devtools.synthetic_run import T0, make_run
+
+    run = make_run(str(tmp_path / "run"), last_step=20)
+    other = StopRequest(RunIdentity(1, 256, 18, 24, T0 - 1), 19, run.row(19).timestamp_ms, "old")
+    (tmp_path / "run" / "stop_request.json").write_bytes(other.to_json())
+    _scripted(monkeypatch, [recorded_status("status_running.json")] * 3
+              + [recorded_status("status_succeeded.json")])  # fmt: skip
+    [event] = _events(_trigger(stop_run_dir=run.run_dir, stop_grace_s=0))
+    assert event["phase"] == "Succeeded"
