@@ -31,7 +31,7 @@ ENV_VAR = "RCPFLOW_DEPLOYMENT"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = "<embedded default>"
 
-BackendName = Literal["local", "gke"]
+BackendName = Literal["local", "gke", "slurm"]
 BACKEND_NAMES: tuple[BackendName, ...] = typing.get_args(BackendName)
 # When a run's checkpoints are evaluated (README: "Evaluation schedule"); the MLLOG is the same.
 EvalSchedule = Literal["after_training", "during_training"]
@@ -119,16 +119,22 @@ class Deployment:
     form_defaults: FormOverrides | None = None
 
     def __post_init__(self) -> None:
+        # On Slurm an image is a Pyxis container, a secret a reference on the cluster: settings
+        # of the [slurm] table's roles.
+        slurm_key = {"image": "container_image", "secret_env": "secret_env"}
         for key in self.jobs.images():
             if self.backend != "gke":
                 raise SettingError(
-                    f"jobs.{key}", f"only the gke backend runs images (backend is {self.backend!r})"
+                    f"jobs.{key}",
+                    f"only the gke backend runs images (backend is {self.backend!r})"
+                    + _on_slurm(self.backend, key, slurm_key["image"]),
                 )
         for key in self.jobs.secret_envs():
             if self.backend != "gke":
                 raise SettingError(
                     f"jobs.{key}",
-                    f"Kubernetes Secrets are the gke backend's (backend is {self.backend!r})",
+                    f"Kubernetes Secrets are the gke backend's (backend is {self.backend!r})"
+                    + _on_slurm(self.backend, key, slurm_key["secret_env"]),
                 )
         for name, value, minimum in (
             ("eval_window", self.eval_window, 1),
@@ -159,6 +165,12 @@ class Deployment:
     @property
     def schedule(self) -> str | None:
         return self.submission_schedule or None
+
+
+def _on_slurm(backend: str, key: str, setting: str) -> str:
+    """What a ``jobs.<role>.<key>`` is on the slurm backend, as a hint."""
+    role = key.split(".")[0]
+    return f"; on slurm give slurm.{role}.{setting}" if backend == "slurm" else ""
 
 
 def parse_deployment(text: str, *, source: str, base_dir: Path) -> Deployment:
