@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tasks.processes import Server, free_port, stop_processes
+from tasks.jobs.processes import Server, free_port, stop_processes
 
 AuthKind = Literal["munge", "none"]
 # The Debian packages the harness needs (make system-packages installs them).

@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from tasks.processes import Server, free_port, stop_processes
+from tasks.jobs.processes import Server, free_port, stop_processes
 
 _START_TIMEOUT_S = 20.0
 _PRIVSEP_DIR = Path("/run/sshd")  # Debian's sshd needs it when started as root
