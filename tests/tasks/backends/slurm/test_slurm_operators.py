@@ -122,7 +122,8 @@ def test_the_time_limit_signal_lets_the_job_save_then_fails_it(
     saver = (
         "import signal,sys,time,pathlib\n"
         "def term(*_):\n"
-        " pathlib.Path(sys.argv[1]).write_text('saved'); print('saved', flush=True); sys.exit(143)\n"
+        " pathlib.Path(sys.argv[1]).write_text('saved'); print('saved', flush=True)\n"
+        " sys.exit(143)\n"
         "signal.signal(signal.SIGTERM, term)\n"
         "time.sleep(600)\n"
     )
