@@ -131,3 +131,37 @@ def test_good_extra_args_and_containers() -> None:
 )
 def test_time_limit_forms(value: str, seconds: int) -> None:
     assert time_limit_seconds(value) == seconds
+
+
+def test_the_example_deployment_parses() -> None:
+    from repo_paths import REPO
+
+    import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
+    from tasks.backend_api.protocol import backend_for
+    from tasks.deployment import parse_deployment
+
+    path = REPO / "docker" / "deployment.slurm.example.toml"
+    deployment = parse_deployment(path.read_text(), source=str(path), base_dir=path.parent)
+    settings = deployment.tables["slurm"]
+    assert isinstance(settings, SlurmSettings)
+    assert (settings.transport, settings.train.nodes, settings.train.gpus_per_node) == (
+        "ssh",
+        16,
+        8,
+    )
+    assert settings.train.secret_env["HF_TOKEN"].file.endswith("hf_token")
+    assert backend_for(deployment).name == "slurm"
+
+
+def test_a_job_image_or_kubernetes_secret_on_slurm_names_the_slurm_setting() -> None:
+    from pathlib import Path
+
+    import tasks.backends.registry  # noqa: F401
+    from tasks.deployment import DeploymentError, parse_deployment
+
+    text = (
+        'backend = "slurm"\n[slurm]\nworking_dir = "/w"\nlog_dir = "/l"\n'
+        '[jobs.train]\nimage = "img"\n'
+    )
+    with pytest.raises(DeploymentError, match=r"jobs\.train\.image.*slurm\.train\.container_image"):
+        parse_deployment(text, source="d.toml", base_dir=Path("/"))
