@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 _now = time.time
 _sleep = asyncio.sleep
+# The least time between a trigger's start and its event: an event that comes sooner can reach
+# the scheduler before the executor's report that the deferring try has ended, and Airflow
+# 3.3 then fails the task ("finished with state success, but the task instance's state
+# attribute is queued"), seen in `make demo BACKEND=slurm`.
+SETTLE_S = 5.0
 
 FINISHED = "finished"
 WATCHING = "watching"
@@ -115,11 +120,23 @@ class SlurmJobTrigger(BaseTrigger):
         return self._hook
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from tasks.backends.slurm.hooks import JobForgotten, JobIdReused, SubmittedJob
+        from tasks.backends.slurm.hooks import SubmittedJob
 
         expected = SubmittedJob(**self.job)
         where = f"Slurm job {expected.job_id} ({expected.name})"
         errors, last_line, reported = 0, "", _now()
+        async for event in self._watch(expected, where, errors, last_line, reported):
+            wait = SETTLE_S - (_now() - reported)
+            if wait > 0:
+                await _sleep(wait)
+            yield event
+            return
+
+    async def _watch(
+        self, expected: Any, where: str, errors: int, last_line: str, reported: float
+    ) -> AsyncIterator[TriggerEvent]:
+        from tasks.backends.slurm.hooks import JobForgotten, JobIdReused
+
         while True:
             try:
                 info = await self.hook().job(expected.job_id, expected)
@@ -154,8 +171,8 @@ class SlurmJobTrigger(BaseTrigger):
                     "%s: the cluster answers again after %.0f s", where, _now() - self.outage_since
                 )
                 self.outage_since, errors, changed = None, 0, True
-            if info.stdout_path and info.stdout_path != self.stdout_path:
-                self.stdout_path, changed = info.stdout_path, True
+            if info.stdout_path:  # kept across a re-defer, never a reason for one
+                self.stdout_path = info.stdout_path
             await self._show_output(where)
             line = f"{info.state} on {info.nodes or '(no nodes yet)'}" + (
                 f", Slurm restart {info.restarts}" if info.restarts else ""

@@ -84,3 +84,13 @@ def ssh_conn(login_node: LocalSshd, monkeypatch: pytest.MonkeyPatch) -> str:
     }
     monkeypatch.setenv(f"AIRFLOW_CONN_{SSH_CONN_ID.upper()}", json.dumps(conn))
     return SSH_CONN_ID
+
+
+@pytest.fixture(autouse=True)
+def no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The triggers' least time to an event (an Airflow scheduler race, see
+    `tasks.backends.slurm.triggers.SETTLE_S`) is no concern without a scheduler: 0 here, but in
+    `test_an_event_waits_for_the_deferral_to_settle`."""
+    from tasks.backends.slurm import triggers
+
+    monkeypatch.setattr(triggers, "SETTLE_S", 0.0)

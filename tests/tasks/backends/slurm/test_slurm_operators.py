@@ -277,3 +277,29 @@ def _rows(run_dir: str) -> list[dict[str, Any]]:
     from tasks.run.stages import load_rows
 
     return load_rows(run_dir)
+
+
+def test_an_event_waits_for_the_deferral_to_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that has ended when the trigger first reads it: the event still waits SETTLE_S
+    after the trigger started (else the scheduler may fail the task, see the constant)."""
+    import asyncio
+
+    from tasks.backends.slurm import triggers
+    from tasks.backends.slurm.hooks import JobInfo
+
+    monkeypatch.setattr(triggers, "SETTLE_S", 1.5)
+    done = JobInfo("1", "n", "COMPLETED", "", 0, 0, 5, 5, 6, 0, "", "n1", 600, "squeue")
+
+    class Ended:
+        async def job(self, job_id: str, expected: object) -> JobInfo:
+            return done
+
+        async def read_output(self, path: str, offset: int) -> tuple[str, int]:
+            return "", offset
+
+    trigger = SlurmJobTrigger(connection={}, job={"job_id": "1", "name": "n", "submit_time": 5})
+    trigger._hook = Ended()  # type: ignore[assignment]
+    started = time.monotonic()
+    event = asyncio.run(first_event(trigger, 30))
+    assert event["phase"] == "finished"
+    assert time.monotonic() - started >= 1.4
