@@ -191,10 +191,11 @@ def _training_lines(progress: Progress, seed: int) -> list[str]:
 
 
 def follow_slurm(progress: Progress, seeds: Sequence[int]) -> None:
-    """Print each Slurm job of the demo's runs when it appears and when its state changes."""
-    from tasks.backends.slurm.hooks import SlurmError, SlurmHook
+    """Print each Slurm job of the demo's runs when it appears and when its state changes
+    (one squeue call)."""
+    import subprocess
+
     from tasks.backends.slurm.operators import job_name
-    from tasks.deployment import load_deployment
 
     names = {}
     for seed in seeds:
@@ -202,32 +203,21 @@ def follow_slurm(progress: Progress, seeds: Sequence[int]) -> None:
         names[job_name(RUN_DAG, run_id, "train")] = f"seed {seed}: training"
         for step in range(1, 200):
             names[job_name(RUN_DAG, run_id, f"eval-{step}")] = f"seed {seed}: evaluation {step}"
-    from tasks.backends.slurm.settings import TABLE, SlurmSettings
-
-    settings = load_deployment().table(TABLE, SlurmSettings)
-    if settings is None:
-        return
     try:
-        jobs = [job for name in _queue_names() if name in names
-                for job in SlurmHook(settings).find_jobs(name)]  # fmt: skip
-    except (SlurmError, OSError):
+        out = subprocess.run(
+            ["squeue", "-h", "--states=all", "-o", "%i|%j|%T|%N"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
         return
-    for job in jobs:
-        if progress.slurm_jobs.get(job.job_id) != job.state:
-            progress.slurm_jobs[job.job_id] = job.state
-            where = f" on {job.nodes}" if job.nodes else ""
-            code = f", exit code {job.exit_code}" if job.finished else ""
-            progress.say(f"{names[job.name]}: Slurm job {job.job_id} {job.state}{where}{code}")
-
-
-def _queue_names() -> set[str]:
-    """The names of the jobs slurmctld knows now (one squeue call)."""
-    import subprocess
-
-    out = subprocess.run(
-        ["squeue", "-h", "--states=all", "-o", "%j"], capture_output=True, text=True, timeout=30
-    )
-    return {line.strip() for line in out.stdout.splitlines() if line.strip()}
+    for line in out.splitlines():
+        job_id, name, state, nodes = (line.split("|") + ["", "", "", ""])[:4]
+        if name in names and progress.slurm_jobs.get(job_id) != state:
+            progress.slurm_jobs[job_id] = state
+            where = f" on {nodes}" if nodes and state != "PENDING" else ""
+            progress.say(f"{names[name]}: Slurm job {job_id} {state}{where}")
 
 
 def _training_step(line: str) -> dict[str, Any] | None:
