@@ -213,7 +213,7 @@ def follow_slurm(progress: Progress, seeds: Sequence[int]) -> None:
     except (OSError, subprocess.TimeoutExpired):
         return
     for line in out.splitlines():
-        job_id, name, state, nodes = (line.split("|") + ["", "", "", ""])[:4]
+        job_id, name, state, nodes = [*line.split("|"), "", "", ""][:4]
         if name in names and progress.slurm_jobs.get(job_id) != state:
             progress.slurm_jobs[job_id] = state
             where = f" on {nodes}" if nodes and state != "PENDING" else ""
