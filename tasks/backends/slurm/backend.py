@@ -14,8 +14,10 @@ from tasks.backends.slurm.evaluate_operators import (
     cancel_step_job,
 )
 from tasks.backends.slurm.operators import CancelSlurmJobsOperator, SlurmJobOperator
+from tasks.backends.slurm.script import IN_ALLOCATION_STEP_FIELDS
 from tasks.backends.slurm.settings import TABLE, SlurmSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
+from tasks.jobs.command import fill
 from tasks.jobs.values import train_values
 from tasks.run.spec import RunSpec, XComValue, run_dir_of
 
@@ -31,6 +33,29 @@ def _cleanup_after(work: Operator, settings: SlurmSettings, *, mapped: bool = Fa
         task_id="cleanup", run_task_id=work.task_id, settings=settings, mapped=mapped
     )
     work >> cleanup.as_teardown()
+
+
+def _check_in_allocation(deployment: Deployment, settings: SlurmSettings) -> None:
+    """Refuse what an evaluation in the training's allocation cannot do, naming the key."""
+    where = f"{deployment.source}: slurm.eval_in_training_allocation"
+    job = deployment.jobs.evaluate
+    if job.result.imported:
+        raise DeploymentError(
+            f"{where}: jobs.evaluate.result is {job.result.format!r}; in the allocation only "
+            "rcpflow's own summary ({summary_dir}/summary.json) can be written"
+        )
+    per_row = sorted(job.job_command.placeholders - {"python", "run_dir", "seed"}
+                     - set(IN_ALLOCATION_STEP_FIELDS))  # fmt: skip
+    if per_row:
+        raise DeploymentError(
+            f"{where}: jobs.evaluate.command uses {', '.join(per_row)}, which the batch script "
+            f"cannot fill (it may use {', '.join(IN_ALLOCATION_STEP_FIELDS)}, run_dir, seed)"
+        )
+    if settings.evaluate.nodes > settings.train.nodes:
+        raise DeploymentError(
+            f"{where}: slurm.evaluate.nodes={settings.evaluate.nodes} is more than the "
+            f"training's allocation (slurm.train.nodes={settings.train.nodes})"
+        )
 
 
 @register
@@ -50,6 +75,8 @@ class SlurmBackend:
             raise DeploymentError(f"{deployment.source}: backend 'slurm' needs a [slurm] table")
         self.deployment = deployment
         self.settings: SlurmSettings = settings
+        if settings.eval_in_training_allocation:
+            _check_in_allocation(deployment, settings)
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
         settings, job = self.settings, self.deployment.jobs.train
@@ -60,6 +87,34 @@ class SlurmBackend:
             return job.job_command.render(train_values(run.job_values(), settings.python))
 
         command = train_command(spec)
+        then_evaluate = None
+        if settings.eval_in_training_allocation:
+            evaluate = self.deployment.jobs.evaluate
+
+            @task
+            def in_allocation_evaluation(spec: XComValue) -> dict[str, Any]:
+                """The evaluate command with only ``{step}``/``{summary_dir}`` left, and the
+                steps the training may save."""
+                run = RunSpec.from_dict(spec)
+                values = run.job_values()
+                known = {"python": settings.python, "run_dir": values["run_dir"],
+                         "seed": values["seed"]}  # fmt: skip
+                escaped = {
+                    k: str(v).replace("{", "{{").replace("}", "}}") for k, v in known.items()
+                }
+                left = {name: f"{{{name}}}" for name in IN_ALLOCATION_STEP_FIELDS}
+                shape = settings.evaluate
+                return {
+                    "argv": [fill(item, {**escaped, **left}) for item in evaluate.command],
+                    "python": settings.python,
+                    "run_dir": str(values["run_dir"]),
+                    "first": int(values["val_start_at"]),
+                    "last": int(values["max_steps"]),
+                    "nodes": shape.nodes,
+                    "ntasks_per_node": shape.ntasks_per_node,
+                }
+
+            then_evaluate = in_allocation_evaluation(spec)
         with TaskGroup(group_id="job") as group:
             run = SlurmJobOperator(
                 task_id="run",
@@ -69,6 +124,7 @@ class SlurmBackend:
                 argv=command,
                 env=job.env,
                 stop_run_dir=run_dir_of(spec),
+                then_evaluate=then_evaluate,
                 retries=settings.run_retries,
             )
             _cleanup_after(run, settings)

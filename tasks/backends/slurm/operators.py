@@ -26,7 +26,7 @@ from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
-from tasks.backends.slurm.script import BatchJob
+from tasks.backends.slurm.script import BatchJob, InAllocationEval
 from tasks.backends.slurm.settings import JobRole, SlurmJobShape, SlurmSettings
 from tasks.backends.slurm.triggers import (
     ERROR,
@@ -65,10 +65,12 @@ def hook_for(settings: SlurmSettings) -> AnyHook:
 class SlurmJobOperator(BaseOperator):
     """Run `argv` (a list, or the XComArg of a task returning one) as the Slurm job `job` of
     `role` with `env`, and wait, deferred, until it succeeds or the contract fails it (see the
-    module doc). Returns ``{"job_id", "name", "state", "exit_code", "restarts"}``. With
-    `stop_run_dir` the job is scancelled `stop_grace` after a stop request of that run."""
+    module doc). `then_evaluate` (the fields of `script.InAllocationEval`, or an XComArg of
+    them): evaluate the checkpoints after the training in the same allocation. Returns
+    ``{"job_id", "name", "state", "exit_code", "restarts"}``. With `stop_run_dir` the job is
+    scancelled `stop_grace` after a stop request of that run."""
 
-    template_fields: Sequence[str] = ("argv", "stop_run_dir")
+    template_fields: Sequence[str] = ("argv", "stop_run_dir", "then_evaluate")
     ui_color = "#e6f4ea"
 
     def __init__(
@@ -81,9 +83,11 @@ class SlurmJobOperator(BaseOperator):
         env: Mapping[str, str] | None = None,
         stop_run_dir: str | XComArg | None = None,
         stop_grace: timedelta = timedelta(minutes=10),
+        then_evaluate: Mapping[str, Any] | XComArg | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.then_evaluate = then_evaluate
         self.settings = settings
         self.role: JobRole = role
         self.job = job
@@ -121,7 +125,16 @@ class SlurmJobOperator(BaseOperator):
             log_dir=self.settings.log_dir,
             env=env,
             secret_env=self.shape.secret_env,
+            then_evaluate=self._then_evaluate(),
         )
+
+    def _then_evaluate(self) -> InAllocationEval | None:
+        then = self.then_evaluate
+        if then is None:
+            return None
+        if not isinstance(then, Mapping):
+            raise ValueError(f"then_evaluate must be a mapping, got {then!r}")
+        return InAllocationEval(**{**then, "argv": tuple(then["argv"])})
 
     def execute(self, context: Context) -> Any:
         job = self.batch_job(context)

@@ -43,6 +43,32 @@ def _no_secrets() -> Mapping[str, SecretRef]:
     return MappingProxyType({})
 
 
+# The per-step placeholders an evaluation in the training's allocation can fill in the script
+# (the others need the step's manifest row, which the script does not read).
+IN_ALLOCATION_STEP_FIELDS = ("step", "summary_dir")
+
+
+@dataclass(frozen=True)
+class InAllocationEval:
+    """Evaluate the run's checkpoints after the training, in its allocation (the reference's
+    schedule): steps `first`..`last` in order, each with `argv` (``{step}`` and
+    ``{summary_dir}`` left in it, everything else filled) on `nodes` x `ntasks_per_node` of
+    the allocation's nodes, until one passes or has no row (``rcpflow status``, run with
+    `python`, decides)."""
+
+    argv: tuple[str, ...]
+    python: str
+    run_dir: str
+    first: int
+    last: int
+    nodes: int = 1
+    ntasks_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.argv or self.first > self.last or self.first < 1:
+            raise ScriptError(f"in-allocation evaluation: steps {self.first}..{self.last}")
+
+
 @dataclass(frozen=True)
 class BatchJob:
     """What one sbatch submission runs: `argv` with `env` (values) and `secret_env`
@@ -56,8 +82,14 @@ class BatchJob:
     log_dir: str
     env: Mapping[str, str] = field(default_factory=_no_env)
     secret_env: Mapping[str, SecretRef] = field(default_factory=_no_secrets)
+    then_evaluate: InAllocationEval | None = None
 
     def __post_init__(self) -> None:
+        if self.then_evaluate is not None and self.then_evaluate.nodes > self.shape.nodes:
+            raise ScriptError(
+                f"in-allocation evaluation on {self.then_evaluate.nodes} nodes, the allocation "
+                f"has {self.shape.nodes}"
+            )
         if not _JOB_NAME.match(self.name):
             raise ScriptError(f"job name {self.name!r}: letters, digits, '-', '_', '.'")
         if not self.argv:
@@ -162,6 +194,69 @@ def srun_command(job: BatchJob) -> list[str]:
     return words
 
 
+def _step_word(item: str) -> str:
+    """`item` as one shell word in which ``{step}`` and ``{summary_dir}`` are the loop's
+    variables and everything else is quoted."""
+    import string
+
+    parts = []
+    for literal, name, _spec, _conv in string.Formatter().parse(item):
+        if literal:
+            parts.append(shlex.quote(literal))
+        if name == "step":
+            parts.append('"$rcpflow_step"')
+        elif name == "summary_dir":
+            parts.append('"$rcpflow_summary_dir"')
+        elif name is not None:
+            raise ScriptError(f"{item!r}: {{{name}}} cannot be filled in the allocation")
+    return "".join(parts) or "''"
+
+
+# Reads `rcpflow status --json` on stdin: the gate of the step given (or "none": no row).
+_GATE = (
+    "import json,sys; s=json.load(sys.stdin); "
+    'print(next((x["gate"] for x in s.get("steps", []) if x["step"] == int(sys.argv[1])), '
+    '"none"))'
+)
+
+
+def _in_allocation_lines(job: BatchJob, then: InAllocationEval) -> list[str]:
+    py, run_dir = shlex.quote(then.python), shlex.quote(then.run_dir)
+    tasks = then.nodes * then.ntasks_per_node
+    srun = [
+        "srun",
+        "--kill-on-bad-exit=1",
+        f"--nodes={then.nodes}",
+        f"--ntasks={tasks}",
+        f"--ntasks-per-node={then.ntasks_per_node}",
+    ]
+    if tasks > 1:
+        srun += ["bash", "-c", shlex.quote(f'export {PROCESS_ID_ENV}="$SLURM_PROCID"; exec "$@"'),
+                 "rcpflow-task"]  # fmt: skip
+    srun += [_step_word(item) for item in then.argv]
+    return [
+        'if [ "$rcpflow_rc" -eq 0 ]; then',
+        '  echo "rcpflow: evaluating the checkpoints in this allocation"',
+        f"  export {NUM_PROCESSES_ENV}={tasks}",
+        f"  for rcpflow_step in $(seq {then.first} {then.last}); do",
+        f'    rcpflow_summary_dir={run_dir}/eval/step_"$rcpflow_step"',
+        f'    rcpflow_gate="$({py} -m rcpflow status {run_dir} --json 2>/dev/null '
+        f'| {py} -c {shlex.quote(_GATE)} "$rcpflow_step")"',
+        '    echo "rcpflow: step ${rcpflow_step}: ${rcpflow_gate}"',
+        '    case "$rcpflow_gate" in',
+        "      evaluate) ;;",
+        '      "below target") continue ;;',
+        "      *) break ;;  # it passes, a lower step passed, or no checkpoint of it",
+        "    esac",
+        "    " + " ".join(srun) + " &",
+        "    rcpflow_child=$!",
+        '    wait "$rcpflow_child"',
+        '    while kill -0 "$rcpflow_child" 2>/dev/null; do wait "$rcpflow_child"; done',
+        "  done",
+        "fi",
+    ]
+
+
 def render_script(job: BatchJob) -> str:
     """The batch script of `job` (its options as ``#SBATCH`` lines)."""
     lines = ["#!/bin/bash"]
@@ -199,8 +294,11 @@ def render_script(job: BatchJob) -> str:
         "rcpflow_rc=$?",
         'while kill -0 "$rcpflow_child" 2>/dev/null; do wait "$rcpflow_child"; rcpflow_rc=$?; done',
         'echo "rcpflow: tasks ended with exit code ${rcpflow_rc} at $(date -u +%FT%TZ)"',
-        'exit "$rcpflow_rc"',
     ]
+    if job.then_evaluate is not None:
+        # An evaluation that fails leaves its step to the DAG's own evaluation job.
+        lines += _in_allocation_lines(job, job.then_evaluate)
+    lines.append('exit "$rcpflow_rc"')
     return "\n".join(lines) + "\n"
 
 

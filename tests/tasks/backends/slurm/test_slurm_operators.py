@@ -303,3 +303,47 @@ def test_an_event_waits_for_the_deferral_to_settle(monkeypatch: pytest.MonkeyPat
     event = asyncio.run(first_event(trigger, 30))
     assert event["phase"] == "finished"
     assert time.monotonic() - started >= 1.4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_evaluation_in_the_training_allocation_stops_at_the_first_pass(
+    slurm_env: SlurmCluster, jobs_dir: Path, tmp_path: Path
+) -> None:
+    """The reference's schedule: after the training (here one that only exits 0, on a run made
+    beforehand), the batch script evaluates steps 18, 19, ... in order in its own allocation,
+    asking `rcpflow status`; step 19 passes, so step 20 is never evaluated."""
+    from tasks.devtools.synthetic_run import make_run, write_eval
+
+    run = make_run(str(tmp_path / "run"), last_step=22)  # rows 18..22
+    staged = jobs_dir / "staged"
+    staged.mkdir()
+    for step, accuracy in ((18, 0.5), (19, 0.8)):
+        write_eval(run, step, accuracy)
+        Path(run.layout.summary(step)).rename(staged / f"{step}.json")
+    evaluator = (
+        "import pathlib,shutil,sys,time; src=pathlib.Path(sys.argv[3]) / (sys.argv[1] + '.json')\n"
+        "if not src.exists(): time.sleep(300)\n"
+        "pathlib.Path(sys.argv[2]).mkdir(parents=True, exist_ok=True)\n"
+        "shutil.copy(src, sys.argv[2] + '/summary.json')\n"
+    )
+    then = {
+        "argv": [PY, "-c", evaluator, "{step}", "{summary_dir}", str(staged)],
+        "python": PY,
+        "run_dir": run.run_dir,
+        "first": 18,
+        "last": 24,
+        "nodes": 1,
+        "ntasks_per_node": 1,
+    }
+    task = SlurmJobOperator(
+        task_id="run", settings=settings(jobs_dir), role="train", job="train",
+        argv=[PY, "-c", "print('trained')"], then_evaluate=then,
+    )  # fmt: skip
+    driven = drive(task, context("in-allocation"), timeout_s=120)
+    assert driven.result["state"] == "COMPLETED"
+    assert Path(run.layout.summary(18)).exists() and Path(run.layout.summary(19)).exists()
+    assert not Path(run.layout.summary(20)).exists()
+    out = next((jobs_dir / "logs").glob("*.out")).read_text()
+    assert "step 18: evaluate" in out and "step 19: evaluate" in out, out
+    assert "step 20: skip" in out, out  # step 19 passed: the loop ended there

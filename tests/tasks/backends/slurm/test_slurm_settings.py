@@ -165,3 +165,30 @@ def test_a_job_image_or_kubernetes_secret_on_slurm_names_the_slurm_setting() -> 
     )
     with pytest.raises(DeploymentError, match=r"jobs\.train\.image.*slurm\.train\.container_image"):
         parse_deployment(text, source="d.toml", base_dir=Path("/"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (
+            '[jobs.evaluate]\ncommand = ["{python}", "e.py", "{checkpoint_path}"]\n',
+            "checkpoint_path",
+        ),
+        ("[slurm.evaluate]\nnodes = 3\n", "slurm.evaluate.nodes=3"),
+    ],
+)
+def test_evaluation_in_the_allocation_refuses_what_it_cannot_do(extra: str, words: str) -> None:
+    from pathlib import Path
+
+    import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
+    from tasks.backend_api.protocol import backend_for
+    from tasks.deployment import DeploymentError, parse_deployment
+
+    text = (
+        'backend = "slurm"\n[slurm]\nworking_dir = "/w"\nlog_dir = "/l"\n'
+        "eval_in_training_allocation = true\n[slurm.train]\nnodes = 2\n" + extra
+    )
+    deployment = parse_deployment(text, source="d.toml", base_dir=Path("/"))
+    with pytest.raises(DeploymentError, match="eval_in_training_allocation") as caught:
+        backend_for(deployment)
+    assert words in str(caught.value)
