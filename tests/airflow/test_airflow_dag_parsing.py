@@ -32,7 +32,7 @@ FORBIDDEN = (
     # the Slurm backend's cluster calls: SSH clients and the hooks module
     "paramiko",
     "asyncssh",
-    "airflow.providers.ssh",
+    "airflow.providers.ssh.hooks.ssh",
     "tasks.backends.slurm.hooks",
 )
 
