@@ -347,3 +347,17 @@ def test_evaluation_in_the_training_allocation_stops_at_the_first_pass(
     out = next((jobs_dir / "logs").glob("*.out")).read_text()
     assert "step 18: evaluate" in out and "step 19: evaluate" in out, out
     assert "step 20: skip" in out, out  # step 19 passed: the loop ended there
+
+
+def test_a_job_through_the_login_node(slurm: SlurmCluster, ssh_conn: str, jobs_dir: Path) -> None:
+    """transport = "ssh": the operator submits and the trigger watches (and shows the output)
+    through the SSH provider's hook on the private sshd; a user error still fails at once."""
+    import dataclasses
+
+    s = dataclasses.replace(settings(jobs_dir), transport="ssh", ssh_conn_id=ssh_conn)
+    ok = SlurmJobOperator(
+        task_id="run", settings=s, role="train", job="train", argv=counting(jobs_dir, 5, 0)
+    )
+    with pytest.raises(AirflowFailException, match="exit code 5"):
+        drive(ok, context("over-ssh"), timeout_s=120)
+    assert runs(jobs_dir) == 1
