@@ -56,10 +56,11 @@ demo: setup $(if $(filter slurm,$(BACKEND)),system-packages)  # BACKEND=slurm: t
 ui: setup  # the finished demo's Airflow on 127.0.0.1 again (address and login printed), until Ctrl-C
 	$(PY) -m tasks.devtools.demo --ui-only --trainer $(or $(TRAINER),toy)
 
-bench: setup  # writes BENCHMARKS.md: recording overhead (toy, Tunix) and time to verdict
+bench: setup system-packages  # writes BENCHMARKS.md: recording overhead (toy, Tunix), time to verdict, the Slurm schedules
 	$(PY) -m tpu_jobs.devtools.bench
 	$(PY) -m tpu_jobs.devtools.tunix_bench
 	$(PY) -m tasks.devtools.verdict_bench
+	$(PY) -m tasks.devtools.slurm_bench
 
 bench-verdict: setup
 	$(PY) -m tasks.devtools.verdict_bench

@@ -112,6 +112,7 @@ class SlurmBackend:
                     "last": int(values["max_steps"]),
                     "nodes": shape.nodes,
                     "ntasks_per_node": shape.ntasks_per_node,
+                    "env": dict(evaluate.env),
                 }
 
             then_evaluate = in_allocation_evaluation(spec)

@@ -134,7 +134,9 @@ class SlurmJobOperator(BaseOperator):
             return None
         if not isinstance(then, Mapping):
             raise ValueError(f"then_evaluate must be a mapping, got {then!r}")
-        return InAllocationEval(**{**then, "argv": tuple(then["argv"])})
+        return InAllocationEval(
+            **{**then, "argv": tuple(then["argv"]), "env": dict(then.get("env") or {})}
+        )
 
     def execute(self, context: Context) -> Any:
         job = self.batch_job(context)

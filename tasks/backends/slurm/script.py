@@ -63,8 +63,12 @@ class InAllocationEval:
     last: int
     nodes: int = 1
     ntasks_per_node: int = 1
+    env: Mapping[str, str] = field(default_factory=_no_env)  # the evaluate job's own
 
     def __post_init__(self) -> None:
+        for name in self.env:
+            if not _ENV_NAME.match(name):
+                raise ScriptError(f"{name!r} is not an environment variable name")
         if not self.argv or self.first > self.last or self.first < 1:
             raise ScriptError(f"in-allocation evaluation: steps {self.first}..{self.last}")
 
@@ -234,10 +238,26 @@ def _in_allocation_lines(job: BatchJob, then: InAllocationEval) -> list[str]:
         srun += ["bash", "-c", shlex.quote(f'export {PROCESS_ID_ENV}="$SLURM_PROCID"; exec "$@"'),
                  "rcpflow-task"]  # fmt: skip
     srun += [_step_word(item) for item in then.argv]
+    if tasks > 1:  # its own jax.distributed system, beside the training's port
+        layout = [
+            f'  export {COORDINATOR_ADDRESS_ENV}="${{rcpflow_addr:-$(hostname)}}:'
+            '$((20000 + (SLURM_JOB_ID + 1) % 20000))"',
+            f"  export {NUM_PROCESSES_ENV}={tasks}",
+        ]
+    else:  # one process: no layout (the training's would be half a layout)
+        layout = [f"  unset {COORDINATOR_ADDRESS_ENV} {NUM_PROCESSES_ENV} {PROCESS_ID_ENV}"]
+    if tasks > 1 and job.shape.tasks == 1:
+        layout.insert(
+            0,
+            '  rcpflow_addr="$(scontrol show node "$SLURMD_NODENAME" -o '
+            "| sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')\"",
+        )
+    exports = [f"  export {k}={shlex.quote(v)}" for k, v in sorted(then.env.items())]
     return [
         'if [ "$rcpflow_rc" -eq 0 ]; then',
         '  echo "rcpflow: evaluating the checkpoints in this allocation"',
-        f"  export {NUM_PROCESSES_ENV}={tasks}",
+        *layout,
+        *exports,
         f"  for rcpflow_step in $(seq {then.first} {then.last}); do",
         f'    rcpflow_summary_dir={run_dir}/eval/step_"$rcpflow_step"',
         f'    rcpflow_gate="$({py} -m rcpflow status {run_dir} --json 2>/dev/null '
