@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -281,6 +282,10 @@ def write_marked(path: Path, text: str) -> None:
         path.write_text(current.rstrip("\n") + "\n\n" + text + "\n")
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tasks.devtools.slurm_bench")
     parser.add_argument("--seed", type=int, default=1)
@@ -288,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=10, help="trivial jobs for the latency")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # so that `finally` stops what it started
     nodes = (NodeSpec("n1", 6), NodeSpec("n2", 6))
     cluster = SlurmCluster(nodes, min_job_age_s=3600)
     try:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.backends.slurm.operators import SlurmJobOperator, hook_for, job_name
 from tasks.backends.slurm.settings import SlurmSettings
+from tasks.backends.slurm.triggers import FINISHED, WATCHING, SlurmJobTrigger, connection_kwargs
 from tasks.jobs.result import Baseline, EvaluationError, baseline, import_result, now_ms
 from tasks.jobs.templates import EvaluateJob
 from tasks.jobs.values import evaluate_values
@@ -82,6 +83,8 @@ class SlurmEvaluateOperator(SlurmJobOperator):
         skip_if_decided(target)
         if reusable(target):
             return collect(target)
+        if self.settings.eval_in_training_allocation:
+            self._wait_for_the_training(context, target.step)
         if self.eval_job.result.imported:
             values = evaluate_values(self.run_dir, target.row, self.settings.python)
             before = baseline(self.eval_job.result, values)
@@ -109,6 +112,37 @@ class SlurmEvaluateOperator(SlurmJobOperator):
 
             cancel_above(target.run_dir, target.step, cancel)
         return result
+
+    def _wait_for_the_training(self, context: Context, step: int) -> None:
+        """Under `eval_in_training_allocation` the training's job evaluates in its own
+        allocation after the training: while it runs, wait for it (deferred), then look again
+        (`after_training`): a step it evaluated is reused, only one it left gets a job."""
+        dag_run = context["dag_run"]
+        name = job_name(dag_run.dag_id, dag_run.run_id, "train")
+        running = [j for j in hook_for(self.settings).find_jobs(name) if not j.finished]
+        if not running:
+            return
+        job = running[-1]
+        self.log.info(
+            "step %d: the training's Slurm job %s evaluates in its allocation: waiting for it",
+            step, job.job_id,
+        )  # fmt: skip
+        self.defer(
+            trigger=SlurmJobTrigger(
+                connection=connection_kwargs(self.settings),
+                job={"job_id": job.job_id, "name": job.name, "submit_time": job.submit_time},
+                poll_interval_s=self.settings.poll_interval_s,
+                backoff_max_s=self.settings.backoff_max_s,
+            ),
+            method_name="after_training",
+        )
+
+    def after_training(self, context: Context, event: Mapping[str, Any]) -> Any:
+        if event["phase"] == WATCHING:
+            self.defer(trigger=SlurmJobTrigger(**event["kwargs"]), method_name="after_training")
+        if event["phase"] != FINISHED:
+            self.log.warning("the training's job: %s; going on", event["message"])
+        return self.execute(context)
 
     def on_cancelled(self, context: Context, info: JobInfo) -> None:
         skip_if_decided(self.target(), stopped=True)

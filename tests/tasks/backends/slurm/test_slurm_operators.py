@@ -336,12 +336,31 @@ def test_evaluation_in_the_training_allocation_stops_at_the_first_pass(
         "nodes": 1,
         "ntasks_per_node": 1,
     }
+    import dataclasses
+
+    s = dataclasses.replace(settings(jobs_dir), eval_in_training_allocation=True)
     task = SlurmJobOperator(
-        task_id="run", settings=settings(jobs_dir), role="train", job="train",
+        task_id="run", settings=s, role="train", job="train",
         argv=[PY, "-c", "print('trained')"], then_evaluate=then,
     )  # fmt: skip
-    driven = drive(task, context("in-allocation"), timeout_s=120)
+    ctx = context("in-allocation")
+    training = start(task, ctx)
+    # The DAG's own evaluation of step 18 waits for the training's job, then reuses the
+    # summary its allocation wrote: no job of its own.
+    row = next(r for r in _rows(run.run_dir) if r["step"] == 18)
+    eval_job = EvaluateJob(command=("{python}", "-c", "raise SystemExit(9)", "{step}"))
+    evaluate = SlurmEvaluateOperator(
+        task_id="evaluate", settings=s, eval_job=eval_job, run_dir=run.run_dir, row=row
+    )
+    eval_ctx = context("in-allocation", task_id="evaluate")
+    waiting = start(evaluate, eval_ctx)
+    assert waiting.method_name == "after_training"
+    assert waiting.trigger.job["job_id"] == training.trigger.job["job_id"]
+    driven = drive(task, ctx, training, timeout_s=120)
     assert driven.result["state"] == "COMPLETED"
+    reused = drive(evaluate, eval_ctx, waiting, timeout_s=60)
+    assert (reused.result["step"], reused.result["target_reached"]) == (18, False)
+    assert SlurmHook(s).find_jobs(job_name("mlperf_grpo_run", "in-allocation", "eval-18")) == []
     assert Path(run.layout.summary(18)).exists() and Path(run.layout.summary(19)).exists()
     assert not Path(run.layout.summary(20)).exists()
     out = next((jobs_dir / "logs").glob("*.out")).read_text()
