@@ -22,16 +22,22 @@ test: check system-packages
 	$(PY) -m pytest
 
 # Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Chromium and its driver
-# for the UI test), installed when missing; CI runs as root.
-SYSTEM_PACKAGES := postgresql chromium chromium-driver
+# for the UI test; a private Slurm and an sshd standing in for its login node, for the Slurm
+# backend's tests: docs/slurm.md), installed when missing; CI runs as root. Slurm's packages
+# without their recommends (which pull ~30 more: hdf5, rocm, ...).
+SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin
 system-packages:
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do \
+	@missing() { for p in "$$@"; do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; \
-	done); \
-	if [ -n "$$missing" ]; then \
-		echo "installing Debian packages: $$missing"; \
+	done; }; \
+	plain=$$(missing $(SYSTEM_PACKAGES)); slurm=$$(missing $(SLURM_PACKAGES)); \
+	if [ -n "$$plain$$slurm" ]; then \
+		echo "installing Debian packages: $$plain $$slurm"; \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
-		$$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+		$$SUDO apt-get update -q || exit 1; \
+		if [ -n "$$plain" ]; then DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$plain || exit 1; fi; \
+		if [ -n "$$slurm" ]; then DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$slurm || exit 1; fi; \
 	fi
 
 # Lint, formatting and types: the same checks as .pre-commit-config.yaml.
@@ -44,16 +50,17 @@ check: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
-demo: setup  # TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml); TRAINER=rehearsal: the rehearsal jobs (docker/deployment.rehearsal.toml)
-	$(PY) -m tasks.devtools.demo --trainer $(or $(TRAINER),toy)
+demo: setup $(if $(filter slurm,$(BACKEND)),system-packages)  # BACKEND=slurm: the toy jobs on a private Slurm (docs/slurm.md); TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml); TRAINER=rehearsal: the rehearsal jobs (docker/deployment.rehearsal.toml)
+	$(PY) -m tasks.devtools.demo --trainer $(or $(TRAINER),toy) --backend $(or $(BACKEND),local)
 
 ui: setup  # the finished demo's Airflow on 127.0.0.1 again (address and login printed), until Ctrl-C
 	$(PY) -m tasks.devtools.demo --ui-only --trainer $(or $(TRAINER),toy)
 
-bench: setup  # writes BENCHMARKS.md: recording overhead (toy, Tunix) and time to verdict
+bench: setup system-packages  # writes BENCHMARKS.md: recording overhead (toy, Tunix), time to verdict, the Slurm schedules
 	$(PY) -m tpu_jobs.devtools.bench
 	$(PY) -m tpu_jobs.devtools.tunix_bench
 	$(PY) -m tasks.devtools.verdict_bench
+	$(PY) -m tasks.devtools.slurm_bench
 
 bench-verdict: setup
 	$(PY) -m tasks.devtools.verdict_bench

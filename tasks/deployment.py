@@ -34,7 +34,7 @@ ENV_VAR = "RCPFLOW_DEPLOYMENT"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = "<embedded default>"
 
-BackendName = Literal["local", "gke"]
+BackendName = Literal["local", "gke", "slurm"]
 BACKEND_NAMES: tuple[BackendName, ...] = typing.get_args(BackendName)
 
 T = TypeVar("T")
@@ -129,16 +129,22 @@ class Deployment:
 
     def __post_init__(self) -> None:
         check_plain_env("job_env", self.job_env, reserved=False)  # as [jobs.*.env]: names
+        # On Slurm an image is a Pyxis container, a secret a reference on the cluster: settings
+        # of the [slurm] table's roles.
+        slurm_key = {"image": "container_image", "secret_env": "secret_env"}
         for key in self.jobs.images():
             if self.backend != "gke":
                 raise SettingError(
-                    f"jobs.{key}", f"only the gke backend runs images (backend is {self.backend!r})"
+                    f"jobs.{key}",
+                    f"only the gke backend runs images (backend is {self.backend!r})"
+                    + _on_slurm(self.backend, key, slurm_key["image"]),
                 )
         for key in self.jobs.secret_envs():
             if self.backend != "gke":
                 raise SettingError(
                     f"jobs.{key}",
-                    f"Kubernetes Secrets are the gke backend's (backend is {self.backend!r})",
+                    f"Kubernetes Secrets are the gke backend's (backend is {self.backend!r})"
+                    + _on_slurm(self.backend, key, slurm_key["secret_env"]),
                 )
         for name, value, minimum, maximum in (
             ("eval_window", self.eval_window, 1, MAX_EVAL_WINDOW),
@@ -176,6 +182,12 @@ class Deployment:
     @property
     def schedule(self) -> str | None:
         return self.submission_schedule or None
+
+
+def _on_slurm(backend: str, key: str, setting: str) -> str:
+    """What a ``jobs.<role>.<key>`` is on the slurm backend, as a hint."""
+    role = key.split(".")[0]
+    return f"; on slurm give slurm.{role}.{setting}" if backend == "slurm" else ""
 
 
 def parse_deployment(text: str, *, source: str, base_dir: Path) -> Deployment:

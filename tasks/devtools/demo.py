@@ -9,18 +9,22 @@ rehearsal`` the rehearsal jobs at the benchmark's proportions scaled down, from
 address and login, follows the run (training steps, saved checkpoints, evaluated checkpoints,
 task states), then prints the submission folder and the verdicts. ``--keep-running`` keeps
 Airflow up afterwards until Ctrl-C; ``--ui-only`` (``make ui``) runs nothing and brings the
-finished demo's Airflow (its home, ``.airflow/demo``) back up until Ctrl-C. Every Airflow
-process it started is stopped by PID on the way out, also after a failure or Ctrl-C. Exit
-status 0 only when the submission passed every check (``--ui-only``: when Airflow came up).
+finished demo's Airflow (its home, ``.airflow/demo``) back up until Ctrl-C. ``--backend slurm``
+(``make demo BACKEND=slurm``) runs the toy jobs on a private Slurm instead
+(`tasks.devtools.slurm_cluster`: slurmctld and two slurmd nodes on 127.0.0.1), the training
+on both nodes, each evaluation on one; the progress lines name the Slurm jobs. Every process
+it started is stopped by PID on the way out, also after a failure or Ctrl-C. Exit status 0
+only when the submission passed every check (``--ui-only``: when Airflow came up).
 
-    .venv/bin/python -m tasks.devtools.demo [--trainer toy|tunix|rehearsal] [--global-batch-size N]
-        [--max-steps N] [--seeds 1 2 3] [--keep-running | --ui-only]
+    .venv/bin/python -m tasks.devtools.demo [--trainer toy|tunix|rehearsal] [--backend local|slurm]
+        [--global-batch-size N] [--max-steps N] [--seeds 1 2 3] [--keep-running | --ui-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -49,6 +53,8 @@ STORAGE_ROOT = REPO_ROOT / "runs"
 # 2 cores: three trainings (or evaluations) at once keep them busy; the waits are deferred.
 PARALLELISM = 4
 TIMEOUT_S = 14 * 60
+# On the private Slurm each training is two JAX processes: 12.6 min measured on 2 shared cores.
+SLURM_TIMEOUT_S = 30 * 60
 # The deployment of each --trainer; None: the embedded default (the toy jobs).
 DEPLOYMENTS: dict[str, Path | None] = {
     "toy": None,
@@ -57,7 +63,66 @@ DEPLOYMENTS: dict[str, Path | None] = {
 }
 
 
-def demo_conf(seeds: Sequence[int], global_batch_size: int, max_steps: int) -> dict[str, Any]:
+# The private Slurm of --backend slurm: two nodes, CPUs declared (not detected) so that three
+# 2-node trainings and the evaluations fit the queue at once.
+SLURM_NODE_CPUS = 6
+SLURM_EVAL_WINDOW = 2
+
+
+def slurm_deployment(log_dir: Path) -> str:
+    """The deployment of --backend slurm: the toy jobs on the private Slurm (local transport),
+    training on both nodes (one process each), evaluation on one."""
+    return f"""
+backend = "slurm"
+storage_root = "{STORAGE_ROOT}"
+eval_window = {SLURM_EVAL_WINDOW}
+eval_schedule = "after_training"
+train_timeout_minutes = 30
+eval_timeout_minutes = 15
+
+[slurm]
+transport = "local"
+working_dir = "{REPO_ROOT}"
+log_dir = "{log_dir}"
+python = "{sys.executable}"
+poll_interval_s = 2.0
+command_timeout_s = 30.0
+
+[slurm.train]
+nodes = 2
+ntasks_per_node = 1
+time_limit = "30"
+signal_grace_s = 60
+max_restarts = 1
+
+[slurm.evaluate]
+nodes = 1
+time_limit = "15"
+signal_grace_s = 30
+max_restarts = 1
+
+[jobs.train.env]
+JAX_PLATFORMS = "cpu"
+
+[jobs.evaluate.env]
+JAX_PLATFORMS = "cpu"
+"""
+
+
+def demo_system(backend: str) -> dict[str, str]:
+    """The system Param: on the private Slurm, this machine (both nodes are on it), named."""
+    if backend != "slurm":
+        return {}
+    from rcpflow.submission.package import local_system
+
+    facts = dataclasses.asdict(local_system(division="open"))
+    fields = {k: v for k, v in facts.items() if isinstance(v, str) and k != "division"}
+    return {**fields, "system_name": "private-slurm-2-nodes-on-one-host"}
+
+
+def demo_conf(
+    seeds: Sequence[int], global_batch_size: int, max_steps: int, backend: str = "local"
+) -> dict[str, Any]:
     return {
         "seeds": list(seeds),
         "global_batch_size": global_batch_size,
@@ -65,10 +130,10 @@ def demo_conf(seeds: Sequence[int], global_batch_size: int, max_steps: int) -> d
         "val_start_at": None,
         "target": 0.69,
         "division": "open",  # the toy policy uses its own learning rate
-        "backend": "local",
+        "backend": backend,
         "storage_root": str(STORAGE_ROOT),
         "submission_name": NAME,
-        "system": {},
+        "system": demo_system(backend),
     }
 
 
@@ -81,6 +146,7 @@ class Progress:
     checkpoints: dict[int, int] = field(default_factory=dict)
     evaluated: dict[int, set[int]] = field(default_factory=dict)
     task_states: dict[tuple[str, str, int], str] = field(default_factory=dict)
+    slurm_jobs: dict[str, str] = field(default_factory=dict)  # job id -> last state printed
     log_offsets: dict[Path, int] = field(default_factory=dict)
 
     def say(self, text: str) -> None:
@@ -106,19 +172,53 @@ def _new_log_lines(progress: Progress, path: Path) -> list[str]:
 
 
 def _training_lines(progress: Progress, seed: int) -> list[str]:
-    """The trainer's own output lines, from the train task's log files."""
+    """The trainer's own output lines, from the train task's log files (local: the job's
+    lines; slurm: the job's output as the watch shows it, ``Slurm job N (name) | ...``)."""
     folder = HOME / "logs" / f"dag_id={RUN_DAG_ID}" / f"run_id={NAME}__seed_{seed}"
     lines = []
-    for path in sorted(folder.glob("task_id=train.train_job/**/*.log")):
-        for raw in _new_log_lines(progress, path):
-            try:
-                event = str(json.loads(raw).get("event", ""))
-            except ValueError:
-                event = raw
-            marker = f"train seed {seed} | "
-            if marker in event:
-                lines.append(event.split(marker, 1)[1])
+    for pattern, marker in (
+        ("task_id=train.train_job/**/*.log", f"train seed {seed} | "),
+        ("task_id=train.job.run/**/*.log", ") | "),
+    ):
+        for path in sorted(folder.glob(pattern)):
+            for raw in _new_log_lines(progress, path):
+                try:
+                    event = str(json.loads(raw).get("event", ""))
+                except ValueError:
+                    event = raw
+                if marker in event:
+                    lines.append(event.split(marker, 1)[1])
     return lines
+
+
+def follow_slurm(progress: Progress, seeds: Sequence[int]) -> None:
+    """Print each Slurm job of the demo's runs when it appears and when its state changes
+    (one squeue call)."""
+    import subprocess
+
+    from tasks.backends.slurm.operators import job_name
+
+    names = {}
+    for seed in seeds:
+        run_id = f"{NAME}__seed_{seed}"
+        names[job_name(RUN_DAG_ID, run_id, "train")] = f"seed {seed}: training"
+        for step in range(1, 200):
+            names[job_name(RUN_DAG_ID, run_id, f"eval-{step}")] = f"seed {seed}: evaluation {step}"
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", "--states=all", "-o", "%i|%j|%T|%N"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    for line in out.splitlines():
+        job_id, name, state, nodes = [*line.split("|"), "", "", ""][:4]
+        if name in names and progress.slurm_jobs.get(job_id) != state:
+            progress.slurm_jobs[job_id] = state
+            where = f" on {nodes}" if nodes and state != "PENDING" else ""
+            progress.say(f"{names[name]}: Slurm job {job_id} {state}{where}")
 
 
 def _training_step(line: str) -> dict[str, Any] | None:
@@ -301,12 +401,59 @@ def run_demo(
     max_steps: int,
     trainer: str,
     keep_running: bool = False,
+    backend: str = "local",
+) -> int:
+    if backend == "slurm":
+        return _on_private_slurm(
+            seeds, global_batch_size, max_steps, trainer, keep_running=keep_running
+        )
+    return _run_demo(seeds, global_batch_size, max_steps, trainer, keep_running, backend)
+
+
+def _on_private_slurm(
+    seeds: Sequence[int], global_batch_size: int, max_steps: int, trainer: str, *,
+    keep_running: bool,
+) -> int:  # fmt: skip
+    """The demo with its jobs on a private Slurm, stopped by PID afterwards."""
+    from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
+
+    if trainer != "toy":
+        print("error: --backend slurm runs the toy jobs (--trainer toy)", file=sys.stderr)
+        return 2
+    cluster = SlurmCluster((NodeSpec("n1", SLURM_NODE_CPUS), NodeSpec("n2", SLURM_NODE_CPUS)))
+    print("Starting a private Slurm (slurmctld, slurmd n1 and n2 on 127.0.0.1) ...", flush=True)
+    try:
+        cluster.start()
+        print(f"  SLURM_CONF={cluster.conf} (daemons {cluster.pids})", flush=True)
+        os.environ.update(cluster.env)  # the Airflow processes submit through it
+        return _run_demo(
+            seeds, global_batch_size, max_steps, trainer, keep_running, "slurm",
+            slurm_log_dir=cluster.root / "jobs",
+        )  # fmt: skip
+    finally:
+        print("Stopping the private Slurm (its jobs cancelled first) ...", flush=True)
+        cluster.cleanup()
+
+
+def _run_demo(
+    seeds: Sequence[int],
+    global_batch_size: int,
+    max_steps: int,
+    trainer: str,
+    keep_running: bool,
+    backend: str,
+    slurm_log_dir: Path | None = None,
 ) -> int:
     started = time.monotonic()
     for path in (HOME, STORAGE_ROOT / NAME):
         shutil.rmtree(path, ignore_errors=True)  # the demo's own folders: a clean run each time
     HOME.mkdir(parents=True)
     _use_deployment(trainer)
+    if slurm_log_dir is not None:
+        deployment = HOME / "deployment.slurm.toml"
+        deployment.write_text(slurm_deployment(slurm_log_dir))
+        os.environ[ENV_VAR] = str(deployment)
+        print(f"Backend: slurm (deployment {deployment})")
     airflow = demo_airflow()
     print(f"Starting Airflow in {HOME} (SQLite, LocalExecutor, parallelism {PARALLELISM})")
     try:
@@ -318,12 +465,14 @@ def run_demo(
         for dag_id in (SUBMISSION_DAG_ID, RUN_DAG_ID):
             airflow.wait_for_dag(dag_id)
             airflow.unpause(dag_id)
-        conf = demo_conf(seeds, global_batch_size, max_steps)
+        conf = demo_conf(seeds, global_batch_size, max_steps, backend)
         run_id = airflow.trigger(SUBMISSION_DAG_ID, conf, run_id=f"{NAME}__{int(time.time())}")
         print(f"Triggered {SUBMISSION_DAG_ID} run {run_id} with conf {json.dumps(conf)}")
         progress = Progress()
 
         def poll() -> None:
+            if backend == "slurm":
+                follow_slurm(progress, seeds)
             follow_runs(progress, seeds)
             follow_tasks(progress, airflow, SUBMISSION_DAG_ID, run_id)
             for seed in seeds:
@@ -332,7 +481,8 @@ def run_demo(
                 except AirflowServerError:  # that run does not exist yet
                     continue
 
-        state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, TIMEOUT_S, on_poll=poll)
+        timeout_s = SLURM_TIMEOUT_S if backend == "slurm" else TIMEOUT_S
+        state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, timeout_s, on_poll=poll)
         poll()
         print()
         report = STORAGE_ROOT / NAME / "report.md"
@@ -375,6 +525,13 @@ def arguments() -> argparse.ArgumentParser:
         help="which jobs train and evaluate: toy (the embedded default), tunix (Tunix's GRPO "
         "trainer and evaluator), rehearsal (the rehearsal jobs, no JAX)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=("local", "slurm"),
+        default="local",
+        help="where the jobs run: local subprocesses, or a private Slurm on 127.0.0.1 (two "
+        "slurmd nodes; the training on both)",
+    )
     after = parser.add_mutually_exclusive_group()
     after.add_argument(
         "--keep-running",
@@ -396,7 +553,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ui_only:
             return serve_ui(args.trainer)
         return run_demo(
-            args.seeds, args.global_batch_size, args.max_steps, args.trainer, args.keep_running
+            args.seeds,
+            args.global_batch_size,
+            args.max_steps,
+            args.trainer,
+            args.keep_running,
+            args.backend,
         )
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)

@@ -29,6 +29,11 @@ FORBIDDEN = (
     "airflow.providers.google.cloud.hooks.kubernetes_engine",
     "airflow.providers.cncf.kubernetes.operators.pod",
     "airflow.providers.cncf.kubernetes.hooks.kubernetes",
+    # the Slurm backend's cluster calls: SSH clients and the hooks module
+    "paramiko",
+    "asyncssh",
+    "airflow.providers.ssh.hooks.ssh",
+    "tasks.backends.slurm.hooks",
 )
 
 _PROBE = """
@@ -51,10 +56,36 @@ image = "example.com/rcpflow-tpu:test"
 """
 
 
+SLURM_DEPLOYMENT = """
+backend = "slurm"
+storage_root = "/shared/rcpflow/runs"
+
+[slurm]
+transport = "ssh"
+ssh_conn_id = "slurm_login"
+working_dir = "/shared/rcpflow"
+log_dir = "/shared/rcpflow/logs"
+
+[slurm.train]
+nodes = 2
+gpus_per_node = 4
+"""
+
+
 def _gke_deployment(folder: Path) -> str:
     toml = folder / "deployment.toml"
     toml.write_text(GKE_DEPLOYMENT)
     return str(toml)
+
+
+def _deployment_env(backend: str, folder: Path) -> dict[str, str]:
+    if backend == "gke":
+        return {"RCPFLOW_DEPLOYMENT": _gke_deployment(folder)}
+    if backend == "slurm":
+        toml = folder / "deployment.toml"
+        toml.write_text(SLURM_DEPLOYMENT)
+        return {"RCPFLOW_DEPLOYMENT": str(toml)}
+    return {}
 
 
 def test_dagbag_has_no_import_errors(dagbag) -> None:
@@ -87,10 +118,10 @@ def _modules_after_parsing(path: Path, extra_env: dict[str, str]) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("backend", ["local", "gke"])
+@pytest.mark.parametrize("backend", ["local", "gke", "slurm"])
 @pytest.mark.parametrize("dag_file", DAG_FILES)
 def test_parsing_imports_nothing_heavy(dag_file: str, backend: str, tmp_path: Path) -> None:
-    extra = {"RCPFLOW_DEPLOYMENT": _gke_deployment(tmp_path)} if backend == "gke" else {}
+    extra = _deployment_env(backend, tmp_path)
     modules = _modules_after_parsing(DAGS / dag_file, extra)
     loaded = _heavy(modules)
     assert loaded == [], f"parsing {dag_file} ({backend}) imported {loaded}"

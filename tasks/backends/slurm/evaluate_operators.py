@@ -1,0 +1,178 @@
+"""The operators that evaluate one checkpoint as a Slurm job of the deployment's evaluate job,
+behind the steps of `tasks.run.stages` (a decided or already evaluated step submits nothing),
+importing a foreign result when the job succeeded (`tasks.jobs.result`); a pass scancels the
+higher steps' evaluation jobs (`cancel_step_job`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from tasks.backends.slurm.operators import SlurmJobOperator, hook_for, job_name
+from tasks.backends.slurm.settings import SlurmSettings
+from tasks.backends.slurm.triggers import FINISHED, WATCHING, SlurmJobTrigger, connection_kwargs
+from tasks.jobs.result import Baseline, EvaluationError, baseline, import_result, now_ms
+from tasks.jobs.templates import EvaluateJob
+from tasks.jobs.values import evaluate_values
+from tasks.run.stages import (
+    EvalTarget,
+    cancel_above,
+    collect,
+    eval_target,
+    reusable,
+    skip_if_decided,
+    step_target,
+)
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from tasks.backends.slurm.hooks import JobInfo
+
+# XCom key of a foreign evaluate job's start: its wall clock and what was at its result path.
+EVAL_START_XCOM_KEY = "eval_start"
+
+
+def eval_label(step: int) -> str:
+    return f"eval-{step}"
+
+
+def cancel_step_job(settings: SlurmSettings, dag_id: str, run_id: str, step: int) -> bool:
+    """scancel the running evaluation job of `step` in that DAG run; False when none runs."""
+    hook = hook_for(settings)
+    running = [
+        j for j in hook.find_jobs(job_name(dag_id, run_id, eval_label(step))) if not j.finished
+    ]
+    for job in running:
+        hook.cancel(job.job_id)
+    return bool(running)
+
+
+class SlurmEvaluateOperator(SlurmJobOperator):
+    """Evaluate the manifest row `row` as a Slurm job of `eval_job` (see the module doc)."""
+
+    template_fields = (*SlurmJobOperator.template_fields, "run_dir", "row")
+
+    def __init__(
+        self,
+        *,
+        settings: SlurmSettings,
+        eval_job: EvaluateJob,
+        run_dir: str,
+        row: Mapping[str, Any],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(settings=settings, role="evaluate", job="", env=eval_job.env, **kwargs)
+        self.eval_job = eval_job
+        self.run_dir = run_dir
+        self.row = row
+
+    def target(self) -> EvalTarget:
+        return eval_target(self.run_dir, dict(self.row))
+
+    def job_label(self, context: Context) -> str:
+        return eval_label(self.target().step)
+
+    def job_argv(self, context: Context) -> list[str]:
+        row = self.target().row
+        values = evaluate_values(self.run_dir, row, self.settings.python)
+        return self.eval_job.job_command.render(values)
+
+    def execute(self, context: Context) -> Any:
+        target = self.target()
+        skip_if_decided(target)
+        if reusable(target):
+            return collect(target)
+        if self.settings.eval_in_training_allocation:
+            self._wait_for_the_training(context, target.step)
+        if self.eval_job.result.imported:
+            values = evaluate_values(self.run_dir, target.row, self.settings.python)
+            before = baseline(self.eval_job.result, values)
+            context["ti"].xcom_push(
+                key=EVAL_START_XCOM_KEY, value={"ms": now_ms(), "baseline": before.to_dict()}
+            )
+        return super().execute(context)
+
+    def execute_complete(self, context: Context, event: Mapping[str, Any]) -> Any:
+        target = self.target()
+        try:
+            super().execute_complete(context, event)  # a watching event defers again
+            if self.eval_job.result.imported:
+                self._import_result(context, target)
+        except Exception:
+            skip_if_decided(target, stopped=True)  # a lower step passed meanwhile
+            raise
+        result = collect(target)
+        if result["target_reached"]:
+            dag_run = context["dag_run"]
+            settings = self.settings
+
+            def cancel(run_dir: str, step: int) -> bool:
+                return cancel_step_job(settings, dag_run.dag_id, dag_run.run_id, step)
+
+            cancel_above(target.run_dir, target.step, cancel)
+        return result
+
+    def _wait_for_the_training(self, context: Context, step: int) -> None:
+        """Under `eval_in_training_allocation` the training's job evaluates in its own
+        allocation after the training: while it runs, wait for it (deferred), then look again
+        (`after_training`): a step it evaluated is reused, only one it left gets a job."""
+        dag_run = context["dag_run"]
+        name = job_name(dag_run.dag_id, dag_run.run_id, "train")
+        running = [j for j in hook_for(self.settings).find_jobs(name) if not j.finished]
+        if not running:
+            return
+        job = running[-1]
+        self.log.info(
+            "step %d: the training's Slurm job %s evaluates in its allocation: waiting for it",
+            step, job.job_id,
+        )  # fmt: skip
+        self.defer(
+            trigger=SlurmJobTrigger(
+                connection=connection_kwargs(self.settings),
+                job={"job_id": job.job_id, "name": job.name, "submit_time": job.submit_time},
+                poll_interval_s=self.settings.poll_interval_s,
+                backoff_max_s=self.settings.backoff_max_s,
+            ),
+            method_name="after_training",
+        )
+
+    def after_training(self, context: Context, event: Mapping[str, Any]) -> Any:
+        if event["phase"] == WATCHING:
+            self.defer(trigger=SlurmJobTrigger(**event["kwargs"]), method_name="after_training")
+        if event["phase"] != FINISHED:
+            self.log.warning("the training's job: %s; going on", event["message"])
+        return self.execute(context)
+
+    def on_cancelled(self, context: Context, info: JobInfo) -> None:
+        skip_if_decided(self.target(), stopped=True)
+
+    def _import_result(self, context: Context, target: EvalTarget) -> None:
+        ti = context["ti"]
+        start = ti.xcom_pull(task_ids=ti.task_id, key=EVAL_START_XCOM_KEY, map_indexes=ti.map_index)
+        if start is None:
+            raise EvaluationError(
+                f"step {target.step}: no {EVAL_START_XCOM_KEY} recorded before the job was "
+                "submitted: its eval times are unknown; clear the task to evaluate again"
+            )
+        imported = import_result(
+            self.eval_job.result,
+            evaluate_values(self.run_dir, target.row, self.settings.python),
+            Baseline.from_dict(start["baseline"]),
+            (start["ms"], now_ms()),
+        )
+        self.log.info("%s", imported.describe())
+
+
+class SlurmEvaluateStepOperator(SlurmEvaluateOperator):
+    """`SlurmEvaluateOperator` for the checkpoint of a planned `step` (evaluation during
+    training: the step's wait saw its row committed), read from the manifest."""
+
+    template_fields = (*SlurmJobOperator.template_fields, "run_dir", "step")
+
+    def __init__(self, *, step: int, **kwargs: Any) -> None:
+        super().__init__(row={}, **kwargs)
+        self.step = step
+
+    def target(self) -> EvalTarget:
+        return step_target(self.run_dir, self.step)

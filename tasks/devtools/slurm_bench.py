@@ -1,0 +1,316 @@
+"""``make bench`` (its Slurm section): the reference's schedule against rcpflow's on a private
+Slurm, and Slurm's own latency, into BENCHMARKS.md.
+
+    python -m tasks.devtools.slurm_bench [--seed 1] [--max-steps 30] [--jobs 10]
+
+One seed of ``mlperf_grpo_run`` with the toy jobs on the private Slurm
+(`tasks.devtools.slurm_cluster`, two nodes on this machine), three times, each on a fresh
+private Airflow: the reference's schedule (evaluation after training in the training's own
+allocation, W = 1: ``slurm.eval_in_training_allocation``), ``after_training`` W = 3 and
+``during_training`` W = 3 (evaluation jobs of their own). Training is a 2-node job, an
+evaluation a 1-node job. Measured from the run's files and Slurm's records: time to verdict
+(the trigger to the latest ``eval_stop`` of the steps up to the passing one) and node-hours
+(each Slurm job's run time x its nodes), each also as a ratio to the reference's. Then Slurm's
+own latency over `--jobs` trivial jobs: the sbatch call, submit to running (as squeue first
+shows it), and a job's end to the watch seeing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.summary import read_summary
+from tasks.deployment import ENV_VAR, REPO_ROOT
+from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
+from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
+from tasks.jobs.processes import free_port
+
+RUN_DAG = "mlperf_grpo_run"
+WORKDIR = REPO_ROOT / ".airflow" / "slurm_bench"
+START = "<!-- slurm-bench:start -->"
+END = "<!-- slurm-bench:end -->"
+RUN_TIMEOUT_S = 30 * 60
+TRAIN_NODES, EVAL_NODES = 2, 1
+# (label, eval_schedule, eval_window, evaluation in the training's allocation)
+CONFIGS: tuple[tuple[str, str, int, bool], ...] = (
+    ("reference: after training, in the training's allocation", "after_training", 1, True),
+    ("rcpflow after_training", "after_training", 3, False),
+    ("rcpflow during_training", "during_training", 3, False),
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    window: int
+    passing_step: int
+    verdict_s: float
+    node_s: float
+    jobs: int
+    evaluations: int
+    steps_trained: int
+
+
+def deployment(folder: Path, schedule: str, window: int, in_allocation: bool) -> Path:
+    path = folder / "deployment.toml"
+    path.write_text(
+        f"""backend = "slurm"
+storage_root = "{folder}"
+eval_schedule = "{schedule}"
+eval_window = {window}
+checkpoint_poll_seconds = 0.5
+
+[slurm]
+transport = "local"
+working_dir = "{REPO_ROOT}"
+log_dir = "{folder / "slurm-logs"}"
+python = "{sys.executable}"
+poll_interval_s = 1.0
+eval_in_training_allocation = {"true" if in_allocation else "false"}
+
+[slurm.train]
+nodes = {TRAIN_NODES}
+time_limit = "30"
+signal_grace_s = 60
+
+[slurm.evaluate]
+nodes = {EVAL_NODES}
+time_limit = "15"
+signal_grace_s = 30
+
+[jobs.train.env]
+JAX_PLATFORMS = "cpu"
+
+[jobs.evaluate.env]
+JAX_PLATFORMS = "cpu"
+"""
+    )
+    return path
+
+
+def node_seconds(cluster: SlurmCluster, names: set[str]) -> tuple[float, int]:
+    """Run time x nodes of every job of `names` slurmctld still knows (MinJobAge is an hour)."""
+    found = json.loads(cluster.client("squeue", "--json", "--states=all"))
+    total, count = 0.0, 0
+    for job in found["jobs"]:
+        if job["name"] in names and job["start_time"] and job["end_time"]:
+            total += (job["end_time"] - job["start_time"]) * job["node_count"]
+            count += 1
+    return total, count
+
+
+def run_config(
+    cluster: SlurmCluster,
+    label: str,
+    schedule: str,
+    window: int,
+    in_allocation: bool,
+    *,
+    seed: int,
+    max_steps: int,
+) -> Row:
+    from tasks.backends.slurm.operators import job_name
+
+    folder = WORKDIR / f"{schedule}_w{window}{'_in_allocation' if in_allocation else ''}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    config = ServerConfig(
+        home=folder / "airflow",
+        dags_folder=REPO_ROOT / "dags",
+        plugins_folder=REPO_ROOT / "plugins",
+        port=free_port(),
+        parallelism=window + 4,
+        env={
+            "JAX_PLATFORMS": "cpu",
+            ENV_VAR: str(deployment(folder, schedule, window, in_allocation)),
+            **cluster.env,
+        },
+    )
+    run_dir = str(folder / "run")
+    conf = {
+        "run_dir": run_dir,
+        "seed": seed,
+        "global_batch_size": 256,
+        "max_steps": max_steps,
+        "val_start_at": None,
+        "division": "open",
+        "eval_schedule": schedule,
+        "eval_window": window,
+    }
+    with LocalAirflow(config) as airflow:
+        airflow.wait_for_dag(RUN_DAG)
+        airflow.unpause(RUN_DAG)
+        trigger_ms = time.time_ns() // 1_000_000
+        run_id = airflow.trigger(RUN_DAG, conf)
+        state = airflow.wait_for_run(RUN_DAG, run_id, RUN_TIMEOUT_S)
+        if state != "success":
+            raise RuntimeError(f"{label}: run {state}; see {folder}")
+    layout = RunLayout(run_dir)
+    rows = load(layout.manifest).rows
+    summaries = {
+        r.step: read_summary(layout.summary(r.step))
+        for r in rows
+        if Path(layout.summary(r.step)).exists()
+    }
+    target = rows[0].target_accuracy
+    step = min(s for s, v in summaries.items() if v.eval_accuracy > target)
+    verdict_ms = max(v.eval_stop_ms for s, v in summaries.items() if s <= step)
+    names = {job_name(RUN_DAG, run_id, "train")} | {
+        job_name(RUN_DAG, run_id, f"eval-{r.step}") for r in rows
+    }
+    node_s, jobs = node_seconds(cluster, names)
+    row = Row(
+        label, window, step, (verdict_ms - trigger_ms) / 1000, node_s, jobs, len(summaries),
+        rows[-1].step,
+    )  # fmt: skip
+    print(json.dumps(row.__dict__), flush=True)
+    return row
+
+
+@dataclass(frozen=True)
+class Latency:
+    sbatch_s: list[float]
+    to_running_s: list[float]
+    end_seen_s: list[float]
+
+
+def latency(cluster: SlurmCluster, jobs: int) -> Latency:
+    """`jobs` trivial jobs, one at a time, watched every 0.05 s through the hook."""
+    from tasks.backends.slurm.hooks import SlurmHook
+    from tasks.backends.slurm.script import BatchJob
+    from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings
+
+    folder = WORKDIR / "latency"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    os.environ.update(cluster.env)
+    settings = SlurmSettings(working_dir=str(folder), log_dir=str(folder), python=sys.executable)
+    hook = SlurmHook(settings)
+    shape = SlurmJobShape(time_limit="5", signal_grace_s=30)
+    sbatch, running, seen = [], [], []
+    for i in range(jobs):
+        end_file = folder / f"end-{i}"
+        code = (
+            "import time,pathlib; time.sleep(1); "
+            f"pathlib.Path({str(end_file)!r}).write_text(repr(time.time()))"
+        )
+        job = BatchJob(
+            f"latency-{i}", (sys.executable, "-c", code), shape, str(folder), str(folder)
+        )
+        started = time.time()
+        submitted = hook.submit(job)
+        sbatch.append(time.time() - started)
+        while hook.job(submitted.job_id).state == "PENDING":
+            time.sleep(0.05)
+        running.append(time.time() - started)
+        while not hook.job(submitted.job_id).finished:
+            time.sleep(0.05)
+        seen.append(time.time() - float(end_file.read_text()))
+    return Latency(sbatch, running, seen)
+
+
+def _med(values: Sequence[float]) -> str:
+    return f"{statistics.median(values):.2f} s (max {max(values):.2f} s)"
+
+
+def section(rows: Sequence[Row], lat: Latency, args: argparse.Namespace) -> str:
+    ref = rows[0]
+    lines = [
+        START,
+        "## Slurm",
+        "",
+        "Written by `make bench` (`python -m tasks.devtools.slurm_bench`): one seed "
+        f"(seed {args.seed}, gbs 256, max_steps {args.max_steps}) of `mlperf_grpo_run` with the "
+        "toy jobs on the private Slurm (slurmctld and two slurmd nodes on this machine, "
+        f"`tasks/devtools/slurm_cluster.py`), training a {TRAIN_NODES}-node job (one JAX "
+        f"process a node), an evaluation a {EVAL_NODES}-node job; each configuration on a "
+        "fresh private Airflow. Not the benchmark's proportions: the toy's evaluation costs "
+        "several of its training steps, not the seed's ~9; the rehearsal jobs, which have "
+        "them, write a foreign evaluator's result, which the in-allocation evaluation cannot "
+        "import yet.",
+        "",
+        f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {platform.machine()}, "
+        f"nproc {os.cpu_count()}; load average at the end: "
+        + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        + " (other work shared the machine)",
+        "",
+        "| schedule | W | passing step | time to verdict | ratio | node-minutes | ratio | "
+        "Slurm jobs | evaluations | steps trained |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.label} | {r.window} | {r.passing_step} | {r.verdict_s:.0f} s | "
+            f"{r.verdict_s / ref.verdict_s:.2f} | {r.node_s / 60:.1f} | "
+            f"{r.node_s / ref.node_s:.2f} | {r.jobs} | {r.evaluations} | {r.steps_trained} |"
+        )
+    lines += [
+        "",
+        "- time to verdict: from the run's trigger to the latest `eval_stop` of the steps up to "
+        "the passing one (the summaries then decide the run); ratio: over the reference's.",
+        "- node-minutes: every Slurm job of the run, its run time (Slurm's start to end) x its "
+        "nodes; the reference holds the training's nodes while it evaluates.",
+        f"- Slurm's own latency over {len(lat.sbatch_s)} trivial jobs, one at a time, read every "
+        f"0.05 s through `SlurmHook`: the sbatch call (with the hook's mkdir and first read) "
+        f"{_med(lat.sbatch_s)}; submit to running {_med(lat.to_running_s)}; a job's last "
+        f"write to the watch seeing it ended {_med(lat.end_seen_s)}.",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def write_marked(path: Path, text: str) -> None:
+    current = path.read_text() if path.exists() else ""
+    if START in current and END in current:
+        before, rest = current.split(START, 1)
+        after = rest.split(END, 1)[1]
+        path.write_text(before + text + after)
+    else:
+        path.write_text(current.rstrip("\n") + "\n\n" + text + "\n")
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tasks.devtools.slurm_bench")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=30)
+    parser.add_argument("--jobs", type=int, default=10, help="trivial jobs for the latency")
+    parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # so that `finally` stops what it started
+    nodes = (NodeSpec("n1", 6), NodeSpec("n2", 6))
+    cluster = SlurmCluster(nodes, min_job_age_s=3600)
+    try:
+        cluster.start()
+        rows = []
+        for label, schedule, window, inside in CONFIGS:
+            row = run_config(
+                cluster, label, schedule, window, inside, seed=args.seed, max_steps=args.max_steps
+            )
+            rows.append(row)
+        lat = latency(cluster, args.jobs)
+    finally:
+        cluster.cleanup()
+    write_marked(args.output, section(rows, lat, args))
+    print(f"wrote the Slurm section of {args.output}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

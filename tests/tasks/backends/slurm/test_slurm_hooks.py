@@ -1,0 +1,302 @@
+"""The Slurm hooks and batch scripts against the private Slurm: submit, read the state and
+exit code (squeue --json, scontrol, sacct), cancel, the output; SIGTERM reaches the tasks;
+every argv item stays one argument; a secret is read on the cluster, never written; two nodes
+give each task its place; the SSH and REST transports; slurmctld restarted under a job."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tasks.backends.slurm.hooks import (
+    ClusterUnreachable,
+    CommandResult,
+    JobForgotten,
+    JobIdReused,
+    JobInfo,
+    RestSlurmHook,
+    SlurmError,
+    SlurmHook,
+    SshRunner,
+    SubmittedJob,
+    job_from_sacct,
+)
+from tasks.backends.slurm.script import BatchJob, render_script
+from tasks.backends.slurm.settings import SecretRef, SlurmJobShape, SlurmSettings
+from tasks.devtools.slurm_cluster import SlurmCluster
+
+PY = sys.executable
+# Every shell metacharacter, quotes, a newline, a glob, an expansion, a command substitution.
+NASTY = "a b;c|d&e$(touch /tmp/rcpflow-pwned)`id`'\"\n*?[x]{1,2}~$HOME\\ -x --y=z #"
+
+
+def settings(jobs: Path, **table: object) -> SlurmSettings:
+    return SlurmSettings(working_dir=str(jobs), log_dir=str(jobs / "logs"), **table)  # type: ignore[arg-type]
+
+
+def shape(**fields: object) -> SlurmJobShape:
+    return SlurmJobShape(time_limit="10", signal_grace_s=30, **fields)  # type: ignore[arg-type]
+
+
+def batch(jobs: Path, name: str, argv: Sequence[str], **fields: object) -> BatchJob:
+    extra = {k: v for k, v in fields.items() if k in ("env", "secret_env")}
+    shaped = {k: v for k, v in fields.items() if k not in extra}
+    return BatchJob(
+        name=name,
+        argv=tuple(argv),
+        shape=shape(**shaped),
+        working_dir=str(jobs),
+        log_dir=str(jobs / "logs"),
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def wait_finished(
+    hook: SlurmHook | RestSlurmHook, job: SubmittedJob, timeout_s: float = 60
+) -> JobInfo:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = hook.job(job.job_id, job)
+        if info.finished:
+            return info
+        assert time.monotonic() < deadline, f"job {job.job_id} still {info.state}"
+        time.sleep(0.3)
+
+
+def wait_state(hook: SlurmHook, job: SubmittedJob, state: str, timeout_s: float = 30) -> JobInfo:
+    deadline = time.monotonic() + timeout_s
+    while (info := hook.job(job.job_id, job)).state != state:
+        assert time.monotonic() < deadline, f"job {job.job_id} {info.state}, not {state}"
+        time.sleep(0.2)
+    return info
+
+
+def output(hook: SlurmHook | RestSlurmHook, info: JobInfo) -> str:
+    text, _ = hook.read_output(info.stdout_path, 0)
+    return text
+
+
+def test_success_failure_and_output(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    hook = SlurmHook(settings(jobs_dir))
+    ok = hook.submit(batch(jobs_dir, "ok", [PY, "-c", "print('hello from the job')"]))
+    failed = hook.submit(batch(jobs_dir, "seven", [PY, "-c", "raise SystemExit(7)"]))
+    done = wait_finished(hook, ok)
+    assert (done.state, done.exit_code, done.source) == ("COMPLETED", 0, "squeue")
+    assert "hello from the job" in output(hook, done)
+    assert done.stdout_path == f"{jobs_dir}/logs/ok-{ok.job_id}.out"
+    bad = wait_finished(hook, failed)
+    assert (bad.state, bad.exit_code, bad.signal) == ("FAILED", 7, 0)
+    assert "tasks ended with exit code 7" in output(hook, bad)
+    # the same job read through scontrol's text, as an older squeue without --json is
+    scontrol = hook._run("scontrol", "show", "job", "-o", failed.job_id).stdout
+    from tasks.backends.slurm.hooks import job_from_scontrol
+
+    text = job_from_scontrol(scontrol)
+    assert (text.state, text.exit_code, text.name, text.submit_time) == (
+        "FAILED",
+        7,
+        "seven",
+        bad.submit_time,
+    )
+    # output read from an offset goes on where the last read stopped
+    _, offset = hook.read_output(done.stdout_path, 0)
+    assert hook.read_output(done.stdout_path, offset) == ("", offset)
+
+
+def test_a_reused_id_and_a_forgotten_job_are_named(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    hook = SlurmHook(settings(jobs_dir))
+    job = hook.submit(batch(jobs_dir, "mine", [PY, "-c", "pass"]))
+    with pytest.raises(
+        JobIdReused, match=rf"job {job.job_id} is now 'mine'.*not rcpflow's 'other'"
+    ):
+        hook.job(job.job_id, SubmittedJob(job.job_id, "other", job.submit_time))
+    with pytest.raises(JobIdReused):
+        hook.job(job.job_id, SubmittedJob(job.job_id, "mine", job.submit_time - 3600))
+    with pytest.raises(JobForgotten, match="no accounting"):
+        hook.job("999999")
+    assert hook.accounting is False  # "accounting storage is disabled" was understood
+
+
+class FakeRunner:
+    """Answers as a cluster with accounting whose slurmctld forgot the job."""
+
+    def run(
+        self, argv: Sequence[str], *, stdin: str | None = None, timeout_s: float
+    ) -> CommandResult:
+        if argv[0] == "squeue":
+            return CommandResult(0, json.dumps({"errors": [], "jobs": []}), "")
+        assert argv[0] == "sacct"
+        times = "2026-01-02T03:04:05|2026-01-02T03:04:06|2026-01-02T04:00:00"
+        rows = f"42|train-x|CANCELLED by 0|0:15|{times}|01:00:00\n"
+        return CommandResult(0, rows, "")
+
+
+def test_a_forgotten_job_is_read_from_accounting(tmp_path: Path) -> None:
+    hook = SlurmHook(settings(tmp_path), runner=FakeRunner())
+    info = hook.job("42")
+    assert (info.state, info.exit_code, info.signal, info.source) == ("CANCELLED", 0, 15, "sacct")
+    assert info.time_limit_s == 3600 and info.finished
+    assert hook.accounting is True
+    row = job_from_sacct("7|n|TIMEOUT|0:0|Unknown|Unknown|Unknown|UNLIMITED")
+    assert (row.state, row.start_time, row.time_limit_s) == ("TIMEOUT", None, None)
+
+
+def test_every_argv_item_stays_one_argument(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    hook = SlurmHook(settings(jobs_dir))
+    argv = [PY, "-c", "import json,sys; print('ARGV=' + json.dumps(sys.argv[1:]))", NASTY, "", "$1"]
+    env = {"RCPFLOW_TEST_NASTY": NASTY}
+    script = render_script(batch(jobs_dir, "nasty", argv, env=env))
+    job = hook.submit(batch(jobs_dir, "nasty", argv, env=env))
+    info = wait_finished(hook, job)
+    assert info.exit_code == 0, output(hook, info)
+    line = next(x for x in output(hook, info).splitlines() if x.startswith("ARGV="))
+    assert json.loads(line[5:]) == [NASTY, "", "$1"]
+    assert not Path("/tmp/rcpflow-pwned").exists()
+    assert "$(touch" in script  # quoted, not run
+
+
+def test_two_nodes_give_each_task_its_place(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    hook = SlurmHook(settings(jobs_dir))
+    code = (
+        "import json,os; print('TASK=' + json.dumps({k: os.environ.get(k) for k in "
+        "('RCPFLOW_PROCESS_ID','RCPFLOW_NUM_PROCESSES','RCPFLOW_COORDINATOR_ADDRESS','SLURMD_NODENAME')}))"
+    )
+    job = hook.submit(batch(jobs_dir, "two-nodes", [PY, "-c", code], nodes=2))
+    info = wait_finished(hook, job)
+    assert info.exit_code == 0, output(hook, info)
+    tasks = [json.loads(x[5:]) for x in output(hook, info).splitlines() if x.startswith("TASK=")]
+    by_id = {t["RCPFLOW_PROCESS_ID"]: t for t in tasks}
+    assert sorted(by_id) == ["0", "1"]
+    assert {t["SLURMD_NODENAME"] for t in tasks} == {"n1", "n2"}
+    assert by_id["0"]["SLURMD_NODENAME"] == "n1"
+    assert {t["RCPFLOW_NUM_PROCESSES"] for t in tasks} == {"2"}
+    port = 20000 + int(job.job_id) % 20000
+    assert {t["RCPFLOW_COORDINATOR_ADDRESS"] for t in tasks} == {f"127.0.0.1:{port}"}
+
+
+def test_a_secret_is_read_on_the_cluster_never_written(
+    slurm_env: SlurmCluster, jobs_dir: Path
+) -> None:
+    hook = SlurmHook(settings(jobs_dir))
+    secret = "s3cr3t-value-" + hashlib.sha256(str(time.time()).encode()).hexdigest()[:12]
+    secret_file = jobs_dir / "hf_token"
+    secret_file.write_text(secret + "\n")
+    code = (
+        "import hashlib,os; "
+        "print('SHA=' + hashlib.sha256(os.environ['HF_TOKEN'].encode()).hexdigest())"
+    )
+    refs = {"HF_TOKEN": SecretRef(file=str(secret_file))}
+    job_spec = batch(jobs_dir, "secret", [PY, "-c", code], secret_env=refs)
+    assert secret not in render_script(job_spec)
+    job = hook.submit(job_spec)
+    info = wait_finished(hook, job)
+    text = output(hook, info)
+    assert f"SHA={hashlib.sha256(secret.encode()).hexdigest()}" in text
+    assert secret not in text
+    # a missing reference stops the job with 5 (invalid input), naming the reference only
+    missing = batch(
+        jobs_dir,
+        "nosecret",
+        [PY, "-c", "pass"],
+        secret_env={"HF_TOKEN": SecretRef(env="RCPFLOW_NO_SUCH_VAR")},
+    )
+    info = wait_finished(hook, hook.submit(missing))
+    assert info.exit_code == 5
+    assert "HF_TOKEN: the variable RCPFLOW_NO_SUCH_VAR is not set" in output(hook, info)
+
+
+def test_sigterm_reaches_the_tasks_and_their_code_is_the_jobs(
+    slurm_env: SlurmCluster, jobs_dir: Path
+) -> None:
+    hook = SlurmHook(settings(jobs_dir))
+    code = (
+        "import signal,sys,time\n"
+        "def term(*_):\n print('TERM seen, saving', flush=True); sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, term)\nprint('READY', flush=True)\ntime.sleep(120)\n"
+    )
+    job = hook.submit(batch(jobs_dir, "term", [PY, "-c", code]))
+    info = wait_state(hook, job, "RUNNING")
+    deadline = time.monotonic() + 30
+    while "READY" not in output(hook, info):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    hook.cancel(job.job_id, signal="TERM")  # what --signal=B:TERM@grace sends the batch shell
+    done = wait_finished(hook, job)
+    assert (done.state, done.exit_code) == ("FAILED", 143), output(hook, done)
+    assert "TERM seen, saving" in output(hook, done)
+
+
+def test_cancel(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    hook = SlurmHook(settings(jobs_dir))
+    job = hook.submit(batch(jobs_dir, "sleeper", [PY, "-c", "import time; time.sleep(300)"]))
+    wait_state(hook, job, "RUNNING")
+    hook.cancel(job.job_id)
+    assert wait_finished(hook, job).state == "CANCELLED"
+    hook.cancel(job.job_id)  # again: fine
+
+
+def test_slurmctld_restarted_under_a_running_job(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    hook = SlurmHook(settings(jobs_dir, command_timeout_s=10))
+    job = hook.submit(
+        batch(jobs_dir, "survivor", [PY, "-c", "import time; time.sleep(6); print('done')"])
+    )
+    wait_state(hook, job, "RUNNING")
+    slurm_env.stop_controller()
+    try:
+        with pytest.raises(ClusterUnreachable):
+            hook.job(job.job_id, job)
+        time.sleep(1)
+    finally:
+        slurm_env.start_controller()
+    info = wait_finished(hook, job, timeout_s=90)
+    assert (info.state, info.exit_code) == ("COMPLETED", 0)
+
+
+def test_the_ssh_transport(slurm: SlurmCluster, ssh_conn: str, jobs_dir: Path) -> None:
+    hook = SlurmHook(settings(jobs_dir, transport="ssh", ssh_conn_id=ssh_conn))
+    assert isinstance(hook.runner, SshRunner)
+    hook.ping()
+    job = hook.submit(
+        batch(jobs_dir, "over-ssh", [PY, "-c", "import sys; print('ARGS', sys.argv[1:])", NASTY])
+    )
+    info = wait_finished(hook, job)
+    assert (info.state, info.exit_code) == ("COMPLETED", 0)
+    assert repr([NASTY]) in output(hook, info)
+    down = SlurmHook(settings(jobs_dir, transport="ssh", ssh_conn_id=ssh_conn, command_timeout_s=5))
+    down.runner = SshRunner("rcpflow_no_such_connection")
+    with pytest.raises(ClusterUnreachable):
+        down.job(job.job_id)
+
+
+def test_the_rest_transport(slurm: SlurmCluster, jobs_dir: Path) -> None:
+    import getpass
+
+    rest = settings(jobs_dir, transport="rest", rest_url=slurm.rest_url, rest_conn_id="unused")
+    hook = RestSlurmHook(rest, credentials=(getpass.getuser(), slurm.rest_token()))
+    hook.ping()
+    (jobs_dir / "logs").mkdir()
+    job = hook.submit(
+        batch(
+            jobs_dir,
+            "over-rest",
+            [PY, "-c", "import sys; print('ARGS', sys.argv[1:]); sys.exit(3)", NASTY],
+        )
+    )
+    info = wait_finished(hook, job)
+    assert (info.state, info.exit_code, info.source) == ("FAILED", 3, "rest")
+    assert repr([NASTY]) in output(hook, info)
+    sleeper = hook.submit(
+        batch(jobs_dir, "rest-sleeper", [PY, "-c", "import time; time.sleep(300)"])
+    )
+    hook.cancel(sleeper.job_id)
+    assert wait_finished(hook, sleeper).state == "CANCELLED"
+    bad = RestSlurmHook(rest, credentials=(getpass.getuser(), "not-a-token"))
+    with pytest.raises(SlurmError) as caught:
+        bad.ping()
+    print(caught.value)

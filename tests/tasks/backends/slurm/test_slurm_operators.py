@@ -1,0 +1,382 @@
+"""The Slurm operators and trigger against the private Slurm, driven as Airflow would
+(`slurm_driver`): success; exit 2 and 5 fail at once; other codes restart up to max_restarts,
+counted; SIGTERM restarts uncounted; the time limit's SIGTERM lets the job save, then fails
+it naming the limit; slurmctld restarted under a watched job; a reused id is named; at a pass
+the higher steps' evaluation jobs are scancelled (their tasks skip naming the step) and none
+at or below it; the teardown scancels what its task left; no secret in script, log or XCom."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from slurm_driver import context, drive, first_event, start
+
+from tasks.backends.slurm.evaluate_operators import SlurmEvaluateOperator
+from tasks.backends.slurm.hooks import SlurmHook
+from tasks.backends.slurm.operators import (
+    JOB_XCOM_KEY,
+    CancelSlurmJobsOperator,
+    SlurmJobOperator,
+    job_name,
+)
+from tasks.backends.slurm.settings import SecretRef, SlurmJobShape, SlurmSettings
+from tasks.backends.slurm.triggers import SlurmJobTrigger
+from tasks.devtools.slurm_cluster import SlurmCluster
+from tasks.jobs.templates import EvaluateJob
+
+PY = sys.executable
+# A job that counts its runs in a file and exits with the code given for that run (the last
+# code again for later runs).
+COUNTING = (
+    "import sys,pathlib; f=pathlib.Path(sys.argv[1]); n=int(f.read_text() or 0) if f.exists() "
+    "else 0; f.write_text(str(n+1)); codes=[int(c) for c in sys.argv[2:]]; "
+    "print('run', n+1, flush=True); sys.exit(codes[min(n, len(codes)-1)])"
+)
+
+
+def settings(jobs: Path, *, max_restarts: int = 0, **shape: Any) -> SlurmSettings:
+    role = SlurmJobShape(
+        time_limit=shape.pop("time_limit", "10"),
+        signal_grace_s=shape.pop("signal_grace_s", 30),
+        max_restarts=max_restarts,
+        **shape,
+    )
+    return SlurmSettings(
+        working_dir=str(jobs),
+        log_dir=str(jobs / "logs"),
+        python=PY,
+        poll_interval_s=0.5,
+        backoff_max_s=1.0,
+        command_timeout_s=10,
+        train=role,
+        evaluate=role,
+    )
+
+
+def op(jobs: Path, argv: list[str], **kw: Any) -> SlurmJobOperator:
+    env = kw.pop("env", {})
+    return SlurmJobOperator(
+        task_id="run", settings=settings(jobs, **kw), role="train", job="train", argv=argv, env=env
+    )
+
+
+def counting(jobs: Path, *codes: int) -> list[str]:
+    return [PY, "-c", COUNTING, str(jobs / "count"), *map(str, codes)]
+
+
+def runs(jobs: Path) -> int:
+    return int((jobs / "count").read_text())
+
+
+def test_success(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    ctx = context()
+    driven = drive(op(jobs_dir, counting(jobs_dir, 0)), ctx)
+    assert driven.result["state"] == "COMPLETED" and driven.result["exit_code"] == 0
+    assert driven.result["restarts"] == {"counted": 0, "uncounted": 0}
+    recorded = ctx["ti"].pushed[JOB_XCOM_KEY]
+    assert recorded["job_id"] == driven.job_ids[-1] and recorded["cancel"] is True
+    assert recorded["name"] == job_name("mlperf_grpo_run", "manual__test", "train")
+
+
+@pytest.mark.parametrize("code", [2, 5])
+def test_user_errors_fail_at_once(slurm_env: SlurmCluster, jobs_dir: Path, code: int) -> None:
+    with pytest.raises(AirflowFailException, match=f"exit code {code}.*user error") as caught:
+        drive(op(jobs_dir, counting(jobs_dir, code), max_restarts=3), context(f"r{code}"))
+    assert runs(jobs_dir) == 1
+    assert "last output of" in str(caught.value) and "run 1" in str(caught.value)
+
+
+def test_other_codes_restart_counted_up_to_max_restarts(
+    slurm_env: SlurmCluster, jobs_dir: Path
+) -> None:
+    with pytest.raises(AirflowFailException, match=r"no restart left \(2 of max_restarts=2"):
+        drive(op(jobs_dir, counting(jobs_dir, 1, 1, 1, 0), max_restarts=2), context("r1"))
+    assert runs(jobs_dir) == 3
+
+
+def test_a_restart_that_then_succeeds(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    driven = drive(op(jobs_dir, counting(jobs_dir, 1, 0), max_restarts=1), context("r2"))
+    assert driven.result["restarts"] == {"counted": 1, "uncounted": 0}
+    assert len(set(driven.job_ids)) == 2 and runs(jobs_dir) == 2
+
+
+def test_sigterm_restarts_uncounted(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    driven = drive(op(jobs_dir, counting(jobs_dir, 143, 143, 0), max_restarts=0), context("r3"))
+    assert driven.result["restarts"] == {"counted": 0, "uncounted": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_time_limit_signal_lets_the_job_save_then_fails_it(
+    slurm_env: SlurmCluster, jobs_dir: Path
+) -> None:
+    """time limit 2 min, signal 60 s before: the batch shell passes SIGTERM on, the job
+    saves and exits 143; the watch names the time limit (counted: no restart left)."""
+    saver = (
+        "import signal,sys,time,pathlib\n"
+        "def term(*_):\n"
+        " pathlib.Path(sys.argv[1]).write_text('saved'); print('saved', flush=True)\n"
+        " sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "time.sleep(600)\n"
+    )
+    started = time.monotonic()
+    with pytest.raises(AirflowFailException, match="time limit's SIGTERM") as caught:
+        drive(
+            op(jobs_dir, [PY, "-c", saver, str(jobs_dir / "saved")], time_limit="2",
+               signal_grace_s=60),
+            context("r4"),
+            timeout_s=300,
+        )  # fmt: skip
+    took = time.monotonic() - started
+    assert (jobs_dir / "saved").read_text() == "saved"
+    assert "exit code 143" in str(caught.value)
+    assert 40 < took < 120, took  # before the limit itself (Slurm checks about every 30 s)
+
+
+def test_slurmctld_restarted_under_a_watched_job(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
+    argv = [PY, "-c", "import time; print('start', flush=True); time.sleep(8); print('end')"]
+    task = op(jobs_dir, argv)
+    ctx = context("r5")
+    deferred = start(task, ctx)
+
+    def restart() -> None:
+        time.sleep(2)
+        slurm_env.stop_controller()
+        time.sleep(4)
+        slurm_env.start_controller()
+
+    thread = threading.Thread(target=restart)
+    thread.start()
+    try:
+        driven = drive(task, ctx, deferred, timeout_s=120)
+    finally:
+        thread.join()
+    assert driven.result["state"] == "COMPLETED"
+    assert len(set(driven.job_ids)) == 1  # the same job, never submitted again
+
+
+def test_a_job_id_naming_another_job_is_a_named_error(
+    slurm_env: SlurmCluster, jobs_dir: Path
+) -> None:
+    task = op(jobs_dir, [PY, "-c", "import time; time.sleep(30)"])
+    ctx = context("r6")
+    deferred = start(task, ctx)
+    trigger: SlurmJobTrigger = deferred.trigger
+    kwargs = trigger.kwargs()
+    kwargs["job"] = {**kwargs["job"], "submit_time": kwargs["job"]["submit_time"] - 86400}
+    import asyncio
+
+    event = asyncio.run(first_event(SlurmJobTrigger(**kwargs), 30))
+    assert (event["phase"], event["reason"]) == ("error", "JobIdReused")
+    with pytest.raises(AirflowFailException, match="reused the id"):
+        task.execute_complete(ctx, event)
+    assert ctx["ti"].pushed[JOB_XCOM_KEY]["cancel"] is False  # never touched
+    cleanup = CancelSlurmJobsOperator(task_id="cleanup", run_task_id="run", settings=task.settings)
+    assert cleanup.execute(ctx) == []
+    SlurmHook(task.settings).cancel(trigger.job["job_id"])
+
+
+def test_the_teardown_cancels_what_its_task_left_running(
+    slurm_env: SlurmCluster, jobs_dir: Path
+) -> None:
+    task = op(jobs_dir, [PY, "-c", "import time; time.sleep(300)"])
+    ctx = context("r7")
+    deferred = start(task, ctx)  # then the task is marked failed, say: its trigger is gone
+    job_id = deferred.trigger.job["job_id"]
+    cleanup = CancelSlurmJobsOperator(task_id="cleanup", run_task_id="run", settings=task.settings)
+    assert cleanup.execute(ctx) == [{"job_id": job_id, "name": deferred.trigger.job["name"]}]
+    hook = SlurmHook(task.settings)
+    deadline = time.monotonic() + 30
+    while (state := hook.job(job_id).state) != "CANCELLED":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.3)
+
+
+def test_no_secret_in_script_log_or_xcom(
+    slurm_env: SlurmCluster, jobs_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret = f"hf_{time.time_ns()}_secret"
+    (jobs_dir / "token").write_text(secret)
+    code = "import os; print('token length', len(os.environ['HF_TOKEN']))"
+    task = op(
+        jobs_dir,
+        [PY, "-c", code],
+        secret_env={"HF_TOKEN": SecretRef(file=str(jobs_dir / "token"))},
+    )
+    ctx = context("r8")
+    driven = drive(task, ctx)
+    logged = "".join(capsys.readouterr())  # Airflow's task log lines (structlog)
+    assert driven.result["state"] == "COMPLETED"
+    assert f"token length {len(secret)}" in logged  # the job's output, in the task log
+    assert secret not in logged
+    assert secret not in json.dumps(ctx["ti"].pushed) + json.dumps(driven.result)
+    assert secret not in json.dumps(driven.events)
+    for path in (jobs_dir / "logs").iterdir():
+        assert secret not in path.read_text()
+    script = SlurmHook(task.settings)._run(
+        "scontrol", "write", "batch_script", driven.job_ids[-1], "-"
+    )
+    assert "HF_TOKEN" in script.stdout and secret not in script.stdout
+
+
+def test_a_pass_cancels_the_higher_steps_evaluation_jobs_only(
+    slurm_env: SlurmCluster, jobs_dir: Path, tmp_path: Path
+) -> None:
+    from tasks.devtools.synthetic_run import make_run, write_eval
+
+    run = make_run(str(tmp_path / "run"), last_step=22)  # rows 18..22, no summaries
+    write_eval(run, 19, 0.8)  # a passing summary for step 19, staged: the job puts it in place
+    staged = jobs_dir / "staged.json"
+    Path(run.layout.summary(19)).rename(staged)
+    evaluator = (
+        "import shutil,sys,time,pathlib; step=int(sys.argv[1]); time.sleep(2)\n"
+        "if step == 19:\n"
+        " pathlib.Path(sys.argv[2]).mkdir(parents=True, exist_ok=True)\n"
+        " shutil.copy(sys.argv[3], sys.argv[2] + '/summary.json'); sys.exit(0)\n"
+        "time.sleep(300)\n"
+    )
+    eval_job = EvaluateJob(
+        command=("{python}", "-c", evaluator, "{step}", "{summary_dir}", str(staged))
+    )
+    s = settings(jobs_dir)
+    ops, deferred = {}, {}
+    for step in (18, 19, 20, 21):
+        ops[step] = SlurmEvaluateOperator(
+            task_id="evaluate", settings=s, eval_job=eval_job, run_dir=run.run_dir,
+            row=next(r for r in _rows(run.run_dir) if r["step"] == step),
+        )  # fmt: skip
+        ctx = context("r9", task_id="evaluate")
+        deferred[step] = (ctx, start(ops[step], ctx))
+    hook = SlurmHook(s)
+    ids = {step: d.trigger.job["job_id"] for step, (_, d) in deferred.items()}
+
+    ctx19, d19 = deferred[19]
+    passed = drive(ops[19], ctx19, d19, timeout_s=60)
+    assert passed.result["target_reached"] is True
+
+    for step in (20, 21):
+        ctx, d = deferred[step]
+        with pytest.raises(
+            AirflowSkipException, match=f"step {step}: skipped.*step 19 already passed"
+        ):
+            drive(ops[step], ctx, d, timeout_s=60)
+        assert hook.job(ids[step]).state == "CANCELLED"
+    assert hook.job(ids[18]).state == "RUNNING"  # below the pass: never cancelled
+    hook.cancel(ids[18])
+
+
+def _rows(run_dir: str) -> list[dict[str, Any]]:
+    from tasks.run.stages import load_rows
+
+    return load_rows(run_dir)
+
+
+def test_an_event_waits_for_the_deferral_to_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that has ended when the trigger first reads it: the event still waits SETTLE_S
+    after the trigger started (else the scheduler may fail the task, see the constant)."""
+    import asyncio
+
+    from tasks.backends.slurm import triggers
+    from tasks.backends.slurm.hooks import JobInfo
+
+    monkeypatch.setattr(triggers, "SETTLE_S", 1.5)
+    done = JobInfo("1", "n", "COMPLETED", "", 0, 0, 5, 5, 6, 0, "", "n1", 600, "squeue")
+
+    class Ended:
+        async def job(self, job_id: str, expected: object) -> JobInfo:
+            return done
+
+        async def read_output(self, path: str, offset: int) -> tuple[str, int]:
+            return "", offset
+
+    trigger = SlurmJobTrigger(connection={}, job={"job_id": "1", "name": "n", "submit_time": 5})
+    trigger._hook = Ended()  # type: ignore[assignment]
+    started = time.monotonic()
+    event = asyncio.run(first_event(trigger, 30))
+    assert event["phase"] == "finished"
+    assert time.monotonic() - started >= 1.4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_evaluation_in_the_training_allocation_stops_at_the_first_pass(
+    slurm_env: SlurmCluster, jobs_dir: Path, tmp_path: Path
+) -> None:
+    """The reference's schedule: after the training (here one that only exits 0, on a run made
+    beforehand), the batch script evaluates steps 18, 19, ... in order in its own allocation,
+    asking `rcpflow status`; step 19 passes, so step 20 is never evaluated."""
+    from tasks.devtools.synthetic_run import make_run, write_eval
+
+    run = make_run(str(tmp_path / "run"), last_step=22)  # rows 18..22
+    staged = jobs_dir / "staged"
+    staged.mkdir()
+    for step, accuracy in ((18, 0.5), (19, 0.8)):
+        write_eval(run, step, accuracy)
+        Path(run.layout.summary(step)).rename(staged / f"{step}.json")
+    evaluator = (
+        "import pathlib,shutil,sys,time; src=pathlib.Path(sys.argv[3]) / (sys.argv[1] + '.json')\n"
+        "if not src.exists(): time.sleep(300)\n"
+        "pathlib.Path(sys.argv[2]).mkdir(parents=True, exist_ok=True)\n"
+        "shutil.copy(src, sys.argv[2] + '/summary.json')\n"
+    )
+    then = {
+        "argv": [PY, "-c", evaluator, "{step}", "{summary_dir}", str(staged)],
+        "python": PY,
+        "run_dir": run.run_dir,
+        "first": 18,
+        "last": 24,
+        "nodes": 1,
+        "ntasks_per_node": 1,
+    }
+    import dataclasses
+
+    s = dataclasses.replace(settings(jobs_dir), eval_in_training_allocation=True)
+    task = SlurmJobOperator(
+        task_id="run", settings=s, role="train", job="train",
+        argv=[PY, "-c", "print('trained')"], then_evaluate=then,
+    )  # fmt: skip
+    ctx = context("in-allocation")
+    training = start(task, ctx)
+    # The DAG's own evaluation of step 18 waits for the training's job, then reuses the
+    # summary its allocation wrote: no job of its own.
+    row = next(r for r in _rows(run.run_dir) if r["step"] == 18)
+    eval_job = EvaluateJob(command=("{python}", "-c", "raise SystemExit(9)", "{step}"))
+    evaluate = SlurmEvaluateOperator(
+        task_id="evaluate", settings=s, eval_job=eval_job, run_dir=run.run_dir, row=row
+    )
+    eval_ctx = context("in-allocation", task_id="evaluate")
+    waiting = start(evaluate, eval_ctx)
+    assert waiting.method_name == "after_training"
+    assert waiting.trigger.job["job_id"] == training.trigger.job["job_id"]
+    driven = drive(task, ctx, training, timeout_s=120)
+    assert driven.result["state"] == "COMPLETED"
+    reused = drive(evaluate, eval_ctx, waiting, timeout_s=60)
+    assert (reused.result["step"], reused.result["target_reached"]) == (18, False)
+    assert SlurmHook(s).find_jobs(job_name("mlperf_grpo_run", "in-allocation", "eval-18")) == []
+    assert Path(run.layout.summary(18)).exists() and Path(run.layout.summary(19)).exists()
+    assert not Path(run.layout.summary(20)).exists()
+    out = next((jobs_dir / "logs").glob("*.out")).read_text()
+    assert "step 18: evaluate" in out and "step 19: evaluate" in out, out
+    assert "step 20: skip" in out, out  # step 19 passed: the loop ended there
+
+
+def test_a_job_through_the_login_node(slurm: SlurmCluster, ssh_conn: str, jobs_dir: Path) -> None:
+    """transport = "ssh": the operator submits and the trigger watches (and shows the output)
+    through the SSH provider's hook on the private sshd; a user error still fails at once."""
+    import dataclasses
+
+    s = dataclasses.replace(settings(jobs_dir), transport="ssh", ssh_conn_id=ssh_conn)
+    ok = SlurmJobOperator(
+        task_id="run", settings=s, role="train", job="train", argv=counting(jobs_dir, 5, 0)
+    )
+    with pytest.raises(AirflowFailException, match="exit code 5"):
+        drive(ok, context("over-ssh"), timeout_s=120)
+    assert runs(jobs_dir) == 1

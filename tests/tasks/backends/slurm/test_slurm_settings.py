@@ -1,0 +1,194 @@
+"""SlurmSettings: the [slurm] table read into frozen dataclasses; a bad value names its key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings, time_limit_seconds
+from tasks.settings import SettingError, read_table
+
+BASE = {"working_dir": "/shared/rcpflow", "log_dir": "/shared/rcpflow/logs"}
+
+
+def read(**table: object) -> SlurmSettings:
+    return read_table(SlurmSettings, {**BASE, **table}, "slurm")
+
+
+def test_defaults_and_overrides() -> None:
+    settings = read(train={"nodes": 4, "gpus_per_node": 8, "partition": "gpu"})
+    assert settings.transport == "local"
+    assert settings.fail_exit_codes == (2, 5)
+    train = settings.train
+    assert (train.nodes, train.gpus_per_node, train.partition, train.tasks) == (4, 8, "gpu", 4)
+    assert train.max_restarts == 3 and train.signal_grace_s == 600  # kept from the default
+    assert settings.evaluate.max_restarts == 2
+    assert settings.shape("train") is train
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.python = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "words"),
+    [
+        ({"working_dir": "relative"}, "slurm.working_dir", "absolute"),
+        ({"transport": "ssh"}, "slurm.ssh_conn_id", "SSH connection"),
+        ({"transport": "rest", "rest_conn_id": "c"}, "slurm.rest_url", "URL"),
+        ({"transport": "rest", "rest_url": "http://h:1"}, "slurm.rest_conn_id", "JWT"),
+        ({"transport": "pigeon"}, "slurm.transport", "one of"),
+        ({"poll_interval_s": 400}, "slurm.poll_interval_s", "MinJobAge"),
+        ({"fail_exit_codes": [2, 143]}, "slurm.fail_exit_codes", "SIGTERM"),
+        ({"fail_exit_codes": [1]}, "slurm.fail_exit_codes", "uncaught"),
+        ({"train": {"nodes": 0}}, "slurm.train.nodes", ">= 1"),
+        ({"train": {"gres": "gpu:4", "gpus_per_node": 4}}, "slurm.train.gres", "not both"),
+        ({"train": {"time_limit": "1h"}}, "slurm.train.time_limit", "sbatch --time"),
+        ({"train": {"time_limit": "10"}}, "slurm.train.signal_grace_s", "not less than"),
+        ({"train": {"partition": "a b"}}, "slurm.train.partition", "Slurm name"),
+        ({"train": {"mem": "lots"}}, "slurm.train.mem", "--mem"),
+        (
+            {"evaluate": {"extra_sbatch_args": ["--time=5"]}},
+            "slurm.evaluate.extra_sbatch_args[0]",
+            "time_limit",
+        ),
+        (
+            {"evaluate": {"extra_sbatch_args": ["--comment=a b"]}},
+            "slurm.evaluate.extra_sbatch_args[0]",
+            "whitespace",
+        ),
+        (
+            {"evaluate": {"extra_sbatch_args": ["exclusive"]}},
+            "slurm.evaluate.extra_sbatch_args[0]",
+            "one sbatch option",
+        ),
+        (
+            {"evaluate": {"extra_sbatch_args": ["-x=n1"]}},
+            "slurm.evaluate.extra_sbatch_args[0]",
+            "long form",
+        ),
+        (
+            {"evaluate": {"container_mounts": ["/a:/b"]}},
+            "slurm.evaluate.container_mounts",
+            "container_image",
+        ),
+        (
+            {"evaluate": {"container_image": "img", "container_mounts": ["a"]}},
+            "slurm.evaluate.container_mounts[0]",
+            "SRC:DST",
+        ),
+        (
+            {"train": {"secret_env": {"HF_TOKEN": {}}}},
+            "slurm.train.secret_env.HF_TOKEN",
+            "exactly one",
+        ),
+        (
+            {"train": {"secret_env": {"HF_TOKEN": {"file": "rel"}}}},
+            "slurm.train.secret_env.HF_TOKEN.file",
+            "absolute",
+        ),
+        (
+            {"train": {"secret_env": {"RCPFLOW_X": {"env": "A"}}}},
+            "slurm.train.secret_env.RCPFLOW_X",
+            "variable",
+        ),
+        ({"train": {"nodes": True}}, "slurm.train.nodes", "must be int"),
+    ],
+)
+def test_a_bad_setting_names_its_key(table: dict[str, object], key: str, words: str) -> None:
+    with pytest.raises(SettingError) as caught:
+        read(**table)
+    assert caught.value.key == key, caught.value
+    assert words in str(caught.value)
+
+
+def test_good_extra_args_and_containers() -> None:
+    shape = read_table(
+        SlurmJobShape,
+        {
+            "extra_sbatch_args": ["--exclusive", "--segment=8", "--gpu-bind=closest"],
+            "container_image": "nvcr.io#nvidia/pytorch:24.01-py3",
+            "container_mounts": ["/lustre/data:/data", "/lustre/ckpt:/checkpoints"],
+            "secret_env": {
+                "HF_TOKEN": {"file": "/home/u/.hf_token"},
+                "WANDB_API_KEY": {"env": "WK"},
+            },
+        },
+    )
+    assert shape.secret_env["HF_TOKEN"].file == "/home/u/.hf_token"
+    assert shape.secret_env["WANDB_API_KEY"].env == "WK"
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("90", 5400),
+        ("2:30", 150),
+        ("1:00:00", 3600),
+        ("1-2", 93600),
+        ("1-0:30", 88200),
+        ("2-00:00:01", 172801),
+    ],
+)
+def test_time_limit_forms(value: str, seconds: int) -> None:
+    assert time_limit_seconds(value) == seconds
+
+
+def test_the_example_deployment_parses() -> None:
+    from repo_paths import REPO
+
+    import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
+    from tasks.backend_api.protocol import backend_for
+    from tasks.deployment import parse_deployment
+
+    path = REPO / "docker" / "deployment.slurm.example.toml"
+    deployment = parse_deployment(path.read_text(), source=str(path), base_dir=path.parent)
+    settings = deployment.tables["slurm"]
+    assert isinstance(settings, SlurmSettings)
+    assert (settings.transport, settings.train.nodes, settings.train.gpus_per_node) == (
+        "ssh",
+        16,
+        8,
+    )
+    assert settings.train.secret_env["HF_TOKEN"].file.endswith("hf_token")
+    assert backend_for(deployment).name == "slurm"
+
+
+def test_a_job_image_or_kubernetes_secret_on_slurm_names_the_slurm_setting() -> None:
+    from pathlib import Path
+
+    import tasks.backends.registry  # noqa: F401
+    from tasks.deployment import DeploymentError, parse_deployment
+
+    text = (
+        'backend = "slurm"\n[slurm]\nworking_dir = "/w"\nlog_dir = "/l"\n'
+        '[jobs.train]\nimage = "img"\n'
+    )
+    with pytest.raises(DeploymentError, match=r"jobs\.train\.image.*slurm\.train\.container_image"):
+        parse_deployment(text, source="d.toml", base_dir=Path("/"))
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (
+            '[jobs.evaluate]\ncommand = ["{python}", "e.py", "{checkpoint_path}"]\n',
+            "checkpoint_path",
+        ),
+        ("[slurm.evaluate]\nnodes = 3\n", "slurm.evaluate.nodes=3"),
+    ],
+)
+def test_evaluation_in_the_allocation_refuses_what_it_cannot_do(extra: str, words: str) -> None:
+    from pathlib import Path
+
+    import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
+    from tasks.backend_api.protocol import backend_for
+    from tasks.deployment import DeploymentError, parse_deployment
+
+    text = (
+        'backend = "slurm"\n[slurm]\nworking_dir = "/w"\nlog_dir = "/l"\n'
+        "eval_in_training_allocation = true\n[slurm.train]\nnodes = 2\n" + extra
+    )
+    deployment = parse_deployment(text, source="d.toml", base_dir=Path("/"))
+    with pytest.raises(DeploymentError, match="eval_in_training_allocation") as caught:
+        backend_for(deployment)
+    assert words in str(caught.value)
