@@ -164,7 +164,7 @@ def _lease(args: argparse.Namespace) -> int:
             print(f"released by {owner}" if released else "no lease: nothing to release")
     except ownership.RunOwnedError as e:
         return _invalid(e)
-    return EXIT_OK
+    return CLI_OK
 
 
 def _status(args: argparse.Namespace) -> int:

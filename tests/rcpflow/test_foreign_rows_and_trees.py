@@ -112,7 +112,7 @@ def test_from_tree_names_dangling_step_links_odd_summaries_and_unlistable_folder
     tree = tmp_path / "tree"
     kept = tree / "step_18" / "20260929T080000Z-1" / "summary.json"
     kept.parent.mkdir(parents=True)
-    kept.write_text(json.dumps(_tunix_for(run, 18, "summary_full.json")))
+    kept.write_text(json.dumps(tunix_for(run, 18, "summary_full.json")))
     (tree / "step_19").symlink_to(tree / "archive" / "gone")  # dangling, inside the tree
     fifo = tree / "step_20" / "20260929T080000Z-1" / "summary.json"
     fifo.parent.mkdir(parents=True)

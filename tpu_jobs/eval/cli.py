@@ -57,7 +57,6 @@ from tpu_jobs.eval.shards import (
 from tpu_jobs.eval.target import CheckpointLoader, Target
 from tpu_jobs.rcp import collectives, distributed
 
-
 MAX_SHARD_TIMEOUT_S = 7 * 86400.0  # a week; inf would wait for ever
 
 
