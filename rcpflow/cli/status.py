@@ -31,6 +31,11 @@ _STEP_FOLDER = re.compile(r"\d+")
 GateDecision = Literal["evaluate", "passes", "below target", "skip"]
 
 
+NOT_RECOMPUTED = (
+    "pass@4 as the evaluator logged it: no per-attempt records, could not be recomputed"
+)
+
+
 @dataclass(frozen=True)
 class StepStatus:
     step: int
@@ -43,6 +48,9 @@ class StepStatus:
     problems: tuple[str, ...]  # why the summary is not valid
     gate: GateDecision  # evaluate it, reuse it (passes / below target), or skip it
     skipped_for: int | None  # skip: the lower step that already passed
+    # False: the summary has no per-attempt records (NeMo-RL's logged accuracy): its pass@4
+    # could not be recomputed.
+    attempt_records: bool = True
 
 
 @dataclass(frozen=True)
@@ -140,6 +148,7 @@ def _run_status(layout: RunLayout) -> RunStatus:
                 problems=() if found.valid else found.problems,
                 gate=gate,
                 skipped_for=passed_below,
+                attempt_records=found.summary is None or found.summary.attempt_records,
             )
         )
     now: FinalizeNow | None = None
@@ -198,6 +207,8 @@ def render_table(status: RunStatus) -> str:
         )  # fmt: skip
         if s.summary in ("invalid", "unreadable"):
             notes.append(f"  step {s.step}: {'; '.join(s.problems)}")
+        if not s.attempt_records:
+            notes.append(f"  step {s.step}: {NOT_RECOMPUTED}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines += notes

@@ -21,7 +21,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
-from rcpflow.records.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
+from rcpflow.records.mllog import is_eval_section, read_events, run_start_ms
 from rcpflow.submission.checkers import compliance
 from rcpflow.verdict.finalize import FinalizeInputError, FinalizeResult, finalize
 from rcpflow.verdict.gate import passes, passing_step_below, valid_summary
@@ -83,7 +83,7 @@ def check_training_outputs(spec: RunSpec) -> dict[str, Any]:
         raise TrainingOutputError(f"{log_path}: no MLLOG after training") from exc
     if run_start_ms(events) is None:
         raise TrainingOutputError(f"{log_path}: no run_start")
-    eval_keys = sorted({e.key for e in events} & EVAL_SECTION_KEYS)
+    eval_keys = sorted({e.key for e in events if is_eval_section(e)})
     if eval_keys:
         # finalize writes these after evaluation; a fresh training log must not have them
         raise TrainingOutputError(f"{log_path}: training log already has {', '.join(eval_keys)}")
