@@ -10,6 +10,7 @@ run can stop it once a lower step passed (`LocalBackend.cancel_evaluation`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -18,8 +19,9 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import XComArg, get_current_context, task
 
+from rcpflow.records.nemo_rl import NemoRLError
 from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
 from tasks.backend_api.protocol import FormDefaults, register
 from tasks.deployment import BackendName, Deployment
@@ -37,6 +40,7 @@ from tasks.jobs.values import train_values
 from tasks.run.evaluation_group import RCP_VIEW_DOC
 from tasks.run.spec import MAX_EVAL_WINDOW, RunSpec, XComValue
 from tasks.run.stages import EvalTarget, eval_target, evaluate_target, skip_if_decided, step_target
+from tasks.run.train_result import import_checkpoints
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions._internal.mixins import DependencyMixin
@@ -177,6 +181,34 @@ class JobRecords:
         return True
 
 
+@contextlib.contextmanager
+def importing_checkpoints(run: RunSpec, job: TrainJob, interval_s: float) -> Iterator[None]:
+    """While the block runs (the training job), import the checkpoints a job that leaves its
+    own tree has committed so far (`tasks.run.train_result`), so that a wait sees their rows
+    during training; a problem is logged here and named by the output check after the job."""
+    if not job.result.imported:
+        yield
+        return
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.wait(interval_s):
+            try:
+                import_checkpoints(
+                    run.run_dir, run.seed, run.effective_val_start_at, allow_empty=True
+                )
+            except NemoRLError as exc:
+                log.warning("checkpoint import: %s", exc)
+
+    thread = threading.Thread(target=poll, name=f"import seed {run.seed}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 @register
 class LocalBackend:
     """Jobs as subprocesses of the worker: the deployment's ``[jobs]`` templates, run with its
@@ -208,7 +240,9 @@ class LocalBackend:
             # The run folder's owner: every try of this DAG run's task, and nobody else.
             ti = get_current_context()["ti"]
             owner = airflow_owner(ti.dag_id, ti.run_id, ti.task_id)
-            run_job(argv, name=f"train seed {run.seed}", env={**env, OWNER_ENV: owner})
+            extra = {**job.result_env(run.run_dir, run.seed), OWNER_ENV: owner}
+            with importing_checkpoints(run, job, deployment.checkpoint_poll_seconds):
+                run_job(argv, name=f"train seed {run.seed}", env={**env, **extra})
 
         return train_job(spec)
 

@@ -22,6 +22,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import is_eval_section, read_events, run_start_ms
+from rcpflow.records.nemo_rl import NemoRLError
 from rcpflow.submission.checkers import compliance
 from rcpflow.verdict.finalize import FinalizeInputError, FinalizeResult, finalize
 from rcpflow.verdict.gate import passes, passing_step_below, valid_summary
@@ -30,6 +31,7 @@ from rcpflow.verdict.verify import evaluate_step
 from tasks.jobs.result import EvaluationError
 from tasks.results.verdicts import record, tool_log_dir
 from tasks.run.spec import RunSpec
+from tasks.run.train_result import import_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,10 @@ def check_training_outputs(spec: RunSpec) -> dict[str, Any]:
     """The manifest is valid and covers val_start_at..max_steps (or up to where a stop request
     of this run ended training); the MLLOG is a training section."""
     layout = RunLayout(spec.run_dir)
+    try:  # a trainer whose checkpoints rcpflow records: its tree, imported (the same: no write)
+        import_checkpoints(spec.run_dir, spec.seed, spec.effective_val_start_at, allow_empty=False)
+    except NemoRLError as exc:
+        raise TrainingOutputError(f"checkpoint import: {exc}") from exc
     try:
         manifest = load(layout.manifest)
     except ManifestError as exc:

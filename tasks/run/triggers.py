@@ -45,12 +45,12 @@ from rcpflow.records.checkpoint_state import (
     CheckpointProgress,
     ProgressError,
     RunSnapshot,
-    run_snapshot,
 )
 from rcpflow.records.manifest import ManifestRow
 from rcpflow.verdict.gate import passes, valid_summary
 from tasks.deployment import EvalSchedule
 from tasks.run.spec import RunSpec
+from tasks.run.train_result import snapshot_after_import
 
 TrainingState = Literal["not_started", "running", "succeeded", "failed"]
 # A task in one of these states will not run (again) in this DAG run.
@@ -163,6 +163,9 @@ class WaitTarget:
     seed: int
     dag_id: str
     run_id: str
+    # The run's validation start, where known (a start trigger reads the run's spec): lets a
+    # train job's checkpoint tree be imported before its first row (tasks.run.train_result).
+    val_start_at: int | None = None
 
 
 Outcome = Literal["committed", "ended", "decided", "training_failed", "not_started", "error"]
@@ -235,7 +238,9 @@ class _CheckpointWait(BaseTrigger):
                 # Its output check passed after the job ended: read the files afresh, as the
                 # last row and block_stop were written before that.
                 try:
-                    snapshot = await asyncio.to_thread(run_snapshot, target.run_dir, target.seed)
+                    snapshot = await asyncio.to_thread(
+                        snapshot_after_import, target.run_dir, target.seed, target.val_start_at
+                    )
                 except ProgressError as exc:
                     return "error", str(exc), None
                 progress = snapshot.progress(target.step)
@@ -284,7 +289,9 @@ class _CheckpointWait(BaseTrigger):
         snapshot: RunSnapshot = await SHARED.get(
             ("files", target.run_dir, target.seed),
             self.poll_interval_s,
-            lambda: asyncio.to_thread(run_snapshot, target.run_dir, target.seed),
+            lambda: asyncio.to_thread(
+                snapshot_after_import, target.run_dir, target.seed, target.val_start_at
+            ),
         )
         return snapshot
 
@@ -417,7 +424,9 @@ class StartedCheckpointTrigger(_CheckpointWait):
         step = steps[ti.map_index]
         group = ti.task_id.rpartition(".")[0]
         return StartedWait(
-            target=WaitTarget(spec.run_dir, step, spec.seed, ti.dag_id, ti.run_id),
+            target=WaitTarget(
+                spec.run_dir, step, spec.seed, ti.dag_id, ti.run_id, spec.effective_val_start_at
+            ),
             spec=spec,
             steps=steps,
             wait_task_id=ti.task_id,
