@@ -191,14 +191,15 @@ def importing_checkpoints(run: RunSpec, job: TrainJob, interval_s: float) -> Ite
         return
     done = threading.Event()
 
+    def once() -> None:
+        try:
+            import_checkpoints(run.run_dir, run.seed, run.effective_val_start_at, allow_empty=True)
+        except NemoRLError as exc:
+            log.warning("checkpoint import: %s", exc)
+
     def poll() -> None:
         while not done.wait(interval_s):
-            try:
-                import_checkpoints(
-                    run.run_dir, run.seed, run.effective_val_start_at, allow_empty=True
-                )
-            except NemoRLError as exc:
-                log.warning("checkpoint import: %s", exc)
+            once()
 
     thread = threading.Thread(target=poll, name=f"import seed {run.seed}", daemon=True)
     thread.start()
@@ -207,6 +208,8 @@ def importing_checkpoints(run: RunSpec, job: TrainJob, interval_s: float) -> Ite
     finally:
         done.set()
         thread.join()
+        once()  # the last checkpoints, before the train task ends (the trainer's block_stop
+        # already says training ended: a wait must find their rows)
 
 
 @register
