@@ -32,10 +32,11 @@ from rcpflow.records.checkpoint_state import (
     CheckpointProgress,
     ProgressError,
     RunSnapshot,
+    run_snapshot,
 )
 from rcpflow.verdict.gate import passing_step_below
 from tasks.deployment import EvalSchedule
-from tasks.run.train_result import snapshot_after_import
+from tasks.run.train_result import import_for_wait
 from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger
 
 if TYPE_CHECKING:
@@ -104,7 +105,8 @@ class WaitForCheckpointOperator(BaseOperator):
     def _snapshot(self) -> RunSnapshot:
         run_dir, step, seed = self._args()
         try:
-            return snapshot_after_import(run_dir, seed)
+            import_for_wait(run_dir, seed)
+            return run_snapshot(run_dir, seed)
         except ProgressError as exc:
             raise AirflowFailException(f"step {step}: {exc}") from exc
 

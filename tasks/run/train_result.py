@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from rcpflow.files.layout import RunLayout
-from rcpflow.records.checkpoint_state import ProgressError, RunSnapshot, run_snapshot
+from rcpflow.records.checkpoint_state import ProgressError
 from rcpflow.records.manifest import ManifestError, read_rows
 from rcpflow.records.nemo_rl import NemoRLError
 from rcpflow.trainer.nemo_rl_import import TreeImport, import_tree
@@ -56,10 +56,10 @@ def import_checkpoints(
     return found
 
 
-def snapshot_after_import(run_dir: str, seed: int, val_start_at: int | None = None) -> RunSnapshot:
-    """`run_snapshot` of the run once the train job's new checkpoints are in its manifest."""
+def import_for_wait(run_dir: str, seed: int, val_start_at: int | None = None) -> None:
+    """Before a wait reads the run's files: the train job's new checkpoints into its manifest
+    (ProgressError naming the step, file and field when they do not add up)."""
     try:
         import_checkpoints(run_dir, seed, val_start_at, allow_empty=True)
     except NemoRLError as exc:
         raise ProgressError(f"checkpoint import: {exc}") from exc
-    return run_snapshot(run_dir, seed)

@@ -45,12 +45,13 @@ from rcpflow.records.checkpoint_state import (
     CheckpointProgress,
     ProgressError,
     RunSnapshot,
+    run_snapshot,
 )
 from rcpflow.records.manifest import ManifestRow
 from rcpflow.verdict.gate import passes, valid_summary
 from tasks.deployment import EvalSchedule
 from tasks.run.spec import RunSpec
-from tasks.run.train_result import snapshot_after_import
+from tasks.run.train_result import import_for_wait
 
 TrainingState = Literal["not_started", "running", "succeeded", "failed"]
 # A task in one of these states will not run (again) in this DAG run.
@@ -168,6 +169,12 @@ class WaitTarget:
     val_start_at: int | None = None
 
 
+def read_files(target: WaitTarget) -> RunSnapshot:
+    """The run's files as a wait reads them: a train job's new checkpoints imported first."""
+    import_for_wait(target.run_dir, target.seed, target.val_start_at)
+    return run_snapshot(target.run_dir, target.seed)
+
+
 Outcome = Literal["committed", "ended", "decided", "training_failed", "not_started", "error"]
 # Asked once the step can be evaluated: may it go now (the eval window)?
 Admit = Callable[[RunSnapshot], Awaitable[bool]]
@@ -238,9 +245,7 @@ class _CheckpointWait(BaseTrigger):
                 # Its output check passed after the job ended: read the files afresh, as the
                 # last row and block_stop were written before that.
                 try:
-                    snapshot = await asyncio.to_thread(
-                        snapshot_after_import, target.run_dir, target.seed, target.val_start_at
-                    )
+                    snapshot = await asyncio.to_thread(read_files, target)
                 except ProgressError as exc:
                     return "error", str(exc), None
                 progress = snapshot.progress(target.step)
@@ -289,9 +294,7 @@ class _CheckpointWait(BaseTrigger):
         snapshot: RunSnapshot = await SHARED.get(
             ("files", target.run_dir, target.seed),
             self.poll_interval_s,
-            lambda: asyncio.to_thread(
-                snapshot_after_import, target.run_dir, target.seed, target.val_start_at
-            ),
+            lambda: asyncio.to_thread(read_files, target),
         )
         return snapshot
 
