@@ -159,18 +159,33 @@ def import_tree(
     if problems:
         raise NemoRLError(f"{log_path}: {describe_section(problems)}")
     if new:
-        _append(layout.manifest, existing, new)
+        _append(layout.manifest, new)
     return TreeImport(tree.root, tuple(r.step for r in new), len(merged), tuple(ignored))
 
 
-def _append(path: str, read: list[ManifestRow], new: list[ManifestRow]) -> None:
-    """Write `new` rows under the manifest's lock, if the manifest is still what was checked."""
-    expected = manifest.render_rows(read) if read else None
+def _append(path: str, new: list[ManifestRow]) -> None:
+    """Write `new` rows under the manifest's lock. Another import of the same tree may have
+    written some of them meanwhile (the run DAG imports from more than one place): the same
+    rows are no conflict, a different row for a step is."""
 
     def merge(old: bytes | None) -> bytes:
         now = manifest.parse_rows(manifest.decode(old, path), path) if old else []
-        if (manifest.render_rows(now) if now else None) != expected:
-            raise NemoRLError(f"{path}: changed while importing; run it again")
-        return manifest.render_rows([*now, *new])
+        have = {r.step: r for r in now}
+        add = []
+        for r in new:
+            if r.step not in have:
+                add.append(r)
+            elif have[r.step] != r:
+                raise NemoRLError(
+                    f"step {r.step}: written meanwhile as {have[r.step].checkpoint_path} at "
+                    f"{have[r.step].timestamp_ms}; run it again"
+                )
+        if not add and old is not None:
+            return old
+        try:
+            manifest.check_consistent([*now, *add], path)
+        except ManifestError as e:
+            raise NemoRLError(str(e)) from e
+        return manifest.render_rows([*now, *add])
 
     storage_for(path).update(path, merge)

@@ -174,3 +174,16 @@ def test_a_gs_tree_into_a_gs_run(tmp_path, monkeypatch, gcs_prefix):
     rows = load(RunLayout(run_dir).manifest).rows
     assert rows[0].checkpoint_path == f"{root}/step_2"
     assert import_tree(run_dir, root).added == ()
+
+
+def test_concurrent_imports_of_one_tree_agree(tmp_path, monkeypatch):
+    # the run DAG imports from the train task and from every wait: the same rows are no conflict
+    import concurrent.futures
+
+    run_dir, ckpt = train(tmp_path, monkeypatch)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(
+            pool.map(lambda _: import_tree(str(run_dir), str(ckpt), val_start_at=2), range(4))
+        )
+    assert sum(len(r.added) for r in results) >= 5
+    assert [r.step for r in load(RunLayout(str(run_dir)).manifest).rows] == [2, 3, 4, 5, 6]

@@ -70,6 +70,11 @@ def test_the_logged_accuracy_is_imported_with_its_eval_times(tmp_path, monkeypat
     status = run_status(run_dir)
     assert [s.attempt_records for s in status.steps][:2] == [True, False]
     assert f"step 3: {NOT_RECOMPUTED}" in render_table(status)
+    from plugins.rcp_view.pages import _step_row  # the RCP view's checkpoint table row
+
+    row = _step_row(run_dir, status.steps[1])
+    assert "not recomputed: no per-attempt records" in row
+    assert "not recomputed" not in _step_row(run_dir, status.steps[0])
 
 
 def test_another_samples_count_none_or_outside_0_1_is_refused_named(tmp_path, monkeypatch):
