@@ -31,7 +31,7 @@ from rcpflow.records.nemo_rl import (
 )
 from rcpflow.records.training_section import describe as describe_section
 from rcpflow.records.training_section import section_problems
-from rcpflow.trainer.manifest_add import find_mllog, header_int
+from rcpflow.trainer.manifest_add import as_given, find_mllog, header_int
 from rcpflow.trainer.recorder import RecorderError, build_row
 
 FORMATS = ("nemo-rl",)
@@ -109,7 +109,7 @@ def import_tree(
     if val_start_at is not None and val_start_at != start:
         raise NemoRLError(f"val_start_at {val_start_at} differs from the manifest's {start}")
 
-    tree = list_tree(root)
+    tree = list_tree(as_given(root))  # a relative root is the caller's: made absolute
     steps = [s for s in tree.steps if s >= start]
     ignored = [*tree.partial, *(f"step_{s} (before the validation start {start})"
                                 for s in tree.steps if s < start)]  # fmt: skip

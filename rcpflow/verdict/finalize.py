@@ -62,7 +62,7 @@ def _is_eval_section_line(line: str) -> bool:
     return is_eval_section(parse(line)[0])
 
 
-def _training_section(text: str, log_path: str) -> str:
+def _training_section(text: str, log_path: str, run_dir: str = "RUN_DIR") -> str:
     """The log without any eval-section event; every other line kept byte for byte."""
     try:
         events = parse(text, where=log_path)
@@ -75,7 +75,7 @@ def _training_section(text: str, log_path: str) -> str:
         raise FinalizeInputError(
             f"{log_path}: {foreign[0].describe()}: finalize writes a run's only run_stop, with "
             "the checker's strict > and in step order, and never keeps another's; give the run "
-            "a log without it: `rcpflow run reset RUN_DIR` and train again, or a clean copy of "
+            f"a log without it: `rcpflow run reset {run_dir}` and train again, or a clean copy of "
             "the training section"
         )
     kept = [line for line in logtext.lines(text, keepends=True) if not _is_eval_section_line(line)]
@@ -176,7 +176,7 @@ def finalize(run_dir: str, *, write: bool = True) -> FinalizeResult:
     except OSError as e:  # a folder where the log belongs, no permission
         raise FinalizeInputError(describe(e)) from e
     original = logtext.decode(original_bytes)  # as the checker reads it; every byte kept
-    training = _training_section(original, log_path)
+    training = _training_section(original, log_path, layout.root)
     _check_log_matches(training, manifest, log_path)
     section = section_problems(parse(training, where=log_path), manifest.rows)
 

@@ -85,13 +85,16 @@ def test_new_checkpoints_append_rows(tmp_path, monkeypatch):
 def test_the_cli_imports_and_refuses_in_one_line(tmp_path, monkeypatch):
     run_dir, ckpt = train(tmp_path, monkeypatch)
     edit(ckpt, 4, current_step=5)
-    argv = ["manifest", "import", str(run_dir), "--format", "nemo-rl", str(ckpt)]
+    # a relative root is the caller's (its working folder), recorded so that it resolves
+    argv = ["manifest", "import", "run", "--format", "nemo-rl", "checkpoint/1"]
+    monkeypatch.chdir(tmp_path)
     p = run_cli(*argv, "--val-start-at", "2")
     assert_one_invalid_line(p, "step 4", "training_info.json", "current_step 5")
     edit(ckpt, 4, current_step=4)
     p = run_cli(*argv, "--val-start-at", "2")
     assert p.returncode == 0, p.stderr
     assert "steps 2..6 added" in p.stdout
+    assert load(RunLayout(str(run_dir)).manifest).row(2).checkpoint_path == str(ckpt / "step_2")
 
 
 def test_a_wrong_step_is_named(tmp_path, monkeypatch):
