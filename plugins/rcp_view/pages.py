@@ -370,6 +370,8 @@ def _step_row(path: str, step: StepStatus) -> str:
     passed = step.gate == "passes"
     cls = "passed" if passed else ("skip" if step.gate == "skip" else "")
     accuracy = "-" if step.eval_accuracy is None else f"{step.eval_accuracy:.4f}"
+    if not step.attempt_records:
+        accuracy += " (not recomputed: no per-attempt records)"
     evaluation = _e(step.summary)
     if step.problems:
         evaluation += f"<br><code>{_e('; '.join(step.problems))}</code>"

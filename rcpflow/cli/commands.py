@@ -128,6 +128,23 @@ def _manifest_add(args: argparse.Namespace) -> int:
     return CLI_OK
 
 
+def _manifest_import(args: argparse.Namespace) -> int:
+    """the manifest from a foreign trainer's own checkpoint tree (NeMo-RL's step_<N>/
+    training_info.json), each checkpoint verified; exit 0 imported (or nothing new), 1 refused
+    (names the step, file and field; nothing written)"""
+    from rcpflow.records.nemo_rl import NemoRLError
+    from rcpflow.trainer.nemo_rl_import import import_tree
+
+    try:
+        result = import_tree(
+            args.run_dir, args.root, seed=args.seed, val_start_at=args.val_start_at
+        )
+    except NemoRLError as e:
+        return _invalid(e)
+    print(result.describe())
+    return CLI_OK
+
+
 def _run_reset(args: argparse.Namespace) -> int:
     """move the run's MLLOG, manifest and stop request aside (previous/reset-<time>/) so a trainer
     may start it afresh; exit 0 moved, 1 refused (owned, or nothing to move)"""
@@ -352,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--owner",
         help="the trainer's identity (default $RCPFLOW_RUN_OWNER); the same for every call",
     )
+    mi = _command(msub, "import", _manifest_import, path=_RUN_DIR)
+    mi.add_argument("root", metavar="CHECKPOINT_ROOT", help="the trainer's checkpoint tree")
+    mi.add_argument("--format", choices=("nemo-rl",), required=True)
+    mi.add_argument("--seed", type=_int64, help="picks mllog/seed_<n>.out (default: the only one)")
+    mi.add_argument("--val-start-at", type=_int64, help="default: the rows', else the recipe's")
 
     r = sub.add_parser("run", help="run folder commands")
     rsub = r.add_subparsers(dest="run_command", required=True)

@@ -37,6 +37,11 @@ _STEP_FOLDER = re.compile(r"\d+")
 GateDecision = Literal["evaluate", "passes", "below target", "skip"]
 
 
+NOT_RECOMPUTED = (
+    "pass@4 as the evaluator logged it: no per-attempt records, could not be recomputed"
+)
+
+
 @dataclass(frozen=True)
 class StepStatus:
     step: int
@@ -51,6 +56,9 @@ class StepStatus:
     skipped_for: int | None  # skip: the lower step that already passed
     # why the checkpoint could not be looked at (then checkpoint_present is False: unknown)
     checkpoint_problem: str | None = None
+    # False: the summary has no per-attempt records (NeMo-RL's logged accuracy): its pass@4
+    # could not be recomputed.
+    attempt_records: bool = True
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,7 @@ def _run_status(layout: RunLayout) -> RunStatus:
                 problems=() if found.valid else found.problems,
                 gate=gate,
                 skipped_for=passed_below,
+                attempt_records=found.summary is None or found.summary.attempt_records,
             )
         )
     now: FinalizeNow | None = None
@@ -225,6 +234,8 @@ def render_table(status: RunStatus) -> str:
             notes.append(f"  step {s.step}: {'; '.join(s.problems)}")
         if s.checkpoint_problem:
             notes.append(f"  step {s.step}: checkpoint not looked at: {s.checkpoint_problem}")
+        if not s.attempt_records:
+            notes.append(f"  step {s.step}: {NOT_RECOMPUTED}")
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines += notes

@@ -40,6 +40,14 @@ from rcpflow import recipe
 from rcpflow.planning.rehearsal import JobProfile, RehearsalInputError, load_profile
 from rcpflow.verdict.schedule import SCHEDULES, EvalSchedule
 
+# "reference": the MLCommons reference's own (NeMo-RL, ../shared/reference/nemo-rl.md): the
+# deferred evaluator as a second srun in the training's allocation once training exits, one
+# checkpoint at a time (W = 1), the training nodes held, idle, until the verdict; nothing
+# evaluates on other chips. Named so that a NeMo-RL submitter sees what W and
+# during_training would save in time to verdict and node-hours. The run DAG's schedules
+# (`SCHEDULES`) are what --recommend and "both" are about.
+Schedule = EvalSchedule | Literal["reference"]
+NAMED_SCHEDULES: tuple[Schedule, ...] = (*SCHEDULES, "reference")
 # --recommend: the smallest W whose time to verdict is within this factor of the best W's.
 RECOMMEND_WITHIN = 1.10
 Outcome = Literal["needed", "wasted", "cancelled"]
@@ -64,7 +72,7 @@ class Scenario:
     val_start_at: int
     max_steps: int
     passing_step: int
-    schedule: EvalSchedule
+    schedule: Schedule
     window: int
     train_chips: int = 1
     eval_chips: int = 1
@@ -110,8 +118,12 @@ class Scenario:
                 f"--passing-step {self.passing_step} must be in --val-start-at "
                 f"{self.val_start_at}..--max-steps {self.max_steps}"
             )
-        if self.schedule not in SCHEDULES:
-            raise ForecastUsageError(f"--schedule {self.schedule!r}: one of {', '.join(SCHEDULES)}")
+        if self.schedule not in NAMED_SCHEDULES:
+            raise ForecastUsageError(
+                f"--schedule {self.schedule!r}: one of {', '.join(NAMED_SCHEDULES)}"
+            )
+        if self.schedule == "reference" and self.window != 1:
+            raise ForecastUsageError(f"--window {self.window}: the reference schedule is W = 1")
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,8 @@ class Forecast:
 
     @property
     def eval_chip_hours(self) -> float:
+        if self.scenario.schedule == "reference":
+            return 0.0  # on the training's allocation: in train_chip_hours
         busy = sum(e.end_s - e.start_s for e in self.evaluations)
         return busy * self.scenario.eval_chips / 3600
 
@@ -153,6 +167,8 @@ class Forecast:
 
     @property
     def train_chip_hours(self) -> float:
+        if self.scenario.schedule == "reference":  # the allocation is held to the verdict
+            return self.run_end_s * self.scenario.train_chips / 3600
         return self.training_end_s * self.scenario.train_chips / 3600
 
     @property
@@ -187,12 +203,18 @@ def _seen(t: float, poll_s: float) -> float:
 def simulate(s: Scenario) -> Forecast:
     first, last, p = s.val_start_at, s.max_steps, s.passing_step
     start_latency = s.task_start_seconds
-    after = s.schedule == "after_training"
-    # after: the train group's end, seen at a poll; then load_manifest and the mapped evaluate
-    training_over = _seen(last * s.step_seconds, s.poll_seconds) + 2 * start_latency
+    if s.schedule == "reference":
+        # the second srun of the same allocation, right after training exits: no poll, no task
+        training_over = last * s.step_seconds
+    else:
+        # after: the train group's end, seen at a poll; then load_manifest and the mapped evaluate
+        training_over = _seen(last * s.step_seconds, s.poll_seconds) + 2 * start_latency
+    during = s.schedule == "during_training"
 
     def ready(k: int) -> float:
-        return training_over if after else _seen(k * s.step_seconds, s.poll_seconds) + start_latency
+        return (
+            _seen(k * s.step_seconds, s.poll_seconds) + start_latency if during else training_over
+        )
 
     free: list[float] = [-math.inf] * s.window  # when each evaluation slot frees
     passed_at: float | None = None
@@ -214,7 +236,7 @@ def simulate(s: Scenario) -> Forecast:
         evaluations.append(Evaluation(k, start, end, outcome))
         heapq.heappush(free, end)
     verdict = max(e.end_s for e in evaluations if e.step <= p)
-    if s.schedule == "after_training":
+    if s.schedule != "during_training":
         steps = last
     else:
         # stop_if_decided writes the request; the trainer ends the step it is in
@@ -300,7 +322,7 @@ class Request:
     """What ``rcpflow forecast`` was asked: one scenario per schedule, W and passing step."""
 
     base: Scenario
-    schedules: tuple[EvalSchedule, ...]
+    schedules: tuple[Schedule, ...]
     windows: tuple[int, ...]
     passing_steps: tuple[int, ...]
     recommend: bool
@@ -309,7 +331,7 @@ class Request:
         return [
             replace(self.base, schedule=schedule, window=w, passing_step=p)
             for schedule in self.schedules
-            for w in self.windows
+            for w in ((1,) if schedule == "reference" else self.windows)
             for p in self.passing_steps
         ]
 
@@ -327,7 +349,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ("--val-start-at", "first evaluated step (default: the recipe's)"),
         ("--max-steps", "the run's max_steps"),
         ("--passing-step", "the first step above the target: N, A-B or N,M,..."),
-        ("--schedule", "after_training, during_training or both (default)"),
+        (
+            "--schedule",
+            "after_training, during_training, both (default), reference (NeMo-RL's own: after "
+            "training in its allocation, W = 1), all, or a comma-separated list",
+        ),
         ("--window", "evaluations at once, W: N, A-B or N,M,... (default 1)"),
         ("--task-start-seconds", "a task's start latency in the scheduler (default 0)"),
         ("--poll-seconds", "how often a waiting step reads the manifest (default 0: at once)"),
@@ -441,14 +467,7 @@ def request_from(args: argparse.Namespace) -> Request:
         val_start = _integer("--val-start-at", args.val_start_at)
     passing = parse_steps("--passing-step", args.passing_step)
     windows = parse_steps("--window", args.window)
-    if args.schedule == "both":
-        schedules = SCHEDULES
-    elif args.schedule in SCHEDULES:
-        schedules = (args.schedule,)
-    else:
-        raise ForecastUsageError(
-            f"--schedule {args.schedule!r}: one of {', '.join(SCHEDULES)} or both"
-        )
+    schedules = _schedules(args.schedule)
     base = Scenario(
         step_seconds=step_s,
         eval_seconds=eval_s,
@@ -478,6 +497,20 @@ def request_from(args: argparse.Namespace) -> Request:
     return request
 
 
+def _schedules(text: str) -> tuple[Schedule, ...]:
+    """--schedule: both, all, one name, or names separated by commas."""
+    named: dict[str, tuple[Schedule, ...]] = {"both": SCHEDULES, "all": NAMED_SCHEDULES}
+    named.update({s: (s,) for s in NAMED_SCHEDULES})
+    found: list[Schedule] = []
+    for part in text.split(","):
+        if part.strip() not in named:
+            raise ForecastUsageError(
+                f"--schedule {text!r}: one of {', '.join(NAMED_SCHEDULES)}, both or all"
+            )
+        found += [s for s in named[part.strip()] if s not in found]
+    return tuple(found)
+
+
 @dataclass(frozen=True)
 class Spread:
     """min / mean / max of one figure over the passing steps."""
@@ -492,8 +525,8 @@ class Spread:
         return cls(min(v), statistics.fmean(v), max(v))
 
 
-def _group(forecasts: Sequence[Forecast]) -> dict[tuple[EvalSchedule, int], list[Forecast]]:
-    groups: dict[tuple[EvalSchedule, int], list[Forecast]] = {}
+def _group(forecasts: Sequence[Forecast]) -> dict[tuple[Schedule, int], list[Forecast]]:
+    groups: dict[tuple[Schedule, int], list[Forecast]] = {}
     for f in forecasts:
         groups.setdefault((f.scenario.schedule, f.scenario.window), []).append(f)
     return groups

@@ -26,6 +26,17 @@ MLLOG_PREFIX = logtext.TOKEN
 EVAL_SECTION_KEYS = frozenset(
     {"eval_start", "eval_stop", "eval_accuracy", "tracked_stats", "run_stop"}
 )
+
+
+def is_eval_section(event: Event) -> bool:
+    """Whether `event` belongs to the eval section finalize writes. ``tracked_stats`` is
+    finalize's only when it holds ``validation_time`` alone: a trainer's own per-step
+    ``tracked_stats`` (NeMo-RL logs loss, reward, timings) are training lines."""
+    if event.key != "tracked_stats":
+        return event.key in EVAL_SECTION_KEYS
+    return isinstance(event.value, dict) and set(event.value) == {"validation_time"}
+
+
 # Trims call-site file names in the event metadata to repository-relative ones, so the bytes of
 # a log do not depend on where the project is checked out.
 _ROOT_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

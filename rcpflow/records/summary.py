@@ -74,6 +74,10 @@ class EvalSummary:
     samples_count: int
     eval_start_ms: int
     eval_stop_ms: int
+    # False: an evaluator that kept no per-attempt records (NeMo-RL's deferred evaluator logs
+    # only its accuracy): pass_at_k holds pass@4 alone, the attempt counts are not known (0,
+    # status "not_recorded"), and pass@4 could not be recomputed. Written only when False.
+    attempt_records: bool = True
 
     @property
     def eval_accuracy(self) -> float:
@@ -84,7 +88,10 @@ class EvalSummary:
         return (self.eval_stop_ms - self.eval_start_ms) / 1000.0
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2) + "\n"
+        d = dataclasses.asdict(self)
+        if self.attempt_records:
+            del d["attempt_records"]  # the bytes of every summary that has records unchanged
+        return json.dumps(d, sort_keys=True, indent=2) + "\n"
 
     @classmethod
     def from_dict(
@@ -111,7 +118,10 @@ class EvalSummary:
             values[name] = _canonical(value, expected)
         if eval_times is not None:
             values["eval_start_ms"], values["eval_stop_ms"] = eval_times
-        return cls(**values)
+        records = d.get("attempt_records", True)
+        if not isinstance(records, bool):
+            raise SummaryError(f"{where}: field attempt_records has the wrong type: {records!r}")
+        return cls(**values, attempt_records=records)
 
     @classmethod
     def from_json(
@@ -250,6 +260,46 @@ def build_summary(
         samples_count=samples_count,
         eval_start_ms=eval_start_ms,
         eval_stop_ms=eval_stop_ms,
+    )
+
+
+NOT_RECORDED = "not_recorded"
+
+
+def accuracy_only_summary(
+    accuracy: float,
+    *,
+    checkpoint_step: int,
+    checkpoint_timestamp_ms: int,
+    samples_count: int,
+    eval_start_ms: int,
+    eval_stop_ms: int,
+) -> EvalSummary:
+    """The summary of an evaluator that logged only its pass@4 (no per-attempt records): the
+    benchmark's 251 x 4 attempts, all completed, none of them known (see `attempt_records`)."""
+    expected = recipe.EVAL_SAMPLES * recipe.EVAL_ATTEMPTS_PER_INSTANCE
+    return EvalSummary(
+        instances=recipe.EVAL_SAMPLES,
+        attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
+        expected_attempts=expected,
+        completed_attempts=expected,
+        missing_attempts=0,
+        error_attempts=0,
+        resolved_attempts=0,
+        avg_at_k=0.0,
+        pass_at_k={str(recipe.PASS_K): float(accuracy)},
+        mean_reward=0.0,
+        status_counts={NOT_RECORDED: expected},
+        complete=True,
+        fatal_error=None,
+        target_accuracy=recipe.TARGET_ACCURACY,
+        target_reached=accuracy > recipe.TARGET_ACCURACY,
+        checkpoint_step=checkpoint_step,
+        checkpoint_timestamp_ms=checkpoint_timestamp_ms,
+        samples_count=samples_count,
+        eval_start_ms=eval_start_ms,
+        eval_stop_ms=eval_stop_ms,
+        attempt_records=False,
     )
 
 

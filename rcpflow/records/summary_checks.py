@@ -105,7 +105,7 @@ def consistency_problems(s: EvalSummary) -> list[Problem]:
     out += _pass_at_k_problems(s)
     if not 0.0 <= s.avg_at_k <= 1.0:
         out.append(Problem("avg_at_k", f"{s.avg_at_k} is not in [0, 1]"))
-    elif s.complete and s.expected_attempts > 0:
+    elif s.complete and s.expected_attempts > 0 and s.attempt_records:
         rate = s.resolved_attempts / s.expected_attempts
         if not _close(s.avg_at_k, rate):
             out.append(Problem("avg_at_k", f"{s.avg_at_k} != resolved/expected attempts = {rate}"))
@@ -130,6 +130,8 @@ def consistency_problems(s: EvalSummary) -> list[Problem]:
 
 
 def _pass_at_k_problems(s: EvalSummary) -> list[Problem]:
+    if not s.attempt_records:
+        return _accuracy_only_problems(s)
     out: list[Problem] = []
     want = {str(k) for k in PASS_KS}
     if not want <= set(s.pass_at_k):
@@ -171,6 +173,22 @@ def _pass_at_k_problems(s: EvalSummary) -> list[Problem]:
                 f"(between resolved/{recipe.PASS_K} and resolved)",
             )
         )
+    return out
+
+
+def _accuracy_only_problems(s: EvalSummary) -> list[Problem]:
+    """A summary without per-attempt records states pass@4 alone, in [0, 1], and claims no
+    resolved attempt; its pass@4 is taken as logged (nothing to recompute it from)."""
+    k = str(recipe.PASS_K)
+    if set(s.pass_at_k) != {k}:
+        have = ", ".join(sorted(s.pass_at_k)) or "none"
+        return [Problem("pass_at_k", f"without attempt records only pass@{k}, has {have}")]
+    value = s.pass_at_k[k]
+    if not 0.0 <= value <= 1.0:
+        return [Problem(f'pass_at_k["{k}"]', f"{value} is not in [0, 1]")]
+    out = []
+    if s.resolved_attempts != 0:
+        out.append(Problem("resolved_attempts", f"{s.resolved_attempts} without attempt records"))
     return out
 
 

@@ -24,23 +24,28 @@ from rcpflow.records.attempts import AttemptFormat, AttemptsError, AttemptSet, p
 from rcpflow.records.decided import WrittenRunStop, written_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import MLLogError, read_events
+from rcpflow.records.nemo_rl import NemoRLError, logged_eval
 from rcpflow.records.summary import (
     TIME_FIELDS,
     EvalSummary,
     SummaryError,
+    accuracy_only_summary,
     build_summary,
     write_summary,
 )
 from rcpflow.records.summary_checks import Problem, recomputed_problems, validity_problems
 from rcpflow.verdict.verify import ATTEMPTS_FILE, attempts_file
 
-SourceFormat = Literal["rcpflow-summary", "tunix-summary", "rcpflow-attempts", "deepswe", "r2egym"]
+SourceFormat = Literal[
+    "rcpflow-summary", "tunix-summary", "rcpflow-attempts", "deepswe", "r2egym", "nemo-rl-mllog"
+]
 SOURCE_FORMATS: tuple[SourceFormat, ...] = (
     "rcpflow-summary",
     "tunix-summary",
     "rcpflow-attempts",
     "deepswe",
     "r2egym",
+    "nemo-rl-mllog",  # NeMo-RL's deferred evaluator's MLLOG: its accuracy only (never detected)
 )
 _ATTEMPT_FORMATS: dict[SourceFormat, AttemptFormat] = {
     "rcpflow-attempts": "rcpflow",
@@ -80,6 +85,10 @@ class ImportResult:
             f"{s.resolved_attempts}/{s.expected_attempts} attempts resolved",
             f"eval times from the {self.times_from}",
         ]
+        if not s.attempt_records:
+            parts[2] = (
+                f"no per-attempt records (pass@{recipe.PASS_K} as logged, could not be recomputed)"
+            )
         if self.not_counted:
             parts.append(f"{self.not_counted} retried infrastructure failures not counted")
         return ", ".join(parts + list(self.notes))
@@ -240,6 +249,13 @@ def import_eval(
     writing nothing.
     """
     row = _row(run_dir, step)
+    if fmt == "nemo-rl-mllog":
+        if eval_times is not None or eval_times_from is not None or attempts is not None:
+            raise EvalImportError(
+                f"{source}: a nemo-rl-mllog carries its eval times and has no attempts: give "
+                "neither"
+            )
+        return _import_nemo_rl(run_dir, row, source, reopen)
     if eval_times_from is not None:
         if eval_times is not None:
             raise EvalImportError("eval times: give them or a log to read them from, not both")
@@ -357,6 +373,57 @@ def import_eval(
         attempts_path=copied if attempts_text is not None else None,
         times_from=times_from,
         not_counted=not_counted,
+        notes=tuple(notes),
+    )
+
+
+def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -> ImportResult:
+    """Row `row`'s accuracy from the log NeMo-RL's deferred evaluator wrote for its checkpoint
+    (`rcpflow.records.nemo_rl.logged_eval`), with that log's eval times; the evaluator's own
+    run_stop and anything else in it are ignored."""
+    try:
+        logged = logged_eval(source, row.samples_count, row.step)
+    except NemoRLError as e:
+        raise EvalImportError(str(e)) from e
+    summary = accuracy_only_summary(
+        logged.accuracy,
+        checkpoint_step=row.step,
+        checkpoint_timestamp_ms=row.timestamp_ms,
+        samples_count=row.samples_count,
+        eval_start_ms=logged.eval_start_ms,
+        eval_stop_ms=logged.eval_stop_ms,
+    )
+    problems = validity_problems(summary, row)
+    if problems:
+        raise EvalImportError(
+            f"{source}: line {logged.accuracy_line}: not valid for step {row.step}: "
+            + "; ".join(map(str, problems))
+        )
+    decided = _decided_by(run_dir, row)
+    if decided is not None and not reopen:
+        raise EvalImportError(
+            f"step {row.step}: the run is decided: {decided.describe()} depends on this step's "
+            "summary; give --reopen to replace it (the next finalize then rewrites the eval "
+            "section)"
+        )
+    path = RunLayout(run_dir).summary(row.step)
+    _check_reads_back(summary, source, path)
+    copied = attempts_file(run_dir, row.step)
+    storage_for(copied).delete(copied)  # an earlier evaluation's attempts are not these
+    write_summary(path, summary)
+    notes = [f"eval_accuracy line {logged.accuracy_line}; its other events ignored"]
+    if decided is not None:
+        notes.append(f"reopened {decided.describe()}: the next finalize rewrites the eval section")
+    return ImportResult(
+        step=row.step,
+        source=source,
+        format="nemo-rl-mllog",
+        summary_path=path,
+        summary=summary,
+        attempts_source=None,
+        attempts_path=None,
+        times_from="log",
+        not_counted=0,
         notes=tuple(notes),
     )
 

@@ -21,7 +21,8 @@ from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
 from rcpflow.files.usererrors import describe
 from rcpflow.records.manifest import Manifest, ManifestError, ManifestRow, load
-from rcpflow.records.mllog import EVAL_SECTION_KEYS, EventRenderer, MLLogError, parse
+from rcpflow.records.mllog import EventRenderer, MLLogError, is_eval_section, parse
+from rcpflow.records.nemo_rl import foreign_run_stops
 from rcpflow.records.summary import EvalSummary
 from rcpflow.records.training_section import describe as describe_section
 from rcpflow.records.training_section import section_problems
@@ -58,10 +59,10 @@ class FinalizeResult:
 def _is_eval_section_line(line: str) -> bool:
     if logtext.payload(line) is None:
         return False
-    return parse(line)[0].key in EVAL_SECTION_KEYS
+    return is_eval_section(parse(line)[0])
 
 
-def _training_section(text: str, log_path: str) -> str:
+def _training_section(text: str, log_path: str, run_dir: str = "RUN_DIR") -> str:
     """The log without any eval-section event; every other line kept byte for byte."""
     try:
         events = parse(text, where=log_path)
@@ -69,6 +70,14 @@ def _training_section(text: str, log_path: str) -> str:
         raise FinalizeInputError(str(e)) from e
     if not any(e.key == "run_start" for e in events):
         raise FinalizeInputError(f"{log_path}: no run_start (training never started?)")
+    foreign = foreign_run_stops(events)
+    if foreign:
+        raise FinalizeInputError(
+            f"{log_path}: {foreign[0].describe()}: finalize writes a run's only run_stop, with "
+            "the checker's strict > and in step order, and never keeps another's; give the run "
+            f"a log without it: `rcpflow run reset {run_dir}` and train again, or a clean copy of "
+            "the training section"
+        )
     kept = [line for line in logtext.lines(text, keepends=True) if not _is_eval_section_line(line)]
     section = "".join(kept)
     return section if section.endswith("\n") or not section else section + "\n"
@@ -167,7 +176,7 @@ def finalize(run_dir: str, *, write: bool = True) -> FinalizeResult:
     except OSError as e:  # a folder where the log belongs, no permission
         raise FinalizeInputError(describe(e)) from e
     original = logtext.decode(original_bytes)  # as the checker reads it; every byte kept
-    training = _training_section(original, log_path)
+    training = _training_section(original, log_path, layout.root)
     _check_log_matches(training, manifest, log_path)
     section = section_problems(parse(training, where=log_path), manifest.rows)
 

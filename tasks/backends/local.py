@@ -10,6 +10,7 @@ run can stop it once a lower step passed (`LocalBackend.cancel_evaluation`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -18,8 +19,9 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import XComArg, get_current_context, task
 
+from rcpflow.records.nemo_rl import NemoRLError
 from tasks.backend_api.job_inputs import job_env, train_argv, with_run_owner
 from tasks.backend_api.protocol import FormDefaults, register
 from tasks.deployment import BackendName, Deployment
@@ -36,6 +39,7 @@ from tasks.jobs.templates import EvaluateJob, TrainJob
 from tasks.run.evaluation_group import RCP_VIEW_DOC
 from tasks.run.spec import MAX_EVAL_WINDOW, RunSpec, XComValue
 from tasks.run.stages import EvalTarget, eval_target, evaluate_target, skip_if_decided, step_target
+from tasks.run.train_result import import_checkpoints
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions._internal.mixins import DependencyMixin
@@ -176,6 +180,37 @@ class JobRecords:
         return True
 
 
+@contextlib.contextmanager
+def importing_checkpoints(run: RunSpec, job: TrainJob, interval_s: float) -> Iterator[None]:
+    """While the block runs (the training job), import the checkpoints a job that leaves its
+    own tree has committed so far (`tasks.run.train_result`), so that a wait sees their rows
+    during training; a problem is logged here and named by the output check after the job."""
+    if not job.result.imported:
+        yield
+        return
+    done = threading.Event()
+
+    def once() -> None:
+        try:
+            import_checkpoints(run.run_dir, run.seed, run.effective_val_start_at, allow_empty=True)
+        except NemoRLError as exc:
+            log.warning("checkpoint import: %s", exc)
+
+    def poll() -> None:
+        while not done.wait(interval_s):
+            once()
+
+    thread = threading.Thread(target=poll, name=f"import seed {run.seed}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        once()  # the last checkpoints, before the train task ends (the trainer's block_stop
+        # already says training ended: a wait must find their rows)
+
+
 @register
 class LocalBackend:
     """Jobs as subprocesses of the worker: the deployment's ``[jobs]`` templates, run with its
@@ -205,8 +240,11 @@ class LocalBackend:
             run = RunSpec.from_dict(spec)
             argv = train_argv(job, run.job_values(), deployment.job_python)
             ti = get_current_context()["ti"]
-            owned = with_run_owner(env, ti.dag_id, ti.run_id, ti.task_id)
-            run_job(argv, name=f"train seed {run.seed}", env=owned)
+            owned = with_run_owner(
+                {**env, **job.result_env(run.run_dir, run.seed)}, ti.dag_id, ti.run_id, ti.task_id
+            )
+            with importing_checkpoints(run, job, deployment.checkpoint_poll_seconds):
+                run_job(argv, name=f"train seed {run.seed}", env=owned)
 
         return train_job(spec)
 

@@ -103,8 +103,10 @@ def import_result(
             f"step {step}: {path} is the same file as before the job ran: not this evaluation"
         )
     fmt = SOURCE_FORMATS[SOURCE_FORMATS.index(result.format)]  # a file format: one of these
+    # NeMo-RL's evaluator logs its own eval_start/eval_stop around the evaluation: those.
+    times = None if fmt == "nemo-rl-mllog" else eval_times
     try:
-        return import_eval(run_dir, step, path, eval_times=eval_times, fmt=fmt)
+        return import_eval(run_dir, step, path, eval_times=times, fmt=fmt)
     except EvalImportError as exc:
         raise EvaluationError(f"step {step}: {exc}") from exc
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar, Literal
 
+from rcpflow.files.layout import RunLayout
 from tasks.jobs.command import (
     EVALUATE_JOB,
     PLACEHOLDERS,
@@ -55,7 +56,15 @@ ResultFormat = Literal[
     "deepswe",
     "r2egym",
     "tunix-tree",
+    "nemo-rl-mllog",
 ]
+# "rcpflow": the trainer records the manifest itself (the recorder, `rcpflow manifest add`);
+# "nemo-rl-checkpoints": rcpflow builds it from NeMo-RL's step_<N>/ tree at `path`
+# (`rcpflow.trainer.nemo_rl_import`), and the job's MLPERF_MLLOG_FILE is the run's MLLOG.
+TrainResultFormat = Literal["rcpflow", "nemo-rl-checkpoints"]
+# What a train result path may name: it is read outside the job too (the checkpoint waits).
+_TRAIN_RESULT_PLACEHOLDERS = frozenset({"run_dir", "seed", "checkpoint_dir"})
+MLLOG_ENV = "MLPERF_MLLOG_FILE"
 # A result path must name one step's result; these placeholders differ per step.
 _PER_STEP = frozenset(
     {"step", "samples_count", "checkpoint_path", "checkpoint_timestamp_ms", "summary_dir"}
@@ -181,6 +190,37 @@ class EvalResult:
 
 
 @dataclass(frozen=True)
+class TrainResult:
+    """Where a train job leaves its checkpoints' record, and in which format."""
+
+    format: TrainResultFormat = "rcpflow"
+    path: str = ""  # nemo-rl-checkpoints: the checkpoint root, e.g. "{checkpoint_dir}"
+
+    def __post_init__(self) -> None:
+        if self.format == "rcpflow":
+            if self.path:
+                raise SettingError(
+                    "path",
+                    "format 'rcpflow' is the manifest the trainer records itself; give no path "
+                    "(or name another format)",
+                )
+            return
+        if not self.path:
+            raise SettingError("path", f"format {self.format!r} needs the checkpoint root")
+        try:
+            check_template("train", self.path, _TRAIN_RESULT_PLACEHOLDERS)
+        except JobCommandError as exc:
+            raise SettingError("path", str(exc)) from None
+
+    @property
+    def imported(self) -> bool:
+        return self.format != "rcpflow"
+
+    def render(self, values: Mapping[str, str | int]) -> str:
+        return fill(self.path, values)
+
+
+@dataclass(frozen=True)
 class _JobTable:
     """``[jobs.<role>]``: the command, its extra environment (values, and Secret references
     on GKE), its image."""
@@ -205,6 +245,21 @@ class _JobTable:
 class TrainJob(_JobTable):
     role: ClassVar[Role] = "train"
     command: tuple[str, ...] = TRAIN_JOB.argv
+    result: TrainResult = field(default_factory=TrainResult)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.result.imported and MLLOG_ENV in self.env:
+            raise SettingError(
+                f"env.{MLLOG_ENV}", "is set by rcpflow to the run's MLLOG for this result format"
+            )
+
+    def result_env(self, run_dir: str, seed: int) -> dict[str, str]:
+        """What the job's environment gets for its result format: NeMo-RL's trainer writes
+        its MLLOG where ``MLPERF_MLLOG_FILE`` says, the run folder's."""
+        if not self.result.imported:
+            return {}
+        return {MLLOG_ENV: RunLayout(run_dir).mllog(seed)}
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from rcpflow.verdict.gate import lowest_passing
 from rcpflow.verdict.readiness import Readiness, TrainingState, readiness
 from rcpflow.verdict.schedule import EvalSchedule
 from tasks.run.spec import RunSpec
+from tasks.run.train_result import import_for_wait
 from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger
 
 if TYPE_CHECKING:
@@ -95,6 +96,7 @@ class WaitForCheckpointOperator(BaseOperator):
     def _snapshot(self) -> RunSnapshot:
         run_dir, step, seed = self._args()
         try:
+            import_for_wait(run_dir, seed)
             return run_snapshot(run_dir, seed)
         except ProgressError as exc:
             raise AirflowFailException(f"step {step}: {exc}") from exc

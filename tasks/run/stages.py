@@ -22,7 +22,8 @@ from airflow.sdk.exceptions import AirflowSkipException
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.decided import logged_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
-from rcpflow.records.mllog import EVAL_SECTION_KEYS, read_events, run_start_ms
+from rcpflow.records.mllog import is_eval_section, read_events, run_start_ms
+from rcpflow.records.nemo_rl import NemoRLError
 from rcpflow.submission.checkers import compliance
 from rcpflow.verdict.finalize import FinalizeInputError, finalize
 from rcpflow.verdict.gate import lowest_passing, passes, valid_summary
@@ -31,6 +32,7 @@ from rcpflow.verdict.verify import evaluate_step
 from tasks.jobs.result import EvaluationError
 from tasks.results.verdicts import record, tool_log_dir
 from tasks.run.spec import RunSpec
+from tasks.run.train_result import import_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,10 @@ def check_training_outputs(spec: RunSpec) -> dict[str, Any]:
     """The manifest is valid and covers val_start_at..max_steps (or up to where a stop request
     of this run ended training); the MLLOG is a training section."""
     layout = RunLayout(spec.run_dir)
+    try:  # a trainer whose checkpoints rcpflow records: its tree, imported (the same: no write)
+        import_checkpoints(spec.run_dir, spec.seed, spec.effective_val_start_at, allow_empty=False)
+    except NemoRLError as exc:
+        raise TrainingOutputError(f"checkpoint import: {exc}") from exc
     try:
         manifest = load(layout.manifest)
     except ManifestError as exc:
@@ -84,7 +90,7 @@ def check_training_outputs(spec: RunSpec) -> dict[str, Any]:
         raise TrainingOutputError(f"{log_path}: no MLLOG after training") from exc
     if run_start_ms(events) is None:
         raise TrainingOutputError(f"{log_path}: no run_start")
-    eval_keys = sorted({e.key for e in events} & EVAL_SECTION_KEYS)
+    eval_keys = sorted({e.key for e in events if is_eval_section(e)})
     if eval_keys:
         # finalize writes these after evaluation; a fresh training log must not have them
         raise TrainingOutputError(f"{log_path}: training log already has {', '.join(eval_keys)}")

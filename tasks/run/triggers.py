@@ -48,6 +48,7 @@ from rcpflow.verdict import gate
 from rcpflow.verdict.readiness import Readiness, Reason, TrainingState, readiness
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, EvalSchedule
 from tasks.run.spec import RunSpec
+from tasks.run.train_result import import_for_wait
 
 # A task in one of these states will not run (again) in this DAG run.
 _FAILED = frozenset({"failed", "upstream_failed", "skipped", "removed"})
@@ -177,6 +178,15 @@ class WaitTarget:
     seed: int
     dag_id: str
     run_id: str
+    # The run's validation start, where known (a start trigger reads the run's spec): lets a
+    # train job's checkpoint tree be imported before its first row (tasks.run.train_result).
+    val_start_at: int | None = None
+
+
+def read_files(target: WaitTarget) -> RunSnapshot:
+    """The run's files as a wait reads them: a train job's new checkpoints imported first."""
+    import_for_wait(target.run_dir, target.seed, target.val_start_at)
+    return run_snapshot(target.run_dir, target.seed)
 
 
 Outcome = Reason | Literal["not_started", "error"]
@@ -270,7 +280,7 @@ class _CheckpointWait(BaseTrigger):
         poll. `after`: a read started once the train group was seen in that state."""
 
         async def read() -> tuple[RunSnapshot, int | None]:
-            snapshot = await asyncio.to_thread(run_snapshot, target.run_dir, target.seed)
+            snapshot = await asyncio.to_thread(read_files, target)
             passed = await asyncio.to_thread(lowest_passing, target.run_dir, snapshot.rows)
             return snapshot, passed
 
@@ -408,7 +418,9 @@ class StartedCheckpointTrigger(_CheckpointWait):
         step = steps[ti.map_index]
         group = ti.task_id.rpartition(".")[0]
         return StartedWait(
-            target=WaitTarget(spec.run_dir, step, spec.seed, ti.dag_id, ti.run_id),
+            target=WaitTarget(
+                spec.run_dir, step, spec.seed, ti.dag_id, ti.run_id, spec.effective_val_start_at
+            ),
             spec=spec,
             steps=steps,
             wait_task_id=ti.task_id,

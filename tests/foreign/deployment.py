@@ -66,3 +66,55 @@ def write_foreign_deployment(
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+NEMO_TRAINER = HERE / "nemo_trainer.py"
+NEMO_EVALUATOR = HERE / "nemo_evaluator.py"
+# The NeMo-RL-shaped pair decides FOREIGN_RUN at PASSING_STEP too (the same skill curve).
+NEMO_EVAL_DIR = "{run_dir}/nemo_eval/step_{step}"
+
+
+def nemo_train_command() -> list[str]:
+    """NeMo-RL's trainer: its checkpoints under {checkpoint_dir}, its MLLOG where rcpflow's job
+    template points MLPERF_MLLOG_FILE (the run folder's)."""
+    return [
+        "{python}", str(NEMO_TRAINER),
+        "--checkpoint-dir", "{checkpoint_dir}",
+        "--seed", "{seed}",
+        "--global-batch-size", "{global_batch_size}",
+        "--max-steps", "{max_steps}",
+        "--val-start-at", "{val_start_at}",
+        "--division", "{division}",
+    ]  # fmt: skip
+
+
+def nemo_evaluate_command() -> list[str]:
+    """NeMo-RL's deferred evaluator on a view holding only checkpoint {step} (as its own driver
+    builds one per checkpoint), its MLLOG a scratch file of that step."""
+    script = (
+        f"set -e; d={NEMO_EVAL_DIR}; rm -rf $d; mkdir -p $d/view; "
+        "ln -s {checkpoint_path} $d/view/step_{step}; "
+        f"MLPERF_MLLOG_FILE=$d/mllog.log exec {{python}} {NEMO_EVALUATOR} "
+        "--checkpoint-root $d/view --log-dir $d"
+    )
+    return ["bash", "-c", script]
+
+
+def write_nemo_deployment(
+    path: Path, *, python: str | None = None, eval_schedule: str = "after_training"
+) -> Path:
+    """A local deployment whose jobs are the NeMo-RL-shaped pair."""
+    lines = [f"python = {json.dumps(python)}"] if python else []
+    lines += [
+        f"eval_schedule = {json.dumps(eval_schedule)}",
+        "allow_run_dirs_outside_root = true",
+        "checkpoint_poll_seconds = 0.5",
+        "[jobs.train]",
+        f"command = {json.dumps(nemo_train_command())}",
+        'result = { format = "nemo-rl-checkpoints", path = "{checkpoint_dir}" }',
+        "[jobs.evaluate]",
+        f"command = {json.dumps(nemo_evaluate_command())}",
+        f'result = {{ format = "nemo-rl-mllog", path = "{NEMO_EVAL_DIR}/mllog.log" }}',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -69,7 +69,20 @@ def test_a_jobs_table_replaces_command_env_and_result(tmp_path: Path) -> None:
         ('[jobs.evaluate]\nenv = { RCPFLOW_SLICE_INDEX = "0" }\n', "env.RCPFLOW_SLICE_INDEX"),
         ('[jobs.train]\nenv = { "A-B" = "0" }\n', "jobs.train.env.A-B: is not an environment"),
         ('[jobs.train]\nimage = "i:1"\n', "jobs.train.image: only the gke backend runs images"),
-        ("[jobs.train]\nresult = {}\n", "jobs.train: unknown key(s) result"),
+        (
+            '[jobs.train]\nresult = { format = "nemo-rl-checkpoints" }\n',
+            "jobs.train.result.path: format 'nemo-rl-checkpoints' needs the checkpoint root",
+        ),
+        (
+            '[jobs.train]\nresult = { format = "nemo-rl-checkpoints", path = "{max_steps}" }\n',
+            "jobs.train.result.path: '{max_steps}': {max_steps} has no value here",
+        ),
+        (
+            '[jobs.train]\nresult = { format = "nemo-rl-checkpoints", path = "/c" }\n'
+            'env = { MLPERF_MLLOG_FILE = "/x" }\n',
+            "jobs.train.env.MLPERF_MLLOG_FILE: is set by rcpflow",
+        ),
+        ('[jobs.train.result]\npath = "/c"\n', "jobs.train.result.path: format 'rcpflow' is"),
         ("[jobs.deploy]\n", "jobs: unknown key(s) deploy"),
         (
             '[jobs.evaluate.result]\nformat = "tunix"\n',

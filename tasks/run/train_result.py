@@ -1,0 +1,65 @@
+"""A train job's checkpoints that rcpflow records itself: the deployment's ``[jobs.train]
+result`` (`tasks.jobs.templates.TrainResult`), imported into the run's manifest wherever the run
+DAG reads it (the output check after training, the checkpoint waits, and the local backend
+while its training runs), idempotently: the same tree again writes nothing, new checkpoints
+append rows (`rcpflow.trainer.nemo_rl_import`)."""
+
+from __future__ import annotations
+
+import logging
+
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.checkpoint_state import ProgressError
+from rcpflow.records.manifest import ManifestError, read_rows
+from rcpflow.records.nemo_rl import NemoRLError
+from rcpflow.trainer.nemo_rl_import import TreeImport, import_tree
+from tasks.deployment import load_deployment
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_root(run_dir: str, seed: int) -> str | None:
+    """The tree the deployment's train job leaves, None when the trainer records rows itself."""
+    result = load_deployment().jobs.train.result
+    if not result.imported:
+        return None
+    layout = RunLayout(run_dir)
+    values: dict[str, str | int] = {
+        "run_dir": layout.root,
+        "seed": seed,
+        "checkpoint_dir": layout.checkpoints_dir,
+    }
+    return result.render(values)
+
+
+def import_checkpoints(
+    run_dir: str, seed: int, val_start_at: int | None = None, *, allow_empty: bool
+) -> TreeImport | None:
+    """Import the train job's tree, if it leaves one. Without `val_start_at`, only once the
+    manifest has rows (they hold it): the first rows come from a caller that knows the run.
+    Raises NemoRLError naming the step, file and field."""
+    root = checkpoint_root(run_dir, seed)
+    if root is None:
+        return None
+    if val_start_at is None:
+        try:
+            rows = read_rows(RunLayout(run_dir).manifest)
+        except ManifestError as exc:
+            raise NemoRLError(str(exc)) from exc
+        if not rows:
+            return None
+    found = import_tree(
+        run_dir, root, seed=seed, val_start_at=val_start_at, allow_empty=allow_empty
+    )
+    if found.added:
+        log.info("%s", found.describe())
+    return found
+
+
+def import_for_wait(run_dir: str, seed: int, val_start_at: int | None = None) -> None:
+    """Before a wait reads the run's files: the train job's new checkpoints into its manifest
+    (ProgressError naming the step, file and field when they do not add up)."""
+    try:
+        import_checkpoints(run_dir, seed, val_start_at, allow_empty=True)
+    except NemoRLError as exc:
+        raise ProgressError(f"checkpoint import: {exc}") from exc

@@ -1,0 +1,152 @@
+"""NeMo-RL's deferred evaluator's accuracy, imported (`eval import --format nemo-rl-mllog`), and
+finalize on a NeMo-RL run: the checker's strict > (a checkpoint at exactly 0.69 never ends the
+run, though NeMo-RL's own >= says it does), the trainer's training section kept byte for byte
+(its per-step tracked_stats), a log already ended by NeMo-RL's driver refused, and every
+official checker verdict on the result."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from foreign import nemo_evaluator, nemo_trainer
+from rcpflow_cli import assert_one_invalid_line, run_cli
+
+from rcpflow.cli.status import NOT_RECOMPUTED, render_table, run_status
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events
+from rcpflow.records.summary import read_summary
+from rcpflow.submission.checkers import compliance
+from rcpflow.trainer.nemo_rl_import import import_tree
+from rcpflow.verdict.eval_import import EvalImportError, import_eval
+from rcpflow.verdict.finalize import FinalizeInputError, finalize
+
+RUN = {"seed": 1, "global_batch_size": 16, "max_steps": 6, "val_start_at": 2, "division": "open"}
+
+
+def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    run_dir, ckpt = tmp_path / "run", tmp_path / "checkpoint" / "1"
+    monkeypatch.setenv("MLPERF_MLLOG_FILE", RunLayout(str(run_dir)).mllog(1))
+    argv = ["--checkpoint-dir", str(ckpt)]
+    for key, value in RUN.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    assert nemo_trainer.main(argv) == 0
+    import_tree(str(run_dir), str(ckpt), val_start_at=2)
+    return str(run_dir), ckpt
+
+
+def evaluate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ckpt: Path, step: int, *extra: str
+) -> Path:
+    """NeMo-RL's evaluator on a view holding only step_<step>, its MLLOG a scratch file."""
+    work = tmp_path / "nemo_eval" / f"step_{step}"
+    view = work / "view"
+    view.mkdir(parents=True, exist_ok=True)
+    if not (view / f"step_{step}").exists():
+        os.symlink(ckpt / f"step_{step}", view / f"step_{step}")
+    log = work / "mllog.log"
+    monkeypatch.setenv("MLPERF_MLLOG_FILE", str(log))
+    argv = ["--checkpoint-root", str(view), "--log-dir", str(work), *extra]
+    assert nemo_evaluator.main(argv) == 0
+    return log
+
+
+def test_the_logged_accuracy_is_imported_with_its_eval_times(tmp_path, monkeypatch):
+    run_dir, ckpt = trained(tmp_path, monkeypatch)
+    log = evaluate(tmp_path, monkeypatch, ckpt, 3)
+    events = read_events(str(log))
+    assert [e.key for e in events] == ["eval_start", "eval_accuracy", "eval_stop", "run_stop"]
+    imported = import_eval(run_dir, 3, str(log), fmt="nemo-rl-mllog")
+    summary = read_summary(RunLayout(run_dir).summary(3))
+    assert summary.attempt_records is False
+    assert summary.eval_accuracy == events[1].value
+    assert (summary.eval_start_ms, summary.eval_stop_ms) == (events[0].time_ms, events[2].time_ms)
+    assert "no per-attempt records" in imported.describe()
+    assert "could not be recomputed" in imported.describe()
+    assert json.loads(Path(imported.summary_path).read_text())["attempt_records"] is False
+    status = run_status(run_dir)
+    assert [s.attempt_records for s in status.steps][:2] == [True, False]
+    assert f"step 3: {NOT_RECOMPUTED}" in render_table(status)
+    from plugins.rcp_view.pages import _step_row  # the RCP view's checkpoint table row
+
+    row = _step_row(run_dir, status.steps[1])
+    assert "not recomputed: no per-attempt records" in row
+    assert "not recomputed" not in _step_row(run_dir, status.steps[0])
+
+
+def test_another_samples_count_none_or_outside_0_1_is_refused_named(tmp_path, monkeypatch):
+    run_dir, ckpt = trained(tmp_path, monkeypatch)
+    log3 = evaluate(tmp_path, monkeypatch, ckpt, 3)
+    with pytest.raises(EvalImportError, match=r"step 2: no eval_accuracy with samples_count 32 "
+                       r"\(only samples_count 48\)"):  # fmt: skip
+        import_eval(run_dir, 2, str(log3), fmt="nemo-rl-mllog")
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    with pytest.raises(EvalImportError, match="none at all"):
+        import_eval(run_dir, 2, str(empty), fmt="nemo-rl-mllog")
+    log4 = evaluate(tmp_path, monkeypatch, ckpt, 4, "--accuracy", "1.5")
+    with pytest.raises(EvalImportError, match=r"eval_accuracy \(line 2\) value 1.5 is not"):
+        import_eval(run_dir, 4, str(log4), fmt="nemo-rl-mllog")
+    assert not Path(RunLayout(run_dir).summary(2)).exists()
+    assert not Path(RunLayout(run_dir).summary(4)).exists()
+    p = run_cli("eval", "import", run_dir, "--step", "2", str(log3), "--format", "nemo-rl-mllog")
+    assert_one_invalid_line(p, "step 2", "samples_count 32", str(log3))
+
+
+def _decided(tmp_path, monkeypatch, accuracies: dict[int, str]) -> tuple[str, Path]:
+    run_dir, ckpt = trained(tmp_path, monkeypatch)
+    for step, acc in accuracies.items():
+        log = evaluate(tmp_path, monkeypatch, ckpt, step, "--accuracy", acc)
+        p = run_cli("eval", "import", run_dir, "--step", str(step), str(log),
+                    "--format", "nemo-rl-mllog")  # fmt: skip
+        assert p.returncode == 0, p.stderr
+    return run_dir, ckpt
+
+
+def test_exactly_069_never_ends_the_run(tmp_path, monkeypatch):
+    # NeMo-RL's evaluator says success at 0.69 (>=); the checker's rule is > 0.69.
+    run_dir, _ = _decided(tmp_path, monkeypatch, {2: "0.5", 3: "0.69", 4: "0.70"})
+    own = read_events(str(tmp_path / "nemo_eval" / "step_3" / "mllog.log"))
+    assert [e.metadata["status"] for e in own if e.key == "run_stop"] == ["success"]
+    log = Path(RunLayout(run_dir).mllog(1))
+    training = log.read_bytes()
+    result = finalize(run_dir)
+    assert (result.status, result.step) == ("success", 4)
+    assert log.read_bytes().startswith(training)  # the trainer's section, tracked_stats included
+    events = read_events(str(log))
+    assert len([e for e in events if e.key == "tracked_stats"]) == 6 + 3  # 6 steps, 3 evals
+    (stop,) = [e for e in events if e.key == "run_stop"]
+    assert stop.time_ms == load(RunLayout(run_dir).manifest).row(4).timestamp_ms
+    assert compliance(str(log), division="open", log_dir=str(tmp_path)).ok
+    again = log.read_bytes()
+    finalize(run_dir)
+    assert log.read_bytes() == again
+
+
+def test_only_069_is_incomplete_not_success(tmp_path, monkeypatch):
+    run_dir, _ = _decided(tmp_path, monkeypatch, {2: "0.69"})
+    result = finalize(run_dir)
+    assert result.status == "incomplete" and result.step is None
+    assert not [e for e in read_events(RunLayout(run_dir).mllog(1)) if e.key == "run_stop"]
+
+
+def test_a_log_ended_by_nemo_rls_driver_is_refused(tmp_path, monkeypatch):
+    run_dir, ckpt = trained(tmp_path, monkeypatch)
+    view = tmp_path / "view"
+    view.mkdir()
+    for step in (2, 3):
+        os.symlink(ckpt / f"step_{step}", view / f"step_{step}")
+    log = Path(RunLayout(run_dir).mllog(1))
+    monkeypatch.setenv("MLPERF_MLLOG_FILE", str(log))  # the reference's own driver, in place
+    assert nemo_evaluator.main(["--checkpoint-root", str(view), "--log-dir", str(tmp_path),
+                                "--accuracy", "0.69"]) == 0  # fmt: skip
+    before = log.read_bytes()
+    with pytest.raises(FinalizeInputError, match=r"run_stop \(line \d+, status success"):
+        finalize(run_dir)
+    p = run_cli("finalize", run_dir)
+    line = assert_one_invalid_line(p, "run_stop (line", "rcpflow run reset", "clean copy")
+    assert "success" in line
+    assert log.read_bytes() == before
