@@ -75,7 +75,11 @@ def test_lease_hold_renew_release_from_the_command_line(tmp_path):
     p = run_cli("lease", "release", run_dir, "--owner", "A")
     assert (p.returncode, p.stdout.strip()) == (0, "released by A"), p.stderr
     assert not Path(ownership.lease_path(run_dir)).exists()
-    env = {k: v for k, v in cli_env().items() if k != ownership.OWNER_ENV}
+    env = {  # no identity: neither RCPFLOW_RUN_OWNER nor an Airflow task's
+        k: v
+        for k, v in cli_env().items()
+        if k != ownership.OWNER_ENV and not k.startswith("AIRFLOW_CTX_")
+    }
     p = run_cli("lease", "hold", run_dir, env=env)
     assert p.returncode == 2 and "--owner" in p.stderr
 
