@@ -79,7 +79,8 @@ class FormOverrides:
 
 
 # The ranges of the deployment's numbers (beyond the settings reader's int32 and 1e9 bounds).
-# the runs' eval_window Param's maximum too (tasks.run.spec; a test holds them equal)
+# MAX_EVAL_WINDOW: also the runs' eval_window Param's maximum (tasks.run.spec), the ceiling the
+# evaluate task's max_active_tis_per_dagrun is set to (the run's window is held by the waits).
 MAX_EVAL_WINDOW = 64
 MAX_TIMEOUT_MINUTES = 60 * 24 * 31  # a job of a month
 MAX_RETRIES = 100

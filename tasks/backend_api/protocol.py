@@ -56,7 +56,7 @@ class Backend(Protocol):
         """Task ``evaluate`` of the checkpoint of `step` (its row read from the manifest),
         inside the run DAG's mapped task group ``checkpoint`` (one per planned step), behind
         the same steps; the step's ``wait`` holds it back to the run's eval window (a Param),
-        so its own limit is only a ceiling (`tasks.run.spec.MAX_EVAL_WINDOW`); what the
+        so its own limit is only a ceiling (`tasks.deployment.MAX_EVAL_WINDOW`); what the
         step's ``after_evaluation`` waits for."""
         ...
 

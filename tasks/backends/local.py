@@ -32,12 +32,12 @@ from airflow.sdk import XComArg, get_current_context, task
 from rcpflow.records.nemo_rl import NemoRLError
 from tasks.backend_api.job_inputs import job_env, train_argv, with_run_owner
 from tasks.backend_api.protocol import FormDefaults, register
-from tasks.deployment import BackendName, Deployment
+from tasks.deployment import MAX_EVAL_WINDOW, BackendName, Deployment
 from tasks.jobs.processes import send_signal, stop_processes
 from tasks.jobs.result import run_evaluate_job
 from tasks.jobs.templates import EvaluateJob, TrainJob
 from tasks.run.evaluation_group import RCP_VIEW_DOC
-from tasks.run.spec import MAX_EVAL_WINDOW, RunSpec, XComValue
+from tasks.run.spec import RunSpec, XComValue
 from tasks.run.stages import EvalTarget, eval_target, evaluate_target, skip_if_decided, step_target
 from tasks.run.train_result import import_checkpoints
 

@@ -27,7 +27,7 @@ from rcpflow.verdict.schedule import (
     closed_division_warning,
 )
 from tasks.backend_api.protocol import FormDefaults
-from tasks.deployment import Deployment, EvalSchedule, load_deployment
+from tasks.deployment import MAX_EVAL_WINDOW, Deployment, EvalSchedule, load_deployment
 from tasks.run.schedules import ScheduleRecord, record_schedule
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,6 @@ log = logging.getLogger(__name__)
 # A task parameter wired from another task's output: a JSON value from XCom at run time, the
 # XComArg that resolves to it in a DAG body. The task parses it into a typed spec first thing.
 XComValue = Any
-
-# The largest eval window a Param may ask for: the ceiling the evaluate task's own
-# max_active_tis_per_dagrun is set to (the run's window itself is held by the waits).
-MAX_EVAL_WINDOW = 64
 
 
 class ParamError(ValueError):
