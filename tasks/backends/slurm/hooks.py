@@ -370,7 +370,7 @@ class SlurmHook:
         if made.returncode != 0:
             raise SlurmError(f"mkdir {job.log_dir}: {made.stderr.strip()}")
         result = self._run("sbatch", "--parsable", stdin=render_script(job))
-        found = _JOB_ID.match(result.stdout.strip())
+        found = _JOB_ID.fullmatch(result.stdout.strip())
         if result.returncode != 0 or not found:
             raise SlurmError(f"sbatch refused {job.name}: {result.stderr.strip()}")
         job_id = found.group(1)

@@ -67,7 +67,7 @@ class InAllocationEval:
 
     def __post_init__(self) -> None:
         for name in self.env:
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ScriptError(f"{name!r} is not an environment variable name")
         if not self.argv or self.first > self.last or self.first < 1:
             raise ScriptError(f"in-allocation evaluation: steps {self.first}..{self.last}")
@@ -94,15 +94,15 @@ class BatchJob:
                 f"in-allocation evaluation on {self.then_evaluate.nodes} nodes, the allocation "
                 f"has {self.shape.nodes}"
             )
-        if not _JOB_NAME.match(self.name):
+        if not _JOB_NAME.fullmatch(self.name):
             raise ScriptError(f"job name {self.name!r}: letters, digits, '-', '_', '.'")
         if not self.argv:
             raise ScriptError("argv is empty")
         for path in (self.working_dir, self.log_dir):
-            if not path.startswith("/") or not _NO_WHITESPACE.match(path):
+            if not path.startswith("/") or not _NO_WHITESPACE.fullmatch(path):
                 raise ScriptError(f"{path!r}: an absolute path without whitespace or quotes")
         for name in (*self.env, *self.secret_env):
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ScriptError(f"{name!r} is not an environment variable name")
         both = sorted(set(self.env) & set(self.secret_env))
         if both:
@@ -148,7 +148,7 @@ def sbatch_options(job: BatchJob) -> list[str]:
     if shape.exclusive:
         options.append("--exclusive")
     for arg in shape.extra_sbatch_args:
-        if not _NO_WHITESPACE.match(arg):
+        if not _NO_WHITESPACE.fullmatch(arg):
             raise ScriptError(f"extra sbatch argument {arg!r}: one argument without whitespace")
         options.append(arg)
     return options

@@ -94,7 +94,7 @@ RESERVED_SBATCH_OPTIONS: Mapping[str, str] = MappingProxyType(
 def time_limit_seconds(value: str) -> int:
     """Seconds of an sbatch ``--time`` value; ValueError when it is none of Slurm's forms."""
     for pattern, units in _TIME_FORMS:
-        found = pattern.match(value)
+        found = pattern.fullmatch(value)
         if found:
             return sum(int(n) * _UNIT_S[u] for n, u in zip(found.groups(), units, strict=True))
     raise ValueError(value)
@@ -114,7 +114,7 @@ class SecretRef:
             raise SettingError("", "give exactly one of file (a path on the cluster) or env")
         if self.file and (not self.file.startswith("/") or "\n" in self.file):
             raise SettingError("file", f"{self.file!r} is not an absolute path on the cluster")
-        if self.env and not _ENV_NAME.match(self.env):
+        if self.env and not _ENV_NAME.fullmatch(self.env):
             raise SettingError("env", f"{self.env!r} is not an environment variable name")
 
 
@@ -159,9 +159,9 @@ class SlurmJobShape:
     def __post_init__(self) -> None:
         for name in ("partition", "account", "qos", "reservation"):
             value = getattr(self, name)
-            if value and not _SLURM_NAME.match(value):
+            if value and not _SLURM_NAME.fullmatch(value):
                 raise SettingError(name, f"{value!r} is not a Slurm name ([-_.A-Za-z0-9])")
-        if self.constraint and not _CONSTRAINT.match(self.constraint):
+        if self.constraint and not _CONSTRAINT.fullmatch(self.constraint):
             raise SettingError("constraint", f"{self.constraint!r} is not a feature expression")
         for name, minimum in (
             ("nodes", 1),
@@ -175,9 +175,9 @@ class SlurmJobShape:
                 raise SettingError(name, f"must be >= {minimum}, got {getattr(self, name)}")
         if self.gres and self.gpus_per_node:
             raise SettingError("gres", "give GPUs as gpus_per_node or as gres, not both")
-        if self.gres and not _GRES.match(self.gres):
+        if self.gres and not _GRES.fullmatch(self.gres):
             raise SettingError("gres", f"{self.gres!r} is not a gres list (e.g. 'gpu:4')")
-        if self.mem and not _MEMORY.match(self.mem):
+        if self.mem and not _MEMORY.fullmatch(self.mem):
             raise SettingError("mem", f"{self.mem!r} is not sbatch --mem (e.g. '0', '400G')")
         try:
             limit = time_limit_seconds(self.time_limit)
@@ -207,7 +207,7 @@ class SlurmJobShape:
                     f"container_mounts[{i}]", f"{mount!r} is not SRC:DST (absolute, no comma)"
                 )
         for name in self.secret_env:
-            if not _ENV_NAME.match(name) or name.startswith("RCPFLOW_"):
+            if not _ENV_NAME.fullmatch(name) or name.startswith("RCPFLOW_"):
                 raise SettingError(f"secret_env.{name}", "is not a variable name a job may set")
 
     def _check_extra_args(self) -> None:
@@ -290,7 +290,7 @@ class SlurmSettings:
         if self.transport == "ssh" and not self.ssh_conn_id:
             raise SettingError("ssh_conn_id", "transport 'ssh' needs an Airflow SSH connection id")
         if self.transport == "rest":
-            if not re.match(r"^https?://[^\s/]+(/[^\s]*)?$", self.rest_url):
+            if not re.fullmatch(r"^https?://[^\s/]+(/[^\s]*)?$", self.rest_url):
                 raise SettingError("rest_url", f"{self.rest_url!r} is not an http(s) URL")
             if not self.rest_conn_id:
                 raise SettingError(
