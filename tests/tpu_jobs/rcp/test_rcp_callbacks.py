@@ -45,7 +45,8 @@ def drive(run_dir: str, *extra: str, env: dict[str, str] | None = None) -> tuple
         [sys.executable, str(DRIVER), run_dir, "--gbs", str(GBS), "--max-steps", str(MAX_STEPS),
          "--val-start-at", str(VAL_START), *extra],
         capture_output=True, text=True, timeout=240, cwd=REPO,
-        env={**os.environ, **(env or {})},
+        # this checkout's packages, not an installed copy's (a script's folder is on its path)
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
     )  # fmt: skip
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode not in (0, CRASH_EXIT_CODE):
