@@ -76,7 +76,7 @@ def test_the_gke_table_is_read_with_its_nested_shapes(tmp_path: Path) -> None:
         ("eval_window = 0\n", "eval_window: must be >= 1, got 0"),
         ("eval_retries = -1\n", "eval_retries: must be >= 0, got -1"),
         ('storage_root = ""\n', "storage_root: must not be empty"),
-        ('backend = "k8s"\n', "backend: must be one of 'local', 'gke', got 'k8s'"),
+        ('backend = "k8s"\n', "backend: must be one of 'local', 'gke', 'slurm', got 'k8s'"),
         ('[gke]\ncluster_nam = "x"\n', "gke: unknown key(s) cluster_nam"),
         ('[gke.train]\ntopology = "4x4"\n', "gke.train.topology: '4x4' is not a 3-D topology"),
         ("[gke.evaluate]\nslices = 0\n", "gke.evaluate.slices: must be >= 1, got 0"),
