@@ -138,7 +138,8 @@ def test_the_time_limit_signal_lets_the_job_save_then_fails_it(
     took = time.monotonic() - started
     assert (jobs_dir / "saved").read_text() == "saved"
     assert "exit code 143" in str(caught.value)
-    assert 40 < took < 120, took  # before the limit itself (Slurm checks about every 30 s)
+    # before the limit itself; Slurm may send the signal up to 60 s early (sbatch --signal)
+    assert took < 120, took
 
 
 def test_slurmctld_restarted_under_a_watched_job(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
