@@ -263,6 +263,10 @@ def section(rows: Sequence[Row], lat: Latency, args: argparse.Namespace) -> str:
         "the passing one (the summaries then decide the run); ratio: over the reference's.",
         "- node-minutes: every Slurm job of the run, its run time (Slurm's start to end) x its "
         "nodes; the reference holds the training's nodes while it evaluates.",
+        "- One run per configuration on a shared 2-core machine: the training's own time moved "
+        "with the load (same steps trained in every row), so differences of a few tens of "
+        "percent in node-minutes are not the schedule's alone; the order of time to verdict "
+        "(during < after W=3 < reference) is what the schedules explain.",
         f"- Slurm's own latency over {len(lat.sbatch_s)} trivial jobs, one at a time, read every "
         f"0.05 s through `SlurmHook`: the sbatch call (with the hook's mkdir and first read) "
         f"{_med(lat.sbatch_s)}; submit to running {_med(lat.to_running_s)}; a job's last "

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -190,7 +191,8 @@ class JobInfo:
         """JobIdReused unless this is the job that was submitted."""
         same_name = self.name == expected.name
         # Slurm keeps whole seconds; a requeue keeps the submit time.
-        same_time = self.submit_time == 0 or abs(self.submit_time - expected.submit_time) <= 1
+        unknown = self.submit_time == 0 or expected.submit_time == 0
+        same_time = unknown or abs(self.submit_time - expected.submit_time) <= 1
         if not (same_name and same_time):
             raise JobIdReused(
                 f"Slurm job {self.job_id} is now {self.name!r} submitted at "
@@ -373,9 +375,7 @@ class SlurmHook:
         found = _JOB_ID.fullmatch(result.stdout.strip())
         if result.returncode != 0 or not found:
             raise SlurmError(f"sbatch refused {job.name}: {result.stderr.strip()}")
-        job_id = found.group(1)
-        info = self.job(job_id)
-        return SubmittedJob(job_id, job.name, info.submit_time)
+        return SubmittedJob(found.group(1), job.name, _submit_time(self, found.group(1)))
 
     def job(self, job_id: str, expected: SubmittedJob | None = None) -> JobInfo:
         """The job's state: squeue --json, else scontrol, else (forgotten there) sacct;
@@ -531,7 +531,7 @@ class RestSlurmHook:
         job_id = str(answer.get("job_id", ""))
         if not job_id.isdigit():
             raise SlurmError(f"slurmrestd submit of {job.name}: no job id in {answer}")
-        return SubmittedJob(job_id, job.name, self.job(job_id).submit_time)
+        return SubmittedJob(job_id, job.name, _submit_time(self, job_id))
 
     def job(self, job_id: str, expected: SubmittedJob | None = None) -> JobInfo:
         answer = self._call("GET", f"/job/{job_id}")
@@ -562,6 +562,18 @@ class RestSlurmHook:
         except OSError:
             return "", offset
         return data.decode(errors="replace"), offset + len(data)
+
+
+def _submit_time(hook: SlurmHook | RestSlurmHook, job_id: str) -> int:
+    """The submit time of a job just submitted, read back; 0 (unknown: the job is then told
+    by its name alone) when the cluster does not answer now: a submitted job is never lost
+    to a failed read."""
+    for attempt in range(3):
+        try:
+            return hook.job(job_id).submit_time
+        except ClusterUnreachable:
+            time.sleep(1.0 + attempt)
+    return 0
 
 
 def rest_job_properties(job: BatchJob) -> dict[str, Any]:

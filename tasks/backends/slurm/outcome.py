@@ -14,7 +14,7 @@ Decision = Literal["succeeded", "fail", "restart", "restart_uncounted", "cancell
 # Not the job's fault: the node or the scheduler took it away.
 _DISRUPTIONS = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 # How close to its time limit a job that ended on SIGTERM must have run for that SIGTERM to be
-# the limit's own warning (--signal=B:TERM@grace; Slurm checks limits about every 30 s).
+# the limit's own warning (--signal=B:TERM@grace: sent up to 60 s early, limits checked ~30 s).
 _LIMIT_SLACK_S = 90
 
 

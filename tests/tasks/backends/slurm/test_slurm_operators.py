@@ -138,7 +138,8 @@ def test_the_time_limit_signal_lets_the_job_save_then_fails_it(
     took = time.monotonic() - started
     assert (jobs_dir / "saved").read_text() == "saved"
     assert "exit code 143" in str(caught.value)
-    assert 40 < took < 120, took  # before the limit itself (Slurm checks about every 30 s)
+    # before the limit itself; Slurm may send the signal up to 60 s early (sbatch --signal)
+    assert took < 120, took
 
 
 def test_slurmctld_restarted_under_a_watched_job(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
@@ -225,6 +226,7 @@ def test_no_secret_in_script_log_or_xcom(
         "scontrol", "write", "batch_script", driven.job_ids[-1], "-"
     )
     assert "HF_TOKEN" in script.stdout and secret not in script.stdout
+    assert "export RCPFLOW_RUN_OWNER=" in script.stdout  # the run folder's owner, as elsewhere
 
 
 def test_a_pass_cancels_the_higher_steps_evaluation_jobs_only(
@@ -380,3 +382,32 @@ def test_a_job_through_the_login_node(slurm: SlurmCluster, ssh_conn: str, jobs_d
     with pytest.raises(AirflowFailException, match="exit code 5"):
         drive(ok, context("over-ssh"), timeout_s=120)
     assert runs(jobs_dir) == 1
+
+
+def test_a_training_still_running_after_the_stop_request_is_scancelled(
+    slurm_env: SlurmCluster, jobs_dir: Path, tmp_path: Path
+) -> None:
+    """Evaluation during training decided the run and wrote the stop request in the run
+    folder; a training job still running `stop_grace` later is scancelled and the task ends
+    with what was committed."""
+    from datetime import timedelta
+
+    from rcpflow.verdict.stop_request import request_stop
+    from tasks.devtools.synthetic_run import make_run
+
+    run = make_run(str(tmp_path / "run"), last_step=20, accuracies={18: 0.3, 19: 0.8})
+    task = SlurmJobOperator(
+        task_id="run", settings=settings(jobs_dir), role="train", job="train",
+        argv=[PY, "-c", "import time; time.sleep(300)"], stop_run_dir=run.run_dir,
+        stop_grace=timedelta(seconds=1),
+    )  # fmt: skip
+    ctx = context("stopped")
+    deferred = start(task, ctx)
+    assert request_stop(run.run_dir) is not None
+    driven = drive(task, ctx, deferred, timeout_s=60)
+    assert driven.result["state"] == "STOPPED"
+    hook = SlurmHook(task.settings)
+    deadline = time.monotonic() + 30
+    while (state := hook.job(driven.job_ids[-1]).state) != "CANCELLED":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.3)
