@@ -1419,6 +1419,8 @@ class ControlPlane(Server):
                     "metrics": {"bindAddress": "0"},
                     "health": {"healthProbeBindAddress": f"127.0.0.1:{self.kueue_health_port}"},
                     "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]},
+                    # its aggregated visibility API server is not installed here
+                    "featureGates": {"VisibilityOnDemand": False},
                 }
             )
         )
