@@ -173,8 +173,9 @@ def binaries(*, build: bool = False) -> Path:
     why = "no Go toolchain" if go is None else "not built"
     raise BinariesMissing(
         f"no Kubernetes control-plane binaries for pins {hash_} ({why}; looked in {looked}); "
-        "build them with `make k8s-bin` (tests/k8s/controlplane/build.sh, about 30 minutes cold; "
-        "docs/k8s-control-plane.md)"
+        "build them with `make k8s-bin` (tests/k8s/controlplane/build.sh; about an hour from "
+        "cold Go caches on 2 busy cores, 9 GB of caches) or put a build in "
+        f"{SHARED_BIN}/{hash_} (build.sh --out {SHARED_BIN}); docs/k8s-control-plane.md"
     )
 
 
