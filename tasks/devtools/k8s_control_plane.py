@@ -85,6 +85,7 @@ JOBSET_NAMESPACE = "jobset-system"
 JOBSET_SERVICE_ACCOUNT = "jobset-controller-manager"
 KUEUE_NAMESPACE = "kueue-system"
 KUEUE_SERVICE_ACCOUNT = "kueue-controller-manager"
+KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.64.0.0/14"
@@ -172,8 +173,9 @@ def binaries(*, build: bool = False) -> Path:
     why = "no Go toolchain" if go is None else "not built"
     raise BinariesMissing(
         f"no Kubernetes control-plane binaries for pins {hash_} ({why}; looked in {looked}); "
-        "build them with `make k8s-bin` (tests/k8s/controlplane/build.sh, about 30 minutes cold; "
-        "docs/k8s-control-plane.md)"
+        "build them with `make k8s-bin` (tests/k8s/controlplane/build.sh; about an hour from "
+        "cold Go caches on 2 busy cores, 9 GB of caches) or put a build in "
+        f"{SHARED_BIN}/{hash_} (build.sh --out {SHARED_BIN}); docs/k8s-control-plane.md"
     )
 
 
@@ -886,6 +888,16 @@ def controller_manifests(config_dir: Path, prefix: str) -> dict[str, Any]:
     for doc in _load_yaml_documents(role):
         if doc.get("kind") == "ClusterRole":
             rules += doc.get("rules") or []
+    # Roles in the controller's own namespace (Kueue's secrets, leader election), as the RBAC
+    # kustomization lists them.
+    namespaced_rules: list[Any] = []
+    rbac = _load_yaml_documents(config_dir / "rbac" / "kustomization.yaml")
+    for resource in (rbac[0].get("resources") or []) if rbac else []:
+        path = config_dir / "rbac" / str(resource)
+        if path.is_file():
+            for doc in _load_yaml_documents(path):
+                if doc.get("kind") == "Role":
+                    namespaced_rules += doc.get("rules") or []
     webhooks: list[dict[str, Any]] = []
     manifests = config_dir / "webhook" / "manifests.yaml"
     if manifests.is_file():
@@ -912,7 +924,12 @@ def controller_manifests(config_dir: Path, prefix: str) -> dict[str, Any]:
             doc = copy.deepcopy(doc)
             doc["metadata"]["name"] = prefix + doc["metadata"]["name"]
             webhooks.append(doc)
-    return {"crds": crds, "rules": rules, "webhooks": webhooks}
+    return {
+        "crds": crds,
+        "rules": rules,
+        "namespaced_rules": namespaced_rules,
+        "webhooks": webhooks,
+    }
 
 
 def local_webhooks(
@@ -974,6 +991,7 @@ class ControlPlane(Server):
         self.kueue_health_port = free_port()
         self._api: Api | None = None
         self._pki: _Pki | None = None
+        self._created_kueue_certs = False
         self.admin_token = base64.urlsafe_b64encode(os.urandom(24)).decode()
 
     # -- paths and clients
@@ -1050,6 +1068,16 @@ class ControlPlane(Server):
         working folder unless `keep_workdir`."""
         for name in reversed(list(self.components)):
             self.components[name].stop()
+        if self._created_kueue_certs:
+            for name in ("tls.crt", "tls.key"):
+                with contextlib.suppress(OSError):
+                    (KUEUE_METRICS_CERTS / name).unlink()
+            for folder in (KUEUE_METRICS_CERTS, *KUEUE_METRICS_CERTS.parents):
+                if folder == Path("/etc"):
+                    break
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only when empty
+            self._created_kueue_certs = False
         if self._owns_workdir and self.workdir is not None and not self.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -1174,7 +1202,11 @@ class ControlPlane(Server):
         for crd in manifests["crds"]:
             self._wait_crd(crd["metadata"]["name"])
         self._service_account_objects(
-            JOBSET_NAMESPACE, JOBSET_SERVICE_ACCOUNT, "jobset-manager-role", manifests["rules"]
+            JOBSET_NAMESPACE,
+            JOBSET_SERVICE_ACCOUNT,
+            "jobset-manager-role",
+            manifests["rules"],
+            manifests["namespaced_rules"],
         )
         for config in local_webhooks(
             manifests["webhooks"], self.jobset_webhook_port, self.pki.ca_crt.read_bytes()
@@ -1196,7 +1228,12 @@ class ControlPlane(Server):
         )
 
     def _service_account_objects(
-        self, namespace: str, account: str, role: str, rules: Sequence[Any]
+        self,
+        namespace: str,
+        account: str,
+        role: str,
+        rules: Sequence[Any],
+        namespaced_rules: Sequence[Any] = (),
     ) -> None:
         api = self.api
         api.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -1228,6 +1265,30 @@ class ControlPlane(Server):
                 "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
             }
         )
+        if namespaced_rules:
+            api.apply(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "Role",
+                    "metadata": {"name": role, "namespace": namespace},
+                    "rules": list(namespaced_rules),
+                }
+            )
+            api.apply(
+                {
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": "RoleBinding",
+                    "metadata": {"name": role, "namespace": namespace},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "Role",
+                        "name": role,
+                    },
+                    "subjects": [
+                        {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+                    ],
+                }
+            )
 
     def service_account_kubeconfig(self, namespace: str, account: str) -> Path:
         """A kubeconfig with a token of `account` (TokenRequest, one day): the identity a
@@ -1396,7 +1457,11 @@ class ControlPlane(Server):
         for crd in manifests["crds"]:
             self._wait_crd(crd["metadata"]["name"])
         self._service_account_objects(
-            KUEUE_NAMESPACE, KUEUE_SERVICE_ACCOUNT, "kueue-manager-role", manifests["rules"]
+            KUEUE_NAMESPACE,
+            KUEUE_SERVICE_ACCOUNT,
+            "kueue-manager-role",
+            manifests["rules"],
+            manifests["namespaced_rules"],
         )
         for config in local_webhooks(
             manifests["webhooks"], self.kueue_webhook_port, self.pki.ca_crt.read_bytes()
@@ -1419,9 +1484,12 @@ class ControlPlane(Server):
                     "metrics": {"bindAddress": "0"},
                     "health": {"healthProbeBindAddress": f"127.0.0.1:{self.kueue_health_port}"},
                     "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]},
+                    # its aggregated visibility API server is not installed here
+                    "featureGates": {"VisibilityOnDemand": False},
                 }
             )
         )
+        self._kueue_metrics_certs()
         kubeconfig = self.service_account_kubeconfig(KUEUE_NAMESPACE, KUEUE_SERVICE_ACCOUNT)
         kueue = self._add(
             "kueue",
@@ -1434,6 +1502,26 @@ class ControlPlane(Server):
             env={"POD_NAMESPACE": KUEUE_NAMESPACE},
         )
         self._wait_http_ready(kueue, self.kueue_health_port, "/readyz")
+
+    def _kueue_metrics_certs(self) -> None:
+        """Kueue v0.17, without its internal cert management, reads its metrics server's
+        certificate from a fixed path (KUEUE_METRICS_CERTS) and exits when it is missing, even
+        with metrics off. Put the harness's webhook certificate there when nothing is (removed
+        again by `stop`); where that cannot be written, BinariesMissing says so."""
+        target = KUEUE_METRICS_CERTS
+        if (target / "tls.crt").is_file():
+            return
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            for name in ("tls.crt", "tls.key"):
+                shutil.copyfile(self.pki.webhook_dir / name, target / name)
+                (target / name).chmod(0o600)
+        except OSError as exc:
+            raise BinariesMissing(
+                f"Kueue's controller needs a certificate at {target} (a fixed path in Kueue "
+                f"v0.17 when its internal cert management is off) and it cannot be written: {exc}"
+            ) from exc
+        self._created_kueue_certs = True
 
     # -- for tests: pods
 

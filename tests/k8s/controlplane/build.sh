@@ -122,8 +122,13 @@ done
 	echo "go $(go env GOVERSION)"
 	for spec in "${COMPONENTS[@]}"; do
 		IFS='|' read -r name dir pkg _ <<<"$spec"
-		mod="$(cd "$here/$dir" && go list -m -f '{{.Path}} {{.Version}}' all |
-			grep -E '^(k8s.io/kubernetes|go.etcd.io/etcd/server/v3|sigs.k8s.io/(jobset|kwok|kueue)) ' | head -1)"
+		case "$name" in
+		etcd) mod=go.etcd.io/etcd/server/v3 ;;
+		kube-*) mod=k8s.io/kubernetes ;;
+		jobset-*) mod=sigs.k8s.io/jobset ;;
+		*) mod="sigs.k8s.io/$name" ;;
+		esac
+		mod="$(cd "$here/$dir" && go list -m -f '{{.Path}} {{.Version}}' "$mod")"
 		echo "$name $mod"
 	done
 } >"$out/VERSIONS"

@@ -61,22 +61,25 @@ def k8s_bin() -> Path:
 
 
 class Planes:
-    """One running control plane per JobSet version, started when first asked for."""
+    """One running control plane per JobSet version (and with or without Kueue), started
+    when first asked for."""
 
     def __init__(self, bin_dir: Path) -> None:
         self.bin_dir = bin_dir
-        self.running: dict[str, ControlPlane] = {}
+        self.running: dict[tuple[str, bool], ControlPlane] = {}
 
-    def __call__(self, jobset_version: str = NEWEST_JOBSET) -> ControlPlane:
-        if jobset_version not in self.running:
+    def __call__(self, jobset_version: str = NEWEST_JOBSET, *, kueue: bool = False) -> ControlPlane:
+        key = (jobset_version, kueue)
+        if key not in self.running:
             plane = ControlPlane(
                 self.bin_dir,
                 jobset_version=jobset_version,
+                kueue=kueue,
                 user_tokens={GOOGLE_TOKEN: AIRFLOW_USER},
             )
             plane.__enter__()
-            self.running[jobset_version] = plane
-        return self.running[jobset_version]
+            self.running[key] = plane
+        return self.running[key]
 
     def close(self) -> None:
         for plane in self.running.values():

@@ -227,3 +227,29 @@ def test_the_trigger_names_a_replaced_jobset(
     events = _trigger_events(_kwargs(s, name, uid))
     assert events[-1]["phase"] == "error"
     assert events[-1]["reason"] == "Replaced"
+
+
+def test_the_teardowns_delete_leaves_nothing_behind(
+    gke: ControlPlane, jobsets: JobSets, namespace: str
+) -> None:
+    """The hook's delete (what the teardown and on_kill call) of a running multi-slice
+    JobSet: the real garbage collector removes its Jobs, pods and headless Service."""
+    from tasks.backends.gke.hooks import JobSetHook
+
+    s = settings(namespace)
+    jobset = render(s, role="evaluate", job="eval-18", run_id="manual__teardown")
+    name = jobset["metadata"]["name"]
+    hook = JobSetHook.for_cluster(s.cluster)
+    assert hook.create_jobset(jobset)
+    jobsets.running_pods(namespace, name, 2)
+    assert len(jobsets.jobs(namespace, name)) == 2
+    assert hook.delete_jobset(namespace, name) is True
+
+    def nothing_left() -> bool | None:
+        pods = gke.pods(namespace, f"jobset.sigs.k8s.io/jobset-name={name}")
+        services = gke.api.get(f"/api/v1/namespaces/{namespace}/services")["items"]
+        left = pods or jobsets.jobs(namespace, name) or services
+        return None if left else True
+
+    gke.wait_for(nothing_left, what=f"JobSet {name}'s Jobs, pods and Service deleted", timeout_s=90)
+    assert hook.delete_jobset(namespace, name) is False  # gone: the next teardown is a no-op
