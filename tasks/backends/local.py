@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import XComArg, get_current_context, task
 
 from rcpflow.records.nemo_rl import NemoRLError
-from tasks.backend_api.job_inputs import job_env, train_argv, with_run_owner
+from tasks.backend_api.job_inputs import job_env, train_inputs, with_run_owner
 from tasks.backend_api.protocol import FormDefaults, register
 from tasks.deployment import MAX_EVAL_WINDOW, BackendName, Deployment
 from tasks.jobs.processes import send_signal, stop_processes
@@ -238,13 +238,11 @@ class LocalBackend:
         @task(execution_timeout=timedelta(minutes=deployment.train_timeout_minutes))
         def train_job(spec: XComValue) -> None:
             run = RunSpec.from_dict(spec)
-            argv = train_argv(job, run.job_values(), deployment.job_python)
+            inputs = train_inputs(job, run.job_values(), deployment.job_python)
             ti = get_current_context()["ti"]
-            owned = with_run_owner(
-                {**env, **job.result_env(run.run_dir, run.seed)}, ti.dag_id, ti.run_id, ti.task_id
-            )
+            owned = with_run_owner({**env, **inputs["env"]}, ti.dag_id, ti.run_id, ti.task_id)
             with importing_checkpoints(run, job, deployment.checkpoint_poll_seconds):
-                run_job(argv, name=f"train seed {run.seed}", env=owned)
+                run_job(inputs["argv"], name=f"train seed {run.seed}", env=owned)
 
         return train_job(spec)
 

@@ -31,7 +31,6 @@ from airflow.triggers.base import StartTriggerArgs
 from rcpflow.records.checkpoint_state import ProgressError, RunSnapshot, run_snapshot
 from rcpflow.verdict.gate import lowest_passing
 from rcpflow.verdict.readiness import Readiness, TrainingState, readiness
-from rcpflow.verdict.schedule import EvalSchedule
 from tasks.run.spec import RunSpec
 from tasks.run.train_result import import_for_wait
 from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger
@@ -93,29 +92,29 @@ class WaitForCheckpointOperator(BaseOperator):
             raise TypeError(f"unresolved arguments: {run_dir!r}, {step!r}, {seed!r}")
         return run_dir, step, seed
 
-    def _snapshot(self) -> RunSnapshot:
+    def _snapshot(self, val_start_at: int | None) -> RunSnapshot:
         run_dir, step, seed = self._args()
         try:
-            import_for_wait(run_dir, seed)
+            import_for_wait(run_dir, seed, val_start_at)
             return run_snapshot(run_dir, seed)
         except ProgressError as exc:
             raise AirflowFailException(f"step {step}: {exc}") from exc
 
-    def _readiness(
-        self, schedule: EvalSchedule, training: TrainingState | None = None
-    ) -> Readiness:
+    def _readiness(self, spec: RunSpec, training: TrainingState | None = None) -> Readiness:
+        """Whether the step may go now; a train job's checkpoint tree is imported first, from
+        the run's validation start (as a started wait does: rows before its first one)."""
         run_dir, step, _ = self._args()
-        snapshot = self._snapshot()
+        snapshot = self._snapshot(spec.effective_val_start_at)
         passed = lowest_passing(run_dir, snapshot.rows, below=step)
-        return readiness(step, snapshot, passed, schedule, training)
+        return readiness(step, snapshot, passed, spec.eval_schedule, training)
 
-    def _run_schedule(self, context: Context) -> EvalSchedule:
-        """The run's schedule: its RunSpec, the plan's output (as the triggerer reads it)."""
-        return RunSpec.from_dict(context["ti"].xcom_pull(task_ids=self.plan_task_id)).eval_schedule
+    def _run_spec(self, context: Context) -> RunSpec:
+        """The run's spec: the plan's output (as the triggerer reads it)."""
+        return RunSpec.from_dict(context["ti"].xcom_pull(task_ids=self.plan_task_id))
 
     def execute(self, context: Context) -> None:
-        schedule = self._run_schedule(context)
-        answer = self._readiness(schedule)
+        spec = self._run_spec(context)
+        answer = self._readiness(spec)
         if answer.decision != "wait":
             self._finish(answer)
             return
@@ -131,7 +130,8 @@ class WaitForCheckpointOperator(BaseOperator):
                 train_group_id=self.train_group_id,
                 poll_interval_s=self.poll_interval_s,
                 start_grace_s=3 * self.poll_interval_s,
-                schedule=schedule,
+                schedule=spec.eval_schedule,
+                val_start_at=spec.effective_val_start_at,
             ),
             method_name="execute_complete",
             timeout=self.timeout,
@@ -150,7 +150,7 @@ class WaitForCheckpointOperator(BaseOperator):
                 reschedule_date=datetime.now(tz=UTC) + timedelta(seconds=self.poll_interval_s)
             )
         # committed: the trigger saw the step go (under after_training, training had halted)
-        answer = self._readiness(self._run_schedule(context), training="succeeded")
+        answer = self._readiness(self._run_spec(context), training="succeeded")
         if answer.decision == "wait":  # only after a trigger said otherwise: files went back
             raise AirflowFailException(f"step {self.step}: {answer.sentence} after the wait ended")
         self._finish(answer)

@@ -326,9 +326,10 @@ class CheckpointTrigger(_CheckpointWait):
         poll_interval_s: float,
         start_grace_s: float,
         schedule: EvalSchedule = DEFAULT_SCHEDULE,
+        val_start_at: int | None = None,
     ) -> None:
         super().__init__()
-        self.target = WaitTarget(run_dir, step, seed, dag_id, run_id)
+        self.target = WaitTarget(run_dir, step, seed, dag_id, run_id, val_start_at)
         self.train_group_id = train_group_id
         self.poll_interval_s = poll_interval_s
         self.start_grace_s = start_grace_s
@@ -348,6 +349,7 @@ class CheckpointTrigger(_CheckpointWait):
                 "poll_interval_s": self.poll_interval_s,
                 "start_grace_s": self.start_grace_s,
                 "schedule": self.schedule,
+                "val_start_at": t.val_start_at,
             },
         )
 

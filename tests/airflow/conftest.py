@@ -44,7 +44,8 @@ def _local_airflow(
         plugins_folder=REPO / "plugins",
         port=free_port(),
         parallelism=parallelism,
-        env={"JAX_PLATFORMS": "cpu", **env},
+        # this checkout's rcpflow and tasks, not what the shared venv's editable install names
+        env={"JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), **env},
     )
     server = LocalAirflow(config)
     try:

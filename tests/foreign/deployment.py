@@ -118,3 +118,37 @@ def write_nemo_deployment(
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def write_nemo_slurm_deployment(
+    path: Path, *, python: str, jobs_dir: Path, eval_schedule: str = "after_training"
+) -> Path:
+    """The NeMo-RL-shaped pair on the Slurm backend (the local transport: sbatch on this
+    machine, as against the private Slurm of `tasks.devtools.slurm_cluster`), its job scripts
+    and logs under `jobs_dir`, polled fast."""
+    shape = ['time_limit = "10"', "signal_grace_s = 30", "max_restarts = 0"]
+    lines = [
+        'backend = "slurm"',
+        f"eval_schedule = {json.dumps(eval_schedule)}",
+        "allow_run_dirs_outside_root = true",
+        "[slurm]",
+        f"working_dir = {json.dumps(str(jobs_dir))}",
+        f"log_dir = {json.dumps(str(jobs_dir / 'logs'))}",
+        f"python = {json.dumps(python)}",
+        "poll_interval_s = 0.5",
+        "backoff_max_s = 1.0",
+        "command_timeout_s = 10",
+        "run_retries = 0",
+        "[slurm.train]",
+        *shape,
+        "[slurm.evaluate]",
+        *shape,
+        "[jobs.train]",
+        f"command = {json.dumps(nemo_train_command())}",
+        'result = { format = "nemo-rl-checkpoints", path = "{checkpoint_dir}" }',
+        "[jobs.evaluate]",
+        f"command = {json.dumps(nemo_evaluate_command())}",
+        f'result = {{ format = "nemo-rl-mllog", path = "{NEMO_EVAL_DIR}/mllog.log" }}',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import TaskGroup, XComArg, task
 
-from tasks.backend_api.job_inputs import train_argv
+from tasks.backend_api.job_inputs import TrainInputs, train_inputs, train_inputs_of
 from tasks.backends.gke.evaluate_operators import EvaluateJobSetOperator, EvaluateStepJobSetOperator
 from tasks.backends.gke.operators import (
     DeleteEvalJobSetsOperator,
@@ -44,6 +44,7 @@ def jobset_task_group(
     retries: int = 0,
     stop_run_dir: XComArg | None = None,
     stop_grace: timedelta = timedelta(minutes=10),
+    run_env: Mapping[str, str] | XComArg | None = None,
 ) -> TaskGroup:
     """TaskGroup `group_id`: ``run`` (RunJobSetOperator: the JobSet of `command`, rendered in
     the task) -> ``cleanup`` (DeleteJobSetOperator as a teardown of ``run``). Works inside a
@@ -64,6 +65,7 @@ def jobset_task_group(
             job_timeout=job_timeout,
             stop_run_dir=stop_run_dir,
             stop_grace=stop_grace,
+            run_env=run_env,
             retries=retries,
             retry_delay=timedelta(seconds=settings.poll_interval_s),
         )
@@ -94,20 +96,24 @@ def train_jobset_group(
     job_timeout: timedelta,
     stop_run_dir: XComArg | None = None,
 ) -> TaskGroup:
-    """``train_command`` (the training job's argument list: no env, no JobSet in an XCom) ->
+    """``train_command`` (the training job's argument list and what the run adds to its env,
+    `job_inputs.train_inputs`: no job env, no JobSet in an XCom) ->
     TaskGroup ``job`` (run -> cleanup)."""
 
-    @task
-    def train_command(spec: XComValue) -> list[str]:
+    @task(multiple_outputs=True)
+    def train_command(spec: XComValue) -> TrainInputs:
+        """The job's argv and what the run adds to its env (`job_inputs.train_inputs`)."""
         run = RunSpec.from_dict(spec)
-        return train_argv(job, run.job_values(), "python")
+        return train_inputs(job, run.job_values(), "python")
 
+    argv, run_env = train_inputs_of(train_command(spec))
     return jobset_task_group(
         "job",
         settings,
         role="train",
         job="train",
-        command=train_command(spec),
+        command=argv,
+        run_env=run_env,
         image=job.image,
         env=job.env,
         secret_env=job.secret_env,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from tasks.backend_api.job_inputs import with_run_owner
+from tasks.backend_api.job_inputs import with_run_env, with_run_owner
 from tasks.backend_api.teardown import should_delete
 from tasks.backends.gke import triggers
 from tasks.backends.gke.render import check_adoptable, jobset_ref, render_jobset
@@ -80,7 +80,7 @@ class RunJobSetOperator(BaseOperator):
     that run. `on_kill` deletes the JobSet this task created or adopted.
     """
 
-    template_fields: Sequence[str] = ("command", "stop_run_dir")
+    template_fields: Sequence[str] = ("command", "run_env", "stop_run_dir")
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -96,6 +96,7 @@ class RunJobSetOperator(BaseOperator):
         job_timeout: timedelta | None = None,
         stop_run_dir: str | XComArg | None = None,
         stop_grace: timedelta = timedelta(minutes=10),
+        run_env: Mapping[str, str] | XComArg | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -105,6 +106,7 @@ class RunJobSetOperator(BaseOperator):
         self.command = command
         self.image = image
         self.env = dict(env or {})
+        self.run_env = run_env  # what the run adds (`job_inputs.run_env`), an XCom resolved
         self.secret_env = dict(secret_env or {})
         self.job_timeout = job_timeout
         self.stop_run_dir = stop_run_dir
@@ -121,7 +123,7 @@ class RunJobSetOperator(BaseOperator):
         if isinstance(command, str) or not isinstance(command, Sequence):
             raise ValueError(f"command must be a list of strings, got {command!r}")
         dag_run = context["dag_run"]
-        env = self.env
+        env = with_run_env(self.env, self.run_env)
         if self.role == "train":
             # The run folder's owner: every pod, restart and retry of this DAG run's training.
             env = with_run_owner(env, dag_run.dag_id, dag_run.run_id, context["ti"].task_id)

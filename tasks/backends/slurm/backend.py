@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import TaskGroup, get_current_context, task
 
+from tasks.backend_api.job_inputs import TrainInputs, train_inputs, train_inputs_of
 from tasks.backend_api.protocol import FormDefaults, register
 from tasks.backends.slurm.evaluate_operators import (
     SlurmEvaluateOperator,
@@ -18,7 +19,6 @@ from tasks.backends.slurm.script import IN_ALLOCATION_STEP_FIELDS
 from tasks.backends.slurm.settings import TABLE, SlurmSettings
 from tasks.deployment import BackendName, Deployment, DeploymentError
 from tasks.jobs.command import fill
-from tasks.jobs.values import train_values
 from tasks.run.spec import RunSpec, XComValue, run_dir_of
 
 if TYPE_CHECKING:
@@ -81,12 +81,13 @@ class SlurmBackend:
     def train_job(self, spec: XComArg) -> DependencyMixin:
         settings, job = self.settings, self.deployment.jobs.train
 
-        @task
-        def train_command(spec: XComValue) -> list[str]:
+        @task(multiple_outputs=True)
+        def train_command(spec: XComValue) -> TrainInputs:
+            """The job's argv and what the run adds to its env (`job_inputs.train_inputs`)."""
             run = RunSpec.from_dict(spec)
-            return job.job_command.render(train_values(run.job_values(), settings.python))
+            return train_inputs(job, run.job_values(), settings.python)
 
-        command = train_command(spec)
+        argv, run_env = train_inputs_of(train_command(spec))
         then_evaluate = None
         if settings.eval_in_training_allocation:
             evaluate = self.deployment.jobs.evaluate
@@ -122,8 +123,9 @@ class SlurmBackend:
                 settings=settings,
                 role="train",
                 job="train",
-                argv=command,
+                argv=argv,
                 env=job.env,
+                run_env=run_env,
                 stop_run_dir=run_dir_of(spec),
                 then_evaluate=then_evaluate,
                 retries=settings.run_retries,

@@ -26,6 +26,7 @@ from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
+from tasks.backend_api.job_inputs import with_run_env
 from tasks.backends.slurm.script import BatchJob, InAllocationEval
 from tasks.backends.slurm.settings import JobRole, SlurmJobShape, SlurmSettings
 from tasks.backends.slurm.triggers import (
@@ -70,7 +71,7 @@ class SlurmJobOperator(BaseOperator):
     ``{"job_id", "name", "state", "exit_code", "restarts"}``. With `stop_run_dir` the job is
     scancelled `stop_grace` after a stop request of that run."""
 
-    template_fields: Sequence[str] = ("argv", "stop_run_dir", "then_evaluate")
+    template_fields: Sequence[str] = ("argv", "run_env", "stop_run_dir", "then_evaluate")
     ui_color = "#e6f4ea"
 
     def __init__(
@@ -81,6 +82,7 @@ class SlurmJobOperator(BaseOperator):
         job: str,
         argv: Sequence[str] | XComArg = (),
         env: Mapping[str, str] | None = None,
+        run_env: Mapping[str, str] | XComArg | None = None,
         stop_run_dir: str | XComArg | None = None,
         stop_grace: timedelta = timedelta(minutes=10),
         then_evaluate: Mapping[str, Any] | XComArg | None = None,
@@ -93,6 +95,7 @@ class SlurmJobOperator(BaseOperator):
         self.job = job
         self.argv = argv
         self.env = dict(env or {})
+        self.run_env = run_env
         self.stop_run_dir = stop_run_dir
         self.stop_grace = stop_grace
         self._owned: Mapping[str, Any] | None = None
@@ -113,7 +116,7 @@ class SlurmJobOperator(BaseOperator):
     def batch_job(self, context: Context) -> BatchJob:
         """The job this task runs (with env values: never log or return it)."""
         dag_run = context["dag_run"]
-        env = dict(self.env)
+        env = with_run_env(self.env, self.run_env)
         if self.role == "train":
             # The run folder's owner: every restart and retry of this DAG run's training.
             env[OWNER_ENV] = airflow_owner(dag_run.dag_id, dag_run.run_id, context["ti"].task_id)

@@ -360,3 +360,42 @@ def test_a_worker_started_wait_defaults_to_the_rules_schedule() -> None:
         poll_interval_s=1.0, start_grace_s=1.0,
     )  # fmt: skip
     assert trigger.schedule == DEFAULT_SCHEDULE == "after_training"
+
+
+@pytest.mark.parametrize("val_start_at", [2, None])
+def test_a_worker_started_wait_imports_a_train_jobs_tree_before_its_first_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, val_start_at: int | None
+) -> None:
+    """A NeMo-RL trainer's step_<N>/ tree on a cluster backend: a wait that started on a
+    worker imports it from the run's validation start during training, as a started wait does
+    (without it, only the output check after training would write the first rows)."""
+    from foreign import nemo_trainer
+    from foreign.deployment import write_nemo_deployment
+
+    run_dir = tmp_path / "run"
+    layout = RunLayout(str(run_dir))
+    monkeypatch.setenv("MLPERF_MLLOG_FILE", layout.mllog(1))
+    monkeypatch.setenv("RCPFLOW_DEPLOYMENT", str(write_nemo_deployment(tmp_path / "d.toml")))
+    argv = ["--checkpoint-dir", layout.checkpoints_dir, "--seed", "1", "--global-batch-size",
+            "16", "--max-steps", "3", "--val-start-at", "2", "--division", "open"]  # fmt: skip
+    assert nemo_trainer.main(argv) == 0
+    trigger = ScriptedTrigger(
+        run_dir=str(run_dir), step=2, seed=1, dag_id="d", run_id="r", train_group_id="train",
+        poll_interval_s=0.01, start_grace_s=0.05, schedule="during_training",
+        val_start_at=val_start_at,
+    )  # fmt: skip
+    trigger.script = [RUNNING]
+    assert CheckpointTrigger(**trigger.serialize()[1]).target.val_start_at == val_start_at
+
+    async def first() -> dict[str, Any]:
+        async for event in trigger.run():
+            return dict(event.payload)
+        raise AssertionError("no event")
+
+    event = asyncio.run(asyncio.wait_for(first(), timeout=30))
+    if val_start_at is None:  # no row, no validation start: nothing imported (the old wait)
+        assert event["state"] != "committed", event
+        assert not Path(layout.manifest).exists(), event
+        return
+    assert event["state"] == "committed", event
+    assert [r.step for r in rows_of(str(run_dir))] == [2, 3]

@@ -147,3 +147,28 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
     again.pushed["eval_start"] = {"ms": 0, "baseline": {"attempts": before, "digest": None}}
     with pytest.raises(EvaluationError, match="left no new attempt under"):
         op.execute_complete({**context, "ti": again}, event)
+
+
+def test_a_nemo_rl_train_jobset_gets_the_run_folders_mllog(tmp_path: Path) -> None:
+    """The NeMo-RL train result on GKE: the JobSet's env holds MLPERF_MLLOG_FILE, the run
+    folder's MLLOG, as the local backend's job does (`job_inputs.train_inputs`)."""
+    from foreign.deployment import write_nemo_deployment
+
+    from tasks.backend_api.job_inputs import train_inputs
+    from tasks.backends.gke.operators import RunJobSetOperator
+
+    path = write_nemo_deployment(tmp_path / "d.toml")
+    job = parse_deployment(path.read_text(), source=str(path), base_dir=tmp_path).jobs.train
+    run = RunSpec("gs://b/runs/seed_1", 1, 16, 6, 2, "open")
+    inputs = train_inputs(job, run.job_values(), "python")
+    op = RunJobSetOperator(
+        task_id="train.job.run", settings=GkeSettings(use_dns_endpoint=True), role="train",
+        job="train", command=inputs["argv"], env={"A": "1"}, run_env=inputs["env"],
+    )  # fmt: skip
+    context: Any = {
+        "ti": FakeTI(task_id="train.job.run"),
+        "dag_run": SimpleNamespace(dag_id="mlperf_grpo_run", run_id=RUN_ID),
+    }
+    env = {e["name"]: e.get("value") for e in _container(op.render(context))["env"]}
+    assert env["MLPERF_MLLOG_FILE"] == "gs://b/runs/seed_1/mllog/seed_1.out"
+    assert env["A"] == "1" and env["RCPFLOW_RUN_OWNER"]

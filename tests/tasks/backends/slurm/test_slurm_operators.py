@@ -411,3 +411,21 @@ def test_a_training_still_running_after_the_stop_request_is_scancelled(
     while (state := hook.job(driven.job_ids[-1]).state) != "CANCELLED":
         assert time.monotonic() < deadline, state
         time.sleep(0.3)
+
+
+def test_the_run_env_reaches_the_train_jobs_script(tmp_path: Path) -> None:
+    """What the run adds to the training job's env (NeMo-RL's MLPERF_MLLOG_FILE, resolved from
+    the train_command task's XCom) is exported with the job's own env and the run owner."""
+    train = SlurmJobOperator(
+        task_id="run", settings=settings(tmp_path), role="train", job="train", argv=[PY],
+        env={"A": "1"}, run_env={"MLPERF_MLLOG_FILE": "/runs/r/mllog/seed_1.out"},
+    )  # fmt: skip
+    env = train.batch_job(context()).env
+    assert env["MLPERF_MLLOG_FILE"] == "/runs/r/mllog/seed_1.out" and env["A"] == "1"
+    assert "RCPFLOW_RUN_OWNER" in env
+    bad = SlurmJobOperator(
+        task_id="run", settings=settings(tmp_path), role="train", job="train", argv=[PY],
+        run_env=["MLPERF_MLLOG_FILE"],  # type: ignore[arg-type]
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="run_env must map names to strings"):
+        bad.batch_job(context())

@@ -192,3 +192,33 @@ def test_evaluation_in_the_allocation_refuses_what_it_cannot_do(extra: str, word
     with pytest.raises(DeploymentError, match="eval_in_training_allocation") as caught:
         backend_for(deployment)
     assert words in str(caught.value)
+
+
+def test_the_nemo_rl_example_deployment_parses() -> None:
+    """docker/deployment.nemo-rl.example.toml: the Slurm backend, NeMo-RL's result formats, and
+    the trainer's env gets the run folder's MLLOG (`job_inputs.run_env`)."""
+    from repo_paths import REPO
+
+    import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
+    from rcpflow.files.layout import RunLayout
+    from tasks.backend_api.job_inputs import train_inputs
+    from tasks.backend_api.protocol import backend_for
+    from tasks.deployment import parse_deployment
+
+    path = REPO / "docker" / "deployment.nemo-rl.example.toml"
+    deployment = parse_deployment(path.read_text(), source=str(path), base_dir=path.parent)
+    settings = deployment.tables["slurm"]
+    assert isinstance(settings, SlurmSettings)
+    assert (settings.transport, settings.train.nodes, settings.train.max_restarts) == ("ssh", 64, 0)
+    assert backend_for(deployment).name == "slurm"
+    train = deployment.jobs.train
+    assert train.result.imported
+    run_dir = f"{deployment.storage_root}/r1"
+    values: dict[str, str | int] = {
+        "run_dir": run_dir, "seed": 3, "global_batch_size": 1024, "max_steps": 40,
+        "val_start_at": 18, "division": "closed",
+    }  # fmt: skip
+    inputs = train_inputs(train, values, settings.python)
+    assert inputs["env"] == {"MLPERF_MLLOG_FILE": RunLayout(run_dir).mllog(3)}
+    assert "SEED_BASE=3" in inputs["argv"][-1]
+    assert f"CHECKPOINTS_DIR={RunLayout(run_dir).checkpoints_dir}" in inputs["argv"][-1]

@@ -1,0 +1,119 @@
+"""mlperf_grpo_run under a real scheduler on the Slurm backend, against the private Slurm
+(`tasks.devtools.slurm_cluster`, sbatch on this machine), with the NeMo-RL-shaped jobs
+(tests/foreign/nemo_*.py), as test_airflow_nemo_rl does on the local backend: the trainer's
+sbatch job gets MLPERF_MLLOG_FILE (the run folder's MLLOG, `tasks.backend_api.job_inputs`) and
+leaves its step_<N>/ tree, which the run DAG imports as the manifest while training runs (the
+checkpoint waits, `during_training`) and after it (the output check); each checkpoint's
+deferred evaluation is its own sbatch job; rcpflow finalizes the run and every checker passes.
+
+Not dag.test(): it runs one task at a time, and a wait deferred while the Slurm training is
+submitted but not done would hold it forever (the train group is running)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow_harness import launched_jobs, recording_python, run_under_scheduler
+from foreign.deployment import (
+    FOREIGN_RUN,
+    NEMO_EVALUATOR,
+    NEMO_TRAINER,
+    PASSING_STEP,
+    write_nemo_slurm_deployment,
+)
+
+from rcpflow.files.layout import RunLayout
+from rcpflow.records.manifest import load
+from rcpflow.records.mllog import read_events
+from rcpflow.records.summary import read_summary
+from tasks.devtools import slurm_cluster
+from tasks.devtools.airflow_server import LocalAirflow
+from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
+from tasks.results.verdicts import read_verdict, verdict_path
+
+FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[SlurmCluster]:
+    """The private Slurm (as tests/tasks/backends/slurm/conftest.py starts it, without REST)."""
+    missing = slurm_cluster.missing_binaries()
+    if missing:
+        message = f"a private Slurm: not installed: {', '.join(missing)} (make system-packages)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    cluster = SlurmCluster((NodeSpec("n1", cpus=4), NodeSpec("n2", cpus=4)))
+    with cluster:
+        yield cluster
+    cluster.cleanup()
+
+
+@pytest.fixture(scope="module")
+def setup(
+    tmp_path_factory: pytest.TempPathFactory,
+    start_airflow: Callable[..., Any],
+    slurm: SlurmCluster,
+) -> Iterator[tuple[LocalAirflow, Path]]:
+    """A real Airflow whose deployment is the NeMo-RL pair on the private Slurm; the file the
+    jobs' interpreter records their arguments in."""
+    folder = tmp_path_factory.mktemp("nemo_slurm")
+    python, record = recording_python(folder)
+    jobs_dir = folder / "jobs"
+    (jobs_dir / "logs").mkdir(parents=True)
+    deployment = write_nemo_slurm_deployment(
+        folder / "deployment.toml",
+        python=str(python),
+        jobs_dir=jobs_dir,
+        eval_schedule="during_training",
+    )
+    env = {"RCPFLOW_DEPLOYMENT": str(deployment), **slurm.env}  # SLURM_CONF: sbatch & co.
+    with start_airflow(tmp_path_factory.mktemp("airflow"), env) as server:
+        yield server, record
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_nemo_rl_run_on_slurm_under_the_scheduler_ends_compliant(
+    setup: tuple[LocalAirflow, Path], tmp_path: Path
+) -> None:
+    server, record = setup
+    run_dir = tmp_path / "run"
+
+    run = run_under_scheduler(
+        server, "mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)}, timeout_s=600
+    )
+
+    assert run.state == "success", run.states
+    jobs = launched_jobs(record)
+    assert jobs[0].startswith(f"{NEMO_TRAINER} --checkpoint-dir {run_dir}/checkpoints ")
+    assert all(j.startswith(str(NEMO_EVALUATOR)) for j in jobs[1:])
+    layout = RunLayout(str(run_dir))
+    manifest = load(layout.manifest)
+    assert [r.step for r in manifest.rows] == list(range(FIRST, LAST + 1))
+    assert manifest.row(FIRST).checkpoint_path == f"{run_dir}/checkpoints/step_{FIRST}"
+    ran = list(range(FIRST, PASSING_STEP + 1))
+    for step in ran:
+        summary = read_summary(layout.summary(step))
+        assert summary.attempt_records is False
+        own = read_events(str(run_dir / "nemo_eval" / f"step_{step}" / "mllog.log"))
+        start = next(e for e in own if e.key == "eval_start")
+        assert summary.eval_start_ms == start.time_ms  # the evaluator's own eval times
+    # The trainer wrote its MLLOG where the sbatch job's MLPERF_MLLOG_FILE said: the run's.
+    events = read_events(layout.mllog(1))
+    assert len([e for e in events if e.key == "tracked_stats"]) == LAST + len(ran)
+    accuracies = [e for e in events if e.key == "eval_accuracy"]
+    assert [e.metadata["samples_count"] for e in accuracies] == [s * 16 for s in ran]
+    assert accuracies[-1].value == pytest.approx(176 / 251)
+    (stop,) = [e for e in events if e.key == "run_stop"]
+    assert stop.metadata["status"] == "success"
+    assert stop.time_ms == manifest.row(PASSING_STEP).timestamp_ms
+    checkers = sorted(p.stem for p in Path(verdict_path(str(run_dir), "x")).parent.glob("*.json"))
+    assert "compliance_checker" in checkers
+    for checker in checkers:
+        verdict = read_verdict(str(run_dir), checker)
+        assert verdict is not None and verdict.ok, (checker, verdict)
