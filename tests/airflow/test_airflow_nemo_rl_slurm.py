@@ -36,6 +36,7 @@ from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
 from tasks.results.verdicts import read_verdict, verdict_path
 
 FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
+STEP_SECONDS = 5.0  # the training lasts ~30 s: the first checkpoint is evaluated during it
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,7 @@ def setup(
         python=str(python),
         jobs_dir=jobs_dir,
         eval_schedule="during_training",
+        step_seconds=STEP_SECONDS,
     )
     env = {"RCPFLOW_DEPLOYMENT": str(deployment), **slurm.env}  # SLURM_CONF: sbatch & co.
     with start_airflow(tmp_path_factory.mktemp("airflow"), env) as server:
@@ -89,6 +91,15 @@ def test_a_nemo_rl_run_on_slurm_under_the_scheduler_ends_compliant(
     )
 
     assert run.state == "success", run.states
+    # during_training on Slurm: the checkpoint waits imported the trainer's tree as it grew
+    # (no row before the output check otherwise), so step 2 was evaluated while it trained.
+    (train,) = [t for t in run.tis if t["task_id"] == "train.job.run"]
+    (first,) = [
+        t
+        for t in run.tis
+        if t["task_id"] == "evaluation.checkpoint.evaluate" and t["map_index"] == 0
+    ]
+    assert first["state"] == "success" and first["start_date"] < train["end_date"], (first, train)
     jobs = launched_jobs(record)
     assert jobs[0].startswith(f"{NEMO_TRAINER} --checkpoint-dir {run_dir}/checkpoints ")
     assert all(j.startswith(str(NEMO_EVALUATOR)) for j in jobs[1:])

@@ -74,7 +74,7 @@ NEMO_EVALUATOR = HERE / "nemo_evaluator.py"
 NEMO_EVAL_DIR = "{run_dir}/nemo_eval/step_{step}"
 
 
-def nemo_train_command() -> list[str]:
+def nemo_train_command(*extra: str) -> list[str]:
     """NeMo-RL's trainer: its checkpoints under {checkpoint_dir}, its MLLOG where rcpflow's job
     template points MLPERF_MLLOG_FILE (the run folder's)."""
     return [
@@ -85,6 +85,7 @@ def nemo_train_command() -> list[str]:
         "--max-steps", "{max_steps}",
         "--val-start-at", "{val_start_at}",
         "--division", "{division}",
+        *extra,
     ]  # fmt: skip
 
 
@@ -121,11 +122,16 @@ def write_nemo_deployment(
 
 
 def write_nemo_slurm_deployment(
-    path: Path, *, python: str, jobs_dir: Path, eval_schedule: str = "after_training"
+    path: Path,
+    *,
+    python: str,
+    jobs_dir: Path,
+    eval_schedule: str = "after_training",
+    step_seconds: float = 0.0,
 ) -> Path:
     """The NeMo-RL-shaped pair on the Slurm backend (the local transport: sbatch on this
     machine, as against the private Slurm of `tasks.devtools.slurm_cluster`), its job scripts
-    and logs under `jobs_dir`, polled fast."""
+    and logs under `jobs_dir`, polled fast; each training step lasting `step_seconds`."""
     shape = ['time_limit = "10"', "signal_grace_s = 30", "max_restarts = 0"]
     lines = [
         'backend = "slurm"',
@@ -144,7 +150,7 @@ def write_nemo_slurm_deployment(
         "[slurm.evaluate]",
         *shape,
         "[jobs.train]",
-        f"command = {json.dumps(nemo_train_command())}",
+        f"command = {json.dumps(nemo_train_command('--step-seconds', str(step_seconds)))}",
         'result = { format = "nemo-rl-checkpoints", path = "{checkpoint_dir}" }',
         "[jobs.evaluate]",
         f"command = {json.dumps(nemo_evaluate_command())}",

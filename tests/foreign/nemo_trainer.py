@@ -153,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--division", choices=recipe.DIVISIONS, required=True)
     p.add_argument("--skill-start", type=float, default=0.2)
     p.add_argument("--skill-per-step", type=float, default=0.1)
+    # Time each step takes after its checkpoint (a training that lasts: evaluation during it)
+    p.add_argument("--step-seconds", type=float, default=0.0)
     args = p.parse_args(argv)
     log_file = os.environ.get("MLPERF_MLLOG_FILE")
     if not log_file:
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             info = training_info(step, prompts, last_update)
             path = save_checkpoint(args.checkpoint_dir, step, info, content)
             print(f"step {step}: saved {path}", flush=True)
-        time.sleep(0.002)
+        time.sleep(max(0.002, args.step_seconds))
     # Deferred mode: after teardown the driver backdates block_stop to the last weight update.
     log.end(
         key="block_stop",
