@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def should_delete(recorded: Mapping[str, Any]) -> tuple[bool, str]:
-    """Whether the teardown deletes a cluster job the run task recorded, and why."""
-    if recorded.get("delete") is None:
+def should_delete(recorded: Mapping[str, Any], key: str = "delete") -> tuple[bool, str]:
+    """Whether the teardown deletes (cancels) a cluster job the run task recorded, and why;
+    `key` names the record's decision (GKE ``delete``, Slurm ``cancel``)."""
+    if recorded.get(key) is None:
         return True, "the run task ended without deciding (marked by hand, or timed out)"
-    return bool(recorded["delete"]), str(recorded["why"])
+    return bool(recorded[key]), str(recorded["why"])

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
-from tasks.backend_api.job_inputs import with_run_env
+from tasks.backend_api.job_inputs import with_run_env, with_run_owner
+from tasks.backend_api.teardown import should_delete
 from tasks.backends.slurm.script import BatchJob, InAllocationEval
 from tasks.backends.slurm.settings import JobRole, SlurmJobShape, SlurmSettings
 from tasks.backends.slurm.triggers import (
@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from tasks.backends.slurm.hooks import AnyHook, JobInfo, SubmittedJob
 
 # XCom key of the job the run task submitted: ``{"job_id", "name", "submit_time", "cancel",
-# "why"}``; `cancel` None until the task decided (then the teardown cancels it).
+# "why"}``; `cancel` None until the task decided (then the teardown cancels it: the rule of
+# `tasks.backend_api.teardown.should_delete`, its `delete` named `cancel` here).
 JOB_XCOM_KEY = "slurm_job"
 _TAIL_BYTES = 4000
 
@@ -119,7 +120,7 @@ class SlurmJobOperator(BaseOperator):
         env = with_run_env(self.env, self.run_env)
         if self.role == "train":
             # The run folder's owner: every restart and retry of this DAG run's training.
-            env[OWNER_ENV] = airflow_owner(dag_run.dag_id, dag_run.run_id, context["ti"].task_id)
+            env = with_run_owner(env, dag_run.dag_id, dag_run.run_id, context["ti"].task_id)
         return BatchJob(
             name=job_name(dag_run.dag_id, dag_run.run_id, self.job_label(context)),
             argv=tuple(self.job_argv(context)),
@@ -220,8 +221,8 @@ class SlurmJobOperator(BaseOperator):
             self._record_event(context, job, True, "cancelled")
             self.on_cancelled(context, info)
             raise AirflowFailException(f"{where} was cancelled by someone else ({outcome.why})")
-        if outcome.decision in ("restart", "restart_uncounted"):
-            counted = outcome.decision == "restart"
+        if outcome.decision in ("restart_counted", "restart_uncounted"):
+            counted = outcome.decision == "restart_counted"
             if counted and budget["counted"] >= self.shape.max_restarts:
                 self._record_event(context, job, True, "failed, no restart left")
                 raise AirflowFailException(
@@ -316,8 +317,9 @@ class CancelSlurmJobsOperator(BaseOperator):
         hook = hook_for(self.settings) if refs else None
         for ref in refs:
             where = f"Slurm job {ref['job_id']} ({ref['name']})"
-            if ref["cancel"] is False:
-                self.log.warning("%s is left as it is: %s", where, ref["why"])
+            wanted, why = should_delete(ref, key="cancel")
+            if not wanted:
+                self.log.warning("%s is left as it is: %s", where, why)
                 continue
             assert hook is not None
             expected = SubmittedJob(ref["job_id"], ref["name"], ref["submit_time"])
@@ -330,6 +332,6 @@ class CancelSlurmJobsOperator(BaseOperator):
                 self.log.info("%s had ended (%s)", where, info.state)
                 continue
             hook.cancel(expected.job_id)
-            self.log.warning("%s scancelled (%s)", where, ref["why"] or "the run task ended")
+            self.log.warning("%s scancelled (%s)", where, why)
             done.append({"job_id": expected.job_id, "name": expected.name})
         return done

@@ -1,5 +1,8 @@
 """What a finished Slurm job means under the job exit-code contract (docs/exit-codes.md): done,
-fail at once, restart counted against `max_restarts`, restart not counted, or cancelled."""
+cancelled, or `rcpflow.trainer.job_exit.restart_decision`'s answer (fail now, restart counted
+against `max_restarts`, restart uncounted). The exit code's part is that function's, as on every
+cluster backend; Slurm's own end states (TIMEOUT, PREEMPTED, NODE_FAIL, BOOT_FAIL, CANCELLED)
+and its time limit's SIGTERM are mapped here onto the same vocabulary."""
 
 from __future__ import annotations
 
@@ -7,10 +10,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
 
-from rcpflow.trainer.job_exit import EXIT_SIGTERM
+from rcpflow.trainer.job_exit import RestartDecision, restart_decision
 from tasks.backends.slurm.hooks import JobInfo
 
-Decision = Literal["succeeded", "fail", "restart", "restart_uncounted", "cancelled"]
+Decision = Literal["succeeded", "cancelled"] | RestartDecision
 # Not the job's fault: the node or the scheduler took it away.
 _DISRUPTIONS = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
 # How close to its time limit a job that ended on SIGTERM must have run for that SIGTERM to be
@@ -37,16 +40,25 @@ def decide(
     if state in _DISRUPTIONS:
         return Outcome("restart_uncounted", f"{said}: not the job's fault, restarted uncounted")
     if state == "TIMEOUT":
-        return Outcome("restart", f"{said}: its time limit ({time_limit_s} s) passed")
-    if code is not None and code in fail_exit_codes:
-        return Outcome("fail", f"{said}: a user error that a rerun repeats (docs/exit-codes.md)")
-    if code == EXIT_SIGTERM:
+        return Outcome("restart_counted", f"{said}: its time limit ({time_limit_s} s) passed")
+    # No code read (the job's record lost it): restarted, counted, like any other failure.
+    by_code = (
+        "restart_counted"
+        if code is None
+        else restart_decision(code, fail_exit_codes=tuple(fail_exit_codes))
+    )
+    if by_code == "fail_now":
+        return Outcome(
+            "fail_now", f"{said}: a user error that a rerun repeats (docs/exit-codes.md)"
+        )
+    if by_code == "restart_uncounted":
+        # SIGTERM: preemption, unless it is the time limit's own warning (then it counts).
         ran = info.run_time_s
         if ran is not None and ran >= time_limit_s - signal_grace_s - _LIMIT_SLACK_S:
             return Outcome(
-                "restart",
+                "restart_counted",
                 f"{said}: stopped by the time limit's SIGTERM ({signal_grace_s} s before its "
                 f"{time_limit_s} s) after {ran} s, its saves drained",
             )
         return Outcome("restart_uncounted", f"{said}: SIGTERM (preemption), restarted uncounted")
-    return Outcome("restart", f"{said}: restarted, counted")
+    return Outcome("restart_counted", f"{said}: restarted, counted")

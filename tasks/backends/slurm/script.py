@@ -18,16 +18,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from rcpflow.trainer.job_exit import EXIT_INVALID_INPUT
 from tasks.backends.slurm.settings import SecretRef, SlurmJobShape
+from tasks.jobs.templates import _ENV_NAME  # the project's one rule for a variable name
 
 # The multi-process layout the toy jobs read (tpu_jobs/rcp/distributed.py).
 COORDINATOR_ADDRESS_ENV = "RCPFLOW_COORDINATOR_ADDRESS"
 NUM_PROCESSES_ENV = "RCPFLOW_NUM_PROCESSES"
 PROCESS_ID_ENV = "RCPFLOW_PROCESS_ID"
-# Exit code of the script when a secret cannot be read on the cluster: invalid input.
-EXIT_SECRET_MISSING = 5
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,127}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NO_WHITESPACE = re.compile(r"^[^\s'\"\\]+$")
 
 
@@ -163,14 +162,14 @@ def _secret_lines(name: str, ref: SecretRef) -> list[str]:
         return [
             f"if ! {read}; then",
             f"  echo {shlex.quote(f'rcpflow: {name}: cannot read {where}')} >&2",
-            f"  exit {EXIT_SECRET_MISSING}",
+            f"  exit {EXIT_INVALID_INPUT}",
             "fi",
             f"export {name}",
         ]
     return [
         f'if [ -z "${{{ref.env}+set}}" ]; then',
         f"  echo {shlex.quote(f'rcpflow: {name}: the variable {ref.env} is not set')} >&2",
-        f"  exit {EXIT_SECRET_MISSING}",
+        f"  exit {EXIT_INVALID_INPUT}",
         "fi",
         f'export {name}="${{{ref.env}}}"',
     ]

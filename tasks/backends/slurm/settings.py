@@ -11,16 +11,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from rcpflow.trainer import job_exit
 from tasks.deployment import register_table
+
+# The project's one rule for environment variable names (and rcpflow's reserved ones).
+from tasks.jobs.templates import _ENV_NAME, _check_env_name
 from tasks.settings import SettingError
 
 Transport = Literal["local", "ssh", "rest"]
 JobRole = Literal["train", "evaluate"]
 
-# docs/exit-codes.md: 2 (bad arguments) and 5 (invalid input) fail at once; 1 (any uncaught
-# exception) and 143 (SIGTERM) never may.
-DEFAULT_FAIL_EXIT_CODES = (2, 5)
-_NEVER_FAIL_AT_ONCE = {1: "1 is any uncaught exception: restarted, counted", 143: "143 is SIGTERM"}
+# docs/exit-codes.md: 2 (bad arguments) and 5 (invalid input) fail at once.
+DEFAULT_FAIL_EXIT_CODES = job_exit.DEFAULT_FAIL_EXIT_CODES
 
 # Slurm's names: partitions, accounts, QOS, reservations, features ([-_.A-Za-z0-9]).
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9_][-A-Za-z0-9_.]*$")
@@ -40,7 +42,6 @@ _TIME_FORMS = (
     (re.compile(r"^(\d+)-(\d+):(\d+):(\d+)$"), ("d", "h", "m", "s")),
 )
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What rcpflow sets itself from the job, or from a setting of its own: an extra argument may not
 # set these (the value is the setting to use instead, or why).
 RESERVED_SBATCH_OPTIONS: Mapping[str, str] = MappingProxyType(
@@ -207,8 +208,7 @@ class SlurmJobShape:
                     f"container_mounts[{i}]", f"{mount!r} is not SRC:DST (absolute, no comma)"
                 )
         for name in self.secret_env:
-            if not _ENV_NAME.fullmatch(name) or name.startswith("RCPFLOW_"):
-                raise SettingError(f"secret_env.{name}", "is not a variable name a job may set")
+            _check_env_name("secret_env", name)
 
     def _check_extra_args(self) -> None:
         for i, arg in enumerate(self.extra_sbatch_args):
@@ -313,12 +313,9 @@ class SlurmSettings:
                 raise SettingError(name, f"must be > 0, got {getattr(self, name)}")
         if self.run_retries < 0:
             raise SettingError("run_retries", f"must be >= 0, got {self.run_retries}")
-        bad = [c for c in self.fail_exit_codes if not 1 <= c <= 255]
-        if bad:
-            raise SettingError("fail_exit_codes", f"exit codes are 1..255, got {bad}")
-        for code, why in _NEVER_FAIL_AT_ONCE.items():
-            if code in self.fail_exit_codes:
-                raise SettingError("fail_exit_codes", f"{why} (docs/exit-codes.md)")
+        problem = job_exit.fail_exit_codes_problem(self.fail_exit_codes)
+        if problem:
+            raise SettingError("fail_exit_codes", problem)
 
     def shape(self, role: JobRole) -> SlurmJobShape:
         return {"train": self.train, "evaluate": self.evaluate}[role]

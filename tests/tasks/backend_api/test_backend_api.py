@@ -53,3 +53,10 @@ def test_run_owner_is_added_to_the_env() -> None:
 def test_teardown_deletes_what_no_task_decided() -> None:
     assert should_delete({"name": "x"})[0] is True
     assert should_delete({"name": "x", "delete": False, "why": "running"}) == (False, "running")
+
+
+def test_teardown_rule_reads_the_backends_own_key() -> None:
+    """Slurm records its decision as ``cancel``: the same rule, another name."""
+    assert should_delete({"cancel": None, "why": "running"}, key="cancel")[0] is True
+    assert should_delete({"cancel": True, "why": "done"}, key="cancel") == (True, "done")
+    assert should_delete({"cancel": False, "why": "adopt"}, key="cancel") == (False, "adopt")

@@ -13,9 +13,9 @@ from tasks.backends.slurm.outcome import decide
 
 ACTIONS = {
     "success": "succeeded",
-    "restart, counted": "restart",
+    "restart, counted": "restart_counted",
     "restart, not counted": "restart_uncounted",
-    "fail at once": "fail",
+    "fail at once": "fail_now",
 }
 
 
@@ -49,11 +49,11 @@ def test_every_row_of_the_contract() -> None:
     [
         ("PREEMPTED", 0, 30, "restart_uncounted", "not the job's fault"),
         ("NODE_FAIL", 0, 30, "restart_uncounted", "not the job's fault"),
-        ("TIMEOUT", 0, 3600, "restart", "time limit"),
-        ("FAILED", 143, 3500, "restart", "time limit's SIGTERM"),
+        ("TIMEOUT", 0, 3600, "restart_counted", "time limit"),
+        ("FAILED", 143, 3500, "restart_counted", "time limit's SIGTERM"),
         ("FAILED", 143, 100, "restart_uncounted", "preemption"),
         ("CANCELLED", 0, 30, "cancelled", "scancel"),
-        ("OUT_OF_MEMORY", 0, 30, "restart", "counted"),
+        ("OUT_OF_MEMORY", 0, 30, "restart_counted", "counted"),
     ],
 )
 def test_slurm_end_states(state: str, code: int, ran_s: int, decision: str, words: str) -> None:

@@ -89,7 +89,7 @@ def test_defaults_and_overrides() -> None:
         (
             {"train": {"secret_env": {"RCPFLOW_X": {"env": "A"}}}},
             "slurm.train.secret_env.RCPFLOW_X",
-            "variable",
+            "set by rcpflow",
         ),
         ({"train": {"nodes": True}}, "slurm.train.nodes", "must be int"),
     ],
