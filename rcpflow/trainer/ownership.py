@@ -408,19 +408,23 @@ def check_or_refresh(layout: RunLayout, owner: str | None) -> None:
     as that owner and keep it (each add is a heartbeat of a trainer that is not Python);
     without one, only check that no other live owner holds the run."""
     lease = Lease(layout.root, owner, timeout_from_env(), by_heartbeat=True)
+    data = _read(lease.path)
+    try:
+        held = Holder.from_json(data, lease.path) if data is not None else None
+    except ValueError:
+        held = None  # an unreadable lease holds nothing
+    live = held is not None and _why_free(held, lease.me, lease.timeout_s, now_ms()) is None
     if owner is not None:
+        if held is not None and live and held.same_owner(lease.me) and not held.by_heartbeat:
+            # the owner's own process holds it (a Python recorder beside `manifest add`): its
+            # heartbeat keeps it; taking it over would make that process think it lost the run
+            return
         said = lease.acquire()
         if said:
             log.warning("%s: %s", lease.path, said)
         return
-    data = _read(lease.path)
-    if data is None:
+    if held is None:
         return
-    try:
-        held = Holder.from_json(data, lease.path)
-    except ValueError:
-        return  # an unreadable lease holds nothing
-    live = _why_free(held, lease.me, lease.timeout_s, now_ms()) is None
     if not held.same_owner(lease.me) and live:
         raise RunOwnedError(
             f"{layout.root}: owned by {held.describe()} ({lease.path}); a row from "
