@@ -257,16 +257,23 @@ def test_rendering_is_byte_identical_across_calls() -> None:
 
 
 def test_child_names_that_would_not_fit_are_refused() -> None:
-    # A 38-char name + "-slice-0-99999999999-xxxxx" (pod name as the JobSet webhook checks it).
-    huge = GkeSettings(
-        train=TpuJobShape(
-            accelerator="tpu-v5p-slice", topology="10000x10000x4000", slices=1, chips_per_host=4
-        )
+    from tasks.backends.gke.render import _check_child_names
+
+    # Names are at most 26 characters, so every shape fits; the guard still refuses a longer
+    # name: a pod name (name + "-slice-0-<host>-xxxxx") or the coordinator label JobSet writes
+    # on a multi-host training's pods ("<name>-slice-0-0.<name>") over 63 characters.
+    huge = TpuJobShape(
+        accelerator="tpu-v5p-slice", topology="10000x10000x4000", slices=1, chips_per_host=4
     )
-    long_names = {"dag_id": "averylongdagidentifier", "job": "evaluationstep100"}
     with pytest.raises(ValueError, match=r"\(64 chars\); JobSet requires <= 63"):
-        _train(huge, **long_names)
-    _train(GkeSettings(), **long_names)  # the same name with the default shape fits
+        _check_child_names("a" * 38, huge)
+    multi_host = GkeSettings().train
+    assert multi_host.multi_host
+    with pytest.raises(ValueError, match=r"coordinator label .* \(65 chars\)"):
+        _check_child_names("a" * 27, multi_host)
+    _check_child_names("a" * MAX_NAME_LENGTH, multi_host)  # the longest name fits
+    long_names = {"dag_id": "averylongdagidentifier", "job": "evaluationstep100"}
+    _train(GkeSettings(train=huge), **long_names)  # long ids still render: the name is cut
 
 
 def test_adoption_only_of_the_same_spec() -> None:
