@@ -82,6 +82,14 @@ def output(hook: SlurmHook | RestSlurmHook, info: JobInfo) -> str:
     return text
 
 
+def wait_output(hook: SlurmHook, info: JobInfo, text: str, timeout_s: float = 30) -> None:
+    """Until the job's output holds `text`: its task (not only the batch shell) runs."""
+    deadline = time.monotonic() + timeout_s
+    while text not in output(hook, info):
+        assert time.monotonic() < deadline, f"job {info.job_id}: no {text!r} in its output"
+        time.sleep(0.2)
+
+
 def test_success_failure_and_output(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
     hook = SlurmHook(settings(jobs_dir))
     ok = hook.submit(batch(jobs_dir, "ok", [PY, "-c", "print('hello from the job')"]))
@@ -221,11 +229,7 @@ def test_sigterm_reaches_the_tasks_and_their_code_is_the_jobs(
         "signal.signal(signal.SIGTERM, term)\nprint('READY', flush=True)\ntime.sleep(120)\n"
     )
     job = hook.submit(batch(jobs_dir, "term", [PY, "-c", code]))
-    info = wait_state(hook, job, "RUNNING")
-    deadline = time.monotonic() + 30
-    while "READY" not in output(hook, info):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_output(hook, wait_state(hook, job, "RUNNING"), "READY")
     hook.cancel(job.job_id, signal="TERM")  # what --signal=B:TERM@grace sends the batch shell
     done = wait_finished(hook, job)
     assert (done.state, done.exit_code) == ("FAILED", 143), output(hook, done)
@@ -243,19 +247,26 @@ def test_cancel(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
 
 def test_slurmctld_restarted_under_a_running_job(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
     hook = SlurmHook(settings(jobs_dir, command_timeout_s=10))
-    job = hook.submit(
-        batch(jobs_dir, "survivor", [PY, "-c", "import time; time.sleep(6); print('done')"])
+    go = jobs_dir / "go"
+    # The task itself must run before slurmctld stops: the batch shell's srun needs slurmctld to
+    # start the step (RUNNING is the batch shell). It then ends only once the controller was down.
+    code = (
+        "import pathlib,time\nprint('READY', flush=True)\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.1)\nprint('done')\n"
     )
-    wait_state(hook, job, "RUNNING")
+    job = hook.submit(batch(jobs_dir, "survivor", [PY, "-c", code]))
+    wait_output(hook, wait_state(hook, job, "RUNNING"), "READY")
     slurm_env.stop_controller()
     try:
         with pytest.raises(ClusterUnreachable):
             hook.job(job.job_id, job)
-        time.sleep(1)
+        go.touch()
+        time.sleep(1)  # the task ends while slurmctld is down: slurmd holds its exit for it
     finally:
         slurm_env.start_controller()
     info = wait_finished(hook, job, timeout_s=90)
-    assert (info.state, info.exit_code) == ("COMPLETED", 0)
+    assert (info.state, info.exit_code) == ("COMPLETED", 0), output(hook, info)
+    assert "done" in output(hook, info)
 
 
 def test_the_ssh_transport(slurm: SlurmCluster, ssh_conn: str, jobs_dir: Path) -> None:

@@ -143,15 +143,24 @@ def test_the_time_limit_signal_lets_the_job_save_then_fails_it(
 
 
 def test_slurmctld_restarted_under_a_watched_job(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
-    argv = [PY, "-c", "import time; print('start', flush=True); time.sleep(8); print('end')"]
-    task = op(jobs_dir, argv)
+    started, go = jobs_dir / "started", jobs_dir / "go"
+    # The task runs (srun needs slurmctld to start it) before slurmctld stops, and ends while
+    # slurmctld is down: marked by files, not by the clock.
+    code = (
+        f"import pathlib,time\npathlib.Path({str(started)!r}).touch()\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.1)\nprint('end')\n"
+    )
+    task = op(jobs_dir, [PY, "-c", code])
     ctx = context("r5")
     deferred = start(task, ctx)
 
     def restart() -> None:
-        time.sleep(2)
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
         slurm_env.stop_controller()
-        time.sleep(4)
+        go.touch()
+        time.sleep(3)  # the watch polls a controller that is down meanwhile
         slurm_env.start_controller()
 
     thread = threading.Thread(target=restart)
@@ -160,6 +169,7 @@ def test_slurmctld_restarted_under_a_watched_job(slurm_env: SlurmCluster, jobs_d
         driven = drive(task, ctx, deferred, timeout_s=120)
     finally:
         thread.join()
+    assert started.exists()
     assert driven.result["state"] == "COMPLETED"
     assert len(set(driven.job_ids)) == 1  # the same job, never submitted again
 
