@@ -63,6 +63,31 @@ class ServerConfig:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+def repo_config(home: Path, *, parallelism: int = 4, env: Mapping[str, str] = {}) -> ServerConfig:
+    """An Airflow in `home` over this repository's dags/ and plugins/, at a free port, its
+    tasks' JAX on the CPU; `env` adds to (or replaces) that environment."""
+    from tasks.deployment import REPO_ROOT
+
+    return ServerConfig(
+        home=home,
+        dags_folder=REPO_ROOT / "dags",
+        plugins_folder=REPO_ROOT / "plugins",
+        port=free_port(),
+        parallelism=parallelism,
+        env={"JAX_PLATFORMS": "cpu", **env},
+    )
+
+
+@dataclass(frozen=True)
+class TimedRun:
+    """One DAG run triggered and watched to its end: what a benchmark measures from."""
+
+    run_id: str
+    state: str
+    trigger_ms: int  # wall clock, when it was triggered
+    end_ms: int  # wall clock, when it was seen finished
+
+
 class LocalAirflow(Server):
     """``with LocalAirflow(config) as af: af.trigger(...)``; stops on exit."""
 
@@ -264,6 +289,20 @@ class LocalAirflow(Server):
             f"?map_index={map_index}&full_content=true",
         )
         return "\n".join(json.dumps(line, sort_keys=True) for line in answer["content"])
+
+    def ready(self, *dag_ids: str) -> None:
+        """Wait until each DAG is parsed, and unpause it."""
+        for dag_id in dag_ids:
+            self.wait_for_dag(dag_id)
+            self.unpause(dag_id)
+
+    def timed_run(self, dag_id: str, conf: Mapping[str, Any], timeout_s: float) -> TimedRun:
+        """Trigger `dag_id` once with `conf` (parsed and unpaused first) and wait for its end."""
+        self.ready(dag_id)
+        trigger_ms = time.time_ns() // 1_000_000
+        run_id = self.trigger(dag_id, conf)
+        state = self.wait_for_run(dag_id, run_id, timeout_s)
+        return TimedRun(run_id, state, trigger_ms, time.time_ns() // 1_000_000)
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout_s: float, on_poll: Any = None) -> str:
         """Poll until the run finishes; returns its state. `on_poll()` is called each second."""

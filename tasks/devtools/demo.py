@@ -40,11 +40,10 @@ from tasks.deployment import ENV_VAR, REPO_ROOT
 from tasks.devtools.airflow_server import (
     AirflowServerError,
     LocalAirflow,
-    ServerConfig,
     print_login,
+    repo_config,
     wait_until_interrupted,
 )
-from tasks.jobs.processes import free_port
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
 NAME = "demo"
@@ -342,15 +341,7 @@ def _use_deployment(trainer: str) -> None:
 
 def demo_airflow() -> LocalAirflow:
     """The demo's local Airflow over its home (`HOME`), on a free port of 127.0.0.1."""
-    config = ServerConfig(
-        home=HOME,
-        dags_folder=REPO_ROOT / "dags",
-        plugins_folder=REPO_ROOT / "plugins",
-        port=free_port(),
-        parallelism=PARALLELISM,
-        env={"JAX_PLATFORMS": "cpu"},
-    )
-    return LocalAirflow(config)
+    return LocalAirflow(repo_config(HOME, parallelism=PARALLELISM))
 
 
 def _keep_up(airflow: LocalAirflow) -> None:
@@ -462,9 +453,7 @@ def _run_demo(
         print_login(airflow)
         print(f"  outputs:     {STORAGE_ROOT / NAME}")
         print()
-        for dag_id in (SUBMISSION_DAG_ID, RUN_DAG_ID):
-            airflow.wait_for_dag(dag_id)
-            airflow.unpause(dag_id)
+        airflow.ready(SUBMISSION_DAG_ID, RUN_DAG_ID)
         conf = demo_conf(seeds, global_batch_size, max_steps, backend)
         run_id = airflow.trigger(SUBMISSION_DAG_ID, conf, run_id=f"{NAME}__{int(time.time())}")
         print(f"Triggered {SUBMISSION_DAG_ID} run {run_id} with conf {json.dumps(conf)}")

@@ -34,9 +34,8 @@ from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from rcpflow.records.summary import read_summary
 from tasks.deployment import ENV_VAR, REPO_ROOT
-from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
+from tasks.devtools.airflow_server import LocalAirflow, repo_config
 from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
-from tasks.jobs.processes import free_port
 
 RUN_DAG = "mlperf_grpo_run"
 WORKDIR = REPO_ROOT / ".airflow" / "slurm_bench"
@@ -127,18 +126,8 @@ def run_config(
     folder = WORKDIR / f"{schedule}_w{window}{'_in_allocation' if in_allocation else ''}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    config = ServerConfig(
-        home=folder / "airflow",
-        dags_folder=REPO_ROOT / "dags",
-        plugins_folder=REPO_ROOT / "plugins",
-        port=free_port(),
-        parallelism=window + 4,
-        env={
-            "JAX_PLATFORMS": "cpu",
-            ENV_VAR: str(deployment(folder, schedule, window, in_allocation)),
-            **cluster.env,
-        },
-    )
+    env = {ENV_VAR: str(deployment(folder, schedule, window, in_allocation)), **cluster.env}
+    config = repo_config(folder / "airflow", parallelism=window + 4, env=env)
     run_dir = str(folder / "run")
     conf = {
         "run_dir": run_dir,
@@ -151,13 +140,10 @@ def run_config(
         "eval_window": window,
     }
     with LocalAirflow(config) as airflow:
-        airflow.wait_for_dag(RUN_DAG)
-        airflow.unpause(RUN_DAG)
-        trigger_ms = time.time_ns() // 1_000_000
-        run_id = airflow.trigger(RUN_DAG, conf)
-        state = airflow.wait_for_run(RUN_DAG, run_id, RUN_TIMEOUT_S)
-        if state != "success":
-            raise RuntimeError(f"{label}: run {state}; see {folder}")
+        run = airflow.timed_run(RUN_DAG, conf, RUN_TIMEOUT_S)
+    if run.state != "success":
+        raise RuntimeError(f"{label}: run {run.state}; see {folder}")
+    run_id, trigger_ms = run.run_id, run.trigger_ms
     layout = RunLayout(run_dir)
     rows = load(layout.manifest).rows
     summaries = {

@@ -37,7 +37,6 @@ import platform
 import shutil
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,9 +51,8 @@ from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.records.summary import read_summary
 from tasks.deployment import ENV_VAR, REPO_ROOT
-from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
+from tasks.devtools.airflow_server import LocalAirflow, repo_config
 from tasks.jobs.command import TRAIN_JOB
-from tasks.jobs.processes import free_port
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
 WORKDIR = REPO_ROOT / ".airflow" / "verdict_bench"
@@ -176,16 +174,10 @@ def run_config(
     folder = WORKDIR / f"{schedule}_w{window}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    config = ServerConfig(
-        home=folder / "airflow",
-        dags_folder=REPO_ROOT / "dags",
-        plugins_folder=REPO_ROOT / "plugins",
-        port=free_port(),
+    config = repo_config(
+        folder / "airflow",
         parallelism=window + 2,  # training, the window, and a task around them
-        env={
-            "JAX_PLATFORMS": "cpu",
-            ENV_VAR: str(deployment(folder, schedule, window, width)),
-        },
+        env={ENV_VAR: str(deployment(folder, schedule, window, width))},
     )
     run_dir = str(folder / "run")
     conf = {
@@ -197,16 +189,12 @@ def run_config(
         "division": "open",
     }
     with LocalAirflow(config) as airflow:
-        airflow.wait_for_dag(RUN_DAG_ID)
-        airflow.unpause(RUN_DAG_ID)
-        trigger_ms = time.time_ns() // 1_000_000
-        run_id = airflow.trigger(RUN_DAG_ID, conf)
-        state = airflow.wait_for_run(RUN_DAG_ID, run_id, RUN_TIMEOUT_S)
-        end_ms = time.time_ns() // 1_000_000
-        tis = airflow.task_instances(RUN_DAG_ID, run_id)
-        if state != "success":
+        run = airflow.timed_run(RUN_DAG_ID, conf, RUN_TIMEOUT_S)
+        tis = airflow.task_instances(RUN_DAG_ID, run.run_id)
+        if run.state != "success":
             states = {t["task_id"]: t["state"] for t in tis}
-            raise RuntimeError(f"{schedule} W={window}: run {state}: {states}")
+            raise RuntimeError(f"{schedule} W={window}: run {run.state}: {states}")
+    trigger_ms, end_ms = run.trigger_ms, run.end_ms
     # evaluate instances are labelled "step N" in both schedules
     started = {
         int(t["rendered_map_index"].removeprefix("step ")): iso_ms(t["start_date"])
@@ -430,11 +418,8 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     load_avg = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    config = ServerConfig(
-        home=folder / "airflow",
-        dags_folder=REPO_ROOT / "dags",
-        plugins_folder=REPO_ROOT / "plugins",
-        port=free_port(),
+    config = repo_config(
+        folder / "airflow",
         # per seed: training, W evaluations and a stop_if_decided; the submission's own tasks
         parallelism=len(SEEDS) * (window + 2) + 2,
         env={
@@ -456,15 +441,12 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
         "eval_window": window,
     }
     with LocalAirflow(config) as airflow:
-        for dag_id in (SUBMISSION_DAG_ID, RUN_DAG_ID):
-            airflow.wait_for_dag(dag_id)
-            airflow.unpause(dag_id)
-        trigger_ms = time.time_ns() // 1_000_000
-        run_id = airflow.trigger(SUBMISSION_DAG_ID, conf)
-        state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, RUN_TIMEOUT_S)
+        airflow.ready(RUN_DAG_ID)
+        run = airflow.timed_run(SUBMISSION_DAG_ID, conf, RUN_TIMEOUT_S)
         runs = {s: airflow.task_instances(RUN_DAG_ID, f"bench__seed_{s}") for s in SEEDS}
-    if state != "success":
-        raise RuntimeError(f"{schedule} W={window}: submission {state}; see {folder}")
+    if run.state != "success":
+        raise RuntimeError(f"{schedule} W={window}: submission {run.state}; see {folder}")
+    trigger_ms = run.trigger_ms
     seeds = tuple(
         seed_run(str(folder / "bench" / "runs" / f"seed_{s}"), s, trigger_ms, runs[s])
         for s in SEEDS

@@ -151,24 +151,45 @@ class SecretKeyRef:
             )
 
 
+class _ResultLocation:
+    """What EvalResult and TrainResult share: the format 'rcpflow' is rcpflow's own file (no
+    path); any other format is imported from the path its template renders to."""
+
+    format: str
+    path: str
+
+    def _path_to_check(self, own_file: str, needed: str) -> bool:
+        """Whether there is a path template to check further (none for the format 'rcpflow')."""
+        if self.format == "rcpflow":
+            if self.path:
+                raise SettingError(
+                    "path", f"format 'rcpflow' is {own_file}; give no path (or name another format)"
+                )
+            return False
+        if not self.path:
+            raise SettingError("path", f"format {self.format!r} needs {needed}")
+        return True
+
+    @property
+    def imported(self) -> bool:
+        """Whether rcpflow imports the result (anything but its own file)."""
+        return self.format != "rcpflow"
+
+    def render(self, values: Mapping[str, str | int]) -> str:
+        return fill(self.path, values)
+
+
 @dataclass(frozen=True)
-class EvalResult:
+class EvalResult(_ResultLocation):
     """Where an evaluate job leaves its result, and in which format (see the module doc)."""
 
     format: ResultFormat = "rcpflow"
     path: str = ""  # a template of the evaluate placeholders ({python} aside)
 
     def __post_init__(self) -> None:
-        if self.format == "rcpflow":
-            if self.path:
-                raise SettingError(
-                    "path",
-                    "format 'rcpflow' is the summary the job writes at "
-                    "{summary_dir}/summary.json; give no path (or name another format)",
-                )
+        own = "the summary the job writes at {summary_dir}/summary.json"
+        if not self._path_to_check(own, "the path of the result"):
             return
-        if not self.path:
-            raise SettingError("path", f"format {self.format!r} needs the path of the result")
         try:
             names = check_template("evaluate", self.path, PLACEHOLDERS["evaluate"] - {"python"})
         except JobCommandError as exc:
@@ -180,44 +201,22 @@ class EvalResult:
                 "{summary_dir}) in it",
             )
 
-    @property
-    def imported(self) -> bool:
-        """Whether rcpflow imports the result (anything but its own summary)."""
-        return self.format != "rcpflow"
-
-    def render(self, values: Mapping[str, str | int]) -> str:
-        return fill(self.path, values)
-
 
 @dataclass(frozen=True)
-class TrainResult:
+class TrainResult(_ResultLocation):
     """Where a train job leaves its checkpoints' record, and in which format."""
 
     format: TrainResultFormat = "rcpflow"
     path: str = ""  # nemo-rl-checkpoints: the checkpoint root, e.g. "{checkpoint_dir}"
 
     def __post_init__(self) -> None:
-        if self.format == "rcpflow":
-            if self.path:
-                raise SettingError(
-                    "path",
-                    "format 'rcpflow' is the manifest the trainer records itself; give no path "
-                    "(or name another format)",
-                )
+        own = "the manifest the trainer records itself"
+        if not self._path_to_check(own, "the checkpoint root"):
             return
-        if not self.path:
-            raise SettingError("path", f"format {self.format!r} needs the checkpoint root")
         try:
             check_template("train", self.path, _TRAIN_RESULT_PLACEHOLDERS)
         except JobCommandError as exc:
             raise SettingError("path", str(exc)) from None
-
-    @property
-    def imported(self) -> bool:
-        return self.format != "rcpflow"
-
-    def render(self, values: Mapping[str, str | int]) -> str:
-        return fill(self.path, values)
 
 
 @dataclass(frozen=True)
