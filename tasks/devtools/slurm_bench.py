@@ -30,12 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rcpflow.files.layout import RunLayout
-from rcpflow.records.manifest import load
-from rcpflow.records.summary import read_summary
 from tasks.deployment import ENV_VAR, REPO_ROOT
 from tasks.devtools.airflow_server import LocalAirflow, repo_config
 from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
+from tasks.devtools.verdict_bench import run_verdict
 
 RUN_DAG = "mlperf_grpo_run"
 WORKDIR = REPO_ROOT / ".airflow" / "slurm_bench"
@@ -144,16 +142,7 @@ def run_config(
     if run.state != "success":
         raise RuntimeError(f"{label}: run {run.state}; see {folder}")
     run_id, trigger_ms = run.run_id, run.trigger_ms
-    layout = RunLayout(run_dir)
-    rows = load(layout.manifest).rows
-    summaries = {
-        r.step: read_summary(layout.summary(r.step))
-        for r in rows
-        if Path(layout.summary(r.step)).exists()
-    }
-    target = rows[0].target_accuracy
-    step = min(s for s, v in summaries.items() if v.eval_accuracy > target)
-    verdict_ms = max(v.eval_stop_ms for s, v in summaries.items() if s <= step)
+    rows, summaries, step, verdict_ms = run_verdict(run_dir)
     names = {job_name(RUN_DAG, run_id, "train")} | {
         job_name(RUN_DAG, run_id, f"eval-{r.step}") for r in rows
     }

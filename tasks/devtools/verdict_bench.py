@@ -40,16 +40,16 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.markdown_sections import write_section
 from rcpflow.planning.forecast import Scenario, simulate
 from rcpflow.planning.rehearsal import load_profile
-from rcpflow.records.manifest import load
+from rcpflow.records.manifest import ManifestRow, load
 from rcpflow.records.mllog import read_events, run_start_ms
-from rcpflow.records.summary import read_summary
+from rcpflow.records.summary import EvalSummary, read_summary
 from tasks.deployment import ENV_VAR, REPO_ROOT
 from tasks.devtools.airflow_server import LocalAirflow, repo_config
 from tasks.jobs.command import TRAIN_JOB
@@ -114,6 +114,34 @@ def iso_ms(text: str) -> int:
     return int(datetime.datetime.fromisoformat(text).timestamp() * 1000)
 
 
+class RunVerdict(NamedTuple):
+    """A finished run's manifest rows and persisted summaries, its first passing step, and when
+    the summaries decided it (the latest eval_stop at or below that step)."""
+
+    rows: tuple[ManifestRow, ...]
+    summaries: dict[int, EvalSummary]
+    step: int
+    decided_ms: int
+
+
+def run_verdict(run_dir: str) -> RunVerdict:
+    layout = RunLayout(run_dir)
+    rows = load(layout.manifest).rows
+    summaries = {
+        r.step: read_summary(layout.summary(r.step))
+        for r in rows
+        if Path(layout.summary(r.step)).exists()
+    }
+    passing = [s for s in sorted(summaries) if summaries[s].eval_accuracy > rows[0].target_accuracy]
+    if not passing:
+        raise RuntimeError(f"{run_dir}: no checkpoint passed; raise --max-steps")
+    step = passing[0]
+    if any(s not in summaries for s in range(rows[0].step, step)):
+        raise RuntimeError(f"{run_dir}: a step below {step} was not evaluated")
+    decided_ms = max(v.eval_stop_ms for s, v in summaries.items() if s <= step)
+    return RunVerdict(rows, summaries, step, decided_ms)
+
+
 def measure(
     run_dir: str,
     schedule: str,
@@ -122,20 +150,7 @@ def measure(
     end_ms: int,
     evaluate_started_ms: dict[int, int],
 ) -> Outcome:
-    layout = RunLayout(run_dir)
-    rows = load(layout.manifest).rows
-    summaries = {}
-    for row in rows:
-        if Path(layout.summary(row.step)).exists():
-            summaries[row.step] = read_summary(layout.summary(row.step))
-    passing = [s for s in sorted(summaries) if summaries[s].eval_accuracy > rows[0].target_accuracy]
-    if not passing:
-        raise RuntimeError(f"{run_dir}: no checkpoint passed; raise --max-steps")
-    step = passing[0]
-    below = [summaries.get(s) for s in range(rows[0].step, step)]
-    if any(s is None for s in below):
-        raise RuntimeError(f"{run_dir}: a step below {step} was not evaluated")
-    decided_ms = max(s.eval_stop_ms for s in summaries.values() if s.checkpoint_step <= step)
+    rows, summaries, step, decided_ms = run_verdict(run_dir)
     passed = summaries[step]
     update_ms = next(r.timestamp_ms for r in rows if r.step == step)
     eval_ms = passed.eval_stop_ms - passed.eval_start_ms
@@ -361,18 +376,9 @@ def rehearsal_deployment(folder: Path, scale: float) -> Path:
 
 
 def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]) -> SeedRun:
-    layout = RunLayout(run_dir)
-    rows = load(layout.manifest).rows
-    start_ms = run_start_ms(read_events(layout.mllog(seed)))
+    start_ms = run_start_ms(read_events(RunLayout(run_dir).mllog(seed)))
     assert start_ms is not None
-    summaries = {
-        r.step: read_summary(layout.summary(r.step))
-        for r in rows
-        if Path(layout.summary(r.step)).exists()
-    }
-    target = rows[0].target_accuracy
-    step = min(s for s, v in summaries.items() if v.eval_accuracy > target)
-    verdict_ms = max(v.eval_stop_ms for s, v in summaries.items() if s <= step)
+    rows, summaries, step, verdict_ms = run_verdict(run_dir)
     passed = summaries[step]
     update_ms = next(r.timestamp_ms for r in rows if r.step == step)
     first = rows[0].val_start_at
