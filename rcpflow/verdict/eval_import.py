@@ -275,13 +275,7 @@ def import_eval(
             raise EvalImportError(
                 f"eval times: stop {eval_times[1]} is before start {eval_times[0]}"
             )
-    decided = _decided_by(run_dir, row)
-    if decided is not None and not reopen:
-        raise EvalImportError(
-            f"step {step}: the run is decided: {decided.describe()} depends on this step's "
-            "summary; give --reopen to replace it (the next finalize then rewrites the eval "
-            "section)"
-        )
+    reopened = _reopening(run_dir, row, reopen)
     layout = RunLayout(run_dir)
     notes: list[str] = []
     attempts_text: str | None = None
@@ -351,8 +345,7 @@ def import_eval(
     if reached != summary.target_reached:
         notes.append(f"target_reached {reached} (the source said {summary.target_reached})")
         summary = dataclasses.replace(summary, target_reached=reached)
-    if decided is not None:
-        notes.append(f"reopened {decided.describe()}: the next finalize rewrites the eval section")
+    notes += reopened
     _check_reads_back(summary, source, layout.summary(step))
     # Attempts first: a crash between the two writes leaves a summary that disagrees with them
     # (not valid, evaluated again), never an unchecked one.
@@ -399,21 +392,13 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
             f"{source}: line {logged.accuracy_line}: not valid for step {row.step}: "
             + "; ".join(map(str, problems))
         )
-    decided = _decided_by(run_dir, row)
-    if decided is not None and not reopen:
-        raise EvalImportError(
-            f"step {row.step}: the run is decided: {decided.describe()} depends on this step's "
-            "summary; give --reopen to replace it (the next finalize then rewrites the eval "
-            "section)"
-        )
+    reopened = _reopening(run_dir, row, reopen)
     path = RunLayout(run_dir).summary(row.step)
     _check_reads_back(summary, source, path)
     copied = attempts_file(run_dir, row.step)
     storage_for(copied).delete(copied)  # an earlier evaluation's attempts are not these
     write_summary(path, summary)
-    notes = [f"eval_accuracy line {logged.accuracy_line}; its other events ignored"]
-    if decided is not None:
-        notes.append(f"reopened {decided.describe()}: the next finalize rewrites the eval section")
+    notes = [f"eval_accuracy line {logged.accuracy_line}; its other events ignored", *reopened]
     return ImportResult(
         step=row.step,
         source=source,
@@ -426,6 +411,21 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
         not_counted=0,
         notes=tuple(notes),
     )
+
+
+def _reopening(run_dir: str, row: ManifestRow, reopen: bool) -> list[str]:
+    """A decided run's summary of `row`'s step is replaced only with --reopen: then the note
+    that says so (none when the run is not decided by it)."""
+    decided = _decided_by(run_dir, row)
+    if decided is None:
+        return []
+    if not reopen:
+        raise EvalImportError(
+            f"step {row.step}: the run is decided: {decided.describe()} depends on this step's "
+            "summary; give --reopen to replace it (the next finalize then rewrites the eval "
+            "section)"
+        )
+    return [f"reopened {decided.describe()}: the next finalize rewrites the eval section"]
 
 
 def _decided_by(run_dir: str, row: ManifestRow) -> WrittenRunStop | None:
