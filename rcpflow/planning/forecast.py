@@ -34,7 +34,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from rcpflow import recipe
 from rcpflow.planning.rehearsal import JobProfile, RehearsalInputError, load_profile
@@ -511,8 +511,7 @@ def _schedules(text: str) -> tuple[Schedule, ...]:
     return tuple(found)
 
 
-@dataclass(frozen=True)
-class Spread:
+class Spread(NamedTuple):
     """min / mean / max of one figure over the passing steps."""
 
     low: float
@@ -545,7 +544,7 @@ def report(request: Request) -> dict[str, Any]:
             "wasted": Spread.of(f.wasted for f in group),
         }
         summary.append(
-            {"schedule": schedule, "window": window, **{k: asdict(v) for k, v in figures.items()}}
+            {"schedule": schedule, "window": window, **{k: v._asdict() for k, v in figures.items()}}
         )
     out: dict[str, Any] = {
         "forecasts": [f.to_dict() for f in forecasts],

@@ -25,6 +25,9 @@ class ProgressError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointProgress:
+    """Where one step's checkpoint stands: committed (its row), ended (training stopped before
+    it), or pending; `detail` says why in a sentence."""
+
     step: int
     state: State
     row: ManifestRow | None  # when committed

@@ -188,6 +188,15 @@ def read_events(path: str) -> list[Event]:
     return parse(logtext.read(path), where=path)
 
 
+def read_given_log(path: str, role: str) -> list[Event]:
+    """The events of a log another program wrote; a missing one is an MLLogError naming it by
+    its `role` too (what it was given for)."""
+    try:
+        return read_events(path)
+    except FileNotFoundError as e:
+        raise MLLogError(f"{path}: no such MLLOG ({role})") from e
+
+
 class TrainingLog:
     """The training section of a run's MLLOG, persisted after every event.
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from rcpflow.files import jsonio
 from rcpflow.files.layout import is_gcs, join
 from rcpflow.files.storage import storage_for
-from rcpflow.records.mllog import Event, MLLogError, read_events
+from rcpflow.records.mllog import Event, MLLogError, read_given_log
 
 INFO_FILE = "training_info.json"
 WEIGHTS_DIR = ("policy", "weights")
@@ -170,9 +170,7 @@ def logged_eval(log_path: str, samples_count: int, step: int) -> LoggedEval:
     none, two, or a value that is not a number in [0, 1] is refused, named. Everything else in
     the log (its own ``run_stop``, decided with ``>=``) is ignored."""
     try:
-        events = read_events(log_path)
-    except FileNotFoundError as e:
-        raise NemoRLError(f"{log_path}: no such MLLOG (the evaluator's log)") from e
+        events = read_given_log(log_path, "the evaluator's log")
     except MLLogError as e:
         raise NemoRLError(str(e)) from e
     accuracies = [e for e in events if e.key == "eval_accuracy"]

@@ -23,7 +23,7 @@ from rcpflow.files.terminal_progress import Progress
 from rcpflow.records.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_attempts
 from rcpflow.records.decided import WrittenRunStop, written_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
-from rcpflow.records.mllog import MLLogError, read_events
+from rcpflow.records.mllog import MLLogError, read_given_log
 from rcpflow.records.nemo_rl import NemoRLError, logged_eval
 from rcpflow.records.summary import (
     TIME_FIELDS,
@@ -147,9 +147,7 @@ def eval_times_from_log(log_path: str, row: ManifestRow) -> tuple[int, int]:
     one ``eval_start`` and the one ``eval_stop`` whose metadata samples_count is the row's. None
     of either, or more than one (which one would it be?), is refused naming the log."""
     try:
-        events = read_events(log_path)
-    except FileNotFoundError as e:
-        raise EvalImportError(f"{log_path}: no such MLLOG (eval times)") from e
+        events = read_given_log(log_path, "eval times")
     except MLLogError as e:
         raise EvalImportError(str(e)) from e
     found = {}

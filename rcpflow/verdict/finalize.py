@@ -38,6 +38,9 @@ class FinalizeInputError(ValueError):
 
 @dataclass(frozen=True)
 class FinalizeResult:
+    """What finalize decided (and wrote, unless asked not to): the run's status, the step and
+    time of its run_stop when it succeeded, the steps it evaluated, and why."""
+
     status: Status
     log_path: str
     reason: str
