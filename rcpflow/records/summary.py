@@ -13,7 +13,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from rcpflow import recipe
 from rcpflow.files import jsonio
@@ -23,6 +23,27 @@ from rcpflow.records.passk import mean_pass_at_k
 ATTEMPT_OUTCOMES = ("resolved", "failed", "error")
 PASS_KS = (1, recipe.PASS_K)
 TIME_FIELDS = ("eval_start_ms", "eval_stop_ms")
+
+
+class CheckpointRef(Protocol):
+    """The checkpoint a summary is of, by the three numbers that name it (a manifest row is
+    one; so is any record of the checkpoint that carries them)."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def timestamp_ms(self) -> int: ...
+    @property
+    def samples_count(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class CheckpointStamp:
+    """A CheckpointRef given by its numbers."""
+
+    step: int
+    timestamp_ms: int
+    samples_count: int
 
 
 class SummaryError(ValueError):
@@ -78,6 +99,12 @@ class EvalSummary:
     # only its accuracy): pass_at_k holds pass@4 alone, the attempt counts are not known (0,
     # status "not_recorded"), and pass@4 could not be recomputed. Written only when False.
     attempt_records: bool = True
+
+    @property
+    def checkpoint(self) -> CheckpointStamp:
+        return CheckpointStamp(
+            self.checkpoint_step, self.checkpoint_timestamp_ms, self.samples_count
+        )
 
     @property
     def eval_accuracy(self) -> float:
@@ -199,13 +226,11 @@ def task_counts(
 def build_summary(
     attempts: Sequence[Sequence[AttemptResult]],
     *,
-    attempts_per_instance: int,
-    checkpoint_step: int,
-    checkpoint_timestamp_ms: int,
-    samples_count: int,
+    checkpoint: CheckpointRef,
     target_accuracy: float,
     eval_start_ms: int,
     eval_stop_ms: int,
+    attempts_per_instance: int = recipe.EVAL_ATTEMPTS_PER_INSTANCE,
     instances: int = recipe.EVAL_SAMPLES,
     fatal_error: str | None = None,
 ) -> EvalSummary:
@@ -255,9 +280,9 @@ def build_summary(
         fatal_error=fatal_error,
         target_accuracy=float(target_accuracy),
         target_reached=reached,
-        checkpoint_step=checkpoint_step,
-        checkpoint_timestamp_ms=checkpoint_timestamp_ms,
-        samples_count=samples_count,
+        checkpoint_step=checkpoint.step,
+        checkpoint_timestamp_ms=checkpoint.timestamp_ms,
+        samples_count=checkpoint.samples_count,
         eval_start_ms=eval_start_ms,
         eval_stop_ms=eval_stop_ms,
     )
@@ -269,9 +294,7 @@ NOT_RECORDED = "not_recorded"
 def accuracy_only_summary(
     accuracy: float,
     *,
-    checkpoint_step: int,
-    checkpoint_timestamp_ms: int,
-    samples_count: int,
+    checkpoint: CheckpointRef,
     eval_start_ms: int,
     eval_stop_ms: int,
 ) -> EvalSummary:
@@ -294,9 +317,9 @@ def accuracy_only_summary(
         fatal_error=None,
         target_accuracy=recipe.TARGET_ACCURACY,
         target_reached=accuracy > recipe.TARGET_ACCURACY,
-        checkpoint_step=checkpoint_step,
-        checkpoint_timestamp_ms=checkpoint_timestamp_ms,
-        samples_count=samples_count,
+        checkpoint_step=checkpoint.step,
+        checkpoint_timestamp_ms=checkpoint.timestamp_ms,
+        samples_count=checkpoint.samples_count,
         eval_start_ms=eval_start_ms,
         eval_stop_ms=eval_stop_ms,
         attempt_records=False,

@@ -210,14 +210,12 @@ def recomputed_problems(
         ]
     again = build_summary(
         attempts,
-        attempts_per_instance=s.attempts_per_instance,
-        instances=s.instances,
-        checkpoint_step=s.checkpoint_step,
-        checkpoint_timestamp_ms=s.checkpoint_timestamp_ms,
-        samples_count=s.samples_count,
+        checkpoint=s.checkpoint,
         target_accuracy=s.target_accuracy,
         eval_start_ms=s.eval_start_ms,
         eval_stop_ms=s.eval_stop_ms,
+        attempts_per_instance=s.attempts_per_instance,
+        instances=s.instances,
     )
     out = [
         Problem(name, f"{getattr(s, name)} but {where} gives {getattr(again, name)}")

@@ -319,11 +319,7 @@ def import_eval(
         not_counted = found.not_counted
         summary = build_summary(
             found.per_instance(),
-            attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
-            instances=recipe.EVAL_SAMPLES,
-            checkpoint_step=row.step,
-            checkpoint_timestamp_ms=row.timestamp_ms,
-            samples_count=row.samples_count,
+            checkpoint=row,
             target_accuracy=recipe.TARGET_ACCURACY,
             eval_start_ms=eval_times[0],
             eval_stop_ms=eval_times[1],
@@ -378,9 +374,7 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
         raise EvalImportError(str(e)) from e
     summary = accuracy_only_summary(
         logged.accuracy,
-        checkpoint_step=row.step,
-        checkpoint_timestamp_ms=row.timestamp_ms,
-        samples_count=row.samples_count,
+        checkpoint=row,
         eval_start_ms=logged.eval_start_ms,
         eval_stop_ms=logged.eval_stop_ms,
     )

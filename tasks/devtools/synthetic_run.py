@@ -71,10 +71,7 @@ def write_eval(run: SyntheticRun, step: int, accuracy: float, **overrides: Any) 
     start = T0 + 3_600_000 + step * 10_000
     summary = build_summary(
         attempts_for_accuracy(accuracy),
-        attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
-        checkpoint_step=step,
-        checkpoint_timestamp_ms=row.timestamp_ms,
-        samples_count=row.samples_count,
+        checkpoint=row,
         target_accuracy=row.target_accuracy,
         eval_start_ms=start,
         eval_stop_ms=start + 4_321,

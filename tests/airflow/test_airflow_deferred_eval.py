@@ -16,7 +16,6 @@ from airflow_harness import (
     write_deployment,
 )
 
-from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events
@@ -130,11 +129,7 @@ def _plant_summary(run_dir: Path, step: int, accuracy: float) -> None:
     row = load(layout.manifest).row(step)
     summary = build_summary(
         attempts_for_accuracy(accuracy),
-        attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
-        instances=recipe.EVAL_SAMPLES,
-        checkpoint_step=step,
-        checkpoint_timestamp_ms=row.timestamp_ms,
-        samples_count=row.samples_count,
+        checkpoint=row,
         target_accuracy=row.target_accuracy,
         eval_start_ms=row.timestamp_ms + 60_000,
         eval_stop_ms=row.timestamp_ms + 61_000,

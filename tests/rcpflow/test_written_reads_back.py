@@ -84,8 +84,7 @@ def test_a_summary_with_eval_times_200_years_ahead_is_invalid(run):
 def _summary(run, **kw):
     row = run.row(18)
     args = dict(
-        attempts_per_instance=4, checkpoint_step=18, checkpoint_timestamp_ms=row.timestamp_ms,
-        samples_count=row.samples_count, target_accuracy=0.69, eval_start_ms=START,
+        attempts_per_instance=4, checkpoint=row, target_accuracy=0.69, eval_start_ms=START,
         eval_stop_ms=STOP,
     )  # fmt: skip
     return build_summary(attempts_for_accuracy(0.5), **{**args, **kw})

@@ -148,11 +148,7 @@ def evaluate(
         attempts[r["instance"]].append(AttemptResult(status=r["status"], reward=float(r["reward"])))
     summary = build_summary(
         attempts,
-        attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
-        instances=recipe.EVAL_SAMPLES,
-        checkpoint_step=facts.step,
-        checkpoint_timestamp_ms=facts.timestamp_ms,
-        samples_count=facts.samples_count,
+        checkpoint=facts,
         target_accuracy=target.target_accuracy,
         # The evaluation began when its first worker did (pods start at different times).
         eval_start_ms=min(s.start_ms for s in gathered.shards.values()),

@@ -126,10 +126,7 @@ def tunix_summary(checkpoint: Checkpoint, attempts: Sequence[Attempt]) -> dict[s
         per_task[a.task].append(AttemptResult(outcome, 1.0 if a.solved else 0.0, a.status))
     s = build_summary(
         per_task,
-        attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
-        checkpoint_step=checkpoint.step,
-        checkpoint_timestamp_ms=checkpoint.timestamp_ms,
-        samples_count=checkpoint.samples_count,
+        checkpoint=checkpoint,
         target_accuracy=recipe.TARGET_ACCURACY,
         eval_start_ms=0,  # not written: Tunix's summaries carry no wall clock
         eval_stop_ms=0,

@@ -39,10 +39,7 @@ ROW = ManifestRow(
 )  # fmt: skip
 SUMMARY = build_summary(
     attempts_for_accuracy(0.5),
-    attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
-    checkpoint_step=18,
-    checkpoint_timestamp_ms=ROW.timestamp_ms,
-    samples_count=ROW.samples_count,
+    checkpoint=ROW,
     target_accuracy=ROW.target_accuracy,
     eval_start_ms=1_700_000_200_000,
     eval_stop_ms=1_700_000_300_000,

@@ -14,6 +14,7 @@ from rcpflow import recipe
 from rcpflow.records.manifest import ManifestRow
 from rcpflow.records.summary import (
     AttemptResult,
+    CheckpointStamp,
     EvalSummary,
     SummaryError,
     build_summary,
@@ -35,9 +36,7 @@ T0 = 1_700_000_000_000  # eval and checkpoint times must be real ones (2020 .. n
 def _build(attempts, **kw):
     args = dict(
         attempts_per_instance=4,
-        checkpoint_step=18,
-        checkpoint_timestamp_ms=T0 + 5,
-        samples_count=18 * 256,
+        checkpoint=CheckpointStamp(step=18, timestamp_ms=T0 + 5, samples_count=18 * 256),
         target_accuracy=0.69,
         eval_start_ms=T0 + 10,
         eval_stop_ms=T0 + 20,
@@ -102,7 +101,7 @@ def test_status_counts_use_the_evaluators_words():
 def test_validity_against_row(tmp_path):
     run = make_run(str(tmp_path), accuracies={})
     row = run.row(18)
-    at = dict(checkpoint_timestamp_ms=row.timestamp_ms, eval_start_ms=row.timestamp_ms + 1)
+    at = dict(checkpoint=row, eval_start_ms=row.timestamp_ms + 1)
     at["eval_stop_ms"] = row.timestamp_ms + 2
     good = _build(attempts_for_accuracy(0.5), **at)
     assert summary_problems(good, row) == []
@@ -206,7 +205,7 @@ def test_gate_is_strict_at_the_target(tmp_path):
     from rcpflow.verdict.gate import passes
 
     run = make_run(str(tmp_path), max_steps=18)
-    s = _build(attempts_for_accuracy(0.5), checkpoint_timestamp_ms=run.row(18).timestamp_ms)
+    s = _build(attempts_for_accuracy(0.5), checkpoint=run.row(18))
     at_target = dataclasses.replace(s, pass_at_k={"1": 0.2, "4": 0.69})
     above = dataclasses.replace(s, pass_at_k={"1": 0.2, "4": 0.6900001})
     assert not passes(at_target, run.row(18))

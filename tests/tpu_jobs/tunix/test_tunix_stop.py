@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 from trainer_runs import written_rows
 
-from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
 from rcpflow.records import manifest
@@ -80,10 +79,7 @@ def evaluated(run_dir: str, row: ManifestRow, accuracy: float) -> None:
     start = now_ms()
     summary = build_summary(
         attempts_for_accuracy(accuracy),
-        attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
-        checkpoint_step=row.step,
-        checkpoint_timestamp_ms=row.timestamp_ms,
-        samples_count=row.samples_count,
+        checkpoint=row,
         target_accuracy=row.target_accuracy,
         eval_start_ms=start,
         eval_stop_ms=start + 1,
