@@ -223,18 +223,29 @@ def task_counts(
     ]
 
 
-def build_summary(
+@dataclass(frozen=True)
+class AttemptCounts:
+    """What a set of attempts says by itself: the counts a summary states, its pass@k."""
+
+    instances: int
+    attempts_per_instance: int
+    expected_attempts: int
+    completed_attempts: int
+    missing_attempts: int
+    error_attempts: int
+    resolved_attempts: int
+    avg_at_k: float
+    pass_at_k: dict[str, float]
+    mean_reward: float
+    status_counts: dict[str, int]
+
+
+def count_attempts(
     attempts: Sequence[Sequence[AttemptResult]],
-    *,
-    checkpoint: CheckpointRef,
-    target_accuracy: float,
-    eval_start_ms: int,
-    eval_stop_ms: int,
     attempts_per_instance: int = recipe.EVAL_ATTEMPTS_PER_INSTANCE,
     instances: int = recipe.EVAL_SAMPLES,
-    fatal_error: str | None = None,
-) -> EvalSummary:
-    """Summarise per-instance attempts; instances or attempts not given count as missing.
+) -> AttemptCounts:
+    """Count per-instance attempts; instances or attempts not given count as missing.
 
     pass@k uses n = `attempts_per_instance` (expected) and c = resolved attempts, so an error
     or a missing attempt is a failure, never a silent shrink of the denominator.
@@ -261,10 +272,7 @@ def build_summary(
     expected = instances * attempts_per_instance
     completed = sum(outcomes.values())
     per_task = task_counts(attempts, attempts_per_instance, instances)
-    pass_at = {str(k): mean_pass_at_k(per_task, k) for k in PASS_KS}
-    complete = completed == expected
-    reached = complete and fatal_error is None and pass_at[str(recipe.PASS_K)] > target_accuracy
-    return EvalSummary(
+    return AttemptCounts(
         instances=instances,
         attempts_per_instance=attempts_per_instance,
         expected_attempts=expected,
@@ -273,13 +281,34 @@ def build_summary(
         error_attempts=outcomes["error"],
         resolved_attempts=outcomes["resolved"],
         avg_at_k=outcomes["resolved"] / expected,
-        pass_at_k=pass_at,
+        pass_at_k={str(k): mean_pass_at_k(per_task, k) for k in PASS_KS},
         mean_reward=sum(rewards) / len(rewards) if rewards else 0.0,
         status_counts=dict(sorted(labels.items())),
+    )
+
+
+def build_summary(
+    attempts: Sequence[Sequence[AttemptResult]],
+    *,
+    checkpoint: CheckpointRef,
+    target_accuracy: float,
+    eval_start_ms: int,
+    eval_stop_ms: int,
+    attempts_per_instance: int = recipe.EVAL_ATTEMPTS_PER_INSTANCE,
+    instances: int = recipe.EVAL_SAMPLES,
+    fatal_error: str | None = None,
+) -> EvalSummary:
+    """The summary of `checkpoint`'s evaluation: `count_attempts`, and whether it reached the
+    target (complete, no fatal error, pass@k above it)."""
+    counts = count_attempts(attempts, attempts_per_instance, instances)
+    complete = counts.completed_attempts == counts.expected_attempts
+    pass_k = counts.pass_at_k[str(recipe.PASS_K)]
+    return EvalSummary(
+        **dataclasses.asdict(counts),
         complete=complete,
         fatal_error=fatal_error,
         target_accuracy=float(target_accuracy),
-        target_reached=reached,
+        target_reached=complete and fatal_error is None and pass_k > target_accuracy,
         checkpoint_step=checkpoint.step,
         checkpoint_timestamp_ms=checkpoint.timestamp_ms,
         samples_count=checkpoint.samples_count,

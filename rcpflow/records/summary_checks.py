@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from rcpflow import recipe
 from rcpflow.records.manifest import ManifestRow
 from rcpflow.records.passk import mean_pass_at_k
-from rcpflow.records.summary import PASS_KS, AttemptResult, EvalSummary, build_summary, task_counts
+from rcpflow.records.summary import PASS_KS, AttemptResult, EvalSummary, count_attempts, task_counts
 
 # Tolerance of float equalities (pass@1 = resolved/expected, pass@k recomputed): far below the
 # 1/1004 resolution of the counts, far above the rounding of a sum over 251 tasks.
@@ -208,15 +208,7 @@ def recomputed_problems(
                 f"{where} has a task with more than {s.attempts_per_instance} attempts",
             )
         ]
-    again = build_summary(
-        attempts,
-        checkpoint=s.checkpoint,
-        target_accuracy=s.target_accuracy,
-        eval_start_ms=s.eval_start_ms,
-        eval_stop_ms=s.eval_stop_ms,
-        attempts_per_instance=s.attempts_per_instance,
-        instances=s.instances,
-    )
+    again = count_attempts(attempts, s.attempts_per_instance, s.instances)
     out = [
         Problem(name, f"{getattr(s, name)} but {where} gives {getattr(again, name)}")
         for name in (*COUNT_FIELDS, "status_counts")
