@@ -67,17 +67,23 @@ def attempts_for_accuracy(accuracy: float, attempts: int = 4) -> list[list[Attem
 
 
 def write_eval(run: SyntheticRun, step: int, accuracy: float, **overrides: Any) -> None:
-    row = run.row(step)
-    start = T0 + 3_600_000 + step * 10_000
+    evaluated(run.run_dir, run.row(step), accuracy, T0 + 3_600_000 + step * 10_000, **overrides)
+
+
+def evaluated(
+    run_dir: str, row: ManifestRow, accuracy: float, start_ms: int, **overrides: Any
+) -> None:
+    """The summary of `row`'s checkpoint with pass@4 `accuracy`, evaluated from `start_ms` for
+    4.321 s; `overrides` go to `build_summary`."""
     summary = build_summary(
         attempts_for_accuracy(accuracy),
         checkpoint=row,
         target_accuracy=row.target_accuracy,
-        eval_start_ms=start,
-        eval_stop_ms=start + 4_321,
+        eval_start_ms=start_ms,
+        eval_stop_ms=start_ms + 4_321,
         **overrides,
     )
-    write_summary(run.layout.summary(step), summary)
+    write_summary(RunLayout(run_dir).summary(row.step), summary)
 
 
 def make_run(

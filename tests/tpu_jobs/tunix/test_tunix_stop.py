@@ -28,12 +28,11 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records import manifest
 from rcpflow.records.manifest import ManifestRow
 from rcpflow.records.mllog import read_events, run_start_ms
-from rcpflow.records.summary import build_summary, write_summary
 from rcpflow.submission.checkers import compliance
 from rcpflow.trainer.recorder import TrainingRecorder, now_ms
 from rcpflow.verdict import stop_request
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import attempts_for_accuracy
+from tasks.devtools.synthetic_run import evaluated
 from tpu_jobs.rcp.checkpoint_format import is_complete
 
 _WHY = "google-tunix (the project's `tunix` extra) is not installed"
@@ -72,19 +71,6 @@ def identity(run_dir: str, max_steps: int, seed: int = SEED) -> stop_request.Run
 def write_request(run_dir: str, request: stop_request.StopRequest) -> None:
     path = RunLayout(run_dir).stop_request
     storage_for(path).write_atomic(path, request.to_json())
-
-
-def evaluated(run_dir: str, row: ManifestRow, accuracy: float) -> None:
-    """A summary of `row`'s checkpoint with pass@4 `accuracy`, evaluated now."""
-    start = now_ms()
-    summary = build_summary(
-        attempts_for_accuracy(accuracy),
-        checkpoint=row,
-        target_accuracy=row.target_accuracy,
-        eval_start_ms=start,
-        eval_stop_ms=start + 1,
-    )
-    write_summary(RunLayout(run_dir).summary(row.step), summary)
 
 
 def act_during_update(
@@ -150,8 +136,8 @@ def test_a_stop_request_ends_tunix_training_after_the_current_update(
 
     def decide(_: dict[int, int]) -> None:
         rows = {s: wait_for_row(run_dir, s) for s in (2, 3)}
-        evaluated(run_dir, rows[2], 0.4)
-        evaluated(run_dir, rows[3], 0.8)
+        evaluated(run_dir, rows[2], 0.4, now_ms())
+        evaluated(run_dir, rows[3], 0.8, now_ms())
         requests.append(stop_request.request_stop(run_dir))
 
     act_during_update(monkeypatch, 4, decide)
