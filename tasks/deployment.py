@@ -172,6 +172,14 @@ class Deployment:
             raise TypeError(f"[{name}] was read as {type(found).__name__}, not {cls.__name__}")
         return found
 
+    def backend_table(self, name: str, cls: type[T]) -> T:
+        """The table of the backend `name` (``[gke]`` for gke) as `cls`; the backend cannot
+        run without it."""
+        found = self.table(name, cls)
+        if found is None:
+            raise DeploymentError(f"{self.source}: backend {name!r} needs a [{name}] table")
+        return found
+
     @property
     def job_python(self) -> str:
         return self.python or sys.executable
