@@ -131,22 +131,18 @@ class Deployment:
     def __post_init__(self) -> None:
         check_plain_env("job_env", self.job_env, reserved=False)  # as [jobs.*.env]: names
         # On Slurm an image is a Pyxis container, a secret a reference on the cluster: settings
-        # of the [slurm] table's roles.
-        slurm_key = {"image": "container_image", "secret_env": "secret_env"}
-        for key in self.jobs.images():
-            if self.backend != "gke":
-                raise SettingError(
-                    f"jobs.{key}",
-                    f"only the gke backend runs images (backend is {self.backend!r})"
-                    + _on_slurm(self.backend, key, slurm_key["image"]),
-                )
-        for key in self.jobs.secret_envs():
-            if self.backend != "gke":
-                raise SettingError(
-                    f"jobs.{key}",
-                    f"Kubernetes Secrets are the gke backend's (backend is {self.backend!r})"
-                    + _on_slurm(self.backend, key, slurm_key["secret_env"]),
-                )
+        # of the [slurm] table's roles (the third item).
+        for keys, only_gke, slurm_key in (
+            (self.jobs.images(), "only the gke backend runs images", "container_image"),
+            (self.jobs.secret_envs(), "Kubernetes Secrets are the gke backend's", "secret_env"),
+        ):
+            for key in keys:
+                if self.backend != "gke":
+                    raise SettingError(
+                        f"jobs.{key}",
+                        f"{only_gke} (backend is {self.backend!r})"
+                        + _on_slurm(self.backend, key, slurm_key),
+                    )
         for name, value, minimum, maximum in (
             ("eval_window", self.eval_window, 1, MAX_EVAL_WINDOW),
             ("train_timeout_minutes", self.train_timeout_minutes, 1, MAX_TIMEOUT_MINUTES),
@@ -174,6 +170,14 @@ class Deployment:
         found = self.tables.get(name)
         if found is not None and not isinstance(found, cls):
             raise TypeError(f"[{name}] was read as {type(found).__name__}, not {cls.__name__}")
+        return found
+
+    def backend_table(self, name: str, cls: type[T]) -> T:
+        """The table of the backend `name` (``[gke]`` for gke) as `cls`; the backend cannot
+        run without it."""
+        found = self.table(name, cls)
+        if found is None:
+            raise DeploymentError(f"{self.source}: backend {name!r} needs a [{name}] table")
         return found
 
     @property

@@ -13,7 +13,7 @@ from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_j
 from tasks.backends.gke.operators import jobset_hook
 from tasks.backends.gke.render import jobset_name
 from tasks.backends.gke.settings import TABLE, GkeSettings, check_evaluate_job
-from tasks.deployment import BackendName, Deployment, DeploymentError
+from tasks.deployment import BackendName, Deployment
 from tasks.run.spec import run_dir_of
 
 if TYPE_CHECKING:
@@ -32,9 +32,7 @@ class GkeBackend:
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)
 
     def __init__(self, deployment: Deployment) -> None:
-        settings = deployment.table(TABLE, GkeSettings)
-        if settings is None:
-            raise DeploymentError(f"{deployment.source}: backend 'gke' needs a [gke] table")
+        settings = deployment.backend_table(TABLE, GkeSettings)
         check_evaluate_job(settings, deployment.jobs.evaluate.command, deployment.source)
         self.deployment = deployment
         self.settings: GkeSettings = settings

@@ -20,11 +20,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
-from rcpflow.verdict.stop_request import current
+from tasks.backend_api.watch_trigger import WatchTrigger
 from tasks.backends.gke.settings import GkeCluster
 from tasks.backends.gke.status import (
     JobSetGone,
@@ -70,7 +71,8 @@ def cluster_kwargs(cluster: GkeCluster) -> dict[str, Any]:
     }
 
 
-class JobSetTrigger(BaseTrigger):
+@dataclass(kw_only=True, eq=False, repr=False)
+class JobSetTrigger(WatchTrigger):
     """Poll a JobSet every `poll_interval_s` until it is terminal; one event:
     ``{"phase": "Succeeded"|"Failed"|"Stopped"|"error"|"Watching", "name", "namespace",
     "reason", "message", "progress", "pods", "kwargs"}`` (`pods`: lines on the failed pods, for
@@ -93,72 +95,28 @@ class JobSetTrigger(BaseTrigger):
     `submitted_at` (when the operator created it) is kept for the operator's outer timeout.
     """
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        namespace: str,
-        cluster: Mapping[str, Any],
-        uid: str | None = None,
-        poll_interval_s: float = 30.0,
-        api_error_budget_s: float = 1200.0,
-        api_backoff_max_s: float = 120.0,
-        max_suspended_s: float | None = None,
-        max_running_s: float | None = None,
-        stop_run_dir: str | None = None,
-        stop_grace_s: float = 600.0,
-        running_s: float = 0.0,
-        running_since: float | None = None,
-        suspended_since: float | None = None,
-        stop_seen: float | None = None,
-        outage_since: float | None = None,
-        submitted_at: float | None = None,
-    ) -> None:
-        super().__init__()
-        self.name = name
-        self.namespace = namespace
-        self.cluster = dict(cluster)
-        self.uid = uid
-        self.poll_interval_s = poll_interval_s
-        self.api_error_budget_s = api_error_budget_s
-        self.api_backoff_max_s = api_backoff_max_s
-        self.max_suspended_s = max_suspended_s
-        self.max_running_s = max_running_s
-        self.stop_run_dir = stop_run_dir
-        self.stop_grace_s = stop_grace_s
-        self.running_s = running_s
-        self.running_since = running_since
-        self.suspended_since = suspended_since
-        self.stop_seen = stop_seen
-        self.outage_since = outage_since
-        self.submitted_at = submitted_at
-        self._hook: AsyncJobSetHook | None = None
+    name: str
+    namespace: str
+    cluster: Mapping[str, Any]
+    uid: str | None = None
+    poll_interval_s: float = 30.0
+    api_error_budget_s: float = 1200.0
+    api_backoff_max_s: float = 120.0
+    max_suspended_s: float | None = None
+    max_running_s: float | None = None
+    stop_run_dir: str | None = None
+    stop_grace_s: float = 600.0
+    running_s: float = 0.0
+    running_since: float | None = None
+    suspended_since: float | None = None
+    stop_seen: float | None = None
+    outage_since: float | None = None
+    submitted_at: float | None = None
+    _hook: AsyncJobSetHook | None = field(default=None, init=False)
 
-    def kwargs(self) -> dict[str, Any]:
-        """What this trigger is made of, its state included (JSON)."""
-        return {
-            "name": self.name,
-            "namespace": self.namespace,
-            "cluster": self.cluster,
-            "uid": self.uid,
-            "poll_interval_s": self.poll_interval_s,
-            "api_error_budget_s": self.api_error_budget_s,
-            "api_backoff_max_s": self.api_backoff_max_s,
-            "max_suspended_s": self.max_suspended_s,
-            "max_running_s": self.max_running_s,
-            "stop_run_dir": self.stop_run_dir,
-            "stop_grace_s": self.stop_grace_s,
-            "running_s": self.running_s,
-            "running_since": self.running_since,
-            "suspended_since": self.suspended_since,
-            "stop_seen": self.stop_seen,
-            "outage_since": self.outage_since,
-            "submitted_at": self.submitted_at,
-        }
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        # This module's path; plugins.jobset keeps the path of older releases importable.
-        return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.cluster = dict(self.cluster)
 
     def running_time(self, now: float) -> float:
         """Seconds the JobSet has run (not suspended) up to `now`."""
@@ -271,20 +229,15 @@ class JobSetTrigger(BaseTrigger):
                     )
                 )
                 return
-            if self.stop_run_dir is not None:
-                if self.stop_seen is None:
-                    request = await asyncio.to_thread(current, self.stop_run_dir)
-                    if request is not None:
-                        self.stop_seen, changed = _now(), True
-                        self.log.info("%s: stop requested: %s", where, request.reason)
-                if self.stop_seen is not None and _now() - self.stop_seen >= self.stop_grace_s:
-                    await (await self.hook()).delete_jobset(self.namespace, self.name)
-                    message = f"still running {self.stop_grace_s:.0f} s after the stop request"
-                    self.log.warning("%s: %s: deleted", where, message)
-                    yield TriggerEvent(
-                        self._event("Stopped", reason="StopRequest", message=message, progress=line)
-                    )
-                    return
+            seen, stop = await self.stop_request(where, _now)
+            changed = changed or seen
+            if stop is not None:
+                await (await self.hook()).delete_jobset(self.namespace, self.name)
+                self.log.warning("%s: %s: deleted", where, stop)
+                yield TriggerEvent(
+                    self._event("Stopped", reason="StopRequest", message=stop, progress=line)
+                )
+                return
             if changed:  # persisted by the operator's next defer
                 yield TriggerEvent(self._event(WATCHING, reason="StateChanged", progress=line))
                 return

@@ -70,9 +70,7 @@ class SlurmBackend:
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)
 
     def __init__(self, deployment: Deployment) -> None:
-        settings = deployment.table(TABLE, SlurmSettings)
-        if settings is None:
-            raise DeploymentError(f"{deployment.source}: backend 'slurm' needs a [slurm] table")
+        settings = deployment.backend_table(TABLE, SlurmSettings)
         self.deployment = deployment
         self.settings: SlurmSettings = settings
         if settings.eval_in_training_allocation:

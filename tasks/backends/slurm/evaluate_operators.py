@@ -1,7 +1,7 @@
 """The operators that evaluate one checkpoint as a Slurm job of the deployment's evaluate job,
 behind the steps of `tasks.run.stages` (a decided or already evaluated step submits nothing),
-importing a foreign result when the job succeeded (`tasks.jobs.result`); a pass scancels the
-higher steps' evaluation jobs (`cancel_step_job`)."""
+importing a foreign result when the job succeeded, both as `tasks.run.evaluate_operator` has
+every backend do them; a pass scancels the higher steps' evaluation jobs (`cancel_step_job`)."""
 
 from __future__ import annotations
 
@@ -11,26 +11,17 @@ from typing import TYPE_CHECKING, Any
 from tasks.backends.slurm.operators import SlurmJobOperator, hook_for, job_name
 from tasks.backends.slurm.settings import SlurmSettings
 from tasks.backends.slurm.triggers import FINISHED, WATCHING, SlurmJobTrigger, connection_kwargs
-from tasks.jobs.result import Baseline, EvaluationError, baseline, import_result, now_ms
 from tasks.jobs.templates import EvaluateJob
 from tasks.jobs.values import evaluate_values
-from tasks.run.stages import (
-    EvalTarget,
-    cancel_above,
-    collect,
-    eval_target,
-    reusable,
-    skip_if_decided,
-    step_target,
-)
+from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
+from tasks.run.stages import EvalTarget, cancel_above, skip_if_decided
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from rcpflow.records.manifest import ManifestRow
     from tasks.backends.slurm.hooks import JobInfo
-
-# XCom key of a foreign evaluate job's start: its wall clock and what was at its result path.
-EVAL_START_XCOM_KEY = "eval_start"
+    from tasks.jobs.values import Values
 
 
 def eval_label(step: int) -> str:
@@ -48,10 +39,12 @@ def cancel_step_job(settings: SlurmSettings, dag_id: str, run_id: str, step: int
     return bool(running)
 
 
-class SlurmEvaluateOperator(SlurmJobOperator):
+class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
     """Evaluate the manifest row `row` as a Slurm job of `eval_job` (see the module doc)."""
 
     template_fields = (*SlurmJobOperator.template_fields, "run_dir", "row")
+    job_started = "the job was submitted"
+    failure_is_stop = True
 
     def __init__(
         self,
@@ -67,42 +60,22 @@ class SlurmEvaluateOperator(SlurmJobOperator):
         self.run_dir = run_dir
         self.row = row
 
-    def target(self) -> EvalTarget:
-        return eval_target(self.run_dir, dict(self.row))
+    def eval_values(self, row: ManifestRow) -> Values:
+        return evaluate_values(self.run_dir, row, self.settings.python)
 
     def job_label(self, context: Context) -> str:
         return eval_label(self.target().step)
 
     def job_argv(self, context: Context) -> list[str]:
-        row = self.target().row
-        values = evaluate_values(self.run_dir, row, self.settings.python)
-        return self.eval_job.job_command.render(values)
+        return self.eval_job.job_command.render(self.eval_values(self.target().row))
 
-    def execute(self, context: Context) -> Any:
-        target = self.target()
-        skip_if_decided(target)
-        if reusable(target):
-            return collect(target)
+    def before_job(self, context: Context, target: EvalTarget) -> None:
         if self.settings.eval_in_training_allocation:
             self._wait_for_the_training(context, target.step)
-        if self.eval_job.result.imported:
-            values = evaluate_values(self.run_dir, target.row, self.settings.python)
-            before = baseline(self.eval_job.result, values)
-            context["ti"].xcom_push(
-                key=EVAL_START_XCOM_KEY, value={"ms": now_ms(), "baseline": before.to_dict()}
-            )
-        return super().execute(context)
 
-    def execute_complete(self, context: Context, event: Mapping[str, Any]) -> Any:
-        target = self.target()
-        try:
-            super().execute_complete(context, event)  # a watching event defers again
-            if self.eval_job.result.imported:
-                self._import_result(context, target)
-        except Exception:
-            skip_if_decided(target, stopped=True)  # a lower step passed meanwhile
-            raise
-        result = collect(target)
+    def after_collect(
+        self, context: Context, target: EvalTarget, result: dict[str, Any]
+    ) -> dict[str, Any]:
         if result["target_reached"]:
             dag_run = context["dag_run"]
             settings = self.settings
@@ -147,32 +120,9 @@ class SlurmEvaluateOperator(SlurmJobOperator):
     def on_cancelled(self, context: Context, info: JobInfo) -> None:
         skip_if_decided(self.target(), stopped=True)
 
-    def _import_result(self, context: Context, target: EvalTarget) -> None:
-        ti = context["ti"]
-        start = ti.xcom_pull(task_ids=ti.task_id, key=EVAL_START_XCOM_KEY, map_indexes=ti.map_index)
-        if start is None:
-            raise EvaluationError(
-                f"step {target.step}: no {EVAL_START_XCOM_KEY} recorded before the job was "
-                "submitted: its eval times are unknown; clear the task to evaluate again"
-            )
-        imported = import_result(
-            self.eval_job.result,
-            evaluate_values(self.run_dir, target.row, self.settings.python),
-            Baseline.from_dict(start["baseline"]),
-            (start["ms"], now_ms()),
-        )
-        self.log.info("%s", imported.describe())
 
-
-class SlurmEvaluateStepOperator(SlurmEvaluateOperator):
+class SlurmEvaluateStepOperator(EvaluateStep, SlurmEvaluateOperator):
     """`SlurmEvaluateOperator` for the checkpoint of a planned `step` (evaluation during
     training: the step's wait saw its row committed), read from the manifest."""
 
     template_fields = (*SlurmJobOperator.template_fields, "run_dir", "step")
-
-    def __init__(self, *, step: int, **kwargs: Any) -> None:
-        super().__init__(row={}, **kwargs)
-        self.step = step
-
-    def target(self) -> EvalTarget:
-        return step_target(self.run_dir, self.step)

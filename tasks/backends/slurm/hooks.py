@@ -576,6 +576,10 @@ def _submit_time(hook: SlurmHook | RestSlurmHook, job_id: str) -> int:
     return 0
 
 
+# The job properties of v0.0.38 whose name is not the sbatch option's.
+_REST_NAMES = {"constraint": "constraints"}
+
+
 def rest_job_properties(job: BatchJob) -> dict[str, Any]:
     """The v0.0.38 job properties of `job` (slurmrestd reads no ``#SBATCH`` line)."""
     shape = job.shape
@@ -597,16 +601,8 @@ def rest_job_properties(job: BatchJob) -> dict[str, Any]:
         # slurmrestd needs an environment; the script exports the job's own.
         "environment": {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"},
     }
-    for key, value in (
-        ("partition", shape.partition),
-        ("account", shape.account),
-        ("qos", shape.qos),
-        ("constraints", shape.constraint),
-        ("reservation", shape.reservation),
-        ("gres", shape.gres),
-    ):
-        if value:
-            props[key] = value
+    for flag, value in shape.named_options():
+        props[_REST_NAMES.get(flag, flag)] = value
     if shape.gpus_per_node:
         props["gpus_per_node"] = str(shape.gpus_per_node)
     if shape.mem:

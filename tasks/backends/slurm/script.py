@@ -131,17 +131,9 @@ def sbatch_options(job: BatchJob) -> list[str]:
         # preemption); a failure of the job itself is rcpflow's to restart.
         "--requeue",
     ]
-    for flag, value in (
-        ("partition", shape.partition),
-        ("account", shape.account),
-        ("qos", shape.qos),
-        ("constraint", shape.constraint),
-        ("reservation", shape.reservation),
-        ("gres", shape.gres),
-        ("mem", shape.mem),
-    ):
-        if value:
-            options.append(f"--{flag}={value}")
+    options += [f"--{flag}={value}" for flag, value in shape.named_options()]
+    if shape.mem:
+        options.append(f"--mem={shape.mem}")
     if shape.gpus_per_node:
         options.append(f"--gpus-per-node={shape.gpus_per_node}")
     if shape.exclusive:

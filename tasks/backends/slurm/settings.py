@@ -123,6 +123,10 @@ def _default_secret_env() -> Mapping[str, SecretRef]:
     return MappingProxyType({})
 
 
+# The fields of a `SlurmJobShape` that are sbatch options of that name, the value as given.
+_NAMED_OPTIONS = ("partition", "account", "qos", "constraint", "reservation", "gres")
+
+
 @dataclass(frozen=True)
 class SlurmJobShape:
     """One role's allocation and restart policy (``[slurm.train]``, ``[slurm.evaluate]``).
@@ -239,6 +243,11 @@ class SlurmJobShape:
     @property
     def time_limit_s(self) -> int:
         return time_limit_seconds(self.time_limit)
+
+    def named_options(self) -> list[tuple[str, str]]:
+        """The allocation's options that are a name or an expression as given, by their
+        sbatch names, those set only; the same for a batch script and for slurmrestd."""
+        return [(name, getattr(self, name)) for name in _NAMED_OPTIONS if getattr(self, name)]
 
 
 def default_train_shape() -> SlurmJobShape:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import TriggerEvent
 
-from rcpflow.verdict.stop_request import current
+from tasks.backend_api.watch_trigger import WatchTrigger
 
 if TYPE_CHECKING:
     from tasks.backends.slurm.hooks import AsyncSlurmHook, JobInfo
@@ -52,7 +52,8 @@ def wall_clock() -> float:
     return _now()
 
 
-class SlurmJobTrigger(BaseTrigger):
+@dataclass(kw_only=True, eq=False, repr=False)
+class SlurmJobTrigger(WatchTrigger):
     """Poll the job `job` (``{"job_id", "name", "submit_time"}``) every `poll_interval_s`
     until it has ended; one event ``{"phase", "reason", "message", "job", "info", "budget",
     "kwargs"}``: ``finished`` (`info`: the job as Slurm reported it last), ``stopped`` (still
@@ -60,55 +61,25 @@ class SlurmJobTrigger(BaseTrigger):
     (JobIdReused, JobForgotten) or ``watching`` (defer again with `kwargs`). `budget` is the
     operator's restart count, carried through."""
 
-    def __init__(
-        self,
-        *,
-        connection: Mapping[str, Any],
-        job: Mapping[str, Any],
-        budget: Mapping[str, int] | None = None,
-        poll_interval_s: float = 15.0,
-        backoff_max_s: float = 120.0,
-        outage_report_s: float = 600.0,
-        stop_run_dir: str | None = None,
-        stop_grace_s: float = 600.0,
-        stop_seen: float | None = None,
-        outage_since: float | None = None,
-        output_offset: int = 0,
-        stdout_path: str = "",
-    ) -> None:
-        super().__init__()
-        self.connection = dict(connection)
-        self.job = dict(job)
-        self.budget = dict(budget or {})
-        self.poll_interval_s = poll_interval_s
-        self.backoff_max_s = backoff_max_s
-        self.outage_report_s = outage_report_s
-        self.stop_run_dir = stop_run_dir
-        self.stop_grace_s = stop_grace_s
-        self.stop_seen = stop_seen
-        self.outage_since = outage_since
-        self.output_offset = output_offset
-        self.stdout_path = stdout_path
-        self._hook: AsyncSlurmHook | None = None
+    connection: Mapping[str, Any]
+    job: Mapping[str, Any]
+    budget: Mapping[str, int] | None = None
+    poll_interval_s: float = 15.0
+    backoff_max_s: float = 120.0
+    outage_report_s: float = 600.0
+    stop_run_dir: str | None = None
+    stop_grace_s: float = 600.0
+    stop_seen: float | None = None
+    outage_since: float | None = None
+    output_offset: int = 0
+    stdout_path: str = ""
+    _hook: AsyncSlurmHook | None = field(default=None, init=False)
 
-    def kwargs(self) -> dict[str, Any]:
-        return {
-            "connection": self.connection,
-            "job": self.job,
-            "budget": self.budget,
-            "poll_interval_s": self.poll_interval_s,
-            "backoff_max_s": self.backoff_max_s,
-            "outage_report_s": self.outage_report_s,
-            "stop_run_dir": self.stop_run_dir,
-            "stop_grace_s": self.stop_grace_s,
-            "stop_seen": self.stop_seen,
-            "outage_since": self.outage_since,
-            "output_offset": self.output_offset,
-            "stdout_path": self.stdout_path,
-        }
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.connection = dict(self.connection)
+        self.job = dict(self.job)
+        self.budget = dict(self.budget or {})
 
     def hook(self) -> AsyncSlurmHook:
         if self._hook is None:
@@ -184,18 +155,13 @@ class SlurmJobTrigger(BaseTrigger):
                 await self._show_output(where)
                 yield TriggerEvent(self._event(FINISHED, info=info))
                 return
-            if self.stop_run_dir is not None:
-                if self.stop_seen is None:
-                    request = await asyncio.to_thread(current, self.stop_run_dir)
-                    if request is not None:
-                        self.stop_seen, changed = _now(), True
-                        self.log.info("%s: stop requested: %s", where, request.reason)
-                if self.stop_seen is not None and _now() - self.stop_seen >= self.stop_grace_s:
-                    await self.hook().cancel(expected.job_id)
-                    message = f"still running {self.stop_grace_s:.0f} s after the stop request"
-                    self.log.warning("%s: %s: scancelled", where, message)
-                    yield TriggerEvent(self._event(STOPPED, reason="StopRequest", message=message))
-                    return
+            seen, stop = await self.stop_request(where, _now)
+            changed = changed or seen
+            if stop is not None:
+                await self.hook().cancel(expected.job_id)
+                self.log.warning("%s: %s: scancelled", where, stop)
+                yield TriggerEvent(self._event(STOPPED, reason="StopRequest", message=stop))
+                return
             if changed:
                 yield TriggerEvent(self._event(WATCHING, reason="StateChanged"))
                 return
