@@ -72,7 +72,7 @@ _PER_STEP = frozenset(
 # Set by the backends themselves (tasks.backends.local, tasks.backends.gke.render).
 # Every name pattern here is matched whole (fullmatch): `$` alone lets a trailing newline pass.
 _RESERVED_ENV = re.compile(r"RCPFLOW_.*|PYTHONUNBUFFERED")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX; Kubernetes allows more, never less
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX; Kubernetes allows more, never less
 # Names that usually hold a credential: SECRET, PASSWORD/PASSWD, CREDENTIAL(S) anywhere in the
 # name, TOKEN and KEY as one of its _-separated parts (HF_TOKEN, API_KEY; not
 # TOKENIZERS_PARALLELISM or MONKEY).
@@ -93,8 +93,10 @@ def _command(role: Role, argv: tuple[str, ...]) -> JobCommand:
         raise SettingError(key, str(exc)) from None
 
 
-def _check_env_name(table: str, name: str, reserved: bool = True) -> None:
-    if not _ENV_NAME.fullmatch(name):
+def check_env_name(table: str, name: str, reserved: bool = True) -> None:
+    """`name` of the env table `table` is a POSIX variable name (and, when `reserved`, not one
+    rcpflow sets itself); SettingError naming ``table.name`` otherwise. Every backend's rule."""
+    if not ENV_NAME.fullmatch(name):
         shown = name if name.isprintable() else repr(name)  # a newline stays visible
         raise SettingError(f"{table}.{shown}", "is not an environment variable name")
     if reserved and _RESERVED_ENV.fullmatch(name):
@@ -107,7 +109,7 @@ def check_plain_env(table: str, env: Mapping[str, str], reserved: bool = True) -
     would be in every job's spec, log and XCom), and with `reserved` none of rcpflow's own (a
     job's env; ``[job_env]`` may set them for every local job, e.g. RCPFLOW_LEASE_TIMEOUT_S)."""
     for name in env:
-        _check_env_name(table, name, reserved)
+        check_env_name(table, name, reserved)
         if _SECRET_NAME.search(name):
             raise SettingError(
                 f"{table}.{name}",
@@ -121,7 +123,7 @@ def check_plain_env(table: str, env: Mapping[str, str], reserved: bool = True) -
 def _check_env(env: Mapping[str, str], secret_env: Mapping[str, SecretKeyRef]) -> None:
     check_plain_env("env", env)
     for name in secret_env:
-        _check_env_name("secret_env", name)
+        check_env_name("secret_env", name)
         if name in env:
             raise SettingError(f"secret_env.{name}", "is also in env; give it once")
 

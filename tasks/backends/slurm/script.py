@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from rcpflow.trainer.job_exit import EXIT_INVALID_INPUT
 from tasks.backends.slurm.settings import SecretRef, SlurmJobShape
-from tasks.jobs.templates import _ENV_NAME  # the project's one rule for a variable name
+from tasks.jobs.templates import ENV_NAME  # the project's one rule for a variable name
 
 # The multi-process layout the toy jobs read (tpu_jobs/rcp/distributed.py).
 COORDINATOR_ADDRESS_ENV = "RCPFLOW_COORDINATOR_ADDRESS"
@@ -66,7 +66,7 @@ class InAllocationEval:
 
     def __post_init__(self) -> None:
         for name in self.env:
-            if not _ENV_NAME.fullmatch(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ScriptError(f"{name!r} is not an environment variable name")
         if not self.argv or self.first > self.last or self.first < 1:
             raise ScriptError(f"in-allocation evaluation: steps {self.first}..{self.last}")
@@ -101,7 +101,7 @@ class BatchJob:
             if not path.startswith("/") or not _NO_WHITESPACE.fullmatch(path):
                 raise ScriptError(f"{path!r}: an absolute path without whitespace or quotes")
         for name in (*self.env, *self.secret_env):
-            if not _ENV_NAME.fullmatch(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ScriptError(f"{name!r} is not an environment variable name")
         both = sorted(set(self.env) & set(self.secret_env))
         if both:

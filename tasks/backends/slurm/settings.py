@@ -15,7 +15,7 @@ from rcpflow.trainer import job_exit
 from tasks.deployment import register_table
 
 # The project's one rule for environment variable names (and rcpflow's reserved ones).
-from tasks.jobs.templates import _ENV_NAME, _check_env_name
+from tasks.jobs.templates import ENV_NAME, check_env_name
 from tasks.settings import SettingError
 
 Transport = Literal["local", "ssh", "rest"]
@@ -115,7 +115,7 @@ class SecretRef:
             raise SettingError("", "give exactly one of file (a path on the cluster) or env")
         if self.file and (not self.file.startswith("/") or "\n" in self.file):
             raise SettingError("file", f"{self.file!r} is not an absolute path on the cluster")
-        if self.env and not _ENV_NAME.fullmatch(self.env):
+        if self.env and not ENV_NAME.fullmatch(self.env):
             raise SettingError("env", f"{self.env!r} is not an environment variable name")
 
 
@@ -212,7 +212,7 @@ class SlurmJobShape:
                     f"container_mounts[{i}]", f"{mount!r} is not SRC:DST (absolute, no comma)"
                 )
         for name in self.secret_env:
-            _check_env_name("secret_env", name)
+            check_env_name("secret_env", name)
 
     def _check_extra_args(self) -> None:
         for i, arg in enumerate(self.extra_sbatch_args):
