@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
-from airflow.sdk import XComArg
+from airflow.sdk import Context, XComArg
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
@@ -20,6 +20,7 @@ from tasks.jobs.values import train_values
 __all__ = [
     "OWNER_ENV",
     "TrainInputs",
+    "cluster_job_env",
     "job_env",
     "run_env",
     "train_argv",
@@ -81,6 +82,19 @@ def with_run_env(env: Mapping[str, str], added: object) -> dict[str, str]:
     ):
         raise ValueError(f"run_env must map names to strings, got {added!r}")
     return {**env, **added}
+
+
+def cluster_job_env(
+    env: Mapping[str, str], added: object, role: str, context: Context
+) -> dict[str, str]:
+    """A cluster job's environment as its task runs: `env`, what the run adds (`with_run_env`)
+    and, for training, the run folder's owner: every pod, restart and retry of this DAG run's
+    training task (`with_run_owner`)."""
+    out = with_run_env(env, added)
+    if role == "train":
+        dag_run = context["dag_run"]
+        out = with_run_owner(out, dag_run.dag_id, dag_run.run_id, context["ti"].task_id)
+    return out
 
 
 def train_inputs_of(inputs: XComArg) -> tuple[XComArg, XComArg]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from tasks.backend_api.job_inputs import with_run_env, with_run_owner
+from tasks.backend_api.job_inputs import cluster_job_env
 from tasks.backend_api.teardown import should_delete
 from tasks.backends.gke import triggers
 from tasks.backends.gke.render import check_adoptable, jobset_ref, render_jobset
@@ -123,10 +123,7 @@ class RunJobSetOperator(BaseOperator):
         if isinstance(command, str) or not isinstance(command, Sequence):
             raise ValueError(f"command must be a list of strings, got {command!r}")
         dag_run = context["dag_run"]
-        env = with_run_env(self.env, self.run_env)
-        if self.role == "train":
-            # The run folder's owner: every pod, restart and retry of this DAG run's training.
-            env = with_run_owner(env, dag_run.dag_id, dag_run.run_id, context["ti"].task_id)
+        env = cluster_job_env(self.env, self.run_env, self.role, context)
         return render_jobset(
             self.settings,
             role=self.role,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, XComArg
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from tasks.backend_api.job_inputs import with_run_env, with_run_owner
+from tasks.backend_api.job_inputs import cluster_job_env
 from tasks.backend_api.teardown import should_delete
 from tasks.backends.slurm.script import BatchJob, InAllocationEval
 from tasks.backends.slurm.settings import JobRole, SlurmJobShape, SlurmSettings
@@ -117,10 +117,7 @@ class SlurmJobOperator(BaseOperator):
     def batch_job(self, context: Context) -> BatchJob:
         """The job this task runs (with env values: never log or return it)."""
         dag_run = context["dag_run"]
-        env = with_run_env(self.env, self.run_env)
-        if self.role == "train":
-            # The run folder's owner: every restart and retry of this DAG run's training.
-            env = with_run_owner(env, dag_run.dag_id, dag_run.run_id, context["ti"].task_id)
+        env = cluster_job_env(self.env, self.run_env, self.role, context)
         return BatchJob(
             name=job_name(dag_run.dag_id, dag_run.run_id, self.job_label(context)),
             argv=tuple(self.job_argv(context)),
