@@ -15,6 +15,7 @@ from foreign.deployment import (
     FOREIGN_RUN,
     PASSING_STEP,
     TRAINER,
+    run_flags,
     write_foreign_deployment,
 )
 
@@ -102,8 +103,7 @@ def test_a_foreign_summary_its_attempts_contradict_fails_without_run_stop(
 
 def _train(run_dir: Path) -> None:
     argv = [PYTHON, str(TRAINER), "--run-dir", str(run_dir), "--ckpt-root", str(run_dir / "ck")]
-    for key in ("seed", "global_batch_size", "max_steps", "val_start_at", "division"):
-        argv += [f"--{key.replace('_', '-')}", str(FOREIGN_RUN[key])]
+    argv += run_flags(FOREIGN_RUN)
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -20,16 +21,22 @@ FOREIGN_RUN = {
 PASSING_STEP = 5
 
 
+def run_flags(run: Mapping[str, object]) -> list[str]:
+    """The run's parameters as the stand-in trainers' flags: ``--seed 1 --global-batch-size 16``
+    and so on (trainer_args.add_run_arguments)."""
+    return [arg for key, value in run.items() for arg in (f"--{key.replace('_', '-')}", str(value))]
+
+
+# The run's flags in a job template: ``--seed {seed} --global-batch-size {global_batch_size}`` ...
+RUN_TEMPLATE_FLAGS = run_flags({key: f"{{{key}}}" for key in FOREIGN_RUN})
+
+
 def train_command(rows: str = "recorder") -> list[str]:
     return [
         "{python}", str(TRAINER),
         "--run-dir", "{run_dir}",
         "--ckpt-root", "{run_dir}/own_checkpoints",
-        "--seed", "{seed}",
-        "--global-batch-size", "{global_batch_size}",
-        "--max-steps", "{max_steps}",
-        "--val-start-at", "{val_start_at}",
-        "--division", "{division}",
+        *RUN_TEMPLATE_FLAGS,
         "--rows", rows,
     ]  # fmt: skip
 
@@ -80,11 +87,7 @@ def nemo_train_command(*extra: str) -> list[str]:
     return [
         "{python}", str(NEMO_TRAINER),
         "--checkpoint-dir", "{checkpoint_dir}",
-        "--seed", "{seed}",
-        "--global-batch-size", "{global_batch_size}",
-        "--max-steps", "{max_steps}",
-        "--val-start-at", "{val_start_at}",
-        "--division", "{division}",
+        *RUN_TEMPLATE_FLAGS,
         *extra,
     ]  # fmt: skip
 
@@ -101,6 +104,19 @@ def nemo_evaluate_command() -> list[str]:
     return ["bash", "-c", script]
 
 
+def nemo_jobs(*train_extra: str) -> list[str]:
+    """The deployment's [jobs] tables of the NeMo-RL-shaped pair: the trainer's step_<N>/ tree
+    and the evaluator's own MLLOG are their results."""
+    return [
+        "[jobs.train]",
+        f"command = {json.dumps(nemo_train_command(*train_extra))}",
+        'result = { format = "nemo-rl-checkpoints", path = "{checkpoint_dir}" }',
+        "[jobs.evaluate]",
+        f"command = {json.dumps(nemo_evaluate_command())}",
+        f'result = {{ format = "nemo-rl-mllog", path = "{NEMO_EVAL_DIR}/mllog.log" }}',
+    ]
+
+
 def write_nemo_deployment(
     path: Path, *, python: str | None = None, eval_schedule: str = "after_training"
 ) -> Path:
@@ -110,12 +126,7 @@ def write_nemo_deployment(
         f"eval_schedule = {json.dumps(eval_schedule)}",
         "allow_run_dirs_outside_root = true",
         "checkpoint_poll_seconds = 0.5",
-        "[jobs.train]",
-        f"command = {json.dumps(nemo_train_command())}",
-        'result = { format = "nemo-rl-checkpoints", path = "{checkpoint_dir}" }',
-        "[jobs.evaluate]",
-        f"command = {json.dumps(nemo_evaluate_command())}",
-        f'result = {{ format = "nemo-rl-mllog", path = "{NEMO_EVAL_DIR}/mllog.log" }}',
+        *nemo_jobs(),
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -149,12 +160,7 @@ def write_nemo_slurm_deployment(
         *shape,
         "[slurm.evaluate]",
         *shape,
-        "[jobs.train]",
-        f"command = {json.dumps(nemo_train_command('--step-seconds', str(step_seconds)))}",
-        'result = { format = "nemo-rl-checkpoints", path = "{checkpoint_dir}" }',
-        "[jobs.evaluate]",
-        f"command = {json.dumps(nemo_evaluate_command())}",
-        f'result = {{ format = "nemo-rl-mllog", path = "{NEMO_EVAL_DIR}/mllog.log" }}',
+        *nemo_jobs("--step-seconds", str(step_seconds)),
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
