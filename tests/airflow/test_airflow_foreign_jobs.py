@@ -18,13 +18,13 @@ from foreign.deployment import (
     run_flags,
     write_foreign_deployment,
 )
+from foreign_outcome import assert_decided_at_the_passing_step
 
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from rcpflow.records.mllog import EventRenderer, read_events
 from rcpflow.records.summary import read_summary
 from rcpflow.submission.checkers import compliance
-from tasks.results.verdicts import read_verdict
 
 EVALUATE = "evaluation.evaluate"  # the deferred-eval DAG's, mapped over rows
 RUN_EVALUATE = "evaluation.checkpoint.evaluate"  # the run DAG's, per planned step
@@ -70,16 +70,8 @@ def test_foreign_trainer_and_evaluator_end_in_a_compliant_log(
         assert summary.pass_at_k == raw["pass_at_k"]
         assert manifest.row(step).timestamp_ms <= summary.eval_start_ms <= summary.eval_stop_ms
         assert (Path(layout.attempts_dir(step)) / "attempts.jsonl").exists()
-    events = read_events(layout.mllog(1))
-    accuracies = [e for e in events if e.key == "eval_accuracy"]
-    assert [e.metadata["samples_count"] for e in accuracies] == [s * 16 for s in ran]
-    assert accuracies[-1].value == pytest.approx(176 / 251)
-    (stop,) = [e for e in events if e.key == "run_stop"]
-    assert stop.metadata["status"] == "success"
-    assert stop.time_ms == manifest.row(PASSING_STEP).timestamp_ms
     assert result.states[("evaluation.check", -1)] == "success"
-    verdict = read_verdict(str(run_dir), "compliance_checker")
-    assert verdict is not None and verdict.ok
+    assert_decided_at_the_passing_step(run_dir, ran)
 
 
 @pytest.mark.timeout(600)
