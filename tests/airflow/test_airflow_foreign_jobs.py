@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from airflow_harness import PYTHON, launched_jobs, recording_python, run_dag_test
+from airflow_harness import PYTHON, Recording, launched_jobs, recording_python, run_dag_test
 from foreign.deployment import (
     EVALUATOR,
     FOREIGN_RUN,
@@ -18,7 +18,7 @@ from foreign.deployment import (
     run_flags,
     write_foreign_deployment,
 )
-from foreign_outcome import assert_decided_at_the_passing_step
+from foreign_runs import assert_decided_at_the_passing_step, run_foreign_dag
 
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
@@ -38,16 +38,14 @@ def _tree_attempts(run_dir: Path, step: int) -> list[Path]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("rows", ["recorder", "cli"])
 def test_foreign_trainer_and_evaluator_end_in_a_compliant_log(
-    airflow_db: str, tmp_path: Path, rows: str
+    airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording, rows: str
 ) -> None:
-    run_dir = tmp_path / "run"
-    python, record = recording_python(tmp_path)
-    deployment = write_foreign_deployment(tmp_path / "d.toml", python=str(python), rows=rows)
+    deployment = write_foreign_deployment(tmp_path / "d.toml", python=recording.python, rows=rows)
 
-    result = run_dag_test("mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)}, deployment)
+    result = run_foreign_dag(deployment, run_dir)
 
     assert result.state == "success", result.states
-    jobs = launched_jobs(record)
+    jobs = launched_jobs(recording.record)
     assert jobs[0].startswith(f"{TRAINER} --run-dir {run_dir} --ckpt-root {run_dir}/own_")
     layout = RunLayout(str(run_dir))
     manifest = load(layout.manifest)
@@ -76,14 +74,13 @@ def test_foreign_trainer_and_evaluator_end_in_a_compliant_log(
 
 @pytest.mark.timeout(600)
 def test_a_foreign_summary_its_attempts_contradict_fails_without_run_stop(
-    airflow_db: str, tmp_path: Path
+    airflow_db: str, tmp_path: Path, run_dir: Path
 ) -> None:
-    run_dir = tmp_path / "run"
     deployment = write_foreign_deployment(
         tmp_path / "d.toml", evaluate_extra=("--corrupt", "pass4")
     )
 
-    result = run_dag_test("mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)}, deployment)
+    result = run_foreign_dag(deployment, run_dir)
 
     assert result.state == "failed"
     assert result.mapped(RUN_EVALUATE)[0] == "failed"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from airflow_harness import launched_jobs, recording_python, run_dag_test
+from airflow_harness import Recording, launched_jobs
 from foreign.deployment import (
     FOREIGN_RUN,
     NEMO_EVALUATOR,
@@ -17,7 +17,11 @@ from foreign.deployment import (
     PASSING_STEP,
     write_nemo_deployment,
 )
-from foreign_outcome import assert_decided_at_the_passing_step, assert_nemo_outputs_imported
+from foreign_runs import (
+    assert_decided_at_the_passing_step,
+    assert_nemo_outputs_imported,
+    run_foreign_dag,
+)
 
 FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
 
@@ -25,18 +29,16 @@ FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("schedule", ["after_training", "during_training"])
 def test_a_nemo_rl_run_through_the_run_dag_ends_compliant(
-    airflow_db: str, tmp_path: Path, schedule: str
+    airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording, schedule: str
 ) -> None:
-    run_dir = tmp_path / "run"
-    python, record = recording_python(tmp_path)
     deployment = write_nemo_deployment(
-        tmp_path / "d.toml", python=str(python), eval_schedule=schedule
+        tmp_path / "d.toml", python=recording.python, eval_schedule=schedule
     )
 
-    result = run_dag_test("mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)}, deployment)
+    result = run_foreign_dag(deployment, run_dir)
 
     assert result.state == "success", result.states
-    jobs = launched_jobs(record)
+    jobs = launched_jobs(recording.record)
     assert jobs[0].startswith(f"{NEMO_TRAINER} --checkpoint-dir {run_dir}/checkpoints ")
     # each evaluation's --checkpoint-root: <run_dir>/nemo_eval/step_<N>/view
     evaluated = sorted(

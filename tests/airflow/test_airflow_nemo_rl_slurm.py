@@ -25,7 +25,10 @@ from foreign.deployment import (
     PASSING_STEP,
     write_nemo_slurm_deployment,
 )
-from foreign_outcome import assert_decided_at_the_passing_step, assert_nemo_outputs_imported
+from foreign_runs import (
+    assert_decided_at_the_passing_step,
+    assert_nemo_outputs_imported,
+)
 
 from tasks.devtools import slurm_cluster
 from tasks.devtools.airflow_server import LocalAirflow

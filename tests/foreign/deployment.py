@@ -54,13 +54,13 @@ def evaluate_command(*extra: str) -> list[str]:
 def write_foreign_deployment(
     path: Path,
     *,
-    python: str | None = None,
+    python: Path | str | None = None,
     rows: str = "recorder",
     evaluate_extra: tuple[str, ...] = (),
 ) -> Path:
     """A local deployment whose jobs are the foreign pair; the evaluator's Tunix tree is
     ``{run_dir}/tunix_eval``."""
-    lines = [f"python = {json.dumps(python)}"] if python else []
+    lines = [f"python = {json.dumps(str(python))}"] if python else []
     lines += [
         "allow_run_dirs_outside_root = true",  # run folders in the tests' temp dirs
         "[job_env]",
@@ -118,10 +118,10 @@ def nemo_jobs(*train_extra: str) -> list[str]:
 
 
 def write_nemo_deployment(
-    path: Path, *, python: str | None = None, eval_schedule: str = "after_training"
+    path: Path, *, python: Path | str | None = None, eval_schedule: str = "after_training"
 ) -> Path:
     """A local deployment whose jobs are the NeMo-RL-shaped pair."""
-    lines = [f"python = {json.dumps(python)}"] if python else []
+    lines = [f"python = {json.dumps(str(python))}"] if python else []
     lines += [
         f"eval_schedule = {json.dumps(eval_schedule)}",
         "allow_run_dirs_outside_root = true",

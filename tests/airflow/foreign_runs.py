@@ -1,5 +1,5 @@
-"""What a run of a foreign pair (tests/foreign) through the run DAG ends in: FOREIGN_RUN decided
-at PASSING_STEP, as the Airflow tests of those pairs check it."""
+"""A foreign pair (tests/foreign) through the run DAG, and what the run ends in: FOREIGN_RUN
+decided at PASSING_STEP, as the Airflow tests of those pairs check it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from airflow_harness import DagRunResult, run_dag_test
 from foreign.deployment import FOREIGN_RUN, PASSING_STEP
 
 from rcpflow.files.layout import RunLayout
@@ -14,6 +15,11 @@ from rcpflow.records.manifest import load
 from rcpflow.records.mllog import Event, read_events
 from rcpflow.records.summary import read_summary
 from tasks.results.verdicts import read_verdict
+
+
+def run_foreign_dag(deployment: Path, run_dir: Path) -> DagRunResult:
+    """dag.test() of the run DAG on FOREIGN_RUN in `run_dir`, its jobs those of `deployment`."""
+    return run_dag_test("mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)}, deployment)
 
 
 def assert_decided_at_the_passing_step(run_dir: Path, ran: Sequence[int]) -> list[Event]:
