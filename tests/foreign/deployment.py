@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 TRAINER = HERE / "trainer.py"
 EVALUATOR = HERE / "evaluator.py"
 # The run this pair decides at step 5 (skill 0.7: pass@4 176/251 = 0.701 > 0.69); the toy's
 # fast configuration otherwise.
-FOREIGN_RUN = {
+FOREIGN_RUN: dict[str, Any] = {
     "seed": 1,
     "global_batch_size": 16,
     "max_steps": 6,

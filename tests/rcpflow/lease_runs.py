@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from rcpflow import recipe
 from rcpflow.trainer.recorder import TrainingRecorder
@@ -13,7 +14,7 @@ GBS, MAX_STEPS, VAL_START = 256, 20, 18
 T0 = 1_700_000_000_000
 
 
-def recorder(run_dir: str, owner: str | None = None, **kw: object) -> TrainingRecorder:
+def recorder(run_dir: str, owner: str | None = None, **kw: Any) -> TrainingRecorder:
     hp = recipe.hyperparameters("closed", GBS, MAX_STEPS)
     return TrainingRecorder(
         run_dir, seed=1, hyperparameters=hp, val_start_at=VAL_START, owner=owner, **kw
