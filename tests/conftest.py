@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from env_helpers import set_env
 
 GCS_BUCKET = "rcpflow-test"
 _STARTUP_TIMEOUT_S = 30.0
@@ -138,8 +139,7 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSEmulator
 
 @pytest.fixture
 def gcs(gcs_server: GCSEmulator, monkeypatch: pytest.MonkeyPatch) -> GCSEmulator:
-    for key, value in gcs_server.env.items():
-        monkeypatch.setenv(key, value)
+    set_env(monkeypatch, gcs_server.env)
     return gcs_server
 
 

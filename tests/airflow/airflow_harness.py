@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 from repo_paths import REPO
@@ -100,7 +100,15 @@ def write_deployment(path: Path, python: str | None = None, **settings: object) 
     return path
 
 
-def recording_python(folder: Path, before_run: str = "") -> tuple[Path, Path]:
+class Recording(NamedTuple):
+    """`recording_python`'s interpreter wrapper and the file it records the jobs' arguments in
+    (`launched_jobs`)."""
+
+    python: Path
+    record: Path
+
+
+def recording_python(folder: Path, before_run: str = "") -> Recording:
     """An interpreter wrapper that appends each job's arguments to a file, then runs it for
     real: tests see exactly which jobs a DAG launched. `before_run`: Python lines the wrapper
     runs after recording, before the job (e.g. to make one job fail)."""
@@ -115,7 +123,7 @@ def recording_python(folder: Path, before_run: str = "") -> tuple[Path, Path]:
         f"os.execv({PYTHON!r}, [{PYTHON!r}, *sys.argv[1:]])\n"
     )
     wrapper.chmod(0o755)
-    return wrapper, record
+    return Recording(wrapper, record)
 
 
 def launched_jobs(record: Path) -> list[str]:

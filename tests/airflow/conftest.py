@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from airflow_harness import DAGS, HOME, REPO, alive
+from airflow_harness import DAGS, HOME, REPO, Recording, alive, recording_python
 
 from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
 from tasks.jobs.processes import free_port
@@ -21,6 +21,19 @@ def airflow_db() -> str:
 
     db.resetdb()
     return HOME
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """The test's run folder, ``tmp_path/run`` (not created: the run DAG makes it)."""
+    return tmp_path / "run"
+
+
+@pytest.fixture
+def recording(tmp_path: Path) -> Recording:
+    """The jobs' interpreter for this test, recording each job's arguments
+    (`recording_python` in tmp_path)."""
+    return recording_python(tmp_path)
 
 
 @pytest.fixture(scope="session")

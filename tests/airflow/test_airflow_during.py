@@ -16,6 +16,7 @@ import pytest
 from airflow_harness import (
     CONVERGING_RUN,
     FAST_RUN,
+    Recording,
     launched_jobs,
     recording_python,
     run_dag_test,
@@ -55,12 +56,12 @@ def failing_python(folder: Path, step: int) -> tuple[Path, Path]:
 
 
 @pytest.mark.timeout(900)
-def test_during_training_reaches_the_same_verdict_and_log(airflow_db: str, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    python, record = recording_python(tmp_path)
+def test_during_training_reaches_the_same_verdict_and_log(
+    airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording
+) -> None:
     conf = {**CONVERGING_RUN, "run_dir": str(run_dir)}
 
-    result = run_dag_test("mlperf_grpo_run", conf, during(tmp_path, python))
+    result = run_dag_test("mlperf_grpo_run", conf, during(tmp_path, recording.python))
 
     assert result.state == "success", result.states
     first, last = CONVERGING_RUN["val_start_at"], CONVERGING_RUN["max_steps"]
@@ -79,7 +80,7 @@ def test_during_training_reaches_the_same_verdict_and_log(airflow_db: str, tmp_p
     assert logged == list(range(first, passed + 1))
     # each step up to the passing one evaluated once by a real job; later ones skipped unless
     # dag.test's random order ran them first
-    jobs = launched_jobs(record)
+    jobs = launched_jobs(recording.record)
     evaluated = [int(j.split("--step ")[1]) for j in jobs if j.split()[1] == "tpu_jobs.evaluate"]
     assert len(evaluated) == len(set(evaluated))
     assert set(range(first, passed + 1)) <= set(evaluated)

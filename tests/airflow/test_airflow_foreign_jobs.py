@@ -9,21 +9,22 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from airflow_harness import PYTHON, launched_jobs, recording_python, run_dag_test
+from airflow_harness import PYTHON, Recording, launched_jobs, recording_python, run_dag_test
 from foreign.deployment import (
     EVALUATOR,
     FOREIGN_RUN,
     PASSING_STEP,
     TRAINER,
+    run_flags,
     write_foreign_deployment,
 )
+from foreign_runs import assert_decided_at_the_passing_step, run_foreign_dag
 
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from rcpflow.records.mllog import EventRenderer, read_events
 from rcpflow.records.summary import read_summary
 from rcpflow.submission.checkers import compliance
-from tasks.results.verdicts import read_verdict
 
 EVALUATE = "evaluation.evaluate"  # the deferred-eval DAG's, mapped over rows
 RUN_EVALUATE = "evaluation.checkpoint.evaluate"  # the run DAG's, per planned step
@@ -37,16 +38,14 @@ def _tree_attempts(run_dir: Path, step: int) -> list[Path]:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("rows", ["recorder", "cli"])
 def test_foreign_trainer_and_evaluator_end_in_a_compliant_log(
-    airflow_db: str, tmp_path: Path, rows: str
+    airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording, rows: str
 ) -> None:
-    run_dir = tmp_path / "run"
-    python, record = recording_python(tmp_path)
-    deployment = write_foreign_deployment(tmp_path / "d.toml", python=str(python), rows=rows)
+    deployment = write_foreign_deployment(tmp_path / "d.toml", python=recording.python, rows=rows)
 
-    result = run_dag_test("mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)}, deployment)
+    result = run_foreign_dag(deployment, run_dir)
 
     assert result.state == "success", result.states
-    jobs = launched_jobs(record)
+    jobs = launched_jobs(recording.record)
     assert jobs[0].startswith(f"{TRAINER} --run-dir {run_dir} --ckpt-root {run_dir}/own_")
     layout = RunLayout(str(run_dir))
     manifest = load(layout.manifest)
@@ -69,28 +68,19 @@ def test_foreign_trainer_and_evaluator_end_in_a_compliant_log(
         assert summary.pass_at_k == raw["pass_at_k"]
         assert manifest.row(step).timestamp_ms <= summary.eval_start_ms <= summary.eval_stop_ms
         assert (Path(layout.attempts_dir(step)) / "attempts.jsonl").exists()
-    events = read_events(layout.mllog(1))
-    accuracies = [e for e in events if e.key == "eval_accuracy"]
-    assert [e.metadata["samples_count"] for e in accuracies] == [s * 16 for s in ran]
-    assert accuracies[-1].value == pytest.approx(176 / 251)
-    (stop,) = [e for e in events if e.key == "run_stop"]
-    assert stop.metadata["status"] == "success"
-    assert stop.time_ms == manifest.row(PASSING_STEP).timestamp_ms
     assert result.states[("evaluation.check", -1)] == "success"
-    verdict = read_verdict(str(run_dir), "compliance_checker")
-    assert verdict is not None and verdict.ok
+    assert_decided_at_the_passing_step(run_dir, ran)
 
 
 @pytest.mark.timeout(600)
 def test_a_foreign_summary_its_attempts_contradict_fails_without_run_stop(
-    airflow_db: str, tmp_path: Path
+    airflow_db: str, tmp_path: Path, run_dir: Path
 ) -> None:
-    run_dir = tmp_path / "run"
     deployment = write_foreign_deployment(
         tmp_path / "d.toml", evaluate_extra=("--corrupt", "pass4")
     )
 
-    result = run_dag_test("mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)}, deployment)
+    result = run_foreign_dag(deployment, run_dir)
 
     assert result.state == "failed"
     assert result.mapped(RUN_EVALUATE)[0] == "failed"
@@ -102,8 +92,7 @@ def test_a_foreign_summary_its_attempts_contradict_fails_without_run_stop(
 
 def _train(run_dir: Path) -> None:
     argv = [PYTHON, str(TRAINER), "--run-dir", str(run_dir), "--ckpt-root", str(run_dir / "ck")]
-    for key in ("seed", "global_batch_size", "max_steps", "val_start_at", "division"):
-        argv += [f"--{key.replace('_', '-')}", str(FOREIGN_RUN[key])]
+    argv += run_flags(FOREIGN_RUN)
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
 
 

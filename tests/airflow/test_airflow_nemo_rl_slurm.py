@@ -25,11 +25,11 @@ from foreign.deployment import (
     PASSING_STEP,
     write_nemo_slurm_deployment,
 )
+from foreign_runs import (
+    assert_decided_at_the_passing_step,
+    assert_nemo_outputs_imported,
+)
 
-from rcpflow.files.layout import RunLayout
-from rcpflow.records.manifest import load
-from rcpflow.records.mllog import read_events
-from rcpflow.records.summary import read_summary
 from tasks.devtools import slurm_cluster
 from tasks.devtools.airflow_server import LocalAirflow
 from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
@@ -103,26 +103,11 @@ def test_a_nemo_rl_run_on_slurm_under_the_scheduler_ends_compliant(
     jobs = launched_jobs(record)
     assert jobs[0].startswith(f"{NEMO_TRAINER} --checkpoint-dir {run_dir}/checkpoints ")
     assert all(j.startswith(str(NEMO_EVALUATOR)) for j in jobs[1:])
-    layout = RunLayout(str(run_dir))
-    manifest = load(layout.manifest)
-    assert [r.step for r in manifest.rows] == list(range(FIRST, LAST + 1))
-    assert manifest.row(FIRST).checkpoint_path == f"{run_dir}/checkpoints/step_{FIRST}"
     ran = list(range(FIRST, PASSING_STEP + 1))
-    for step in ran:
-        summary = read_summary(layout.summary(step))
-        assert summary.attempt_records is False
-        own = read_events(str(run_dir / "nemo_eval" / f"step_{step}" / "mllog.log"))
-        start = next(e for e in own if e.key == "eval_start")
-        assert summary.eval_start_ms == start.time_ms  # the evaluator's own eval times
+    assert_nemo_outputs_imported(run_dir, ran)
     # The trainer wrote its MLLOG where the sbatch job's MLPERF_MLLOG_FILE said: the run's.
-    events = read_events(layout.mllog(1))
+    events = assert_decided_at_the_passing_step(run_dir, ran)
     assert len([e for e in events if e.key == "tracked_stats"]) == LAST + len(ran)
-    accuracies = [e for e in events if e.key == "eval_accuracy"]
-    assert [e.metadata["samples_count"] for e in accuracies] == [s * 16 for s in ran]
-    assert accuracies[-1].value == pytest.approx(176 / 251)
-    (stop,) = [e for e in events if e.key == "run_stop"]
-    assert stop.metadata["status"] == "success"
-    assert stop.time_ms == manifest.row(PASSING_STEP).timestamp_ms
     checkers = sorted(p.stem for p in Path(verdict_path(str(run_dir), "x")).parent.glob("*.json"))
     assert "compliance_checker" in checkers
     for checker in checkers:

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from airflow_harness import REPO, launched_jobs, recording_python, run_dag_test
+from airflow_harness import REPO, Recording, launched_jobs, run_dag_test
 
 from rcpflow.files.layout import RunLayout
 from rcpflow.planning.rehearsal import load_curve
@@ -36,23 +36,21 @@ def test_the_rehearsal_deployment_runs_the_rehearsal_jobs_locally() -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("division", ["open", "closed"])
 def test_run_dag_with_the_rehearsal_jobs_ends_compliant(
-    airflow_db: str, tmp_path: Path, division: str
+    airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording, division: str
 ) -> None:
-    run_dir = tmp_path / "run"
-    python, record = recording_python(tmp_path)
     # The shipped file with the recording interpreter, and no waiting (time scale 0).
     text = DEPLOYMENT.read_text().replace('"--time-scale", "0.005"', '"--time-scale", "0"')
     assert text.count('"--time-scale", "0"') == 2
     deployment = tmp_path / "deployment.toml"
     # run_dir is in the test's temp dir, outside the file's storage root
     outside = "allow_run_dirs_outside_root = true\n"
-    deployment.write_text(f"python = {json.dumps(str(python))}\n{outside}" + text)
+    deployment.write_text(f"python = {json.dumps(str(recording.python))}\n{outside}" + text)
     conf = {**RUN, "division": division, "run_dir": str(run_dir)}
 
     result = run_dag_test("mlperf_grpo_run", conf, deployment)
 
     assert result.state == "success", result.states
-    jobs = [j.split() for j in launched_jobs(record)]
+    jobs = [j.split() for j in launched_jobs(recording.record)]
     assert [j[1] for j in jobs[:1]] == ["tpu_jobs.rehearsal.train"]
     assert all(j[1] == "tpu_jobs.rehearsal.evaluate" for j in jobs[1:]), jobs
     evaluated = sorted(int(j[j.index("--step") + 1]) for j in jobs[1:])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from airflow_harness import (
     CONVERGING_RUN,
+    Recording,
     launched_jobs,
-    recording_python,
     run_dag_test,
     write_deployment,
 )
@@ -22,11 +22,9 @@ from tasks.results.verdicts import read_verdict
 
 @pytest.mark.timeout(600)
 def test_run_dag_trains_evaluates_until_the_target_and_checks(
-    airflow_db: str, tmp_path: Path
+    airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording
 ) -> None:
-    run_dir = tmp_path / "run"
-    python, record = recording_python(tmp_path)
-    deployment = write_deployment(tmp_path / "deployment.toml", python=str(python))
+    deployment = write_deployment(tmp_path / "deployment.toml", python=str(recording.python))
     conf = {**CONVERGING_RUN, "run_dir": str(run_dir)}
 
     result = run_dag_test("mlperf_grpo_run", conf, deployment)
@@ -55,7 +53,7 @@ def test_run_dag_trains_evaluates_until_the_target_and_checks(
     assert logged[passed] > 0.69
     # each logged step was evaluated by a real job; no job is launched twice; dag.test runs
     # mapped instances in random order, so a later step may have been evaluated speculatively
-    jobs = launched_jobs(record)
+    jobs = launched_jobs(recording.record)
     assert sum(j.split()[1] == "tpu_jobs.train" for j in jobs) == 1
     evaluated = [int(j.split("--step ")[1]) for j in jobs if j.split()[1] == "tpu_jobs.evaluate"]
     assert len(evaluated) == len(set(evaluated))

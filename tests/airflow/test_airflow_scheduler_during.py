@@ -95,8 +95,7 @@ def follow(server: LocalAirflow, run_id: str, timeout_s: float) -> tuple[str, li
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_training_stops_at_the_verdict(server: LocalAirflow, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+def test_training_stops_at_the_verdict(server: LocalAirflow, run_dir: Path) -> None:
     run_id = server.trigger("mlperf_grpo_run", {**RUN, "run_dir": str(run_dir)})
     state, while_training = follow(server, run_id, timeout_s=1400)
     tis = server.task_instances("mlperf_grpo_run", run_id)
@@ -139,9 +138,8 @@ def test_training_stops_at_the_verdict(server: LocalAirflow, tmp_path: Path) -> 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_a_failed_low_evaluation_does_not_stop_training(
-    server: LocalAirflow, tmp_path: Path
+    server: LocalAirflow, tmp_path: Path, run_dir: Path
 ) -> None:
-    run_dir = tmp_path / "run"
     (tmp_path / "fail_eval_7").write_text("")  # the recipe's first validation step
     conf = {**RUN, "max_steps": 16, "val_start_at": None, "run_dir": str(run_dir)}
     run_id = server.trigger("mlperf_grpo_run", conf)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 TRAINER = HERE / "trainer.py"
 EVALUATOR = HERE / "evaluator.py"
 # The run this pair decides at step 5 (skill 0.7: pass@4 176/251 = 0.701 > 0.69); the toy's
 # fast configuration otherwise.
-FOREIGN_RUN = {
+FOREIGN_RUN: dict[str, Any] = {
     "seed": 1,
     "global_batch_size": 16,
     "max_steps": 6,
@@ -20,16 +22,22 @@ FOREIGN_RUN = {
 PASSING_STEP = 5
 
 
+def run_flags(run: Mapping[str, object]) -> list[str]:
+    """The run's parameters as the stand-in trainers' flags: ``--seed 1 --global-batch-size 16``
+    and so on (trainer_args.add_run_arguments)."""
+    return [arg for key, value in run.items() for arg in (f"--{key.replace('_', '-')}", str(value))]
+
+
+# The run's flags in a job template: ``--seed {seed} --global-batch-size {global_batch_size}`` ...
+RUN_TEMPLATE_FLAGS = run_flags({key: f"{{{key}}}" for key in FOREIGN_RUN})
+
+
 def train_command(rows: str = "recorder") -> list[str]:
     return [
         "{python}", str(TRAINER),
         "--run-dir", "{run_dir}",
         "--ckpt-root", "{run_dir}/own_checkpoints",
-        "--seed", "{seed}",
-        "--global-batch-size", "{global_batch_size}",
-        "--max-steps", "{max_steps}",
-        "--val-start-at", "{val_start_at}",
-        "--division", "{division}",
+        *RUN_TEMPLATE_FLAGS,
         "--rows", rows,
     ]  # fmt: skip
 
@@ -47,13 +55,13 @@ def evaluate_command(*extra: str) -> list[str]:
 def write_foreign_deployment(
     path: Path,
     *,
-    python: str | None = None,
+    python: Path | str | None = None,
     rows: str = "recorder",
     evaluate_extra: tuple[str, ...] = (),
 ) -> Path:
     """A local deployment whose jobs are the foreign pair; the evaluator's Tunix tree is
     ``{run_dir}/tunix_eval``."""
-    lines = [f"python = {json.dumps(python)}"] if python else []
+    lines = [f"python = {json.dumps(str(python))}"] if python else []
     lines += [
         "allow_run_dirs_outside_root = true",  # run folders in the tests' temp dirs
         "[job_env]",
@@ -80,11 +88,7 @@ def nemo_train_command(*extra: str) -> list[str]:
     return [
         "{python}", str(NEMO_TRAINER),
         "--checkpoint-dir", "{checkpoint_dir}",
-        "--seed", "{seed}",
-        "--global-batch-size", "{global_batch_size}",
-        "--max-steps", "{max_steps}",
-        "--val-start-at", "{val_start_at}",
-        "--division", "{division}",
+        *RUN_TEMPLATE_FLAGS,
         *extra,
     ]  # fmt: skip
 
@@ -101,21 +105,29 @@ def nemo_evaluate_command() -> list[str]:
     return ["bash", "-c", script]
 
 
-def write_nemo_deployment(
-    path: Path, *, python: str | None = None, eval_schedule: str = "after_training"
-) -> Path:
-    """A local deployment whose jobs are the NeMo-RL-shaped pair."""
-    lines = [f"python = {json.dumps(python)}"] if python else []
-    lines += [
-        f"eval_schedule = {json.dumps(eval_schedule)}",
-        "allow_run_dirs_outside_root = true",
-        "checkpoint_poll_seconds = 0.5",
+def nemo_jobs(*train_extra: str) -> list[str]:
+    """The deployment's [jobs] tables of the NeMo-RL-shaped pair: the trainer's step_<N>/ tree
+    and the evaluator's own MLLOG are their results."""
+    return [
         "[jobs.train]",
-        f"command = {json.dumps(nemo_train_command())}",
+        f"command = {json.dumps(nemo_train_command(*train_extra))}",
         'result = { format = "nemo-rl-checkpoints", path = "{checkpoint_dir}" }',
         "[jobs.evaluate]",
         f"command = {json.dumps(nemo_evaluate_command())}",
         f'result = {{ format = "nemo-rl-mllog", path = "{NEMO_EVAL_DIR}/mllog.log" }}',
+    ]
+
+
+def write_nemo_deployment(
+    path: Path, *, python: Path | str | None = None, eval_schedule: str = "after_training"
+) -> Path:
+    """A local deployment whose jobs are the NeMo-RL-shaped pair."""
+    lines = [f"python = {json.dumps(str(python))}"] if python else []
+    lines += [
+        f"eval_schedule = {json.dumps(eval_schedule)}",
+        "allow_run_dirs_outside_root = true",
+        "checkpoint_poll_seconds = 0.5",
+        *nemo_jobs(),
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -149,12 +161,7 @@ def write_nemo_slurm_deployment(
         *shape,
         "[slurm.evaluate]",
         *shape,
-        "[jobs.train]",
-        f"command = {json.dumps(nemo_train_command('--step-seconds', str(step_seconds)))}",
-        'result = { format = "nemo-rl-checkpoints", path = "{checkpoint_dir}" }',
-        "[jobs.evaluate]",
-        f"command = {json.dumps(nemo_evaluate_command())}",
-        f'result = {{ format = "nemo-rl-mllog", path = "{NEMO_EVAL_DIR}/mllog.log" }}',
+        *nemo_jobs("--step-seconds", str(step_seconds)),
     ]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -36,15 +36,16 @@ from mlperf_logging.mllog import mllog
 
 from rcpflow import recipe
 
+try:
+    from trainer_args import add_run_arguments, skill  # run as a script: tests/foreign on sys.path
+except ImportError:
+    from foreign.trainer_args import add_run_arguments, skill
+
 WEIGHTS = os.path.join("policy", "weights", "iter_0000000")
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def skill(step: int, start: float, per_step: float) -> float:
-    return min(1.0, max(0.0, start + per_step * step))
 
 
 def mllogger(path: str) -> mllog.MLLogger:
@@ -146,13 +147,7 @@ def header(log: mllog.MLLogger, hp: recipe.Hyperparameters, seed: int, train_sam
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint-dir", required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--global-batch-size", type=int, required=True)
-    p.add_argument("--max-steps", type=int, required=True)
-    p.add_argument("--val-start-at", type=int, required=True)
-    p.add_argument("--division", choices=recipe.DIVISIONS, required=True)
-    p.add_argument("--skill-start", type=float, default=0.2)
-    p.add_argument("--skill-per-step", type=float, default=0.1)
+    add_run_arguments(p)
     # Time each step takes after its checkpoint (a training that lasts: evaluation during it)
     p.add_argument("--step-seconds", type=float, default=0.0)
     args = p.parse_args(argv)

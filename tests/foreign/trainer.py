@@ -27,11 +27,12 @@ import time
 from rcpflow import recipe
 from rcpflow.trainer.recorder import TrainingRecorder
 
+try:
+    from trainer_args import add_run_arguments, skill  # run as a script: tests/foreign on sys.path
+except ImportError:
+    from foreign.trainer_args import add_run_arguments, skill
+
 CHECKPOINT_FORMAT = "rcpflow-tests-foreign-trainer/1"
-
-
-def skill(step: int, start: float, per_step: float) -> float:
-    return min(1.0, max(0.0, start + per_step * step))
 
 
 def save_checkpoint(root: str, step: int, content: dict[str, object]) -> str:
@@ -49,14 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--run-dir", required=True)
     p.add_argument("--ckpt-root", required=True)
-    p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--global-batch-size", type=int, required=True)
-    p.add_argument("--max-steps", type=int, required=True)
-    p.add_argument("--val-start-at", type=int, required=True)
-    p.add_argument("--division", choices=recipe.DIVISIONS, required=True)
+    add_run_arguments(p)
     p.add_argument("--rows", choices=("recorder", "cli"), default="recorder")
-    p.add_argument("--skill-start", type=float, default=0.2)
-    p.add_argument("--skill-per-step", type=float, default=0.1)
     args = p.parse_args(argv)
 
     hp = recipe.hyperparameters(args.division, args.global_batch_size, args.max_steps)

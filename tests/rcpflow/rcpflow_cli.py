@@ -22,6 +22,26 @@ def cli_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), **extra}
 
 
+def cli_env_without_gcs_credentials(home: Path) -> dict[str, str]:
+    """`cli_env()` with no way to Google Cloud credentials: no GOOGLE_*, emulator or gcloud
+    variables, `home` as HOME, no application-default credentials file and no metadata
+    server."""
+    env = {
+        k: v
+        for k, v in cli_env().items()
+        if not k.startswith(("GOOGLE_", "STORAGE_EMULATOR", "GCE_", "CLOUDSDK_"))
+    }
+    env.update(
+        HOME=str(home),
+        CLOUDSDK_CONFIG=str(home / "gcloud"),  # no application-default credentials file
+        NO_GCE_CHECK="true",  # and no metadata-server probe (nor a reachable one, if it ran)
+        GCE_METADATA_HOST="127.0.0.1:9",
+        GCE_METADATA_IP="127.0.0.1:9",
+        GCE_METADATA_TIMEOUT="1",
+    )
+    return env
+
+
 def run_cli(
     *args: str, env: Mapping[str, str] | None = None, **kw: Any
 ) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from file_tree import append_bytes, tree_bytes
-from rcpflow_cli import assert_one_invalid_line, cli_env, run_cli
+from rcpflow_cli import assert_one_invalid_line, cli_env, cli_env_without_gcs_credentials, run_cli
 
 from rcpflow.verdict.finalize import finalize
 from tasks.devtools.synthetic_run import passing_run
@@ -152,19 +152,7 @@ def test_probe_is_one_invalid_line(tmp_path, probe):
 
 
 def test_gcs_without_credentials_is_one_error_line(tmp_path):
-    env = {
-        k: v
-        for k, v in cli_env().items()
-        if not k.startswith(("GOOGLE_", "STORAGE_EMULATOR", "GCE_", "CLOUDSDK_"))
-    }
-    env.update(
-        HOME=str(tmp_path),
-        CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),  # no application-default credentials file
-        NO_GCE_CHECK="true",  # and no metadata-server probe (nor a reachable one, if it ran)
-        GCE_METADATA_HOST="127.0.0.1:9",
-        GCE_METADATA_IP="127.0.0.1:9",
-        GCE_METADATA_TIMEOUT="1",
-    )
+    env = cli_env_without_gcs_credentials(tmp_path)
     for args in (
         ("finalize", "gs://rcpflow-no-such-bucket/run"),
         ("manifest", "validate", "gs://rcpflow-no-such-bucket/run/mllog/eval_checkpoints.jsonl"),

@@ -9,29 +9,12 @@ import dataclasses
 import json
 from pathlib import Path
 
-from rcpflow_cli import cli_env, run_cli
+from rcpflow_cli import cli_env_without_gcs_credentials, run_cli
 
 from rcpflow.cli.status import run_status
 from rcpflow.records.manifest import render_rows
 from rcpflow.verdict.verify import attempts_file
 from tasks.devtools.synthetic_run import passing_run, rows_of
-
-
-def no_credentials(tmp_path: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in cli_env().items()
-        if not k.startswith(("GOOGLE_", "STORAGE_EMULATOR", "GCE_", "CLOUDSDK_"))
-    }
-    env.update(
-        HOME=str(tmp_path),
-        CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
-        NO_GCE_CHECK="true",
-        GCE_METADATA_HOST="127.0.0.1:9",
-        GCE_METADATA_IP="127.0.0.1:9",
-        GCE_METADATA_TIMEOUT="1",
-    )
-    return env
 
 
 def test_an_attempts_path_that_is_a_folder_is_one_unreadable_step(tmp_path):
@@ -55,13 +38,13 @@ def test_checkpoints_on_an_unreachable_storage_are_shown_on_their_steps(tmp_path
         for r in rows_of(run.run_dir)
     ]
     Path(run.layout.manifest).write_text(render_rows(rows).decode())
-    p = run_cli("status", run.run_dir, env=no_credentials(tmp_path))
+    p = run_cli("status", run.run_dir, env=cli_env_without_gcs_credentials(tmp_path))
     assert p.returncode == 0, p.stderr  # the run's own files are all readable
     table = p.stdout.splitlines()
     assert table[1].split()[4:6] == ["?", "valid"]
     assert "step 18: checkpoint not looked at: " in p.stdout
     assert "no Google Cloud credentials" in p.stdout
-    p = run_cli("status", run.run_dir, "--json", env=no_credentials(tmp_path))
+    p = run_cli("status", run.run_dir, "--json", env=cli_env_without_gcs_credentials(tmp_path))
     steps = json.loads(p.stdout)["steps"]
     assert "no Google Cloud credentials" in steps[0]["checkpoint_problem"]
     assert steps[0]["summary"] == "valid" and steps[1]["gate"] == "passes"

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from rcpflow_cli import run_cli
 
 from rcpflow.planning.forecast import ForecastUsageError, Scenario, parse_steps, recommend, simulate
 
-ROOT = Path(__file__).resolve().parents[3]
 # The seed's figures: a step 185 s, an evaluation 1,700 s on 64 chips, training on 128.
 SEED = Scenario(
     step_seconds=185.0,
@@ -131,13 +129,7 @@ def test_a_scenario_names_the_bad_flag() -> None:
 
 
 def _forecast(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rcpflow", "forecast", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    return run_cli("forecast", *args)
 
 
 SEED_FLAGS = (
@@ -150,13 +142,12 @@ def test_the_command_prints_each_schedule_and_window_and_json() -> None:
     p = _forecast(*SEED_FLAGS, "--passing-step", "20", "--window", "1,3,10", "--recommend")
     assert p.returncode == 0, p.stderr
     rows = [line.split() for line in p.stdout.splitlines() if line.startswith(("after", "during"))]
+    # per schedule, (W, verdict hours)
+    after = (("1", "4.50"), ("3", "3.56"), ("10", "3.56"))
+    during = (("1", "2.34"), ("3", "1.50"), ("10", "1.50"))
     assert [(r[0], r[1], r[3]) for r in rows] == [
-        ("after_training", "1", "4.50"),
-        ("after_training", "3", "3.56"),
-        ("after_training", "10", "3.56"),
-        ("during_training", "1", "2.34"),
-        ("during_training", "3", "1.50"),
-        ("during_training", "10", "1.50"),
+        *(("after_training", w, hours) for w, hours in after),
+        *(("during_training", w, hours) for w, hours in during),
     ]
     assert "recommend during_training: W = 3" in p.stdout
     j = _forecast(*SEED_FLAGS, "--passing-step", "18-24", "--schedule", "after_training", "--json")

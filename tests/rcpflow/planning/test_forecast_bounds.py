@@ -6,18 +6,17 @@ poll, so it is never faster than during_training for the same W."""
 
 from __future__ import annotations
 
-import argparse
 import heapq
 from dataclasses import replace
 
 import pytest
+from outside_input import forecast_args
 
 from rcpflow.planning import forecast
 from rcpflow.planning.forecast import (
     WORK_MAX,
     ForecastUsageError,
     Scenario,
-    add_arguments,
     report,
     request_from,
     simulate,
@@ -25,12 +24,6 @@ from rcpflow.planning.forecast import (
 
 BASE = ("--step-seconds", "185", "--eval-seconds", "1700", "--eval-chips", "64",
         "--train-chips", "128", "--val-start-at", "18")  # fmt: skip
-
-
-def parse(*args: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    return p.parse_args(list(args))
 
 
 @pytest.mark.parametrize(
@@ -58,7 +51,7 @@ def test_an_unbounded_number_is_a_usage_error_naming_the_flag(args, flag):
             continue
         argv += args[i : i + 2] if i + 1 < len(args) else args[i:]
     with pytest.raises(ForecastUsageError, match=flag):
-        request_from(parse(*argv))
+        request_from(forecast_args(*argv))
 
 
 @pytest.mark.parametrize(
@@ -71,7 +64,7 @@ def test_an_unbounded_number_is_a_usage_error_naming_the_flag(args, flag):
     ],
 )
 def test_an_accepted_request_does_bounded_work(args, monkeypatch):
-    request = request_from(parse(*BASE, *args))
+    request = request_from(forecast_args(*BASE, *args))
     popped = 0
     heappop = heapq.heappop
 

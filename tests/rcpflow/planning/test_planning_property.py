@@ -5,17 +5,16 @@ the same W and latencies, chip-hours are never negative."""
 
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from outside_input import accepted_or_one_line, forecast_args
 
 from rcpflow.planning.forecast import (
     ForecastUsageError,
     Scenario,
-    add_arguments,
     report,
     request_from,
     simulate,
@@ -30,11 +29,6 @@ CELL = st.one_of(
 )
 
 
-def one_line(e: Exception, where: str) -> None:
-    text = str(e)
-    assert text.startswith(where) and "\n" not in text, text
-
-
 @SETTINGS
 @given(
     st.lists(st.sampled_from(["step", "seed_1", "seed_2", "seed_\u00b3", "seed_", " step"]),
@@ -44,10 +38,8 @@ def one_line(e: Exception, where: str) -> None:
 )  # fmt: skip
 def test_a_curve_is_read_back_or_refused_in_one_line(header, rows, lead):
     text = lead + ",".join(header) + "\n" + "\n".join(",".join(r) for r in rows) + "\n"
-    try:
-        curve = parse_curve(text, "c.csv")
-    except RehearsalInputError as e:
-        one_line(e, "c.csv")
+    curve = accepted_or_one_line(RehearsalInputError, "c.csv", parse_curve, text, "c.csv")
+    if curve is None:
         return
     again = (
         "step,"
@@ -81,10 +73,8 @@ NUMBER = st.one_of(
 ))  # fmt: skip
 def test_a_profile_is_read_back_or_refused_in_one_line(table):
     text = "\n".join(f"{k} = {v}" for k, v in table.items())
-    try:
-        profile = parse_profile(text, "p.toml")
-    except RehearsalInputError as e:
-        one_line(e, "p.toml")
+    profile = accepted_or_one_line(RehearsalInputError, "p.toml", parse_profile, text, "p.toml")
+    if profile is None:
         return
     again = (
         f"step_seconds = {profile.step_seconds!r}\neval_seconds = {profile.eval_seconds!r}\n"
@@ -102,12 +92,6 @@ FLAG_TEXT = st.one_of(
 )
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    return p.parse_args(argv)
-
-
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(
     st.sampled_from(["--step-seconds", "--eval-seconds", "--max-steps", "--passing-step",
@@ -120,10 +104,10 @@ def test_forecast_flags_answer_or_name_the_flag_in_one_line(flags, recommend):
             "--eval-chips": "1", "--max-steps": "60", "--passing-step": "20"}  # fmt: skip
     base.update(flags)
     argv = [x for kv in base.items() for x in kv] + (["--recommend"] if recommend else [])
-    try:
-        request = request_from(_parse(argv))
-    except ForecastUsageError as e:
-        assert str(e).startswith("--") and "\n" not in str(e), str(e)
+    request = accepted_or_one_line(
+        ForecastUsageError, "--", lambda: request_from(forecast_args(*argv))
+    )
+    if request is None:
         return
     out = report(request)
     assert out["forecasts"]

@@ -10,6 +10,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from outside_input import accepted_or_one_line
 
 from rcpflow import recipe
 from rcpflow.records.attempts import AttemptsError, parse_attempts
@@ -46,11 +47,6 @@ SUMMARY = build_summary(
 )
 
 
-def one_line(e: Exception, where: str) -> None:
-    text = str(e)
-    assert text.startswith(where) and "\n" not in text and "Traceback" not in text, text
-
-
 def mutated(base: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
     d = dict(base)
     for _ in range(data.draw(st.integers(0, 3))):
@@ -62,38 +58,34 @@ def mutated(base: dict[str, Any], data: st.DataObject) -> dict[str, Any]:
     return d
 
 
+def rows_read_back_or_one_line(text: str) -> None:
+    rows = accepted_or_one_line(ManifestError, "m.jsonl", parse_rows, text, "m.jsonl")
+    if rows is not None:
+        assert parse_rows(render_rows(rows).decode(), "again") == rows
+
+
 @SETTINGS
 @given(st.data())
 def test_a_manifest_row_is_accepted_and_reads_back_or_refused_in_one_line(data):
     d = mutated(json.loads(ROW.to_json()), data)
     text = data.draw(st.sampled_from([json.dumps(d), json.dumps(d)[:-1], json.dumps([d])]))
-    try:
-        rows = parse_rows(text, "m.jsonl")
-    except ManifestError as e:
-        one_line(e, "m.jsonl")
-        return
-    assert parse_rows(render_rows(rows).decode(), "again") == rows
+    rows_read_back_or_one_line(text)
 
 
 @SETTINGS
 @given(st.text(max_size=200))
 def test_any_text_is_rows_or_one_named_line(text):
-    try:
-        rows = parse_rows(text, "m.jsonl")
-    except ManifestError as e:
-        one_line(e, "m.jsonl")
-        return
-    assert parse_rows(render_rows(rows).decode(), "again") == rows
+    rows_read_back_or_one_line(text)
 
 
 @SETTINGS
 @given(st.data())
 def test_a_summary_is_accepted_and_reads_back_or_refused_in_one_line(data):
     d = mutated(json.loads(SUMMARY.to_json()), data)
-    try:
-        summary = EvalSummary.from_json(json.dumps(d), "s.json")
-    except SummaryError as e:
-        one_line(e, "s.json")
+    summary = accepted_or_one_line(
+        SummaryError, "s.json", EvalSummary.from_json, json.dumps(d), "s.json"
+    )
+    if summary is None:
         return
     assert EvalSummary.from_json(summary.to_json(), "again") == summary
     assert dataclasses.asdict(summary)  # a plain dataclass of JSON values
@@ -113,10 +105,8 @@ def test_attempt_records_are_counted_or_refused_in_one_line(data):
         for _ in range(data.draw(st.integers(1, 4)))
     ]
     text = "\n".join(lines) + data.draw(st.sampled_from(["", "\n", "\n{", "\n[]"]))
-    try:
-        found = parse_attempts(text, "a.jsonl")
-    except AttemptsError as e:
-        one_line(e, "a.jsonl")
+    found = accepted_or_one_line(AttemptsError, "a.jsonl", parse_attempts, text, "a.jsonl")
+    if found is None:
         return
     assert parse_attempts(text, "again") == found  # the same reading every time
     assert sum(len(t.attempts) for t in found.tasks) + found.not_counted <= len(lines)

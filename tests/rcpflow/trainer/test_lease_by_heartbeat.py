@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from lease_runs import T0, checkpoint
 from rcpflow_cli import cli_env, run_cli
 
 from rcpflow import recipe
@@ -17,8 +18,6 @@ from rcpflow.trainer.manifest_add import add_row
 from rcpflow.trainer.recorder import TrainingRecorder
 from rcpflow.trainer.run_reset import ResetError, reset_run
 
-T0 = 1_700_000_000_000
-
 
 def foreign_run(run_dir: str) -> None:
     """A foreign trainer's MLLOG written by a recorder that has since exited (lease released)."""
@@ -27,13 +26,6 @@ def foreign_run(run_dir: str) -> None:
     rec.on_init_start(T0)
     rec.on_run_start(T0 + 30_000)
     rec._lease.release()
-
-
-def checkpoint(run_dir: str, step: int) -> str:
-    path = Path(run_dir) / "checkpoints" / str(step)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "w").write_bytes(b"w")
-    return str(path)
 
 
 def test_an_add_with_owner_holds_the_lease_by_heartbeat_not_by_its_pid(tmp_path):

@@ -12,28 +12,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from lease_runs import T0, VAL_START, checkpoint, recorder
 
-from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.trainer import ownership
-from rcpflow.trainer.recorder import RunFolderError, TrainingRecorder
-
-GBS, MAX_STEPS, VAL_START = 256, 20, 18
-T0 = 1_700_000_000_000
-
-
-def recorder(run_dir: str, owner: str | None = "a", **kw: object) -> TrainingRecorder:
-    hp = recipe.hyperparameters("closed", GBS, MAX_STEPS)
-    return TrainingRecorder(
-        run_dir, seed=1, hyperparameters=hp, val_start_at=VAL_START, owner=owner, **kw
-    )
-
-
-def checkpoint(run_dir: str, step: int) -> str:
-    path = Path(run_dir) / "checkpoints" / str(step)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "w").write_bytes(b"w")
-    return str(path)
+from rcpflow.trainer.recorder import RunFolderError
 
 
 def write_lease(run_dir: str, **fields: object) -> Path:
@@ -55,7 +38,7 @@ def test_a_symlinked_lease_is_refused_and_its_target_untouched(tmp_path):
     victim.write_text("precious\n")
     os.symlink(victim, ownership.lease_path(run_dir))
     with pytest.raises(RunFolderError, match=r"owner\.json: the lease is a symlink"):
-        recorder(run_dir).on_init_start(T0)
+        recorder(run_dir, owner="a").on_init_start(T0)
     assert victim.read_text() == "precious\n"
     lease = ownership.Lease(run_dir, "a", 600)
     lease.release()  # never removes the target (nor the link) through the link

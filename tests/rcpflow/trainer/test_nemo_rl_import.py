@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from foreign import nemo_trainer
+from nemo_runs import train_nemo
 from rcpflow_cli import assert_one_invalid_line, run_cli
 
 from rcpflow.files.layout import RunLayout
@@ -17,19 +17,6 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records.manifest import load
 from rcpflow.records.nemo_rl import NemoRLError
 from rcpflow.trainer.nemo_rl_import import import_tree
-
-RUN = {"seed": 1, "global_batch_size": 16, "max_steps": 6, "val_start_at": 2, "division": "open"}
-
-
-def train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **over: object) -> tuple[Path, Path]:
-    run_dir, ckpt = tmp_path / "run", tmp_path / "checkpoint" / "1"
-    monkeypatch.setenv("MLPERF_MLLOG_FILE", RunLayout(str(run_dir)).mllog(1))
-    args = {**RUN, **over}
-    argv = ["--checkpoint-dir", str(ckpt)]
-    for key, value in args.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    assert nemo_trainer.main(argv) == 0
-    return run_dir, ckpt
 
 
 def info(ckpt: Path, step: int) -> Path:
@@ -51,7 +38,7 @@ def refused(run_dir: Path, ckpt: Path, *expected: str) -> None:
 
 
 def test_the_tree_becomes_the_manifest_and_again_gives_the_same_bytes(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     (ckpt / "tmp_step_7").mkdir()  # a save not yet renamed: never a checkpoint
     result = import_tree(str(run_dir), str(ckpt), val_start_at=2)
     assert result.added == (2, 3, 4, 5, 6) and "tmp_step_7" in result.ignored
@@ -68,7 +55,7 @@ def test_the_tree_becomes_the_manifest_and_again_gives_the_same_bytes(tmp_path, 
 
 
 def test_new_checkpoints_append_rows(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     aside = tmp_path / "aside"
     aside.mkdir()
     for step in (5, 6):
@@ -83,7 +70,7 @@ def test_new_checkpoints_append_rows(tmp_path, monkeypatch):
 
 
 def test_the_cli_imports_and_refuses_in_one_line(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     edit(ckpt, 4, current_step=5)
     # a relative root is the caller's (its working folder), recorded so that it resolves
     argv = ["manifest", "import", "run", "--format", "nemo-rl", "checkpoint/1"]
@@ -98,26 +85,26 @@ def test_the_cli_imports_and_refuses_in_one_line(tmp_path, monkeypatch):
 
 
 def test_a_wrong_step_is_named(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     edit(ckpt, 3, current_step=4)
     refused(run_dir, ckpt, "step 3:", "step_3/training_info.json", "current_step 4")
 
 
 def test_consumed_samples_in_rollouts_is_named(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     edit(ckpt, 5, consumed_samples=5 * 16)
     refused(run_dir, ckpt, "step 5:", "consumed_samples 80", "num_prompts_per_step 1", "prompts")
 
 
 def test_timestamps_out_of_order_are_named(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     t3 = json.loads(info(ckpt, 3).read_text())["training_step_end_time_ms"]
     edit(ckpt, 4, training_step_end_time_ms=t3 - 1)
     refused(run_dir, ckpt, "step 4:", "training_step_end_time_ms", "not after step 3")
 
 
 def test_a_timestamp_after_block_stop_or_before_run_start_is_named(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     t6 = json.loads(info(ckpt, 6).read_text())["training_step_end_time_ms"]
     edit(ckpt, 6, training_step_end_time_ms=t6 + 1)
     refused(run_dir, ckpt, "step 6:", "after the training's block_stop")
@@ -127,23 +114,23 @@ def test_a_timestamp_after_block_stop_or_before_run_start_is_named(tmp_path, mon
 
 
 def test_a_missing_step_is_named(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     shutil.rmtree(ckpt / "step_3")
     refused(run_dir, ckpt, "step 3:", "no ", "step_3/", "contiguous")
 
 
 def test_a_tmp_step_only_is_named(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch, max_steps=2)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch, max_steps=2)
     (ckpt / "step_2").rename(ckpt / "tmp_step_2")
     refused(run_dir, ckpt, "no step_<N>/ checkpoint", "only tmp_step_2")
     assert import_tree(str(run_dir), str(ckpt), val_start_at=2, allow_empty=True).added == ()
 
 
 def test_no_weights_and_missing_keys_are_named(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     shutil.rmtree(ckpt / "step_4" / "policy" / "weights")
     refused(run_dir, ckpt, "step 4:", "policy/weights")
-    run_dir, ckpt = train(tmp_path / "b", monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path / "b", monkeypatch)
     data = json.loads(info(ckpt, 2).read_text())
     del data["training_step_end_time_ms"]
     info(ckpt, 2).write_text(json.dumps(data))
@@ -153,7 +140,7 @@ def test_no_weights_and_missing_keys_are_named(tmp_path, monkeypatch):
 
 
 def test_a_training_section_the_checker_rejects_is_refused(tmp_path, monkeypatch):
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     log = Path(RunLayout(str(run_dir)).mllog(1))
     log.write_text(
         "".join(ln for ln in log.read_text().splitlines(True) if "eval_samples" not in ln)
@@ -164,7 +151,7 @@ def test_a_training_section_the_checker_rejects_is_refused(tmp_path, monkeypatch
 @pytest.mark.gcs
 @pytest.mark.timeout(300)
 def test_a_gs_tree_into_a_gs_run(tmp_path, monkeypatch, gcs_prefix):
-    local_run, ckpt = train(tmp_path, monkeypatch)
+    local_run, ckpt = train_nemo(tmp_path, monkeypatch)
     run_dir, root = f"{gcs_prefix}/run", f"{gcs_prefix}/checkpoint/1"
     for path in sorted(p for p in ckpt.rglob("*") if p.is_file()):
         dest = f"{root}/{path.relative_to(ckpt).as_posix()}"
@@ -183,7 +170,7 @@ def test_concurrent_imports_of_one_tree_agree(tmp_path, monkeypatch):
     # the run DAG imports from the train task and from every wait: the same rows are no conflict
     import concurrent.futures
 
-    run_dir, ckpt = train(tmp_path, monkeypatch)
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(
             pool.map(lambda _: import_tree(str(run_dir), str(ckpt), val_start_at=2), range(4))

@@ -12,31 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from lease_runs import MAX_STEPS, T0, VAL_START, checkpoint, recorder
 from rcpflow_cli import cli_env, run_cli
 
-from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import StorageError, storage_for
 from rcpflow.files.usererrors import describe
 from rcpflow.trainer import ownership
 from rcpflow.trainer.recorder import RunFolderError, TrainingRecorder
-
-GBS, MAX_STEPS, VAL_START = 256, 20, 18
-T0 = 1_700_000_000_000
-
-
-def recorder(run_dir: str, owner: str | None = None, **kw: object) -> TrainingRecorder:
-    hp = recipe.hyperparameters("closed", GBS, MAX_STEPS)
-    return TrainingRecorder(
-        run_dir, seed=1, hyperparameters=hp, val_start_at=VAL_START, owner=owner, **kw
-    )
-
-
-def checkpoint(run_dir: str, step: int) -> str:
-    path = Path(run_dir) / "checkpoints" / str(step)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "w").write_bytes(b"w")
-    return str(path)
 
 
 def train_to_the_end(rec: TrainingRecorder, run_dir: str) -> None:

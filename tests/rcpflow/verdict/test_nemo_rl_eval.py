@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 
 import pytest
-from foreign import nemo_evaluator, nemo_trainer
+from foreign import nemo_evaluator
+from nemo_runs import train_nemo
 from rcpflow_cli import assert_one_invalid_line, run_cli
 
 from rcpflow.cli.status import NOT_RECOMPUTED, render_table, run_status
@@ -24,18 +25,21 @@ from rcpflow.trainer.nemo_rl_import import import_tree
 from rcpflow.verdict.eval_import import EvalImportError, import_eval
 from rcpflow.verdict.finalize import FinalizeInputError, finalize
 
-RUN = {"seed": 1, "global_batch_size": 16, "max_steps": 6, "val_start_at": 2, "division": "open"}
-
 
 def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
-    run_dir, ckpt = tmp_path / "run", tmp_path / "checkpoint" / "1"
-    monkeypatch.setenv("MLPERF_MLLOG_FILE", RunLayout(str(run_dir)).mllog(1))
-    argv = ["--checkpoint-dir", str(ckpt)]
-    for key, value in RUN.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    assert nemo_trainer.main(argv) == 0
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     import_tree(str(run_dir), str(ckpt), val_start_at=2)
     return str(run_dir), ckpt
+
+
+def view_of(ckpt: Path, view: Path, *steps: int) -> Path:
+    """`view` holding links to `ckpt`'s step_<N>/ of `steps` only (as NeMo-RL's driver builds
+    one for its evaluator)."""
+    view.mkdir(parents=True, exist_ok=True)
+    for step in steps:
+        if not (view / f"step_{step}").exists():
+            os.symlink(ckpt / f"step_{step}", view / f"step_{step}")
+    return view
 
 
 def evaluate(
@@ -43,10 +47,7 @@ def evaluate(
 ) -> Path:
     """NeMo-RL's evaluator on a view holding only step_<step>, its MLLOG a scratch file."""
     work = tmp_path / "nemo_eval" / f"step_{step}"
-    view = work / "view"
-    view.mkdir(parents=True, exist_ok=True)
-    if not (view / f"step_{step}").exists():
-        os.symlink(ckpt / f"step_{step}", view / f"step_{step}")
+    view = view_of(ckpt, work / "view", step)
     log = work / "mllog.log"
     monkeypatch.setenv("MLPERF_MLLOG_FILE", str(log))
     argv = ["--checkpoint-root", str(view), "--log-dir", str(work), *extra]
@@ -135,10 +136,7 @@ def test_only_069_is_incomplete_not_success(tmp_path, monkeypatch):
 
 def test_a_log_ended_by_nemo_rls_driver_is_refused(tmp_path, monkeypatch):
     run_dir, ckpt = trained(tmp_path, monkeypatch)
-    view = tmp_path / "view"
-    view.mkdir()
-    for step in (2, 3):
-        os.symlink(ckpt / f"step_{step}", view / f"step_{step}")
+    view = view_of(ckpt, tmp_path / "view", 2, 3)
     log = Path(RunLayout(run_dir).mllog(1))
     monkeypatch.setenv("MLPERF_MLLOG_FILE", str(log))  # the reference's own driver, in place
     assert nemo_evaluator.main(["--checkpoint-root", str(view), "--log-dir", str(tmp_path),

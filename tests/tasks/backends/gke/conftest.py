@@ -23,6 +23,7 @@ from typing import Any
 
 import google.auth.credentials
 import pytest
+from env_helpers import set_env
 from repo_paths import REPO
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -384,8 +385,7 @@ GOOGLE_CONN_ENV = {
 def fake_gke(fake_kube_api: FakeKubeApi, monkeypatch: pytest.MonkeyPatch) -> FakeKubeApi:
     """`fake_kube_api` as the GKE cluster of the provider's hooks: cluster lookup returns its
     URL, Google credentials are a fixed token (the only parts not exercised for real)."""
-    for key, value in GOOGLE_CONN_ENV.items():
-        monkeypatch.setenv(key, value)
+    set_env(monkeypatch, GOOGLE_CONN_ENV)
     from airflow.providers.google.cloud.operators.kubernetes_engine import GKEClusterAuthDetails
     from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
 

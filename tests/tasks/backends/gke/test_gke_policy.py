@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 import pytest
-from repo_paths import REPO
+from job_contract import documented_actions
 
 from tasks.backends.gke.render import (
     COORDINATOR_ADDRESS_ENV,
@@ -111,16 +111,8 @@ GKE_ACTIONS = {
 }
 
 
-def _contract() -> dict[str, str]:
-    """The job contract's table in docs/exit-codes.md: code (or "other") -> its GKE column."""
-    text = (REPO / "docs" / "exit-codes.md").read_text()
-    section = text.split("## The job contract", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| (\d+|other) \| .* \| ([a-z ,]+) \|$", section, re.MULTILINE)
-    return dict(rows)
-
-
 def test_the_documented_contract_has_every_code() -> None:
-    contract = _contract()
+    contract = documented_actions("GKE")
     assert set(contract) == {"0", "1", "2", "3", "4", "5", "143", "other"}
     assert set(contract.values()) <= set(GKE_ACTIONS)
 
@@ -128,7 +120,7 @@ def test_the_documented_contract_has_every_code() -> None:
 @pytest.mark.parametrize("role", ["train", "evaluate"])
 def test_the_rendered_policy_does_what_docs_exit_codes_says(role: str) -> None:
     jobset = _render(GkeSettings(), role)
-    contract = _contract()
+    contract = documented_actions("GKE")
     for code, column in contract.items():
         if code == "0":
             continue

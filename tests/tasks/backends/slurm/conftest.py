@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from env_helpers import set_env
 
 from tasks.devtools import slurm_cluster, sshd_server
 from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
@@ -44,8 +45,7 @@ def slurm() -> Iterator[SlurmCluster]:
 @pytest.fixture
 def slurm_env(slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> SlurmCluster:
     """The private Slurm, its SLURM_CONF in os.environ for this test (the local transport)."""
-    for name, value in slurm.env.items():
-        monkeypatch.setenv(name, value)
+    set_env(monkeypatch, slurm.env)
     return slurm
 
 

@@ -3,10 +3,8 @@ and Slurm's own end states."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from repo_paths import REPO
+from job_contract import documented_actions
 
 from tasks.backends.slurm.hooks import JobInfo
 from tasks.backends.slurm.outcome import decide
@@ -19,13 +17,6 @@ ACTIONS = {
 }
 
 
-def _contract() -> dict[str, str]:
-    text = (REPO / "docs" / "exit-codes.md").read_text()
-    section = text.split("## The job contract", 1)[1].split("\n## ", 1)[0]
-    assert "| GKE | Slurm |" in section
-    return dict(re.findall(r"^\| (\d+|other) \| .* \| ([a-z ,]+) \|$", section, re.MULTILINE))
-
-
 def info(state: str, code: int | None, *, ran_s: int = 30, limit_s: int = 3600) -> JobInfo:
     return JobInfo(
         job_id="7", name="n", state=state, reason="", exit_code=code, signal=0, submit_time=1,
@@ -35,7 +26,7 @@ def info(state: str, code: int | None, *, ran_s: int = 30, limit_s: int = 3600) 
 
 
 def test_every_row_of_the_contract() -> None:
-    contract = _contract()
+    contract = documented_actions("Slurm")
     assert set(contract) == {"0", "1", "2", "3", "4", "5", "143", "other"}
     for code, column in contract.items():
         for exit_code in [137, 134, 139, 9] if code == "other" else [int(code)]:

@@ -40,57 +40,6 @@ def test_defaults_and_overrides() -> None:
         ({"poll_interval_s": 400}, "slurm.poll_interval_s", "MinJobAge"),
         ({"fail_exit_codes": [2, 143]}, "slurm.fail_exit_codes", "SIGTERM"),
         ({"fail_exit_codes": [1]}, "slurm.fail_exit_codes", "uncaught"),
-        ({"train": {"nodes": 0}}, "slurm.train.nodes", ">= 1"),
-        ({"train": {"gres": "gpu:4", "gpus_per_node": 4}}, "slurm.train.gres", "not both"),
-        ({"train": {"time_limit": "1h"}}, "slurm.train.time_limit", "sbatch --time"),
-        ({"train": {"time_limit": "10"}}, "slurm.train.signal_grace_s", "not less than"),
-        ({"train": {"partition": "a b"}}, "slurm.train.partition", "Slurm name"),
-        ({"train": {"mem": "lots"}}, "slurm.train.mem", "--mem"),
-        (
-            {"evaluate": {"extra_sbatch_args": ["--time=5"]}},
-            "slurm.evaluate.extra_sbatch_args[0]",
-            "time_limit",
-        ),
-        (
-            {"evaluate": {"extra_sbatch_args": ["--comment=a b"]}},
-            "slurm.evaluate.extra_sbatch_args[0]",
-            "whitespace",
-        ),
-        (
-            {"evaluate": {"extra_sbatch_args": ["exclusive"]}},
-            "slurm.evaluate.extra_sbatch_args[0]",
-            "one sbatch option",
-        ),
-        (
-            {"evaluate": {"extra_sbatch_args": ["-x=n1"]}},
-            "slurm.evaluate.extra_sbatch_args[0]",
-            "long form",
-        ),
-        (
-            {"evaluate": {"container_mounts": ["/a:/b"]}},
-            "slurm.evaluate.container_mounts",
-            "container_image",
-        ),
-        (
-            {"evaluate": {"container_image": "img", "container_mounts": ["a"]}},
-            "slurm.evaluate.container_mounts[0]",
-            "SRC:DST",
-        ),
-        (
-            {"train": {"secret_env": {"HF_TOKEN": {}}}},
-            "slurm.train.secret_env.HF_TOKEN",
-            "exactly one",
-        ),
-        (
-            {"train": {"secret_env": {"HF_TOKEN": {"file": "rel"}}}},
-            "slurm.train.secret_env.HF_TOKEN.file",
-            "absolute",
-        ),
-        (
-            {"train": {"secret_env": {"RCPFLOW_X": {"env": "A"}}}},
-            "slurm.train.secret_env.RCPFLOW_X",
-            "set by rcpflow",
-        ),
         ({"train": {"nodes": True}}, "slurm.train.nodes", "must be int"),
     ],
 )
@@ -99,6 +48,58 @@ def test_a_bad_setting_names_its_key(table: dict[str, object], key: str, words: 
         read(**table)
     assert caught.value.key == key, caught.value
     assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("role", "shape", "key", "words"),
+    [
+        ("train", {"nodes": 0}, "nodes", ">= 1"),
+        ("train", {"gres": "gpu:4", "gpus_per_node": 4}, "gres", "not both"),
+        ("train", {"time_limit": "1h"}, "time_limit", "sbatch --time"),
+        ("train", {"time_limit": "10"}, "signal_grace_s", "not less than"),
+        ("train", {"partition": "a b"}, "partition", "Slurm name"),
+        ("train", {"mem": "lots"}, "mem", "--mem"),
+        ("evaluate", {"extra_sbatch_args": ["--time=5"]}, "extra_sbatch_args[0]", "time_limit"),
+        (
+            "evaluate",
+            {"extra_sbatch_args": ["--comment=a b"]},
+            "extra_sbatch_args[0]",
+            "whitespace",
+        ),
+        (
+            "evaluate",
+            {"extra_sbatch_args": ["exclusive"]},
+            "extra_sbatch_args[0]",
+            "one sbatch option",
+        ),
+        ("evaluate", {"extra_sbatch_args": ["-x=n1"]}, "extra_sbatch_args[0]", "long form"),
+        ("evaluate", {"container_mounts": ["/a:/b"]}, "container_mounts", "container_image"),
+        (
+            "evaluate",
+            {"container_image": "img", "container_mounts": ["a"]},
+            "container_mounts[0]",
+            "SRC:DST",
+        ),
+        ("train", {"secret_env": {"HF_TOKEN": {}}}, "secret_env.HF_TOKEN", "exactly one"),
+        (
+            "train",
+            {"secret_env": {"HF_TOKEN": {"file": "rel"}}},
+            "secret_env.HF_TOKEN.file",
+            "absolute",
+        ),
+        (
+            "train",
+            {"secret_env": {"RCPFLOW_X": {"env": "A"}}},
+            "secret_env.RCPFLOW_X",
+            "set by rcpflow",
+        ),
+    ],
+)
+def test_a_bad_job_shape_names_its_key(
+    role: str, shape: dict[str, object], key: str, words: str
+) -> None:
+    """As above, for a key of the [slurm.<role>] table: slurm.<role>.<key>."""
+    test_a_bad_setting_names_its_key({role: shape}, f"slurm.{role}.{key}", words)
 
 
 def test_good_extra_args_and_containers() -> None:

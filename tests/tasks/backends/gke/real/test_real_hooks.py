@@ -10,7 +10,8 @@ import asyncio
 import base64
 import json
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from k8s_real import (
@@ -24,7 +25,11 @@ from k8s_real import (
 )
 
 from tasks.backends.gke.crd import check_crd
+from tasks.backends.gke.settings import GkeSettings
 from tasks.devtools.k8s_control_plane import ControlPlane
+
+if TYPE_CHECKING:
+    from tasks.backends.gke.hooks import JobSetHook
 
 # docs/gke.md, "What the cluster needs": the Google connection's account's rights.
 DOCUMENTED_RULES = [
@@ -122,14 +127,41 @@ def _trigger_events(
     return asyncio.run(asyncio.wait_for(collect(), timeout=timeout_s))
 
 
-def _kwargs(s: Any, name: str, uid: str | None, **extra: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Created:
+    """A JobSet rendered for a run and created through the GKE backend's hook, as the operator
+    creates it."""
+
+    settings: GkeSettings
+    jobset: dict[str, Any]
+    hook: JobSetHook
+    uid: str
+
+    @property
+    def name(self) -> str:
+        return str(self.jobset["metadata"]["name"])
+
+
+def _create(s: GkeSettings, **render_kw: Any) -> _Created:
+    from tasks.backends.gke.hooks import JobSetHook
+
+    jobset = render(s, **render_kw)
+    hook = JobSetHook.for_cluster(s.cluster)
+    assert hook.create_jobset(jobset)
+    uid = hook.get_jobset(s.namespace, jobset["metadata"]["name"])["metadata"]["uid"]
+    return _Created(s, jobset, hook, uid)
+
+
+def _kwargs(created: _Created, **extra: Any) -> dict[str, Any]:
+    """The JobSetTrigger's kwargs for `created`, as the operator defers with them."""
     from tasks.backends.gke.triggers import cluster_kwargs
 
+    s = created.settings
     return {
-        "name": name,
+        "name": created.name,
         "namespace": s.namespace,
         "cluster": cluster_kwargs(s.cluster),
-        "uid": uid,
+        "uid": created.uid,
         "poll_interval_s": 0.5,
         "api_backoff_max_s": 2.0,
         **extra,
@@ -157,21 +189,15 @@ def test_hooks_create_read_and_check_the_crd_with_the_documented_rights(
 def test_the_trigger_reports_what_the_real_controllers_decided(
     code: int, phase: str, gke: ControlPlane, jobsets: JobSets, namespace: str
 ) -> None:
-    from tasks.backends.gke.hooks import JobSetHook
-
-    s = settings(namespace, train=shape("2x2x1"))
-    jobset = render(s, run_id=f"manual__trigger_{code}")
-    name = jobset["metadata"]["name"]
-    hook = JobSetHook.for_cluster(s.cluster)
-    assert hook.create_jobset(jobset)
-    uid = hook.get_jobset(namespace, name)["metadata"]["uid"]
+    created = _create(settings(namespace, train=shape("2x2x1")), run_id=f"manual__trigger_{code}")
+    name = created.name
     (pod,) = jobsets.running_pods(namespace, name, 1)
 
     def during(events: list[dict[str, Any]]) -> None:
         if len(events) == 1:  # the first Watching: the JobSet runs; end its pod
             gke.end_pod(namespace, pod["metadata"]["name"], code)
 
-    events = _trigger_events(_kwargs(s, name, uid), during=during)
+    events = _trigger_events(_kwargs(created), during=during)
     last = events[-1]
     assert last["phase"] == phase, last
     if phase == "Failed":
@@ -181,14 +207,8 @@ def test_the_trigger_reports_what_the_real_controllers_decided(
 def test_the_trigger_rides_out_an_api_server_outage(
     gke: ControlPlane, jobsets: JobSets, namespace: str
 ) -> None:
-    from tasks.backends.gke.hooks import JobSetHook
-
-    s = settings(namespace, train=shape("2x2x1"))
-    jobset = render(s, run_id="manual__trigger_outage")
-    name = jobset["metadata"]["name"]
-    hook = JobSetHook.for_cluster(s.cluster)
-    assert hook.create_jobset(jobset)
-    uid = hook.get_jobset(namespace, name)["metadata"]["uid"]
+    created = _create(settings(namespace, train=shape("2x2x1")), run_id="manual__trigger_outage")
+    name = created.name
     (pod,) = jobsets.running_pods(namespace, name, 1)
     outage = {"done": False}
 
@@ -202,29 +222,23 @@ def test_the_trigger_rides_out_an_api_server_outage(
             gke.start_apiserver()
             gke.end_pod(namespace, pod["metadata"]["name"], 0)
 
-    events = _trigger_events(_kwargs(s, name, uid), during=during, timeout_s=240)
+    events = _trigger_events(_kwargs(created), during=during, timeout_s=240)
     assert events[-1]["phase"] == "Succeeded", events[-1]
-    assert jobsets.get(namespace, name)["metadata"]["uid"] == uid
+    assert jobsets.get(namespace, name)["metadata"]["uid"] == created.uid
 
 
 def test_the_trigger_names_a_replaced_jobset(
     gke: ControlPlane, jobsets: JobSets, namespace: str
 ) -> None:
-    from tasks.backends.gke.hooks import JobSetHook
-
-    s = settings(namespace, train=shape("2x2x1"))
-    jobset = render(s, run_id="manual__replaced_trigger")
-    name = jobset["metadata"]["name"]
-    hook = JobSetHook.for_cluster(s.cluster)
-    assert hook.create_jobset(jobset)
-    uid = hook.get_jobset(namespace, name)["metadata"]["uid"]
-    assert hook.delete_jobset(namespace, name)
+    created = _create(settings(namespace, train=shape("2x2x1")), run_id="manual__replaced_trigger")
+    name = created.name
+    assert created.hook.delete_jobset(namespace, name)
 
     def recreated() -> bool | None:
-        return True if hook.create_jobset(jobset) else None
+        return True if created.hook.create_jobset(created.jobset) else None
 
     gke.wait_for(recreated, what="the JobSet created again", timeout_s=60)
-    events = _trigger_events(_kwargs(s, name, uid))
+    events = _trigger_events(_kwargs(created))
     assert events[-1]["phase"] == "error"
     assert events[-1]["reason"] == "Replaced"
 
@@ -234,13 +248,10 @@ def test_the_teardowns_delete_leaves_nothing_behind(
 ) -> None:
     """The hook's delete (what the teardown and on_kill call) of a running multi-slice
     JobSet: the real garbage collector removes its Jobs, pods and headless Service."""
-    from tasks.backends.gke.hooks import JobSetHook
-
-    s = settings(namespace)
-    jobset = render(s, role="evaluate", job="eval-18", run_id="manual__teardown")
-    name = jobset["metadata"]["name"]
-    hook = JobSetHook.for_cluster(s.cluster)
-    assert hook.create_jobset(jobset)
+    created = _create(
+        settings(namespace), role="evaluate", job="eval-18", run_id="manual__teardown"
+    )
+    name, hook = created.name, created.hook
     jobsets.running_pods(namespace, name, 2)
     assert len(jobsets.jobs(namespace, name)) == 2
     assert hook.delete_jobset(namespace, name) is True
