@@ -14,6 +14,7 @@ Fixtures:
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import pytest
 from env_helpers import set_env
+
+from tasks.jobs.processes import stop_processes
 
 GCS_BUCKET = "rcpflow-test"
 _STARTUP_TIMEOUT_S = 30.0
@@ -129,12 +132,7 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GCSEmulator
         emulator.client().create_bucket(GCS_BUCKET)
         yield emulator
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_processes([proc], first=signal.SIGTERM, grace_s=10)
 
 
 @pytest.fixture

@@ -1227,6 +1227,30 @@ class ControlPlane(Server):
             component=self.components["kube-apiserver"],
         )
 
+    def grant(self, role: str, rules: Sequence[Any], subject: Mapping[str, str]) -> None:
+        """A ClusterRole `role` of `rules`, bound to `subject` (a ServiceAccount, a User)."""
+        self.api.apply(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": role},
+                "rules": list(rules),
+            }
+        )
+        self.api.apply(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": role},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": role,
+                },
+                "subjects": [dict(subject)],
+            }
+        )
+
     def _service_account_objects(
         self,
         namespace: str,
@@ -1244,27 +1268,7 @@ class ControlPlane(Server):
                 "metadata": {"name": account, "namespace": namespace},
             }
         )
-        api.apply(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRole",
-                "metadata": {"name": role},
-                "rules": list(rules),
-            }
-        )
-        api.apply(
-            {
-                "apiVersion": "rbac.authorization.k8s.io/v1",
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": role},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": role,
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
-            }
-        )
+        self.grant(role, rules, {"kind": "ServiceAccount", "name": account, "namespace": namespace})
         if namespaced_rules:
             api.apply(
                 {

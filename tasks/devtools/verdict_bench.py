@@ -341,8 +341,9 @@ class SeedRun:
         return self.verdict_s / self.ideal_s
 
 
-@dataclass(frozen=True)
-class ProportionRow:
+class ProportionRow(NamedTuple):
+    """One configuration of the three-seed submission: its seeds' runs, the load it ran under."""
+
     schedule: str
     window: int
     seeds: tuple[SeedRun, ...]
@@ -363,6 +364,11 @@ class ProportionRow:
     @property
     def wasted(self) -> int:
         return sum(s.wasted for s in self.seeds)
+
+
+def saved_row(row: ProportionRow) -> dict[str, Any]:
+    """`row` as proportions.json keeps it (read back by --proportions-from)."""
+    return {**row._asdict(), "seeds": [dataclasses.asdict(s) for s in row.seeds]}
 
 
 def rehearsal_deployment(folder: Path, scale: float) -> Path:
@@ -630,7 +636,7 @@ def run_proportions(args: argparse.Namespace) -> str:
             rows.append(
                 run_proportion(s, w, scale=args.scale, max_steps=args.proportions_max_steps)
             )
-            saved.write_text(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+            saved.write_text(json.dumps([saved_row(r) for r in rows], indent=1))
     first = rows[0]
     cal = Calibration(
         task_start_s=statistics.median(t for s in first.seeds for t in s.task_start_s),

@@ -49,30 +49,8 @@ DOCUMENTED_RULES = [
 
 @pytest.fixture(scope="session")
 def airflow_rbac(control_plane: ControlPlane) -> None:
-    role = "rcpflow-airflow"
-    control_plane.api.apply(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": role},
-            "rules": DOCUMENTED_RULES,
-        }
-    )
-    control_plane.api.apply(
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": role},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": role,
-            },
-            "subjects": [
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": AIRFLOW_USER}
-            ],
-        }
-    )
+    user = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": AIRFLOW_USER}
+    control_plane.grant("rcpflow-airflow", DOCUMENTED_RULES, user)
 
 
 @pytest.fixture
