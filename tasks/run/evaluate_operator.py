@@ -31,6 +31,11 @@ if TYPE_CHECKING:
     from tasks.jobs.values import Values
 
 
+def eval_label(step: int) -> str:
+    """The job label of `step`'s evaluation in its DAG run (a backend names its job by it)."""
+    return f"eval-{step}"
+
+
 class EvaluateCheckpoint(BaseOperator):
     """Evaluate the manifest row `row` with the job `eval_job` (see the module doc); the
     backend's operator sets both and `run_dir` in its ``__init__``."""

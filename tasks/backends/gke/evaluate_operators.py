@@ -1,7 +1,8 @@
 """The operators that evaluate one checkpoint as a JobSet of the deployment's evaluate job:
 `RunJobSetOperator` behind the steps of `tasks.run.stages` (a decided or already evaluated step
 creates nothing on the cluster), importing a foreign result when the JobSet succeeded; both as
-`tasks.run.evaluate_operator` has every backend do them."""
+`tasks.run.evaluate_operator` has every backend do them; a pass deletes the higher steps'
+evaluation JobSets still running (`cancel_step_jobset`)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,38 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from tasks.backends.gke.operators import RunJobSetOperator
-from tasks.backends.gke.render import render_jobset
+from tasks.backends.gke.operators import RunJobSetOperator, jobset_hook
+from tasks.backends.gke.render import jobset_name, render_jobset
 from tasks.backends.gke.settings import GkeSettings
 from tasks.jobs.templates import EvaluateJob
 from tasks.jobs.values import evaluate_values
-from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
-from tasks.run.stages import EvalTarget
+from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep, eval_label
+from tasks.run.stages import EvalTarget, cancel_above
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from rcpflow.records.manifest import ManifestRow
+    from tasks.backends.gke.hooks import JobSetHook
     from tasks.jobs.values import Values
+
+
+def cancel_step_jobset(
+    hook: JobSetHook, namespace: str, dag_id: str, run_id: str, step: int
+) -> bool:
+    """Delete the evaluation JobSet of `step` in that DAG run if it still runs (its pods go
+    with it); False when there is none, or it has finished."""
+    from tasks.backends.gke.status import JobSetGone, JobSetStatusError, interpret_status
+
+    name = jobset_name(dag_id, run_id, eval_label(step))
+    try:
+        if interpret_status(hook.get_jobset(namespace, name)).phase != "Running":
+            return False
+    except JobSetGone:
+        return False
+    except JobSetStatusError:
+        pass  # a status this version cannot read: the step is useless either way
+    return hook.delete_jobset(namespace, name)
 
 
 class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
@@ -29,7 +49,7 @@ class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
 
     template_fields = (*RunJobSetOperator.template_fields, "run_dir", "row")
     job_started = "the JobSet was created"
-    failure_is_stop = False
+    failure_is_stop = True
     _target: EvalTarget
 
     def __init__(
@@ -64,6 +84,19 @@ class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
     def before_job(self, context: Context, target: EvalTarget) -> None:
         self._target = target
 
+    def after_collect(
+        self, context: Context, target: EvalTarget, result: dict[str, Any]
+    ) -> dict[str, Any]:
+        if result["target_reached"]:
+            dag_run = context["dag_run"]
+            hook, namespace = jobset_hook(self.cluster), self.settings.namespace
+
+            def cancel(run_dir: str, step: int) -> bool:
+                return cancel_step_jobset(hook, namespace, dag_run.dag_id, dag_run.run_id, step)
+
+            cancel_above(target.run_dir, target.step, cancel)
+        return result
+
     def render(self, context: Context) -> dict[str, Any]:
         target = self._target
         dag_run = context["dag_run"]
@@ -72,7 +105,7 @@ class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
             role="evaluate",
             dag_id=dag_run.dag_id,
             run_id=dag_run.run_id,
-            job=f"eval-{target.step}",
+            job=eval_label(target.step),
             command=self.eval_job.job_command.render(self.eval_values(target.row)),
             image=self.image,
             env=self.env,

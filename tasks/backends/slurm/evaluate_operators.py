@@ -13,7 +13,7 @@ from tasks.backends.slurm.settings import SlurmSettings
 from tasks.backends.slurm.triggers import FINISHED, WATCHING, SlurmJobTrigger, connection_kwargs
 from tasks.jobs.templates import EvaluateJob
 from tasks.jobs.values import evaluate_values
-from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
+from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep, eval_label
 from tasks.run.stages import EvalTarget, cancel_above, skip_if_decided
 
 if TYPE_CHECKING:
@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     from rcpflow.records.manifest import ManifestRow
     from tasks.backends.slurm.hooks import JobInfo
     from tasks.jobs.values import Values
-
-
-def eval_label(step: int) -> str:
-    return f"eval-{step}"
 
 
 def cancel_step_job(settings: SlurmSettings, dag_id: str, run_id: str, step: int) -> bool:
