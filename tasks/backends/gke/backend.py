@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import get_current_context
 
 from tasks.backend_api.protocol import FormDefaults, register
+from tasks.backends.gke.evaluate_operators import cancel_step_jobset
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
 from tasks.backends.gke.operators import jobset_hook
-from tasks.backends.gke.render import jobset_name
 from tasks.backends.gke.settings import TABLE, GkeSettings, check_evaluate_job
 from tasks.deployment import BackendName, Deployment
 from tasks.run.spec import run_dir_of
@@ -50,11 +50,13 @@ class GkeBackend:
         )
 
     def cancel_evaluation(self, run_dir: str, step: int) -> bool:
-        """Delete the step's evaluate JobSet of this DAG run (named as `render_jobset` names
-        it); False when there was none."""
+        """Delete the step's evaluate JobSet of this DAG run if it still runs
+        (`cancel_step_jobset`); False when there was none running."""
         context = get_current_context()
-        name = jobset_name(context["dag"].dag_id, context["run_id"], f"eval-{step}")
-        return jobset_hook(self.settings.cluster).delete_jobset(self.settings.namespace, name)
+        hook = jobset_hook(self.settings.cluster)
+        return cancel_step_jobset(
+            hook, self.settings.namespace, context["dag"].dag_id, context["run_id"], step
+        )
 
     def _limits(self) -> dict[str, Any]:
         """What bounds every evaluate JobSet: the eval window, its timeout, its retries."""

@@ -17,7 +17,9 @@ import pytest
 from k8s_real import (
     AIRFLOW_USER,
     GOOGLE_TOKEN,
+    SHORT_DAG_ID,
     JobSets,
+    condition,
     fixed_token_credentials,
     render,
     settings,
@@ -233,12 +235,74 @@ def test_the_teardowns_delete_leaves_nothing_behind(
     jobsets.running_pods(namespace, name, 2)
     assert len(jobsets.jobs(namespace, name)) == 2
     assert hook.delete_jobset(namespace, name) is True
+    _nothing_left(gke, jobsets, namespace, name)
+    assert hook.delete_jobset(namespace, name) is False  # gone: the next teardown is a no-op
+
+
+def _nothing_left(gke: ControlPlane, jobsets: JobSets, namespace: str, name: str) -> None:
+    """Wait until the real garbage collector has removed JobSet `name`'s Jobs, pods and
+    headless Service (the JobSet itself deleted)."""
 
     def nothing_left() -> bool | None:
         pods = gke.pods(namespace, f"jobset.sigs.k8s.io/jobset-name={name}")
         services = gke.api.get(f"/api/v1/namespaces/{namespace}/services")["items"]
-        left = pods or jobsets.jobs(namespace, name) or services
+        mine = [v for v in services if v["metadata"]["name"].startswith(name)]
+        left = pods or jobsets.jobs(namespace, name) or mine
         return None if left else True
 
     gke.wait_for(nothing_left, what=f"JobSet {name}'s Jobs, pods and Service deleted", timeout_s=90)
-    assert hook.delete_jobset(namespace, name) is False  # gone: the next teardown is a no-op
+
+
+def test_a_pass_deletes_a_higher_steps_running_evaluation_and_nothing_else(
+    gke: ControlPlane, jobsets: JobSets, namespace: str
+) -> None:
+    """`cancel_step_jobset`, what a passing evaluation calls for each higher step: the running
+    evaluation JobSet is deleted (its Jobs and pods with it); a finished one, and a step
+    without one, are left alone."""
+    from tasks.backends.gke.evaluate_operators import cancel_step_jobset
+
+    s, run_id = settings(namespace), "manual__pass"
+    running = _create(s, role="evaluate", job="eval-20", run_id=run_id)
+    finished = _create(s, role="evaluate", job="eval-21", run_id=run_id)
+    jobsets.running_pods(namespace, running.name, 2)
+    for pod in jobsets.running_pods(namespace, finished.name, 2):
+        gke.end_pod(namespace, pod["metadata"]["name"], 0)
+    jobsets.wait_status(
+        namespace, finished.name, lambda st: condition(st, "Completed") is not None, "Completed"
+    )
+    hook = running.hook
+
+    def cancel(step: int) -> bool:
+        return cancel_step_jobset(hook, namespace, SHORT_DAG_ID, run_id, step)
+
+    assert cancel(21) is False  # finished: nothing to stop
+    assert cancel(22) is False  # no JobSet
+    assert cancel(20) is True
+    _nothing_left(gke, jobsets, namespace, running.name)
+    assert jobsets.get(namespace, finished.name)["metadata"]["uid"] == finished.uid
+
+
+def test_on_kill_deletes_the_jobset_its_task_created(
+    gke: ControlPlane, jobsets: JobSets, namespace: str
+) -> None:
+    """A task killed (marked failed by hand, a timeout) while its JobSet runs: the operator's
+    on_kill deletes the JobSet it created, and the controllers remove the rest."""
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import TaskDeferred
+    from fake_task import FakeTI
+
+    from tasks.backends.gke.operators import REF_XCOM_KEY, RunJobSetOperator
+
+    task = RunJobSetOperator(
+        task_id="train.run", settings=settings(namespace), role="train", job="train",
+        command=["python", "-m", "tpu_jobs.toy.train"],
+    )  # fmt: skip
+    ti = FakeTI(task_id="train.run")
+    context: Any = {"ti": ti, "dag_run": SimpleNamespace(dag_id=SHORT_DAG_ID, run_id="kill")}
+    with pytest.raises(TaskDeferred):
+        task.execute(context)
+    created = ti.pushed[REF_XCOM_KEY]["name"]
+    jobsets.running_pods(namespace, created, 1)
+    task.on_kill()
+    _nothing_left(gke, jobsets, namespace, created)
