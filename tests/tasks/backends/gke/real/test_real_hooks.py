@@ -262,14 +262,15 @@ def test_a_pass_deletes_a_higher_steps_running_evaluation_and_nothing_else(
     from tasks.backends.gke.evaluate_operators import cancel_step_jobset
 
     s, run_id = settings(namespace), "manual__pass"
-    running = _create(s, role="evaluate", job="eval-20", run_id=run_id)
+    # one evaluation at a time fits the 2x2x1 pool's two hosts: step 21's ends first
     finished = _create(s, role="evaluate", job="eval-21", run_id=run_id)
-    jobsets.running_pods(namespace, running.name, 2)
     for pod in jobsets.running_pods(namespace, finished.name, 2):
         gke.end_pod(namespace, pod["metadata"]["name"], 0)
     jobsets.wait_status(
         namespace, finished.name, lambda st: condition(st, "Completed") is not None, "Completed"
     )
+    running = _create(s, role="evaluate", job="eval-20", run_id=run_id)
+    jobsets.running_pods(namespace, running.name, 2)
     hook = running.hook
 
     def cancel(step: int) -> bool:
@@ -303,6 +304,6 @@ def test_on_kill_deletes_the_jobset_its_task_created(
     with pytest.raises(TaskDeferred):
         task.execute(context)
     created = ti.pushed[REF_XCOM_KEY]["name"]
-    jobsets.running_pods(namespace, created, 1)
+    jobsets.running_pods(namespace, created, 2)  # one 2x2x2 slice: two hosts
     task.on_kill()
     _nothing_left(gke, jobsets, namespace, created)
