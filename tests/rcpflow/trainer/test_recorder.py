@@ -17,7 +17,7 @@ from rcpflow.records.mllog import read_events
 from rcpflow.submission import checkers
 from rcpflow.trainer.recorder import RecorderError, Resumed, TrainingRecorder
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import rows_of, write_eval
+from tasks.devtools.synthetic_run import evaluated, rows_of
 
 GBS, MAX_STEPS, VAL_START = 256, 24, 18
 T0 = 1_700_000_000_000
@@ -77,16 +77,8 @@ def test_the_official_checker_passes_a_recorded_run_after_finalize(tmp_path):
     train(rec, run_dir, range(1, 21))
     rec.on_train_end()
     rows = rows_of(run_dir)
-
-    class Run:  # what synthetic_run.write_eval needs of a run
-        layout = RunLayout(run_dir)
-
-        @staticmethod
-        def row(step):
-            return next(r for r in rows if r.step == step)
-
-    write_eval(Run, 18, 0.5)
-    write_eval(Run, 19, 0.75)
+    for row, accuracy in zip(rows[:2], (0.5, 0.75), strict=True):  # steps 18 and 19
+        evaluated(run_dir, row, accuracy, row.timestamp_ms + 3_600_000)
     result = finalize(run_dir)
     assert (result.status, result.step, result.time_ms) == ("success", 19, rows[1].timestamp_ms)
     check = checkers.compliance(rec.mllog_path, "closed", log_dir=str(tmp_path / "checks"))
