@@ -37,15 +37,6 @@ class CheckpointRef(Protocol):
     def samples_count(self) -> int: ...
 
 
-@dataclass(frozen=True)
-class CheckpointStamp:
-    """A CheckpointRef given by its numbers."""
-
-    step: int
-    timestamp_ms: int
-    samples_count: int
-
-
 class SummaryError(ValueError):
     """A file that cannot be read as a summary; the message names the file and field."""
 
@@ -99,12 +90,6 @@ class EvalSummary:
     # only its accuracy): pass_at_k holds pass@4 alone, the attempt counts are not known (0,
     # status "not_recorded"), and pass@4 could not be recomputed. Written only when False.
     attempt_records: bool = True
-
-    @property
-    def checkpoint(self) -> CheckpointStamp:
-        return CheckpointStamp(
-            self.checkpoint_step, self.checkpoint_timestamp_ms, self.samples_count
-        )
 
     @property
     def eval_accuracy(self) -> float:

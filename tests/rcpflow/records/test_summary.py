@@ -14,7 +14,6 @@ from rcpflow import recipe
 from rcpflow.records.manifest import ManifestRow
 from rcpflow.records.summary import (
     AttemptResult,
-    CheckpointStamp,
     EvalSummary,
     SummaryError,
     build_summary,
@@ -36,7 +35,7 @@ T0 = 1_700_000_000_000  # eval and checkpoint times must be real ones (2020 .. n
 def _build(attempts, **kw):
     args = dict(
         attempts_per_instance=4,
-        checkpoint=CheckpointStamp(step=18, timestamp_ms=T0 + 5, samples_count=18 * 256),
+        checkpoint=_row(),  # step 18 at T0 + 5, 18 x 256 samples
         target_accuracy=0.69,
         eval_start_ms=T0 + 10,
         eval_stop_ms=T0 + 20,
