@@ -192,7 +192,9 @@ def importing_checkpoints(run: RunSpec, job: TrainJob, interval_s: float) -> Ite
 
     def once() -> None:
         try:
-            import_checkpoints(run.run_dir, run.seed, run.effective_val_start_at, allow_empty=True)
+            import_checkpoints(
+                run.run_dir, run.seed, job.result, run.effective_val_start_at, allow_empty=True
+            )
         except NemoRLError as exc:
             log.warning("checkpoint import: %s", exc)
 

@@ -31,9 +31,10 @@ from airflow.triggers.base import StartTriggerArgs
 from rcpflow.records.checkpoint_state import ProgressError, RunSnapshot, run_snapshot
 from rcpflow.verdict.gate import lowest_passing
 from rcpflow.verdict.readiness import Readiness, TrainingState, readiness
+from tasks.jobs.templates import TrainResult
 from tasks.run.spec import RunSpec
 from tasks.run.train_result import import_for_wait
-from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger
+from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger, train_result_kwargs
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -46,7 +47,8 @@ class WaitForCheckpointOperator(BaseOperator):
     `timeout` bounds the whole wait (then the task fails); the run's RunSpec (its schedule and
     eval window) is the XCom of `plan_task_id`, the planned steps that of `steps_task_id` (what
     the triggerer reads too: it has no resolved arguments), the train group is
-    `train_group_id` of the same DAG run."""
+    `train_group_id` of the same DAG run; `train_result` is the deployment's
+    ``[jobs.train] result`` (passed on to the triggers, which never load the deployment)."""
 
     template_fields: Sequence[str] = ("run_dir", "step", "seed")
     ui_color = "#f1f3f4"
@@ -63,9 +65,11 @@ class WaitForCheckpointOperator(BaseOperator):
         train_group_id: str = "train",
         poll_interval_s: float = 5.0,
         timeout: timedelta | None = None,
+        train_result: TrainResult,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.train_result = train_result
         self.run_dir = run_dir
         self.step = step
         self.seed = seed
@@ -80,6 +84,7 @@ class WaitForCheckpointOperator(BaseOperator):
                 steps_task_id=steps_task_id,
                 train_group_id=train_group_id,
                 poll_interval_s=poll_interval_s,
+                train_result=train_result_kwargs(train_result),
             ).serialize()[1],
             next_method="execute_complete",
             next_kwargs=None,
@@ -95,7 +100,7 @@ class WaitForCheckpointOperator(BaseOperator):
     def _snapshot(self, val_start_at: int | None) -> RunSnapshot:
         run_dir, step, seed = self._args()
         try:
-            import_for_wait(run_dir, seed, val_start_at)
+            import_for_wait(run_dir, seed, self.train_result, val_start_at)
             return run_snapshot(run_dir, seed)
         except ProgressError as exc:
             raise AirflowFailException(f"step {step}: {exc}") from exc
@@ -132,6 +137,7 @@ class WaitForCheckpointOperator(BaseOperator):
                 start_grace_s=3 * self.poll_interval_s,
                 schedule=spec.eval_schedule,
                 val_start_at=spec.effective_val_start_at,
+                train_result=train_result_kwargs(self.train_result),
             ),
             method_name="execute_complete",
             timeout=self.timeout,

@@ -108,6 +108,7 @@ def evaluation_over_steps(
                 train_group_id=TRAIN_GROUP_ID,
                 poll_interval_s=deployment.checkpoint_poll_seconds,
                 timeout=wait_timeout,
+                train_result=deployment.jobs.train.result,
                 map_index_template="step {{ task.step }}",
                 params=wait_params,
                 doc_md=RCP_VIEW_DOC,

@@ -29,6 +29,7 @@ from rcpflow.verdict.finalize import FinalizeInputError, finalize
 from rcpflow.verdict.gate import lowest_passing, passes, valid_summary
 from rcpflow.verdict.stop_request import honoured_by
 from rcpflow.verdict.verify import evaluate_step
+from tasks.deployment import load_deployment
 from tasks.jobs.result import EvaluationError
 from tasks.results.verdicts import record, tool_log_dir
 from tasks.run.spec import RunSpec
@@ -46,7 +47,13 @@ def check_training_outputs(spec: RunSpec) -> dict[str, Any]:
     of this run ended training); the MLLOG is a training section."""
     layout = RunLayout(spec.run_dir)
     try:  # a trainer whose checkpoints rcpflow records: its tree, imported (the same: no write)
-        import_checkpoints(spec.run_dir, spec.seed, spec.effective_val_start_at, allow_empty=False)
+        import_checkpoints(
+            spec.run_dir,
+            spec.seed,
+            load_deployment().jobs.train.result,
+            spec.effective_val_start_at,
+            allow_empty=False,
+        )
     except NemoRLError as exc:
         raise TrainingOutputError(f"checkpoint import: {exc}") from exc
     try:

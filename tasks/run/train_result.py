@@ -2,7 +2,10 @@
 result`` (`tasks.jobs.templates.TrainResult`), imported into the run's manifest wherever the run
 DAG reads it (the output check after training, the checkpoint waits, and the local backend
 while its training runs), idempotently: the same tree again writes nothing, new checkpoints
-append rows (`rcpflow.trainer.nemo_rl_import`)."""
+append rows (`rcpflow.trainer.nemo_rl_import`).
+
+The caller passes the deployment's `TrainResult`: a wait on the triggerer has it from its
+kwargs, never from loading the deployment there (the triggerer has no backend registered)."""
 
 from __future__ import annotations
 
@@ -13,14 +16,14 @@ from rcpflow.records.checkpoint_state import ProgressError
 from rcpflow.records.manifest import ManifestError, read_rows
 from rcpflow.records.nemo_rl import NemoRLError
 from rcpflow.trainer.nemo_rl_import import TreeImport, import_tree
-from tasks.deployment import load_deployment
+from tasks.jobs.templates import TrainResult
 
 log = logging.getLogger(__name__)
 
 
-def checkpoint_root(run_dir: str, seed: int) -> str | None:
-    """The tree the deployment's train job leaves, None when the trainer records rows itself."""
-    result = load_deployment().jobs.train.result
+def checkpoint_root(run_dir: str, seed: int, result: TrainResult) -> str | None:
+    """The tree the train job leaves (`result`: the deployment's ``[jobs.train] result``), None
+    when the trainer records rows itself."""
     if not result.imported:
         return None
     layout = RunLayout(run_dir)
@@ -33,12 +36,17 @@ def checkpoint_root(run_dir: str, seed: int) -> str | None:
 
 
 def import_checkpoints(
-    run_dir: str, seed: int, val_start_at: int | None = None, *, allow_empty: bool
+    run_dir: str,
+    seed: int,
+    result: TrainResult,
+    val_start_at: int | None = None,
+    *,
+    allow_empty: bool,
 ) -> TreeImport | None:
     """Import the train job's tree, if it leaves one. Without `val_start_at`, only once the
     manifest has rows (they hold it): the first rows come from a caller that knows the run.
     Raises NemoRLError naming the step, file and field."""
-    root = checkpoint_root(run_dir, seed)
+    root = checkpoint_root(run_dir, seed, result)
     if root is None:
         return None
     if val_start_at is None:
@@ -56,10 +64,12 @@ def import_checkpoints(
     return found
 
 
-def import_for_wait(run_dir: str, seed: int, val_start_at: int | None = None) -> None:
+def import_for_wait(
+    run_dir: str, seed: int, result: TrainResult, val_start_at: int | None = None
+) -> None:
     """Before a wait reads the run's files: the train job's new checkpoints into its manifest
     (ProgressError naming the step, file and field when they do not add up)."""
     try:
-        import_checkpoints(run_dir, seed, val_start_at, allow_empty=True)
+        import_checkpoints(run_dir, seed, result, val_start_at, allow_empty=True)
     except NemoRLError as exc:
         raise ProgressError(f"checkpoint import: {exc}") from exc

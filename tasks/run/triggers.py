@@ -29,9 +29,10 @@ nothing until it ends: the outcome (a skip's reason) is the first line of its lo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from airflow.triggers.base import (
@@ -47,6 +48,7 @@ from rcpflow.records.manifest import ManifestRow
 from rcpflow.verdict import gate
 from rcpflow.verdict.readiness import Readiness, Reason, TrainingState, readiness
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, EvalSchedule
+from tasks.jobs.templates import TrainResult
 from tasks.run.spec import RunSpec
 from tasks.run.train_result import import_for_wait
 
@@ -181,11 +183,25 @@ class WaitTarget:
     # The run's validation start, where known (a start trigger reads the run's spec): lets a
     # train job's checkpoint tree be imported before its first row (tasks.run.train_result).
     val_start_at: int | None = None
+    # The deployment's [jobs.train] result, from the trigger's kwargs: the triggerer does not
+    # load the deployment (it has no backend, and so no backend settings table, registered).
+    train_result: TrainResult = field(default_factory=TrainResult)
+
+
+def train_result_kwargs(result: TrainResult) -> dict[str, Any]:
+    """`result` as JSON for a trigger's kwargs (`train_result_from_kwargs` is the inverse)."""
+    return dataclasses.asdict(result)
+
+
+def train_result_from_kwargs(kwargs: Mapping[str, Any] | None) -> TrainResult:
+    """The TrainResult `train_result_kwargs` wrote; None (a trigger deferred by an earlier
+    release): a trainer that records its rows itself."""
+    return TrainResult() if kwargs is None else TrainResult(**kwargs)
 
 
 def read_files(target: WaitTarget) -> RunSnapshot:
     """The run's files as a wait reads them: a train job's new checkpoints imported first."""
-    import_for_wait(target.run_dir, target.seed, target.val_start_at)
+    import_for_wait(target.run_dir, target.seed, target.train_result, target.val_start_at)
     return run_snapshot(target.run_dir, target.seed)
 
 
@@ -327,9 +343,18 @@ class CheckpointTrigger(_CheckpointWait):
         start_grace_s: float,
         schedule: EvalSchedule = DEFAULT_SCHEDULE,
         val_start_at: int | None = None,
+        train_result: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        self.target = WaitTarget(run_dir, step, seed, dag_id, run_id, val_start_at)
+        self.target = WaitTarget(
+            run_dir,
+            step,
+            seed,
+            dag_id,
+            run_id,
+            val_start_at,
+            train_result_from_kwargs(train_result),
+        )
         self.train_group_id = train_group_id
         self.poll_interval_s = poll_interval_s
         self.start_grace_s = start_grace_s
@@ -350,6 +375,7 @@ class CheckpointTrigger(_CheckpointWait):
                 "start_grace_s": self.start_grace_s,
                 "schedule": self.schedule,
                 "val_start_at": t.val_start_at,
+                "train_result": train_result_kwargs(t.train_result),
             },
         )
 
@@ -387,6 +413,7 @@ class StartedCheckpointTrigger(_CheckpointWait):
         train_group_id: str,
         poll_interval_s: float,
         evaluate_task: str = "evaluate",
+        train_result: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.plan_task_id = plan_task_id
@@ -394,6 +421,7 @@ class StartedCheckpointTrigger(_CheckpointWait):
         self.train_group_id = train_group_id
         self.poll_interval_s = poll_interval_s
         self.evaluate_task = evaluate_task
+        self.train_result = train_result_from_kwargs(train_result)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -404,6 +432,7 @@ class StartedCheckpointTrigger(_CheckpointWait):
                 "train_group_id": self.train_group_id,
                 "poll_interval_s": self.poll_interval_s,
                 "evaluate_task": self.evaluate_task,
+                "train_result": train_result_kwargs(self.train_result),
             },
         )
 
@@ -421,7 +450,13 @@ class StartedCheckpointTrigger(_CheckpointWait):
         group = ti.task_id.rpartition(".")[0]
         return StartedWait(
             target=WaitTarget(
-                spec.run_dir, step, spec.seed, ti.dag_id, ti.run_id, spec.effective_val_start_at
+                spec.run_dir,
+                step,
+                spec.seed,
+                ti.dag_id,
+                ti.run_id,
+                spec.effective_val_start_at,
+                self.train_result,
             ),
             spec=spec,
             steps=steps,

@@ -1,12 +1,14 @@
 """JobSet hooks: every call the GKE backend makes to a cluster's API goes through these.
 
-`JobSetHook` (sync, for operators) is the cncf-kubernetes provider's `KubernetesHook` with the
-Google provider's GKE credentials (`GKEKubernetesHook`); `for_cluster` finds the cluster's
-endpoint and CA with the provider's `GKEHook` (`cluster_endpoint`), on every call: nothing
-keeps an endpoint that may have moved. `AsyncJobSetHook` (for triggers) is the same on
-`AsyncKubernetesHook` (`GKEKubernetesAsyncHook`). Both speak JobSets and their pods only: read
-the JobSet CRD, create (strict field validation), read, delete, list pods; a JobSet that does
-not exist is `JobSetGone`.
+`JobSetHook` (sync, for operators) and `AsyncJobSetHook` (for triggers) speak JobSets and their
+pods only: read the JobSet CRD, create (strict field validation), read, delete, list pods; a
+JobSet that does not exist is `JobSetGone`. `for_cluster` picks how the cluster is reached:
+- a GKE cluster (the default): the cncf-kubernetes provider's hooks with the Google provider's
+  GKE credentials (`GKEKubernetesHook`, `GKEKubernetesAsyncHook`); the cluster's endpoint and
+  CA are looked up with the provider's `GKEHook` (`cluster_endpoint`) on every call: nothing
+  keeps an endpoint that may have moved;
+- `kubernetes_conn_id` set: the cncf-kubernetes provider's own hooks on that Kubernetes
+  connection (a kubeconfig, or in-cluster), with no GKE lookup.
 
 Responses are read raw (``_preload_content=False``): the clients log a decoded body at DEBUG,
 and a JobSet's body carries env values.
@@ -21,8 +23,9 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook, KubernetesHook
 from airflow.providers.google.cloud.hooks.kubernetes_engine import (
     GKEHook,
     GKEKubernetesAsyncHook,
@@ -100,14 +103,22 @@ def _raise_for_status(response: Any) -> None:
         raise AsyncApiException(status=response.status, reason=response.reason)
 
 
-class JobSetHook(GKEKubernetesHook):
-    """JobSets on one GKE cluster, synchronously (operators)."""
+class JobSetHook:
+    """JobSets on one cluster, synchronously (operators): the calls, on whichever provider
+    hook `for_cluster` picks (`GkeJobSetHook`, `KubeconfigJobSetHook`)."""
 
-    @classmethod
-    def for_cluster(cls, cluster: GkeCluster) -> JobSetHook:
-        """The hook for `cluster`, its endpoint and CA looked up now (`cluster_endpoint`)."""
+    if TYPE_CHECKING:  # the provider hook's clients, which each subclass inherits
+        api_client: Any
+        custom_object_client: Any
+
+    @staticmethod
+    def for_cluster(cluster: GkeCluster) -> JobSetHook:
+        """The hook for `cluster`: on its Kubernetes connection when it names one, else GKE's,
+        its endpoint and CA looked up now (`cluster_endpoint`)."""
+        if cluster.kubernetes_conn_id is not None:
+            return KubeconfigJobSetHook(conn_id=cluster.kubernetes_conn_id)
         url, ca_cert = cluster_endpoint(cluster)
-        return cls(**_hook_args(cluster, url, ca_cert))
+        return GkeJobSetHook(**_hook_args(cluster, url, ca_cert))
 
     def get_jobset_crd(self) -> dict[str, Any]:
         """The cluster's JobSet CustomResourceDefinition (apiextensions.k8s.io/v1) as a dict;
@@ -166,15 +177,30 @@ class JobSetHook(GKEKubernetesHook):
         return True
 
 
-class AsyncJobSetHook(GKEKubernetesAsyncHook):
-    """JobSets on one GKE cluster, from the triggerer's event loop."""
+class GkeJobSetHook(JobSetHook, GKEKubernetesHook):
+    """JobSets on a GKE cluster, with the Google connection's credentials."""
 
-    @classmethod
-    async def for_cluster(cls, cluster: GkeCluster) -> AsyncJobSetHook:
-        """The hook for `cluster`, its endpoint and CA looked up now (`cluster_endpoint`, in a
-        thread: the provider's lookup is synchronous)."""
+
+class KubeconfigJobSetHook(JobSetHook, KubernetesHook):
+    """JobSets on the cluster of a cncf-kubernetes connection (a kubeconfig, or in-cluster)."""
+
+
+class AsyncJobSetHook:
+    """JobSets on one cluster, from the triggerer's event loop: the calls, on whichever
+    provider hook `for_cluster` picks (`AsyncGkeJobSetHook`, `AsyncKubeconfigJobSetHook`)."""
+
+    if TYPE_CHECKING:  # the provider hook's connection, which each subclass inherits
+        get_conn: Any
+
+    @staticmethod
+    async def for_cluster(cluster: GkeCluster) -> AsyncJobSetHook:
+        """The hook for `cluster`: on its Kubernetes connection when it names one, else GKE's,
+        its endpoint and CA looked up now (`cluster_endpoint`, in a thread: the provider's
+        lookup is synchronous)."""
+        if cluster.kubernetes_conn_id is not None:
+            return AsyncKubeconfigJobSetHook(conn_id=cluster.kubernetes_conn_id)
         url, ca_cert = await asyncio.to_thread(cluster_endpoint, cluster)
-        return cls(**_hook_args(cluster, url, ca_cert))
+        return AsyncGkeJobSetHook(**_hook_args(cluster, url, ca_cert))
 
     async def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
         """The JobSet object; JobSetGone when it does not exist."""
@@ -220,3 +246,11 @@ class AsyncJobSetHook(GKEKubernetesAsyncHook):
             )
             _raise_for_status(response)
             return dict(await response.json())
+
+
+class AsyncGkeJobSetHook(AsyncJobSetHook, GKEKubernetesAsyncHook):
+    """JobSets on a GKE cluster, with the Google connection's credentials, asynchronously."""
+
+
+class AsyncKubeconfigJobSetHook(AsyncJobSetHook, AsyncKubernetesHook):
+    """JobSets on the cluster of a cncf-kubernetes connection, asynchronously."""

@@ -172,9 +172,10 @@ def default_eval_shape() -> TpuJobShape:
 
 @dataclass(frozen=True)
 class GkeCluster:
-    """Which GKE cluster the jobs run on and how to reach it: the fields of the Google
-    provider's `GKEOperatorMixin`, as one object the operators are given (project_id None:
-    the project of the connection `gcp_conn_id`)."""
+    """Which cluster the jobs run on and how to reach it, as one object the operators are
+    given: the fields of the Google provider's `GKEOperatorMixin` (project_id None: the project
+    of the connection `gcp_conn_id`), or, when `kubernetes_conn_id` is set, that cncf-kubernetes
+    connection (a kubeconfig, or in-cluster) and none of the GKE fields."""
 
     location: str
     cluster_name: str
@@ -183,6 +184,7 @@ class GkeCluster:
     impersonation_chain: tuple[str, ...] = ()
     use_internal_ip: bool = False
     use_dns_endpoint: bool = False
+    kubernetes_conn_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -190,8 +192,12 @@ class GkeSettings:
     """Cluster, image and job shapes for the GKE backend.
 
     project_id None means the project of the Airflow connection `gcp_conn_id` (the Google
-    provider's own default). `service_account` is the Kubernetes service account the job pods
-    run as (bind it to a Google service account with Workload Identity for gs:// access).
+    provider's own default). `kubernetes_conn_id` reaches the cluster through that
+    cncf-kubernetes connection instead (its kubeconfig, or in-cluster): no GKE API lookup, and
+    the GKE fields (project, location, cluster, Google connection, impersonation, internal IP,
+    DNS endpoint) are not used; e.g. a rehearsal on a kwok cluster, or a GKE cluster whose
+    kubeconfig the deployment holds. `service_account` is the Kubernetes service account the job
+    pods run as (bind it to a Google service account with Workload Identity for gs:// access).
     `image` is the accelerator image built from docker/Dockerfile.tpu and pushed to a registry
     the cluster can pull from (pin it by digest: ``...@sha256:<digest>``).
 
@@ -226,6 +232,7 @@ class GkeSettings:
     impersonation_chain: tuple[str, ...] = ()
     use_internal_ip: bool = False
     use_dns_endpoint: bool = False
+    kubernetes_conn_id: str | None = None
     poll_interval_s: float = 30.0
     api_error_budget_s: float = 1200.0
     api_backoff_max_s: float = 120.0
@@ -246,6 +253,23 @@ class GkeSettings:
     def __post_init__(self) -> None:
         if self.project_id is not None:
             _non_empty(self.project_id, "project_id")
+        if self.kubernetes_conn_id is not None:
+            _non_empty(self.kubernetes_conn_id, "kubernetes_conn_id")
+            gke_only = [
+                name
+                for name, value in (
+                    ("impersonation_chain", self.impersonation_chain),
+                    ("use_internal_ip", self.use_internal_ip),
+                    ("use_dns_endpoint", self.use_dns_endpoint),
+                )
+                if value
+            ]
+            if gke_only:
+                raise SettingError(
+                    gke_only[0],
+                    "is a GKE lookup setting, unused when kubernetes_conn_id reaches the cluster "
+                    "through a Kubernetes connection; remove one of the two",
+                )
         for name, value in (
             ("location", self.location),
             ("cluster_name", self.cluster_name),

@@ -18,6 +18,7 @@ own and does not count against the job's running time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,16 +60,16 @@ WATCHING = "Watching"
 
 
 def cluster_kwargs(cluster: GkeCluster) -> dict[str, Any]:
-    """`cluster` as JSON for the trigger's kwargs."""
-    return {
-        "location": cluster.location,
-        "cluster_name": cluster.cluster_name,
-        "project_id": cluster.project_id,
-        "gcp_conn_id": cluster.gcp_conn_id,
-        "impersonation_chain": list(cluster.impersonation_chain),
-        "use_internal_ip": cluster.use_internal_ip,
-        "use_dns_endpoint": cluster.use_dns_endpoint,
-    }
+    """`cluster` as JSON for the trigger's kwargs: every field (`cluster_from_kwargs` is the
+    inverse)."""
+    kwargs = dataclasses.asdict(cluster)
+    kwargs["impersonation_chain"] = list(cluster.impersonation_chain)
+    return kwargs
+
+
+def cluster_from_kwargs(kwargs: Mapping[str, Any]) -> GkeCluster:
+    """The cluster `cluster_kwargs` wrote."""
+    return GkeCluster(**{**kwargs, "impersonation_chain": tuple(kwargs["impersonation_chain"])})
 
 
 @dataclass(kw_only=True, eq=False, repr=False)
@@ -281,9 +282,5 @@ class JobSetTrigger(WatchTrigger):
         if self._hook is None:
             from tasks.backends.gke.hooks import AsyncJobSetHook
 
-            cluster = {
-                **self.cluster,
-                "impersonation_chain": tuple(self.cluster["impersonation_chain"]),
-            }
-            self._hook = await AsyncJobSetHook.for_cluster(GkeCluster(**cluster))
+            self._hook = await AsyncJobSetHook.for_cluster(cluster_from_kwargs(self.cluster))
         return self._hook

@@ -368,24 +368,37 @@ def test_a_worker_started_wait_imports_a_train_jobs_tree_before_its_first_row(
 ) -> None:
     """A NeMo-RL trainer's step_<N>/ tree on a cluster backend: a wait that started on a
     worker imports it from the run's validation start during training, as a started wait does
-    (without it, only the output check after training would write the first rows)."""
+    (without it, only the output check after training would write the first rows). The
+    deployment's train result comes in the trigger's kwargs: the triggerer never loads the
+    deployment (found by the whole submission on the real control plane: there, with no
+    backend registered, loading a deployment with a [gke] table failed every wait)."""
     from foreign import nemo_trainer
     from foreign.deployment import write_nemo_deployment
+
+    import tasks.backends.registry  # noqa: F401  (the DAG file's view of the deployment)
+    from tasks.deployment import parse_deployment
+    from tasks.run.triggers import train_result_kwargs
 
     run_dir = tmp_path / "run"
     layout = RunLayout(str(run_dir))
     monkeypatch.setenv("MLPERF_MLLOG_FILE", layout.mllog(1))
-    monkeypatch.setenv("RCPFLOW_DEPLOYMENT", str(write_nemo_deployment(tmp_path / "d.toml")))
+    file = write_nemo_deployment(tmp_path / "d.toml")
+    deployment = parse_deployment(file.read_text(), source=str(file), base_dir=tmp_path)
+    result = deployment.jobs.train.result
+    assert result.imported
+    # a deployment the trigger cannot load: it must not try
+    monkeypatch.setenv("RCPFLOW_DEPLOYMENT", str(tmp_path / "absent.toml"))
     argv = ["--checkpoint-dir", layout.checkpoints_dir, "--seed", "1", "--global-batch-size",
             "16", "--max-steps", "3", "--val-start-at", "2", "--division", "open"]  # fmt: skip
     assert nemo_trainer.main(argv) == 0
     trigger = ScriptedTrigger(
         run_dir=str(run_dir), step=2, seed=1, dag_id="d", run_id="r", train_group_id="train",
         poll_interval_s=0.01, start_grace_s=0.05, schedule="during_training",
-        val_start_at=val_start_at,
+        val_start_at=val_start_at, train_result=train_result_kwargs(result),
     )  # fmt: skip
     trigger.script = [RUNNING]
-    assert CheckpointTrigger(**trigger.serialize()[1]).target.val_start_at == val_start_at
+    rebuilt = CheckpointTrigger(**trigger.serialize()[1]).target
+    assert (rebuilt.val_start_at, rebuilt.train_result) == (val_start_at, result)
 
     async def first() -> dict[str, Any]:
         async for event in trigger.run():

@@ -258,7 +258,7 @@ def test_trigger_serializes_to_an_importable_classpath() -> None:
     # the cluster by name, never its endpoint: that is looked up when the trigger runs
     assert set(kwargs["cluster"]) == {
         "location", "cluster_name", "project_id", "gcp_conn_id", "impersonation_chain",
-        "use_internal_ip", "use_dns_endpoint",
+        "use_internal_ip", "use_dns_endpoint", "kubernetes_conn_id",
     }  # fmt: skip
     assert not {"cluster_url", "ssl_ca_cert"} & set(kwargs)
 

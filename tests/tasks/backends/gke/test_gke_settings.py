@@ -104,6 +104,15 @@ def test_a_table_overrides_and_keeps_the_rest() -> None:
         ),
         ({"api_error_budget_s": 0}, "gke.api_error_budget_s: must be > 0"),
         ({"run_retries": -1}, "gke.run_retries: must be >= 0"),
+        ({"kubernetes_conn_id": " "}, "gke.kubernetes_conn_id: must be a non-empty string"),
+        (
+            {"kubernetes_conn_id": "k8s", "use_dns_endpoint": True},
+            "gke.use_dns_endpoint: is a GKE lookup setting, unused when kubernetes_conn_id",
+        ),
+        (
+            {"kubernetes_conn_id": "k8s", "impersonation_chain": ["a@b"]},
+            "gke.impersonation_chain: is a GKE lookup setting",
+        ),
     ],
 )
 def test_bad_values_name_the_key(mapping: dict, message: str) -> None:
@@ -123,7 +132,8 @@ def test_the_cluster_object_has_the_provider_mixins_fields() -> None:
     from airflow.providers.google.cloud.operators.kubernetes_engine import GKEOperatorMixin
 
     fields = {f.name for f in dataclasses.fields(GkeCluster)}
-    assert fields == set(GKEOperatorMixin.template_fields)
+    # and the cncf-kubernetes connection that may stand in for the GKE lookup
+    assert fields == set(GKEOperatorMixin.template_fields) | {"kubernetes_conn_id"}
     settings = GkeSettings(project_id="p", impersonation_chain=("a@b.iam.gserviceaccount.com",))
     assert all(getattr(settings.cluster, name) == getattr(settings, name) for name in fields)
 

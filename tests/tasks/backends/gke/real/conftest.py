@@ -10,7 +10,8 @@ skipped with the reason in pytest's summary (also under ``CI``: ``make test`` do
 Fixtures:
     k8s_bin        (session)  the binaries folder
     control_plane  (session)  the running control plane (newest JobSet)
-    planes         (session)  planes(version): a control plane with that JobSet version
+    planes         (session)  planes(version, kueue=, pools=): a control plane with that JobSet
+                              version (with Kueue; with those TPU node pools)
     kube           (session)  a `kubernetes` ApiClient with the admin kubeconfig
     namespace      (function) a fresh namespace, deleted afterwards (its default service
                               account exists)
@@ -21,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,11 @@ import pytest
 from k8s_real import AIRFLOW_USER, GOOGLE_TOKEN, fresh_namespace
 
 from tasks.devtools.k8s_control_plane import (
+    DEFAULT_POOLS,
     NEWEST_JOBSET,
     BinariesMissing,
     ControlPlane,
+    TpuNodePool,
     binaries,
 )
 
@@ -62,20 +65,27 @@ def k8s_bin() -> Path:
 
 
 class Planes:
-    """One running control plane per JobSet version (and with or without Kueue), started
-    when first asked for."""
+    """One running control plane per JobSet version, with or without Kueue, per set of node
+    pools, started when first asked for."""
 
     def __init__(self, bin_dir: Path) -> None:
         self.bin_dir = bin_dir
-        self.running: dict[tuple[str, bool], ControlPlane] = {}
+        self.running: dict[tuple[str, bool, tuple[TpuNodePool, ...]], ControlPlane] = {}
 
-    def __call__(self, jobset_version: str = NEWEST_JOBSET, *, kueue: bool = False) -> ControlPlane:
-        key = (jobset_version, kueue)
+    def __call__(
+        self,
+        jobset_version: str = NEWEST_JOBSET,
+        *,
+        kueue: bool = False,
+        pools: Sequence[TpuNodePool] = DEFAULT_POOLS,
+    ) -> ControlPlane:
+        key = (jobset_version, kueue, tuple(pools))
         if key not in self.running:
             plane = ControlPlane(
                 self.bin_dir,
                 jobset_version=jobset_version,
                 kueue=kueue,
+                pools=tuple(pools),
                 user_tokens={GOOGLE_TOKEN: AIRFLOW_USER},
             )
             plane.__enter__()

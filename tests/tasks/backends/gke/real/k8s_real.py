@@ -26,6 +26,21 @@ RUN_ID = "manual__2026-05-01T12:00:00+00:00"
 GOOGLE_TOKEN = "rcpflow-test-google-token"
 AIRFLOW_USER = "rcpflow-airflow"
 
+# docs/gke.md, "What the cluster needs": the Google connection's account's rights.
+DOCUMENTED_RULES = [
+    {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "verbs": ["get"],
+    },
+    {
+        "apiGroups": ["jobset.x-k8s.io"],
+        "resources": ["jobsets"],
+        "verbs": ["create", "get", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+]
+
 
 def shape(topology: str = "2x2x1", *, slices: int = 1, max_restarts: int = 3) -> TpuJobShape:
     return TpuJobShape(

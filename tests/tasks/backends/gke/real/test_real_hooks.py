@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from k8s_real import (
     AIRFLOW_USER,
+    DOCUMENTED_RULES,
     GOOGLE_TOKEN,
     SHORT_DAG_ID,
     JobSets,
@@ -32,21 +33,6 @@ from tasks.devtools.k8s_control_plane import ControlPlane
 
 if TYPE_CHECKING:
     from tasks.backends.gke.hooks import JobSetHook
-
-# docs/gke.md, "What the cluster needs": the Google connection's account's rights.
-DOCUMENTED_RULES = [
-    {
-        "apiGroups": ["apiextensions.k8s.io"],
-        "resources": ["customresourcedefinitions"],
-        "verbs": ["get"],
-    },
-    {
-        "apiGroups": ["jobset.x-k8s.io"],
-        "resources": ["jobsets"],
-        "verbs": ["create", "get", "delete"],
-    },
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-]
 
 
 @pytest.fixture(scope="session")
