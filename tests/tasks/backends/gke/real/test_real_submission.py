@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from k8s_real import DOCUMENTED_RULES, JobSets, fresh_namespace
@@ -22,7 +23,7 @@ from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events
 from tasks.backends.gke.render import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
 from tasks.devtools.airflow_server import LocalAirflow, repo_config
-from tasks.devtools.k8s_control_plane import ControlPlane, TpuNodePool
+from tasks.devtools.k8s_control_plane import JOBSET_VERSIONS, ControlPlane, TpuNodePool
 from tasks.devtools.kwok_pods import PodRunner
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 from tasks.results.verdicts import read_verdict
@@ -89,9 +90,12 @@ memory_request = "1Gi"
 [jobs.train]{jobs}"""
 
 
-@pytest.fixture(scope="module")
-def plane(planes) -> ControlPlane:
-    return planes(pools=POOLS)
+@pytest.fixture(params=JOBSET_VERSIONS)
+def plane(planes: Any, request: pytest.FixtureRequest) -> ControlPlane:
+    """The control plane with eight single-host pools, per JobSet version (the README's
+    minimum and the newest)."""
+    plane: ControlPlane = planes(request.param, pools=POOLS)
+    return plane
 
 
 @pytest.fixture
