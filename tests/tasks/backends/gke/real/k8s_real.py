@@ -18,7 +18,7 @@ from tasks.backends.gke.render import (
     render_jobset,
 )
 from tasks.backends.gke.settings import GkeSettings, TpuJobShape
-from tasks.devtools.k8s_control_plane import ControlPlane
+from tasks.devtools.k8s_control_plane import ApiError, ControlPlane
 
 RUN_ID = "manual__2026-05-01T12:00:00+00:00"
 # The bearer token of the test Google credentials (`fixed_token_credentials`): the API server
@@ -88,11 +88,17 @@ def fresh_namespace(plane: ControlPlane) -> Iterator[str]:
     """A new namespace of `plane` (its default service account there), deleted afterwards."""
     name = f"t-{uuid.uuid4().hex[:10]}"
     plane.api.request("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
-    plane.wait_for(
-        lambda: plane.api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
-        what=f"service account {name}/default",
-        timeout_s=30,
-    )
+    # The service-account controller makes it too, but after an API server restart its
+    # informers may take longer than a test waits: create it here when it is not there yet.
+    try:
+        plane.api.request(
+            "POST",
+            f"/api/v1/namespaces/{name}/serviceaccounts",
+            {"metadata": {"name": "default"}},
+        )
+    except ApiError as exc:
+        if exc.status != 409:  # the controller was first
+            raise
     try:
         yield name
     finally:

@@ -43,6 +43,18 @@ SYSTEM = {
 }
 
 
+# Both roles: one single-host v5p slice, requests a kwok node always has.
+SHAPE = """accelerator = "tpu-v5p-slice"
+topology = "2x2x1"
+slices = 1
+chips_per_host = 4
+max_restarts = 1
+termination_grace_period_s = 10
+cpu_request = "1"
+memory_request = "1Gi"
+"""
+
+
 def gke_rehearsal_deployment(storage_root: Path, namespace: str) -> str:
     """The shipped rehearsal deployment on the GKE backend: its [jobs] tables as they are
     (with an image each), a [gke] table of single-host v5p slices in `namespace`."""
@@ -68,24 +80,9 @@ api_backoff_max_s = 5.0
 ttl_after_finished_s = 600
 
 [gke.train]
-accelerator = "tpu-v5p-slice"
-topology = "2x2x1"
-slices = 1
-chips_per_host = 4
-max_restarts = 1
-termination_grace_period_s = 10
-cpu_request = "1"
-memory_request = "1Gi"
-
+{SHAPE}
 [gke.evaluate]
-accelerator = "tpu-v5p-slice"
-topology = "2x2x1"
-slices = 1
-chips_per_host = 4
-max_restarts = 1
-termination_grace_period_s = 10
-cpu_request = "1"
-memory_request = "1Gi"
+{SHAPE}
 
 [jobs.train]{jobs}"""
 
