@@ -16,11 +16,6 @@ COVERED_ELSEWHERE = {
         "the backends' settings tables in tests/tasks/test_deployment_and_jobs.py; the GKE "
         "backend in tests/tasks/backends/gke/"
     ),
-    "tasks/devtools": (
-        "developer tools, not shipped: synthetic_run builds the run folders of most tests, "
-        "airflow_server and postgres_server run the scheduler tests of tests/airflow/, demo is "
-        "`make demo`, status_bench and verdict_bench are `make bench`"
-    ),
     "tasks/results": (
         "the verdict files and assets every run and submission DAG test of tests/airflow/ "
         "writes and reads back, and the RCP view's tests (tests/airflow/test_rcp_view_*.py)"

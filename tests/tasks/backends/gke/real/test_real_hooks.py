@@ -193,6 +193,54 @@ def test_the_trigger_rides_out_an_api_server_outage(
     assert jobsets.get(namespace, name)["metadata"]["uid"] == created.uid
 
 
+# The issue's "stopped for minutes": longer than the trigger's error budget below, so the watch
+# re-defers through the outage (the operator's path) and keeps its clock across it.
+LONG_OUTAGE_S = 150.0
+
+
+def test_the_trigger_watches_through_a_minutes_long_api_server_outage(
+    gke: ControlPlane, jobsets: JobSets, namespace: str
+) -> None:
+    """Unlike the outage above (between two deferrals), here the API server goes down while
+    the trigger runs and stays down for minutes: every read fails, the trigger re-defers with
+    the outage's start in its kwargs after each error budget, never ends the watch, and sees
+    the JobSet, untouched, succeed once the API server is back."""
+    import threading
+    import time
+
+    created = _create(settings(namespace, train=shape("2x2x1")), run_id="manual__long_outage")
+    name = created.name
+    (pod,) = jobsets.running_pods(namespace, name, 1)
+    back = threading.Event()
+
+    def outage() -> None:
+        gke.stop_apiserver()
+        try:
+            time.sleep(LONG_OUTAGE_S)
+        finally:
+            gke.start_apiserver()
+            gke.end_pod(namespace, pod["metadata"]["name"], 0)
+            back.set()
+
+    driver = threading.Thread(target=outage)
+    driver.start()
+    try:
+        events = _trigger_events(
+            _kwargs(created, api_error_budget_s=40.0), timeout_s=LONG_OUTAGE_S + 180
+        )
+    finally:
+        driver.join()
+    assert back.is_set()
+    assert events[-1]["phase"] == "Succeeded", events[-1]
+    watching = [e for e in events if e["phase"] == "Watching"]
+    outages = {e["kwargs"]["outage_since"] for e in watching} - {None}
+    # re-deferred at least twice through the outage, one outage clock kept across them
+    assert len(watching) >= 2 and len(outages) == 1, watching
+    after = jobsets.get(namespace, name)
+    assert after["metadata"]["uid"] == created.uid
+    assert after["status"].get("restarts", 0) == 0
+
+
 def test_the_trigger_names_a_replaced_jobset(
     gke: ControlPlane, jobsets: JobSets, namespace: str
 ) -> None:
