@@ -16,3 +16,8 @@ CheckTool = Literal["rcp_checker", "package_checker", "result_summarizer"]
 CHECK_TOOLS: tuple[CheckTool, ...] = ("rcp_checker", "package_checker", "result_summarizer")
 # The run's own checker; its verdict is the run's ``checks/compliance_checker.json``.
 COMPLIANCE_TOOL = "compliance_checker"
+
+# The run DAG's task and group ids that running triggers keep in their kwargs (and Airflow keeps
+# in its task instances): the training task and the evaluation task of each checkpoint.
+TRAIN_TASK_ID = "train"
+EVALUATE_TASK_ID = "evaluate"
