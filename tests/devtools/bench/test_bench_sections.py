@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from devtools.bench.checkpoint_bench import SIZES_TITLE, write_sizes_section
+from devtools.bench.tunix_bench import SECTION_END, SECTION_START
 from rcpflow.files.markdown_sections import write_section
-from tpu_jobs.devtools.bench import SIZES_TITLE, write_sizes_section
-from tpu_jobs.devtools.tunix_bench import SECTION_END, SECTION_START
 
 
 def test_the_sizes_and_tunix_sections_survive_each_others_rewrites(tmp_path: Path) -> None:
