@@ -648,7 +648,9 @@ def run_proportions(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.bench.verdict_bench", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--global-batch-size", type=int, default=8192)
     parser.add_argument("--max-steps", type=int, default=20)

@@ -75,6 +75,13 @@ START_TIMEOUT_S = 120.0
 T = TypeVar("T")
 
 
+def _started(value: T | None) -> T:
+    """What `start` sets (the working folder, the client, the certificates), once it has."""
+    if value is None:
+        raise ControlPlaneError("the control plane is not started")
+    return value
+
+
 @dataclass
 class ControlPlane(Server):
     """``with ControlPlane(binaries()) as cp:`` a running control plane (see the module doc).
@@ -124,9 +131,7 @@ class ControlPlane(Server):
 
     @property
     def root(self) -> Path:
-        if self.workdir is None:
-            raise ControlPlaneError("the control plane is not started")
-        return self.workdir
+        return _started(self.workdir)
 
     @property
     def kubeconfig(self) -> Path:
@@ -138,15 +143,11 @@ class ControlPlane(Server):
 
     @property
     def api(self) -> Api:
-        if self._api is None:
-            raise ControlPlaneError("the control plane is not started")
-        return self._api
+        return _started(self._api)
 
     @property
     def pki(self) -> Pki:
-        if self._pki is None:
-            raise ControlPlaneError("the control plane is not started")
-        return self._pki
+        return _started(self._pki)
 
     def binary(self, name: str) -> str:
         path = self.bin_dir / name

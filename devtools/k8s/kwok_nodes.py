@@ -82,22 +82,67 @@ def tpu_nodes(pools: Iterable[TpuNodePool]) -> list[dict[str, Any]]:
 
 _NOT_DELETED = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
 
-_CONTAINERS_TERMINATED = """
-containerStatuses:
-{{ range .spec.containers }}
-- image: {{ .image | Quote }}
-  name: {{ .name | Quote }}
-  ready: false
+
+def _container_statuses(running: bool, state: str) -> str:
+    """Every container of the pod in `state` (its lines under ``state:``), as of now."""
+    flag = "true" if running else "false"
+    return f"""containerStatuses:
+{{{{ range .spec.containers }}}}
+- image: {{{{ .image | Quote }}}}
+  name: {{{{ .name | Quote }}}}
+  ready: {flag}
   restartCount: 0
-  started: false
+  started: {flag}
   state:
-    terminated:
+{state}{{{{ end }}}}
+"""
+
+
+_CONTAINERS_TERMINATED = "\n" + _container_statuses(
+    False,
+    """    terminated:
       exitCode: {{ $code }}
       finishedAt: {{ $now | Quote }}
       reason: {{ $reason | Quote }}
       startedAt: {{ $now | Quote }}
+""",
+)
+
+
+def _condition(kind: str, status: bool, *extra: str) -> str:
+    """One pod condition of a kwok status template, changed now; `extra`: its further lines
+    (reason, message)."""
+    lines = [
+        "- lastTransitionTime: {{ $now | Quote }}",
+        f'  status: "{status}"',
+        f"  type: {kind}",
+        *(f"  {line}" for line in extra),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# Kept by a pod that has ended: it was initialised and scheduled.
+_STILL_TRUE = _condition("Initialized", True) + _condition("PodScheduled", True)
+
+
+def _ended(reason: str) -> str:
+    """The conditions of a pod whose containers ended (`reason`: PodCompleted, PodFailed)."""
+    not_ready = _condition("Ready", False, f"reason: {reason}")
+    return not_ready + _condition("ContainersReady", False, f"reason: {reason}") + _STILL_TRUE
+
+
+def _addresses(of: str) -> str:
+    """The `of`IP and `of`IPs fields (host, pod) from the template variable $`of`IPs."""
+    return (
+        """{{ with $@IPs }}
+@IP: {{ index . 0 | Quote }}
+@IPs:
+{{ range . }}
+- ip: {{ . | Quote }}
+{{ end }}
 {{ end }}
 """
+    ).replace("@", of)
 
 
 def kwok_stages() -> list[dict[str, Any]]:
@@ -152,51 +197,22 @@ nodeInfo:
   systemUUID: ""
 phase: Running
 """
-    pod_ready = """{{ $now := Now }}
-conditions:
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: Initialized
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: Ready
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: ContainersReady
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: PodScheduled
-containerStatuses:
-{{ range .spec.containers }}
-- image: {{ .image | Quote }}
-  name: {{ .name | Quote }}
-  ready: true
-  restartCount: 0
-  started: true
-  state:
-    running:
-      startedAt: {{ $now | Quote }}
-{{ end }}
-{{ $hostIPs := NodeIPsWith .spec.nodeName }}
-{{ with $hostIPs }}
-hostIP: {{ index . 0 | Quote }}
-hostIPs:
-{{ range . }}
-- ip: {{ . | Quote }}
-{{ end }}
-{{ end }}
-{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) \
-( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
-{{ with $podIPs }}
-podIP: {{ index . 0 | Quote }}
-podIPs:
-{{ range . }}
-- ip: {{ . | Quote }}
-{{ end }}
-{{ end }}
-phase: Running
+    pod_ready = (
+        "{{ $now := Now }}\nconditions:\n"
+        + "".join(
+            _condition(kind, True)
+            for kind in ("Initialized", "Ready", "ContainersReady", "PodScheduled")
+        )
+        + _container_statuses(True, "    running:\n      startedAt: {{ $now | Quote }}\n")
+        + "{{ $hostIPs := NodeIPsWith .spec.nodeName }}\n"
+        + _addresses("host")
+        + "{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) "
+        + '( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}\n'
+        + _addresses("pod")
+        + """phase: Running
 startTime: {{ $now | Quote }}
 """
+    )
     exit_code = (
         """{{ $now := Now }}
 {{ $code := index .metadata.annotations "@EXIT@" }}
@@ -210,21 +226,8 @@ phase: Succeeded
 phase: Failed
 {{ end }}
 conditions:
-- lastTransitionTime: {{ $now | Quote }}
-  status: "False"
-  type: Ready
-  reason: PodCompleted
-- lastTransitionTime: {{ $now | Quote }}
-  status: "False"
-  type: ContainersReady
-  reason: PodCompleted
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: Initialized
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: PodScheduled
 """
+        + _ended("PodCompleted")
     )
     disruption = (
         """{{ $now := Now }}
@@ -232,28 +235,14 @@ conditions:
 {{ $reason := "Error" }}
 """
         + _CONTAINERS_TERMINATED
-        + """phase: Failed
-conditions:
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: DisruptionTarget
-  reason: {{ index .metadata.annotations "@DISRUPTION@" | Quote }}
-  message: "rcpflow test: the pod was disrupted"
-- lastTransitionTime: {{ $now | Quote }}
-  status: "False"
-  type: Ready
-  reason: PodFailed
-- lastTransitionTime: {{ $now | Quote }}
-  status: "False"
-  type: ContainersReady
-  reason: PodFailed
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: Initialized
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: PodScheduled
-"""
+        + "phase: Failed\nconditions:\n"
+        + _condition(
+            "DisruptionTarget",
+            True,
+            'reason: {{ index .metadata.annotations "@DISRUPTION@" | Quote }}',
+            'message: "rcpflow test: the pod was disrupted"',
+        )
+        + _ended("PodFailed")
     )
     exit_code, disruption = (
         t.replace("@EXIT@", EXIT_CODE_ANNOTATION).replace("@DISRUPTION@", DISRUPTION_ANNOTATION)

@@ -49,15 +49,24 @@ def make_pki(folder: Path) -> Pki:
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rcpflow-test-ca")])
+
+    def builder(
+        subject: x509.Name, key: ec.EllipticCurvePrivateKey, *, ca: bool = False
+    ) -> x509.CertificateBuilder:
+        """What the CA's and every leaf's certificate share: issued by the CA, valid a week."""
+        return (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(ca_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(valid[0])
+            .not_valid_after(valid[1])
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(valid[0])
-        .not_valid_after(valid[1])
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        builder(ca_name, ca_key, ca=True)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -86,27 +95,17 @@ def make_pki(folder: Path) -> Pki:
         key = ec.generate_private_key(ec.SECP256R1())
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
         attrs += [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(attrs))
-            .issuer_name(ca_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(valid[0])
-            .not_valid_after(valid[1])
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage(
-                    [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-                ),
-                critical=False,
-            )
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+        cert_builder = builder(x509.Name(attrs), key).add_extension(
+            x509.ExtendedKeyUsage([usage]), critical=False
         )
         if server:
             names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
             names += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-            builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-        cert = builder.sign(ca_key, hashes.SHA256())
+            cert_builder = cert_builder.add_extension(
+                x509.SubjectAlternativeName(names), critical=False
+            )
+        cert = cert_builder.sign(ca_key, hashes.SHA256())
         return cert.public_bytes(serialization.Encoding.PEM), key_pem(key)
 
     api_crt, api_key = leaf(
