@@ -322,7 +322,8 @@ def _command(
 def _forecast(args: argparse.Namespace) -> int:
     """time to verdict, chip-hours and wasted evaluations of a run, simulated with the run DAG's
     rules; exit 0, 2 usage (names the flag)"""
-    from rcpflow.planning.forecast import ForecastUsageError, render_text, report, request_from
+    from rcpflow.cli.forecast import render_text, report, request_from
+    from rcpflow.planning.forecast import ForecastUsageError
 
     try:
         request = request_from(args)
@@ -420,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--log-dir", default=None, help="where the checker's own log goes")
 
-    from rcpflow.planning.forecast import add_arguments
+    from rcpflow.cli.forecast import add_arguments
 
     fc = _command(sub, "forecast", _forecast)
     add_arguments(fc)
