@@ -34,9 +34,9 @@ def skip_sentence(
     step: int,
     reason: SkipReason,
     *,
+    stopped: bool = False,
     passed: int | None = None,
     target_accuracy: float | None = None,
-    stopped: bool = False,
     detail: str | None = None,
     train_group: str | None = None,
 ) -> str:
