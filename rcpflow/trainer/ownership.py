@@ -45,6 +45,7 @@ from rcpflow.files.storage import StorageError, pid_alive, storage_for
 
 log = logging.getLogger(__name__)
 
+# The lease file's format id: a literal that never follows a module move (tests/test_format_ids.py).
 FORMAT = "rcpflow.owner.v1"
 OWNER_ENV = "RCPFLOW_RUN_OWNER"
 TIMEOUT_ENV = "RCPFLOW_LEASE_TIMEOUT_S"
