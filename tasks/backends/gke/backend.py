@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import get_current_context
 
-from tasks.backend_api.protocol import FormDefaults, register
+from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.backends.gke.evaluate_operators import cancel_step_jobset
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
 from tasks.backends.gke.operators import jobset_hook
@@ -27,6 +27,8 @@ class GkeBackend:
     as one mapped deferrable operator with a cleanup teardown."""
 
     name: ClassVar[BackendName] = "gke"
+    # Images and Secret envs are the JobSet's own.
+    job_keys: ClassVar[JobKeys] = JobKeys(image=True, secret_env=True)
     jobs_run_on_worker: ClassVar[bool] = False
     # TPU jobs run the benchmark itself: the closed division's rules.
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import TaskGroup, get_current_context, task
 
 from tasks.backend_api.job_inputs import TrainInputs, train_inputs, train_inputs_of
-from tasks.backend_api.protocol import FormDefaults, register
+from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.backends.slurm.evaluate_operators import (
     SlurmEvaluateOperator,
     SlurmEvaluateStepOperator,
@@ -65,6 +65,8 @@ class SlurmBackend:
     evaluation jobs, each its own allocation), with a cleanup teardown."""
 
     name: ClassVar[BackendName] = "slurm"
+    # An image is a Pyxis container, a secret a reference on the cluster: [slurm.<role>] keys.
+    job_keys: ClassVar[JobKeys] = JobKeys(image="container_image", secret_env="secret_env")
     jobs_run_on_worker: ClassVar[bool] = False
     # GPU clusters run the benchmark itself: the closed division's rules.
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)

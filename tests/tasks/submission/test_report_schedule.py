@@ -10,7 +10,7 @@ import pytest
 
 from devtools.synthetic_run import make_run
 from rcpflow.verdict.finalize import finalize
-from tasks.run.schedules import ScheduleRecord, read_schedule, record_schedule
+from rcpflow.verdict.schedule_record import ScheduleRecord, read_schedule, record_schedule
 from tasks.submission.report import render_report
 from tasks.submission.spec import SubmissionSpec
 
