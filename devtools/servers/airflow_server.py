@@ -11,7 +11,7 @@ loopback; the worker and trigger log ports both name it, and the hostname the ta
 record is 127.0.0.1, where it listens. Metadata DB: SQLite in AIRFLOW_HOME unless `env` sets
 ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; LocalExecutor; REST over the API's v2 routes (urllib).
 
-    python -m tasks.devtools.airflow_server --home DIR [--port N]   # up until Ctrl-C
+    python -m devtools.servers.airflow_server --home DIR [--port N]   # up until Ctrl-C
 """
 
 from __future__ import annotations
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.deployment import REPO_ROOT
 
     parser = argparse.ArgumentParser(
-        prog="python -m tasks.devtools.airflow_server",
+        prog="python -m devtools.servers.airflow_server",
         description="Start a private Airflow on 127.0.0.1 over an Airflow home and keep it up "
         "until Ctrl-C; every process it started is stopped on the way out.",
     )
