@@ -40,6 +40,9 @@ HOST = "127.0.0.1"
 # Airflow's own log servers bind 0.0.0.0 at a fixed port: ours replaces them (module doc).
 _SKIP_SERVE_LOGS = ("scheduler", "triggerer")
 LOG_SERVER_APP = "airflow.utils.serve_logs.log_server:get_app"
+# The checkout this module runs from: devtools is no installed package (the images leave it
+# out), so the components find `loopback_hostname` through their PYTHONPATH.
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def loopback_hostname() -> str:
@@ -109,6 +112,9 @@ class LocalAirflow(Server):
             **os.environ,
             # the components start `airflow ...` children by name
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, (str(CHECKOUT), os.environ.get("PYTHONPATH")))
+            ),
             "AIRFLOW_HOME": str(c.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(c.dags_folder),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(c.plugins_folder),
