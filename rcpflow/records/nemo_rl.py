@@ -12,8 +12,11 @@ the MLLOG it is given. Everything here refuses with one line naming the step, fi
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,8 +30,13 @@ WEIGHTS_DIR = ("policy", "weights")
 # The keys rcpflow reads from training_info.json, all integers (NeMo-RL makes them plain with
 # `.item()`); the others it writes (total_valid_tokens, current_epoch, ...) are not read.
 INFO_KEYS = ("current_step", "consumed_samples", "training_step_end_time_ms")
-_STEP_DIR = re.compile(r"step_(\d+)")
-_PARTIAL_DIR = re.compile(r"(tmp|old)_step_(\d+)")
+# NeMo-RL's training_info.json is about 200 bytes; the cap keeps a hostile file (/dev/zero, a
+# huge one) from exhausting memory in the wait that polls the tree.
+INFO_MAX_BYTES = 64 * 1024
+# The names NeMo-RL writes (f"step_{N}"): ASCII digits, no leading zero. `\d` would also match
+# Unicode digits, and `step_03` would be read as step 3 beside a real `step_3`.
+_STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
+_PARTIAL_DIR = re.compile(r"(tmp|old)_step_(0|[1-9][0-9]*)")
 
 
 class NemoRLError(ValueError):
@@ -52,6 +60,7 @@ class CheckpointTree:
     root: str
     steps: tuple[int, ...]  # step_<N>/, sorted
     partial: tuple[str, ...]  # tmp_step_<N>/ and old_step_<N>/ names, never checkpoints
+    skipped: tuple[str, ...] = ()  # step-like folders that are not read, each with the reason
 
 
 def checkpoint_root(root: str) -> str:
@@ -63,9 +72,75 @@ def list_tree(root: str) -> CheckpointTree:
     ``old_step_*`` are listed apart and never counted."""
     root = checkpoint_root(root)
     names = storage_for(root).subfolders(root)
-    steps = sorted(int(m.group(1)) for n in names if (m := _STEP_DIR.fullmatch(n)))
+    steps: list[int] = []
+    skipped: list[str] = []
+    for n in names:
+        m = _STEP_DIR.fullmatch(n)
+        if m is None:
+            if n.startswith("step_"):  # step_03, step_\u0663: a stray folder, named, not read
+                skipped.append(f"{n!a} (not a step name: step_<N>, N in ASCII digits)")
+            continue
+        outside = _outside(join(root, n), root)
+        if outside:
+            skipped.append(f"{n} ({outside})")
+            continue
+        steps.append(int(m.group(1)))
     partial = tuple(sorted(n for n in names if _PARTIAL_DIR.fullmatch(n)))
-    return CheckpointTree(root, tuple(steps), partial)
+    return CheckpointTree(root, tuple(sorted(steps)), partial, tuple(skipped))
+
+
+def _outside(path: str, inside: str) -> str:
+    """Why local `path` does not resolve inside folder `inside` ("" when it does; gs:// has no
+    links). A link out of the tree would read another run's (or any) files as this run's."""
+    if is_gcs(path):
+        return ""
+    real, base = os.path.realpath(path), os.path.realpath(inside)
+    if real == base or not real.startswith(base.rstrip(os.sep) + os.sep):
+        return f"a link to {real}, outside {inside}"
+    return ""
+
+
+def _read_info(path: str, where: str) -> bytes:
+    """`path`'s bytes: locally opened without following a link and without blocking (a FIFO),
+    a regular file only; at most INFO_MAX_BYTES (on gs:// checked once read)."""
+    too_big = f"{where}: more than {INFO_MAX_BYTES} bytes (NeMo-RL writes about 200)"
+    if is_gcs(path):
+        try:
+            data = storage_for(path).read_bytes(path)
+        except FileNotFoundError as e:
+            raise NemoRLError(f"{where}: no such file (not a NeMo-RL checkpoint?)") from e
+        if len(data) > INFO_MAX_BYTES:
+            raise NemoRLError(too_big)
+        return data
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError as e:
+        raise NemoRLError(f"{where}: no such file (not a NeMo-RL checkpoint?)") from e
+    except OSError as e:
+        why = "a symbolic link, not a file" if e.errno == errno.ELOOP else e.strerror
+        raise NemoRLError(f"{where}: {why}") from e
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise NemoRLError(f"{where}: a folder, not a file")
+        if not stat.S_ISREG(mode):
+            raise NemoRLError(f"{where}: not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= INFO_MAX_BYTES:
+            chunk = os.read(fd, INFO_MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > INFO_MAX_BYTES:
+            raise NemoRLError(too_big)
+        return b"".join(chunks)
+    except OSError as e:
+        raise NemoRLError(f"{where}: {e.strerror}") from e
+    finally:
+        os.close(fd)
 
 
 def step_dir(root: str, step: int) -> str:
@@ -79,12 +154,7 @@ def read_checkpoint(root: str, step: int, num_prompts_per_step: int) -> NemoChec
     folder = step_dir(root, step)
     info_path = join(folder, INFO_FILE)
     where = f"step {step}: {info_path}"
-    try:
-        data = storage_for(info_path).read_bytes(info_path)
-    except FileNotFoundError as e:
-        raise NemoRLError(f"{where}: no such file (not a NeMo-RL checkpoint?)") from e
-    except IsADirectoryError as e:
-        raise NemoRLError(f"{where}: a folder, not a file") from e
+    data = _read_info(info_path, where)
     try:
         info = jsonio.load_bytes(data, info_path)
     except jsonio.JSONInputError as e:
@@ -115,6 +185,9 @@ def read_checkpoint(root: str, step: int, num_prompts_per_step: int) -> NemoChec
     if ts <= 0:
         raise NemoRLError(f"{where}: field training_step_end_time_ms {ts} is not positive")
     weights = join(folder, *WEIGHTS_DIR)
+    outside = _outside(weights, folder)
+    if outside and os.path.lexists(weights):
+        raise NemoRLError(f"step {step}: {weights}/: {outside} (weights must be the step's own)")
     if not storage_for(weights).list(weights):
         raise NemoRLError(f"step {step}: {weights}/: no weights (policy/weights/ is empty)")
     return NemoCheckpoint(step, folder, consumed, ts)

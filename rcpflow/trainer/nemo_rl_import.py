@@ -111,8 +111,8 @@ def import_checkpoint_tree(
 
     tree = list_tree(as_given(root))  # a relative root is the caller's: made absolute
     steps = [s for s in tree.steps if s >= start]
-    ignored = [*tree.partial, *(f"step_{s} (before the validation start {start})"
-                                for s in tree.steps if s < start)]  # fmt: skip
+    ignored = [*tree.partial, *tree.skipped, *(f"step_{s} (before the validation start {start})"
+                                               for s in tree.steps if s < start)]  # fmt: skip
     if not steps:
         if allow_empty:
             return CheckpointTreeImport(tree.root, (), len(current), tuple(ignored))
@@ -145,9 +145,11 @@ def import_checkpoint_tree(
     new = [r for r in rows if r.step not in by_step]
     for r in new:
         if r.step != want:
+            why = [s for s in tree.skipped if s.startswith(f"step_{want} ")]
             raise NemoRLError(
                 f"step {want}: no {step_dir(tree.root, want)}/ (steps must be contiguous from "
                 f"the validation start {start}; the tree has step_{r.step} next)"
+                + (f"; skipped: {why[0]}" if why else "")
             )
         want += 1
     merged = sorted([*current, *new], key=lambda r: r.step)

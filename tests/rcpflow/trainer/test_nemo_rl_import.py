@@ -182,3 +182,49 @@ def test_concurrent_imports_of_one_tree_agree(tmp_path, monkeypatch):
         )
     assert sum(len(r.added) for r in results) >= 5
     assert [r.step for r in load(RunLayout(str(run_dir)).manifest).rows] == [2, 3, 4, 5, 6]
+
+
+# The hostile tree: every refusal one line naming its step, never a traceback or a hang.
+
+
+def test_a_fifo_or_dev_zero_as_training_info_is_refused_in_one_line(tmp_path, monkeypatch):
+    import os
+
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    info(ckpt, 3).unlink()
+    os.mkfifo(info(ckpt, 3))  # a plain open() would block here with no writer
+    refused(run_dir, ckpt, "step 3:", "training_info.json", "not a regular file")
+    info(ckpt, 3).unlink()
+    info(ckpt, 3).symlink_to("/dev/zero")  # read whole, it ends in MemoryError
+    refused(run_dir, ckpt, "step 3:", "training_info.json", "symbolic link")
+
+
+def test_a_huge_training_info_is_refused(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    data = json.loads(info(ckpt, 4).read_text())
+    info(ckpt, 4).write_text(json.dumps({**data, "pad": "x" * 100_000}))
+    refused(run_dir, ckpt, "step 4:", "more than 65536 bytes")
+
+
+def test_step_folders_and_weights_outside_the_tree_are_named(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(ckpt / "step_3", elsewhere)
+    (ckpt / "step_3").symlink_to(elsewhere)
+    refused(run_dir, ckpt, "step 3:", "skipped: step_3 (a link to", "outside")
+    (ckpt / "step_3").unlink()
+    shutil.move(elsewhere, ckpt / "step_3")
+    weights = ckpt / "step_5" / "policy" / "weights"
+    shutil.move(weights, tmp_path / "weights")
+    weights.symlink_to(tmp_path / "weights")
+    refused(run_dir, ckpt, "step 5:", "policy/weights", "outside")
+
+
+def test_only_ascii_step_names_without_leading_zeros_are_steps(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    shutil.copytree(ckpt / "step_3", ckpt / "step_03")
+    shutil.copytree(ckpt / "step_3", ckpt / "step_\u0663")  # ARABIC-INDIC DIGIT THREE
+    result = import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
+    assert result.added == (2, 3, 4, 5, 6)
+    said = result.describe()
+    assert "'step_03' (not a step name" in said and "'step_\\u0663' (not a step name" in said
