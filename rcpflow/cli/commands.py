@@ -82,13 +82,17 @@ def _val_start(args: argparse.Namespace) -> int:
 
 
 def _manifest_validate(args: argparse.Namespace) -> int:
-    """exit 0 valid, 1 invalid (names the step or line)"""
+    """exit 0 valid, 1 invalid (names the step or line, or a row's MLLOG that is missing)"""
+    from rcpflow.files.storage import storage_for
     from rcpflow.records.manifest import ManifestError, load
 
     try:
         m = load(args.manifest, mllog_path=args.mllog)
     except ManifestError as e:
         return _invalid(e)
+    for r in {r.mllog_file: r for r in reversed(m.rows)}.values():
+        if not storage_for(r.mllog_file).exists(r.mllog_file):  # finalize would fail on it
+            return _invalid(f"step {r.step}: mllog_file {r.mllog_file} does not exist")
     for w in m.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if m.rows:

@@ -31,7 +31,7 @@ from rcpflow.records.nemo_rl import (
 )
 from rcpflow.records.training_section import describe as describe_section
 from rcpflow.records.training_section import section_problems
-from rcpflow.trainer.manifest_add import as_given, find_mllog, header_int
+from rcpflow.trainer.manifest_add import as_given, find_mllog, header_int, seed_index
 from rcpflow.trainer.recorder import RecorderError, build_row
 
 FORMATS = ("nemo-rl",)
@@ -89,6 +89,7 @@ def import_checkpoint_tree(
                 "max_steps",
             )
         }
+        index = seed_index(log_path)  # the row names the MLLOG read, whatever seed it states
     except RecorderError as e:
         raise NemoRLError(str(e)) from e
     gbs, prompts = header["global_batch_size"], header["num_prompts_per_step"]
@@ -128,7 +129,7 @@ def import_checkpoint_tree(
         try:
             row = build_row(
                 layout.root, c.step, step_dir(tree.root, c.step), c.timestamp_ms,
-                seed=header["seed"], global_batch_size=gbs,
+                seed=index, global_batch_size=gbs,
                 num_generations=header["num_generations_per_prompt"], val_start_at=start,
                 max_steps=header["max_steps"], target_accuracy=recipe.TARGET_ACCURACY, extra={},
             )  # fmt: skip

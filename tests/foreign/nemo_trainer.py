@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(p)
     # Time each step takes after its checkpoint (a training that lasts: evaluation during it)
     p.add_argument("--step-seconds", type=float, default=0.0)
+    # The seed the MLLOG states; NeMo-RL's launcher draws it at random (2115446333 in a
+    # published log), apart from the run's seed index that names the log file.
+    p.add_argument("--logged-seed", type=int, default=None)
     args = p.parse_args(argv)
     log_file = os.environ.get("MLPERF_MLLOG_FILE")
     if not log_file:
@@ -159,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     hp = recipe.hyperparameters(args.division, args.global_batch_size, args.max_steps)
     gbs, prompts = hp.global_batch_size, hp.num_prompts_per_step
     log = mllogger(log_file)
-    header(log, hp, args.seed, train_samples=gbs * args.max_steps)
+    logged_seed = args.seed if args.logged_seed is None else args.logged_seed
+    header(log, hp, logged_seed, train_samples=gbs * args.max_steps)
     log.end(key="init_stop")
     time.sleep(0.002)
     log.start(key="run_start")

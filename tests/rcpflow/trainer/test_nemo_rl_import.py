@@ -228,3 +228,36 @@ def test_only_ascii_step_names_without_leading_zeros_are_steps(tmp_path, monkeyp
     assert result.added == (2, 3, 4, 5, 6)
     said = result.describe()
     assert "'step_03' (not a step name" in said and "'step_\\u0663' (not a step name" in said
+
+
+# The seed: the run's seed index (seed_1.out) and the seed NeMo-RL logs kept apart.
+
+
+def test_rows_name_the_mllog_read_whatever_seed_it_states(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch, logged_seed=2115446333)
+    layout = RunLayout(str(run_dir))
+    assert import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2).added
+    raw = [json.loads(ln) for ln in Path(layout.manifest).read_text().splitlines()]
+    assert {(r["seed"], r["mllog_file"]) for r in raw} == {(1, "seed_1.out")}
+    p = run_cli("manifest", "validate", layout.manifest)
+    assert p.returncode == 0, p.stderr
+    # manifest add reads the same log the same way
+    other = tmp_path / "other"
+    run_b, ckpt_b = train_nemo(other, monkeypatch, logged_seed=2115446333)
+    step2 = str(ckpt_b / "step_2")
+    t2 = json.loads(info(ckpt_b, 2).read_text())["training_step_end_time_ms"]
+    p = run_cli("manifest", "add", str(run_b), "--step", "2", "--checkpoint", step2,
+                "--timestamp-ms", str(t2), "--val-start-at", "2")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert load(RunLayout(str(run_b)).manifest).row(2).mllog_file.endswith("/seed_1.out")
+
+
+def test_validate_refuses_a_row_whose_mllog_is_not_there(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    layout = RunLayout(str(run_dir))
+    import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
+    Path(layout.mllog(1)).rename(Path(layout.mllog_dir) / "elsewhere.log")
+    p = run_cli("manifest", "validate", layout.manifest)
+    assert p.returncode == 1
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("invalid: step 2: mllog_file ") and "seed_1.out does not exist" in last

@@ -26,8 +26,8 @@ from rcpflow.verdict.eval_import import EvalImportError, import_eval
 from rcpflow.verdict.finalize import FinalizeInputError, finalize
 
 
-def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
-    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **over: object) -> tuple[str, Path]:
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch, **over)
     import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
     return str(run_dir), ckpt
 
@@ -148,3 +148,15 @@ def test_a_log_ended_by_nemo_rls_driver_is_refused(tmp_path, monkeypatch):
     line = assert_one_invalid_line(p, "run_stop (line", "rcpflow run reset", "clean copy")
     assert "success" in line
     assert log.read_bytes() == before
+
+
+def test_a_random_logged_seed_finalizes_its_own_log(tmp_path, monkeypatch):
+    # NeMo-RL's launcher draws the seed: seed_1.out states 2115446333; finalize reads seed_1.out.
+    run_dir, ckpt = trained(tmp_path, monkeypatch, logged_seed=2115446333)
+    for step, acc in {2: "0.5", 3: "0.75"}.items():
+        log = evaluate(tmp_path, monkeypatch, ckpt, step, "--accuracy", acc)
+        import_eval(run_dir, step, str(log), fmt="nemo-rl-mllog")
+    result = finalize(run_dir)
+    assert (result.status, result.step) == ("success", 3)
+    events = read_events(RunLayout(run_dir).mllog(1))
+    assert [e.value for e in events if e.key == "seed"] == [2115446333]
