@@ -32,7 +32,6 @@ from rcpflow.records.summary import (
     SummaryError,
     accuracy_only_summary,
     build_summary,
-    write_summary,
 )
 from rcpflow.records.summary_checks import Problem, recomputed_problems, validity_problems
 from rcpflow.verdict.verify import ATTEMPTS_FILE, attempts_file
@@ -342,15 +341,9 @@ def import_eval(
         summary = dataclasses.replace(summary, target_reached=reached)
     notes += reopened
     _check_reads_back(summary, source, layout.summary(step))
-    # Attempts first: a crash between the two writes leaves a summary that disagrees with them
-    # (not valid, evaluated again), never an unchecked one.
     copied = attempts_file(run_dir, step)
-    if attempts_text is not None:
-        storage_for(copied).write_atomic(copied, attempts_text.encode())
-    else:
-        storage_for(copied).delete(copied)  # an earlier evaluation's attempts are not these
     path = layout.summary(step)
-    write_summary(path, summary)
+    _write_step(path, summary, copied, attempts_text)
     return ImportResult(
         step=step,
         source=source,
@@ -388,9 +381,7 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
     reopened = _reopening(run_dir, row, reopen)
     path = RunLayout(run_dir).summary(row.step)
     _check_reads_back(summary, source, path)
-    copied = attempts_file(run_dir, row.step)
-    storage_for(copied).delete(copied)  # an earlier evaluation's attempts are not these
-    write_summary(path, summary)
+    _write_step(path, summary, attempts_file(run_dir, row.step), None)
     notes = [f"eval_accuracy line {logged.accuracy_line}; its other events ignored", *reopened]
     return ImportResult(
         step=row.step,
@@ -404,6 +395,32 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
         not_counted=0,
         notes=tuple(notes),
     )
+
+
+def _write_step(path: str, summary: EvalSummary, copied: str, attempts: str | None) -> None:
+    """The step's attempts (`attempts`, or none: an earlier evaluation's are not these) and its
+    summary written as one unit under the summary's lock, so that two imports of one step leave
+    one source's pair, the later superseding the earlier whole. Attempts first: a crash between
+    the two writes leaves a summary that disagrees with them (not valid, evaluated again), never
+    an unchecked one. On gs:// the lock is the summary's generation precondition: a writer that
+    loses it writes its attempts again before its summary; one that gives up (its retries spent)
+    exits with an error and may leave its attempts beside the other's summary, which status then
+    names invalid (the recount disagrees)."""
+
+    def unit(_old: bytes | None) -> bytes:
+        if attempts is not None:
+            storage_for(copied).write_atomic(copied, attempts.encode())
+        else:
+            storage_for(copied).delete(copied)
+        attempts_written(path)
+        return summary.to_json().encode()
+
+    storage_for(path).update(path, unit)
+
+
+def attempts_written(summary_path: str) -> None:
+    """The hook point between a step's two writes (its attempts written, its summary not yet):
+    tests pause an import here to interleave another."""
 
 
 def _reopening(run_dir: str, row: ManifestRow, reopen: bool) -> list[str]:
