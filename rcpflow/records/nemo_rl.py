@@ -235,6 +235,7 @@ class LoggedEval:
     eval_start_ms: int
     eval_stop_ms: int
     accuracy_line: int
+    eval_samples: int | None  # the log's own eval_samples (None: not in this log)
 
 
 def logged_eval(log_path: str, samples_count: int, step: int) -> LoggedEval:
@@ -289,8 +290,27 @@ def logged_eval(log_path: str, samples_count: int, step: int) -> LoggedEval:
             f"{where}: eval_stop {times['eval_stop']} is before eval_start {times['eval_start']}"
         )
     return LoggedEval(
-        samples_count, float(value), times["eval_start"], times["eval_stop"], acc.line_no
+        samples_count,
+        float(value),
+        times["eval_start"],
+        times["eval_stop"],
+        acc.line_no,
+        logged_eval_samples(events, log_path),
     )
+
+
+def logged_eval_samples(events: Sequence[Event], log_path: str) -> int | None:
+    """The log's ``eval_samples`` (how many instances an evaluation covers); None when the log
+    has none, refused when it has two values or one that is not a positive integer."""
+    values = {repr(e.value): e for e in events if e.key == "eval_samples"}
+    if not values:
+        return None
+    if len(values) > 1:
+        raise NemoRLError(f"{log_path}: eval_samples logged with values {', '.join(values)}")
+    (e,) = values.values()
+    if isinstance(e.value, bool) or not isinstance(e.value, int) or e.value <= 0:
+        raise NemoRLError(f"{log_path}: eval_samples (line {e.line_no}) {e.value!r} is not a count")
+    return e.value
 
 
 @dataclass(frozen=True)

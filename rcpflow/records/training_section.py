@@ -120,6 +120,7 @@ def section_problems(events: Sequence[Event], rows: Sequence[ManifestRow]) -> li
     for key in ("cache_clear", "init_start"):
         if not by_key[key]:
             problems.append(SectionProblem(f"no {key} (the checker requires one)"))
+    problems += _value_problems(by_key)
     if problems or division is None:
         return problems  # the order checks below need these events
 
@@ -143,6 +144,32 @@ def section_problems(events: Sequence[Event], rows: Sequence[ManifestRow]) -> li
                     f"val_start_at {rows[0].val_start_at} is not the closed division's "
                     f"ceil(2.5 + 3840/{rows[0].global_batch_size}) = {formula} (the checker "
                     "counts eval_accuracy samples from there; an override is open division only)"
+                )
+            )
+    return problems
+
+
+def _value_problems(by_key: dict[str, list[Event]]) -> list[SectionProblem]:
+    """Header values the benchmark fixes: the checker's eval_samples (NeMo-RL's pinned logger
+    writes 256), and target_accuracy where the trainer logs one (NeMo-RL's launcher defaults
+    MLPERF_TARGET_ACCURACY to 1.0; rcpflow decides every run against 0.69 and its manifest
+    holds no other target, so a log stating another is refused, test runs included)."""
+    problems = []
+    for e in by_key["eval_samples"][:1]:
+        if e.value != recipe.EVAL_SAMPLES:
+            problems.append(
+                SectionProblem(
+                    f"eval_samples {e.value!r} (line {e.line_no}) is not the benchmark's "
+                    f"{recipe.EVAL_SAMPLES} (the checker rejects it)"
+                )
+            )
+    for e in by_key["target_accuracy"][:1]:
+        if e.value != recipe.TARGET_ACCURACY:
+            problems.append(
+                SectionProblem(
+                    f"target_accuracy {e.value!r} (line {e.line_no}) is not the benchmark's "
+                    f"{recipe.TARGET_ACCURACY} (NeMo-RL: set MLPERF_TARGET_ACCURACY="
+                    f"{recipe.TARGET_ACCURACY})"
                 )
             )
     return problems

@@ -25,7 +25,7 @@ from rcpflow.records.attempts import AttemptFormat, AttemptsError, AttemptSet, p
 from rcpflow.records.decided import WrittenRunStop, written_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import MLLogError, read_given_log
-from rcpflow.records.nemo_rl import NemoRLError, logged_eval
+from rcpflow.records.nemo_rl import NemoRLError, logged_eval, logged_eval_samples
 from rcpflow.records.summary import (
     TIME_FIELDS,
     EvalSummary,
@@ -364,13 +364,23 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
     run_stop and anything else in it are ignored."""
     try:
         logged = logged_eval(source, row.samples_count, row.step)
-    except NemoRLError as e:
+        instances = logged.eval_samples
+        if instances is None:  # a log of the evaluation only: the run's header says
+            run_log = RunLayout(run_dir).mllog(row.seed)
+            instances = logged_eval_samples(read_given_log(run_log, "the run's MLLOG"), run_log)
+    except (NemoRLError, MLLogError) as e:
         raise EvalImportError(str(e)) from e
+    if instances is None:
+        raise EvalImportError(
+            f"{source}: step {row.step}: no eval_samples in it or the run's MLLOG: how many "
+            "instances were evaluated is not known"
+        )
     summary = accuracy_only_summary(
         logged.accuracy,
         checkpoint=row,
         eval_start_ms=logged.eval_start_ms,
         eval_stop_ms=logged.eval_stop_ms,
+        instances=instances,
     )
     problems = validity_problems(summary, row)
     if problems:

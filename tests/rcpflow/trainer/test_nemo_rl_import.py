@@ -261,3 +261,20 @@ def test_validate_refuses_a_row_whose_mllog_is_not_there(tmp_path, monkeypatch):
     assert p.returncode == 1
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("invalid: step 2: mllog_file ") and "seed_1.out does not exist" in last
+
+
+def replace_in_log(run_dir: Path, old: str, new: str) -> None:
+    log = Path(RunLayout(str(run_dir)).mllog(1))
+    text = log.read_text()
+    assert old in text
+    log.write_text(text.replace(old, new))
+
+
+def test_eval_samples_256_or_target_1_is_refused_at_import(tmp_path, monkeypatch):
+    # what the reference's pinned logger and its launcher's default write
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    replace_in_log(run_dir, '"eval_samples", "value": 251', '"eval_samples", "value": 256')
+    refused(run_dir, ckpt, "eval_samples 256", "not the benchmark's 251", "checker rejects")
+    replace_in_log(run_dir, '"eval_samples", "value": 256', '"eval_samples", "value": 251')
+    replace_in_log(run_dir, '"target_accuracy", "value": 0.69', '"target_accuracy", "value": 1.0')
+    refused(run_dir, ckpt, "target_accuracy 1.0", "MLPERF_TARGET_ACCURACY=0.69")

@@ -160,3 +160,21 @@ def test_a_random_logged_seed_finalizes_its_own_log(tmp_path, monkeypatch):
     assert (result.status, result.step) == ("success", 3)
     events = read_events(RunLayout(run_dir).mllog(1))
     assert [e.value for e in events if e.key == "seed"] == [2115446333]
+
+
+def test_the_summary_claims_the_logs_eval_samples_and_finalize_refuses_256(tmp_path, monkeypatch):
+    run_dir, ckpt = trained(tmp_path, monkeypatch)
+    log = evaluate(tmp_path, monkeypatch, ckpt, 2, "--accuracy", str(184 / 256))
+    training = Path(RunLayout(run_dir).mllog(1))
+    text = training.read_text()
+    training.write_text(
+        text.replace('"eval_samples", "value": 251', '"eval_samples", "value": 256')
+    )
+    with pytest.raises(EvalImportError, match=r"step 2: .*instances: 256, the benchmark"):
+        import_eval(run_dir, 2, str(log), fmt="nemo-rl-mllog")
+    assert not Path(RunLayout(run_dir).summary(2)).exists()
+    result = finalize(run_dir)  # never a run_stop on a section the checker rejects
+    assert result.status == "incomplete" and "eval_samples 256" in result.reason
+    training.write_text(text)
+    imported = import_eval(run_dir, 2, str(log), fmt="nemo-rl-mllog")
+    assert (imported.summary.instances, imported.summary.expected_attempts) == (251, 1004)
