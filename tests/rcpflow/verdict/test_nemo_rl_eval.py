@@ -178,3 +178,11 @@ def test_the_summary_claims_the_logs_eval_samples_and_finalize_refuses_256(tmp_p
     training.write_text(text)
     imported = import_eval(run_dir, 2, str(log), fmt="nemo-rl-mllog")
     assert (imported.summary.instances, imported.summary.expected_attempts) == (251, 1004)
+
+
+def test_nemo_rls_reduced_train_loss_is_the_plotted_loss(tmp_path, monkeypatch):
+    from tasks.views.convergence import tracked_training
+
+    run_dir, _ = trained(tmp_path, monkeypatch)
+    points = tracked_training(read_events(RunLayout(run_dir).mllog(1)))
+    assert [(p.step, p.loss) for p in points] == [(s, 1.0 / s) for s in range(1, 7)]
