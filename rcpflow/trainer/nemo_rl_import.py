@@ -22,6 +22,7 @@ from rcpflow.records import manifest
 from rcpflow.records.manifest import ManifestError, ManifestRow
 from rcpflow.records.mllog import MLLogError, read_events
 from rcpflow.records.nemo_rl import (
+    CheckpointTree,
     NemoRLError,
     check_order,
     list_tree,
@@ -121,6 +122,7 @@ def import_checkpoint_tree(
         raise NemoRLError(
             f"{tree.root}: no step_<N>/ checkpoint from the validation start {start}{only}"
         )
+    _check_none_lost(layout, current, tree, header["max_steps"])
     checkpoints = [read_checkpoint(tree.root, s, prompts) for s in steps]
     check_order(checkpoints, run_start, training_block_stop(events, starts[-1].line_no), tree.root)
     by_step = {r.step: r for r in current}
@@ -150,7 +152,11 @@ def import_checkpoint_tree(
             raise NemoRLError(
                 f"step {want}: no {step_dir(tree.root, want)}/ (steps must be contiguous from "
                 f"the validation start {start}; the tree has step_{r.step} next)"
-                + (f"; skipped: {why[0]}" if why else "")
+                + (
+                    f"; skipped: {why[0]}"
+                    if why
+                    else f"; {keep_top_k_hint(header['max_steps'], start)}"
+                )
             )
         want += 1
     merged = sorted([*current, *new], key=lambda r: r.step)
@@ -164,6 +170,39 @@ def import_checkpoint_tree(
     if new:
         _append(layout.manifest, new)
     return CheckpointTreeImport(tree.root, tuple(r.step for r in new), len(merged), tuple(ignored))
+
+
+def keep_top_k_hint(max_steps: int, val_start_at: int) -> str:
+    """What to change in NeMo-RL when its own pruning deleted a checkpoint: its deferred
+    configuration keeps ``max(checkpointing.keep_top_k, 2)`` checkpoints."""
+    return (
+        "deleted by NeMo-RL's checkpointing.keep_top_k? set it to at least "
+        f"{max_steps - val_start_at + 1} (every checkpoint from step {val_start_at} to "
+        f"{max_steps}) so that none is deleted before its evaluation"
+    )
+
+
+def _check_none_lost(
+    layout: RunLayout, rows: list[ManifestRow], tree: CheckpointTree, max_steps: int
+) -> None:
+    """A manifest row whose ``step_<N>/`` left the tree before its evaluation (no summary yet)
+    is named: NeMo-RL prunes older checkpoints while training (keep_top_k), and a checkpoint
+    rcpflow still has to evaluate cannot come back."""
+    present = set(tree.steps)
+    lost = [
+        r.step
+        for r in rows
+        if r.step not in present
+        and not storage_for(layout.summary(r.step)).exists(layout.summary(r.step))
+    ]
+    if lost:
+        more = (
+            f" (and {len(lost) - 1} more: {', '.join(map(str, lost[1:]))})" if len(lost) > 1 else ""
+        )
+        raise NemoRLError(
+            f"step {lost[0]}: {step_dir(tree.root, lost[0])}/ is gone before its evaluation{more}; "
+            + keep_top_k_hint(max_steps, rows[0].val_start_at)
+        )
 
 
 def _append(path: str, new: list[ManifestRow]) -> None:

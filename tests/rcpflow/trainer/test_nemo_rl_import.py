@@ -278,3 +278,33 @@ def test_eval_samples_256_or_target_1_is_refused_at_import(tmp_path, monkeypatch
     replace_in_log(run_dir, '"eval_samples", "value": 256', '"eval_samples", "value": 251')
     replace_in_log(run_dir, '"target_accuracy", "value": 0.69', '"target_accuracy", "value": 1.0')
     refused(run_dir, ckpt, "target_accuracy 1.0", "MLPERF_TARGET_ACCURACY=0.69")
+
+
+def test_a_checkpoint_pruned_before_its_evaluation_is_named(tmp_path, monkeypatch):
+    # NeMo-RL's deferred configuration keeps max(keep_top_k, 2) checkpoints: it deletes older ones
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for step in (5, 6):
+        shutil.move(ckpt / f"step_{step}", aside / f"step_{step}")
+    assert import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2).added == (2, 3, 4)
+    for step in (5, 6):
+        shutil.move(aside / f"step_{step}", ckpt / f"step_{step}")
+    shutil.rmtree(ckpt / "step_2")
+    shutil.rmtree(ckpt / "step_3")
+    layout = RunLayout(str(run_dir))
+    before = Path(layout.manifest).read_bytes()
+    with pytest.raises(NemoRLError) as e:
+        import_checkpoint_tree(str(run_dir), str(ckpt))
+    said = str(e.value)
+    assert said.startswith("step 2: ") and "gone before its evaluation" in said
+    assert "and 1 more: 3" in said and "checkpointing.keep_top_k" in said and "at least 5" in said
+    assert Path(layout.manifest).read_bytes() == before  # nothing written
+    Path(layout.summary(2)).parent.mkdir(parents=True)
+    Path(layout.summary(2)).write_text("{}")  # step 2 evaluated before it went: no loss
+    with pytest.raises(NemoRLError, match=r"^step 3: .*gone before its evaluation; deleted by"):
+        import_checkpoint_tree(str(run_dir), str(ckpt))
+    # a fresh import names the gap with the same setting
+    Path(layout.manifest).unlink()
+    with pytest.raises(NemoRLError, match=r"step 2: no .*contiguous.*checkpointing.keep_top_k"):
+        import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
