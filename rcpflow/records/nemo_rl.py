@@ -328,6 +328,16 @@ class DriverRunStop:
             f"{self.samples_count}) written by another program (NeMo-RL's deferred evaluator?)"
         )
 
+    def refusal(self, log_path: str, run_dir: str) -> str:
+        """Why finalize (and an eval import of a step it decides) refuses the log: rcpflow never
+        rewrites another program's run_stop, and --reopen does not change that."""
+        return (
+            f"{log_path}: {self.describe()}: finalize writes a run's only run_stop, with the "
+            "checker's strict > and in step order, and never keeps another's; give the run a "
+            f"log without it: `rcpflow run reset {run_dir}` and train again, or a clean copy of "
+            "the training section"
+        )
+
 
 # The call site the official logger records for finalize's own events (repository-relative).
 FINALIZE_FILES = frozenset({"rcpflow/verdict/finalize.py", "rcpflow/finalize.py"})

@@ -24,8 +24,13 @@ from rcpflow.files.terminal_progress import Progress
 from rcpflow.records.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_attempts
 from rcpflow.records.decided import WrittenRunStop, written_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
-from rcpflow.records.mllog import MLLogError, read_given_log
-from rcpflow.records.nemo_rl import NemoRLError, logged_eval, logged_eval_samples
+from rcpflow.records.mllog import MLLogError, read_events, read_given_log
+from rcpflow.records.nemo_rl import (
+    NemoRLError,
+    foreign_run_stops,
+    logged_eval,
+    logged_eval_samples,
+)
 from rcpflow.records.summary import (
     TIME_FIELDS,
     EvalSummary,
@@ -439,6 +444,13 @@ def _reopening(run_dir: str, row: ManifestRow, reopen: bool) -> list[str]:
     decided = _decided_by(run_dir, row)
     if decided is None:
         return []
+    try:
+        foreign = foreign_run_stops(read_events(decided.log_path))
+    except MLLogError as e:
+        raise EvalImportError(str(e)) from e
+    if any(f.line_no == decided.line_no for f in foreign):  # finalize refuses it, reopened or not
+        (stop,) = [f for f in foreign if f.line_no == decided.line_no]
+        raise EvalImportError(f"step {row.step}: {stop.refusal(decided.log_path, run_dir)}")
     if not reopen:
         raise EvalImportError(
             f"step {row.step}: the run is decided: {decided.describe()} depends on this step's "

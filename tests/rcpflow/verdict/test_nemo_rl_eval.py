@@ -148,6 +148,15 @@ def test_a_log_ended_by_nemo_rls_driver_is_refused(tmp_path, monkeypatch):
     line = assert_one_invalid_line(p, "run_stop (line", "rcpflow run reset", "clean copy")
     assert "success" in line
     assert log.read_bytes() == before
+    # one answer: the import of a step it decides says what finalize says, --reopen or not
+    for reopen in (False, True):
+        with pytest.raises(EvalImportError) as e:
+            import_eval(run_dir, 2, str(log), fmt="nemo-rl-mllog", reopen=reopen)
+        assert "rcpflow run reset" in str(e.value) and "--reopen" not in str(e.value)
+    assert not Path(RunLayout(run_dir).summary(2)).exists()
+    now = run_status(run_dir).finalize  # status predicts exactly that refusal
+    assert now is not None and now.status == "refused"
+    assert now.reason in line and "run_stop (line" in now.reason
 
 
 def test_a_random_logged_seed_finalizes_its_own_log(tmp_path, monkeypatch):
