@@ -154,25 +154,19 @@ def _value_problems(by_key: dict[str, list[Event]]) -> list[SectionProblem]:
     writes 256), and target_accuracy where the trainer logs one (NeMo-RL's launcher defaults
     MLPERF_TARGET_ACCURACY to 1.0; rcpflow decides every run against 0.69 and its manifest
     holds no other target, so a log stating another is refused, test runs included)."""
-    problems = []
-    for e in by_key["eval_samples"][:1]:
-        if e.value != recipe.EVAL_SAMPLES:
-            problems.append(
-                SectionProblem(
-                    f"eval_samples {e.value!r} (line {e.line_no}) is not the benchmark's "
-                    f"{recipe.EVAL_SAMPLES} (the checker rejects it)"
-                )
-            )
-    for e in by_key["target_accuracy"][:1]:
-        if e.value != recipe.TARGET_ACCURACY:
-            problems.append(
-                SectionProblem(
-                    f"target_accuracy {e.value!r} (line {e.line_no}) is not the benchmark's "
-                    f"{recipe.TARGET_ACCURACY} (NeMo-RL: set MLPERF_TARGET_ACCURACY="
-                    f"{recipe.TARGET_ACCURACY})"
-                )
-            )
-    return problems
+    fixed = (
+        ("eval_samples", recipe.EVAL_SAMPLES, "the checker rejects it"),
+        ("target_accuracy", recipe.TARGET_ACCURACY,
+         f"NeMo-RL: set MLPERF_TARGET_ACCURACY={recipe.TARGET_ACCURACY}"),
+    )  # fmt: skip
+    return [
+        SectionProblem(
+            f"{key} {e.value!r} (line {e.line_no}) is not the benchmark's {want} ({why})"
+        )
+        for key, want, why in fixed
+        for e in by_key[key][:1]
+        if e.value != want
+    ]
 
 
 def _block_problems(

@@ -54,17 +54,22 @@ def test_the_tree_becomes_the_manifest_and_again_gives_the_same_bytes(tmp_path, 
     assert Path(layout.manifest).read_bytes() == before
 
 
-def test_new_checkpoints_append_rows(tmp_path, monkeypatch):
-    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+def imported_before_5(tmp_path: Path, ckpt: Path, run_dir: Path) -> None:
+    """Steps 2..4 imported while 5 and 6 were not yet saved; 5 and 6 then in the tree."""
     aside = tmp_path / "aside"
     aside.mkdir()
     for step in (5, 6):
         shutil.move(ckpt / f"step_{step}", aside / f"step_{step}")
     assert import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2).added == (2, 3, 4)
-    manifest = Path(RunLayout(str(run_dir)).manifest)
-    first = manifest.read_bytes()
     for step in (5, 6):
         shutil.move(aside / f"step_{step}", ckpt / f"step_{step}")
+
+
+def test_new_checkpoints_append_rows(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    manifest = Path(RunLayout(str(run_dir)).manifest)
+    imported_before_5(tmp_path, ckpt, run_dir)
+    first = manifest.read_bytes()
     assert import_checkpoint_tree(str(run_dir), str(ckpt)).added == (5, 6)
     assert manifest.read_bytes().startswith(first)
 
@@ -283,13 +288,7 @@ def test_eval_samples_256_or_target_1_is_refused_at_import(tmp_path, monkeypatch
 def test_a_checkpoint_pruned_before_its_evaluation_is_named(tmp_path, monkeypatch):
     # NeMo-RL's deferred configuration keeps max(keep_top_k, 2) checkpoints: it deletes older ones
     run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
-    aside = tmp_path / "aside"
-    aside.mkdir()
-    for step in (5, 6):
-        shutil.move(ckpt / f"step_{step}", aside / f"step_{step}")
-    assert import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2).added == (2, 3, 4)
-    for step in (5, 6):
-        shutil.move(aside / f"step_{step}", ckpt / f"step_{step}")
+    imported_before_5(tmp_path, ckpt, run_dir)
     shutil.rmtree(ckpt / "step_2")
     shutil.rmtree(ckpt / "step_3")
     layout = RunLayout(str(run_dir))
