@@ -26,6 +26,8 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records.mllog import Event, MLLogError, read_given_log
 
 INFO_FILE = "training_info.json"
+CONFIG_FILE = "config.yaml"  # the whole run config, written with yaml.safe_dump
+CONFIG_MAX_BYTES = 1024 * 1024
 WEIGHTS_DIR = ("policy", "weights")
 # The keys rcpflow reads from training_info.json, all integers (NeMo-RL makes them plain with
 # `.item()`); the others it writes (total_valid_tokens, current_epoch, ...) are not read.
@@ -100,16 +102,16 @@ def _outside(path: str, inside: str) -> str:
     return ""
 
 
-def _read_info(path: str, where: str) -> bytes:
+def _read_small(path: str, where: str, cap: int = INFO_MAX_BYTES) -> bytes:
     """`path`'s bytes: locally opened without following a link and without blocking (a FIFO),
-    a regular file only; at most INFO_MAX_BYTES (on gs:// checked once read)."""
-    too_big = f"{where}: more than {INFO_MAX_BYTES} bytes (NeMo-RL writes about 200)"
+    a regular file only; at most `cap` bytes (on gs:// checked once read)."""
+    too_big = f"{where}: more than {cap} bytes"
     if is_gcs(path):
         try:
             data = storage_for(path).read_bytes(path)
         except FileNotFoundError as e:
             raise NemoRLError(f"{where}: no such file (not a NeMo-RL checkpoint?)") from e
-        if len(data) > INFO_MAX_BYTES:
+        if len(data) > cap:
             raise NemoRLError(too_big)
         return data
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -128,13 +130,13 @@ def _read_info(path: str, where: str) -> bytes:
             raise NemoRLError(f"{where}: not a regular file")
         chunks: list[bytes] = []
         size = 0
-        while size <= INFO_MAX_BYTES:
-            chunk = os.read(fd, INFO_MAX_BYTES + 1 - size)
+        while size <= cap:
+            chunk = os.read(fd, cap + 1 - size)
             if not chunk:
                 break
             chunks.append(chunk)
             size += len(chunk)
-        if size > INFO_MAX_BYTES:
+        if size > cap:
             raise NemoRLError(too_big)
         return b"".join(chunks)
     except OSError as e:
@@ -154,7 +156,7 @@ def read_checkpoint(root: str, step: int, num_prompts_per_step: int) -> NemoChec
     folder = step_dir(root, step)
     info_path = join(folder, INFO_FILE)
     where = f"step {step}: {info_path}"
-    data = _read_info(info_path, where)
+    data = _read_small(info_path, where)
     try:
         info = jsonio.load_bytes(data, info_path)
     except jsonio.JSONInputError as e:
@@ -191,6 +193,30 @@ def read_checkpoint(root: str, step: int, num_prompts_per_step: int) -> NemoChec
     if not storage_for(weights).list(weights):
         raise NemoRLError(f"step {step}: {weights}/: no weights (policy/weights/ is empty)")
     return NemoCheckpoint(step, folder, consumed, ts)
+
+
+_TOP_KEY = re.compile(r"\S[^:]*:.*")
+_KEEP_TOP_K = re.compile(r"\s+keep_top_k:\s*(null|~|[0-9]+)?\s*")
+
+
+def keep_top_k(root: str, step: int) -> tuple[bool, int | None]:
+    """``checkpointing.keep_top_k`` in ``step_<N>/config.yaml`` as NeMo-RL's safe_dump writes it
+    (block style, two-space indent): (True, k), (True, None) for null (keeps every
+    checkpoint), or (False, None) when the file or the key is not there or not in that shape
+    (then nothing can be told). A narrow reader: rcpflow's runtime has no YAML parser."""
+    path = join(step_dir(root, step), CONFIG_FILE)
+    try:
+        text = _read_small(path, f"step {step}: {path}", CONFIG_MAX_BYTES).decode("utf-8")
+    except (NemoRLError, UnicodeDecodeError):
+        return False, None
+    inside = False
+    for line in text.splitlines():
+        if _TOP_KEY.fullmatch(line):
+            inside = line.rstrip() == "checkpointing:"
+        elif inside and (m := _KEEP_TOP_K.fullmatch(line)):
+            value = m.group(1)
+            return True, int(value) if value and value.isdigit() else None
+    return False, None
 
 
 def check_order(

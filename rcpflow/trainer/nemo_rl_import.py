@@ -25,6 +25,7 @@ from rcpflow.records.nemo_rl import (
     CheckpointTree,
     NemoRLError,
     check_order,
+    keep_top_k,
     list_tree,
     read_checkpoint,
     step_dir,
@@ -34,6 +35,7 @@ from rcpflow.records.training_section import describe as describe_section
 from rcpflow.records.training_section import section_problems
 from rcpflow.trainer.manifest_add import as_given, find_mllog, header_int, seed_index
 from rcpflow.trainer.recorder import RecorderError, build_row
+from rcpflow.verdict.schedule import EvalSchedule
 
 FORMATS = ("nemo-rl",)
 
@@ -62,10 +64,13 @@ def import_checkpoint_tree(
     seed: int | None = None,
     val_start_at: int | None = None,
     allow_empty: bool = False,
+    eval_schedule: EvalSchedule | None = None,
 ) -> CheckpointTreeImport:
     """Verify NeMo-RL's tree at `root` and append its new checkpoints to `run_dir`'s manifest.
     `val_start_at`: default the manifest's, else the recipe's. `allow_empty`: a tree without a
-    checkpoint yet is no error (a poll while training runs). Raises `NemoRLError`."""
+    checkpoint yet is no error (a poll while training runs). `eval_schedule` ``after_training``:
+    a tree whose config's keep_top_k would delete a checkpoint before its evaluation is refused
+    (`check_keeps_all`). Raises `NemoRLError`."""
     layout = RunLayout(run_dir)
     try:
         log_path = layout.mllog(seed) if seed is not None else find_mllog(run_dir)
@@ -123,6 +128,8 @@ def import_checkpoint_tree(
             f"{tree.root}: no step_<N>/ checkpoint from the validation start {start}{only}"
         )
     _check_none_lost(layout, current, tree, header["max_steps"])
+    if eval_schedule == "after_training":
+        check_keeps_all(tree.root, steps[0], start, header["max_steps"])
     checkpoints = [read_checkpoint(tree.root, s, prompts) for s in steps]
     check_order(checkpoints, run_start, training_block_stop(events, starts[-1].line_no), tree.root)
     by_step = {r.step: r for r in current}
@@ -180,6 +187,22 @@ def keep_top_k_hint(max_steps: int, val_start_at: int) -> str:
         f"{max_steps - val_start_at + 1} (every checkpoint from step {val_start_at} to "
         f"{max_steps}) so that none is deleted before its evaluation"
     )
+
+
+def check_keeps_all(root: str, step: int, val_start_at: int, max_steps: int) -> None:
+    """Evaluation after training needs every checkpoint from the validation start to be there
+    when training ends; NeMo-RL keeps ``max(checkpointing.keep_top_k, 2)`` (its deferred
+    configuration), every one with null. Refused naming the setting when it keeps fewer; a
+    config that cannot be read says nothing (the incremental import still names a loss)."""
+    found, k = keep_top_k(root, step)
+    needed = max_steps - val_start_at + 1
+    if found and k is not None and max(k, 2) < needed:
+        raise NemoRLError(
+            f"step {step}: {step_dir(root, step)}/config.yaml: checkpointing.keep_top_k {k} keeps "
+            f"{max(k, 2)} checkpoints, and evaluation after training needs all {needed} (steps "
+            f"{val_start_at}..{max_steps}): NeMo-RL would delete them before their evaluation; "
+            f"set it to at least {needed} (or null), or evaluate during training"
+        )
 
 
 def _check_none_lost(

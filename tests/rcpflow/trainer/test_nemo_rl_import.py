@@ -307,3 +307,29 @@ def test_a_checkpoint_pruned_before_its_evaluation_is_named(tmp_path, monkeypatc
     Path(layout.manifest).unlink()
     with pytest.raises(NemoRLError, match=r"step 2: no .*contiguous.*checkpointing.keep_top_k"):
         import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
+
+
+def test_evaluation_after_training_refuses_a_keep_top_k_that_deletes_checkpoints(
+    tmp_path, monkeypatch
+):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch, keep_top_k=8)  # keeps all 5 from step 2
+    config = ckpt / "step_2" / "config.yaml"
+    assert "  keep_top_k: 8\n" in config.read_text()
+    config.write_text(config.read_text().replace("keep_top_k: 8", "keep_top_k: 1"))
+    argv = ["manifest", "import", str(run_dir), "--format", "nemo-rl", str(ckpt)]
+    p = run_cli(*argv, "--val-start-at", "2", "--eval-schedule", "after_training")
+    assert_one_invalid_line(
+        p, "step 2:", "config.yaml", "keep_top_k 1 keeps 2", "needs all 5", "at least 5"
+    )
+    assert not Path(RunLayout(str(run_dir)).manifest).exists()
+    p = run_cli(*argv, "--val-start-at", "2")  # during training it may keep pace: not refused
+    assert p.returncode == 0, p.stderr
+    config.write_text(config.read_text().replace("keep_top_k: 1", "keep_top_k: null"))
+    p = run_cli(*argv, "--eval-schedule", "after_training")
+    assert p.returncode == 0 and "nothing new" in p.stdout, p.stderr
+
+
+def test_a_tree_keep_top_k_pruned_is_named_with_the_setting(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch, keep_top_k=3)  # as NeMo-RL prunes
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_4", "step_5", "step_6"]
+    refused(run_dir, ckpt, "step 2: no ", "checkpointing.keep_top_k", "at least 5")
