@@ -17,6 +17,7 @@ from typing import NoReturn
 from rcpflow.cli.path_hints import log_problem, manifest_problem, run_dir_problem
 from rcpflow.recipe import DIVISIONS
 from rcpflow.verdict.eval_import import SOURCE_FORMATS
+from rcpflow.verdict.schedule import SCHEDULES
 
 # The exit codes of the rcpflow CLI (docs/exit-codes.md, "The `rcpflow` CLI"): not the job
 # contract of rcpflow.trainer.job_exit, hence their own prefix.
@@ -82,13 +83,17 @@ def _val_start(args: argparse.Namespace) -> int:
 
 
 def _manifest_validate(args: argparse.Namespace) -> int:
-    """exit 0 valid, 1 invalid (names the step or line)"""
+    """exit 0 valid, 1 invalid (names the step or line, or a row's MLLOG that is missing)"""
+    from rcpflow.files.storage import storage_for
     from rcpflow.records.manifest import ManifestError, load
 
     try:
         m = load(args.manifest, mllog_path=args.mllog)
     except ManifestError as e:
         return _invalid(e)
+    for r in {r.mllog_file: r for r in reversed(m.rows)}.values():
+        if not storage_for(r.mllog_file).exists(r.mllog_file):  # finalize would fail on it
+            return _invalid(f"step {r.step}: mllog_file {r.mllog_file} does not exist")
     for w in m.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if m.rows:
@@ -137,7 +142,11 @@ def _manifest_import(args: argparse.Namespace) -> int:
 
     try:
         result = import_checkpoint_tree(
-            args.run_dir, args.root, seed=args.seed, val_start_at=args.val_start_at
+            args.run_dir,
+            args.root,
+            seed=args.seed,
+            val_start_at=args.val_start_at,
+            eval_schedule=args.eval_schedule,
         )
     except NemoRLError as e:
         return _invalid(e)
@@ -375,6 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     mi.add_argument("--format", choices=("nemo-rl",), required=True)
     mi.add_argument("--seed", type=_int64, help="picks mllog/seed_<n>.out (default: the only one)")
     mi.add_argument("--val-start-at", type=_int64, help="default: the rows', else the recipe's")
+    mi.add_argument(
+        "--eval-schedule",
+        choices=SCHEDULES,
+        help="after_training: refuse a config whose keep_top_k deletes checkpoints before then",
+    )
 
     r = sub.add_parser("run", help="run folder commands")
     rsub = r.add_subparsers(dest="run_command", required=True)

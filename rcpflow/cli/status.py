@@ -27,7 +27,7 @@ from rcpflow.records.decided import written_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import MLLogError
 from rcpflow.trainer.recorder import checkpoint_present
-from rcpflow.verdict.finalize import FinalizeInputError, Status, decide, finalize
+from rcpflow.verdict.finalize import FinalizeInputError, Status, finalize
 from rcpflow.verdict.gate import passes
 from rcpflow.verdict.verify import StepEvaluation, SummaryState, evaluate_step, reading_once
 
@@ -129,6 +129,7 @@ def _run_status(layout: RunLayout) -> RunStatus:
         warnings: tuple[str, ...] = (problem,) if problem else ()
         return RunStatus(layout.root, layout.manifest, str(e), warnings, (), None, unrecorded)
     steps = []
+    found_by_step: dict[int, StepEvaluation] = {}
     first_pass: int | None = None  # the lowest step whose valid summary passes
     for row in manifest.rows:
         try:
@@ -137,6 +138,7 @@ def _run_status(layout: RunLayout) -> RunStatus:
             found = StepEvaluation(
                 row.step, layout.summary(row.step), "unreadable", None, (describe(e),)
             )
+        found_by_step[row.step] = found
         passed_below = first_pass
         gate: GateDecision
         if passed_below is not None:
@@ -169,9 +171,11 @@ def _run_status(layout: RunLayout) -> RunStatus:
     now: FinalizeNow | None = None
     if manifest.rows:
         try:
-            verdict = decide(layout.root, manifest.rows)
-            end = verdict.end_row.step if verdict.end_row is not None else None
-            now = FinalizeNow(verdict.status, end, verdict.reason, _rewrites(layout, manifest.rows))
+            # finalize's own dry run: what it will do, refusals and the training section's
+            # problems included, not only the verdict of the summaries
+            result = finalize(layout.root, write=False, evaluations=found_by_step)
+            rewrites = _rewrites(layout, manifest.rows) if result.log_changed else None
+            now = FinalizeNow(result.status, result.step, result.reason, rewrites)
         except FinalizeInputError as e:
             now = FinalizeNow("refused", None, str(e))
         except USER_ERRORS as e:  # a file finalize would need cannot be read
@@ -190,10 +194,10 @@ def _checkpoint(path: str) -> tuple[bool, str | None]:
 
 
 def _rewrites(layout: RunLayout, rows: Sequence[ManifestRow]) -> str | None:
-    """The written run_stop, when the next finalize would change the log that holds it."""
+    """The written run_stop (called when the next finalize would change the log holding it)."""
     try:
         written = written_run_stop(layout.mllog(rows[0].seed), rows[0])
-        if written is None or not finalize(layout.root, write=False).log_changed:
+        if written is None:
             return None
     except (FinalizeInputError, MLLogError, ValueError, OSError, StorageError):
         return None  # finalize itself will name the problem

@@ -12,8 +12,11 @@ the MLLOG it is given. Everything here refuses with one line naming the step, fi
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import re
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,12 +26,19 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records.mllog import Event, MLLogError, read_given_log
 
 INFO_FILE = "training_info.json"
+CONFIG_FILE = "config.yaml"  # the whole run config, written with yaml.safe_dump
+CONFIG_MAX_BYTES = 1024 * 1024
 WEIGHTS_DIR = ("policy", "weights")
 # The keys rcpflow reads from training_info.json, all integers (NeMo-RL makes them plain with
 # `.item()`); the others it writes (total_valid_tokens, current_epoch, ...) are not read.
 INFO_KEYS = ("current_step", "consumed_samples", "training_step_end_time_ms")
-_STEP_DIR = re.compile(r"step_(\d+)")
-_PARTIAL_DIR = re.compile(r"(tmp|old)_step_(\d+)")
+# NeMo-RL's training_info.json is about 200 bytes; the cap keeps a hostile file (/dev/zero, a
+# huge one) from exhausting memory in the wait that polls the tree.
+INFO_MAX_BYTES = 64 * 1024
+# The names NeMo-RL writes (f"step_{N}"): ASCII digits, no leading zero. `\d` would also match
+# Unicode digits, and `step_03` would be read as step 3 beside a real `step_3`.
+_STEP_DIR = re.compile(r"step_(0|[1-9][0-9]*)")
+_PARTIAL_DIR = re.compile(r"(tmp|old)_step_(0|[1-9][0-9]*)")
 
 
 class NemoRLError(ValueError):
@@ -52,6 +62,7 @@ class CheckpointTree:
     root: str
     steps: tuple[int, ...]  # step_<N>/, sorted
     partial: tuple[str, ...]  # tmp_step_<N>/ and old_step_<N>/ names, never checkpoints
+    skipped: tuple[str, ...] = ()  # step-like folders that are not read, each with the reason
 
 
 def checkpoint_root(root: str) -> str:
@@ -63,9 +74,75 @@ def list_tree(root: str) -> CheckpointTree:
     ``old_step_*`` are listed apart and never counted."""
     root = checkpoint_root(root)
     names = storage_for(root).subfolders(root)
-    steps = sorted(int(m.group(1)) for n in names if (m := _STEP_DIR.fullmatch(n)))
+    steps: list[int] = []
+    skipped: list[str] = []
+    for n in names:
+        m = _STEP_DIR.fullmatch(n)
+        if m is None:
+            if n.startswith("step_"):  # step_03, step_\u0663: a stray folder, named, not read
+                skipped.append(f"{n!a} (not a step name: step_<N>, N in ASCII digits)")
+            continue
+        outside = _outside(join(root, n), root)
+        if outside:
+            skipped.append(f"{n} ({outside})")
+            continue
+        steps.append(int(m.group(1)))
     partial = tuple(sorted(n for n in names if _PARTIAL_DIR.fullmatch(n)))
-    return CheckpointTree(root, tuple(steps), partial)
+    return CheckpointTree(root, tuple(sorted(steps)), partial, tuple(skipped))
+
+
+def _outside(path: str, inside: str) -> str:
+    """Why local `path` does not resolve inside folder `inside` ("" when it does; gs:// has no
+    links). A link out of the tree would read another run's (or any) files as this run's."""
+    if is_gcs(path):
+        return ""
+    real, base = os.path.realpath(path), os.path.realpath(inside)
+    if real == base or not real.startswith(base.rstrip(os.sep) + os.sep):
+        return f"a link to {real}, outside {inside}"
+    return ""
+
+
+def _read_small(path: str, where: str, cap: int = INFO_MAX_BYTES) -> bytes:
+    """`path`'s bytes: locally opened without following a link and without blocking (a FIFO),
+    a regular file only; at most `cap` bytes (on gs:// checked once read)."""
+    too_big = f"{where}: more than {cap} bytes"
+    if is_gcs(path):
+        try:
+            data = storage_for(path).read_bytes(path)
+        except FileNotFoundError as e:
+            raise NemoRLError(f"{where}: no such file (not a NeMo-RL checkpoint?)") from e
+        if len(data) > cap:
+            raise NemoRLError(too_big)
+        return data
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError as e:
+        raise NemoRLError(f"{where}: no such file (not a NeMo-RL checkpoint?)") from e
+    except OSError as e:
+        why = "a symbolic link, not a file" if e.errno == errno.ELOOP else e.strerror
+        raise NemoRLError(f"{where}: {why}") from e
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise NemoRLError(f"{where}: a folder, not a file")
+        if not stat.S_ISREG(mode):
+            raise NemoRLError(f"{where}: not a regular file")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= cap:
+            chunk = os.read(fd, cap + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > cap:
+            raise NemoRLError(too_big)
+        return b"".join(chunks)
+    except OSError as e:
+        raise NemoRLError(f"{where}: {e.strerror}") from e
+    finally:
+        os.close(fd)
 
 
 def step_dir(root: str, step: int) -> str:
@@ -79,12 +156,7 @@ def read_checkpoint(root: str, step: int, num_prompts_per_step: int) -> NemoChec
     folder = step_dir(root, step)
     info_path = join(folder, INFO_FILE)
     where = f"step {step}: {info_path}"
-    try:
-        data = storage_for(info_path).read_bytes(info_path)
-    except FileNotFoundError as e:
-        raise NemoRLError(f"{where}: no such file (not a NeMo-RL checkpoint?)") from e
-    except IsADirectoryError as e:
-        raise NemoRLError(f"{where}: a folder, not a file") from e
+    data = _read_small(info_path, where)
     try:
         info = jsonio.load_bytes(data, info_path)
     except jsonio.JSONInputError as e:
@@ -115,9 +187,36 @@ def read_checkpoint(root: str, step: int, num_prompts_per_step: int) -> NemoChec
     if ts <= 0:
         raise NemoRLError(f"{where}: field training_step_end_time_ms {ts} is not positive")
     weights = join(folder, *WEIGHTS_DIR)
+    outside = _outside(weights, folder)
+    if outside and os.path.lexists(weights):
+        raise NemoRLError(f"step {step}: {weights}/: {outside} (weights must be the step's own)")
     if not storage_for(weights).list(weights):
         raise NemoRLError(f"step {step}: {weights}/: no weights (policy/weights/ is empty)")
     return NemoCheckpoint(step, folder, consumed, ts)
+
+
+_TOP_KEY = re.compile(r"\S[^:]*:.*")
+_KEEP_TOP_K = re.compile(r"\s+keep_top_k:\s*(null|~|[0-9]+)?\s*")
+
+
+def keep_top_k(root: str, step: int) -> tuple[bool, int | None]:
+    """``checkpointing.keep_top_k`` in ``step_<N>/config.yaml`` as NeMo-RL's safe_dump writes it
+    (block style, two-space indent): (True, k), (True, None) for null (keeps every
+    checkpoint), or (False, None) when the file or the key is not there or not in that shape
+    (then nothing can be told). A narrow reader: rcpflow's runtime has no YAML parser."""
+    path = join(step_dir(root, step), CONFIG_FILE)
+    try:
+        text = _read_small(path, f"step {step}: {path}", CONFIG_MAX_BYTES).decode("utf-8")
+    except (NemoRLError, UnicodeDecodeError):
+        return False, None
+    inside = False
+    for line in text.splitlines():
+        if _TOP_KEY.fullmatch(line):
+            inside = line.rstrip() == "checkpointing:"
+        elif inside and (m := _KEEP_TOP_K.fullmatch(line)):
+            value = m.group(1)
+            return True, int(value) if value and value.isdigit() else None
+    return False, None
 
 
 def check_order(
@@ -162,6 +261,7 @@ class LoggedEval:
     eval_start_ms: int
     eval_stop_ms: int
     accuracy_line: int
+    eval_samples: int | None  # the log's own eval_samples (None: not in this log)
 
 
 def logged_eval(log_path: str, samples_count: int, step: int) -> LoggedEval:
@@ -216,8 +316,27 @@ def logged_eval(log_path: str, samples_count: int, step: int) -> LoggedEval:
             f"{where}: eval_stop {times['eval_stop']} is before eval_start {times['eval_start']}"
         )
     return LoggedEval(
-        samples_count, float(value), times["eval_start"], times["eval_stop"], acc.line_no
+        samples_count,
+        float(value),
+        times["eval_start"],
+        times["eval_stop"],
+        acc.line_no,
+        logged_eval_samples(events, log_path),
     )
+
+
+def logged_eval_samples(events: Sequence[Event], log_path: str) -> int | None:
+    """The log's ``eval_samples`` (how many instances an evaluation covers); None when the log
+    has none, refused when it has two values or one that is not a positive integer."""
+    values = {repr(e.value): e for e in events if e.key == "eval_samples"}
+    if not values:
+        return None
+    if len(values) > 1:
+        raise NemoRLError(f"{log_path}: eval_samples logged with values {', '.join(values)}")
+    (e,) = values.values()
+    if isinstance(e.value, bool) or not isinstance(e.value, int) or e.value <= 0:
+        raise NemoRLError(f"{log_path}: eval_samples (line {e.line_no}) {e.value!r} is not a count")
+    return e.value
 
 
 @dataclass(frozen=True)
@@ -233,6 +352,16 @@ class DriverRunStop:
         return (
             f"run_stop (line {self.line_no}, status {self.status}, samples_count "
             f"{self.samples_count}) written by another program (NeMo-RL's deferred evaluator?)"
+        )
+
+    def refusal(self, log_path: str, run_dir: str) -> str:
+        """Why finalize (and an eval import of a step it decides) refuses the log: rcpflow never
+        rewrites another program's run_stop, and --reopen does not change that."""
+        return (
+            f"{log_path}: {self.describe()}: finalize writes a run's only run_stop, with the "
+            "checker's strict > and in step order, and never keeps another's; give the run a "
+            f"log without it: `rcpflow run reset {run_dir}` and train again, or a clean copy of "
+            "the training section"
         )
 
 

@@ -311,12 +311,16 @@ def accuracy_only_summary(
     checkpoint: CheckpointRef,
     eval_start_ms: int,
     eval_stop_ms: int,
+    instances: int,
 ) -> EvalSummary:
-    """The summary of an evaluator that logged only its pass@4 (no per-attempt records): the
-    benchmark's 251 x 4 attempts, all completed, none of them known (see `attempt_records`)."""
-    expected = recipe.EVAL_SAMPLES * recipe.EVAL_ATTEMPTS_PER_INSTANCE
+    """The summary of an evaluator that logged only its pass@4 (no per-attempt records): its
+    log's `instances` (``eval_samples``) x 4 attempts, none of them known (see
+    `attempt_records`); complete only when those are the benchmark's 251 (another count is
+    another evaluation set, which `consistency_problems` names)."""
+    expected = instances * recipe.EVAL_ATTEMPTS_PER_INSTANCE
+    complete = instances == recipe.EVAL_SAMPLES
     return EvalSummary(
-        instances=recipe.EVAL_SAMPLES,
+        instances=instances,
         attempts_per_instance=recipe.EVAL_ATTEMPTS_PER_INSTANCE,
         expected_attempts=expected,
         completed_attempts=expected,
@@ -327,7 +331,7 @@ def accuracy_only_summary(
         pass_at_k={str(recipe.PASS_K): float(accuracy)},
         mean_reward=0.0,
         status_counts={NOT_RECORDED: expected},
-        complete=True,
+        complete=complete,
         fatal_error=None,
         target_accuracy=recipe.TARGET_ACCURACY,
         target_reached=accuracy > recipe.TARGET_ACCURACY,

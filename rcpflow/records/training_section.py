@@ -120,6 +120,7 @@ def section_problems(events: Sequence[Event], rows: Sequence[ManifestRow]) -> li
     for key in ("cache_clear", "init_start"):
         if not by_key[key]:
             problems.append(SectionProblem(f"no {key} (the checker requires one)"))
+    problems += _value_problems(by_key)
     if problems or division is None:
         return problems  # the order checks below need these events
 
@@ -146,6 +147,26 @@ def section_problems(events: Sequence[Event], rows: Sequence[ManifestRow]) -> li
                 )
             )
     return problems
+
+
+def _value_problems(by_key: dict[str, list[Event]]) -> list[SectionProblem]:
+    """Header values the benchmark fixes: the checker's eval_samples (NeMo-RL's pinned logger
+    writes 256), and target_accuracy where the trainer logs one (NeMo-RL's launcher defaults
+    MLPERF_TARGET_ACCURACY to 1.0; rcpflow decides every run against 0.69 and its manifest
+    holds no other target, so a log stating another is refused, test runs included)."""
+    fixed = (
+        ("eval_samples", recipe.EVAL_SAMPLES, "the checker rejects it"),
+        ("target_accuracy", recipe.TARGET_ACCURACY,
+         f"NeMo-RL: set MLPERF_TARGET_ACCURACY={recipe.TARGET_ACCURACY}"),
+    )  # fmt: skip
+    return [
+        SectionProblem(
+            f"{key} {e.value!r} (line {e.line_no}) is not the benchmark's {want} ({why})"
+        )
+        for key, want, why in fixed
+        for e in by_key[key][:1]
+        if e.value != want
+    ]
 
 
 def _block_problems(

@@ -37,6 +37,19 @@ def header_int(events: Sequence[Event], key: str, where: str) -> int:
     return value
 
 
+_LOG_NAME = re.compile(r"seed_(0|[1-9][0-9]*)\.out")
+
+
+def seed_index(log_path: str) -> int:
+    """The run's seed index: the N of the ``seed_<N>.out`` read. The row's ``seed`` is this, not
+    the ``seed`` the log states: NeMo-RL's launcher draws that at random (2115446333 and the
+    like), and a row naming ``seed_<logged>.out`` would send finalize to a log that is not there."""
+    m = _LOG_NAME.fullmatch(log_path.rsplit("/", 1)[-1])
+    if m is None:
+        raise RecorderError(f"{log_path}: not an MLLOG name seed_<n>.out")
+    return int(m.group(1))
+
+
 def find_mllog(run_dir: str) -> str:
     """The run's only ``mllog/seed_<n>.out`` (local runs; on GCS give the seed)."""
     layout = RunLayout(run_dir)
@@ -44,7 +57,7 @@ def find_mllog(run_dir: str) -> str:
         found = storage_for(layout.mllog_dir).list(layout.mllog_dir)
     else:
         found = glob.glob(os.path.join(layout.mllog_dir, "seed_*.out"))
-    logs = sorted(p for p in found if re.fullmatch(r"seed_\d+\.out", p.rsplit("/", 1)[-1]))
+    logs = sorted(p for p in found if _LOG_NAME.fullmatch(p.rsplit("/", 1)[-1]))
     if len(logs) != 1:
         raise RecorderError(
             f"{layout.mllog_dir}: {len(logs)} logs seed_<n>.out; give --seed to pick one"
@@ -82,6 +95,7 @@ def add_row(
         k: header_int(events, k, log_path)
         for k in ("seed", "global_batch_size", "num_generations_per_prompt", "max_steps")
     }
+    header["seed"] = seed_index(log_path)  # the log's own seed stays in the log
     checkpoint_path = as_given(checkpoint_path)
     if not checkpoint_present(checkpoint_path):
         raise RecorderError(f"step {step}: no checkpoint at {checkpoint_path}")

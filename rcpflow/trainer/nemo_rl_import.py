@@ -22,8 +22,10 @@ from rcpflow.records import manifest
 from rcpflow.records.manifest import ManifestError, ManifestRow
 from rcpflow.records.mllog import MLLogError, read_events
 from rcpflow.records.nemo_rl import (
+    CheckpointTree,
     NemoRLError,
     check_order,
+    keep_top_k,
     list_tree,
     read_checkpoint,
     step_dir,
@@ -31,8 +33,9 @@ from rcpflow.records.nemo_rl import (
 )
 from rcpflow.records.training_section import describe as describe_section
 from rcpflow.records.training_section import section_problems
-from rcpflow.trainer.manifest_add import as_given, find_mllog, header_int
+from rcpflow.trainer.manifest_add import as_given, find_mllog, header_int, seed_index
 from rcpflow.trainer.recorder import RecorderError, build_row
+from rcpflow.verdict.schedule import EvalSchedule
 
 FORMATS = ("nemo-rl",)
 
@@ -61,10 +64,13 @@ def import_checkpoint_tree(
     seed: int | None = None,
     val_start_at: int | None = None,
     allow_empty: bool = False,
+    eval_schedule: EvalSchedule | None = None,
 ) -> CheckpointTreeImport:
     """Verify NeMo-RL's tree at `root` and append its new checkpoints to `run_dir`'s manifest.
     `val_start_at`: default the manifest's, else the recipe's. `allow_empty`: a tree without a
-    checkpoint yet is no error (a poll while training runs). Raises `NemoRLError`."""
+    checkpoint yet is no error (a poll while training runs). `eval_schedule` ``after_training``:
+    a tree whose config's keep_top_k would delete a checkpoint before its evaluation is refused
+    (`check_keeps_all`). Raises `NemoRLError`."""
     layout = RunLayout(run_dir)
     try:
         log_path = layout.mllog(seed) if seed is not None else find_mllog(run_dir)
@@ -89,6 +95,7 @@ def import_checkpoint_tree(
                 "max_steps",
             )
         }
+        index = seed_index(log_path)  # the row names the MLLOG read, whatever seed it states
     except RecorderError as e:
         raise NemoRLError(str(e)) from e
     gbs, prompts = header["global_batch_size"], header["num_prompts_per_step"]
@@ -111,8 +118,8 @@ def import_checkpoint_tree(
 
     tree = list_tree(as_given(root))  # a relative root is the caller's: made absolute
     steps = [s for s in tree.steps if s >= start]
-    ignored = [*tree.partial, *(f"step_{s} (before the validation start {start})"
-                                for s in tree.steps if s < start)]  # fmt: skip
+    ignored = [*tree.partial, *tree.skipped, *(f"step_{s} (before the validation start {start})"
+                                               for s in tree.steps if s < start)]  # fmt: skip
     if not steps:
         if allow_empty:
             return CheckpointTreeImport(tree.root, (), len(current), tuple(ignored))
@@ -120,6 +127,9 @@ def import_checkpoint_tree(
         raise NemoRLError(
             f"{tree.root}: no step_<N>/ checkpoint from the validation start {start}{only}"
         )
+    _check_none_lost(layout, current, tree, header["max_steps"])
+    if eval_schedule == "after_training":
+        check_keeps_all(tree.root, steps[0], start, header["max_steps"])
     checkpoints = [read_checkpoint(tree.root, s, prompts) for s in steps]
     check_order(checkpoints, run_start, training_block_stop(events, starts[-1].line_no), tree.root)
     by_step = {r.step: r for r in current}
@@ -128,7 +138,7 @@ def import_checkpoint_tree(
         try:
             row = build_row(
                 layout.root, c.step, step_dir(tree.root, c.step), c.timestamp_ms,
-                seed=header["seed"], global_batch_size=gbs,
+                seed=index, global_batch_size=gbs,
                 num_generations=header["num_generations_per_prompt"], val_start_at=start,
                 max_steps=header["max_steps"], target_accuracy=recipe.TARGET_ACCURACY, extra={},
             )  # fmt: skip
@@ -145,9 +155,15 @@ def import_checkpoint_tree(
     new = [r for r in rows if r.step not in by_step]
     for r in new:
         if r.step != want:
+            why = [s for s in tree.skipped if s.startswith(f"step_{want} ")]
             raise NemoRLError(
                 f"step {want}: no {step_dir(tree.root, want)}/ (steps must be contiguous from "
                 f"the validation start {start}; the tree has step_{r.step} next)"
+                + (
+                    f"; skipped: {why[0]}"
+                    if why
+                    else f"; {keep_top_k_hint(header['max_steps'], start)}"
+                )
             )
         want += 1
     merged = sorted([*current, *new], key=lambda r: r.step)
@@ -161,6 +177,55 @@ def import_checkpoint_tree(
     if new:
         _append(layout.manifest, new)
     return CheckpointTreeImport(tree.root, tuple(r.step for r in new), len(merged), tuple(ignored))
+
+
+def keep_top_k_hint(max_steps: int, val_start_at: int) -> str:
+    """What to change in NeMo-RL when its own pruning deleted a checkpoint: its deferred
+    configuration keeps ``max(checkpointing.keep_top_k, 2)`` checkpoints."""
+    return (
+        "deleted by NeMo-RL's checkpointing.keep_top_k? set it to at least "
+        f"{max_steps - val_start_at + 1} (every checkpoint from step {val_start_at} to "
+        f"{max_steps}) so that none is deleted before its evaluation"
+    )
+
+
+def check_keeps_all(root: str, step: int, val_start_at: int, max_steps: int) -> None:
+    """Evaluation after training needs every checkpoint from the validation start to be there
+    when training ends; NeMo-RL keeps ``max(checkpointing.keep_top_k, 2)`` (its deferred
+    configuration), every one with null. Refused naming the setting when it keeps fewer; a
+    config that cannot be read says nothing (the incremental import still names a loss)."""
+    found, k = keep_top_k(root, step)
+    needed = max_steps - val_start_at + 1
+    if found and k is not None and max(k, 2) < needed:
+        raise NemoRLError(
+            f"step {step}: {step_dir(root, step)}/config.yaml: checkpointing.keep_top_k {k} keeps "
+            f"{max(k, 2)} checkpoints, and evaluation after training needs all {needed} (steps "
+            f"{val_start_at}..{max_steps}): NeMo-RL would delete them before their evaluation; "
+            f"set it to at least {needed} (or null), or evaluate during training"
+        )
+
+
+def _check_none_lost(
+    layout: RunLayout, rows: list[ManifestRow], tree: CheckpointTree, max_steps: int
+) -> None:
+    """A manifest row whose ``step_<N>/`` left the tree before its evaluation (no summary yet)
+    is named: NeMo-RL prunes older checkpoints while training (keep_top_k), and a checkpoint
+    rcpflow still has to evaluate cannot come back."""
+    present = set(tree.steps)
+    lost = [
+        r.step
+        for r in rows
+        if r.step not in present
+        and not storage_for(layout.summary(r.step)).exists(layout.summary(r.step))
+    ]
+    if lost:
+        more = (
+            f" (and {len(lost) - 1} more: {', '.join(map(str, lost[1:]))})" if len(lost) > 1 else ""
+        )
+        raise NemoRLError(
+            f"step {lost[0]}: {step_dir(tree.root, lost[0])}/ is gone before its evaluation{more}; "
+            + keep_top_k_hint(max_steps, rows[0].val_start_at)
+        )
 
 
 def _append(path: str, new: list[ManifestRow]) -> None:

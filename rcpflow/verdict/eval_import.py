@@ -24,15 +24,19 @@ from rcpflow.files.terminal_progress import Progress
 from rcpflow.records.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_attempts
 from rcpflow.records.decided import WrittenRunStop, written_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
-from rcpflow.records.mllog import MLLogError, read_given_log
-from rcpflow.records.nemo_rl import NemoRLError, logged_eval
+from rcpflow.records.mllog import MLLogError, read_events, read_given_log
+from rcpflow.records.nemo_rl import (
+    NemoRLError,
+    foreign_run_stops,
+    logged_eval,
+    logged_eval_samples,
+)
 from rcpflow.records.summary import (
     TIME_FIELDS,
     EvalSummary,
     SummaryError,
     accuracy_only_summary,
     build_summary,
-    write_summary,
 )
 from rcpflow.records.summary_checks import Problem, recomputed_problems, validity_problems
 from rcpflow.verdict.verify import ATTEMPTS_FILE, attempts_file
@@ -342,15 +346,9 @@ def import_eval(
         summary = dataclasses.replace(summary, target_reached=reached)
     notes += reopened
     _check_reads_back(summary, source, layout.summary(step))
-    # Attempts first: a crash between the two writes leaves a summary that disagrees with them
-    # (not valid, evaluated again), never an unchecked one.
     copied = attempts_file(run_dir, step)
-    if attempts_text is not None:
-        storage_for(copied).write_atomic(copied, attempts_text.encode())
-    else:
-        storage_for(copied).delete(copied)  # an earlier evaluation's attempts are not these
     path = layout.summary(step)
-    write_summary(path, summary)
+    _write_step(path, summary, copied, attempts_text)
     return ImportResult(
         step=step,
         source=source,
@@ -371,13 +369,23 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
     run_stop and anything else in it are ignored."""
     try:
         logged = logged_eval(source, row.samples_count, row.step)
-    except NemoRLError as e:
+        instances = logged.eval_samples
+        if instances is None:  # a log of the evaluation only: the run's header says
+            run_log = RunLayout(run_dir).mllog(row.seed)
+            instances = logged_eval_samples(read_given_log(run_log, "the run's MLLOG"), run_log)
+    except (NemoRLError, MLLogError) as e:
         raise EvalImportError(str(e)) from e
+    if instances is None:
+        raise EvalImportError(
+            f"{source}: step {row.step}: no eval_samples in it or the run's MLLOG: how many "
+            "instances were evaluated is not known"
+        )
     summary = accuracy_only_summary(
         logged.accuracy,
         checkpoint=row,
         eval_start_ms=logged.eval_start_ms,
         eval_stop_ms=logged.eval_stop_ms,
+        instances=instances,
     )
     problems = validity_problems(summary, row)
     if problems:
@@ -388,9 +396,7 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
     reopened = _reopening(run_dir, row, reopen)
     path = RunLayout(run_dir).summary(row.step)
     _check_reads_back(summary, source, path)
-    copied = attempts_file(run_dir, row.step)
-    storage_for(copied).delete(copied)  # an earlier evaluation's attempts are not these
-    write_summary(path, summary)
+    _write_step(path, summary, attempts_file(run_dir, row.step), None)
     notes = [f"eval_accuracy line {logged.accuracy_line}; its other events ignored", *reopened]
     return ImportResult(
         step=row.step,
@@ -406,12 +412,45 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
     )
 
 
+def _write_step(path: str, summary: EvalSummary, copied: str, attempts: str | None) -> None:
+    """The step's attempts (`attempts`, or none: an earlier evaluation's are not these) and its
+    summary written as one unit under the summary's lock, so that two imports of one step leave
+    one source's pair, the later superseding the earlier whole. Attempts first: a crash between
+    the two writes leaves a summary that disagrees with them (not valid, evaluated again), never
+    an unchecked one. On gs:// the lock is the summary's generation precondition: a writer that
+    loses it writes its attempts again before its summary; one that gives up (its retries spent)
+    exits with an error and may leave its attempts beside the other's summary, which status then
+    names invalid (the recount disagrees)."""
+
+    def unit(_old: bytes | None) -> bytes:
+        if attempts is not None:
+            storage_for(copied).write_atomic(copied, attempts.encode())
+        else:
+            storage_for(copied).delete(copied)
+        attempts_written(path)
+        return summary.to_json().encode()
+
+    storage_for(path).update(path, unit)
+
+
+def attempts_written(summary_path: str) -> None:
+    """The hook point between a step's two writes (its attempts written, its summary not yet):
+    tests pause an import here to interleave another."""
+
+
 def _reopening(run_dir: str, row: ManifestRow, reopen: bool) -> list[str]:
     """A decided run's summary of `row`'s step is replaced only with --reopen: then the note
     that says so (none when the run is not decided by it)."""
     decided = _decided_by(run_dir, row)
     if decided is None:
         return []
+    try:
+        foreign = foreign_run_stops(read_events(decided.log_path))
+    except MLLogError as e:
+        raise EvalImportError(str(e)) from e
+    if any(f.line_no == decided.line_no for f in foreign):  # finalize refuses it, reopened or not
+        (stop,) = [f for f in foreign if f.line_no == decided.line_no]
+        raise EvalImportError(f"step {row.step}: {stop.refusal(decided.log_path, run_dir)}")
     if not reopen:
         raise EvalImportError(
             f"step {row.step}: the run is decided: {decided.describe()} depends on this step's "

@@ -12,7 +12,7 @@ leaves the log untouched. The write is atomic; the same inputs always give the s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -27,7 +27,7 @@ from rcpflow.records.summary import EvalSummary
 from rcpflow.records.training_section import describe as describe_section
 from rcpflow.records.training_section import section_problems
 from rcpflow.verdict.gate import passes
-from rcpflow.verdict.verify import evaluate_step
+from rcpflow.verdict.verify import StepEvaluation, evaluate_step
 
 Status = Literal["success", "aborted", "incomplete"]
 
@@ -75,12 +75,7 @@ def _training_section(text: str, log_path: str, run_dir: str = "RUN_DIR") -> str
         raise FinalizeInputError(f"{log_path}: no run_start (training never started?)")
     foreign = foreign_run_stops(events)
     if foreign:
-        raise FinalizeInputError(
-            f"{log_path}: {foreign[0].describe()}: finalize writes a run's only run_stop, with "
-            "the checker's strict > and in step order, and never keeps another's; give the run "
-            f"a log without it: `rcpflow run reset {run_dir}` and train again, or a clean copy of "
-            "the training section"
-        )
+        raise FinalizeInputError(foreign[0].refusal(log_path, run_dir))
     kept = [line for line in logtext.lines(text, keepends=True) if not _is_eval_section_line(line)]
     section = "".join(kept)
     return section if section.endswith("\n") or not section else section + "\n"
@@ -91,11 +86,9 @@ def _check_log_matches(training: str, manifest: Manifest, log_path: str) -> None
         return
     row = manifest.rows[0]
     events = {e.key: e for e in parse(training, where=log_path)}
-    for key, want in (
-        ("global_batch_size", row.global_batch_size),
-        ("seed", row.seed),
-        ("max_steps", row.max_steps),
-    ):
+    # Not `seed`: the row's is the run's seed index (the log's name, seed_<N>.out, which is how
+    # the log was found); the seed the log states is the trainer's (NeMo-RL's launcher draws it).
+    for key, want in (("global_batch_size", row.global_batch_size), ("max_steps", row.max_steps)):
         if key in events and events[key].value != want:
             raise FinalizeInputError(
                 f"{log_path}: {key} {events[key].value!r} does not match the manifest's {want!r}"
@@ -128,13 +121,19 @@ class Verdict:
     evaluated: tuple[EvalSummary, ...]  # valid summaries in step order, up to the decision
 
 
-def decide(run_dir: str, rows: Sequence[ManifestRow]) -> Verdict:
+def decide(
+    run_dir: str,
+    rows: Sequence[ManifestRow],
+    evaluations: Mapping[int, StepEvaluation] | None = None,
+) -> Verdict:
     """Walk `rows` by step: the first valid summary above the target ends the run (success);
     all up to max_steps valid and none above: aborted; a missing or invalid one first:
-    incomplete. An unreadable summary raises `FinalizeInputError`."""
+    incomplete. An unreadable summary raises `FinalizeInputError`. `evaluations`: the steps
+    already evaluated by the caller (status reads each summary once)."""
     evaluated: list[EvalSummary] = []
     for row in rows:
-        found = evaluate_step(run_dir, row)
+        given = evaluations.get(row.step) if evaluations is not None else None
+        found = given if given is not None else evaluate_step(run_dir, row)
         if found.state == "missing":
             reason = f"step {row.step}: no eval summary at {found.summary_path}"
             return Verdict("incomplete", reason, None, tuple(evaluated))
@@ -161,7 +160,12 @@ def decide(run_dir: str, rows: Sequence[ManifestRow]) -> Verdict:
     return Verdict("incomplete", reason, None, tuple(evaluated))
 
 
-def finalize(run_dir: str, *, write: bool = True) -> FinalizeResult:
+def finalize(
+    run_dir: str,
+    *,
+    write: bool = True,
+    evaluations: Mapping[int, StepEvaluation] | None = None,
+) -> FinalizeResult:
     layout = RunLayout(run_dir)
     try:
         manifest = load(layout.manifest)
@@ -183,7 +187,7 @@ def finalize(run_dir: str, *, write: bool = True) -> FinalizeResult:
     _check_log_matches(training, manifest, log_path)
     section = section_problems(parse(training, where=log_path), manifest.rows)
 
-    verdict = decide(run_dir, manifest.rows)
+    verdict = decide(run_dir, manifest.rows, evaluations)
     status, end_row = verdict.status, verdict.end_row
     renderer = EventRenderer()
     lines: list[str] = []

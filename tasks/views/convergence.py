@@ -44,6 +44,8 @@ MEDIA_TYPES = {"png": "image/png", "svg": "image/svg+xml"}
 DEFAULT_SIZE_PX = (960, 540)
 _DPI = 100
 _REWARD_KEYS = ("mean_reward", "reward")
+# NeMo-RL logs its loss as `reduced_train_loss` in tracked_stats (rcpflow's trainers: `loss`).
+_LOSS_KEYS = ("loss", "reduced_train_loss")
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def _training_point(record: Any, step: Any, timestamp_ms: Any) -> TrainingPoint 
     if not isinstance(record, dict) or isinstance(step, bool) or not isinstance(step, int):
         return None
     reward = next((_number(record[k]) for k in _REWARD_KEYS if k in record), None)
-    loss = _number(record.get("loss"))
+    loss = next((_number(record[k]) for k in _LOSS_KEYS if k in record), None)
     if reward is None and loss is None:
         return None
     is_ms = isinstance(timestamp_ms, int) and not isinstance(timestamp_ms, bool)
@@ -131,8 +133,8 @@ def _training_point(record: Any, step: Any, timestamp_ms: Any) -> TrainingPoint 
 
 def tracked_training(events: Sequence[Event]) -> tuple[TrainingPoint, ...]:
     """Training reward/loss from the MLLOG's ``tracked_stats`` events that carry them (value
-    ``{"reward"|"mean_reward": x, "loss": y}``, metadata ``step``); the eval section's
-    ``validation_time`` stats carry neither and are not training points."""
+    ``{"reward"|"mean_reward": x, "loss"|"reduced_train_loss": y}``, metadata ``step``); the
+    eval section's ``validation_time`` stats carry neither and are not training points."""
     found: dict[int, TrainingPoint] = {}
     for e in events:
         if e.key == "tracked_stats":

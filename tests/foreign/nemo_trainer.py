@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -71,7 +72,11 @@ def training_info(step: int, prompts: int, ts: int) -> dict[str, object]:
 
 
 def save_checkpoint(
-    root: str, step: int, info: dict[str, object], content: dict[str, object]
+    root: str,
+    step: int,
+    info: dict[str, object],
+    content: dict[str, object],
+    keep_top_k: int | None = None,
 ) -> str:
     """``tmp_step_<N>/`` written, then renamed to ``step_<N>/`` (an existing one through
     ``old_step_<N>/``), as NeMo-RL's CheckpointManager does."""
@@ -84,7 +89,10 @@ def save_checkpoint(
         with open(os.path.join(tmp, name), "wb") as f:
             f.write(b"\0")
     with open(os.path.join(tmp, "config.yaml"), "w") as f:
-        f.write("grpo:\n  val_period: 0\ncheckpointing:\n  save_optimizer: false\n")
+        # yaml.safe_dump's shape (sorted keys, block style); null keeps every checkpoint
+        keep = "null" if keep_top_k is None else keep_top_k
+        f.write(f"checkpointing:\n  keep_top_k: {keep}\n  save_optimizer: false\n"
+                "grpo:\n  val_period: 0\n")  # fmt: skip
     with open(os.path.join(tmp, "training_info.json"), "w") as f:
         json.dump(info, f)
     if os.path.exists(final):
@@ -94,6 +102,10 @@ def save_checkpoint(
         shutil.rmtree(old)
     else:
         os.replace(tmp, final)
+    if keep_top_k is not None:  # the deferred configuration keeps max(k, 2), the newest
+        steps = sorted(int(n[5:]) for n in os.listdir(root) if re.fullmatch(r"step_[0-9]+", n))
+        for old_step in steps[: -max(keep_top_k, 2)]:
+            shutil.rmtree(os.path.join(root, f"step_{old_step}"))
     return final
 
 
@@ -150,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(p)
     # Time each step takes after its checkpoint (a training that lasts: evaluation during it)
     p.add_argument("--step-seconds", type=float, default=0.0)
+    # The seed the MLLOG states; NeMo-RL's launcher draws it at random (2115446333 in a
+    # published log), apart from the run's seed index that names the log file.
+    p.add_argument("--logged-seed", type=int, default=None)
+    # NeMo-RL's checkpointing.keep_top_k (default null: every checkpoint kept)
+    p.add_argument("--keep-top-k", type=int, default=None)
     args = p.parse_args(argv)
     log_file = os.environ.get("MLPERF_MLLOG_FILE")
     if not log_file:
@@ -159,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     hp = recipe.hyperparameters(args.division, args.global_batch_size, args.max_steps)
     gbs, prompts = hp.global_batch_size, hp.num_prompts_per_step
     log = mllogger(log_file)
-    header(log, hp, args.seed, train_samples=gbs * args.max_steps)
+    logged_seed = args.seed if args.logged_seed is None else args.logged_seed
+    header(log, hp, logged_seed, train_samples=gbs * args.max_steps)
     log.end(key="init_stop")
     time.sleep(0.002)
     log.start(key="run_start")
@@ -175,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if step >= args.val_start_at:
             content = {"skill": skill(step, args.skill_start, args.skill_per_step), "step": step}
             info = training_info(step, prompts, last_update)
-            path = save_checkpoint(args.checkpoint_dir, step, info, content)
+            path = save_checkpoint(args.checkpoint_dir, step, info, content, args.keep_top_k)
             print(f"step {step}: saved {path}", flush=True)
         time.sleep(max(0.002, args.step_seconds))
     # Deferred mode: after teardown the driver backdates block_stop to the last weight update.

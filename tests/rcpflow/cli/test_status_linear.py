@@ -7,6 +7,7 @@ from devtools.bench.status_bench import build
 from rcpflow.cli.status import run_status
 from rcpflow.records import summary
 from rcpflow.verdict import verify
+from rcpflow.verdict.finalize import finalize
 
 
 def test_status_reads_each_summary_once(tmp_path, monkeypatch):
@@ -22,8 +23,10 @@ def test_status_reads_each_summary_once(tmp_path, monkeypatch):
     monkeypatch.setattr(verify, "read_summary", counted)
     status = run_status(run_dir)
     assert len(status.steps) == 300 and all(s.gate == "below target" for s in status.steps)
-    assert status.finalize.status == "aborted"  # every step up to max_steps below the target
     assert len(reads) == 300 and len(set(reads)) == 300
+    # status predicts finalize's own dry run (not only the summaries' verdict)
+    dry = finalize(run_dir, write=False)
+    assert (status.finalize.status, status.finalize.reason) == (dry.status, dry.reason)
     reads.clear()
     run_status(run_dir)  # a second look reads again (nothing is cached across calls)
     assert len(reads) == 300

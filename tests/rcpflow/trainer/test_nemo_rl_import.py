@@ -54,17 +54,22 @@ def test_the_tree_becomes_the_manifest_and_again_gives_the_same_bytes(tmp_path, 
     assert Path(layout.manifest).read_bytes() == before
 
 
-def test_new_checkpoints_append_rows(tmp_path, monkeypatch):
-    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+def imported_before_5(tmp_path: Path, ckpt: Path, run_dir: Path) -> None:
+    """Steps 2..4 imported while 5 and 6 were not yet saved; 5 and 6 then in the tree."""
     aside = tmp_path / "aside"
     aside.mkdir()
     for step in (5, 6):
         shutil.move(ckpt / f"step_{step}", aside / f"step_{step}")
     assert import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2).added == (2, 3, 4)
-    manifest = Path(RunLayout(str(run_dir)).manifest)
-    first = manifest.read_bytes()
     for step in (5, 6):
         shutil.move(aside / f"step_{step}", ckpt / f"step_{step}")
+
+
+def test_new_checkpoints_append_rows(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    manifest = Path(RunLayout(str(run_dir)).manifest)
+    imported_before_5(tmp_path, ckpt, run_dir)
+    first = manifest.read_bytes()
     assert import_checkpoint_tree(str(run_dir), str(ckpt)).added == (5, 6)
     assert manifest.read_bytes().startswith(first)
 
@@ -182,3 +187,149 @@ def test_concurrent_imports_of_one_tree_agree(tmp_path, monkeypatch):
         )
     assert sum(len(r.added) for r in results) >= 5
     assert [r.step for r in load(RunLayout(str(run_dir)).manifest).rows] == [2, 3, 4, 5, 6]
+
+
+# The hostile tree: every refusal one line naming its step, never a traceback or a hang.
+
+
+def test_a_fifo_or_dev_zero_as_training_info_is_refused_in_one_line(tmp_path, monkeypatch):
+    import os
+
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    info(ckpt, 3).unlink()
+    os.mkfifo(info(ckpt, 3))  # a plain open() would block here with no writer
+    refused(run_dir, ckpt, "step 3:", "training_info.json", "not a regular file")
+    info(ckpt, 3).unlink()
+    info(ckpt, 3).symlink_to("/dev/zero")  # read whole, it ends in MemoryError
+    refused(run_dir, ckpt, "step 3:", "training_info.json", "symbolic link")
+
+
+def test_a_huge_training_info_is_refused(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    data = json.loads(info(ckpt, 4).read_text())
+    info(ckpt, 4).write_text(json.dumps({**data, "pad": "x" * 100_000}))
+    refused(run_dir, ckpt, "step 4:", "more than 65536 bytes")
+
+
+def test_step_folders_and_weights_outside_the_tree_are_named(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(ckpt / "step_3", elsewhere)
+    (ckpt / "step_3").symlink_to(elsewhere)
+    refused(run_dir, ckpt, "step 3:", "skipped: step_3 (a link to", "outside")
+    (ckpt / "step_3").unlink()
+    shutil.move(elsewhere, ckpt / "step_3")
+    weights = ckpt / "step_5" / "policy" / "weights"
+    shutil.move(weights, tmp_path / "weights")
+    weights.symlink_to(tmp_path / "weights")
+    refused(run_dir, ckpt, "step 5:", "policy/weights", "outside")
+
+
+def test_only_ascii_step_names_without_leading_zeros_are_steps(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    shutil.copytree(ckpt / "step_3", ckpt / "step_03")
+    shutil.copytree(ckpt / "step_3", ckpt / "step_\u0663")  # ARABIC-INDIC DIGIT THREE
+    result = import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
+    assert result.added == (2, 3, 4, 5, 6)
+    said = result.describe()
+    assert "'step_03' (not a step name" in said and "'step_\\u0663' (not a step name" in said
+
+
+# The seed: the run's seed index (seed_1.out) and the seed NeMo-RL logs kept apart.
+
+
+def test_rows_name_the_mllog_read_whatever_seed_it_states(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch, logged_seed=2115446333)
+    layout = RunLayout(str(run_dir))
+    assert import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2).added
+    raw = [json.loads(ln) for ln in Path(layout.manifest).read_text().splitlines()]
+    assert {(r["seed"], r["mllog_file"]) for r in raw} == {(1, "seed_1.out")}
+    p = run_cli("manifest", "validate", layout.manifest)
+    assert p.returncode == 0, p.stderr
+    # manifest add reads the same log the same way
+    other = tmp_path / "other"
+    run_b, ckpt_b = train_nemo(other, monkeypatch, logged_seed=2115446333)
+    step2 = str(ckpt_b / "step_2")
+    t2 = json.loads(info(ckpt_b, 2).read_text())["training_step_end_time_ms"]
+    p = run_cli("manifest", "add", str(run_b), "--step", "2", "--checkpoint", step2,
+                "--timestamp-ms", str(t2), "--val-start-at", "2")  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert load(RunLayout(str(run_b)).manifest).row(2).mllog_file.endswith("/seed_1.out")
+
+
+def test_validate_refuses_a_row_whose_mllog_is_not_there(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    layout = RunLayout(str(run_dir))
+    import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
+    Path(layout.mllog(1)).rename(Path(layout.mllog_dir) / "elsewhere.log")
+    p = run_cli("manifest", "validate", layout.manifest)
+    assert p.returncode == 1
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("invalid: step 2: mllog_file ") and "seed_1.out does not exist" in last
+
+
+def replace_in_log(run_dir: Path, old: str, new: str) -> None:
+    log = Path(RunLayout(str(run_dir)).mllog(1))
+    text = log.read_text()
+    assert old in text
+    log.write_text(text.replace(old, new))
+
+
+def test_eval_samples_256_or_target_1_is_refused_at_import(tmp_path, monkeypatch):
+    # what the reference's pinned logger and its launcher's default write
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    replace_in_log(run_dir, '"eval_samples", "value": 251', '"eval_samples", "value": 256')
+    refused(run_dir, ckpt, "eval_samples 256", "not the benchmark's 251", "checker rejects")
+    replace_in_log(run_dir, '"eval_samples", "value": 256', '"eval_samples", "value": 251')
+    replace_in_log(run_dir, '"target_accuracy", "value": 0.69', '"target_accuracy", "value": 1.0')
+    refused(run_dir, ckpt, "target_accuracy 1.0", "MLPERF_TARGET_ACCURACY=0.69")
+
+
+def test_a_checkpoint_pruned_before_its_evaluation_is_named(tmp_path, monkeypatch):
+    # NeMo-RL's deferred configuration keeps max(keep_top_k, 2) checkpoints: it deletes older ones
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+    imported_before_5(tmp_path, ckpt, run_dir)
+    shutil.rmtree(ckpt / "step_2")
+    shutil.rmtree(ckpt / "step_3")
+    layout = RunLayout(str(run_dir))
+    before = Path(layout.manifest).read_bytes()
+    with pytest.raises(NemoRLError) as e:
+        import_checkpoint_tree(str(run_dir), str(ckpt))
+    said = str(e.value)
+    assert said.startswith("step 2: ") and "gone before its evaluation" in said
+    assert "and 1 more: 3" in said and "checkpointing.keep_top_k" in said and "at least 5" in said
+    assert Path(layout.manifest).read_bytes() == before  # nothing written
+    Path(layout.summary(2)).parent.mkdir(parents=True)
+    Path(layout.summary(2)).write_text("{}")  # step 2 evaluated before it went: no loss
+    with pytest.raises(NemoRLError, match=r"^step 3: .*gone before its evaluation; deleted by"):
+        import_checkpoint_tree(str(run_dir), str(ckpt))
+    # a fresh import names the gap with the same setting
+    Path(layout.manifest).unlink()
+    with pytest.raises(NemoRLError, match=r"step 2: no .*contiguous.*checkpointing.keep_top_k"):
+        import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
+
+
+def test_evaluation_after_training_refuses_a_keep_top_k_that_deletes_checkpoints(
+    tmp_path, monkeypatch
+):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch, keep_top_k=8)  # keeps all 5 from step 2
+    config = ckpt / "step_2" / "config.yaml"
+    assert "  keep_top_k: 8\n" in config.read_text()
+    config.write_text(config.read_text().replace("keep_top_k: 8", "keep_top_k: 1"))
+    argv = ["manifest", "import", str(run_dir), "--format", "nemo-rl", str(ckpt)]
+    p = run_cli(*argv, "--val-start-at", "2", "--eval-schedule", "after_training")
+    assert_one_invalid_line(
+        p, "step 2:", "config.yaml", "keep_top_k 1 keeps 2", "needs all 5", "at least 5"
+    )
+    assert not Path(RunLayout(str(run_dir)).manifest).exists()
+    p = run_cli(*argv, "--val-start-at", "2")  # during training it may keep pace: not refused
+    assert p.returncode == 0, p.stderr
+    config.write_text(config.read_text().replace("keep_top_k: 1", "keep_top_k: null"))
+    p = run_cli(*argv, "--eval-schedule", "after_training")
+    assert p.returncode == 0 and "nothing new" in p.stdout, p.stderr
+
+
+def test_a_tree_keep_top_k_pruned_is_named_with_the_setting(tmp_path, monkeypatch):
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch, keep_top_k=3)  # as NeMo-RL prunes
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_4", "step_5", "step_6"]
+    refused(run_dir, ckpt, "step 2: no ", "checkpointing.keep_top_k", "at least 5")

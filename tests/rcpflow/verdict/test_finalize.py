@@ -142,10 +142,22 @@ def test_stale_rows_are_ignored(tmp_path):
 
 def test_log_must_match_manifest(tmp_path):
     run = make_run(str(tmp_path), accuracies={18: 0.9})
-    text = _text(run).replace('"key": "seed", "value": 1', '"key": "seed", "value": 2')
+    gbs = run.row(18).global_batch_size
+    text = _text(run).replace(
+        f'"key": "global_batch_size", "value": {gbs}', '"key": "global_batch_size", "value": 7'
+    )
+    assert text != _text(run)
     Path(run.layout.mllog(1)).write_text(text)
-    with pytest.raises(FinalizeInputError, match="seed 2"):
+    with pytest.raises(FinalizeInputError, match="global_batch_size 7"):
         finalize(run.run_dir)
+
+
+def test_the_logged_seed_is_the_trainers_not_the_seed_index(tmp_path):
+    # seed_1.out is found by its name; the seed it states may be any (NeMo-RL draws it).
+    run = make_run(str(tmp_path), accuracies={18: 0.9})
+    text = _text(run).replace('"key": "seed", "value": 1', '"key": "seed", "value": 2115446333')
+    Path(run.layout.mllog(1)).write_text(text)
+    assert finalize(run.run_dir).status == "success"
 
 
 @pytest.mark.parametrize("division", ["closed", "open"])

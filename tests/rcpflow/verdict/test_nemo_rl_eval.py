@@ -26,8 +26,8 @@ from rcpflow.verdict.eval_import import EvalImportError, import_eval
 from rcpflow.verdict.finalize import FinalizeInputError, finalize
 
 
-def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
-    run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
+def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **over: object) -> tuple[str, Path]:
+    run_dir, ckpt = train_nemo(tmp_path, monkeypatch, **over)
     import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
     return str(run_dir), ckpt
 
@@ -148,3 +148,50 @@ def test_a_log_ended_by_nemo_rls_driver_is_refused(tmp_path, monkeypatch):
     line = assert_one_invalid_line(p, "run_stop (line", "rcpflow run reset", "clean copy")
     assert "success" in line
     assert log.read_bytes() == before
+    # one answer: the import of a step it decides says what finalize says, --reopen or not
+    for reopen in (False, True):
+        with pytest.raises(EvalImportError) as e:
+            import_eval(run_dir, 2, str(log), fmt="nemo-rl-mllog", reopen=reopen)
+        assert "rcpflow run reset" in str(e.value) and "--reopen" not in str(e.value)
+    assert not Path(RunLayout(run_dir).summary(2)).exists()
+    now = run_status(run_dir).finalize  # status predicts exactly that refusal
+    assert now is not None and now.status == "refused"
+    assert now.reason in line and "run_stop (line" in now.reason
+
+
+def test_a_random_logged_seed_finalizes_its_own_log(tmp_path, monkeypatch):
+    # NeMo-RL's launcher draws the seed: seed_1.out states 2115446333; finalize reads seed_1.out.
+    run_dir, ckpt = trained(tmp_path, monkeypatch, logged_seed=2115446333)
+    for step, acc in {2: "0.5", 3: "0.75"}.items():
+        log = evaluate(tmp_path, monkeypatch, ckpt, step, "--accuracy", acc)
+        import_eval(run_dir, step, str(log), fmt="nemo-rl-mllog")
+    result = finalize(run_dir)
+    assert (result.status, result.step) == ("success", 3)
+    events = read_events(RunLayout(run_dir).mllog(1))
+    assert [e.value for e in events if e.key == "seed"] == [2115446333]
+
+
+def test_the_summary_claims_the_logs_eval_samples_and_finalize_refuses_256(tmp_path, monkeypatch):
+    run_dir, ckpt = trained(tmp_path, monkeypatch)
+    log = evaluate(tmp_path, monkeypatch, ckpt, 2, "--accuracy", str(184 / 256))
+    training = Path(RunLayout(run_dir).mllog(1))
+    text = training.read_text()
+    training.write_text(
+        text.replace('"eval_samples", "value": 251', '"eval_samples", "value": 256')
+    )
+    with pytest.raises(EvalImportError, match=r"step 2: .*instances: 256, the benchmark"):
+        import_eval(run_dir, 2, str(log), fmt="nemo-rl-mllog")
+    assert not Path(RunLayout(run_dir).summary(2)).exists()
+    result = finalize(run_dir)  # never a run_stop on a section the checker rejects
+    assert result.status == "incomplete" and "eval_samples 256" in result.reason
+    training.write_text(text)
+    imported = import_eval(run_dir, 2, str(log), fmt="nemo-rl-mllog")
+    assert (imported.summary.instances, imported.summary.expected_attempts) == (251, 1004)
+
+
+def test_nemo_rls_reduced_train_loss_is_the_plotted_loss(tmp_path, monkeypatch):
+    from tasks.views.convergence import tracked_training
+
+    run_dir, _ = trained(tmp_path, monkeypatch)
+    points = tracked_training(read_events(RunLayout(run_dir).mllog(1)))
+    assert [(p.step, p.loss) for p in points] == [(s, 1.0 / s) for s in range(1, 7)]
