@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import get_current_context
 
 from tasks.backend_api.protocol import FormDefaults, register
-from tasks.backends.gke.evaluate_operators import cancel_step_jobset
+from tasks.backends.gke.adapter import cancel_step_jobset, jobset_hook
 from tasks.backends.gke.groups import evaluate_jobset, evaluate_jobsets, train_jobset_group
-from tasks.backends.gke.operators import jobset_hook
 from tasks.backends.gke.settings import TABLE, GkeSettings, check_evaluate_job
 from tasks.deployment import BackendName, Deployment
 from tasks.run.spec import run_dir_of

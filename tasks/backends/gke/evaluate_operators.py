@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from tasks.backends.gke.operators import RunJobSetOperator, jobset_hook
-from tasks.backends.gke.render import jobset_name, render_jobset
+from tasks.backends.gke.adapter import cancel_step_jobset, jobset_hook
+from tasks.backends.gke.operators import RunJobSetOperator
+from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
 from tasks.jobs.templates import EvaluateJob
 from tasks.jobs.values import evaluate_values
@@ -22,26 +23,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from rcpflow.records.manifest import ManifestRow
-    from tasks.backends.gke.hooks import JobSetHook
     from tasks.jobs.values import Values
-
-
-def cancel_step_jobset(
-    hook: JobSetHook, namespace: str, dag_id: str, run_id: str, step: int
-) -> bool:
-    """Delete the evaluation JobSet of `step` in that DAG run if it still runs (its pods go
-    with it); False when there is none, or it has finished."""
-    from tasks.backends.gke.status import JobSetGone, JobSetStatusError, interpret_status
-
-    name = jobset_name(dag_id, run_id, eval_label(step))
-    try:
-        if interpret_status(hook.get_jobset(namespace, name)).phase != "Running":
-            return False
-    except JobSetGone:
-        return False
-    except JobSetStatusError:
-        pass  # a status this version cannot read: the step is useless either way
-    return hook.delete_jobset(namespace, name)
 
 
 class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):

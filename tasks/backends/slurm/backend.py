@@ -9,11 +9,8 @@ from airflow.sdk import TaskGroup, get_current_context, task
 
 from tasks.backend_api.job_inputs import TrainInputs, train_inputs, train_inputs_of
 from tasks.backend_api.protocol import FormDefaults, register
-from tasks.backends.slurm.evaluate_operators import (
-    SlurmEvaluateOperator,
-    SlurmEvaluateStepOperator,
-    cancel_step_job,
-)
+from tasks.backends.slurm.adapter import cancel_step_job
+from tasks.backends.slurm.evaluate_operators import SlurmEvaluateOperator, SlurmEvaluateStepOperator
 from tasks.backends.slurm.operators import CancelSlurmJobsOperator, SlurmJobOperator
 from tasks.backends.slurm.script import IN_ALLOCATION_STEP_FIELDS
 from tasks.backends.slurm.settings import TABLE, SlurmSettings

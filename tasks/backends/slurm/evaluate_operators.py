@@ -8,11 +8,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tasks.backends.slurm.operators import SlurmJobOperator, hook_for, job_name
+from tasks.backend_api.lifecycle_names import WATCHING, event_phase
+from tasks.backends.slurm.adapter import cancel_step_job, hook_for, job_name, job_ref, running_job
+from tasks.backends.slurm.operators import SlurmJobOperator
 from tasks.backends.slurm.settings import SlurmSettings
-from tasks.backends.slurm.triggers import FINISHED, WATCHING, SlurmJobTrigger, connection_kwargs
+from tasks.backends.slurm.triggers import FINISHED, SlurmJobTrigger
 from tasks.jobs.templates import EvaluateJob
 from tasks.jobs.values import evaluate_values
+from tasks.names import TRAIN_TASK_ID
 from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep, eval_label
 from tasks.run.stages import EvalTarget, cancel_above, skip_if_decided
 
@@ -22,17 +25,6 @@ if TYPE_CHECKING:
     from rcpflow.records.manifest import ManifestRow
     from tasks.backends.slurm.hooks import JobInfo
     from tasks.jobs.values import Values
-
-
-def cancel_step_job(settings: SlurmSettings, dag_id: str, run_id: str, step: int) -> bool:
-    """scancel the running evaluation job of `step` in that DAG run; False when none runs."""
-    hook = hook_for(settings)
-    running = [
-        j for j in hook.find_jobs(job_name(dag_id, run_id, eval_label(step))) if not j.finished
-    ]
-    for job in running:
-        hook.cancel(job.job_id)
-    return bool(running)
 
 
 class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
@@ -87,27 +79,18 @@ class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
         allocation after the training: while it runs, wait for it (deferred), then look again
         (`after_training`): a step it evaluated is reused, only one it left gets a job."""
         dag_run = context["dag_run"]
-        name = job_name(dag_run.dag_id, dag_run.run_id, "train")
-        running = [j for j in hook_for(self.settings).find_jobs(name) if not j.finished]
-        if not running:
+        name = job_name(dag_run.dag_id, dag_run.run_id, TRAIN_TASK_ID)
+        job = running_job(hook_for(self.settings), name)
+        if job is None:
             return
-        job = running[-1]
         self.log.info(
             "step %d: the training's Slurm job %s evaluates in its allocation: waiting for it",
             step, job.job_id,
         )  # fmt: skip
-        self.defer(
-            trigger=SlurmJobTrigger(
-                connection=connection_kwargs(self.settings),
-                job={"job_id": job.job_id, "name": job.name, "submit_time": job.submit_time},
-                poll_interval_s=self.settings.poll_interval_s,
-                backoff_max_s=self.settings.backoff_max_s,
-            ),
-            method_name="after_training",
-        )
+        self.defer(trigger=self.job_trigger(job_ref(job)), method_name="after_training")
 
     def after_training(self, context: Context, event: Mapping[str, Any]) -> Any:
-        if event["phase"] == WATCHING:
+        if event_phase(event["phase"]) == WATCHING:
             self.defer(trigger=SlurmJobTrigger(**event["kwargs"]), method_name="after_training")
         if event["phase"] != FINISHED:
             self.log.warning("the training's job: %s; going on", event["message"])

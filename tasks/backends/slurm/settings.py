@@ -13,13 +13,13 @@ from typing import Literal
 
 from rcpflow.trainer import job_exit
 from tasks.deployment import register_table
+from tasks.jobs.command import Role
 
 # The project's one rule for environment variable names (and rcpflow's reserved ones).
 from tasks.jobs.templates import ENV_NAME, check_env_name
 from tasks.settings import SettingError
 
 Transport = Literal["local", "ssh", "rest"]
-JobRole = Literal["train", "evaluate"]
 
 # docs/exit-codes.md: 2 (bad arguments) and 5 (invalid input) fail at once.
 DEFAULT_FAIL_EXIT_CODES = job_exit.DEFAULT_FAIL_EXIT_CODES
@@ -326,7 +326,7 @@ class SlurmSettings:
         if problem:
             raise SettingError("fail_exit_codes", problem)
 
-    def shape(self, role: JobRole) -> SlurmJobShape:
+    def shape(self, role: Role) -> SlurmJobShape:
         return {"train": self.train, "evaluate": self.evaluate}[role]
 
 
