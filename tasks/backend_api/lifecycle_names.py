@@ -43,6 +43,11 @@ LEGACY_TRIGGER_CLASSPATHS: Mapping[str, str] = {"plugins.jobset.JobSetTrigger": 
 STOP_GRACE = timedelta(minutes=10)
 
 
+# The job label of a run's training (its JobSet's or Slurm job's name has it): a retry, and an
+# evaluation that waits for the training's allocation, find the job by it.
+TRAIN_LABEL = "train"
+
+
 def eval_label(step: int) -> str:
     """The job label of `step`'s evaluation in its DAG run: a backend names its job by it, and
     a retry finds the job an earlier try started by that name."""

@@ -16,6 +16,7 @@ from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, LEGACY_RECORD_KEYS
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from airflow.sdk.types import Operator
 
 
 def should_cancel(recorded: Mapping[str, Any]) -> tuple[bool, str]:
@@ -58,7 +59,7 @@ class CancelRecordedJobs(BaseOperator):
     ui_color = "#fce8e6"
 
     def __init__(self, *, run_task_id: str, mapped: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**{"task_id": "cleanup", **kwargs})
         self.run_task_id = run_task_id
         self.mapped = mapped
 
@@ -90,3 +91,9 @@ class CancelRecordedJobs(BaseOperator):
             if result is not None:
                 done.append(result)
         return done
+
+
+def with_cleanup(work: Operator, cleanup: CancelRecordedJobs) -> None:
+    """`cleanup` (task ``cleanup``) as the teardown of `work`: it cancels what `work` started,
+    also when `work` fails."""
+    work >> cleanup.as_teardown()

@@ -1,8 +1,7 @@
-"""The operators that evaluate one checkpoint as a JobSet of the deployment's evaluate job:
-`RunJobSetOperator` behind the steps of `tasks.run.stages` (a decided or already evaluated step
-creates nothing on the cluster), importing a foreign result when the JobSet succeeded; both as
-`tasks.run.evaluate_operator` has every backend do them; a pass deletes the higher steps'
-evaluation JobSets still running (`cancel_step_jobset`)."""
+"""The evaluate operator of the GKE backend: `tasks.run.evaluate_operator.EvaluateCheckpoint`
+(the steps of `tasks.run.stages`, a foreign result, the stop of the higher steps after a pass)
+in front of `RunJobSetOperator`, the JobSet rendered for the checkpoint; a higher step's
+evaluation is stopped by deleting its JobSet (`adapter.cancel_step_jobset`)."""
 
 from __future__ import annotations
 
@@ -15,15 +14,10 @@ from tasks.backends.gke.operators import RunJobSetOperator
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
 from tasks.jobs.templates import EvaluateJob
-from tasks.jobs.values import evaluate_values
-from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep, eval_label
-from tasks.run.stages import EvalTarget, cancel_above
+from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-
-    from rcpflow.records.manifest import ManifestRow
-    from tasks.jobs.values import Values
 
 
 class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
@@ -31,8 +25,6 @@ class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
 
     template_fields = (*RunJobSetOperator.template_fields, "run_dir", "row")
     job_started = "the JobSet was created"
-    failure_is_stop = True
-    _target: EvalTarget
 
     def __init__(
         self,
@@ -46,53 +38,24 @@ class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
     ) -> None:
         # the JobSet is rendered in execute (`render`): its name and command need the row
         super().__init__(
-            settings=settings,
-            role="evaluate",
-            job="",
-            command=(),
-            image=job.image,
-            env=job.env,
-            secret_env=job.secret_env,
-            job_timeout=job_timeout,
-            **kwargs,
-        )
+            settings=settings, role="evaluate", job="", command=(), image=job.image,
+            env=job.env, secret_env=job.secret_env, job_timeout=job_timeout, **kwargs,
+        )  # fmt: skip
         self.eval_job = job
         self.run_dir = run_dir
         self.row = row
 
-    def eval_values(self, row: ManifestRow) -> Values:
-        return evaluate_values(self.run_dir, row, "python")
-
-    def before_job(self, context: Context, target: EvalTarget) -> None:
-        self._target = target
-
-    def after_collect(
-        self, context: Context, target: EvalTarget, result: dict[str, Any]
-    ) -> dict[str, Any]:
-        if result["target_reached"]:
-            dag_run = context["dag_run"]
-            hook, namespace = jobset_hook(self.cluster), self.settings.namespace
-
-            def cancel(run_dir: str, step: int) -> bool:
-                return cancel_step_jobset(hook, namespace, dag_run.dag_id, dag_run.run_id, step)
-
-            cancel_above(target.run_dir, target.step, cancel)
-        return result
+    def cancel_step(self, dag_id: str, run_id: str, step: int) -> bool:
+        hook = jobset_hook(self.cluster)
+        return cancel_step_jobset(hook, self.settings.namespace, dag_id, run_id, step)
 
     def render(self, context: Context) -> dict[str, Any]:
-        target = self._target
         dag_run = context["dag_run"]
         return render_jobset(
-            self.settings,
-            role="evaluate",
-            dag_id=dag_run.dag_id,
-            run_id=dag_run.run_id,
-            job=eval_label(target.step),
-            command=self.eval_job.job_command.render(self.eval_values(target.row)),
-            image=self.image,
-            env=self.env,
+            self.settings, role="evaluate", dag_id=dag_run.dag_id, run_id=dag_run.run_id,
+            job=self.eval_label(), command=self.eval_argv(), image=self.image, env=self.env,
             secret_env=self.secret_env,
-        )
+        )  # fmt: skip
 
 
 class EvaluateStepJobSetOperator(EvaluateStep, EvaluateJobSetOperator):

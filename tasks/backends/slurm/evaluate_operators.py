@@ -1,30 +1,27 @@
-"""The operators that evaluate one checkpoint as a Slurm job of the deployment's evaluate job,
-behind the steps of `tasks.run.stages` (a decided or already evaluated step submits nothing),
-importing a foreign result when the job succeeded, both as `tasks.run.evaluate_operator` has
-every backend do them; a pass scancels the higher steps' evaluation jobs (`cancel_step_job`)."""
+"""The evaluate operator of the Slurm backend: `tasks.run.evaluate_operator.EvaluateCheckpoint`
+(the steps of `tasks.run.stages`, a foreign result, the stop of the higher steps after a pass)
+in front of `SlurmJobOperator`, the job labelled and filled for the checkpoint; a higher step's
+evaluation is stopped by scancelling its job (`adapter.cancel_step_job`), and such a job's task
+ends skipped, naming the step that passed."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tasks.backend_api.lifecycle_names import WATCHING, event_phase
+from tasks.backend_api.lifecycle_names import TRAIN_LABEL, WATCHING, event_phase
 from tasks.backends.slurm.adapter import cancel_step_job, hook_for, job_name, job_ref, running_job
 from tasks.backends.slurm.operators import SlurmJobOperator
 from tasks.backends.slurm.settings import SlurmSettings
 from tasks.backends.slurm.triggers import FINISHED, SlurmJobTrigger
 from tasks.jobs.templates import EvaluateJob
-from tasks.jobs.values import evaluate_values
-from tasks.names import TRAIN_TASK_ID
-from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep, eval_label
-from tasks.run.stages import EvalTarget, cancel_above, skip_if_decided
+from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
+from tasks.run.stages import EvalTarget, skip_if_decided
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from rcpflow.records.manifest import ManifestRow
     from tasks.backends.slurm.hooks import JobInfo
-    from tasks.jobs.values import Values
 
 
 class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
@@ -32,7 +29,6 @@ class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
 
     template_fields = (*SlurmJobOperator.template_fields, "run_dir", "row")
     job_started = "the job was submitted"
-    failure_is_stop = True
 
     def __init__(
         self,
@@ -48,44 +44,33 @@ class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
         self.run_dir = run_dir
         self.row = row
 
-    def eval_values(self, row: ManifestRow) -> Values:
-        return evaluate_values(self.run_dir, row, self.settings.python)
+    def eval_python(self) -> str:
+        return self.settings.python
 
     def job_label(self, context: Context) -> str:
-        return eval_label(self.target().step)
+        return self.eval_label()
 
     def job_argv(self, context: Context) -> list[str]:
-        return self.eval_job.job_command.render(self.eval_values(self.target().row))
+        return self.eval_argv()
+
+    def cancel_step(self, dag_id: str, run_id: str, step: int) -> bool:
+        return cancel_step_job(self.settings, dag_id, run_id, step)
 
     def before_job(self, context: Context, target: EvalTarget) -> None:
-        if self.settings.eval_in_training_allocation:
-            self._wait_for_the_training(context, target.step)
-
-    def after_collect(
-        self, context: Context, target: EvalTarget, result: dict[str, Any]
-    ) -> dict[str, Any]:
-        if result["target_reached"]:
-            dag_run = context["dag_run"]
-            settings = self.settings
-
-            def cancel(run_dir: str, step: int) -> bool:
-                return cancel_step_job(settings, dag_run.dag_id, dag_run.run_id, step)
-
-            cancel_above(target.run_dir, target.step, cancel)
-        return result
-
-    def _wait_for_the_training(self, context: Context, step: int) -> None:
         """Under `eval_in_training_allocation` the training's job evaluates in its own
         allocation after the training: while it runs, wait for it (deferred), then look again
         (`after_training`): a step it evaluated is reused, only one it left gets a job."""
+        if not self.settings.eval_in_training_allocation:
+            return
         dag_run = context["dag_run"]
-        name = job_name(dag_run.dag_id, dag_run.run_id, TRAIN_TASK_ID)
-        job = running_job(hook_for(self.settings), name)
+        job = running_job(
+            hook_for(self.settings), job_name(dag_run.dag_id, dag_run.run_id, TRAIN_LABEL)
+        )
         if job is None:
             return
         self.log.info(
             "step %d: the training's Slurm job %s evaluates in its allocation: waiting for it",
-            step, job.job_id,
+            target.step, job.job_id,
         )  # fmt: skip
         self.defer(trigger=self.job_trigger(job_ref(job)), method_name="after_training")
 

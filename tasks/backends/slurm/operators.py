@@ -28,7 +28,8 @@ from tasks.backend_api.job_inputs import cluster_job_env
 from tasks.backend_api.lifecycle_names import ERROR
 from tasks.backend_api.teardown import CancelRecordedJobs
 from tasks.backends.slurm.adapter import hook_for, job_name, job_ref, submit_or_adopt
-from tasks.backends.slurm.script import BatchJob, InAllocationEval
+from tasks.backends.slurm.in_allocation import in_allocation_eval
+from tasks.backends.slurm.script import BatchJob
 from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings
 from tasks.backends.slurm.triggers import FINISHED, REUSED, SlurmJobTrigger, connection_kwargs
 from tasks.jobs.command import Role
@@ -100,17 +101,7 @@ class SlurmJobOperator(ClusterJobOperator):
             log_dir=self.settings.log_dir,
             env=env,
             secret_env=self.shape.secret_env,
-            then_evaluate=self._then_evaluate(),
-        )
-
-    def _then_evaluate(self) -> InAllocationEval | None:
-        then = self.then_evaluate
-        if then is None:
-            return None
-        if not isinstance(then, Mapping):
-            raise ValueError(f"then_evaluate must be a mapping, got {then!r}")
-        return InAllocationEval(
-            **{**then, "argv": tuple(then["argv"]), "env": dict(then.get("env") or {})}
+            then_evaluate=in_allocation_eval(self.then_evaluate),
         )
 
     def execute(self, context: Context) -> Any:
