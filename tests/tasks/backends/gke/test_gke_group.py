@@ -82,7 +82,7 @@ from tasks.backends.gke.settings import GkeSettings
 
 # A watch with a 0.3 s error budget, so that a test outage outlasts it many times.
 SETTINGS = GkeSettings(
-    use_dns_endpoint=True, poll_interval_s=0.05, api_error_budget_s=0.3, ttl_after_finished_s=600
+    use_dns_endpoint=True, poll_interval_s=0.05, outage_budget_s=0.3, ttl_after_finished_s=600
 )
 
 
