@@ -21,6 +21,7 @@ from airflow.sdk import Param, TaskGroup, XComArg, task, task_group
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from rcpflow.verdict.stop_request import request_stop
+from tasks.names import TRAIN_TASK_ID
 from tasks.run.evaluation_group import RCP_VIEW_DOC, check, finalize
 from tasks.run.operators import WaitForCheckpointOperator
 from tasks.run.spec import RunSpec, XComValue
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRAIN_GROUP_ID = "train"
+TRAIN_GROUP_ID = TRAIN_TASK_ID
 
 
 @task
