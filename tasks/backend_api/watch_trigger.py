@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -56,7 +56,10 @@ class WatchTrigger(BaseTrigger):
     stop_seen: float | None
     outage_since: float | None
     # Said in the log and the outage message: what failed to answer.
-    cluster_word = "cluster"
+    cluster_word: ClassVar[str] = "cluster"
+    # The kwargs holding the outage budget and the backoff ceiling (seconds), by the names each
+    # backend's triggers were stored with.
+    outage_kwargs: ClassVar[tuple[str, str]]
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -86,6 +89,14 @@ class WatchTrigger(BaseTrigger):
         if self.stop_seen is not None and now() - self.stop_seen >= self.stop_grace_s:
             return seen_now, f"still running {self.stop_grace_s:.0f} s after the stop request"
         return seen_now, None
+
+    def outage_budget(self) -> float:
+        """Seconds of failed reads after which the trigger re-defers (`UNREACHABLE`)."""
+        return float(getattr(self, self.outage_kwargs[0]))
+
+    def backoff_ceiling(self) -> float:
+        """The longest wait between failed reads."""
+        return float(getattr(self, self.outage_kwargs[1]))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         where = self.where()
@@ -146,14 +157,6 @@ class WatchTrigger(BaseTrigger):
 
     def where(self) -> str:
         """The job as the log names it."""
-        raise NotImplementedError
-
-    def outage_budget(self) -> float:
-        """Seconds of failed reads after which the trigger re-defers (`UNREACHABLE`)."""
-        raise NotImplementedError
-
-    def backoff_ceiling(self) -> float:
-        """The longest wait between failed reads."""
         raise NotImplementedError
 
     async def read(self) -> Any:

@@ -107,6 +107,7 @@ class JobSetTrigger(WatchTrigger):
         self.cluster = dict(self.cluster)
 
     cluster_word = "Kubernetes API"
+    outage_kwargs = ("api_error_budget_s", "api_backoff_max_s")
 
     def running_time(self, now: float) -> float:
         """Seconds the JobSet has run (not suspended) up to `now`."""
@@ -114,12 +115,6 @@ class JobSetTrigger(WatchTrigger):
 
     def where(self) -> str:
         return f"JobSet {self.namespace}/{self.name}"
-
-    def outage_budget(self) -> float:
-        return self.api_error_budget_s
-
-    def backoff_ceiling(self) -> float:
-        return self.api_backoff_max_s
 
     async def read(self) -> dict[str, Any]:
         try:

@@ -68,6 +68,7 @@ class SlurmJobTrigger(WatchTrigger):
     stdout_path: str = ""
     _hook: AsyncSlurmHook | None = field(default=None, init=False)
     _line: str = field(default="", init=False)  # the last state line logged
+    outage_kwargs = ("outage_report_s", "backoff_max_s")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -95,12 +96,6 @@ class SlurmJobTrigger(WatchTrigger):
 
     def where(self) -> str:
         return f"Slurm job {self.job['job_id']} ({self.job['name']})"
-
-    def outage_budget(self) -> float:
-        return self.outage_report_s
-
-    def backoff_ceiling(self) -> float:
-        return self.backoff_max_s
 
     async def read(self) -> JobInfo:
         from tasks.backends.slurm.hooks import SubmittedJob
