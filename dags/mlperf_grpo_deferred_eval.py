@@ -13,8 +13,8 @@ from tasks.backends.registry import backend_for
 from tasks.deployment import load_deployment
 from tasks.names import DEFERRED_EVAL_DAG_ID
 from tasks.run.evaluation_group import evaluation_group
+from tasks.run.results_tree_import import import_eval_tree, tree_params
 from tasks.run.spec import existing_run
-from tasks.run.tree_import import import_eval_tree, tree_params
 
 BACKEND = backend_for(load_deployment())
 

@@ -3,7 +3,10 @@
 Read at DAG-parse time, cheaply: a TOML file named by ``RCPFLOW_DEPLOYMENT``, else the embedded
 local default; relative paths resolve against the file's folder. A backend's own table (``[gke]``)
 is read by the settings class its backend registers (`register_table`), so this module imports
-no backend: import `tasks.backends.registry` before loading a deployment that has one.
+no backend and knows none by name: which names exist and what each backend makes of the
+``[jobs]`` keys only some run (an image, Secret envs) is the registry's
+(`tasks.backend_api.protocol`). Import `tasks.backends.registry` before loading a deployment
+that has a backend table.
 """
 
 from __future__ import annotations
@@ -11,14 +14,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import sys
 import tomllib
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rcpflow.recipe import MAX_STEPS_LIMIT, Division
 
@@ -34,8 +37,10 @@ ENV_VAR = "RCPFLOW_DEPLOYMENT"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EMBEDDED = "<embedded default>"
 
-BackendName = Literal["local", "gke", "slurm"]
-BACKEND_NAMES: tuple[BackendName, ...] = typing.get_args(BackendName)
+# A backend's name, as its class registers it (`tasks.backend_api.protocol.register`); the
+# names are the registry's, so this module checks only the shape of one.
+BackendName = str
+BACKEND_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 T = TypeVar("T")
 # A backend's settings table (name -> its frozen dataclass), registered by the backend's module.
@@ -130,19 +135,10 @@ class Deployment:
 
     def __post_init__(self) -> None:
         check_plain_env("job_env", self.job_env, reserved=False)  # as [jobs.*.env]: names
-        # On Slurm an image is a Pyxis container, a secret a reference on the cluster: settings
-        # of the [slurm] table's roles (the third item).
-        for keys, only_gke, slurm_key in (
-            (self.jobs.images(), "only the gke backend runs images", "container_image"),
-            (self.jobs.secret_envs(), "Kubernetes Secrets are the gke backend's", "secret_env"),
-        ):
-            for key in keys:
-                if self.backend != "gke":
-                    raise SettingError(
-                        f"jobs.{key}",
-                        f"{only_gke} (backend is {self.backend!r})"
-                        + _on_slurm(self.backend, key, slurm_key),
-                    )
+        if not BACKEND_NAME.fullmatch(self.backend):
+            raise SettingError(
+                "backend", f"{self.backend!r} is not a backend name ({BACKEND_NAME.pattern})"
+            )
         for name, value, minimum, maximum in (
             ("eval_window", self.eval_window, 1, MAX_EVAL_WINDOW),
             ("train_timeout_minutes", self.train_timeout_minutes, 1, MAX_TIMEOUT_MINUTES),
@@ -189,10 +185,7 @@ class Deployment:
         return self.submission_schedule or None
 
 
-def _on_slurm(backend: str, key: str, setting: str) -> str:
-    """What a ``jobs.<role>.<key>`` is on the slurm backend, as a hint."""
-    role = key.split(".")[0]
-    return f"; on slurm give slurm.{role}.{setting}" if backend == "slurm" else ""
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Deployment))
 
 
 def parse_deployment(text: str, *, source: str, base_dir: Path) -> Deployment:
@@ -201,12 +194,14 @@ def parse_deployment(text: str, *, source: str, base_dir: Path) -> Deployment:
         table = tomllib.loads(text)
         tables = {k: read_table(_TABLES[k], v, k) for k, v in table.items() if k in _TABLES}
         rest = {k: v for k, v in table.items() if k not in _TABLES}
-        for name in BACKEND_NAMES:
-            if isinstance(rest.get(name), dict):
+        for name, value in rest.items():
+            # A table that is no key of the file: a backend's, whose module nobody imported.
+            if isinstance(value, dict) and name not in _FIELDS:
                 raise SettingError(
                     name,
-                    f"the {name} backend's settings table is not registered "
-                    "(import tasks.backends.registry before loading a deployment)",
+                    f"no key of the deployment and no registered backend's settings table "
+                    f"(registered: {', '.join(sorted(_TABLES)) or 'none'}; import "
+                    "tasks.backends.registry before loading a deployment)",
                 )
         fixed = {"source": source, "tables": MappingProxyType(tables)}
         deployment = read_table(Deployment, rest, fixed=fixed)

@@ -32,7 +32,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 
 from plugins.rcp_view import URL_PREFIX, pages
 from plugins.rcp_view.train_log import dag_run_of, run_dags, with_trainer_log
-from rcpflow.files.layout import RunLayout, is_gcs, join
+from rcpflow.files.layout import MANIFEST_NAME, RunLayout, is_gcs, join
 from rcpflow.files.storage import StorageError, storage_for
 from tasks.deployment import load_deployment
 from tasks.names import SUBMISSION_DAG_ID
@@ -323,7 +323,7 @@ def create_app() -> FastAPI:
 
     @app.get("/file/manifest")
     def manifest_file(path: RunPath) -> Response:
-        return _text_file(RunLayout(_run_dir(path)).manifest, "eval_checkpoints.jsonl")
+        return _text_file(RunLayout(_run_dir(path)).manifest, MANIFEST_NAME)
 
     @app.get("/file/summary")
     def summary_file(path: RunPath, step: Annotated[int, Query(ge=0, le=2**62)]) -> Response:

@@ -133,10 +133,10 @@ def _manifest_import(args: argparse.Namespace) -> int:
     training_info.json), each checkpoint verified; exit 0 imported (or nothing new), 1 refused
     (names the step, file and field; nothing written)"""
     from rcpflow.records.nemo_rl import NemoRLError
-    from rcpflow.trainer.nemo_rl_import import import_tree
+    from rcpflow.trainer.nemo_rl_import import import_checkpoint_tree
 
     try:
-        result = import_tree(
+        result = import_checkpoint_tree(
             args.run_dir, args.root, seed=args.seed, val_start_at=args.val_start_at
         )
     except NemoRLError as e:
@@ -255,7 +255,7 @@ def _usage(args: argparse.Namespace, message: str) -> int:
 def _eval_import(args: argparse.Namespace) -> int:
     """verify another evaluator's result and write eval/step_N/summary.json; exit 0 imported, 1
     invalid (names the file, field or line; nothing written), 2 usage"""
-    from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_tree
+    from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_results_tree
 
     times = (args.eval_start_ms, args.eval_stop_ms)
     if (times[0] is None) != (times[1] is None):
@@ -269,7 +269,7 @@ def _eval_import(args: argparse.Namespace) -> int:
 
         try:
             with Progress("importing", 0) as progress:  # the tree's step count, once listed
-                result = import_tree(
+                result = import_results_tree(
                     args.run_dir,
                     args.from_tree,
                     progress,
@@ -322,7 +322,8 @@ def _command(
 def _forecast(args: argparse.Namespace) -> int:
     """time to verdict, chip-hours and wasted evaluations of a run, simulated with the run DAG's
     rules; exit 0, 2 usage (names the flag)"""
-    from rcpflow.planning.forecast import ForecastUsageError, render_text, report, request_from
+    from rcpflow.cli.forecast import render_text, report, request_from
+    from rcpflow.planning.forecast import ForecastUsageError
 
     try:
         request = request_from(args)
@@ -420,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--log-dir", default=None, help="where the checker's own log goes")
 
-    from rcpflow.planning.forecast import add_arguments
+    from rcpflow.cli.forecast import add_arguments
 
     fc = _command(sub, "forecast", _forecast)
     add_arguments(fc)

@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Callable
 
-from rcpflow.files.layout import MANIFEST_NAME, is_gcs
+from rcpflow.files.layout import MANIFEST_NAME, MLLOG_DIR, RunLayout, is_gcs
 
 _SEED = re.compile(r"seed_(\d+)")
 _RUN_FOLDER = "a run folder holds mllog/"
@@ -25,7 +25,7 @@ def _shown(given: str, path: str) -> str:
 
 
 def _is_run(path: str) -> bool:
-    return os.path.isdir(path) and os.path.exists(os.path.join(path, "mllog"))
+    return os.path.isdir(path) and os.path.exists(RunLayout(path).mllog_dir)
 
 
 def _order(name: str) -> tuple[int, str]:
@@ -118,17 +118,17 @@ def _file_problem(given: str, what: str, pick: Callable[[str], str]) -> str | No
         return f"{given}: does not exist{_why_missing(given, path)}; give {what}"
     if not os.path.isdir(path):
         return None
-    if os.path.basename(path) == "mllog" and _is_run(os.path.dirname(path)):
+    if os.path.basename(path) == MLLOG_DIR and _is_run(os.path.dirname(path)):
         mean = _shown(given, os.path.join(path, pick(path)))
         return f"{given}: is a run's mllog folder, not {what}; did you mean {mean}?"
     if _is_run(path):
-        mllog = os.path.join(path, "mllog")
+        mllog = RunLayout(path).mllog_dir
         mean = _shown(given, os.path.join(mllog, pick(mllog)))
         return f"{given}: is a run folder, not {what}; did you mean {mean}?"
     below = _runs_below(path)
     if below is not None:
         kind, runs = below
-        tail = ("mllog", pick(os.path.join(runs[0], "mllog")))
+        tail = (MLLOG_DIR, pick(RunLayout(runs[0]).mllog_dir))
         return f"{given}: is {kind}, not {what}; {_did_you_mean(given, runs, tail)}"
     return None
 

@@ -5,6 +5,13 @@
 <run_dir>/checkpoints/<step>/            Orbax checkpoint of that step
 <run_dir>/eval/step_<step>/summary.json  evaluation of that checkpoint (+ attempts/)
 <run_dir>/stop_request.json              the verdict is decided: the trainer may stop
+<run_dir>/owner.json                     the lease of the trainer that holds the run
+<run_dir>/eval_schedule.json             when the run's checkpoints are evaluated (its plan's)
+<run_dir>/checks/<tool>.json             the verdict of an official checker (a submission
+                                         folder keeps its checkers' verdicts the same way)
+
+Every module that reads or writes one of these asks `RunLayout` (or `check_verdict`) for its
+path: one home per file name.
 """
 
 from __future__ import annotations
@@ -14,6 +21,9 @@ import posixpath
 from dataclasses import dataclass
 
 MANIFEST_NAME = "eval_checkpoints.jsonl"
+MLLOG_DIR = "mllog"
+CHECKPOINTS_DIR = "checkpoints"
+CHECKS_DIR = "checks"
 
 
 def is_gcs(path: str) -> bool:
@@ -55,6 +65,26 @@ def normalize_root(root: str) -> str:
     return os.path.abspath(root)
 
 
+def mllog_name(seed: int) -> str:
+    """Seed `seed`'s MLLOG in ``mllog/`` (the name a manifest row gives, relative to it)."""
+    return f"seed_{seed}.out"
+
+
+def check_verdict_name(tool: str) -> str:
+    """A checker's verdict file relative to its folder (how problems name it)."""
+    return f"{CHECKS_DIR}/{tool}.json"
+
+
+def checks_dir(folder: str) -> str:
+    """Where a run folder or a submission folder keeps its checkers' verdicts and logs."""
+    return join(folder, CHECKS_DIR)
+
+
+def check_verdict(folder: str, tool: str) -> str:
+    """`tool`'s verdict in a run folder or a submission folder."""
+    return join(folder, check_verdict_name(tool))
+
+
 @dataclass(frozen=True)
 class RunLayout:
     """Paths of one run (one seed of a submission)."""
@@ -68,18 +98,18 @@ class RunLayout:
 
     @property
     def mllog_dir(self) -> str:
-        return join(self.root, "mllog")
+        return join(self.root, MLLOG_DIR)
 
     @property
     def manifest(self) -> str:
         return join(self.mllog_dir, MANIFEST_NAME)
 
     def mllog(self, seed: int) -> str:
-        return join(self.mllog_dir, f"seed_{seed}.out")
+        return join(self.mllog_dir, mllog_name(seed))
 
     @property
     def checkpoints_dir(self) -> str:
-        return join(self.root, "checkpoints")
+        return join(self.root, CHECKPOINTS_DIR)
 
     def checkpoint(self, step: int) -> str:
         return join(self.checkpoints_dir, str(step))
@@ -101,3 +131,21 @@ class RunLayout:
     def stop_request(self) -> str:
         """Where the orchestrator asks the trainer to stop, once the verdict is decided."""
         return join(self.root, "stop_request.json")
+
+    @property
+    def owner(self) -> str:
+        """The lease of the trainer that holds the run (`rcpflow.trainer.ownership`)."""
+        return join(self.root, "owner.json")
+
+    @property
+    def eval_schedule(self) -> str:
+        """The schedule the run's plan recorded (`rcpflow.verdict.schedule_record`)."""
+        return join(self.root, "eval_schedule.json")
+
+    @property
+    def checks_dir(self) -> str:
+        return checks_dir(self.root)
+
+    def check(self, tool: str) -> str:
+        """The run's verdict of the official checker `tool` (`tasks.results.verdicts`)."""
+        return check_verdict(self.root, tool)

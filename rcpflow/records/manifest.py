@@ -17,7 +17,7 @@ from typing import Any
 
 from rcpflow import recipe
 from rcpflow.files import jsonio
-from rcpflow.files.layout import dirname, join, normalized, resolve
+from rcpflow.files.layout import dirname, join, mllog_name, normalized, resolve
 from rcpflow.files.storage import storage_for
 from rcpflow.files.usererrors import describe
 from rcpflow.records.mllog import MLLogError, read_events, run_start_ms
@@ -222,7 +222,7 @@ def _check_own_mllog(rows: Sequence[ManifestRow], base: str, where: str) -> None
     """Every row must name this run's own MLLOG, ``seed_<seed>.out`` beside the manifest: a row
     pointing anywhere else would have finalize read and rewrite another run's log."""
     for r in rows:
-        own = join(base, f"seed_{r.seed}.out")
+        own = join(base, mllog_name(r.seed))
         if normalized(r.mllog_file) != normalized(own):
             raise ManifestError(
                 f"{where}: step {r.step}: mllog_file resolves to {r.mllog_file}, not this run's "

@@ -38,7 +38,7 @@ FORMATS = ("nemo-rl",)
 
 
 @dataclass(frozen=True)
-class TreeImport:
+class CheckpointTreeImport:
     root: str
     added: tuple[int, ...]
     rows: int  # rows in the manifest after the import
@@ -54,14 +54,14 @@ class TreeImport:
         return text + (f"; ignored: {', '.join(self.ignored)}" if self.ignored else "")
 
 
-def import_tree(
+def import_checkpoint_tree(
     run_dir: str,
     root: str,
     *,
     seed: int | None = None,
     val_start_at: int | None = None,
     allow_empty: bool = False,
-) -> TreeImport:
+) -> CheckpointTreeImport:
     """Verify NeMo-RL's tree at `root` and append its new checkpoints to `run_dir`'s manifest.
     `val_start_at`: default the manifest's, else the recipe's. `allow_empty`: a tree without a
     checkpoint yet is no error (a poll while training runs). Raises `NemoRLError`."""
@@ -115,7 +115,7 @@ def import_tree(
                                 for s in tree.steps if s < start)]  # fmt: skip
     if not steps:
         if allow_empty:
-            return TreeImport(tree.root, (), len(current), tuple(ignored))
+            return CheckpointTreeImport(tree.root, (), len(current), tuple(ignored))
         only = f" (only {', '.join(tree.partial)}: saves not yet renamed)" if tree.partial else ""
         raise NemoRLError(
             f"{tree.root}: no step_<N>/ checkpoint from the validation start {start}{only}"
@@ -160,7 +160,7 @@ def import_tree(
         raise NemoRLError(f"{log_path}: {describe_section(problems)}")
     if new:
         _append(layout.manifest, new)
-    return TreeImport(tree.root, tuple(r.step for r in new), len(merged), tuple(ignored))
+    return CheckpointTreeImport(tree.root, tuple(r.step for r in new), len(merged), tuple(ignored))
 
 
 def _append(path: str, new: list[ManifestRow]) -> None:

@@ -40,12 +40,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 
 from rcpflow.files import jsonio
-from rcpflow.files.layout import RunLayout, dirname, join
+from rcpflow.files.layout import RunLayout, dirname
 from rcpflow.files.storage import StorageError, pid_alive, storage_for
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "owner.json"
+# The lease file's format id: a literal that never follows a module move (tests/test_format_ids.py).
 FORMAT = "rcpflow.owner.v1"
 OWNER_ENV = "RCPFLOW_RUN_OWNER"
 TIMEOUT_ENV = "RCPFLOW_LEASE_TIMEOUT_S"
@@ -75,7 +75,7 @@ class _Unchanged(Exception):
 
 
 def lease_path(run_dir: str) -> str:
-    return join(RunLayout(run_dir).root, LEASE_NAME)
+    return RunLayout(run_dir).owner
 
 
 def now_ms() -> int:

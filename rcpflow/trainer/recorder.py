@@ -16,7 +16,7 @@ from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from rcpflow import recipe
-from rcpflow.files.layout import RunLayout, join
+from rcpflow.files.layout import RunLayout, join, mllog_name
 from rcpflow.files.storage import StorageError, storage_for
 from rcpflow.records import manifest
 from rcpflow.records.manifest import ManifestError, ManifestRow
@@ -119,7 +119,7 @@ def build_row(
                 "max_steps": max_steps,
                 "target_accuracy": target_accuracy,
                 "seed": seed,
-                "mllog_file": f"seed_{seed}.out",
+                "mllog_file": mllog_name(seed),
                 **extra,
             },
             where=f"step {step}",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import time
 
-from rcpflow.files.layout import MANIFEST_NAME, RunLayout, join
+from rcpflow.files.layout import MANIFEST_NAME, MLLOG_DIR, RunLayout, join
 from rcpflow.files.storage import storage_for
 from rcpflow.trainer import ownership
 
@@ -27,7 +27,7 @@ class ResetError(ValueError):
 def _moved(parts: list[str]) -> bool:
     """A log or the manifest directly in ``mllog/`` (`parts`: the path's last three parts)."""
     name = parts[-1]
-    return parts[-2] == "mllog" and (name == MANIFEST_NAME or bool(_LOG_NAME.fullmatch(name)))
+    return parts[-2] == MLLOG_DIR and (name == MANIFEST_NAME or bool(_LOG_NAME.fullmatch(name)))
 
 
 def reset_run(run_dir: str, now_s: float | None = None) -> tuple[str, tuple[str, ...]]:

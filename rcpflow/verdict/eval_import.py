@@ -3,8 +3,9 @@
 A source (local or ``gs://``) is a summary (rcpflow's or Tunix's) or per-attempt records
 (`rcpflow.records.attempts`); it must be about manifest row N's checkpoint and is verified as every
 summary is. Anything not valid is refused naming the file, field or line, and nothing is
-written; eval times are never invented; the MLLOG is never touched. `import_tree` backfills a
-Tunix-style tree. Why: docs/design.md (verification of foreign inputs).
+written; eval times are never invented; the MLLOG is never touched. `import_results_tree`
+backfills a Tunix-style results tree (not to be confused with a trainer's checkpoint tree,
+`rcpflow.trainer.nemo_rl_import`). Why: docs/design.md (verification of foreign inputs).
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class StepImport:
 
 
 @dataclass(frozen=True)
-class TreeImport:
+class ResultsTreeImport:
     tree: str
     steps: tuple[StepImport, ...]
     skipped: tuple[str, ...] = ()  # what the walk did not follow, and why (symlinks out)
@@ -444,7 +445,7 @@ def tree_summaries(tree: str) -> dict[int, list[str]]:
     return _tree_summaries(tree)[0]
 
 
-def tree_listing(tree: str) -> tuple[dict[int, list[str]], tuple[str, ...]]:
+def results_tree_listing(tree: str) -> tuple[dict[int, list[str]], tuple[str, ...]]:
     """`tree_summaries` and what the walk skipped, each named with why (links out of the tree,
     dangling links, unlistable folders)."""
     return _tree_summaries(tree)
@@ -503,14 +504,14 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def import_tree(
+def import_results_tree(
     run_dir: str,
     tree: str,
     progress: Progress | None = None,
     *,
     eval_times_from: str | None = None,
     reopen: bool = False,
-) -> TreeImport:
+) -> ResultsTreeImport:
     """Per step of `tree`, import the newest attempt that is complete and valid (eval times from
     the source, else from the MLLOG `eval_times_from`)."""
     found, skipped = _tree_summaries(tree)
@@ -531,4 +532,4 @@ def import_tree(
             except EvalImportError as e:
                 rejected.append((source, str(e)))
         steps.append(StepImport(step=step, imported=imported, rejected=tuple(rejected)))
-    return TreeImport(tree=tree, steps=tuple(steps), skipped=skipped)
+    return ResultsTreeImport(tree=tree, steps=tuple(steps), skipped=skipped)

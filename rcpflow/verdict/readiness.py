@@ -25,15 +25,41 @@ from rcpflow.verdict.schedule import EvalSchedule
 Decision = Literal["go", "wait", "skip"]
 # Why: committed (go), pending (wait), decided / ended / training_failed (skip).
 Reason = Literal["committed", "pending", "decided", "ended", "training_failed"]
+SkipReason = Literal["decided", "ended", "training_failed"]
 # The train group's progress as the orchestrator sees it (None: not read).
 TrainingState = Literal["not_started", "running", "succeeded", "failed"]
 
 
-def decided_sentence(step: int, passed: int) -> str:
-    return (
-        f"step {step}: skipped, not evaluated: step {passed} already passed the target, "
-        "which decided the run"
-    )
+def skip_sentence(
+    step: int,
+    reason: SkipReason,
+    *,
+    stopped: bool = False,
+    passed: int | None = None,
+    target_accuracy: float | None = None,
+    detail: str | None = None,
+    train_group: str | None = None,
+) -> str:
+    """Why `step`'s evaluation is skipped, in the one sentence every skip logs first (the waits
+    on the triggerer, their operator and the evaluate task all say it this way).
+
+    ``decided``: step `passed` already passed (`target_accuracy`, when known, is named;
+    `stopped`: the step's job was running and was stopped after that pass); ``ended``: training
+    stopped without the step (`detail` says how); ``training_failed``: the train group (by its
+    id, `train_group`, when known) failed."""
+    if reason == "decided":
+        what = "its evaluation was stopped" if stopped else "not evaluated"
+        above = (
+            "" if target_accuracy is None else f" (its valid summary is above {target_accuracy})"
+        )
+        return (
+            f"step {step}: skipped, {what}: step {passed} already passed the target{above}, "
+            "which decided the run"
+        )
+    if reason == "training_failed":
+        who = "training" if train_group is None else f"the {train_group} group"
+        return f"step {step}: skipped: {who} failed"
+    return f"step {step}: skipped: {detail}"
 
 
 # The answer: go, wait or skip, why, the sentence the task logs (a skip's reason is the first
@@ -57,18 +83,18 @@ def readiness(
     block_stop), `passed` (the lowest step whose valid summary passes, `gate.lowest_passing`),
     `schedule` and, when known, `training` (the train group's state)."""
     if passed is not None and passed < step:
-        return Readiness("skip", "decided", decided_sentence(step, passed))
+        return Readiness("skip", "decided", skip_sentence(step, "decided", passed=passed))
     progress = snapshot.progress(step)
     if progress.state == "ended":
-        return Readiness("skip", "ended", f"step {step}: skipped: {progress.detail}")
+        return Readiness("skip", "ended", skip_sentence(step, "ended", detail=progress.detail))
     halted = snapshot.ended_at is not None or training == "succeeded"
     if progress.state == "committed" and (schedule == "during_training" or halted):
         return Readiness("go", "committed", progress.detail, progress.row)
     if training is None:
         return Readiness("wait", "pending", progress.detail, needs_training=True)
     if training == "failed":
-        return Readiness("skip", "training_failed", f"step {step}: skipped: training failed")
+        return Readiness("skip", "training_failed", skip_sentence(step, "training_failed"))
     if training == "succeeded":  # and the step has no row
-        sentence = f"step {step}: skipped: training finished without a checkpoint of step {step}"
-        return Readiness("skip", "ended", sentence)
+        detail = f"training finished without a checkpoint of step {step}"
+        return Readiness("skip", "ended", skip_sentence(step, "ended", detail=detail))
     return Readiness("wait", "pending", progress.detail)

@@ -1,6 +1,7 @@
 """When a run's checkpoints are evaluated, in the rules' words: the schedule vocabulary
 (`EvalSchedule`) and what training_policies #596 says about each schedule, one home for the
-deployment, the Params, the forecast, the run's record (`tasks.run.schedules`) and the report.
+deployment, the Params, the forecast, the run's record (`rcpflow.verdict.schedule_record`) and
+the report.
 
 ``after_training`` (the default) evaluates once training has halted, the rules' own wording;
 ``during_training`` evaluates while training runs and stops training at the verdict, which the

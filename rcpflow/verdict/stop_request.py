@@ -34,7 +34,13 @@ from rcpflow.verdict.finalize import FinalizeInputError, decide
 
 log = logging.getLogger(__name__)
 
+# The file's format id, a literal that never follows a module move (a trainer started before an
+# upgrade reads the request the upgraded orchestrator writes). Written: the id of the previous
+# release, whose trainers read only it. Read as well: the id the releases before that wrote (it
+# changed once, with a module move), so a trainer resuming a run finds their request too.
 FORMAT = "rcpflow.verdict.stop_request.v1"
+OLDER_FORMATS = ("rcpflow.stop_request.v1",)
+READ_FORMATS = (FORMAT, *OLDER_FORMATS)
 
 
 class StopRequestError(ValueError):
@@ -59,8 +65,8 @@ class StopRequest:
             d = jsonio.load_bytes(data, where)  # depth-limited, strict: never a RecursionError
         except jsonio.JSONInputError as exc:
             raise StopRequestError(str(exc)) from exc
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise StopRequestError(f"{where}: format is not {FORMAT!r}")
+        if not isinstance(d, dict) or d.get("format") not in READ_FORMATS:
+            raise StopRequestError(f"{where}: format is not one of {READ_FORMATS}")
         run = d.get("run")
         if not isinstance(run, dict) or set(run) != set(RunIdentity.__dataclass_fields__):
             raise StopRequestError(

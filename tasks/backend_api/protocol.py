@@ -4,6 +4,8 @@ A backend builds the nodes that run jobs: the training job of a run and the mapp
 of its checkpoints; the group factories of `tasks.run` never ask which one they were given.
 Each backend module registers its class here (`register`); this module imports none of them.
 Code that needs a backend by name imports `tasks.backends.registry`, which imports them all.
+The backend names are the registry's: a deployment naming another is refused by `backend_for`,
+as is a ``[jobs]`` key (an image, a Secret env) its backend does not run (`JobKeys`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 from rcpflow.recipe import Division
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE
-from tasks.deployment import BACKEND_NAMES, BackendName, Deployment, EvalSchedule
+from tasks.deployment import (
+    BACKEND_NAME,
+    BackendName,
+    Deployment,
+    DeploymentError,
+    EvalSchedule,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
@@ -31,8 +39,20 @@ class FormDefaults:
     eval_window: int = 1
 
 
+@dataclass(frozen=True)
+class JobKeys:
+    """What a backend makes of the ``[jobs.<role>]`` keys that only some backends run: True,
+    it runs them; a string, the key of its own table's role that holds the same thing there
+    (named in the refusal, e.g. Slurm's ``container_image``); False, nothing."""
+
+    image: bool | str = False
+    secret_env: bool | str = False
+
+
 class Backend(Protocol):
     name: ClassVar[BackendName]
+    # What the deployment's [jobs.<role>] image and secret_env keys are to this backend.
+    job_keys: ClassVar[JobKeys]
     # The jobs run on the Airflow worker itself, so this machine is the system a submission
     # describes by default; otherwise the submission must name its system.
     jobs_run_on_worker: ClassVar[bool]
@@ -73,8 +93,8 @@ _BACKENDS: dict[BackendName, type[Backend]] = {}
 
 def register(cls: B) -> B:
     """Class decorator of a backend: `backend_for` finds it by its `name`."""
-    if cls.name not in BACKEND_NAMES:
-        raise ValueError(f"backend {cls.name!r} is not a BackendName ({', '.join(BACKEND_NAMES)})")
+    if not BACKEND_NAME.fullmatch(cls.name):
+        raise ValueError(f"backend {cls.name!r} is not a backend name ({BACKEND_NAME.pattern})")
     if _BACKENDS.setdefault(cls.name, cls) is not cls:
         raise ValueError(f"backend {cls.name!r} is already registered ({_BACKENDS[cls.name]})")
     return cls
@@ -94,10 +114,43 @@ def backend_type(name: BackendName) -> type[Backend]:
         ) from None
 
 
+def _chosen(deployment: Deployment) -> type[Backend]:
+    """The class of the backend the deployment names; a name nobody registered is the
+    deployment's error, naming its file and key."""
+    found = _BACKENDS.get(deployment.backend)
+    if found is None:
+        raise DeploymentError(
+            f"{deployment.source}: backend: {deployment.backend!r} is not a registered backend "
+            f"({', '.join(sorted(_BACKENDS)) or 'none registered'})"
+        )
+    return found
+
+
+def _check_job_keys(deployment: Deployment, cls: type[Backend]) -> None:
+    """Refuse a ``[jobs]`` image or secret_env that the chosen backend does not run, naming the
+    backends that do and where the chosen one takes it instead."""
+    name = deployment.backend
+    for keys, attr, what in (
+        (deployment.jobs.images(), "image", "runs images"),
+        (deployment.jobs.secret_envs(), "secret_env", "takes Secret envs"),
+    ):
+        taken: bool | str = getattr(cls.job_keys, attr)
+        for key in keys:
+            if taken is True:
+                continue
+            takers = sorted(n for n, c in _BACKENDS.items() if getattr(c.job_keys, attr) is True)
+            role = key.split(".")[0]
+            hint = f"; on {name} give {name}.{role}.{taken}" if taken else ""
+            raise DeploymentError(
+                f"{deployment.source}: jobs.{key}: only the {' or '.join(takers) or 'no'} "
+                f"backend {what} (backend is {name!r}){hint}"
+            )
+
+
 def form_defaults(deployment: Deployment) -> FormDefaults:
     """The trigger forms' defaults: the deployment's ``[form_defaults]``, else its backend's;
     the evaluation schedule and window are the deployment's own keys."""
-    base = backend_type(deployment.backend).form_defaults
+    base = _chosen(deployment).form_defaults
     overrides = deployment.form_defaults
     return FormDefaults(
         division=(overrides.division if overrides else None) or base.division,
@@ -108,5 +161,8 @@ def form_defaults(deployment: Deployment) -> FormDefaults:
 
 
 def backend_for(deployment: Deployment) -> Backend:
-    """The backend the deployment names, built from its settings."""
-    return backend_type(deployment.backend)(deployment)
+    """The backend the deployment names, built from its settings, once its ``[jobs]`` keys are
+    ones that backend runs."""
+    cls = _chosen(deployment)
+    _check_job_keys(deployment, cls)
+    return cls(deployment)

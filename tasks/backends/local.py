@@ -31,7 +31,7 @@ from airflow.sdk import XComArg, get_current_context, task
 
 from rcpflow.records.nemo_rl import NemoRLError
 from tasks.backend_api.job_inputs import job_env, train_inputs, with_run_owner
-from tasks.backend_api.protocol import FormDefaults, register
+from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.deployment import MAX_EVAL_WINDOW, BackendName, Deployment
 from tasks.jobs.processes import send_signal, stop_processes
 from tasks.jobs.result import run_evaluate_job
@@ -219,6 +219,8 @@ class LocalBackend:
     interpreter and environment (``job_env``, then the job's own ``env``)."""
 
     name: ClassVar[BackendName] = "local"
+    # The worker runs no images and holds no Secrets of a cluster.
+    job_keys: ClassVar[JobKeys] = JobKeys()
     jobs_run_on_worker: ClassVar[bool] = True
     # The default jobs are the toy: it learns at its own learning rate (open division) and
     # passes within 40 steps at gbs 256 (the demo's setting).

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rcpflow.files.layout import is_gcs, join
+from rcpflow.files.layout import check_verdict, checks_dir, is_gcs
 from rcpflow.files.storage import storage_for
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class Verdict:
 
 
 def verdict_path(folder: str, tool: str) -> str:
-    return join(folder, "checks", f"{tool}.json")
+    return check_verdict(folder, tool)
 
 
 def tool_log_dir(folder: str) -> str:
@@ -77,7 +77,7 @@ def tool_log_dir(folder: str) -> str:
     local folder, so a temporary one for gs:// (the verdict JSON keeps their output's tail)."""
     if is_gcs(folder):
         return tempfile.mkdtemp(prefix="rcpflow-checks-")
-    path = os.path.join(folder, "checks")
+    path = checks_dir(folder)
     os.makedirs(path, exist_ok=True)
     return path
 

@@ -1,4 +1,4 @@
-"""The run DAG's ``evaluation`` group, for either evaluation schedule (`tasks.run.schedules`).
+"""The run DAG's ``evaluation`` group, for either evaluation schedule (`rcpflow.verdict.schedule`).
 
 It maps a task group ``checkpoint`` over the planned steps (``val_start_at..max_steps``) and
 starts alongside training. Per step: ``wait`` (on the triggerer, no task process) until the

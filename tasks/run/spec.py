@@ -26,9 +26,9 @@ from rcpflow.verdict.schedule import (
     SCHEDULES,
     closed_division_warning,
 )
+from rcpflow.verdict.schedule_record import ScheduleRecord, record_schedule
 from tasks.backend_api.protocol import FormDefaults
 from tasks.deployment import MAX_EVAL_WINDOW, Deployment, EvalSchedule, load_deployment
-from tasks.run.schedules import ScheduleRecord, record_schedule
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ class RunSpec:
 
     @property
     def schedule_record(self) -> ScheduleRecord:
-        """`eval_schedule` and `eval_window` as the plan records them (`tasks.run.schedules`)."""
+        """`eval_schedule` and `eval_window` as the plan records them
+        (`rcpflow.verdict.schedule_record`)."""
         return ScheduleRecord(eval_schedule=self.eval_schedule, eval_window=self.eval_window)
 
     @property
@@ -266,7 +267,7 @@ class RunNotFound(ValueError):
 @task(task_id="plan", multiple_outputs=True)
 def plan_run() -> dict[str, Any]:
     """First task of a run: the validated RunSpec (fails naming the Param, before any job);
-    records the run's evaluation schedule in its folder (`tasks.run.schedules`)."""
+    records the run's evaluation schedule in its folder (`rcpflow.verdict.schedule_record`)."""
     spec = run_spec(get_current_context()["params"])
     check_under_root("run_dir", spec.run_dir, load_deployment())
     log.info("run spec: %s", spec)

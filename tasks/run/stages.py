@@ -27,6 +27,7 @@ from rcpflow.records.nemo_rl import NemoRLError
 from rcpflow.submission.checkers import compliance
 from rcpflow.verdict.finalize import FinalizeInputError, finalize
 from rcpflow.verdict.gate import lowest_passing, passes, valid_summary
+from rcpflow.verdict.readiness import skip_sentence
 from rcpflow.verdict.stop_request import honoured_by
 from rcpflow.verdict.verify import evaluate_step
 from tasks.deployment import load_deployment
@@ -240,10 +241,12 @@ def skip_if_decided(target: EvalTarget, *, stopped: bool = False) -> None:
 
     passed = lowest_passing(target.run_dir, target.rows, below=target.step)
     if passed is not None:
-        what = "its evaluation was stopped" if stopped else "not evaluated"
-        reason = (
-            f"step {target.step}: skipped, {what}: step {passed} already passed the target "
-            f"(its valid summary is above {target.row.target_accuracy}), which decided the run"
+        reason = skip_sentence(
+            target.step,
+            "decided",
+            passed=passed,
+            target_accuracy=target.row.target_accuracy,
+            stopped=stopped,
         )
         log.info("%s", reason)
         raise AirflowSkipException(reason)

@@ -15,7 +15,7 @@ from rcpflow.files.layout import RunLayout
 from rcpflow.records.checkpoint_state import ProgressError
 from rcpflow.records.manifest import ManifestError, read_rows
 from rcpflow.records.nemo_rl import NemoRLError
-from rcpflow.trainer.nemo_rl_import import TreeImport, import_tree
+from rcpflow.trainer.nemo_rl_import import CheckpointTreeImport, import_checkpoint_tree
 from tasks.jobs.templates import TrainResult
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def import_checkpoints(
     val_start_at: int | None = None,
     *,
     allow_empty: bool,
-) -> TreeImport | None:
+) -> CheckpointTreeImport | None:
     """Import the train job's tree, if it leaves one. Without `val_start_at`, only once the
     manifest has rows (they hold it): the first rows come from a caller that knows the run.
     Raises NemoRLError naming the step, file and field."""
@@ -56,7 +56,7 @@ def import_checkpoints(
             raise NemoRLError(str(exc)) from exc
         if not rows:
             return None
-    found = import_tree(
+    found = import_checkpoint_tree(
         run_dir, root, seed=seed, val_start_at=val_start_at, allow_empty=allow_empty
     )
     if found.added:

@@ -46,7 +46,7 @@ from airflow.triggers.base import (
 from rcpflow.records.checkpoint_state import ProgressError, RunSnapshot, run_snapshot
 from rcpflow.records.manifest import ManifestRow
 from rcpflow.verdict import gate
-from rcpflow.verdict.readiness import Readiness, Reason, TrainingState, readiness
+from rcpflow.verdict.readiness import Readiness, Reason, TrainingState, readiness, skip_sentence
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, EvalSchedule
 from tasks.jobs.templates import TrainResult
 from tasks.names import EVALUATE_TASK_ID
@@ -283,7 +283,7 @@ class _CheckpointWait(BaseTrigger):
 
     def _sentence(self, step: int, answer: Readiness) -> str:
         if answer.reason == "training_failed":
-            return f"step {step}: skipped: the {self.train_group_id} group failed"
+            return skip_sentence(step, "training_failed", train_group=self.train_group_id)
         return answer.sentence
 
     async def admitted(self, snapshot: RunSnapshot, admit: Admit | None) -> bool:

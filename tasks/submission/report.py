@@ -18,9 +18,9 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records.decided import logged_run_stop
 from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.verdict.schedule import RULES_WORDING, closed_division_warning
+from rcpflow.verdict.schedule_record import ScheduleRecord, ScheduleRecordError, read_schedule
 from tasks.names import CHECK_TOOLS, COMPLIANCE_TOOL
 from tasks.results.verdicts import Verdict, read_verdict
-from tasks.run.schedules import ScheduleRecord, ScheduleRecordError, read_schedule
 from tasks.run.stages import aborted_words
 from tasks.submission.spec import SubmissionSpec, system_description
 from tasks.views.html_report import rcp_section, write_html_report

@@ -23,8 +23,8 @@ from rcpflow.files.layout import join
 from rcpflow.recipe import Division
 from rcpflow.submission.package import SystemDescription, local_system
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, closed_division_warning
-from tasks.backends.registry import backend_type, form_defaults
-from tasks.deployment import BACKEND_NAMES, BackendName, Deployment, EvalSchedule, load_deployment
+from tasks.backends.registry import backend_type, form_defaults, registered
+from tasks.deployment import BackendName, Deployment, EvalSchedule, load_deployment
 from tasks.run.spec import (
     ParamError,
     RunSpec,
@@ -125,7 +125,7 @@ def submission_params(deployment: Deployment) -> dict[str, Param]:
         "backend": Param(
             deployment.backend,
             type="string",
-            enum=list(BACKEND_NAMES),
+            enum=sorted(registered()),
             title="Backend",
             description=f"Must be this deployment's backend ({deployment.backend}).",
         ),

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 from rcpflow import recipe
 from rcpflow.cli.status import RunStatus, run_status
-from rcpflow.files.layout import RunLayout, is_gcs, join
+from rcpflow.files.layout import CHECKS_DIR, MLLOG_DIR, RunLayout, check_verdict_name, is_gcs, join
 from rcpflow.files.storage import StorageError, storage_for
 from rcpflow.records.decided import LoggedRunStop, logged_run_stop
 from rcpflow.records.manifest import ManifestError, load
@@ -173,7 +173,7 @@ class SubmissionEntry:
         verdicts = self.all_verdicts
         if any(v is not None and not v.ok for v in verdicts):
             return "FAIL"
-        lost = f"checks/{COMPLIANCE_TOOL}.json"
+        lost = check_verdict_name(COMPLIANCE_TOOL)
         if self.problems or any(p.startswith(lost) for r in self.runs for p in r.run.problems):
             return "UNREADABLE"
         return "PASS" if all(v is not None for v in verdicts) else "PENDING"
@@ -240,14 +240,14 @@ def seeds_of(folder: str) -> list[int]:
 def _made_by_submission_dag(folder: str) -> bool:
     """The submission DAG's own files: verdicts of its checks, the package, the report."""
     children = set(_child_dirs(folder))
-    if children & {"checks", "submission"}:
+    if children & {CHECKS_DIR, "submission"}:
         return True
     report = join(folder, REPORT_MD)
     return storage_for(report).exists(report)
 
 
 def _is_run(folder: str) -> bool:
-    return "mllog" in _child_dirs(folder)
+    return MLLOG_DIR in _child_dirs(folder)
 
 
 def index(root: str, submission_runs: Collection[str] = ()) -> Index:
@@ -309,9 +309,9 @@ def run_settings(run_dir: str) -> RunSettings | None:
 
 def recorded_schedule(run_dir: str) -> str | None:
     """The evaluation schedule the run used, as one line with what the rules say of it
-    (`tasks.run.schedules`); None for a run whose plan recorded none; the problem when the
-    record is unreadable."""
-    from tasks.run.schedules import ScheduleRecordError, read_schedule
+    (`rcpflow.verdict.schedule_record`); None for a run whose plan recorded none; the problem when
+    the record is unreadable."""
+    from rcpflow.verdict.schedule_record import ScheduleRecordError, read_schedule
 
     try:
         record = read_schedule(run_dir)
@@ -347,7 +347,9 @@ def read_run(run_dir: str, path: str) -> RunView:
         if stop is not None and stop.samples_count is None:
             problems.append("run_stop in the MLLOG has no samples_count: its step is unknown")
     compliance = _read(
-        f"checks/{COMPLIANCE_TOOL}.json", problems, lambda: read_verdict(run_dir, COMPLIANCE_TOOL)
+        check_verdict_name(COMPLIANCE_TOOL),
+        problems,
+        lambda: read_verdict(run_dir, COMPLIANCE_TOOL),
     )
     return RunView(
         path=path,
@@ -376,7 +378,7 @@ def submission_entry(root: str, name: str) -> SubmissionEntry:
     problems: list[str] = []
 
     def verdict(tool: str) -> Verdict | None:
-        return _read(f"checks/{tool}.json", problems, lambda: read_verdict(folder, tool))
+        return _read(check_verdict_name(tool), problems, lambda: read_verdict(folder, tool))
 
     verdicts = tuple((tool, verdict(tool)) for tool in CHECK_TOOLS)
     report, html = join(folder, REPORT_MD), join(folder, REPORT_HTML)

@@ -68,10 +68,11 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert finalize(aborted.run_dir).status == "aborted"
     # the schedule its plan recorded, and an unreadable record
-    from tasks.run.schedules import ScheduleRecord, record_schedule, schedule_path
+    from rcpflow.files.layout import RunLayout
+    from rcpflow.verdict.schedule_record import ScheduleRecord, record_schedule
 
     record_schedule(aborted.run_dir, ScheduleRecord(eval_schedule="during_training", eval_window=3))
-    Path(schedule_path(good.run_dir)).write_text("{")
+    Path(RunLayout(good.run_dir).eval_schedule).write_text("{")
     # names the view cannot serve
     for name in ("my sub", "a<b"):
         make_run(str(root / name / "runs" / "seed_1"))

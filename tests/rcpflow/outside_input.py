@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import TypeVar
 
-from rcpflow.planning.forecast import add_arguments
+from rcpflow.cli.forecast import add_arguments
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from rcpflow_cli import run_cli
 
 from rcpflow.cli.status import UNRECORDED, render_table, run_status
 from rcpflow.records.manifest import load, upsert
-from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_tree
+from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_results_tree
 from tasks.devtools.synthetic_run import make_run
 
 
@@ -76,7 +76,7 @@ def test_from_tree_follows_symlinked_step_folders_inside_and_names_those_outside
     outside.write_text(json.dumps(tunix_for(run, 19, "summary_full.json")))
     (tree / "step_19").symlink_to(tmp_path / "elsewhere")  # leads out of the tree
     (tree / "archive" / "back").symlink_to(tree)  # a loop: named, never walked for ever
-    result = import_tree(run.run_dir, str(tree))
+    result = import_results_tree(run.run_dir, str(tree))
     assert [s.step for s in result.steps] == [18] and result.steps[0].imported is not None
     skipped = sorted(result.skipped)
     assert len(skipped) == 2 and "loops back to a folder above it" in skipped[0]
@@ -121,7 +121,7 @@ def test_from_tree_names_dangling_step_links_odd_summaries_and_unlistable_folder
     locked.mkdir()
     locked.chmod(0)
     try:
-        result = import_tree(run.run_dir, str(tree))
+        result = import_results_tree(run.run_dir, str(tree))
     finally:
         locked.chmod(0o755)
     assert [s.step for s in result.steps] == [18]

@@ -18,7 +18,7 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records.mllog import SystemInfo, TrainingLog, read_events
 from rcpflow.records.summary import EvalSummary, write_summary
 from rcpflow.submission import checkers
-from rcpflow.verdict.eval_import import import_tree
+from rcpflow.verdict.eval_import import import_results_tree
 from rcpflow.verdict.finalize import finalize
 
 pytestmark = [pytest.mark.gcs, pytest.mark.timeout(300)]
@@ -115,7 +115,7 @@ def test_smoke_summaries_never_yield_run_stop(gcs, gcs_prefix):
         put(f"{tree}/step_{step}/{SMOKE_STAMP}/summary.json", json.dumps(d))
         # and as if another tool had written it straight into the run, bypassing the import
         write_summary(layout.summary(step), EvalSummary.from_dict(d, "smoke"))
-    imported = import_tree(layout.root, tree)
+    imported = import_results_tree(layout.root, tree)
     assert [s.imported for s in imported.steps] == [None, None]
     assert all("instances: 64" in why for s in imported.steps for _, why in s.rejected)
     result = finalize(layout.root)

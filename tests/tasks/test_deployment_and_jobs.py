@@ -14,11 +14,9 @@ import pytest
 from tasks.backends.gke.backend import GkeBackend
 from tasks.backends.gke.settings import GkeSettings
 from tasks.backends.local import JobFailed, LocalBackend, run_job
-from tasks.backends.registry import backend_for, registered
+from tasks.backends.registry import backend_for, form_defaults, registered
 from tasks.deployment import (
-    BACKEND_NAMES,
     REPO_ROOT,
-    BackendName,
     DeploymentError,
     load_deployment,
     parse_deployment,
@@ -76,7 +74,6 @@ def test_the_gke_table_is_read_with_its_nested_shapes(tmp_path: Path) -> None:
         ("eval_window = 0\n", "eval_window: must be >= 1, got 0"),
         ("eval_retries = -1\n", "eval_retries: must be >= 0, got -1"),
         ('storage_root = ""\n', "storage_root: must not be empty"),
-        ('backend = "k8s"\n', "backend: must be one of 'local', 'gke', 'slurm', got 'k8s'"),
         ('[gke]\ncluster_nam = "x"\n', "gke: unknown key(s) cluster_nam"),
         ('[gke.train]\ntopology = "4x4"\n', "gke.train.topology: '4x4' is not a 3-D topology"),
         ("[gke.evaluate]\nslices = 0\n", "gke.evaluate.slices: must be >= 1, got 0"),
@@ -94,7 +91,8 @@ def test_bad_settings_name_the_file_and_the_key(tmp_path: Path, text: str, named
 
 def test_every_backend_name_has_a_backend_and_the_deployment_chooses_it(tmp_path: Path) -> None:
     backends = registered()
-    assert set(backends) == set(BACKEND_NAMES) == set(typing.get_args(BackendName))
+    # The names are the registry's: every package or module under tasks/backends registers one.
+    assert set(backends) == {"local", "gke", "slurm"}
     assert all(cls.name == name for name, cls in backends.items())
     local = backend_for(parse_deployment("", source="f.toml", base_dir=tmp_path))
     assert isinstance(local, LocalBackend)
@@ -205,5 +203,57 @@ def test_a_backend_table_nobody_registered_says_what_to_import(tmp_path: Path) -
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
-    assert "f.toml: gke: the gke backend's settings table is not registered" in proc.stdout
-    assert "tasks.backends.registry" in proc.stdout
+    assert "f.toml: gke: no key of the deployment and no registered backend's settings table" in (
+        proc.stdout
+    )
+    assert "registered: none; import tasks.backends.registry" in proc.stdout
+
+
+def test_a_backend_nobody_registered_is_the_deployments_error(tmp_path: Path) -> None:
+    deployment = parse_deployment('backend = "ray"\n', source="f.toml", base_dir=tmp_path)
+    with pytest.raises(DeploymentError, match=r"^f.toml: backend: 'ray' is not a registered "):
+        backend_for(deployment)
+    with pytest.raises(DeploymentError, match=r"\(gke, local, slurm\)$"):
+        form_defaults(deployment)
+
+
+@pytest.mark.parametrize("name", ["", "GKE", "gke ", "a-b", "x" * 33, "gke\n"])
+def test_a_backend_name_is_checked_whole(tmp_path: Path, name: str) -> None:
+    with pytest.raises(DeploymentError, match=r"^f.toml: backend: .* is not a backend name"):
+        parse_deployment(
+            f"backend = {name!r}\n".replace("'", '"'), source="f.toml", base_dir=tmp_path
+        )
+
+
+@pytest.mark.parametrize(
+    ("backend", "jobs", "refusal"),
+    [
+        (
+            "local",
+            '[jobs.train]\nimage = "i:1"\n',
+            "f.toml: jobs.train.image: only the gke backend runs images (backend is 'local')",
+        ),
+        (
+            "slurm",
+            '[jobs.evaluate]\nimage = "i:1"\n',
+            "f.toml: jobs.evaluate.image: only the gke backend runs images (backend is 'slurm'); "
+            "on slurm give slurm.evaluate.container_image",
+        ),
+        (
+            "slurm",
+            '[jobs.train]\nsecret_env = { HF_TOKEN = { secret = "hf", key = "token" } }\n',
+            "f.toml: jobs.train.secret_env: only the gke backend takes Secret envs "
+            "(backend is 'slurm'); on slurm give slurm.train.secret_env",
+        ),
+    ],
+)
+def test_a_jobs_key_the_backend_does_not_run_is_refused(
+    tmp_path: Path, backend: str, jobs: str, refusal: str
+) -> None:
+    text = f'backend = "{backend}"\n{jobs}'
+    if backend == "slurm":
+        text += '[slurm]\nworking_dir = "/w"\nlog_dir = "/l"\n'
+    deployment = parse_deployment(text, source="f.toml", base_dir=tmp_path)
+    with pytest.raises(DeploymentError) as refused:
+        backend_for(deployment)
+    assert str(refused.value) == refusal

@@ -22,7 +22,7 @@ from tunix.rl.grpo import grpo_learner
 from tunix.rl.rollout import base_rollout
 
 from rcpflow import recipe
-from rcpflow.files.layout import RunLayout, join
+from rcpflow.files.layout import CHECKPOINTS_DIR, RunLayout
 from rcpflow.records.mllog import SystemInfo
 from rcpflow.records.run_identity import RunIdentity
 from rcpflow.trainer.recorder import TrainingRecorder
@@ -35,7 +35,8 @@ from tpu_jobs.rcp.optimizer import make_optimizer
 from tpu_jobs.tunix import checkpoints, policy, vocab
 from tpu_jobs.tunix.recording import StepRecording, committed_checkpoints
 
-CHECKPOINT_ROOT = "checkpoints"  # under the run dir; Tunix adds actor/<step>
+# the run dir's checkpoints/ (RunLayout.checkpoints_dir); Tunix adds actor/<step>
+CHECKPOINT_ROOT = CHECKPOINTS_DIR
 GRPO_EPSILON = 0.2
 ROLLOUT_SEED_STRIDE = 1_000_003
 PROG = "python -m tpu_jobs.tunix_train"
@@ -162,7 +163,7 @@ def train(config: TrainConfig) -> TrainResult:
     hp = config.hyperparameters()
     val_start = recipe.val_start_at(hp.global_batch_size, config.val_start_at)
     layout = RunLayout(config.run_dir)
-    root = join(layout.root, CHECKPOINT_ROOT)
+    root = layout.checkpoints_dir
     identity = run_identity(config, hp, val_start)
     recorder = TrainingRecorder(
         config.run_dir,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import TaskGroup, XComArg, get_current_context
 
 from tasks.backend_api.lifecycle_names import STOP_GRACE, TRAIN_LABEL
-from tasks.backend_api.protocol import FormDefaults, register
+from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.backend_api.teardown import with_cleanup
 from tasks.backends.gke.adapter import cancel_step_jobset, jobset_hook
 from tasks.backends.gke.evaluate_operators import EvaluateJobSetOperator, EvaluateStepJobSetOperator
@@ -76,6 +76,8 @@ class GkeBackend:
     evaluation as one mapped deferrable operator with a cleanup teardown."""
 
     name: ClassVar[BackendName] = "gke"
+    # Images and Secret envs are the JobSet's own.
+    job_keys: ClassVar[JobKeys] = JobKeys(image=True, secret_env=True)
     jobs_run_on_worker: ClassVar[bool] = False
     # TPU jobs run the benchmark itself: the closed division's rules.
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import TaskGroup, get_current_context, task
 
 from tasks.backend_api.lifecycle_names import TRAIN_LABEL
-from tasks.backend_api.protocol import FormDefaults, register
+from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.backend_api.teardown import with_cleanup
 from tasks.backends.slurm.adapter import cancel_step_job
 from tasks.backends.slurm.evaluate_operators import SlurmEvaluateOperator, SlurmEvaluateStepOperator
@@ -32,6 +32,8 @@ class SlurmBackend:
     evaluation jobs, each its own allocation), with a cleanup teardown."""
 
     name: ClassVar[BackendName] = "slurm"
+    # An image is a Pyxis container, a secret a reference on the cluster: [slurm.<role>] keys.
+    job_keys: ClassVar[JobKeys] = JobKeys(image="container_image", secret_env="secret_env")
     jobs_run_on_worker: ClassVar[bool] = False
     # GPU clusters run the benchmark itself: the closed division's rules.
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)

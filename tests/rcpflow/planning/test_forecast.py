@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from rcpflow_cli import run_cli
 
-from rcpflow.planning.forecast import ForecastUsageError, Scenario, parse_steps, recommend, simulate
+from rcpflow.cli.forecast import parse_steps
+from rcpflow.planning.forecast import ForecastUsageError, Scenario, recommend, simulate
 
 # The seed's figures: a step 185 s, an evaluation 1,700 s on 64 chips, training on 128.
 SEED = Scenario(

@@ -12,15 +12,9 @@ from dataclasses import replace
 import pytest
 from outside_input import forecast_args
 
+from rcpflow.cli.forecast import report, request_from
 from rcpflow.planning import forecast
-from rcpflow.planning.forecast import (
-    WORK_MAX,
-    ForecastUsageError,
-    Scenario,
-    report,
-    request_from,
-    simulate,
-)
+from rcpflow.planning.forecast import WORK_MAX, ForecastUsageError, Scenario, simulate
 
 BASE = ("--step-seconds", "185", "--eval-seconds", "1700", "--eval-chips", "64",
         "--train-chips", "128", "--val-start-at", "18")  # fmt: skip

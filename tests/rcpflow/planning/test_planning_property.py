@@ -12,13 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from outside_input import accepted_or_one_line, forecast_args
 
-from rcpflow.planning.forecast import (
-    ForecastUsageError,
-    Scenario,
-    report,
-    request_from,
-    simulate,
-)
+from rcpflow.cli.forecast import report, request_from
+from rcpflow.planning.forecast import ForecastUsageError, Scenario, simulate
 from rcpflow.planning.rehearsal import RehearsalInputError, parse_curve, parse_profile
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

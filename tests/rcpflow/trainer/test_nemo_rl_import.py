@@ -16,7 +16,7 @@ from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
 from rcpflow.records.manifest import load
 from rcpflow.records.nemo_rl import NemoRLError
-from rcpflow.trainer.nemo_rl_import import import_tree
+from rcpflow.trainer.nemo_rl_import import import_checkpoint_tree
 
 
 def info(ckpt: Path, step: int) -> Path:
@@ -30,7 +30,7 @@ def edit(ckpt: Path, step: int, **fields: object) -> None:
 
 def refused(run_dir: Path, ckpt: Path, *expected: str) -> None:
     with pytest.raises(NemoRLError) as e:
-        import_tree(str(run_dir), str(ckpt), val_start_at=2)
+        import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
     for text in expected:
         assert text in str(e.value), str(e.value)
     assert "\n" not in str(e.value)
@@ -40,7 +40,7 @@ def refused(run_dir: Path, ckpt: Path, *expected: str) -> None:
 def test_the_tree_becomes_the_manifest_and_again_gives_the_same_bytes(tmp_path, monkeypatch):
     run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     (ckpt / "tmp_step_7").mkdir()  # a save not yet renamed: never a checkpoint
-    result = import_tree(str(run_dir), str(ckpt), val_start_at=2)
+    result = import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
     assert result.added == (2, 3, 4, 5, 6) and "tmp_step_7" in result.ignored
     layout = RunLayout(str(run_dir))
     rows = load(layout.manifest).rows
@@ -50,7 +50,7 @@ def test_the_tree_becomes_the_manifest_and_again_gives_the_same_bytes(tmp_path, 
         assert r.timestamp_ms == stored["training_step_end_time_ms"]
         assert r.samples_count == r.step * 16 and r.checkpoint_path == str(ckpt / f"step_{r.step}")
     before = Path(layout.manifest).read_bytes()
-    assert import_tree(str(run_dir), str(ckpt)).added == ()
+    assert import_checkpoint_tree(str(run_dir), str(ckpt)).added == ()
     assert Path(layout.manifest).read_bytes() == before
 
 
@@ -60,12 +60,12 @@ def test_new_checkpoints_append_rows(tmp_path, monkeypatch):
     aside.mkdir()
     for step in (5, 6):
         shutil.move(ckpt / f"step_{step}", aside / f"step_{step}")
-    assert import_tree(str(run_dir), str(ckpt), val_start_at=2).added == (2, 3, 4)
+    assert import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2).added == (2, 3, 4)
     manifest = Path(RunLayout(str(run_dir)).manifest)
     first = manifest.read_bytes()
     for step in (5, 6):
         shutil.move(aside / f"step_{step}", ckpt / f"step_{step}")
-    assert import_tree(str(run_dir), str(ckpt)).added == (5, 6)
+    assert import_checkpoint_tree(str(run_dir), str(ckpt)).added == (5, 6)
     assert manifest.read_bytes().startswith(first)
 
 
@@ -123,7 +123,10 @@ def test_a_tmp_step_only_is_named(tmp_path, monkeypatch):
     run_dir, ckpt = train_nemo(tmp_path, monkeypatch, max_steps=2)
     (ckpt / "step_2").rename(ckpt / "tmp_step_2")
     refused(run_dir, ckpt, "no step_<N>/ checkpoint", "only tmp_step_2")
-    assert import_tree(str(run_dir), str(ckpt), val_start_at=2, allow_empty=True).added == ()
+    assert (
+        import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2, allow_empty=True).added
+        == ()
+    )
 
 
 def test_no_weights_and_missing_keys_are_named(tmp_path, monkeypatch):
@@ -159,11 +162,11 @@ def test_a_gs_tree_into_a_gs_run(tmp_path, monkeypatch, gcs_prefix):
     log = RunLayout(run_dir).mllog(1)
     storage_for(log).write_atomic(log, Path(RunLayout(str(local_run)).mllog(1)).read_bytes())
     storage_for(root).write_atomic(f"{root}/tmp_step_7/training_info.json", b"{}")
-    result = import_tree(run_dir, root, val_start_at=2)
+    result = import_checkpoint_tree(run_dir, root, val_start_at=2)
     assert result.added == (2, 3, 4, 5, 6)
     rows = load(RunLayout(run_dir).manifest).rows
     assert rows[0].checkpoint_path == f"{root}/step_2"
-    assert import_tree(run_dir, root).added == ()
+    assert import_checkpoint_tree(run_dir, root).added == ()
 
 
 def test_concurrent_imports_of_one_tree_agree(tmp_path, monkeypatch):
@@ -173,7 +176,9 @@ def test_concurrent_imports_of_one_tree_agree(tmp_path, monkeypatch):
     run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(
-            pool.map(lambda _: import_tree(str(run_dir), str(ckpt), val_start_at=2), range(4))
+            pool.map(
+                lambda _: import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2), range(4)
+            )
         )
     assert sum(len(r.added) for r in results) >= 5
     assert [r.step for r in load(RunLayout(str(run_dir)).manifest).rows] == [2, 3, 4, 5, 6]

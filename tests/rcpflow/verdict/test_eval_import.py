@@ -20,7 +20,7 @@ from rcpflow_cli import run_cli
 
 from rcpflow.records.manifest import load
 from rcpflow.records.summary import read_summary
-from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_tree
+from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_results_tree
 from rcpflow.verdict.gate import valid_summary
 from rcpflow.verdict.verify import evaluate_step
 from tasks.devtools.synthetic_run import make_run, write_eval
@@ -189,7 +189,7 @@ def test_from_tree_takes_the_newest_valid_attempt_per_step(run, tmp_path):
         path = tree / f"step_{step}" / stamp / "summary.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(d))
-    result = import_tree(run.run_dir, str(tree))
+    result = import_results_tree(run.run_dir, str(tree))
     by_step = {s.step: s for s in result.steps}
     assert by_step[18].imported.source.endswith("20260929T060823Z-f604fb47/summary.json")
     assert [src for src, _ in by_step[18].rejected] == [

@@ -17,7 +17,7 @@ from rcpflow.verdict.eval_import import (
     EvalImportError,
     eval_times_from_log,
     import_eval,
-    import_tree,
+    import_results_tree,
 )
 from tasks.devtools.synthetic_run import make_run
 
@@ -109,7 +109,7 @@ def test_the_cli_and_a_tree_take_the_log(run, tmp_path):
         [("eval_start", s18, t18), ("eval_stop", s18, t18 + 7),
          ("eval_start", s19, t19), ("eval_stop", s19, t19 + 9)],
     )  # fmt: skip
-    result = import_tree(run.run_dir, str(tree), eval_times_from=log)
+    result = import_results_tree(run.run_dir, str(tree), eval_times_from=log)
     assert result.all_imported
     assert read_summary(run.layout.summary(19)).eval_stop_ms == t19 + 9
     p = run_cli("eval", "import", run.run_dir, "--from-tree", str(tree), "--eval-times-from", log)

@@ -21,14 +21,14 @@ from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events
 from rcpflow.records.summary import read_summary
 from rcpflow.submission.checkers import compliance
-from rcpflow.trainer.nemo_rl_import import import_tree
+from rcpflow.trainer.nemo_rl_import import import_checkpoint_tree
 from rcpflow.verdict.eval_import import EvalImportError, import_eval
 from rcpflow.verdict.finalize import FinalizeInputError, finalize
 
 
 def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
     run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
-    import_tree(str(run_dir), str(ckpt), val_start_at=2)
+    import_checkpoint_tree(str(run_dir), str(ckpt), val_start_at=2)
     return str(run_dir), ckpt
 
 

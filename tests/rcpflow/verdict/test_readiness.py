@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rcpflow.records.checkpoint_state import RunSnapshot
-from rcpflow.verdict.readiness import readiness
+from rcpflow.verdict.readiness import readiness, skip_sentence
 from tasks.devtools.synthetic_run import make_run, rows_of
 
 
@@ -48,3 +48,38 @@ def test_a_step_without_a_row(rows) -> None:
     finished = readiness(22, RunSnapshot(rows, None), None, "during_training", "succeeded")
     assert finished.decision == "skip"
     assert "training finished without a checkpoint of step 22" in finished.sentence
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "sentence"),
+    [
+        (
+            {"reason": "decided", "passed": 18},
+            "step 19: skipped, not evaluated: step 18 already passed the target, which decided "
+            "the run",
+        ),
+        (
+            {"reason": "decided", "passed": 18, "target_accuracy": 0.69, "stopped": True},
+            "step 19: skipped, its evaluation was stopped: step 18 already passed the target "
+            "(its valid summary is above 0.69), which decided the run",
+        ),
+        (
+            {"reason": "ended", "detail": "training finished without a checkpoint of step 19"},
+            "step 19: skipped: training finished without a checkpoint of step 19",
+        ),
+        ({"reason": "training_failed"}, "step 19: skipped: training failed"),
+        (
+            {"reason": "training_failed", "train_group": "train"},
+            "step 19: skipped: the train group failed",
+        ),
+    ],
+)
+def test_the_skip_sentence_has_one_author(kwargs, sentence) -> None:
+    """The waits, their operator and the evaluate task log these words (tests of the run DAG
+    match their beginnings)."""
+    assert skip_sentence(19, **kwargs) == sentence
+
+
+def test_readiness_says_the_skip_in_the_same_words(rows) -> None:
+    answer = readiness(19, RunSnapshot(rows, None), None, "after_training", "failed")
+    assert answer.sentence == skip_sentence(19, "training_failed")

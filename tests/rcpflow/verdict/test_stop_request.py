@@ -143,6 +143,22 @@ def test_another_runs_request_is_ignored_and_replaced(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "format_id", ["rcpflow.stop_request.v1", "rcpflow.verdict.stop_request.v1"]
+)
+def test_a_request_in_either_format_id_is_a_stop(tmp_path: Path, format_id: str) -> None:
+    """The id written before the module move (an orchestrator of an older release) and the one
+    written now are both read, and what is written is the one the previous release reads."""
+    run = make_run(str(tmp_path / "run"), accuracies={18: 0.4, 19: 0.8})
+    written = request_stop(run.run_dir)
+    assert written is not None
+    path = Path(run.layout.stop_request)
+    assert json.loads(path.read_bytes())["format"] == "rcpflow.verdict.stop_request.v1"
+    path.write_text(json.dumps({**json.loads(path.read_bytes()), "format": format_id}))
+    assert stop_request.for_run(run.run_dir, written.run) == written
+    assert stop_request.current(run.run_dir) == written
+
+
+@pytest.mark.parametrize(
     "content",
     [b"", b"{not json", b'{"format": "other"}', b'{"format": "rcpflow.verdict.stop_request.v1"}'],
 )

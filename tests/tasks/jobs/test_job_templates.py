@@ -68,7 +68,6 @@ def test_a_jobs_table_replaces_command_env_and_result(tmp_path: Path) -> None:
         ("[jobs.evaluate]\nenv = { X = 1 }\n", "jobs.evaluate.env.X: must be str"),
         ('[jobs.evaluate]\nenv = { RCPFLOW_SLICE_INDEX = "0" }\n', "env.RCPFLOW_SLICE_INDEX"),
         ('[jobs.train]\nenv = { "A-B" = "0" }\n', "jobs.train.env.A-B: is not an environment"),
-        ('[jobs.train]\nimage = "i:1"\n', "jobs.train.image: only the gke backend runs images"),
         (
             '[jobs.train]\nresult = { format = "nemo-rl-checkpoints" }\n',
             "jobs.train.result.path: format 'nemo-rl-checkpoints' needs the checkpoint root",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from rcpflow.verdict.finalize import finalize
+from rcpflow.verdict.schedule_record import ScheduleRecord, read_schedule, record_schedule
 from tasks.devtools.synthetic_run import make_run
-from tasks.run.schedules import ScheduleRecord, read_schedule, record_schedule
 from tasks.submission.report import render_report
 from tasks.submission.spec import SubmissionSpec
 

@@ -157,7 +157,7 @@ def test_the_example_deployment_parses() -> None:
 def test_a_job_image_or_kubernetes_secret_on_slurm_names_the_slurm_setting() -> None:
     from pathlib import Path
 
-    import tasks.backends.registry  # noqa: F401
+    from tasks.backends.registry import backend_for
     from tasks.deployment import DeploymentError, parse_deployment
 
     text = (
@@ -165,7 +165,7 @@ def test_a_job_image_or_kubernetes_secret_on_slurm_names_the_slurm_setting() -> 
         '[jobs.train]\nimage = "img"\n'
     )
     with pytest.raises(DeploymentError, match=r"jobs\.train\.image.*slurm\.train\.container_image"):
-        parse_deployment(text, source="d.toml", base_dir=Path("/"))
+        backend_for(parse_deployment(text, source="d.toml", base_dir=Path("/")))
 
 
 @pytest.mark.parametrize(

@@ -2,10 +2,11 @@
 ``mlperf_grpo_deferred_eval`` that name a Tunix-style tree ``DIR/step_<N>/<stamp>-<id>/
 summary.json`` (and the MLLOG its eval times come from), and the task that imports it.
 
-What imports (`rcpflow.verdict.eval_import.import_tree`: the newest complete, valid attempt per
-step) is in the run before the gate looks, so only the steps still undecided are evaluated. A step
-whose attempts are all refused is evaluated as if the tree had nothing for it; each refusal is
-logged with its reason. A tree with no summary at all is a wrong Param, refused by name.
+What imports (`rcpflow.verdict.eval_import.import_results_tree`: the newest complete, valid
+attempt per step) is in the run before the gate looks, so only the steps still undecided are
+evaluated. A step whose attempts are all refused is evaluated as if the tree had nothing for it;
+each refusal is logged with its reason. A tree with no summary at all is a wrong Param, refused
+by name. (A train job's own checkpoint tree is another import: `tasks.run.train_result`.)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from airflow.sdk import Param, get_current_context, task
 
-from rcpflow.verdict.eval_import import EvalImportError, import_tree, tree_listing
+from rcpflow.verdict.eval_import import EvalImportError, import_results_tree, results_tree_listing
 from tasks.run.spec import ParamError, XComValue, check_path
 
 log = logging.getLogger(__name__)
@@ -55,14 +56,14 @@ def import_eval_tree(run_dir: XComValue) -> dict[str, Any]:
         return {"imported": [], "refused": {}, "skipped": []}
     tree = check_path("eval_tree", tree)
     times = None if times is None else check_path("eval_times_from", times)
-    found, skipped = tree_listing(tree)
+    found, skipped = results_tree_listing(tree)
     for why in skipped:  # never dropped silently
         log.warning("eval_tree: %s", why)
     if not found:
         also = f" ({len(skipped)} entries skipped, first: {skipped[0]})" if skipped else ""
         raise ParamError(f"eval_tree: {tree} has no step_<N>/<attempt>/summary.json{also}")
     try:
-        result = import_tree(run_dir, tree, eval_times_from=times)
+        result = import_results_tree(run_dir, tree, eval_times_from=times)
     except EvalImportError as exc:
         raise ParamError(f"eval_tree: {exc}") from exc
     refused: dict[str, list[str]] = {}

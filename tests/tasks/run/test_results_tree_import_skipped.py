@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from tasks.devtools.synthetic_run import passing_run
-from tasks.run import tree_import
+from tasks.run import results_tree_import
 from tasks.run.spec import ParamError
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, run_dir: str, tree: Path) -> dict:
     context = {"params": {"eval_tree": str(tree), "eval_times_from": None}}
-    monkeypatch.setattr(tree_import, "get_current_context", lambda: context)
-    return tree_import.import_eval_tree.function(run_dir)
+    monkeypatch.setattr(results_tree_import, "get_current_context", lambda: context)
+    return results_tree_import.import_eval_tree.function(run_dir)
 
 
 def test_a_tree_of_skipped_steps_is_named(tmp_path, monkeypatch, caplog):

@@ -1,14 +1,13 @@
-"""The record of when a run's checkpoints were evaluated (the ``eval_schedule`` and
-``eval_window`` Params); the schedules and what the rules say about each are
-`rcpflow.verdict.schedule`'s.
+"""The run's record of when its checkpoints were evaluated (the ``eval_schedule`` and
+``eval_window`` Params): ``<run_dir>/eval_schedule.json``. The schedules themselves and what the
+rules say about each are `rcpflow.verdict.schedule`'s.
 
 Both schedules have one wiring (`tasks.run.planned`): a ``checkpoint`` group per planned step
 whose ``wait`` lets its step go when the checkpoint can be evaluated and the run's window has
 room. ``after_training`` (the default) lets every step go once training has halted;
 ``during_training`` as soon as its checkpoint is committed, and asks the trainer to stop at the
-verdict. The plan writes ``<run_dir>/eval_schedule.json`` (`record_schedule`), so the report
-and the RCP view can say which one a run used (`read_schedule`); the MLLOG is the same either
-way.
+verdict. The run DAG's plan writes the record (`record_schedule`), so the report and the RCP
+view can say which one a run used (`read_schedule`); the MLLOG is the same either way.
 """
 
 from __future__ import annotations
@@ -16,11 +15,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from rcpflow.files.layout import join
+from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
 from rcpflow.verdict.schedule import RULES_WORDING, SCHEDULES, EvalSchedule, described_by_rules
 
-FILE_NAME = "eval_schedule.json"
+# The file's format id: a literal that never follows a module move (it moved from
+# tasks/run/schedules.py, and runs recorded before still read).
 FORMAT = "rcpflow.eval_schedule.v1"
 
 
@@ -70,20 +70,16 @@ class ScheduleRecord:
         return cls(eval_schedule=schedule, eval_window=window)
 
 
-def schedule_path(run_dir: str) -> str:
-    return join(run_dir, FILE_NAME)
-
-
 def record_schedule(run_dir: str, record: ScheduleRecord) -> None:
     """Write the run's record (the same bytes on a retry)."""
-    path = schedule_path(run_dir)
+    path = RunLayout(run_dir).eval_schedule
     storage_for(path).write_atomic(path, record.to_json())
 
 
 def read_schedule(run_dir: str) -> ScheduleRecord | None:
     """The schedule the run in `run_dir` used; None for a run planned before this record
     existed (or not by the run DAG); ScheduleRecordError when the file is not one."""
-    path = schedule_path(run_dir)
+    path = RunLayout(run_dir).eval_schedule
     storage = storage_for(path)
     if not storage.exists(path):
         return None
