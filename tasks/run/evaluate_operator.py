@@ -37,8 +37,8 @@ __all__ = ["EvaluateCheckpoint", "EvaluateStep", "eval_label"]
 
 
 class EvaluateCheckpoint(BaseOperator):
-    """Evaluate the manifest row `row` with the job `eval_job` (see the module doc); the
-    backend's operator sets both and `run_dir` in its ``__init__``, and `cancel_step`."""
+    """Evaluate the manifest row `row` of the run in `run_dir` with the job `eval_job` (see the
+    module doc); the backend's operator supplies `job_kwargs` and `cancel_step`."""
 
     eval_job: EvaluateJob
     run_dir: str
@@ -47,6 +47,20 @@ class EvaluateCheckpoint(BaseOperator):
     job_started: ClassVar[str]
     # The checkpoint this try evaluates (`target`), set as the task starts or resumes.
     _target: EvalTarget
+
+    def __init__(
+        self, *, eval_job: EvaluateJob, run_dir: str, row: Mapping[str, Any], **kwargs: Any
+    ) -> None:
+        # the job is rendered in execute: its name and command need the row
+        super().__init__(role="evaluate", job="", **self.job_kwargs(eval_job), **kwargs)
+        self.eval_job = eval_job
+        self.run_dir = run_dir
+        self.row = row
+
+    @staticmethod
+    def job_kwargs(eval_job: EvaluateJob) -> dict[str, Any]:
+        """What the backend's job operator takes of the evaluate job (its env, an image)."""
+        raise NotImplementedError
 
     def target(self) -> EvalTarget:
         """The checkpoint this instance evaluates, as the manifest has it now."""

@@ -117,7 +117,7 @@ class GkeBackend:
         return {
             "task_id": EVALUATE_TASK_ID,
             "settings": s,
-            "job": d.jobs.evaluate,
+            "eval_job": d.jobs.evaluate,
             "max_active_tis_per_dagrun": d.eval_window,
             "job_timeout": timedelta(minutes=d.eval_timeout_minutes),
             "retries": d.eval_retries,

@@ -5,14 +5,11 @@ evaluation is stopped by deleting its JobSet (`adapter.cancel_step_jobset`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from tasks.backends.gke.adapter import cancel_step_jobset, jobset_hook
 from tasks.backends.gke.operators import RunJobSetOperator
 from tasks.backends.gke.render import render_jobset
-from tasks.backends.gke.settings import GkeSettings
 from tasks.jobs.templates import EvaluateJob
 from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
 
@@ -21,29 +18,16 @@ if TYPE_CHECKING:
 
 
 class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
-    """Evaluate the manifest row `row` as a JobSet of `job` (see the module doc)."""
+    """Evaluate the manifest row `row` as a JobSet of `eval_job` (see the module doc); `job_timeout`
+    bounds its running time."""
 
     template_fields = (*RunJobSetOperator.template_fields, "run_dir", "row")
     job_started = "the JobSet was created"
 
-    def __init__(
-        self,
-        *,
-        settings: GkeSettings,
-        job: EvaluateJob,
-        run_dir: str,
-        row: Mapping[str, Any],
-        job_timeout: timedelta | None = None,
-        **kwargs: Any,
-    ) -> None:
-        # the JobSet is rendered in execute (`render`): its name and command need the row
-        super().__init__(
-            settings=settings, role="evaluate", job="", command=(), image=job.image,
-            env=job.env, secret_env=job.secret_env, job_timeout=job_timeout, **kwargs,
-        )  # fmt: skip
-        self.eval_job = job
-        self.run_dir = run_dir
-        self.row = row
+    @staticmethod
+    def job_kwargs(eval_job: EvaluateJob) -> dict[str, Any]:
+        return {"command": (), "image": eval_job.image, "env": eval_job.env,
+                "secret_env": eval_job.secret_env}  # fmt: skip
 
     def cancel_step(self, dag_id: str, run_id: str, step: int) -> bool:
         hook = jobset_hook(self.cluster)

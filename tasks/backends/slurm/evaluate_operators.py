@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from tasks.backend_api.lifecycle_names import TRAIN_LABEL, WATCHING, event_phase
 from tasks.backends.slurm.adapter import cancel_step_job, hook_for, job_name, job_ref, running_job
 from tasks.backends.slurm.operators import SlurmJobOperator
-from tasks.backends.slurm.settings import SlurmSettings
 from tasks.backends.slurm.triggers import FINISHED, SlurmJobTrigger
 from tasks.jobs.templates import EvaluateJob
 from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
@@ -30,19 +29,9 @@ class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
     template_fields = (*SlurmJobOperator.template_fields, "run_dir", "row")
     job_started = "the job was submitted"
 
-    def __init__(
-        self,
-        *,
-        settings: SlurmSettings,
-        eval_job: EvaluateJob,
-        run_dir: str,
-        row: Mapping[str, Any],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(settings=settings, role="evaluate", job="", env=eval_job.env, **kwargs)
-        self.eval_job = eval_job
-        self.run_dir = run_dir
-        self.row = row
+    @staticmethod
+    def job_kwargs(eval_job: EvaluateJob) -> dict[str, Any]:
+        return {"env": eval_job.env}
 
     def eval_python(self) -> str:
         return self.settings.python
