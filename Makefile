@@ -51,19 +51,19 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
 demo: setup $(if $(filter slurm,$(BACKEND)),system-packages)  # BACKEND=slurm: the toy jobs on a private Slurm (docs/slurm.md); TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml); TRAINER=rehearsal: the rehearsal jobs (docker/deployment.rehearsal.toml)
-	$(PY) -m tasks.devtools.demo --trainer $(or $(TRAINER),toy) --backend $(or $(BACKEND),local)
+	$(PY) -m devtools.demo --trainer $(or $(TRAINER),toy) --backend $(or $(BACKEND),local)
 
 ui: setup  # the finished demo's Airflow on 127.0.0.1 again (address and login printed), until Ctrl-C
-	$(PY) -m tasks.devtools.demo --ui-only --trainer $(or $(TRAINER),toy)
+	$(PY) -m devtools.demo --ui-only --trainer $(or $(TRAINER),toy)
 
 bench: setup system-packages  # writes BENCHMARKS.md: recording overhead (toy, Tunix), time to verdict, the Slurm schedules
-	$(PY) -m tpu_jobs.devtools.bench
-	$(PY) -m tpu_jobs.devtools.tunix_bench
-	$(PY) -m tasks.devtools.verdict_bench
-	$(PY) -m tasks.devtools.slurm_bench
+	$(PY) -m devtools.bench.checkpoint_bench
+	$(PY) -m devtools.bench.tunix_bench
+	$(PY) -m devtools.bench.verdict_bench
+	$(PY) -m devtools.bench.slurm_bench
 
 bench-verdict: setup
-	$(PY) -m tasks.devtools.verdict_bench
+	$(PY) -m devtools.bench.verdict_bench
 
 lint: check
 

@@ -1,4 +1,5 @@
-"""The import arrows point one way: dags -> tasks -> rcpflow <- tpu_jobs, plugins -> tasks.
+"""The import arrows point one way: dags -> tasks -> rcpflow <- tpu_jobs, plugins -> tasks, and
+the developer tools on top (devtools -> tasks, tpu_jobs, rcpflow; nothing imports devtools).
 
 Read statically with `ast`, so an import inside a function or under ``TYPE_CHECKING`` counts as
 much as one at the top of a module: a run-time check of ``sys.modules`` cannot see the former,
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("rcpflow", "tpu_jobs", "tasks", "dags", "plugins")
+LAYERS = ("rcpflow", "tpu_jobs", "tasks", "dags", "plugins", "devtools")
+# The product: what the package and the images ship; none of it may import the developer tools.
+PRODUCT = ("rcpflow", "tpu_jobs", "tasks", "dags", "plugins")
 
 # Which project layers each layer may import (itself always).
 ALLOWED: Mapping[str, frozenset[str]] = {
@@ -24,6 +27,8 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "tasks": frozenset({"rcpflow"}),
     "dags": frozenset({"tasks", "rcpflow"}),
     "plugins": frozenset({"tasks", "rcpflow"}),
+    # the demo, the local servers and the benches of both sides; no DAG or plugin module
+    "devtools": frozenset({"tasks", "tpu_jobs", "rcpflow"}),
 }
 _ACCELERATOR = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "tensorstore", "tunix"})
 # Third-party packages a layer must never import, anywhere in its code.
@@ -33,6 +38,8 @@ FORBIDDEN: Mapping[str, frozenset[str]] = {
     "tasks": _ACCELERATOR,
     "dags": _ACCELERATOR,
     "plugins": _ACCELERATOR,
+    # the trainers' benches need JAX, the local Airflow the other side: both run from here
+    "devtools": frozenset(),
 }
 
 
@@ -283,8 +290,8 @@ def test_an_arrow_up_inside_rcpflow_is_found(tmp_path: Path) -> None:
 
 # The levels of tasks/, lowest first. A module may import modules of its own level or of a lower
 # one, never of a higher one; so the Backend protocol (tasks.backend_api.protocol) imports no
-# backend, the jobs and the deployment know no backend, run steps no implementation, and nothing
-# outside the developer tools imports them. A module matches the longest prefix listed.
+# backend, the jobs and the deployment know no backend, and run steps no implementation. A
+# module matches the longest prefix listed.
 TASKS_LEVELS: tuple[tuple[str, ...], ...] = (
     ("tasks.settings", "tasks.names", "tasks.results"),
     ("tasks.jobs",),
@@ -295,7 +302,6 @@ TASKS_LEVELS: tuple[tuple[str, ...], ...] = (
     ("tasks.backends.registry",),
     ("tasks.views",),
     ("tasks.submission",),
-    ("tasks.devtools",),
 )  # fmt: skip
 
 
@@ -346,13 +352,44 @@ def test_the_backend_protocol_imports_no_backend() -> None:
     assert [i.target for i in imports if i.target.startswith("tasks.backends.")] == []
 
 
-def test_nothing_outside_the_developer_tools_imports_them() -> None:
+def test_no_product_layer_imports_the_developer_tools() -> None:
     found = [
-        f"{i.module}:{i.line}"
-        for i in all_imports(ROOT, ["tasks", "dags", "plugins"])
-        if i.target.startswith("tasks.devtools") and not i.module.startswith("tasks.devtools")
+        f"{i.module}:{i.line} imports {i.target}"
+        for i in all_imports(ROOT, PRODUCT)
+        if i.target.split(".")[0] == "devtools"
     ]
     assert found == []
+
+
+def test_a_product_import_of_the_developer_tools_is_found(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "tasks/a.py": "def f():\n    from devtools.servers import airflow_server\n",
+            "devtools/servers/airflow_server.py": "from tasks import a\n",
+        },
+    )
+    layers = ["tasks", "devtools"]
+    violations = arrow_violations(all_imports(root, layers), project_modules(root, layers))
+    assert violations == [
+        "tasks.a:2 imports devtools.servers.airflow_server (tasks -> devtools)",
+    ]
+
+
+# ---- inside devtools/: the servers and fixtures below the benches, the demo on top ------------
+
+DEVTOOLS_LEVELS: tuple[tuple[str, ...], ...] = (
+    ("devtools.synthetic_run", "devtools.servers", "devtools.k8s"),
+    ("devtools.bench",),
+    ("devtools.demo",),
+)  # fmt: skip
+
+
+def test_inside_devtools_no_arrow_points_up() -> None:
+    modules = project_modules(ROOT, ["devtools"])
+    unlisted = [m for m in modules if m != "devtools" and level_of(m, DEVTOOLS_LEVELS) is None]
+    assert unlisted == []
+    assert upward_arrows(all_imports(ROOT, ["devtools"]), DEVTOOLS_LEVELS, "devtools") == []
 
 
 def test_the_shared_backend_api_is_below_every_backend() -> None:
@@ -456,13 +493,13 @@ def test_arrows_up_inside_tasks_are_found(
 _SHARED_LEAVES = frozenset({"tpu_jobs.task", "tpu_jobs.sampling"})  # the digit task, the sampler
 _ENTRY_POINTS = frozenset(
     {"tpu_jobs", "tpu_jobs.train", "tpu_jobs.evaluate", "tpu_jobs.tunix_train"}
-    | {"tpu_jobs.tunix_evaluate", "tpu_jobs.launch", "tpu_jobs.devtools"}
+    | {"tpu_jobs.tunix_evaluate", "tpu_jobs.launch"}
 )
 # Which parts of tpu_jobs each part may import (itself always). The recording library imports no
 # trainer and no evaluator; the evaluator (shared by both trainers' evaluators) imports no
 # trainer; the toy and Tunix import the library and the evaluator, never each other; the
 # rehearsal jobs import no other part (they need no JAX). Only the
-# entry-point shims and the devtools import anything, and nothing imports them.
+# entry-point shims import anything, and nothing imports them.
 TPU_JOBS_ALLOWED: Mapping[str, frozenset[str]] = {
     "tpu_jobs.rcp": frozenset(),
     "tpu_jobs.task": frozenset(),

@@ -1,6 +1,6 @@
-"""Tests mirror the code: every package of rcpflow/, tasks/ and tpu_jobs/ has its test folder at
-the same path under tests/ (holding at least one test module), or is listed below with the
-reason it is covered elsewhere; benchmarks live only in a devtools/ package."""
+"""Tests mirror the code: every package of rcpflow/, tasks/, tpu_jobs/ and devtools/ has its test
+folder at the same path under tests/ (holding at least one test module), or is listed below with
+the reason it is covered elsewhere; benchmarks live only in devtools/bench/."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ from pathlib import Path
 
 from repo_paths import REPO
 
-SOURCE_ROOTS = ("rcpflow", "tasks", "tpu_jobs")
+SOURCE_ROOTS = ("rcpflow", "tasks", "tpu_jobs", "devtools")
 # Packages without a mirrored test folder, and where their modules are tested instead.
 COVERED_ELSEWHERE = {
     "tasks/backends": (
         "local.py runs every job of the end-to-end DAG tests (tests/airflow/); registry.py and "
         "the backends' settings tables in tests/tasks/test_deployment_and_jobs.py; the GKE "
         "backend in tests/tasks/backends/gke/"
+    ),
+    "devtools/servers": (
+        "each server is started by the tests that need it: airflow_server by tests/ui/ and "
+        "tests/airflow/, postgres_server by tests/airflow/test_airflow_scheduler_e2e.py, "
+        "slurm_cluster and sshd_server by tests/tasks/backends/slurm/"
     ),
     "tasks/results": (
         "the verdict files and assets every run and submission DAG test of tests/airflow/ "
@@ -58,7 +63,18 @@ def test_benchmarks_live_only_in_devtools() -> None:
         for p in (REPO / top).rglob("*bench*.py")
         if not p.name.startswith("test_")
     ]
-    assert [b for b in benches if "/devtools/" not in b] == []
+    assert "devtools/bench/verdict_bench.py" in benches
+    assert [b for b in benches if not b.startswith("devtools/bench/")] == []
+
+
+def test_no_devtools_package_inside_the_product() -> None:
+    inside = [
+        p.relative_to(REPO).as_posix()
+        for top in SOURCE_ROOTS
+        if top != "devtools"
+        for p in (REPO / top).rglob("devtools")
+    ]
+    assert inside == []
 
 
 def test_a_package_without_tests_is_named(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""README's module map names every module: a newcomer finds each file of the four code folders
+"""README's module map names every module: a newcomer finds each file of the code folders
 there, by its path (`rcpflow/verdict/gate.py`), or a package by its folder (`tpu_jobs/rcp/`)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("rcpflow", "tasks", "tpu_jobs", "plugins")
+FOLDERS = ("rcpflow", "tasks", "tpu_jobs", "plugins", "devtools")
 
 
 def named_in(readme: str, path: Path) -> bool:

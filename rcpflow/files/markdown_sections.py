@@ -1,7 +1,8 @@
-"""BENCHMARKS.md is written by several benches (`make bench`, `tpu_jobs.devtools.bench` and
-`tunix_bench`, `tasks.devtools.verdict_bench`), each owning sections between its own markers
-(``<!-- name:start -->`` ... ``<!-- name:end -->``). `write_section` is the one writer: it
-replaces a section in place and leaves everything outside its markers byte for byte."""
+"""BENCHMARKS.md is written by several benches (`make bench`: devtools.bench's
+`checkpoint_bench`, `tunix_bench`, `verdict_bench` and `slurm_bench`), each owning sections
+between its own markers (``<!-- name:start -->`` ... ``<!-- name:end -->``). `write_section`
+is the one writer: it replaces a section in place and leaves everything outside its markers
+byte for byte."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import pytest
 from repo_paths import REPO
 
 if TYPE_CHECKING:
-    from tasks.devtools.airflow_server import LocalAirflow
+    from devtools.servers.airflow_server import LocalAirflow
 
 DAGS = REPO / "dags"
 PLUGINS = REPO / "plugins"

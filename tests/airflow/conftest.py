@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from airflow_harness import DAGS, HOME, REPO, Recording, alive, recording_python
 
-from tasks.devtools.airflow_server import LocalAirflow, ServerConfig
+from devtools.servers.airflow_server import LocalAirflow, ServerConfig
 from tasks.jobs.processes import free_port
 from tasks.names import RUN_DAG_ID
 

@@ -17,9 +17,9 @@ import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 from airflow_harness import PYTHON, write_deployment
 
+from devtools.synthetic_run import make_run
 from tasks.backends.local import JobRecords, LocalBackend
 from tasks.deployment import _load
-from tasks.devtools.synthetic_run import make_run
 from tasks.run.stages import cancel_above, evaluate_target, step_target
 
 

@@ -16,11 +16,11 @@ from airflow_harness import (
     write_deployment,
 )
 
+from devtools.synthetic_run import SyntheticRun, attempts_for_accuracy, make_run
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events
 from rcpflow.records.summary import build_summary, read_summary, write_summary
-from tasks.devtools.synthetic_run import SyntheticRun, attempts_for_accuracy, make_run
 
 EVALUATE = "evaluation.evaluate"
 

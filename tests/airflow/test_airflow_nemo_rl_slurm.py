@@ -1,5 +1,5 @@
 """mlperf_grpo_run under a real scheduler on the Slurm backend, against the private Slurm
-(`tasks.devtools.slurm_cluster`, sbatch on this machine), with the NeMo-RL-shaped jobs
+(`devtools.servers.slurm_cluster`, sbatch on this machine), with the NeMo-RL-shaped jobs
 (tests/foreign/nemo_*.py), as test_airflow_nemo_rl does on the local backend: the trainer's
 sbatch job gets MLPERF_MLLOG_FILE (the run folder's MLLOG, `tasks.backend_api.job_inputs`) and
 leaves its step_<N>/ tree, which the run DAG imports as the manifest while training runs (the
@@ -30,9 +30,9 @@ from foreign_runs import (
     assert_nemo_outputs_imported,
 )
 
-from tasks.devtools import slurm_cluster
-from tasks.devtools.airflow_server import LocalAirflow
-from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
+from devtools.servers import slurm_cluster
+from devtools.servers.airflow_server import LocalAirflow
+from devtools.servers.slurm_cluster import NodeSpec, SlurmCluster
 from tasks.results.verdicts import read_verdict, verdict_path
 
 FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]

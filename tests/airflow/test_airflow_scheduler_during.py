@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from airflow_harness import PYTHON, write_deployment
 
+from devtools.servers.airflow_server import LocalAirflow
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events
-from tasks.devtools.airflow_server import LocalAirflow
 from tasks.results.verdicts import read_verdict
 
 PARALLELISM = 4

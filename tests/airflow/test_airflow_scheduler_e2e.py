@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from airflow_harness import CONVERGING_RUN, alive, run_under_scheduler
 
+from devtools.servers.airflow_server import AirflowServerError, LocalAirflow
+from devtools.servers.postgres_server import LocalPostgres, server_bindir
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.mllog import read_events
 from tasks.deployment import DEFAULT_TOML
-from tasks.devtools.airflow_server import AirflowServerError, LocalAirflow
-from tasks.devtools.postgres_server import LocalPostgres, server_bindir
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 from tasks.results.verdicts import read_verdict
 

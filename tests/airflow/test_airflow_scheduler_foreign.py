@@ -15,11 +15,11 @@ import pytest
 from airflow_harness import run_under_scheduler
 from foreign.deployment import FOREIGN_RUN, PASSING_STEP, write_foreign_deployment
 
+from devtools.servers.airflow_server import LocalAirflow
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events
 from rcpflow.records.summary import read_summary
-from tasks.devtools.airflow_server import LocalAirflow
 from tasks.results.verdicts import read_verdict
 
 

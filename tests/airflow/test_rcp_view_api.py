@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from PIL import Image
 
+from devtools.synthetic_run import make_run
 from rcpflow import recipe
 from rcpflow.cli.status import run_status
 from rcpflow.submission import checkers
 from rcpflow.submission.package import SystemDescription, package_submission
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import make_run
 from tasks.results.verdicts import read_verdict, record
 
 pytestmark = pytest.mark.timeout(300)

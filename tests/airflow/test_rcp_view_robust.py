@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from devtools.synthetic_run import make_run
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import make_run
 from tasks.results.verdicts import Verdict
 
 pytestmark = pytest.mark.timeout(300)

@@ -142,7 +142,7 @@ def write_nemo_slurm_deployment(
     step_seconds: float = 0.0,
 ) -> Path:
     """The NeMo-RL-shaped pair on the Slurm backend (the local transport: sbatch on this
-    machine, as against the private Slurm of `tasks.devtools.slurm_cluster`), its job scripts
+    machine, as against the private Slurm of `devtools.servers.slurm_cluster`), its job scripts
     and logs under `jobs_dir`, polled fast; each training step lasting `step_seconds`."""
     shape = ['time_limit = "10"', "signal_grace_s = 30", "max_restarts = 0"]
     lines = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tasks.devtools.synthetic_run import T0
+from devtools.synthetic_run import T0
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tunix"
 SCHEMA = "canon.p46.deepswe-eval.trajectory.v4"

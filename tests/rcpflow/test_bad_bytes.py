@@ -11,11 +11,11 @@ import pytest
 from file_tree import append_bytes, tree_bytes
 from rcpflow_cli import assert_one_invalid_line, run_cli
 
+from devtools.synthetic_run import passing_run
 from rcpflow.files import logtext
 from rcpflow.records.mllog import read_events
 from rcpflow.submission.checkers import compliance
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import passing_run
 
 NOISE = (
     b"step 3 loss 0.25 \xff\xfe caf\xe9 progress\r\n"  # latin-1 bytes: not UTF-8

@@ -13,10 +13,10 @@ import pytest
 from eval_records import START, STOP, deepswe_lines, tunix_for, write_lines
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import make_run
 from rcpflow.cli.status import UNRECORDED, render_table, run_status
 from rcpflow.records.manifest import load, upsert
 from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_results_tree
-from tasks.devtools.synthetic_run import make_run
 
 
 @pytest.fixture

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import make_run, passing_run, write_eval
 from rcpflow import recipe
 from rcpflow.cli.status import run_status
 from rcpflow.records.summary import read_summary
 from rcpflow.trainer.recorder import TrainingRecorder
 from rcpflow.verdict.eval_import import EvalImportError, import_eval
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import make_run, passing_run, write_eval
 
 
 def _rewrite_rows(manifest: str, **fields: object) -> None:

@@ -11,12 +11,12 @@ import pytest
 from eval_records import START, STOP, deepswe_lines, r2egym_lines, write_lines
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import attempts_for_accuracy, make_run
 from rcpflow import recipe
 from rcpflow.records.manifest import ManifestError, ManifestRow
 from rcpflow.records.summary import build_summary
 from rcpflow.records.summary_checks import consistency_problems
 from rcpflow.verdict.eval_import import EvalImportError, import_eval
-from tasks.devtools.synthetic_run import attempts_for_accuracy, make_run
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from chromium_driver import chromium, require_browser
 
+from devtools.servers.airflow_server import USER, LocalAirflow, ServerConfig
+from devtools.synthetic_run import make_run
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
@@ -36,8 +38,6 @@ from rcpflow.records.rcp_reference import reference_means
 from rcpflow.submission import checkers
 from rcpflow.submission.package import SystemDescription, package_submission
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.airflow_server import USER, LocalAirflow, ServerConfig
-from tasks.devtools.synthetic_run import make_run
 from tasks.jobs.processes import free_port
 from tasks.results.verdicts import read_verdict, record
 from tasks.submission.report import write_report

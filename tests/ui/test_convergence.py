@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from devtools.synthetic_run import T0, make_run, write_eval
 from rcpflow.cli.status import run_status
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import T0, make_run, write_eval
 from tasks.views.convergence import (
     ConvergenceData,
     convergence_data,

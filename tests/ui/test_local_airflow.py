@@ -1,4 +1,4 @@
-"""The local Airflow of the demo and `make ui` (`tasks.devtools.airflow_server`): every port it
+"""The local Airflow of the demo and `make ui` (`devtools.servers.airflow_server`): every port it
 opens is chosen free and bound to 127.0.0.1, so two of them on one machine do not collide.
 
 The listening sockets are read from the operating system (psutil, which Airflow itself
@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.devtools.airflow_server import COMPONENTS, LocalAirflow, ServerConfig
-from tasks.devtools.demo import arguments
+from devtools.demo import arguments
+from devtools.servers.airflow_server import COMPONENTS, LocalAirflow, ServerConfig
 from tasks.jobs.processes import descendants, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_two_local_airflows_listen_on_loopback_at_different_free_ports(tmp_path:
 
 def test_airflow_server_is_a_command_with_help() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tasks.devtools.airflow_server", "--help"],
+        [sys.executable, "-m", "devtools.servers.airflow_server", "--help"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": str(REPO)},

@@ -12,8 +12,8 @@ import pytest
 from file_tree import append_bytes, tree_bytes
 from rcpflow_cli import assert_one_invalid_line, cli_env, cli_env_without_gcs_credentials, run_cli
 
+from devtools.synthetic_run import passing_run
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import passing_run
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

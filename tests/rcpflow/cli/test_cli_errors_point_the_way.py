@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import SyntheticRun, make_run
 from rcpflow.cli.commands import main
 from rcpflow.cli.status import utc_text
-from tasks.devtools.synthetic_run import SyntheticRun, make_run
 
 
 @pytest.fixture

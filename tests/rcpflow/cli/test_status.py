@@ -7,9 +7,9 @@ from pathlib import Path
 
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import make_run, write_eval
 from rcpflow.cli.status import run_status, utc_text
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import make_run, write_eval
 
 
 def test_status_rows_gate_and_finalize_preview(tmp_path):

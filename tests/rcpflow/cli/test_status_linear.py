@@ -3,10 +3,10 @@ step for each row's gate). Counted, not timed; `status_bench.py` measures the se
 
 from __future__ import annotations
 
+from devtools.bench.status_bench import build
 from rcpflow.cli.status import run_status
 from rcpflow.records import summary
 from rcpflow.verdict import verify
-from tasks.devtools.status_bench import build
 
 
 def test_status_reads_each_summary_once(tmp_path, monkeypatch):

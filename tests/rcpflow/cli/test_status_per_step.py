@@ -11,10 +11,10 @@ from pathlib import Path
 
 from rcpflow_cli import cli_env_without_gcs_credentials, run_cli
 
+from devtools.synthetic_run import passing_run, rows_of
 from rcpflow.cli.status import run_status
 from rcpflow.records.manifest import render_rows
 from rcpflow.verdict.verify import attempts_file
-from tasks.devtools.synthetic_run import passing_run, rows_of
 
 
 def test_an_attempts_path_that_is_a_folder_is_one_unreadable_step(tmp_path):

@@ -17,11 +17,11 @@ from pathlib import Path
 from file_tree import append_bytes
 from rcpflow_cli import cli_env, run_cli
 
+from devtools.synthetic_run import passing_run
 from rcpflow.files import logtext
 from rcpflow.files.storage import LocalStorage
 from rcpflow.records.mllog import parse, read_events
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import passing_run
 
 
 def _mode(path: Path | str) -> int:

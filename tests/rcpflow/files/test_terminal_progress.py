@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from devtools.synthetic_run import make_run
 from rcpflow.files.terminal_progress import Progress
-from tasks.devtools.synthetic_run import make_run
 
 
 class _Terminal(io.StringIO):

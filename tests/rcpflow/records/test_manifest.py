@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devtools.synthetic_run import make_run, rows_of
 from rcpflow.records.manifest import ManifestError, ManifestRow, load, parse_rows, upsert
-from tasks.devtools.synthetic_run import make_run, rows_of
 
 
 def test_valid_manifest_resolves_paths(tmp_path):

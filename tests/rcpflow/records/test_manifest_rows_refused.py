@@ -11,9 +11,9 @@ import pytest
 from file_tree import tree_bytes
 from rcpflow_cli import assert_one_invalid_line, run_cli
 
+from devtools.synthetic_run import passing_run
 from rcpflow.records.manifest import ManifestError, load
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import passing_run
 
 
 def test_mllog_file_outside_the_run_is_invalid(tmp_path):

@@ -12,11 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from outside_input import accepted_or_one_line
 
+from devtools.synthetic_run import attempts_for_accuracy
 from rcpflow import recipe
 from rcpflow.records.attempts import AttemptsError, parse_attempts
 from rcpflow.records.manifest import ManifestError, ManifestRow, parse_rows, render_rows
 from rcpflow.records.summary import EvalSummary, SummaryError, build_summary
-from tasks.devtools.synthetic_run import attempts_for_accuracy
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

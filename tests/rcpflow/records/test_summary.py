@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devtools.synthetic_run import attempts_for_accuracy, make_run
 from rcpflow import recipe
 from rcpflow.records.manifest import ManifestRow
 from rcpflow.records.summary import (
@@ -25,7 +26,6 @@ from rcpflow.records.summary_checks import (
     recomputed_problems,
     summary_problems,
 )
-from tasks.devtools.synthetic_run import attempts_for_accuracy, make_run
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "tunix"
 TIMES = (1790661000000, 1790662697760)

@@ -11,11 +11,11 @@ import pytest
 from file_tree import append_bytes
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import passing_run, write_eval
 from rcpflow.files import logtext
 from rcpflow.records.mllog import read_events
 from rcpflow.submission.checkers import compliance
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import passing_run, write_eval
 
 
 def _drop_lines(path: Path, key: str) -> None:

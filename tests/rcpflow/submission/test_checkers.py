@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from devtools.synthetic_run import make_run
 from rcpflow.files.layout import RunLayout
 from rcpflow.submission import checkers
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import make_run
 
 # Each checker subprocess takes ~1-2 s here; a hang must fail the test, not CI.
 pytestmark = pytest.mark.timeout(180)

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from devtools.synthetic_run import STEP_MS, make_run
 from rcpflow import recipe
 from rcpflow.submission import checkers
 from rcpflow.submission.package import STATUSES, SystemDescription, local_system, package_submission
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import STEP_MS, make_run
 
 pytestmark = pytest.mark.timeout(240)
 

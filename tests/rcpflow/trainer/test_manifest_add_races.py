@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from rcpflow_cli import cli_env, run_cli
 
+from devtools.synthetic_run import rows_of
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
 from rcpflow.records.manifest import load, read_rows
 from rcpflow.trainer.manifest_add import add_row
 from rcpflow.trainer.recorder import RecorderError, TrainingRecorder
-from tasks.devtools.synthetic_run import rows_of
 
 T0 = 1_700_000_000_000
 OWNER = "foreign-trainer"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import evaluated, rows_of
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.mllog import read_events
 from rcpflow.submission import checkers
 from rcpflow.trainer.recorder import RecorderError, Resumed, TrainingRecorder
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import evaluated, rows_of
 
 GBS, MAX_STEPS, VAL_START = 256, 24, 18
 T0 = 1_700_000_000_000

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import make_run
 from rcpflow.cli.status import render_table, run_status
 from rcpflow.records.mllog import read_events
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import make_run
 
 
 def _decided(tmp_path):

@@ -18,12 +18,12 @@ from eval_records import (
 )
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import make_run, write_eval
 from rcpflow.records.manifest import load
 from rcpflow.records.summary import read_summary
 from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_results_tree
 from rcpflow.verdict.gate import valid_summary
 from rcpflow.verdict.verify import evaluate_step
-from tasks.devtools.synthetic_run import make_run, write_eval
 
 
 @pytest.fixture

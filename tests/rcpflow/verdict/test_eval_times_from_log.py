@@ -11,6 +11,7 @@ import pytest
 from eval_records import FIXTURES
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import make_run
 from rcpflow.records.mllog import EventRenderer
 from rcpflow.records.summary import read_summary
 from rcpflow.verdict.eval_import import (
@@ -19,7 +20,6 @@ from rcpflow.verdict.eval_import import (
     import_eval,
     import_results_tree,
 )
-from tasks.devtools.synthetic_run import make_run
 
 
 @pytest.fixture

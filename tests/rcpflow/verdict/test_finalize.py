@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import make_run, write_eval
 from rcpflow.records.mllog import read_events
 from rcpflow.verdict.finalize import FinalizeInputError, finalize
-from tasks.devtools.synthetic_run import make_run, write_eval
 
 
 def _events(run, key):

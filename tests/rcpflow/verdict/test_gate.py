@@ -4,8 +4,8 @@ import itertools
 import random
 from pathlib import Path
 
+from devtools.synthetic_run import make_run, rows_of, write_eval
 from rcpflow.verdict.gate import lowest_passing, valid_summary
-from tasks.devtools.synthetic_run import make_run, rows_of, write_eval
 
 
 def test_skip_only_above_a_passing_lower_step(tmp_path):

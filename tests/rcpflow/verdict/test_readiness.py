@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from devtools.synthetic_run import make_run, rows_of
 from rcpflow.records.checkpoint_state import RunSnapshot
 from rcpflow.verdict.readiness import readiness, skip_sentence
-from tasks.devtools.synthetic_run import make_run, rows_of
 
 
 @pytest.fixture

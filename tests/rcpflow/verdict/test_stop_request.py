@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devtools.synthetic_run import T0, make_run, rows_of, write_eval
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.checkpoint_state import ProgressError, checkpoint_progress
@@ -20,7 +21,6 @@ from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.trainer.recorder import TrainingRecorder
 from rcpflow.verdict import stop_request
 from rcpflow.verdict.stop_request import RunIdentity, StopRequest, request_stop
-from tasks.devtools.synthetic_run import T0, make_run, rows_of, write_eval
 
 VAL_START, MAX_STEPS = 18, 24
 STEPS = list(range(VAL_START, MAX_STEPS + 1))

@@ -12,10 +12,10 @@ import pytest
 from eval_records import START, STOP, deepswe_lines, write_lines
 from rcpflow_cli import run_cli
 
+from devtools.synthetic_run import make_run
 from rcpflow.cli.status import run_status
 from rcpflow.verdict.eval_import import EvalImportError, import_eval
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import make_run
 
 
 @pytest.fixture

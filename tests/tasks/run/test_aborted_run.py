@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.devtools.synthetic_run import make_run
+from devtools.synthetic_run import make_run
 from tasks.jobs.result import EvaluationError
 from tasks.run.stages import check_run, finalize_run
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent
 
+from devtools.synthetic_run import make_run, rows_of
 from rcpflow.files.layout import RunLayout
-from tasks.devtools.synthetic_run import make_run, rows_of
 from tasks.run.spec import RunSpec
 from tasks.run.triggers import (
     CheckpointTrigger,

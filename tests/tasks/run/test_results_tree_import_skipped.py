@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.devtools.synthetic_run import passing_run
+from devtools.synthetic_run import passing_run
 from tasks.run import results_tree_import
 from tasks.run.spec import ParamError
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from devtools.synthetic_run import make_run
 from rcpflow.verdict.finalize import finalize
 from rcpflow.verdict.schedule_record import ScheduleRecord, read_schedule, record_schedule
-from tasks.devtools.synthetic_run import make_run
 from tasks.submission.report import render_report
 from tasks.submission.spec import SubmissionSpec
 

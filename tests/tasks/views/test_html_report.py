@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from devtools.synthetic_run import make_run
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import make_run
 from tasks.submission.report import render_report
 from tasks.submission.spec import SubmissionSpec
 from tasks.views.convergence import render

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from devtools.synthetic_run import passing_run
 from rcpflow.verdict.verify import attempts_file
-from tasks.devtools.synthetic_run import passing_run
 from tasks.views.storage_index import read_run
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from trainer_runs import written_rows
 
+from devtools.synthetic_run import evaluated
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
 from rcpflow.records import manifest
@@ -32,7 +33,6 @@ from rcpflow.submission.checkers import compliance
 from rcpflow.trainer.recorder import TrainingRecorder, now_ms
 from rcpflow.verdict import stop_request
 from rcpflow.verdict.finalize import finalize
-from tasks.devtools.synthetic_run import evaluated
 from tpu_jobs.rcp.checkpoint_format import is_complete
 
 _WHY = "google-tunix (the project's `tunix` extra) is not installed"

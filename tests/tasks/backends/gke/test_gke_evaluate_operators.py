@@ -32,8 +32,8 @@ def test_a_pass_deletes_only_the_higher_steps_running_evaluation_jobsets(
 ) -> None:
     from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
+    from devtools.synthetic_run import make_run, write_eval
     from tasks.backends.gke.evaluate_operators import EvaluateJobSetOperator
-    from tasks.devtools.synthetic_run import make_run, write_eval
 
     run = make_run(str(tmp_path / "run"), last_step=22)  # rows 18..22, no summaries
     settings = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.01)

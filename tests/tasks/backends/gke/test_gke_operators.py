@@ -651,8 +651,8 @@ def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_pa
     """Evaluation during training decided the run and wrote the stop request; a trainer that
     has not ended `stop_grace_s` later has its JobSet deleted, and the run task succeeds with
     what was committed. A request of another run in the folder deletes nothing."""
+    from devtools.synthetic_run import make_run
     from rcpflow.verdict.stop_request import request_stop
-    from tasks.devtools.synthetic_run import make_run
 
     run = make_run(str(tmp_path / "run"), last_step=20, accuracies={18: 0.3, 19: 0.8})
     op = _op(stop_run_dir=run.run_dir, stop_grace=timedelta(0))
@@ -670,8 +670,8 @@ def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_pa
 def test_a_stop_request_of_another_run_deletes_nothing(
     fake_gke, monkeypatch, recorded_status, tmp_path
 ) -> None:
+    from devtools.synthetic_run import T0, make_run
     from rcpflow.verdict.stop_request import RunIdentity, StopRequest
-    from tasks.devtools.synthetic_run import T0, make_run
 
     run = make_run(str(tmp_path / "run"), last_step=20)
     other = StopRequest(RunIdentity(1, 256, 18, 24, T0 - 1), 19, run.row(19).timestamp_ms, "old")

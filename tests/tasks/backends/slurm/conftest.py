@@ -1,6 +1,6 @@
 """Fixtures for the Slurm backend's tests: a private Slurm (slurmctld, slurmd ``n1``, ``n2``,
 munged, slurmrestd with JWT) and a private sshd standing in for its login node, each started
-once per session (`tasks.devtools.slurm_cluster`, `tasks.devtools.sshd_server`).
+once per session (`devtools.servers.slurm_cluster`, `devtools.servers.sshd_server`).
 
 Without Debian's packages the tests that need them are skipped, naming what is missing, and
 fail when ``CI`` is set (``make test`` installs them: ``make system-packages``).
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from env_helpers import set_env
 
-from tasks.devtools import slurm_cluster, sshd_server
-from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
-from tasks.devtools.sshd_server import LocalSshd
+from devtools.servers import slurm_cluster, sshd_server
+from devtools.servers.slurm_cluster import NodeSpec, SlurmCluster
+from devtools.servers.sshd_server import LocalSshd
 
 SSH_CONN_ID = "rcpflow_slurm_login"
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.servers.slurm_cluster import SlurmCluster
 from tasks.backends.slurm.hooks import (
     ClusterUnreachable,
     CommandResult,
@@ -29,7 +30,6 @@ from tasks.backends.slurm.hooks import (
 )
 from tasks.backends.slurm.script import BatchJob, render_script
 from tasks.backends.slurm.settings import SecretRef, SlurmJobShape, SlurmSettings
-from tasks.devtools.slurm_cluster import SlurmCluster
 
 PY = sys.executable
 # Every shell metacharacter, quotes, a newline, a glob, an expansion, a command substitution.

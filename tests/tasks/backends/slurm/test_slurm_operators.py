@@ -18,6 +18,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from slurm_driver import context, drive, first_event, start
 
+from devtools.servers.slurm_cluster import SlurmCluster
 from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY
 from tasks.backends.slurm.adapter import job_name
 from tasks.backends.slurm.evaluate_operators import SlurmEvaluateOperator
@@ -25,7 +26,6 @@ from tasks.backends.slurm.hooks import SlurmHook
 from tasks.backends.slurm.operators import CancelSlurmJobsOperator, SlurmJobOperator
 from tasks.backends.slurm.settings import SecretRef, SlurmJobShape, SlurmSettings
 from tasks.backends.slurm.triggers import SlurmJobTrigger
-from tasks.devtools.slurm_cluster import SlurmCluster
 from tasks.jobs.templates import EvaluateJob
 
 PY = sys.executable
@@ -239,7 +239,7 @@ def test_no_secret_in_script_log_or_xcom(
 def test_a_pass_cancels_the_higher_steps_evaluation_jobs_only(
     slurm_env: SlurmCluster, jobs_dir: Path, tmp_path: Path
 ) -> None:
-    from tasks.devtools.synthetic_run import make_run, write_eval
+    from devtools.synthetic_run import make_run, write_eval
 
     run = make_run(str(tmp_path / "run"), last_step=22)  # rows 18..22, no summaries
     write_eval(run, 19, 0.8)  # a passing summary for step 19, staged: the job puts it in place
@@ -322,7 +322,7 @@ def test_evaluation_in_the_training_allocation_stops_at_the_first_pass(
     """The reference's schedule: after the training (here one that only exits 0, on a run made
     beforehand), the batch script evaluates steps 18, 19, ... in order in its own allocation,
     asking `rcpflow status`; step 19 passes, so step 20 is never evaluated."""
-    from tasks.devtools.synthetic_run import make_run, write_eval
+    from devtools.synthetic_run import make_run, write_eval
 
     run = make_run(str(tmp_path / "run"), last_step=22)  # rows 18..22
     staged = jobs_dir / "staged"
@@ -399,8 +399,8 @@ def test_a_training_still_running_after_the_stop_request_is_scancelled(
     with what was committed."""
     from datetime import timedelta
 
+    from devtools.synthetic_run import make_run
     from rcpflow.verdict.stop_request import request_stop
-    from tasks.devtools.synthetic_run import make_run
 
     run = make_run(str(tmp_path / "run"), last_step=20, accuracies={18: 0.3, 19: 0.8})
     task = SlurmJobOperator(

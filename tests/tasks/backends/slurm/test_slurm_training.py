@@ -12,11 +12,11 @@ import pytest
 from repo_paths import REPO
 from slurm_driver import context, drive
 
+from devtools.servers.slurm_cluster import SlurmCluster
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from tasks.backends.slurm.operators import SlurmJobOperator
 from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings
-from tasks.devtools.slurm_cluster import SlurmCluster
 from tasks.jobs.command import TRAIN_JOB
 from tasks.jobs.values import train_values
 

@@ -1,6 +1,6 @@
 """A real Kubernetes control plane for the GKE backend's tests: etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler, the JobSet controller and kwok with TPU v5p nodes
-(`tasks.devtools.k8s_control_plane`), started once per session.
+(`devtools.k8s.control_plane`), started once per session.
 
 The binaries come from $RCPFLOW_K8S_BIN, ``../shared/k8s-bin/<pins hash>/`` or
 ``.cache/k8s-bin/<pins hash>/`` (``make k8s-bin`` builds the latter; with
@@ -29,14 +29,10 @@ from typing import Any
 import pytest
 from k8s_real import AIRFLOW_USER, GOOGLE_TOKEN, fresh_namespace
 
-from tasks.devtools.k8s_control_plane import (
-    DEFAULT_POOLS,
-    NEWEST_JOBSET,
-    BinariesMissing,
-    ControlPlane,
-    TpuNodePool,
-    binaries,
-)
+from devtools.k8s.binaries import NEWEST_JOBSET, binaries
+from devtools.k8s.control_plane import ControlPlane
+from devtools.k8s.errors import BinariesMissing
+from devtools.k8s.kwok_nodes import DEFAULT_POOLS, TpuNodePool
 
 BUILD_ENV = "RCPFLOW_K8S_BUILD"
 

@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from devtools.k8s.client import ApiError
+from devtools.k8s.control_plane import ControlPlane
 from tasks.backends.gke.render import (
     JOBSET_GROUP,
     JOBSET_NAME_LABEL,
@@ -18,7 +20,6 @@ from tasks.backends.gke.render import (
     render_jobset,
 )
 from tasks.backends.gke.settings import GkeSettings, TpuJobShape
-from tasks.devtools.k8s_control_plane import ApiError, ControlPlane
 
 RUN_ID = "manual__2026-05-01T12:00:00+00:00"
 # The bearer token of the test Google credentials (`fixed_token_credentials`): the API server

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from k8s_real import JobSets, condition, render, settings, shape
 
+from devtools.k8s.control_plane import ControlPlane
 from tasks.backends.gke.render import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
-from tasks.devtools.k8s_control_plane import ControlPlane
 
 DOWN_S = 20.0
 

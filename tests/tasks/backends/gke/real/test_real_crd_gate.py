@@ -13,15 +13,12 @@ from typing import Any
 import pytest
 from k8s_real import render, settings, shape
 
+from devtools.k8s.binaries import JOBSET_VERSIONS, OLDER_JOBSET_CRD
+from devtools.k8s.client import ApiError
+from devtools.k8s.control_plane import ControlPlane
+from devtools.k8s.manifests import controller_manifests
 from tasks.backends.gke.crd import JobSetVersionError, check_crd
 from tasks.backends.gke.render import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
-from tasks.devtools.k8s_control_plane import (
-    JOBSET_VERSIONS,
-    OLDER_JOBSET_CRD,
-    ApiError,
-    ControlPlane,
-    controller_manifests,
-)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ import pytest
 from k8s_real import JobSets, condition, fresh_namespace, render, settings, shape
 from repo_paths import REPO
 
+from devtools.k8s.binaries import JOBSET_VERSIONS
+from devtools.k8s.control_plane import ControlPlane
 from tasks.backends.gke.status import failed_pods, interpret_status
-from tasks.devtools.k8s_control_plane import JOBSET_VERSIONS, ControlPlane
 
 RESTART_BUDGET = 2
 

@@ -27,9 +27,9 @@ from k8s_real import (
     shape,
 )
 
+from devtools.k8s.control_plane import ControlPlane
 from tasks.backends.gke.crd import check_crd
 from tasks.backends.gke.settings import GkeSettings
-from tasks.devtools.k8s_control_plane import ControlPlane
 
 if TYPE_CHECKING:
     from tasks.backends.gke.hooks import JobSetHook

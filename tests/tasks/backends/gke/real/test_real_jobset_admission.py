@@ -11,14 +11,10 @@ from typing import Any
 import pytest
 from k8s_real import JobSets, condition, render, settings
 
+from devtools.k8s.control_plane import ControlPlane
+from devtools.k8s.kwok_nodes import NODEPOOL_LABEL, TPU_RESOURCE, TPU_TOPOLOGY_LABEL
 from tasks.backends.gke.render import JOBSET_COORDINATOR_ANNOTATION, JOBSET_UID_LABEL
 from tasks.backends.gke.status import interpret_status
-from tasks.devtools.k8s_control_plane import (
-    NODEPOOL_LABEL,
-    TPU_RESOURCE,
-    TPU_TOPOLOGY_LABEL,
-    ControlPlane,
-)
 
 
 @pytest.fixture

@@ -13,14 +13,11 @@ from typing import Any
 import pytest
 from k8s_real import JobSets, condition, fresh_namespace, render, settings, shape
 
+from devtools.k8s.binaries import NEWEST_JOBSET
+from devtools.k8s.control_plane import ControlPlane
+from devtools.k8s.errors import BinariesMissing
+from devtools.k8s.kwok_nodes import TPU_ACCELERATOR_LABEL, TPU_RESOURCE
 from tasks.backends.gke.status import interpret_status
-from tasks.devtools.k8s_control_plane import (
-    NEWEST_JOBSET,
-    TPU_ACCELERATOR_LABEL,
-    TPU_RESOURCE,
-    BinariesMissing,
-    ControlPlane,
-)
 
 QUEUE = "tpu"
 

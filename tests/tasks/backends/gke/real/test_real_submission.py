@@ -1,7 +1,7 @@
 """A whole submission on the real control plane: the rehearsal deployment
 (docker/deployment.rehearsal.toml) on the GKE backend, three seeds under a real Airflow
 scheduler on 127.0.0.1, every job a JobSet the real JobSet controller runs on kwok's TPU v5p
-nodes, each pod's container run here by `tasks.devtools.kwok_pods.PodRunner` and completed
+nodes, each pod's container run here by `devtools.k8s.kwok_pods.PodRunner` and completed
 by kwok with its process's exit code. The cluster is reached through a Kubernetes connection
 (a kubeconfig of a service account whom RBAC grants what docs/gke.md lists), the path a
 deployment without the GKE lookup takes (`gke.kubernetes_conn_id`)."""
@@ -17,14 +17,16 @@ import pytest
 from k8s_real import DOCUMENTED_RULES, JobSets, fresh_namespace
 from repo_paths import REPO
 
+from devtools.k8s.binaries import JOBSET_VERSIONS
+from devtools.k8s.control_plane import ControlPlane
+from devtools.k8s.kwok_nodes import TpuNodePool
+from devtools.k8s.kwok_pods import PodRunner
+from devtools.servers.airflow_server import LocalAirflow, repo_config
 from rcpflow.files.layout import RunLayout
 from rcpflow.planning.rehearsal import load_curve
 from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events
 from tasks.backends.gke.render import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION
-from tasks.devtools.airflow_server import LocalAirflow, repo_config
-from tasks.devtools.k8s_control_plane import JOBSET_VERSIONS, ControlPlane, TpuNodePool
-from tasks.devtools.kwok_pods import PodRunner
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 from tasks.results.verdicts import read_verdict
 

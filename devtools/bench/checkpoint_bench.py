@@ -1,6 +1,7 @@
 """`make bench`: checkpoint and trainer speeds as ratios measured in one run, into BENCHMARKS.md.
 
-    python -m tpu_jobs.devtools.bench [--output BENCHMARKS.md] [--steps 30] [--restore-mb 128]
+    python -m devtools.bench.checkpoint_bench [--output BENCHMARKS.md] [--steps 30]
+        [--restore-mb 128]
 
 Measured here, on whatever machine runs it (all numbers are wall-clock on this machine, so only
 the ratios travel):
@@ -57,7 +58,7 @@ from tpu_jobs.toy import grpo
 from tpu_jobs.toy.model import param_bytes, unscan_params
 from tpu_jobs.toy.train import TrainConfig
 
-TUNIX_SECTION_START = "<!-- tunix_bench: start -->"  # tpu_jobs.devtools.tunix_bench's
+TUNIX_SECTION_START = "<!-- tunix_bench: start -->"  # devtools.bench.tunix_bench's
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -330,7 +331,7 @@ def render_sizes(rows: list[SizeRow], when: str, where: str) -> str:
     own = [r for r in rows if (r.recording_s - r.save_wait_s) / r.step_s <= RECORDING_GOAL]
     return f"""{SIZES_TITLE}
 
-Written by `python -m tpu_jobs.devtools.bench` (`--only-sizes` rewrites just this section);
+Written by `python -m devtools.bench.checkpoint_bench` (`--only-sizes` rewrites just this section);
 {when}; {where}. The toy trainer through `tpu_jobs.launch` (1 CPU device per process), gbs 32,
 a checkpoint every step (its weights; the full train state every K-th, `--full-state-every
 K`), {SIZE_STEPS} steps, medians of steps 3-{SIZE_STEPS} of process 0 (steps 1-2 compile).
@@ -356,7 +357,7 @@ SIZES_START, SIZES_END = "<!-- bench-sizes:start -->", "<!-- bench-sizes:end -->
 
 def write_sizes_section(output: Path, section: str) -> None:
     """Put `section` into `output` between its markers, replacing an earlier one; a new one goes
-    before the Tunix section's markers (which `tpu_jobs.devtools.tunix_bench` rewrites whole)."""
+    before the Tunix section's markers (which `devtools.bench.tunix_bench` rewrites whole)."""
     write_section(output, section, SIZES_START, SIZES_END, new_before=TUNIX_SECTION_START)
 
 
@@ -383,8 +384,9 @@ def render(t: TrainerNumbers, r: RestoreNumbers, steps: int, when: str, where: s
     blocks = f"{ROUNDS} interleaved blocks of {t.block_steps} steps each"
     return f"""# Benchmarks
 
-Written by `make bench`: `python -m tpu_jobs.devtools.bench`, then the Tunix job's section at the
-end by `python -m tpu_jobs.devtools.tunix_bench`; the numbers of each section come from one run.
+Written by `make bench`: `python -m devtools.bench.checkpoint_bench`, then the Tunix job's
+section at the end by `python -m devtools.bench.tunix_bench`; the numbers of each section come
+from one run.
 Only the ratios are meant to be compared across machines. No test asserts any of these.
 
 - Date: {when}
@@ -483,7 +485,7 @@ def ratios_of(t: TrainerNumbers, r: RestoreNumbers) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m tpu_jobs.devtools.bench", description=__doc__.split("\n")[0]
+        prog="python -m devtools.bench.checkpoint_bench", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file to (re)write")
     ap.add_argument("--steps", type=int, default=30, help="toy steps timed per configuration")

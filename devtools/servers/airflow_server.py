@@ -11,7 +11,7 @@ loopback; the worker and trigger log ports both name it, and the hostname the ta
 record is 127.0.0.1, where it listens. Metadata DB: SQLite in AIRFLOW_HOME unless `env` sets
 ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``; LocalExecutor; REST over the API's v2 routes (urllib).
 
-    python -m tasks.devtools.airflow_server --home DIR [--port N]   # up until Ctrl-C
+    python -m devtools.servers.airflow_server --home DIR [--port N]   # up until Ctrl-C
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ HOST = "127.0.0.1"
 # Airflow's own log servers bind 0.0.0.0 at a fixed port: ours replaces them (module doc).
 _SKIP_SERVE_LOGS = ("scheduler", "triggerer")
 LOG_SERVER_APP = "airflow.utils.serve_logs.log_server:get_app"
+# The checkout this module runs from: devtools is no installed package (the images leave it
+# out), so the components find `loopback_hostname` through their PYTHONPATH.
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
 def loopback_hostname() -> str:
@@ -109,6 +112,9 @@ class LocalAirflow(Server):
             **os.environ,
             # the components start `airflow ...` children by name
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, (str(CHECKOUT), os.environ.get("PYTHONPATH")))
+            ),
             "AIRFLOW_HOME": str(c.home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(c.dags_folder),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(c.plugins_folder),
@@ -342,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     from tasks.deployment import REPO_ROOT
 
     parser = argparse.ArgumentParser(
-        prog="python -m tasks.devtools.airflow_server",
+        prog="python -m devtools.servers.airflow_server",
         description="Start a private Airflow on 127.0.0.1 over an Airflow home and keep it up "
         "until Ctrl-C; every process it started is stopped on the way out.",
     )

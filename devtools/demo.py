@@ -11,12 +11,12 @@ task states), then prints the submission folder and the verdicts. ``--keep-runni
 Airflow up afterwards until Ctrl-C; ``--ui-only`` (``make ui``) runs nothing and brings the
 finished demo's Airflow (its home, ``.airflow/demo``) back up until Ctrl-C. ``--backend slurm``
 (``make demo BACKEND=slurm``) runs the toy jobs on a private Slurm instead
-(`tasks.devtools.slurm_cluster`: slurmctld and two slurmd nodes on 127.0.0.1), the training
+(`devtools.servers.slurm_cluster`: slurmctld and two slurmd nodes on 127.0.0.1), the training
 on both nodes, each evaluation on one; the progress lines name the Slurm jobs. Every process
 it started is stopped by PID on the way out, also after a failure or Ctrl-C. Exit status 0
 only when the submission passed every check (``--ui-only``: when Airflow came up).
 
-    .venv/bin/python -m tasks.devtools.demo [--trainer toy|tunix|rehearsal] [--backend local|slurm]
+    .venv/bin/python -m devtools.demo [--trainer toy|tunix|rehearsal] [--backend local|slurm]
         [--global-batch-size N] [--max-steps N] [--seeds 1 2 3] [--keep-running | --ui-only]
 """
 
@@ -36,14 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.deployment import ENV_VAR, REPO_ROOT
-from tasks.devtools.airflow_server import (
+from devtools.servers.airflow_server import (
     AirflowServerError,
     LocalAirflow,
     print_login,
     repo_config,
     wait_until_interrupted,
 )
+from rcpflow import recipe
+from tasks.deployment import ENV_VAR, REPO_ROOT
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
 NAME = "demo"
@@ -127,7 +128,7 @@ def demo_conf(
         "global_batch_size": global_batch_size,
         "max_steps": max_steps,
         "val_start_at": None,
-        "target": 0.69,
+        "target": recipe.TARGET_ACCURACY,
         "division": "open",  # the toy policy uses its own learning rate
         "backend": backend,
         "storage_root": str(STORAGE_ROOT),
@@ -406,7 +407,7 @@ def _on_private_slurm(
     keep_running: bool,
 ) -> int:  # fmt: skip
     """The demo with its jobs on a private Slurm, stopped by PID afterwards."""
-    from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
+    from devtools.servers.slurm_cluster import NodeSpec, SlurmCluster
 
     if trainer != "toy":
         print("error: --backend slurm runs the toy jobs (--trainer toy)", file=sys.stderr)
@@ -493,7 +494,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m tasks.devtools.demo",
+        prog="python -m devtools.demo",
         description=__doc__.splitlines()[0].replace("``", ""),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

@@ -4,7 +4,7 @@ slurmrestd with JWT. Installs nothing (``make system-packages`` does); every fil
 one temporary folder; everything is stopped by the PID we hold, after the jobs are cancelled.
 Facts behind the config: ``../shared/reference/slurm-notes.md`` and docs/slurm.md.
 
-``python -m tasks.devtools.slurm_cluster`` starts one until Ctrl-C and prints its ``SLURM_CONF``.
+``python -m devtools.servers.slurm_cluster`` starts one until Ctrl-C and prints its ``SLURM_CONF``.
 """
 
 from __future__ import annotations
@@ -462,7 +462,7 @@ def _tail(path: Path, limit: int = 3000) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tasks.devtools.slurm_cluster",
+        prog="python -m devtools.servers.slurm_cluster",
         description="Run a private Slurm (slurmctld + slurmd n1, n2) on 127.0.0.1 until Ctrl-C.",
     )
     parser.add_argument("--auth", choices=("munge", "none"), default="munge")

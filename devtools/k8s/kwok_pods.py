@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.devtools.k8s_control_plane import ApiError, ControlPlane
+from devtools.k8s.client import ApiError
+from devtools.k8s.control_plane import ControlPlane
 from tasks.jobs.processes import send_signal
 
 POLL_S = 0.2

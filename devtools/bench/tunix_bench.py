@@ -1,6 +1,6 @@
 """Bench of the Tunix job: what Tunix's per-step checkpoints and rcpflow's recording cost a step.
 
-    python -m tpu_jobs.devtools.tunix_bench [--rounds 4] [--steps 20] [--warmup 3]
+    python -m devtools.bench.tunix_bench [--rounds 4] [--steps 20] [--warmup 3]
         [--output BENCHMARKS.md]
 
 Three variants of the same run (toy task, gbs 256, seed 0), each a fresh RLCluster trained for
@@ -19,7 +19,7 @@ in ``RLCluster.generate``; the same probe in every variant); the first ``--warmu
 write). In the recorded variant the time spent in the recording call itself is also measured
 (most of it the wait for the update to finish computing, which the next rollout would wait for
 anyway). Prints one JSON line per block, then the medians and their ratios, and (re)writes the
-Tunix section of `--output` (``make bench`` runs it after `tpu_jobs.devtools.bench`, which
+Tunix section of `--output` (``make bench`` runs it after `devtools.bench.checkpoint_bench`, which
 rewrites the rest of that file).
 """
 
@@ -43,11 +43,11 @@ import jax
 import orbax.checkpoint
 from tunix.rl import rl_cluster as rlc
 
+from devtools.bench.checkpoint_bench import TUNIX_SECTION_START, machine
 from rcpflow import recipe
 from rcpflow.files.markdown_sections import write_section
 from rcpflow.records.mllog import SystemInfo
 from rcpflow.trainer.recorder import TrainingRecorder
-from tpu_jobs.devtools.bench import TUNIX_SECTION_START, machine
 from tpu_jobs.tunix import train
 from tpu_jobs.tunix.recording import StepRecording
 
@@ -138,7 +138,7 @@ def section(
     rounds = ", ".join(f"{x:.2f}" for x in per_round)
     load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return f"""{SECTION_START}
-## Tunix job (`python -m tpu_jobs.devtools.tunix_bench`)
+## Tunix job (`python -m devtools.bench.tunix_bench`)
 
 - Date: {when}; {versions}; JAX backend {jax.default_backend()}, {jax.device_count()} device(s)
 - Machine: {where}; load average at the end {load_end}
@@ -176,7 +176,7 @@ averages above: a ratio below 1 means the noise was larger than the recording's 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tpu_jobs.devtools.tunix_bench")
+    ap = argparse.ArgumentParser(prog="python -m devtools.bench.tunix_bench")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)

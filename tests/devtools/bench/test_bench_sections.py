@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from devtools.bench.checkpoint_bench import SIZES_TITLE, write_sizes_section
+from devtools.bench.tunix_bench import SECTION_END, SECTION_START
 from rcpflow.files.markdown_sections import write_section
-from tpu_jobs.devtools.bench import SIZES_TITLE, write_sizes_section
-from tpu_jobs.devtools.tunix_bench import SECTION_END, SECTION_START
 
 
 def test_the_sizes_and_tunix_sections_survive_each_others_rewrites(tmp_path: Path) -> None:
@@ -38,3 +38,27 @@ def test_the_main_bench_rewrites_only_the_head(tmp_path: Path) -> None:
     text = out.read_text()
     assert "new" in text and "old" not in text
     assert text.index("## Ratios") < text.index("<!-- verdict-bench:start -->\nverdict\n")
+
+
+def test_the_slurm_section_is_replaced_in_place_by_the_one_writer(tmp_path: Path) -> None:
+    import argparse
+
+    from devtools.bench import slurm_bench
+
+    def section(verdict_s: float) -> str:
+        rows = [
+            slurm_bench.Row(label, 1, 20, verdict_s, 600.0, 12, 10, 24)
+            for label, *_ in slurm_bench.CONFIGS
+        ]
+        latency = slurm_bench.Latency([0.5, 0.6], [1.0, 1.2], [0.3, 0.4])
+        return slurm_bench.section(rows, latency, argparse.Namespace(seed=1, max_steps=30))
+
+    out = tmp_path / "BENCHMARKS.md"
+    write_section(out, "verdict", "<!-- verdict-bench:start -->", "<!-- verdict-bench:end -->")
+    for verdict_s in (111.0, 222.0):  # the second run replaces the first
+        write_section(out, section(verdict_s), slurm_bench.START, slurm_bench.END)
+        write_section(out, "tail", "<!-- z:start -->", "<!-- z:end -->")
+    text = out.read_text()
+    assert text.count(slurm_bench.START) == 1 and text.count(slurm_bench.END) == 1
+    assert "222" in text and "111" not in text
+    assert text.index("verdict\n") < text.index(slurm_bench.START) < text.index("<!-- z:start")

@@ -1,7 +1,7 @@
 """How long `rcpflow status` takes on a run of N manifest rows, every one with a valid summary
 below the target (the worst case: no step is skipped, every gate looks at every lower step).
 
-    PYTHONPATH=$PWD:$PWD/tests .venv/bin/python tests/rcpflow/status_bench.py 1000 10000
+    python -m devtools.bench.status_bench 1000 10000
 
 prints one line per N; `measure(n)` returns the seconds of one `run_status` (after the build).
 """
@@ -13,9 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from devtools.synthetic_run import make_run, write_eval
 from rcpflow.cli.status import run_status
 from rcpflow.records.manifest import render_rows
-from tasks.devtools.synthetic_run import make_run, write_eval
 
 
 def build(run_dir: str, rows: int) -> None:

@@ -1,10 +1,10 @@
 """``make bench`` (its Slurm section): the reference's schedule against rcpflow's on a private
 Slurm, and Slurm's own latency, into BENCHMARKS.md.
 
-    python -m tasks.devtools.slurm_bench [--seed 1] [--max-steps 30] [--jobs 10]
+    python -m devtools.bench.slurm_bench [--seed 1] [--max-steps 30] [--jobs 10]
 
 One seed of ``mlperf_grpo_run`` with the toy jobs on the private Slurm
-(`tasks.devtools.slurm_cluster`, two nodes on this machine), three times, each on a fresh
+(`devtools.servers.slurm_cluster`, two nodes on this machine), three times, each on a fresh
 private Airflow: the reference's schedule (evaluation after training in the training's own
 allocation, W = 1: ``slurm.eval_in_training_allocation``), ``after_training`` W = 3 and
 ``during_training`` W = 3 (evaluation jobs of their own). Training is a 2-node job, an
@@ -30,10 +30,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools.bench.verdict_bench import run_verdict
+from devtools.servers.airflow_server import LocalAirflow, repo_config
+from devtools.servers.slurm_cluster import NodeSpec, SlurmCluster
+from rcpflow.files.markdown_sections import write_section
 from tasks.deployment import ENV_VAR, REPO_ROOT
-from tasks.devtools.airflow_server import LocalAirflow, repo_config
-from tasks.devtools.slurm_cluster import NodeSpec, SlurmCluster
-from tasks.devtools.verdict_bench import run_verdict
 
 RUN_DAG = "mlperf_grpo_run"
 WORKDIR = REPO_ROOT / ".airflow" / "slurm_bench"
@@ -207,10 +208,10 @@ def section(rows: Sequence[Row], lat: Latency, args: argparse.Namespace) -> str:
         START,
         "## Slurm",
         "",
-        "Written by `make bench` (`python -m tasks.devtools.slurm_bench`): one seed "
+        "Written by `make bench` (`python -m devtools.bench.slurm_bench`): one seed "
         f"(seed {args.seed}, gbs 256, max_steps {args.max_steps}) of `mlperf_grpo_run` with the "
         "toy jobs on the private Slurm (slurmctld and two slurmd nodes on this machine, "
-        f"`tasks/devtools/slurm_cluster.py`), training a {TRAIN_NODES}-node job (one JAX "
+        f"`devtools/servers/slurm_cluster.py`), training a {TRAIN_NODES}-node job (one JAX "
         f"process a node), an evaluation a {EVAL_NODES}-node job; each configuration on a "
         "fresh private Airflow. Not the benchmark's proportions: the toy's evaluation costs "
         "several of its training steps, not the seed's ~9; the rehearsal jobs, which have "
@@ -251,22 +252,12 @@ def section(rows: Sequence[Row], lat: Latency, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def write_marked(path: Path, text: str) -> None:
-    current = path.read_text() if path.exists() else ""
-    if START in current and END in current:
-        before, rest = current.split(START, 1)
-        after = rest.split(END, 1)[1]
-        path.write_text(before + text + after)
-    else:
-        path.write_text(current.rstrip("\n") + "\n\n" + text + "\n")
-
-
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tasks.devtools.slurm_bench")
+    parser = argparse.ArgumentParser(prog="python -m devtools.bench.slurm_bench")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=10, help="trivial jobs for the latency")
@@ -286,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lat = latency(cluster, args.jobs)
     finally:
         cluster.cleanup()
-    write_marked(args.output, section(rows, lat, args))
+    write_section(args.output, section(rows, lat, args), START, END)
     print(f"wrote the Slurm section of {args.output}", flush=True)
     return 0
 

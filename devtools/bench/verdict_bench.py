@@ -1,11 +1,11 @@
 """``make bench-verdict``: time to verdict, evaluating after training vs during it, measured in
 one run under the real scheduler, into BENCHMARKS.md (its own section).
 
-    python -m tasks.devtools.verdict_bench [--seed 1] [--global-batch-size 1024] [--max-steps 60]
+    python -m devtools.bench.verdict_bench [--seed 1] [--global-batch-size 1024] [--max-steps 60]
 
 One seed of ``mlperf_grpo_run`` on the local backend, four times: ``eval_schedule``
 {after_training, during_training} x ``eval_window`` {1, 3}, each on a fresh private Airflow
-(`tasks.devtools.airflow_server`: api-server, scheduler, dag-processor, triggerer on
+(`devtools.servers.airflow_server`: api-server, scheduler, dag-processor, triggerer on
 127.0.0.1). The trainer is the toy at a large global batch (1024 generations per step, 4x the
 default), so that a training step is not negligible against an evaluation (at the default
 batch the toy trains a whole run in less time than one evaluation takes); validation starts at
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from devtools.servers.airflow_server import LocalAirflow, repo_config
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.markdown_sections import write_section
@@ -51,7 +52,6 @@ from rcpflow.records.manifest import ManifestRow, load
 from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.records.summary import EvalSummary, read_summary
 from tasks.deployment import ENV_VAR, REPO_ROOT
-from tasks.devtools.airflow_server import LocalAirflow, repo_config
 from tasks.jobs.command import TRAIN_JOB
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
@@ -269,7 +269,7 @@ def section(
             SECTION_START,
             "## Time to verdict: evaluating after training vs during it",
             "",
-            "Written by `make bench-verdict` (`python -m tasks.devtools.verdict_bench`): one seed "
+            "Written by `make bench-verdict` (`python -m devtools.bench.verdict_bench`): one seed "
             "of `mlperf_grpo_run` under the real scheduler (local Airflow on 127.0.0.1), once per "
             "configuration, all in one run.",
             "",
@@ -551,7 +551,7 @@ def proportions_section(
             PROPORTIONS_START,
             "## Time to verdict at the benchmark's proportions",
             "",
-            "Written by `make bench` (`python -m tasks.devtools.verdict_bench --section "
+            "Written by `make bench` (`python -m devtools.bench.verdict_bench --section "
             "proportions`): the submission DAG (`mlperf_grpo_submission`, seeds "
             f"{', '.join(map(str, SEEDS))}) under the real scheduler (local Airflow on "
             "127.0.0.1), once per configuration, with the rehearsal jobs "
@@ -648,7 +648,9 @@ def run_proportions(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.bench.verdict_bench", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--global-batch-size", type=int, default=8192)
     parser.add_argument("--max-steps", type=int, default=20)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from devtools.k8s.kwok_pods import PodRunner, PodSpecError, expand
 from tasks.backends.gke.render import kubernetes_literal, render_jobset
 from tasks.backends.gke.settings import GkeSettings
-from tasks.devtools.kwok_pods import PodRunner, PodSpecError, expand
 
 ENV = {"A": "1", "B": "x y"}
 

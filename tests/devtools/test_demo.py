@@ -1,0 +1,40 @@
+"""The demo's submission conf: what the submission DAG's Params accept, the rules' target taken
+from rcpflow (not typed again), and the entry point that `make demo` runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from repo_paths import REPO
+
+from devtools.demo import demo_conf
+from rcpflow import recipe
+from tasks.deployment import DEFAULT_TOML, parse_deployment
+from tasks.submission.spec import submission_params, submission_spec
+
+
+def test_the_demo_conf_is_a_valid_submission_with_the_rules_target(tmp_path: Path) -> None:
+    conf = demo_conf([1, 2, 3], global_batch_size=256, max_steps=40)
+    assert conf["target"] == recipe.TARGET_ACCURACY
+    # the conf over the form's defaults, as the triggered DAG run resolves its Params
+    deployment = parse_deployment(DEFAULT_TOML, source="default", base_dir=tmp_path)
+    params = {name: p.value for name, p in submission_params(deployment).items()} | conf
+    spec = submission_spec(params, run_id="manual__demo", backend="local", source="the demo")
+    assert spec.target == recipe.TARGET_ACCURACY
+    assert spec.seeds == (1, 2, 3) and spec.backend == "local"
+
+
+def test_the_demo_answers_help_from_the_repository_root() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "devtools.demo", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "python -m devtools.demo" in done.stdout
+    assert "--trainer" in done.stdout and "--ui-only" in done.stdout

@@ -1,1 +1,0 @@
-"""Developer tools (benchmarks), not runtime code: no job imports them; images leave them out."""
