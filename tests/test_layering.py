@@ -392,6 +392,69 @@ def test_inside_devtools_no_arrow_points_up() -> None:
     assert upward_arrows(all_imports(ROOT, ["devtools"]), DEVTOOLS_LEVELS, "devtools") == []
 
 
+def test_the_shared_backend_api_is_below_every_backend() -> None:
+    """`tasks.backend_api` (the protocol and the cluster-job lifecycle) is a floor below
+    `tasks.run` and the backends: a backend builds on it, never the other way."""
+    api = tasks_level("tasks.backend_api.cluster_job")
+    assert api is not None
+    for backend in ("tasks.backends.gke.operators", "tasks.backends.slurm.triggers"):
+        level = tasks_level(backend)
+        assert level is not None and level > api, backend
+    imports = [i for i in all_imports(ROOT, ["tasks"]) if i.module.startswith("tasks.backend_api")]
+    assert [i.target for i in imports if i.target.startswith(("tasks.backends", "tasks.run"))] == []
+
+
+def off_lifecycle_classes(module_names: Iterable[str]) -> list[str]:
+    """The operator and trigger classes (subclasses of Airflow's BaseOperator / BaseTrigger)
+    that `module_names` define and that derive from none of the shared lifecycle's classes."""
+    import importlib
+
+    from airflow.sdk import BaseOperator
+    from airflow.triggers.base import BaseTrigger
+
+    from tasks.backend_api.cluster_job import ClusterJobOperator
+    from tasks.backend_api.teardown import CancelRecordedJobs
+    from tasks.backend_api.watch_trigger import WatchTrigger
+
+    shared = (ClusterJobOperator, CancelRecordedJobs, WatchTrigger)
+    found = []
+    for name in module_names:
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            if not isinstance(value, type) or value.__module__ != name:
+                continue
+            airflow_kind = issubclass(value, BaseOperator | BaseTrigger)
+            if airflow_kind and not issubclass(value, shared):
+                found.append(f"{name}.{value.__qualname__}")
+    return found
+
+
+def test_every_backends_operators_and_triggers_derive_from_the_shared_lifecycle() -> None:
+    """A cluster backend is an adapter of `tasks.backend_api`'s lifecycle: no module under
+    `tasks/backends/<name>/` defines an operator or trigger of its own making."""
+    packages = [p for p in (ROOT / "tasks" / "backends").iterdir() if (p / "__init__.py").exists()]
+    assert {p.name for p in packages} >= {"gke", "slurm"}
+    names = [
+        m for p in packages for m in project_modules(ROOT, ["tasks"])
+        if m.startswith(f"tasks.backends.{p.name}.")
+    ]  # fmt: skip
+    assert "tasks.backends.gke.operators" in names and "tasks.backends.slurm.triggers" in names
+    assert off_lifecycle_classes(names) == []
+
+
+def test_an_operator_off_the_lifecycle_is_found(tmp_path: Path, monkeypatch) -> None:
+    _tree(
+        tmp_path,
+        {
+            "offpkg/ops.py": "from airflow.sdk import BaseOperator\n"
+            "from tasks.backend_api.teardown import CancelRecordedJobs\n"
+            "class Own(BaseOperator): ...\nclass Shared(CancelRecordedJobs): ...\n",
+        },
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert off_lifecycle_classes(["offpkg.ops"]) == ["offpkg.ops.Own"]
+
+
 @pytest.mark.parametrize(
     ("files", "expected"),
     [

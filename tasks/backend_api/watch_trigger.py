@@ -1,29 +1,65 @@
-"""What the triggers that watch a cluster job share (`tasks.backends.gke.triggers`,
-`tasks.backends.slurm.triggers`): the whole state of a watch is its kwargs, so that every change
-ends it with an event carrying them, the operator defers again with them and a triggerer
-restart goes on where it was; and a run's stop request, which ends the job `stop_grace_s` after
-it was seen."""
+"""The watch loop every cluster backend's trigger runs (`WatchTrigger`): read the job, let the
+backend say whether it ended, cancel it `stop_grace_s` after the run's stop request, and ride
+out a cluster that does not answer. The whole state of a watch is its kwargs, so every change
+ends it with a `WATCHING` event carrying them, the operator defers again with them and a
+triggerer restart goes on where it was.
+
+A cluster that does not answer never fails the task: failed reads are retried, the wait
+doubling from the poll interval up to the backend's backoff ceiling, and after the outage
+budget of failed reads the trigger ends with a `WATCHING` event (reason `UNREACHABLE`, the task
+log says so) and the next one goes on. The loop's clock is `wall_clock`/`pause` (wall time: it
+must mean the same in another triggerer process); a test replaces `_now` and `_sleep` here with
+a simulated clock to run a long outage in no time."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, ClassVar
 
-from airflow.triggers.base import BaseTrigger
+from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from rcpflow.verdict.stop_request import current
+from tasks.backend_api.lifecycle_names import (
+    STATE_CHANGED,
+    STOP_REQUEST,
+    STOPPED,
+    UNREACHABLE,
+    WATCHING,
+)
+
+_now = time.time
+_sleep = asyncio.sleep
+
+
+def wall_clock() -> float:
+    """The watch's clock, for an operator's initial state too (a test's simulated clock)."""
+    return _now()
+
+
+async def pause(seconds: float) -> None:
+    """Sleep on the watch's clock."""
+    await _sleep(seconds)
 
 
 class WatchTrigger(BaseTrigger):
     """Base of a watch trigger that is a dataclass (``kw_only=True, eq=False, repr=False``):
     its fields are its kwargs (the constructor's arguments); a field with ``init=False`` is
-    the trigger's own (a hook), never part of them."""
+    the trigger's own (a hook), never part of them. The backend supplies the adapter methods
+    below `run`; the loop is this class's."""
 
+    poll_interval_s: float
     stop_run_dir: str | None
     stop_grace_s: float
     stop_seen: float | None
+    outage_since: float | None
+    # Said in the log and the outage message: what failed to answer.
+    cluster_word: ClassVar[str] = "cluster"
+    # The kwargs holding the outage budget and the backoff ceiling (seconds), by the names each
+    # backend's triggers were stored with.
+    outage_kwargs: ClassVar[tuple[str, str]]
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -34,7 +70,8 @@ class WatchTrigger(BaseTrigger):
         return {f.name: getattr(self, f.name) for f in fields if f.init}
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        # The subclass's module path; plugins.jobset keeps the path of older releases importable.
+        # The subclass's module path (`lifecycle_names` pins it); plugins.jobset keeps the path
+        # of older releases importable.
         return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
 
     async def stop_request(self, where: str, now: Callable[[], float]) -> tuple[bool, str | None]:
@@ -52,3 +89,96 @@ class WatchTrigger(BaseTrigger):
         if self.stop_seen is not None and now() - self.stop_seen >= self.stop_grace_s:
             return seen_now, f"still running {self.stop_grace_s:.0f} s after the stop request"
         return seen_now, None
+
+    def outage_budget(self) -> float:
+        """Seconds of failed reads after which the trigger re-defers (`UNREACHABLE`)."""
+        return float(getattr(self, self.outage_kwargs[0]))
+
+    def backoff_ceiling(self) -> float:
+        """The longest wait between failed reads."""
+        return float(getattr(self, self.outage_kwargs[1]))
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        where = self.where()
+        errors, failing_since = 0, None  # this trigger's own, for its budget
+        while True:
+            try:
+                state = await self.read()
+            except Exception as exc:
+                final = self.read_failed(exc)
+                if final is not None:
+                    yield TriggerEvent(final)
+                    return
+                now = _now()
+                errors += 1
+                failing_since = now if failing_since is None else failing_since
+                if self.outage_since is None:
+                    self.outage_since = failing_since
+                down_s, budget_s = now - failing_since, self.outage_budget()
+                self.log.warning(
+                    "%s: read %d failed (%s failing for %.0fs; the watch goes on): %r",
+                    where, errors, self.cluster_word, now - self.outage_since, exc,
+                )  # fmt: skip
+                if down_s >= budget_s:
+                    message = (
+                        f"the {self.cluster_word} has failed every read for "
+                        f"{now - self.outage_since:.0f}s (last: {exc!r}); the job is left as it "
+                        "is and the watch goes on"
+                    )
+                    yield TriggerEvent(self.event(WATCHING, reason=UNREACHABLE, message=message))
+                    return
+                backoff = min(self.backoff_ceiling(), self.poll_interval_s * 2 ** (errors - 1))
+                # The last wait ends at the budget, so re-deferring is neither early nor late.
+                await _sleep(min(backoff, budget_s - down_s))
+                continue
+            # The end of an outage is no change to persist: `outage_since` only dates a report.
+            if self.outage_since is not None:
+                self.log.info(
+                    "%s: the %s answers again after %.0fs",
+                    where, self.cluster_word, _now() - self.outage_since,
+                )  # fmt: skip
+            errors, failing_since, self.outage_since = 0, None, None
+            ended, state_changed = await self.observe(state, where, _now())
+            if ended is not None:
+                yield TriggerEvent(ended)
+                return
+            seen, stop = await self.stop_request(where, _now)
+            if stop is not None:
+                await self.cancel()
+                self.log.warning("%s: %s: cancelled", where, stop)
+                yield TriggerEvent(self.event(STOPPED, reason=STOP_REQUEST, message=stop))
+                return
+            if state_changed or seen:  # persisted by the operator's next defer
+                yield TriggerEvent(self.event(WATCHING, reason=STATE_CHANGED))
+                return
+            await _sleep(self.poll_interval_s)
+
+    # --- the backend's adapter --------------------------------------------------------------
+
+    def where(self) -> str:
+        """The job as the log names it."""
+        raise NotImplementedError
+
+    async def read(self) -> Any:
+        """The job's state from the cluster; an exception is a failed read (`read_failed`)."""
+        raise NotImplementedError
+
+    def read_failed(self, exc: Exception) -> dict[str, Any] | None:
+        """The event that ends the watch for a read that failed with `exc` (the job is gone,
+        another job holds its name), or None: the cluster did not answer, try again."""
+        return None
+
+    async def observe(
+        self, state: Any, where: str, now: float
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """What the watch makes of a good read: the event that ends it (the job ended, or ran
+        past a bound), else None; and whether the trigger's state changed."""
+        raise NotImplementedError
+
+    async def cancel(self) -> None:
+        """Cancel the job on the cluster (a stop request's grace has passed)."""
+        raise NotImplementedError
+
+    def event(self, phase: str, *, reason: str = "", message: str = "") -> dict[str, Any]:
+        """An event's payload; `WATCHING` carries the kwargs to defer again with."""
+        raise NotImplementedError

@@ -1,10 +1,12 @@
-"""What every cluster backend's evaluate operator does around its job, once: the steps of
-`tasks.run.stages` (a decided step starts no job, an evaluated one is reused, a failure after a
-lower step passed is moot, the summary is collected and checked) and a foreign result taken in
-through `tasks.backend_api.foreign_result`. A backend's evaluate operator puts
-`EvaluateCheckpoint` in front of its own job operator (``class X(EvaluateCheckpoint,
-RunJobSetOperator)``), and `EvaluateStep` in front of that for the checkpoint of a planned step.
-It lives here, not in `tasks.backend_api`, because it applies the steps of this package."""
+"""The evaluate operator every cluster backend uses: what it does around its job, once: the
+steps of `tasks.run.stages` (a decided step starts no job, an evaluated one is reused, a failure
+after a lower step passed is moot, the summary is collected and checked), a foreign result taken
+in through `tasks.backend_api.foreign_result`, and, once the step passed, the stop of the higher
+steps' evaluations still running: the one caller of `cancel_above` (the backend's `cancel_step`
+stops one). A backend's evaluate operator puts `EvaluateCheckpoint` in front of its own job
+operator (``class X(EvaluateCheckpoint, RunJobSetOperator)``), and `EvaluateStep` in front of
+that for the checkpoint of a planned step. It lives here, not in `tasks.backend_api` (below
+`tasks.run`), because it applies the steps of this package."""
 
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow.sdk import BaseOperator
 
 from tasks.backend_api.foreign_result import import_eval_result, record_eval_start
+from tasks.backend_api.lifecycle_names import eval_label
+from tasks.jobs.values import evaluate_values
 from tasks.run.stages import (
     EvalTarget,
+    cancel_above,
     collect,
     eval_target,
     reusable,
@@ -26,72 +31,101 @@ from tasks.run.stages import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from rcpflow.records.manifest import ManifestRow
     from tasks.jobs.templates import EvaluateJob
-    from tasks.jobs.values import Values
 
-
-def eval_label(step: int) -> str:
-    """The job label of `step`'s evaluation in its DAG run (a backend names its job by it)."""
-    return f"eval-{step}"
+__all__ = ["EvaluateCheckpoint", "EvaluateStep", "eval_label"]
 
 
 class EvaluateCheckpoint(BaseOperator):
-    """Evaluate the manifest row `row` with the job `eval_job` (see the module doc); the
-    backend's operator sets both and `run_dir` in its ``__init__``."""
+    """Evaluate the manifest row `row` of the run in `run_dir` with the job `eval_job` (see the
+    module doc); the backend's operator supplies `job_kwargs` and `cancel_step`."""
 
     eval_job: EvaluateJob
     run_dir: str
     row: Mapping[str, Any]
     # How the job started, as an error says it when this task recorded no start.
     job_started: ClassVar[str]
-    # Whether a job that failed after a lower step passed is said to be stopped
-    # (`skip_if_decided`): on a backend whose pass stops the higher steps' jobs.
-    failure_is_stop: ClassVar[bool]
+    # The checkpoint this try evaluates (`target`), set as the task starts or resumes.
+    _target: EvalTarget
+
+    def __init__(
+        self, *, eval_job: EvaluateJob, run_dir: str, row: Mapping[str, Any], **kwargs: Any
+    ) -> None:
+        # the job is rendered in execute: its name and command need the row
+        super().__init__(role="evaluate", job="", **self.job_kwargs(eval_job), **kwargs)
+        self.eval_job = eval_job
+        self.run_dir = run_dir
+        self.row = row
+
+    @staticmethod
+    def job_kwargs(eval_job: EvaluateJob) -> dict[str, Any]:
+        """What the backend's job operator takes of the evaluate job (its env, an image)."""
+        raise NotImplementedError
 
     def target(self) -> EvalTarget:
         """The checkpoint this instance evaluates, as the manifest has it now."""
         return eval_target(self.run_dir, dict(self.row))
 
-    def eval_values(self, row: ManifestRow) -> Values:
-        """The evaluate job's values for `row` (`tasks.jobs.values.evaluate_values`)."""
-        raise NotImplementedError
+    def eval_python(self) -> str:
+        """The evaluate job's ``{python}`` (`tasks.jobs.values.evaluate_values`)."""
+        return "python"
+
+    def eval_argv(self) -> list[str]:
+        """The evaluate job's argument list for this try's checkpoint."""
+        values = evaluate_values(self.run_dir, self._target.row, self.eval_python())
+        return self.eval_job.job_command.render(values)
+
+    def eval_label(self) -> str:
+        """The label the backend names this checkpoint's job by (`eval_label`)."""
+        return eval_label(self._target.step)
 
     def before_job(self, context: Context, target: EvalTarget) -> None:
         """What the backend does before its job starts (the step is neither decided nor
         evaluated yet)."""
 
-    def after_collect(
-        self, context: Context, target: EvalTarget, result: dict[str, Any]
-    ) -> dict[str, Any]:
-        """What the backend does with the step's collected result; the task's return value."""
-        return result
+    def cancel_step(self, dag_id: str, run_id: str, step: int) -> bool:
+        """Stop the evaluation job of `step` in that DAG run if one runs; whether one did."""
+        raise NotImplementedError
 
     def execute(self, context: Context) -> Any:
-        target = self.target()
+        target = self._target = self.target()
         skip_if_decided(target)
         if reusable(target):
-            return collect(target)
+            return self.collected(context, target)
         self.before_job(context, target)
         if self.eval_job.result.imported:
-            record_eval_start(context, self.eval_job, self.eval_values(target.row))
+            values = evaluate_values(self.run_dir, target.row, self.eval_python())
+            record_eval_start(context, self.eval_job, values)
         return super().execute(context)
 
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> Any:
-        target = self.target()
+        target = self._target = self.target()
         try:
             # the backend's job operator, after this class in the method order, has it (a
             # watching event defers again)
             super().execute_complete(context, event)  # type: ignore[misc]
             if self.eval_job.result.imported:
-                values = self.eval_values(target.row)
+                values = evaluate_values(self.run_dir, target.row, self.eval_python())
                 imported = import_eval_result(context, self.eval_job, values, self.job_started)
                 self.log.info("%s", imported.describe())
         except Exception:
-            # a lower step passed meanwhile: this failure is moot
-            skip_if_decided(target, stopped=self.failure_is_stop)
+            # a lower step passed meanwhile (and stopped this job): this failure is moot
+            skip_if_decided(target, stopped=True)
             raise
-        return self.after_collect(context, target, collect(target))
+        return self.collected(context, target)
+
+    def collected(self, context: Context, target: EvalTarget) -> dict[str, Any]:
+        """The step's collected result (the task's return value); a pass stops the evaluations
+        of the higher steps of this DAG run still running (rows committed since count too)."""
+        result = collect(target)
+        if result["target_reached"]:
+            dag_run = context["dag_run"]
+
+            def cancel(run_dir: str, step: int) -> bool:
+                return self.cancel_step(dag_run.dag_id, dag_run.run_id, step)
+
+            cancel_above(target.run_dir, target.step, cancel)
+        return result
 
 
 class EvaluateStep(EvaluateCheckpoint):

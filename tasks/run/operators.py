@@ -32,6 +32,7 @@ from rcpflow.records.checkpoint_state import ProgressError, RunSnapshot, run_sna
 from rcpflow.verdict.gate import lowest_passing
 from rcpflow.verdict.readiness import Readiness, TrainingState, readiness
 from tasks.jobs.templates import TrainResult
+from tasks.names import TRAIN_TASK_ID
 from tasks.run.spec import RunSpec
 from tasks.run.train_result import import_for_wait
 from tasks.run.triggers import CheckpointTrigger, StartedCheckpointTrigger, train_result_kwargs
@@ -62,7 +63,7 @@ class WaitForCheckpointOperator(BaseOperator):
         seed: int | XComArg,
         plan_task_id: str,
         steps_task_id: str,
-        train_group_id: str = "train",
+        train_group_id: str = TRAIN_TASK_ID,
         poll_interval_s: float = 5.0,
         timeout: timedelta | None = None,
         train_result: TrainResult,

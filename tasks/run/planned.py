@@ -4,9 +4,10 @@ It maps a task group ``checkpoint`` over the planned steps (``val_start_at..max_
 starts alongside training. Per step: ``wait`` (on the triggerer, no task process) until the
 checkpoint can be evaluated (committed; under ``after_training`` also training halted) and
 the run's eval window has room for it, or ends skipped when it never will be or a lower step
-already passed; the backend's ``evaluate``; ``stop_if_decided``: once this step passed, the
-evaluations of higher steps still running are stopped (the backend's ``cancel_evaluation``)
-and, during training, the stop request is written when the summaries decide the run.
+already passed; the backend's ``evaluate`` (whose pass stops the evaluations of higher steps
+still running: `tasks.run.evaluate_operator`, the one caller of `cancel_above`);
+``stop_if_decided``: during training, the stop request is written when the summaries decide
+the run.
 ``finalize`` and ``check`` follow training and every step.
 """
 
@@ -20,10 +21,10 @@ from airflow.sdk import Param, TaskGroup, XComArg, task, task_group
 from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from rcpflow.verdict.stop_request import request_stop
+from tasks.names import TRAIN_TASK_ID
 from tasks.run.evaluation_group import RCP_VIEW_DOC, check, finalize
 from tasks.run.operators import WaitForCheckpointOperator
 from tasks.run.spec import RunSpec, XComValue
-from tasks.run.stages import cancel_above, passed_step
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.param import ParamsDict
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRAIN_GROUP_ID = "train"
+TRAIN_GROUP_ID = TRAIN_TASK_ID
 
 
 @task
@@ -71,12 +72,9 @@ def evaluation_over_steps(
     def stop_if_decided(
         run_dir: XComValue, step: XComValue, schedule: XComValue
     ) -> dict[str, Any] | None:
-        """After the evaluation of `step`: if it passed, stop the evaluations of higher steps
-        still running; during training, write the stop request once the summaries decide the
-        run (else nothing)."""
-        passed = passed_step(run_dir, step)
-        if passed:
-            cancel_above(run_dir, step, backend.cancel_evaluation)
+        """After the evaluation of `step`, during training: write the stop request once the
+        summaries decide the run (else nothing). The evaluate task itself stopped the higher
+        steps' evaluations if this one passed."""
         if schedule != "during_training":
             return None
         request = request_stop(run_dir)

@@ -300,17 +300,6 @@ def collect(target: EvalTarget) -> dict[str, Any]:
 Cancel = Callable[[str, int], bool]
 
 
-def passed_step(run_dir: str, step: int) -> bool:
-    """Whether `step` has a valid summary above the target now (read from storage)."""
-    manifest = load(RunLayout(run_dir).manifest)
-    try:
-        row = manifest.row(step)
-    except ManifestError:
-        return False
-    summary = valid_summary(run_dir, row)
-    return summary is not None and passes(summary, row)
-
-
 def cancel_above(
     run_dir: str, step: int, cancel: Cancel, steps: Iterable[int] | None = None
 ) -> list[int]:

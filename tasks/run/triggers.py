@@ -49,6 +49,7 @@ from rcpflow.verdict import gate
 from rcpflow.verdict.readiness import Readiness, Reason, TrainingState, readiness, skip_sentence
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, EvalSchedule
 from tasks.jobs.templates import TrainResult
+from tasks.names import EVALUATE_TASK_ID
 from tasks.run.spec import RunSpec
 from tasks.run.train_result import import_for_wait
 
@@ -412,7 +413,7 @@ class StartedCheckpointTrigger(_CheckpointWait):
         steps_task_id: str,
         train_group_id: str,
         poll_interval_s: float,
-        evaluate_task: str = "evaluate",
+        evaluate_task: str = EVALUATE_TASK_ID,
         train_result: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()

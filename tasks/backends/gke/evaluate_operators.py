@@ -1,116 +1,45 @@
-"""The operators that evaluate one checkpoint as a JobSet of the deployment's evaluate job:
-`RunJobSetOperator` behind the steps of `tasks.run.stages` (a decided or already evaluated step
-creates nothing on the cluster), importing a foreign result when the JobSet succeeded; both as
-`tasks.run.evaluate_operator` has every backend do them; a pass deletes the higher steps'
-evaluation JobSets still running (`cancel_step_jobset`)."""
+"""The evaluate operator of the GKE backend: `tasks.run.evaluate_operator.EvaluateCheckpoint`
+(the steps of `tasks.run.stages`, a foreign result, the stop of the higher steps after a pass)
+in front of `RunJobSetOperator`, the JobSet rendered for the checkpoint; a higher step's
+evaluation is stopped by deleting its JobSet (`adapter.cancel_step_jobset`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from tasks.backends.gke.operators import RunJobSetOperator, jobset_hook
-from tasks.backends.gke.render import jobset_name, render_jobset
-from tasks.backends.gke.settings import GkeSettings
+from tasks.backends.gke.adapter import cancel_step_jobset, jobset_hook
+from tasks.backends.gke.operators import RunJobSetOperator
+from tasks.backends.gke.render import render_jobset
 from tasks.jobs.templates import EvaluateJob
-from tasks.jobs.values import evaluate_values
-from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep, eval_label
-from tasks.run.stages import EvalTarget, cancel_above
+from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from rcpflow.records.manifest import ManifestRow
-    from tasks.backends.gke.hooks import JobSetHook
-    from tasks.jobs.values import Values
-
-
-def cancel_step_jobset(
-    hook: JobSetHook, namespace: str, dag_id: str, run_id: str, step: int
-) -> bool:
-    """Delete the evaluation JobSet of `step` in that DAG run if it still runs (its pods go
-    with it); False when there is none, or it has finished."""
-    from tasks.backends.gke.status import JobSetGone, JobSetStatusError, interpret_status
-
-    name = jobset_name(dag_id, run_id, eval_label(step))
-    try:
-        if interpret_status(hook.get_jobset(namespace, name)).phase != "Running":
-            return False
-    except JobSetGone:
-        return False
-    except JobSetStatusError:
-        pass  # a status this version cannot read: the step is useless either way
-    return hook.delete_jobset(namespace, name)
-
 
 class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
-    """Evaluate the manifest row `row` as a JobSet of `job` (see the module doc)."""
+    """Evaluate the manifest row `row` as a JobSet of `eval_job` (see the module doc); `job_timeout`
+    bounds its running time."""
 
     template_fields = (*RunJobSetOperator.template_fields, "run_dir", "row")
     job_started = "the JobSet was created"
-    failure_is_stop = True
-    _target: EvalTarget
 
-    def __init__(
-        self,
-        *,
-        settings: GkeSettings,
-        job: EvaluateJob,
-        run_dir: str,
-        row: Mapping[str, Any],
-        job_timeout: timedelta | None = None,
-        **kwargs: Any,
-    ) -> None:
-        # the JobSet is rendered in execute (`render`): its name and command need the row
-        super().__init__(
-            settings=settings,
-            role="evaluate",
-            job="",
-            command=(),
-            image=job.image,
-            env=job.env,
-            secret_env=job.secret_env,
-            job_timeout=job_timeout,
-            **kwargs,
-        )
-        self.eval_job = job
-        self.run_dir = run_dir
-        self.row = row
+    @staticmethod
+    def job_kwargs(eval_job: EvaluateJob) -> dict[str, Any]:
+        return {"command": (), "image": eval_job.image, "env": eval_job.env,
+                "secret_env": eval_job.secret_env}  # fmt: skip
 
-    def eval_values(self, row: ManifestRow) -> Values:
-        return evaluate_values(self.run_dir, row, "python")
-
-    def before_job(self, context: Context, target: EvalTarget) -> None:
-        self._target = target
-
-    def after_collect(
-        self, context: Context, target: EvalTarget, result: dict[str, Any]
-    ) -> dict[str, Any]:
-        if result["target_reached"]:
-            dag_run = context["dag_run"]
-            hook, namespace = jobset_hook(self.cluster), self.settings.namespace
-
-            def cancel(run_dir: str, step: int) -> bool:
-                return cancel_step_jobset(hook, namespace, dag_run.dag_id, dag_run.run_id, step)
-
-            cancel_above(target.run_dir, target.step, cancel)
-        return result
+    def cancel_step(self, dag_id: str, run_id: str, step: int) -> bool:
+        hook = jobset_hook(self.cluster)
+        return cancel_step_jobset(hook, self.settings.namespace, dag_id, run_id, step)
 
     def render(self, context: Context) -> dict[str, Any]:
-        target = self._target
         dag_run = context["dag_run"]
         return render_jobset(
-            self.settings,
-            role="evaluate",
-            dag_id=dag_run.dag_id,
-            run_id=dag_run.run_id,
-            job=eval_label(target.step),
-            command=self.eval_job.job_command.render(self.eval_values(target.row)),
-            image=self.image,
-            env=self.env,
+            self.settings, role="evaluate", dag_id=dag_run.dag_id, run_id=dag_run.run_id,
+            job=self.eval_label(), command=self.eval_argv(), image=self.image, env=self.env,
             secret_env=self.secret_env,
-        )
+        )  # fmt: skip
 
 
 class EvaluateStepJobSetOperator(EvaluateStep, EvaluateJobSetOperator):

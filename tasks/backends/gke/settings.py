@@ -17,6 +17,7 @@ Python's code for any uncaught exception) restarts it up to `max_restarts`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,8 @@ from rcpflow.trainer import job_exit
 from tasks.deployment import DeploymentError, register_table
 from tasks.jobs.command import Role
 from tasks.settings import SettingError
+
+log = logging.getLogger(__name__)
 
 # GKE node label cloud.google.com/gke-tpu-accelerator -> (topology dimensions, chips per host
 # that its machine types offer). From the GKE TPU docs (plan-tpus); extend when a generation is
@@ -42,6 +45,8 @@ TPU_ACCELERATORS: dict[str, tuple[int, tuple[int, ...]]] = {
 # Kubernetes object names (namespace, service account) are DNS-1123 labels; a PriorityClass
 # name is a DNS-1123 subdomain; a label value (the Kueue queue name) is at most 63 characters.
 # Every pattern is matched whole (fullmatch: `$` alone lets a trailing newline pass).
+# Keys of earlier releases' [gke] table, still read as their new names (`GkeSettings`).
+DEPRECATED_KEYS = {"api_error_budget_s": "outage_budget_s", "api_backoff_max_s": "backoff_max_s"}
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -209,10 +214,12 @@ class GkeSettings:
     `max_suspended_minutes` fails, and that time does not count against the job's own timeout.
     `ttl_after_finished_s`: the cluster deletes a finished JobSet after that long (the teardown
     normally deletes it first).
-    Watching: the JobSet is read every `poll_interval_s`; API errors are retried with
-    exponential backoff up to `api_backoff_max_s` between reads. An outage never fails the
-    task: after `api_error_budget_s` of failed reads the watch says so in the task log and goes
-    on from a fresh lookup of the cluster's endpoint. `run_retries` (training; evaluation uses
+    Watching (the same three keys as ``[slurm]``): the JobSet is read every `poll_interval_s`;
+    API errors are retried with exponential backoff up to `backoff_max_s` between reads. An
+    outage never fails the task: after `outage_budget_s` of failed reads the watch says so in
+    the task log and goes on from a fresh lookup of the cluster's endpoint. Earlier releases
+    named the two `api_backoff_max_s` and `api_error_budget_s` (`DEPRECATED_KEYS`: still read,
+    with a deprecation line in the log). `run_retries` (training; evaluation uses
     the deployment's eval_retries) are for an error of the task itself, and a retry adopts the
     JobSet that is still running.
     Pods: `node_selector` adds node labels to the TPU ones, `tolerations` and `volumes` are
@@ -234,8 +241,10 @@ class GkeSettings:
     use_dns_endpoint: bool = False
     kubernetes_conn_id: str | None = None
     poll_interval_s: float = 30.0
-    api_error_budget_s: float = 1200.0
-    api_backoff_max_s: float = 120.0
+    outage_budget_s: float = 1200.0
+    backoff_max_s: float = 120.0
+    api_error_budget_s: float | None = None  # deprecated: outage_budget_s
+    api_backoff_max_s: float | None = None  # deprecated: backoff_max_s
     run_retries: int = 2
     fail_exit_codes: tuple[int, ...] = DEFAULT_FAIL_EXIT_CODES
     queue_name: str | None = None
@@ -251,6 +260,7 @@ class GkeSettings:
     evaluate: TpuJobShape = field(default_factory=default_eval_shape)
 
     def __post_init__(self) -> None:
+        self._read_deprecated_keys()
         if self.project_id is not None:
             _non_empty(self.project_id, "project_id")
         if self.kubernetes_conn_id is not None:
@@ -292,13 +302,9 @@ class GkeSettings:
             raise SettingError("image", f"{self.image!r} contains whitespace")
         if not all(self.impersonation_chain):
             raise SettingError("impersonation_chain", "account emails must not be empty")
-        for name, seconds in (
-            ("poll_interval_s", self.poll_interval_s),
-            ("api_error_budget_s", self.api_error_budget_s),
-            ("api_backoff_max_s", self.api_backoff_max_s),
-        ):
-            if seconds <= 0:
-                raise SettingError(name, f"must be > 0, got {seconds}")
+        for name in ("poll_interval_s", "outage_budget_s", "backoff_max_s"):
+            if getattr(self, name) <= 0:
+                raise SettingError(name, f"must be > 0, got {getattr(self, name)}")
         _at_least(self.run_retries, 0, "run_retries")
         _at_least(self.max_suspended_minutes, 1, "max_suspended_minutes")
         problem = job_exit.fail_exit_codes_problem(self.fail_exit_codes)
@@ -326,6 +332,20 @@ class GkeSettings:
                 "priority_class", f"{self.priority_class!r} is not a PriorityClass name"
             )
         self._check_proven_shapes()
+
+    def _read_deprecated_keys(self) -> None:
+        """A key of an earlier release's ``[gke]`` table is read as its new name, saying so."""
+        for old, new in DEPRECATED_KEYS.items():
+            value = getattr(self, old)
+            if value is None:
+                continue
+            if value <= 0:
+                raise SettingError(old, f"must be > 0, got {value}")
+            if getattr(self, new) != getattr(GkeSettings, new):
+                raise SettingError(old, f"is the deprecated name of {new}: give only {new}")
+            log.warning("gke.%s is deprecated: read as gke.%s; rename the key", old, new)
+            object.__setattr__(self, new, value)
+            object.__setattr__(self, old, None)
 
     def _check_pod_extras(self) -> None:
         taken = sorted(set(self.node_selector) & set(TPU_NODE_LABELS))

@@ -1,38 +1,26 @@
-"""The operators that evaluate one checkpoint as a Slurm job of the deployment's evaluate job,
-behind the steps of `tasks.run.stages` (a decided or already evaluated step submits nothing),
-importing a foreign result when the job succeeded, both as `tasks.run.evaluate_operator` has
-every backend do them; a pass scancels the higher steps' evaluation jobs (`cancel_step_job`)."""
+"""The evaluate operator of the Slurm backend: `tasks.run.evaluate_operator.EvaluateCheckpoint`
+(the steps of `tasks.run.stages`, a foreign result, the stop of the higher steps after a pass)
+in front of `SlurmJobOperator`, the job labelled and filled for the checkpoint; a higher step's
+evaluation is stopped by scancelling its job (`adapter.cancel_step_job`), and such a job's task
+ends skipped, naming the step that passed."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tasks.backends.slurm.operators import SlurmJobOperator, hook_for, job_name
-from tasks.backends.slurm.settings import SlurmSettings
-from tasks.backends.slurm.triggers import FINISHED, WATCHING, SlurmJobTrigger, connection_kwargs
+from tasks.backend_api.lifecycle_names import TRAIN_LABEL, WATCHING, event_phase
+from tasks.backends.slurm.adapter import cancel_step_job, hook_for, job_name, job_ref, running_job
+from tasks.backends.slurm.operators import SlurmJobOperator
+from tasks.backends.slurm.triggers import FINISHED, SlurmJobTrigger
 from tasks.jobs.templates import EvaluateJob
-from tasks.jobs.values import evaluate_values
-from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep, eval_label
-from tasks.run.stages import EvalTarget, cancel_above, skip_if_decided
+from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
+from tasks.run.stages import EvalTarget, skip_if_decided
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from rcpflow.records.manifest import ManifestRow
     from tasks.backends.slurm.hooks import JobInfo
-    from tasks.jobs.values import Values
-
-
-def cancel_step_job(settings: SlurmSettings, dag_id: str, run_id: str, step: int) -> bool:
-    """scancel the running evaluation job of `step` in that DAG run; False when none runs."""
-    hook = hook_for(settings)
-    running = [
-        j for j in hook.find_jobs(job_name(dag_id, run_id, eval_label(step))) if not j.finished
-    ]
-    for job in running:
-        hook.cancel(job.job_id)
-    return bool(running)
 
 
 class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
@@ -40,74 +28,43 @@ class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
 
     template_fields = (*SlurmJobOperator.template_fields, "run_dir", "row")
     job_started = "the job was submitted"
-    failure_is_stop = True
 
-    def __init__(
-        self,
-        *,
-        settings: SlurmSettings,
-        eval_job: EvaluateJob,
-        run_dir: str,
-        row: Mapping[str, Any],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(settings=settings, role="evaluate", job="", env=eval_job.env, **kwargs)
-        self.eval_job = eval_job
-        self.run_dir = run_dir
-        self.row = row
+    @staticmethod
+    def job_kwargs(eval_job: EvaluateJob) -> dict[str, Any]:
+        return {"env": eval_job.env}
 
-    def eval_values(self, row: ManifestRow) -> Values:
-        return evaluate_values(self.run_dir, row, self.settings.python)
+    def eval_python(self) -> str:
+        return self.settings.python
 
     def job_label(self, context: Context) -> str:
-        return eval_label(self.target().step)
+        return self.eval_label()
 
     def job_argv(self, context: Context) -> list[str]:
-        return self.eval_job.job_command.render(self.eval_values(self.target().row))
+        return self.eval_argv()
+
+    def cancel_step(self, dag_id: str, run_id: str, step: int) -> bool:
+        return cancel_step_job(self.settings, dag_id, run_id, step)
 
     def before_job(self, context: Context, target: EvalTarget) -> None:
-        if self.settings.eval_in_training_allocation:
-            self._wait_for_the_training(context, target.step)
-
-    def after_collect(
-        self, context: Context, target: EvalTarget, result: dict[str, Any]
-    ) -> dict[str, Any]:
-        if result["target_reached"]:
-            dag_run = context["dag_run"]
-            settings = self.settings
-
-            def cancel(run_dir: str, step: int) -> bool:
-                return cancel_step_job(settings, dag_run.dag_id, dag_run.run_id, step)
-
-            cancel_above(target.run_dir, target.step, cancel)
-        return result
-
-    def _wait_for_the_training(self, context: Context, step: int) -> None:
         """Under `eval_in_training_allocation` the training's job evaluates in its own
         allocation after the training: while it runs, wait for it (deferred), then look again
         (`after_training`): a step it evaluated is reused, only one it left gets a job."""
-        dag_run = context["dag_run"]
-        name = job_name(dag_run.dag_id, dag_run.run_id, "train")
-        running = [j for j in hook_for(self.settings).find_jobs(name) if not j.finished]
-        if not running:
+        if not self.settings.eval_in_training_allocation:
             return
-        job = running[-1]
+        dag_run = context["dag_run"]
+        job = running_job(
+            hook_for(self.settings), job_name(dag_run.dag_id, dag_run.run_id, TRAIN_LABEL)
+        )
+        if job is None:
+            return
         self.log.info(
             "step %d: the training's Slurm job %s evaluates in its allocation: waiting for it",
-            step, job.job_id,
+            target.step, job.job_id,
         )  # fmt: skip
-        self.defer(
-            trigger=SlurmJobTrigger(
-                connection=connection_kwargs(self.settings),
-                job={"job_id": job.job_id, "name": job.name, "submit_time": job.submit_time},
-                poll_interval_s=self.settings.poll_interval_s,
-                backoff_max_s=self.settings.backoff_max_s,
-            ),
-            method_name="after_training",
-        )
+        self.defer(trigger=self.job_trigger(job_ref(job)), method_name="after_training")
 
     def after_training(self, context: Context, event: Mapping[str, Any]) -> Any:
-        if event["phase"] == WATCHING:
+        if event_phase(event["phase"]) == WATCHING:
             self.defer(trigger=SlurmJobTrigger(**event["kwargs"]), method_name="after_training")
         if event["phase"] != FINISHED:
             self.log.warning("the training's job: %s; going on", event["message"])

@@ -13,13 +13,13 @@ from typing import Literal
 
 from rcpflow.trainer import job_exit
 from tasks.deployment import register_table
+from tasks.jobs.command import Role
 
 # The project's one rule for environment variable names (and rcpflow's reserved ones).
 from tasks.jobs.templates import ENV_NAME, check_env_name
 from tasks.settings import SettingError
 
 Transport = Literal["local", "ssh", "rest"]
-JobRole = Literal["train", "evaluate"]
 
 # docs/exit-codes.md: 2 (bad arguments) and 5 (invalid input) fail at once.
 DEFAULT_FAIL_EXIT_CODES = job_exit.DEFAULT_FAIL_EXIT_CODES
@@ -273,7 +273,9 @@ class SlurmSettings:
     the cluster; `python` is ``{python}`` of the job templates there. A running job is read
     every `poll_interval_s` (well under Slurm's MinJobAge, 300 s by default, after which a
     finished job is forgotten unless accounting keeps it); a cluster that does not answer is
-    retried with backoff up to `backoff_max_s` and never fails a running job.
+    retried with backoff up to `backoff_max_s` and never fails a running job: after
+    `outage_budget_s` of failed reads the watch says so in the task log and goes on (the same
+    three keys as ``[gke]``).
     `command_timeout_s` bounds one cluster command. `fail_exit_codes` fail a job at once.
     `eval_in_training_allocation`: evaluate every checkpoint after training, in the training
     job's own allocation (the reference's schedule), instead of one job per checkpoint.
@@ -288,6 +290,7 @@ class SlurmSettings:
     python: str = "python3"
     poll_interval_s: float = 15.0
     backoff_max_s: float = 120.0
+    outage_budget_s: float = 600.0
     command_timeout_s: float = 60.0
     run_retries: int = 2
     fail_exit_codes: tuple[int, ...] = DEFAULT_FAIL_EXIT_CODES
@@ -317,7 +320,7 @@ class SlurmSettings:
                 f"must be in (0, 100], got {self.poll_interval_s}: a finished job is forgotten "
                 "MinJobAge (300 s by default) after it ends",
             )
-        for name in ("backoff_max_s", "command_timeout_s"):
+        for name in ("backoff_max_s", "outage_budget_s", "command_timeout_s"):
             if getattr(self, name) <= 0:
                 raise SettingError(name, f"must be > 0, got {getattr(self, name)}")
         if self.run_retries < 0:
@@ -326,7 +329,7 @@ class SlurmSettings:
         if problem:
             raise SettingError("fail_exit_codes", problem)
 
-    def shape(self, role: JobRole) -> SlurmJobShape:
+    def shape(self, role: Role) -> SlurmJobShape:
         return {"train": self.train, "evaluate": self.evaluate}[role]
 
 

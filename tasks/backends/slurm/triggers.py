@@ -1,4 +1,6 @@
-"""`SlurmJobTrigger`: follow one Slurm job on the triggerer until it has ended.
+"""`SlurmJobTrigger`: follow one Slurm job on the triggerer until it has ended: the Slurm
+adapter of the shared watch loop (`tasks.backend_api.watch_trigger.WatchTrigger`: outage
+budget, backoff, clock, stop request, re-deferral).
 
 Its state is in its kwargs (the job's id, name and submit time, the restart budgets used, the
 clocks: stop request seen, cluster failing since, output read up to), and every change of the
@@ -11,32 +13,27 @@ task log every `outage_report_s`, and goes on. Every cluster call goes through
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow.triggers.base import TriggerEvent
-
-from tasks.backend_api.watch_trigger import WatchTrigger
+from tasks.backend_api.lifecycle_names import ERROR, STOP_GRACE, WATCHING
+from tasks.backend_api.watch_trigger import WatchTrigger, pause, wall_clock
 
 if TYPE_CHECKING:
+    from airflow.triggers.base import TriggerEvent
+
     from tasks.backends.slurm.hooks import AsyncSlurmHook, JobInfo
     from tasks.backends.slurm.settings import SlurmSettings
 
-_now = time.time
-_sleep = asyncio.sleep
 # The least time between a trigger's start and its event: an event that comes sooner can reach
 # the scheduler before the executor's report that the deferring try has ended, and Airflow
 # 3.3 then fails the task ("finished with state success, but the task instance's state
 # attribute is queued"), seen in `make demo BACKEND=slurm`.
 SETTLE_S = 5.0
 
+# The phase of the event of a job that ended (`info`: the job as Slurm reported it last).
 FINISHED = "finished"
-WATCHING = "watching"
-STOPPED = "stopped"
-ERROR = "error"
 # Reasons of an error event.
 REUSED = "JobIdReused"
 FORGOTTEN = "JobForgotten"
@@ -46,10 +43,6 @@ _CONNECTION_FIELDS = ("transport", "ssh_conn_id", "rest_url", "rest_conn_id", "c
 def connection_kwargs(settings: SlurmSettings) -> dict[str, Any]:
     """How the trigger reaches the cluster (JSON): the settings' transport fields."""
     return {name: getattr(settings, name) for name in _CONNECTION_FIELDS}
-
-
-def wall_clock() -> float:
-    return _now()
 
 
 @dataclass(kw_only=True, eq=False, repr=False)
@@ -68,12 +61,14 @@ class SlurmJobTrigger(WatchTrigger):
     backoff_max_s: float = 120.0
     outage_report_s: float = 600.0
     stop_run_dir: str | None = None
-    stop_grace_s: float = 600.0
+    stop_grace_s: float = STOP_GRACE.total_seconds()
     stop_seen: float | None = None
     outage_since: float | None = None
     output_offset: int = 0
     stdout_path: str = ""
     _hook: AsyncSlurmHook | None = field(default=None, init=False)
+    _line: str = field(default="", init=False)  # the last state line logged
+    outage_kwargs = ("outage_report_s", "backoff_max_s")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,81 +86,50 @@ class SlurmJobTrigger(WatchTrigger):
         return self._hook
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from tasks.backends.slurm.hooks import SubmittedJob
-
-        expected = SubmittedJob(**self.job)
-        where = f"Slurm job {expected.job_id} ({expected.name})"
-        errors, last_line, reported = 0, "", _now()
-        async for event in self._watch(expected, where, errors, last_line, reported):
-            wait = SETTLE_S - (_now() - reported)
+        started = wall_clock()
+        async for event in super().run():
+            wait = SETTLE_S - (wall_clock() - started)
             if wait > 0:
-                await _sleep(wait)
+                await pause(wait)
             yield event
             return
 
-    async def _watch(
-        self, expected: Any, where: str, errors: int, last_line: str, reported: float
-    ) -> AsyncIterator[TriggerEvent]:
+    def where(self) -> str:
+        return f"Slurm job {self.job['job_id']} ({self.job['name']})"
+
+    async def read(self) -> JobInfo:
+        from tasks.backends.slurm.hooks import SubmittedJob
+
+        expected = SubmittedJob(**self.job)
+        return await self.hook().job(expected.job_id, expected)
+
+    def read_failed(self, exc: Exception) -> dict[str, Any] | None:
         from tasks.backends.slurm.hooks import JobForgotten, JobIdReused
 
-        while True:
-            try:
-                info = await self.hook().job(expected.job_id, expected)
-            except JobIdReused as exc:
-                yield TriggerEvent(self._event(ERROR, reason=REUSED, message=str(exc)))
-                return
-            except JobForgotten as exc:
-                yield TriggerEvent(self._event(ERROR, reason=FORGOTTEN, message=str(exc)))
-                return
-            except Exception as exc:  # the cluster did not answer: never a reason to fail
-                now = _now()
-                errors += 1
-                if self.outage_since is None:
-                    self.outage_since = now
-                down = now - self.outage_since
-                self.log.warning(
-                    "%s: read %d failed (cluster failing for %.0f s; the watch goes on): %s",
-                    where, errors, down, exc,
-                )  # fmt: skip
-                if now - reported >= self.outage_report_s:
-                    message = (
-                        f"the cluster has not answered for {down:.0f} s (last: {exc}); the job "
-                        "is left as it is and the watch goes on"
-                    )
-                    yield TriggerEvent(self._event(WATCHING, reason="Unreachable", message=message))
-                    return
-                await _sleep(min(self.backoff_max_s, self.poll_interval_s * 2 ** (errors - 1)))
-                continue
-            changed = False
-            if self.outage_since is not None:
-                self.log.info(
-                    "%s: the cluster answers again after %.0f s", where, _now() - self.outage_since
-                )
-                self.outage_since, errors, changed = None, 0, True
-            if info.stdout_path:  # kept across a re-defer, never a reason for one
-                self.stdout_path = info.stdout_path
+        if isinstance(exc, JobIdReused | JobForgotten):
+            reason = REUSED if isinstance(exc, JobIdReused) else FORGOTTEN
+            return self.event(ERROR, reason=reason, message=str(exc))
+        return None
+
+    async def observe(
+        self, info: JobInfo, where: str, now: float
+    ) -> tuple[dict[str, Any] | None, bool]:
+        if info.stdout_path:  # kept across a re-defer, never a reason for one
+            self.stdout_path = info.stdout_path
+        await self._show_output(where)
+        line = f"{info.state} on {info.nodes or '(no nodes yet)'}" + (
+            f", Slurm restart {info.restarts}" if info.restarts else ""
+        )
+        if line != self._line:
+            self.log.info("%s: %s", where, line)
+            self._line = line
+        if info.finished:
             await self._show_output(where)
-            line = f"{info.state} on {info.nodes or '(no nodes yet)'}" + (
-                f", Slurm restart {info.restarts}" if info.restarts else ""
-            )
-            if line != last_line:
-                self.log.info("%s: %s", where, line)
-                last_line = line
-            if info.finished:
-                await self._show_output(where)
-                yield TriggerEvent(self._event(FINISHED, info=info))
-                return
-            seen, stop = await self.stop_request(where, _now)
-            changed = changed or seen
-            if stop is not None:
-                await self.hook().cancel(expected.job_id)
-                self.log.warning("%s: %s: scancelled", where, stop)
-                yield TriggerEvent(self._event(STOPPED, reason="StopRequest", message=stop))
-                return
-            if changed:
-                yield TriggerEvent(self._event(WATCHING, reason="StateChanged"))
-                return
-            await _sleep(self.poll_interval_s)
+            return self.event(FINISHED, info=info), False
+        return None, False
+
+    async def cancel(self) -> None:
+        await self.hook().cancel(str(self.job["job_id"]))
 
     async def _show_output(self, where: str) -> None:
         """The job's new output lines into the task log (best effort)."""
@@ -181,7 +145,7 @@ class SlurmJobTrigger(WatchTrigger):
             self.log.info("%s | %s", where, line)
         self.output_offset = offset - len(text[complete:].encode())
 
-    def _event(
+    def event(
         self, phase: str, *, reason: str = "", message: str = "", info: JobInfo | None = None
     ) -> dict[str, Any]:
         return {

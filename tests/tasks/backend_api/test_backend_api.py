@@ -9,7 +9,7 @@ from rcpflow.trainer import job_exit
 from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
 from tasks.backend_api.exit_policy import codes_deciding
 from tasks.backend_api.job_inputs import with_run_owner
-from tasks.backend_api.teardown import should_delete
+from tasks.backend_api.teardown import should_cancel
 
 
 @pytest.mark.parametrize(
@@ -50,13 +50,8 @@ def test_run_owner_is_added_to_the_env() -> None:
     assert env == {"A": "1", OWNER_ENV: airflow_owner("dag", "run", "train.job")}
 
 
-def test_teardown_deletes_what_no_task_decided() -> None:
-    assert should_delete({"name": "x"})[0] is True
-    assert should_delete({"name": "x", "delete": False, "why": "running"}) == (False, "running")
-
-
-def test_teardown_rule_reads_the_backends_own_key() -> None:
-    """Slurm records its decision as ``cancel``: the same rule, another name."""
-    assert should_delete({"cancel": None, "why": "running"}, key="cancel")[0] is True
-    assert should_delete({"cancel": True, "why": "done"}, key="cancel") == (True, "done")
-    assert should_delete({"cancel": False, "why": "adopt"}, key="cancel") == (False, "adopt")
+def test_teardown_cancels_what_no_task_decided() -> None:
+    assert should_cancel({"name": "x"})[0] is True
+    assert should_cancel({"name": "x", "cancel": None, "why": "running"})[0] is True
+    assert should_cancel({"name": "x", "cancel": False, "why": "adopt"}) == (False, "adopt")
+    assert should_cancel({"cancel": True, "why": "done"}) == (True, "done")

@@ -45,7 +45,7 @@ def test_a_pass_deletes_only_the_higher_steps_running_evaluation_jobsets(
     ops, contexts = {}, {}
     for step in (18, 19, 20, 21):
         ops[step] = EvaluateJobSetOperator(
-            task_id="evaluation.evaluate", settings=settings, job=job, run_dir=run.run_dir,
+            task_id="evaluation.evaluate", settings=settings, eval_job=job, run_dir=run.run_dir,
             row=rows[step],
         )  # fmt: skip
         ti = FakeTI(task_id="evaluation.evaluate", map_index=step - 18)

@@ -1,6 +1,7 @@
-"""jobset_task_group in real Airflow: its shape, and `dag.test()` runs where the JobSet succeeds
-and fails (run deferred, the trigger polled in line, cleanup as teardown), against the
-stand-in Kubernetes API. Also: importing the backends and plugins stays cheap."""
+"""jobset_task_group (tasks.backends.gke.backend) in real Airflow: its shape, and `dag.test()`
+runs where the JobSet succeeds and fails (run deferred, the trigger polled in line, cleanup as
+teardown), against the stand-in Kubernetes API. Also: importing the backends and plugins
+stays cheap."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _python(
 def test_group_shape_run_then_cleanup_as_teardown() -> None:
     from airflow.sdk import DAG, task, task_group
 
-    from tasks.backends.gke.groups import jobset_task_group
+    from tasks.backends.gke.backend import jobset_task_group
 
     with DAG("shape", schedule=None) as dag:
 
@@ -76,12 +77,12 @@ DAG_FILE = '''
 """Test DAGs: a command rendered at run time, its JobSet run through jobset_task_group."""
 from airflow.sdk import dag, task
 
-from tasks.backends.gke.groups import jobset_task_group
+from tasks.backends.gke.backend import jobset_task_group
 from tasks.backends.gke.settings import GkeSettings
 
 # A watch with a 0.3 s error budget, so that a test outage outlasts it many times.
 SETTINGS = GkeSettings(
-    use_dns_endpoint=True, poll_interval_s=0.05, api_error_budget_s=0.3, ttl_after_finished_s=600
+    use_dns_endpoint=True, poll_interval_s=0.05, outage_budget_s=0.3, ttl_after_finished_s=600
 )
 
 

@@ -118,7 +118,7 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
     )
     settings = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.01)
     op = EvaluateJobSetOperator(
-        task_id="evaluation.evaluate", settings=settings, job=job, run_dir=str(run_dir),
+        task_id="evaluation.evaluate", settings=settings, eval_job=job, run_dir=str(run_dir),
         row=dataclasses.asdict(row),
     )  # fmt: skip
     ti = FakeTI(task_id="evaluation.evaluate", map_index=0)  # step 2 of 2..6

@@ -61,9 +61,10 @@ def _restarted(trigger: Any) -> Any:
 
 
 def _follow(trigger: Any) -> list[dict[str, Any]]:
-    """Run `trigger`, and each trigger a Watching event asks for (through JSON, like a
-    re-defer), until an event that is not Watching; every event in order."""
-    from tasks.backends.gke.triggers import WATCHING, JobSetTrigger
+    """Run `trigger`, and each trigger a watching event asks for (through JSON, like a
+    re-defer), until an event that is not watching; every event in order."""
+    from tasks.backend_api.lifecycle_names import WATCHING
+    from tasks.backends.gke.triggers import JobSetTrigger
 
     seen: list[dict[str, Any]] = []
     while True:
@@ -141,7 +142,7 @@ def test_trigger_waits_through_running_and_suspended(
     events = _follow(_trigger())
     assert len(reads) == 5
     # running -> suspended -> running: each change deferred again with the state
-    assert [e["phase"] for e in events] == ["Watching", "Watching", "Succeeded"]
+    assert [e["phase"] for e in events] == ["watching", "watching", "Succeeded"]
     assert "16 succeeded" in events[-1]["progress"]
 
 
@@ -177,11 +178,11 @@ class SimClock:
 
 @pytest.fixture
 def sim_clock(monkeypatch: pytest.MonkeyPatch) -> SimClock:
-    from tasks.backends.gke import triggers
+    from tasks.backend_api import watch_trigger
 
     clock = SimClock()
-    monkeypatch.setattr(triggers, "_now", clock.time)
-    monkeypatch.setattr(triggers, "_sleep", clock.sleep)
+    monkeypatch.setattr(watch_trigger, "_now", clock.time)
+    monkeypatch.setattr(watch_trigger, "_sleep", clock.sleep)
     return clock
 
 
@@ -208,14 +209,14 @@ def test_an_outage_longer_than_the_budget_defers_again_and_never_fails(
     reads = _scripted(monkeypatch, [PermissionError("403 Forbidden")])
     trigger = _trigger(poll_interval_s=10.0, api_error_budget_s=300.0)
     [event] = _events(trigger)
-    assert (event["phase"], event["reason"]) == ("Watching", "ApiUnreachable")
+    assert (event["phase"], event["reason"]) == ("watching", "Unreachable")
     assert sim_clock.now == 300.0  # at the budget, not before and not a backoff later
     assert sim_clock.sleeps == [10.0, 20.0, 40.0, 80.0, 120.0, 30.0]  # capped at 120 s
     assert len(reads) == 7
     assert "failed every read for 300s" in event["message"] and "403 Forbidden" in event["message"]
     assert event["kwargs"]["outage_since"] == 0.0  # kept: the next trigger knows since when
     [again] = _events(_restarted(_resolve(trigger.serialize()[0])(**event["kwargs"])))
-    assert again["phase"] == "Watching" and "for 600s" in again["message"]
+    assert again["phase"] == "watching" and "for 600s" in again["message"]
 
 
 def test_trigger_deleted_jobset_and_malformed_status(monkeypatch, recorded_status) -> None:
@@ -245,7 +246,7 @@ def test_a_jobset_created_again_under_the_name_is_a_named_error(
     ti = FakeTI()
     with pytest.raises(JobSetReplacedError, match="deleted and created again"):
         _op().execute_complete(_ctx(ti), event)
-    assert ti.pushed["jobset_ref"]["delete"] is False  # not ours: the teardown leaves it
+    assert ti.pushed["cluster_job"]["cancel"] is False  # not ours: the teardown leaves it
 
 
 def test_trigger_serializes_to_an_importable_classpath() -> None:
@@ -295,18 +296,18 @@ def test_execute_complete_maps_events_to_task_outcomes() -> None:
     ti = FakeTI()
     done = op.execute_complete(_ctx(ti), {**BASE_EVENT, "phase": "Succeeded"})
     assert done == {"name": "js", "namespace": "default", "phase": "Succeeded", "progress": "p"}
-    assert ti.pushed["jobset_ref"]["delete"] is True
+    assert ti.pushed["cluster_job"]["cancel"] is True
 
     failed = {**BASE_EVENT, "phase": "Failed", "reason": "ReachedMaxRestarts", "message": "m"}
     with pytest.raises(AirflowFailException, match=r"default/js failed \(ReachedMaxRestarts\): m"):
         op.execute_complete(_ctx(ti), failed)
-    assert ti.pushed["jobset_ref"]["delete"] is True
+    assert ti.pushed["cluster_job"]["cancel"] is True
 
     with pytest.raises(AirflowException, match="could not follow") as excinfo:
         op.execute_complete(_ctx(ti), {**BASE_EVENT, "phase": "error", "message": "bad status"})
     assert not isinstance(excinfo.value, AirflowFailException)  # retryable
-    assert ti.pushed["jobset_ref"] == {
-        "name": "js", "namespace": "default", "delete": False, "why": "watch error: bad status",
+    assert ti.pushed["cluster_job"] == {
+        "name": "js", "namespace": "default", "cancel": False, "why": "watch error: bad status",
     }  # fmt: skip
 
 
@@ -340,7 +341,7 @@ def test_cleanup_without_a_recorded_jobset_does_nothing(fake_gke) -> None:
     op = DeleteJobSetOperator(task_id="cleanup", run_task_id="g.run", cluster=SETTINGS.cluster)
     ti = FakeTI(map_index=3)
     assert op.execute({"ti": ti}) is None
-    assert ti.pulls == [("g.run", "jobset_ref", 3)]
+    assert ti.pulls == [("g.run", k, 3) for k in ("cluster_job", "jobset_ref", "slurm_job")]
     assert fake_gke.requests == []
 
 
@@ -369,7 +370,7 @@ def test_run_checks_the_crd_creates_strictly_defers_and_follows(fake_gke, record
     trigger = _deferred_trigger(op, ti)
 
     assert ti.pushed == {
-        "jobset_ref": {"name": name, "namespace": "default", "delete": None, "why": "pending"}
+        "cluster_job": {"name": name, "namespace": "default", "cancel": None, "why": "pending"}
     }
     # the CRD is read before the create, and the create is strict
     assert [(m, path.split("?")[0]) for m, path, _ in fake_gke.requests[:2]] == [
@@ -401,7 +402,7 @@ def test_an_older_jobset_crd_is_refused_before_anything_is_created(
     assert "spec.failurePolicy.rules[0].onJobFailureMessagePatterns (JobSet v0.10)" in message
     assert "older than JobSet v0.10" in message and "Install JobSet v0.10 or newer" in message
     assert fake_gke.objects == {} and "POST" not in fake_gke.methods()
-    assert ti.pushed["jobset_ref"]["delete"] is False
+    assert ti.pushed["cluster_job"]["cancel"] is False
 
     fake_gke.crd = None  # JobSet not installed at all
     with pytest.raises(AirflowFailException, match=r"jobsets\.jobset\.x-k8s\.io is not installed"):
@@ -439,7 +440,7 @@ def test_run_retry_adopts_its_own_jobset_and_refuses_a_foreign_one(fake_gke) -> 
     ti = FakeTI()
     with pytest.raises(JobSetConflictError, match="not rendered from this spec"):
         other.execute(_ctx(ti))
-    assert ti.pushed["jobset_ref"]["delete"] is False  # a foreign JobSet: never deleted
+    assert ti.pushed["cluster_job"]["cancel"] is False  # a foreign JobSet: never deleted
 
 
 def test_run_never_defers_on_a_jobset_the_cluster_does_not_have(fake_gke) -> None:
@@ -465,7 +466,7 @@ def _cleanup(ti: FakeTI) -> Any:
     from tasks.backends.gke.operators import DeleteJobSetOperator
 
     op = DeleteJobSetOperator(task_id="g.cleanup", run_task_id="g.run", cluster=SETTINGS.cluster)
-    ti.xcoms[("g.run", "jobset_ref", ti.map_index)] = ti.pushed["jobset_ref"]
+    ti.xcoms[("g.run", "cluster_job", ti.map_index)] = ti.pushed["cluster_job"]
     return op.execute({"ti": ti})
 
 
@@ -475,7 +476,7 @@ def test_cleanup_deletes_after_an_outcome_or_a_users_mark(fake_gke, recorded_sta
     name = trigger.name
     ref = {"name": name, "namespace": "default"}
     # deferred, then marked failed by hand: the task never decided; the teardown deletes
-    assert ti.pushed["jobset_ref"]["delete"] is None
+    assert ti.pushed["cluster_job"]["cancel"] is None
     assert _cleanup(ti) == {**ref, "deleted": True}
     assert fake_gke.objects == {}
     assert fake_gke.requests[-1] == ("DELETE", f"{JOBSETS}/{name}", "Bearer test-token")
@@ -488,7 +489,7 @@ def test_cleanup_deletes_after_an_outcome_or_a_users_mark(fake_gke, recorded_sta
 
     with pytest.raises(AirflowFailException):
         _finish(op, _ctx(ti), trigger)
-    assert ti.pushed["jobset_ref"]["delete"] is True  # a real failure
+    assert ti.pushed["cluster_job"]["cancel"] is True  # a real failure
     assert _cleanup(ti) == {**ref, "deleted": True}
 
 
@@ -556,14 +557,14 @@ def test_a_60_minute_api_outage_during_training_leaves_it_running_and_the_task_r
 
     result, events = _finish(op, _ctx(ti), trigger)
     assert result["phase"] == "Succeeded", events
-    assert [e["reason"] for e in events[:-1]] == ["ApiUnreachable"] * 2  # at 20 and 40 min
+    assert [e["reason"] for e in events[:-1]] == ["Unreachable"] * 2  # at 20 and 40 min
     assert sim_clock.now >= 60 * 60 and fake_gke.failed_gets >= 10 and refused_lookups
     assert max(sim_clock.sleeps) == 120.0  # the backoff is capped
     # the JobSet was never deleted or changed, and the outage counted as running time
     assert fake_gke.deleted == [] and "DELETE" not in fake_gke.methods()
     assert fake_gke.objects[("default", name)] == created
     assert events[-2]["kwargs"]["running_since"] == 0.0
-    assert ti.pushed["jobset_ref"]["delete"] is True  # succeeded: the teardown may clean up
+    assert ti.pushed["cluster_job"]["cancel"] is True  # succeeded: the teardown may clean up
 
 
 def test_a_triggerer_restart_keeps_every_clock(monkeypatch, recorded_status, sim_clock) -> None:
@@ -575,7 +576,7 @@ def test_a_triggerer_restart_keeps_every_clock(monkeypatch, recorded_status, sim
         max_suspended_s=3600.0,
     )  # fmt: skip
     [admitted] = _events(trigger)  # suspended 4 reads, then running: a change, persisted
-    assert admitted["phase"] == "Watching"
+    assert admitted["phase"] == "watching"
     state = admitted["kwargs"]
     assert (state["suspended_since"], state["running_since"]) == (None, 120.0)
     sim_clock.now += 100.0  # the triggerer was down 100 s: the JobSet ran meanwhile
@@ -634,16 +635,16 @@ def test_suspended_time_is_bounded_apart_from_running_time(monkeypatch, recorded
     ti = FakeTI()
     with pytest.raises(AirflowFailException, match=r"\(SuspendedTooLong\): suspended \(not ad"):
         _op().execute_complete(_ctx(ti), event)
-    assert ti.pushed["jobset_ref"]["delete"] is True  # a bound the deployment set
+    assert ti.pushed["cluster_job"]["cancel"] is True  # a bound the deployment set
 
 
 def test_defer_timeout_is_an_outer_net_behind_the_bounds(sim_clock) -> None:
     op = _op(REAL_WATCH, job_timeout=timedelta(hours=24))
     trigger = _trigger(submitted_at=0.0)
     bounds = timedelta(hours=24, minutes=REAL_WATCH.max_suspended_minutes)
-    assert op._defer_timeout(trigger) == bounds + timedelta(minutes=10)
+    assert op.defer_timeout(trigger) == bounds + timedelta(minutes=10)
     sim_clock.now = 3600.0  # a re-defer an hour later: the net does not move
-    assert op._defer_timeout(trigger) == bounds + timedelta(minutes=10) - timedelta(hours=1)
+    assert op.defer_timeout(trigger) == bounds + timedelta(minutes=10) - timedelta(hours=1)
 
 
 def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_path) -> None:
@@ -661,7 +662,7 @@ def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_pa
     assert request_stop(run.run_dir) is not None
 
     result, events = _finish(op, _ctx(ti), trigger)  # the JobSet has no status: still running
-    assert (events[-1]["phase"], events[-1]["reason"]) == ("Stopped", "StopRequest")
+    assert (events[-1]["phase"], events[-1]["reason"]) == ("stopped", "StopRequest")
     assert fake_gke.deleted == [name] and fake_gke.objects == {}
     assert result["phase"] == "Stopped"
 

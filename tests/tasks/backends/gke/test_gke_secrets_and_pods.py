@@ -114,8 +114,15 @@ storage_root = "runs"
 [jobs.train]
 secret_env = { HF_TOKEN = { secret = "s", key = "k" } }
 """
-    with pytest.raises(DeploymentError, match=r"^t\.toml: jobs\.train\.secret_env: Kubernetes Sec"):
-        parse_deployment(text, source="t.toml", base_dir=Path("."))
+    from tasks.backends.registry import backend_for
+
+    # The deployment is read; the backend it names refuses what it does not run.
+    deployment = parse_deployment(text, source="t.toml", base_dir=Path("."))
+    with pytest.raises(DeploymentError) as refused:
+        backend_for(deployment)
+    assert str(refused.value) == (
+        "t.toml: jobs.train.secret_env: only the gke backend takes Secret envs (backend is 'local')"
+    )
 
 
 def test_no_env_value_reaches_an_xcom_a_template_field_or_a_log(

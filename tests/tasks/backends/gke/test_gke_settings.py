@@ -21,7 +21,7 @@ def test_defaults_are_the_benchmark_shapes() -> None:
     assert (train.accelerator, train.topology, train.slices) == ("tpu-v5p-slice", "4x4x8", 1)
     assert train.max_restarts >= 3  # training resumes from its newest checkpoint
     assert train.multi_host and not evaluate.multi_host
-    assert settings.api_error_budget_s >= 20 * 60
+    assert settings.outage_budget_s >= 20 * 60
     assert settings.ttl_after_finished_s >= 100 * settings.poll_interval_s
     assert settings.fail_exit_codes == (2, 5)  # docs/exit-codes.md: the user errors
     assert (train.total_chips, train.hosts_per_slice) == (128, 32)
@@ -102,7 +102,8 @@ def test_a_table_overrides_and_keeps_the_rest() -> None:
             {"poll_interval_s": 120, "ttl_after_finished_s": 1000},
             "gke.ttl_after_finished_s: 1000 s is too close",
         ),
-        ({"api_error_budget_s": 0}, "gke.api_error_budget_s: must be > 0"),
+        ({"outage_budget_s": 0}, "gke.outage_budget_s: must be > 0"),
+        ({"api_error_budget_s": 0}, "gke.api_error_budget_s: must be > 0"),  # deprecated
         ({"run_retries": -1}, "gke.run_retries: must be >= 0"),
         ({"kubernetes_conn_id": " "}, "gke.kubernetes_conn_id: must be a non-empty string"),
         (
@@ -169,4 +170,31 @@ def test_the_example_gke_deployment_renders_a_strictly_valid_jobset(strict_jobse
     assert re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", gke.image), gke.image
     assert gke.train.max_restarts >= 3 and deployment.eval_retries >= 1
     assert gke.queue_name and jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
-    assert gke.api_error_budget_s >= 20 * 60
+    assert gke.outage_budget_s >= 20 * 60
+
+
+def test_the_watch_keys_of_earlier_releases_are_read_with_a_deprecation_line(caplog) -> None:
+    """``[gke]`` named the outage budget and the backoff ceiling `api_error_budget_s` and
+    `api_backoff_max_s`; ``[slurm]`` and this release name them `outage_budget_s` and
+    `backoff_max_s`. A deployment file of an earlier release still works, and says so."""
+    from tasks.backends.gke.settings import DEPRECATED_KEYS
+    from tasks.backends.slurm.settings import SlurmSettings
+
+    assert DEPRECATED_KEYS == {
+        "api_error_budget_s": "outage_budget_s", "api_backoff_max_s": "backoff_max_s",
+    }  # fmt: skip
+    slurm = {f.name for f in dataclasses.fields(SlurmSettings)}
+    assert set(DEPRECATED_KEYS.values()) | {"poll_interval_s"} <= slurm
+    with caplog.at_level("WARNING", logger="tasks.backends.gke.settings"):
+        old = read_table(GkeSettings, {"api_error_budget_s": 300, "api_backoff_max_s": 7}, "gke")
+    assert (old.outage_budget_s, old.backoff_max_s) == (300, 7)
+    assert (old.api_error_budget_s, old.api_backoff_max_s) == (None, None)
+    lines = [r.getMessage() for r in caplog.records]
+    assert "gke.api_error_budget_s is deprecated: read as gke.outage_budget_s; rename the key" in (
+        lines
+    )
+    assert any("gke.api_backoff_max_s is deprecated" in line for line in lines)
+    new = read_table(GkeSettings, {"outage_budget_s": 300, "backoff_max_s": 7}, "gke")
+    assert (new.outage_budget_s, new.backoff_max_s) == (300, 7)
+    with pytest.raises(SettingError, match="deprecated name of backoff_max_s: give only"):
+        read_table(GkeSettings, {"api_backoff_max_s": 7, "backoff_max_s": 9}, "gke")

@@ -19,14 +19,11 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from slurm_driver import context, drive, first_event, start
 
 from devtools.servers.slurm_cluster import SlurmCluster
+from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY
+from tasks.backends.slurm.adapter import job_name
 from tasks.backends.slurm.evaluate_operators import SlurmEvaluateOperator
 from tasks.backends.slurm.hooks import SlurmHook
-from tasks.backends.slurm.operators import (
-    JOB_XCOM_KEY,
-    CancelSlurmJobsOperator,
-    SlurmJobOperator,
-    job_name,
-)
+from tasks.backends.slurm.operators import CancelSlurmJobsOperator, SlurmJobOperator
 from tasks.backends.slurm.settings import SecretRef, SlurmJobShape, SlurmSettings
 from tasks.backends.slurm.triggers import SlurmJobTrigger
 from tasks.jobs.templates import EvaluateJob
@@ -80,7 +77,7 @@ def test_success(slurm_env: SlurmCluster, jobs_dir: Path) -> None:
     driven = drive(op(jobs_dir, counting(jobs_dir, 0)), ctx)
     assert driven.result["state"] == "COMPLETED" and driven.result["exit_code"] == 0
     assert driven.result["restarts"] == {"counted": 0, "uncounted": 0}
-    recorded = ctx["ti"].pushed[JOB_XCOM_KEY]
+    recorded = ctx["ti"].pushed[JOB_RECORD_KEY]
     assert recorded["job_id"] == driven.job_ids[-1] and recorded["cancel"] is True
     assert recorded["name"] == job_name("mlperf_grpo_run", "manual__test", "train")
 
@@ -189,7 +186,7 @@ def test_a_job_id_naming_another_job_is_a_named_error(
     assert (event["phase"], event["reason"]) == ("error", "JobIdReused")
     with pytest.raises(AirflowFailException, match="reused the id"):
         task.execute_complete(ctx, event)
-    assert ctx["ti"].pushed[JOB_XCOM_KEY]["cancel"] is False  # never touched
+    assert ctx["ti"].pushed[JOB_RECORD_KEY]["cancel"] is False  # never touched
     cleanup = CancelSlurmJobsOperator(task_id="cleanup", run_task_id="run", settings=task.settings)
     assert cleanup.execute(ctx) == []
     SlurmHook(task.settings).cancel(trigger.job["job_id"])

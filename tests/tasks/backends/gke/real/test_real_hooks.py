@@ -86,7 +86,7 @@ def _trigger_events(
                 events.append(event.payload)
             if during is not None:
                 await asyncio.to_thread(during, events)
-            if events[-1]["phase"] != "Watching":
+            if events[-1]["phase"] != "watching":
                 return events
             state = events[-1]["kwargs"]
 
@@ -232,7 +232,7 @@ def test_the_trigger_watches_through_a_minutes_long_api_server_outage(
         driver.join()
     assert back.is_set()
     assert events[-1]["phase"] == "Succeeded", events[-1]
-    watching = [e for e in events if e["phase"] == "Watching"]
+    watching = [e for e in events if e["phase"] == "watching"]
     outages = {e["kwargs"]["outage_since"] for e in watching} - {None}
     # re-deferred at least twice through the outage, one outage clock kept across them
     assert len(watching) >= 2 and len(outages) == 1, watching
@@ -293,7 +293,7 @@ def test_a_pass_deletes_a_higher_steps_running_evaluation_and_nothing_else(
     """`cancel_step_jobset`, what a passing evaluation calls for each higher step: the running
     evaluation JobSet is deleted (its Jobs and pods with it); a finished one, and a step
     without one, are left alone."""
-    from tasks.backends.gke.evaluate_operators import cancel_step_jobset
+    from tasks.backends.gke.adapter import cancel_step_jobset
 
     s, run_id = settings(namespace), "manual__pass"
     # one evaluation at a time fits the 2x2x1 pool's two hosts: step 21's ends first
@@ -327,7 +327,8 @@ def test_on_kill_deletes_the_jobset_its_task_created(
     from airflow.sdk.exceptions import TaskDeferred
     from fake_task import FakeTI
 
-    from tasks.backends.gke.operators import REF_XCOM_KEY, RunJobSetOperator
+    from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY
+    from tasks.backends.gke.operators import RunJobSetOperator
 
     task = RunJobSetOperator(
         task_id="train.run", settings=settings(namespace), role="train", job="train",
@@ -337,7 +338,7 @@ def test_on_kill_deletes_the_jobset_its_task_created(
     context: Any = {"ti": ti, "dag_run": SimpleNamespace(dag_id=SHORT_DAG_ID, run_id="kill")}
     with pytest.raises(TaskDeferred):
         task.execute(context)
-    created = ti.pushed[REF_XCOM_KEY]["name"]
+    created = ti.pushed[JOB_RECORD_KEY]["name"]
     jobsets.running_pods(namespace, created, 2)  # one 2x2x2 slice: two hosts
     task.on_kill()
     _nothing_left(gke, jobsets, namespace, created)

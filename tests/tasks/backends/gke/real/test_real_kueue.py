@@ -155,7 +155,7 @@ def test_a_jobset_never_admitted_fails_after_max_suspended(
         while True:
             async for event in Reader(**json.loads(json.dumps(state))).run():
                 seen.append(event.payload)
-            if seen[-1]["phase"] != "Watching":
+            if seen[-1]["phase"] != "watching":
                 return seen
             state = seen[-1]["kwargs"]
 

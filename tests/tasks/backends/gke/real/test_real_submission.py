@@ -78,7 +78,7 @@ kubernetes_conn_id = "{CONN_ID}"
 namespace = "{namespace}"
 image = "rcpflow-rehearsal:test"
 poll_interval_s = 1.0
-api_backoff_max_s = 5.0
+backoff_max_s = 5.0
 ttl_after_finished_s = 600
 
 [gke.train]
