@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from rcpflow.files.layout import RunLayout, is_gcs, normalized
-from rcpflow.files.storage import GCSStorage, split_gcs, storage_for
+from rcpflow.files.storage import delete_generation, gcs_objects, storage_for
 from rcpflow.records.checkpoint_state import run_snapshot
 from rcpflow.records.manifest import ManifestError, load
 from rcpflow.verdict.finalize import FinalizeInputError, decide
@@ -100,12 +100,8 @@ def _local_entries(root: str) -> Iterator[Entry]:
 
 def _gcs_entries(root: str) -> Iterator[Entry]:
     """Objects under the folder `root`, page by page (never the whole listing at once)."""
-    bucket, name = split_gcs(root)
-    folder = name.rstrip("/") + "/"
-    blobs = GCSStorage().client.list_blobs(bucket, prefix=folder, page_size=PAGE_SIZE)
-    for page in blobs.pages:
-        for b in page:
-            yield Entry(f"gs://{bucket}/{b.name}", int(b.size or 0), int(b.generation))
+    for path, size, generation in gcs_objects(root, PAGE_SIZE):
+        yield Entry(path, size, generation)
 
 
 def entries(root: str) -> Iterator[Entry]:
@@ -151,13 +147,13 @@ def run_facts(run_dir: str) -> RunFacts:
         full = present and _full_state(path)
         checkpoints.append(CheckpointFacts(row.step, path, ok, present, evaluation, full))
     passing = verdict.end_row.step if verdict.status == "success" and verdict.end_row else None
-    protected = {} if passing is None else {passing: "the MLLOG's run_stop (the passing step)"}
+    # The passing checkpoint (the one the MLLOG's run_stop names) is kept by the policy, so
+    # that --keep nothing may let it go; `protected` is for what the run folder cannot tell.
     return RunFacts(
         tuple(checkpoints),
         passing,
         verdict.status in ("success", "aborted"),
         snapshot.ended_at is not None,
-        protected,
     )
 
 
@@ -215,16 +211,8 @@ def _delete_part(path: str, newest: int) -> str | None:
         if e.stamp > newest:
             return f"changed since the plan ({e.path} is newer): kept"
         if is_gcs(e.path):
-            from google.api_core.exceptions import NotFound, PreconditionFailed
-
-            bucket, name = split_gcs(e.path)
-            blob = GCSStorage().client.bucket(bucket).blob(name)
-            try:
-                blob.delete(if_generation_match=e.stamp)
-            except PreconditionFailed:
+            if not delete_generation(e.path, e.stamp):
                 return f"changed since the plan ({e.path} was rewritten): kept"
-            except NotFound:
-                pass
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(e.path)
