@@ -255,3 +255,40 @@ def apply_run(run_dir: str, policy: RetentionPolicy = DEFAULT_POLICY) -> dict[st
     current["done_ms"] = _now_ms()
     _write_record(run_dir, record)
     return dict(current)
+
+
+@dataclass(frozen=True)
+class RetentionNote:
+    """What the retention record says of one part: kept (why), gone (why, when) or kept because
+    it changed or left the tree after the plan."""
+
+    step: int
+    part: str
+    state: str  # kept | gone
+    reason: str
+    when_ms: int | None  # gone: when it was deleted
+
+
+def retention_notes(run_dir: str) -> list[RetentionNote]:
+    """Per part, what the applies recorded (a part deleted once stays gone; else the latest
+    apply's decision), by step; [] when no apply ran. Reads the record only, no summary."""
+    record = read_record(run_dir)
+    if record is None:
+        return []
+    notes: dict[tuple[int, str], RetentionNote] = {}
+    for applied in record["applies"]:  # type: ignore[attr-defined]
+        for p in applied.get("parts", ()):
+            key = (p["step"], p["part"])
+            if key in notes and notes[key].state == "gone":
+                continue
+            outcome = p.get("outcome")
+            if outcome == "deleted":
+                note = RetentionNote(*key, "gone", p["reason"], p.get("outcome_ms"))
+            elif outcome:
+                note = RetentionNote(*key, "kept", outcome, None)
+            elif p["goes"]:
+                note = RetentionNote(*key, "kept", "planned to go; the apply did not finish", None)
+            else:
+                note = RetentionNote(*key, "kept", p["reason"], None)
+            notes[key] = note
+    return sorted(notes.values(), key=lambda n: (n.step, n.part))
