@@ -351,7 +351,7 @@ def _forecast(args: argparse.Namespace) -> int:
 def _policy(args: argparse.Namespace) -> RetentionPolicy:
     from rcpflow.verdict.retention import RetentionPolicy
 
-    return RetentionPolicy(args.keep, args.last_k)
+    return RetentionPolicy(args.keep, args.last_k, args.while_training)
 
 
 def _size(n: int) -> str:
@@ -403,6 +403,12 @@ def _retention_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--last-k", type=_int64, default=1, help="with --keep last-k: how many evaluated stay"
+    )
+    parser.add_argument(
+        "--while-training",
+        action="store_true",
+        help="delete before training has ended (only for a trainer whose resume tolerates it; "
+        "rcpflow's does not)",
     )
 
 

@@ -3,7 +3,9 @@
 Pure: it decides from facts the caller read (`rcpflow.verdict.retention_apply` reads them from the
 run folder). One decision per checkpoint, kept or gone, with one named reason. A checkpoint may go
 when no verdict can need it any more: its valid summary is persisted and below the target, or it
-lies above the run's passing step once the verdict is decided, and the policy does not keep it.
+lies above the run's passing step once the verdict is decided, and the policy does not keep it;
+while training runs only with the policy's `while_training` (a resume needs them otherwise), and
+never the newest full state then.
 A full-state save's ``train_state/`` may go once training has ended or a newer full state exists
 (its weights stay while a rule keeps them). Never gone: a checkpoint without a persisted valid
 summary (rcpflow keeps no record of an evaluation in progress, so "no summary" is read as "maybe
@@ -35,6 +37,10 @@ class RetentionPolicy:
 
     keep: Keep = "passing"
     last_k: int = 1
+    # Delete evaluated checkpoints before training has ended. Off by default: rcpflow's trainer
+    # (tpu_jobs) refuses to resume when a manifest row's checkpoint is gone, so only a trainer
+    # whose resume tolerates it may have them deleted while it runs.
+    while_training: bool = False
 
     def __post_init__(self) -> None:
         if self.keep not in KEEPS:
@@ -80,6 +86,10 @@ class Decision:
     reason: str
 
 
+def _newest_full(facts: RunFacts) -> int | None:
+    return max((c.step for c in facts.checkpoints if c.full_state), default=None)
+
+
 def _evaluated_kept(facts: RunFacts, policy: RetentionPolicy) -> set[int]:
     """The evaluated steps the policy keeps."""
     if policy.keep == "passing":
@@ -102,6 +112,11 @@ def _whole(c: CheckpointFacts, facts: RunFacts, policy: RetentionPolicy) -> tupl
         return False, "no persisted summary (maybe being evaluated)"
     if c.evaluation == "unusable":
         return False, "summary not valid (re-evaluation pending)"
+    if not facts.training_ended:
+        if not policy.while_training:
+            return False, "training has not ended (a resume needs every row's checkpoint)"
+        if c.full_state and c.step == _newest_full(facts):
+            return False, "the newest full state (a resume needs it)"
     kept = _evaluated_kept(facts, policy)
     if c.step in kept:
         what = "the passing checkpoint" if c.step == facts.passing_step else "evaluated"
@@ -120,7 +135,7 @@ def decide(facts: RunFacts, policy: RetentionPolicy = DEFAULT_POLICY) -> tuple[D
     """One decision per checkpoint (and one per full state's ``train_state/`` the checkpoint
     keeps), by step."""
     out: list[Decision] = []
-    newest_full = max((c.step for c in facts.checkpoints if c.full_state), default=None)
+    newest_full = _newest_full(facts)
     for c in sorted(facts.checkpoints, key=lambda c: c.step):
         goes, reason = _whole(c, facts, policy)
         out.append(Decision(c.step, "checkpoint", c.path, goes, reason))

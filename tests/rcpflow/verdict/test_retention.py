@@ -25,7 +25,7 @@ def whole(facts: RunFacts, policy: RetentionPolicy = DEFAULT_POLICY) -> dict[int
 
 
 def test_below_the_target_goes_the_passing_one_stays_and_above_it_goes() -> None:
-    facts = RunFacts((ckpt(18), ckpt(19, "passes"), ckpt(20, "passes")), 19, True, False)
+    facts = RunFacts((ckpt(18), ckpt(19, "passes"), ckpt(20, "passes")), 19, True, True)
     got = whole(facts)
     assert got[18] == (True, "evaluated below the target")
     assert got[19][0] is False and "passing checkpoint" in got[19][1]
@@ -53,13 +53,13 @@ def test_a_protected_step_is_kept() -> None:
 
 
 def test_before_the_verdict_nothing_above_an_undecided_step_goes() -> None:
-    facts = RunFacts((ckpt(18, "missing"), ckpt(19, "passes")), None, False, False)
+    facts = RunFacts((ckpt(18, "missing"), ckpt(19, "passes")), None, False, True)
     assert whole(facts)[19] == (False, "passes the target; the verdict is not decided yet")
 
 
 def test_keep_last_k_and_keep_nothing() -> None:
     rows = (ckpt(18), ckpt(19), ckpt(20, "passes"))
-    facts = RunFacts(rows, 20, True, False)
+    facts = RunFacts(rows, 20, True, True)
     got = whole(facts, RetentionPolicy("last-k", 2))
     assert (got[18][0], got[19][0], got[20][0]) == (True, False, False)
     got = whole(facts, RetentionPolicy("nothing"))
@@ -84,3 +84,18 @@ def test_full_state_goes_after_training_or_when_a_newer_one_exists() -> None:
 def test_a_bad_policy_is_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError, match="retention"):
         RetentionPolicy(**bad)  # type: ignore[arg-type]
+
+
+def test_while_training_nothing_goes_unless_the_policy_says_so() -> None:
+    rows = (ckpt(18, full_state=True), ckpt(19, full_state=True), ckpt(20, full_state=True))
+    facts = RunFacts((*rows, ckpt(21, "missing")), None, False, False)
+    got = whole(facts)
+    assert got[18] == (False, "training has not ended (a resume needs every row's checkpoint)")
+    got = whole(facts, RetentionPolicy(while_training=True))
+    assert got[18][0] and got[19][0]
+    assert got[20] == (False, "the newest full state (a resume needs it)")
+
+
+def test_a_full_state_train_state_goes_with_its_checkpoint_not_twice() -> None:
+    facts = RunFacts((ckpt(18, full_state=True),), None, True, True)
+    assert [(d.part, d.goes) for d in decide(facts)] == [("checkpoint", True)]
