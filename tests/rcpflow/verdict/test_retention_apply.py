@@ -178,3 +178,24 @@ def test_gcs_object_rewritten_between_plan_and_delete_is_kept(gcs_prefix: str, m
     assert len(s.list(run.layout.checkpoint(20))) == 3
     assert json.loads(s.read_bytes(run.layout.retention))["applies"][0]["done_ms"] is not None
     assert split_gcs(victim)[0]
+
+
+def test_before_block_stop_nothing_goes_and_after_it_the_full_states_go(tmp_path: Path) -> None:
+    run = make_run(str(tmp_path / "run"), max_steps=20, accuracies={18: 0.5, 19: 0.8})
+    for step in (18, 19, 20):
+        _checkpoint(Path(run.layout.checkpoint(step)), full=True)
+    log = run.log_file.read_text()
+    run.log_file.write_text(
+        "".join(line for line in log.splitlines(True) if "block_stop" not in line)
+    )
+    assert _goes(run.run_dir) == {}  # training runs: a resume needs every row's checkpoint
+    run.log_file.write_text(log)
+    planned = {(p.decision.step, p.decision.part): p for p in plan_run(run.run_dir)}
+    assert planned[(18, "checkpoint")].decision.goes  # below the target, train_state with it
+    assert (planned[(18, "checkpoint")].files, planned[(18, "checkpoint")].bytes) == (4, 130)
+    state = planned[(19, "train_state")]
+    assert state.decision.goes and state.decision.reason == "full state: training ended"
+    assert not planned[(19, "checkpoint")].decision.goes
+    apply_run(run.run_dir)
+    passing = Path(run.layout.checkpoint(19))
+    assert (passing / "params").is_dir() and not (passing / "train_state").exists()
