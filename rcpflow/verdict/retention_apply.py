@@ -207,6 +207,11 @@ def _planned_json(p: Planned) -> dict[str, object]:
 
 def _delete_part(path: str, newest: int) -> str | None:
     """Delete the part at `path`, nothing newer than `newest`; why a part was kept, else None."""
+    # A first pass (streamed) so that a part written since the plan is left whole, not half
+    # deleted; the second pass deletes, each gs:// object only at its listed generation.
+    for e in entries(path):
+        if e.stamp > newest:
+            return f"changed since the plan ({e.path} is newer): kept"
     for e in entries(path):
         if e.stamp > newest:
             return f"changed since the plan ({e.path} is newer): kept"

@@ -199,3 +199,30 @@ def test_before_block_stop_nothing_goes_and_after_it_the_full_states_go(tmp_path
     apply_run(run.run_dir)
     passing = Path(run.layout.checkpoint(19))
     assert (passing / "params").is_dir() and not (passing / "train_state").exists()
+
+
+@pytest.mark.gcs
+def test_gcs_interrupted_apply_rerun_keeps_what_was_rewritten_since_its_plan(
+    gcs_prefix: str, monkeypatch
+) -> None:
+    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
+    s = storage_for(gcs_prefix)
+    for step in (18, 19, 20):
+        for i in range(2):
+            s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_{i}", b"w" * 10)
+
+    def crash(path: str) -> None:
+        raise KeyboardInterrupt  # killed after the first delete
+
+    monkeypatch.setattr(retention_apply, "after_delete", crash)
+    with pytest.raises(KeyboardInterrupt):
+        apply_run(run.run_dir)
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    rewritten = f"{run.layout.checkpoint(19)}/params/shard_1"
+    s.write_atomic(rewritten, b"new")  # after the intent was recorded
+    done = apply_run(run.run_dir)
+    outcome = {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]}  # type: ignore[attr-defined]
+    assert outcome[18] == "deleted" and s.list(run.layout.checkpoint(18)) == []
+    assert outcome[19].startswith("changed since the plan") and s.read_bytes(rewritten) == b"new"
+    assert len(s.list(run.layout.checkpoint(19))) == 2  # left whole, not half deleted
+    assert len(json.loads(s.read_bytes(run.layout.retention))["applies"]) == 1
