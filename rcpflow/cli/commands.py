@@ -364,7 +364,7 @@ def _retention_plan(args: argparse.Namespace) -> int:
     from rcpflow.verdict.retention_apply import RetentionError, plan_run
 
     try:
-        planned = plan_run(args.run_dir, _policy(args))
+        planned = plan_run(args.run_dir, _policy(args), args.settled)
     except RetentionError as e:
         return _invalid(e)
     total = 0
@@ -386,7 +386,7 @@ def _retention_apply(args: argparse.Namespace) -> int:
     from rcpflow.verdict.retention_apply import RetentionError, apply_run
 
     try:
-        applied = apply_run(args.run_dir, _policy(args))
+        applied = apply_run(args.run_dir, _policy(args), args.settled)
     except RetentionError as e:
         return _invalid(e)
     for part in applied["parts"]:  # type: ignore[attr-defined]
@@ -409,6 +409,12 @@ def _retention_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="delete before training has ended (only for a trainer whose resume tolerates it; "
         "rcpflow's does not)",
+    )
+    parser.add_argument(
+        "--settled",
+        action="store_true",
+        help="no evaluation of the run is running or will start: checkpoints above the passing "
+        "step without a summary may go too",
     )
 
 

@@ -9,7 +9,8 @@ never the newest full state then.
 A full-state save's ``train_state/`` may go once training has ended or a newer full state exists
 (its weights stay while a rule keeps them). Never gone: a checkpoint without a persisted valid
 summary (rcpflow keeps no record of an evaluation in progress, so "no summary" is read as "maybe
-being evaluated", and an invalid one awaits re-evaluation), one the caller protects (the MLLOG's
+being evaluated", unless the caller says the run's evaluations are settled and it lies above the
+passing step; an invalid one awaits re-evaluation), one the caller protects (the MLLOG's
 run_stop, a package, a pending re-evaluation), or one outside the run's checkpoint tree.
 """
 
@@ -73,6 +74,10 @@ class RunFacts:
     training_ended: bool
     # Steps something else still references, and what (the MLLOG's run_stop, a package, ...).
     protected: Mapping[int, str] = field(default_factory=dict)
+    # The caller knows no evaluation of the run is running or will start (the run DAG once it
+    # has cancelled those above the passing step; a person with --settled): then a checkpoint
+    # above the passing step without a summary may go too.
+    settled: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,7 +113,10 @@ def _whole(c: CheckpointFacts, facts: RunFacts, policy: RetentionPolicy) -> tupl
         return False, "not present"
     if c.step in facts.protected:
         return False, f"referenced by {facts.protected[c.step]}"
+    passing = facts.passing_step
     if c.evaluation == "missing":
+        if passing is not None and c.step > passing and facts.settled and facts.training_ended:
+            return True, f"above the passing step {passing}, not evaluated: the verdict is decided"
         return False, "no persisted summary (maybe being evaluated)"
     if c.evaluation == "unusable":
         return False, "summary not valid (re-evaluation pending)"
@@ -121,7 +129,6 @@ def _whole(c: CheckpointFacts, facts: RunFacts, policy: RetentionPolicy) -> tupl
     if c.step in kept:
         what = "the passing checkpoint" if c.step == facts.passing_step else "evaluated"
         return False, f"{what}, kept by the policy (keep {policy.keep})"
-    passing = facts.passing_step
     if passing is not None and c.step > passing:
         return True, f"above the passing step {passing}: the verdict is decided"
     if c.evaluation == "below":

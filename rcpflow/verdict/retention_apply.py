@@ -118,7 +118,7 @@ def _full_state(path: str) -> bool:
     return STATE_DIR in storage_for(path).subfolders(path)
 
 
-def run_facts(run_dir: str) -> RunFacts:
+def run_facts(run_dir: str, settled: bool = False) -> RunFacts:
     """The facts the rule decides from, each summary read once."""
     layout = RunLayout(run_dir)
     try:
@@ -154,6 +154,7 @@ def run_facts(run_dir: str) -> RunFacts:
         passing,
         verdict.status in ("success", "aborted"),
         snapshot.ended_at is not None,
+        settled=settled,
     )
 
 
@@ -165,9 +166,12 @@ def _sized(d: Decision) -> Planned:
     return Planned(d, files, size, newest)
 
 
-def plan_run(run_dir: str, policy: RetentionPolicy = DEFAULT_POLICY) -> list[Planned]:
-    """What the rule decides for the run now, each part that goes with its size."""
-    decisions = decide_retention(run_facts(run_dir), policy)
+def plan_run(
+    run_dir: str, policy: RetentionPolicy = DEFAULT_POLICY, settled: bool = False
+) -> list[Planned]:
+    """What the rule decides for the run now, each part that goes with its size; `settled`:
+    no evaluation of the run is running or will start (`RunFacts.settled`)."""
+    decisions = decide_retention(run_facts(run_dir, settled), policy)
     return [_sized(d) for d in decisions]
 
 
@@ -230,7 +234,9 @@ def _delete_part(path: str, newest: int) -> str | None:
     return None
 
 
-def apply_run(run_dir: str, policy: RetentionPolicy = DEFAULT_POLICY) -> dict[str, object]:
+def apply_run(
+    run_dir: str, policy: RetentionPolicy = DEFAULT_POLICY, settled: bool = False
+) -> dict[str, object]:
     """Finish an unfinished apply, else plan, record the intent, delete, mark done; the apply
     as recorded."""
     record = read_record(run_dir) or {"format": RECORD_FORMAT, "applies": []}
@@ -243,7 +249,8 @@ def apply_run(run_dir: str, policy: RetentionPolicy = DEFAULT_POLICY) -> dict[st
             "started_ms": _now_ms(),
             "done_ms": None,
             "policy": asdict(policy),
-            "parts": [_planned_json(p) for p in plan_run(run_dir, policy)],
+            "settled": settled,
+            "parts": [_planned_json(p) for p in plan_run(run_dir, policy, settled)],
         }
         applies.append(current)
         _write_record(run_dir, record)  # the intent, before anything is deleted

@@ -99,3 +99,12 @@ def test_while_training_nothing_goes_unless_the_policy_says_so() -> None:
 def test_a_full_state_train_state_goes_with_its_checkpoint_not_twice() -> None:
     facts = RunFacts((ckpt(18, full_state=True),), None, True, True)
     assert [(d.part, d.goes) for d in decide(facts)] == [("checkpoint", True)]
+
+
+def test_settled_lets_an_unevaluated_checkpoint_above_the_passing_step_go() -> None:
+    rows = (ckpt(17, "missing"), ckpt(18, "passes"), ckpt(19, "missing"))
+    facts = RunFacts(rows, 18, True, True, settled=True)
+    got = whole(facts)
+    assert got[19] == (True, "above the passing step 18, not evaluated: the verdict is decided")
+    assert got[17][0] is False  # below the passing step: a summary is still missing
+    assert whole(RunFacts(rows, 18, True, False, settled=True))[19][0] is False  # training runs

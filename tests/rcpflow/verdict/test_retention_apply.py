@@ -52,6 +52,8 @@ def test_plan_sizes_what_goes_and_keeps_the_unpersisted_and_passing(tmp_path: Pa
     assert "step 22: kept (no persisted summary (maybe being evaluated))" in p.stdout
     assert "step 18: goes (evaluated below the target): 3 files, 30 B" in p.stdout
     assert p.stdout.splitlines()[-1] == "would delete 90 B"
+    p = run_cli("retention", "plan", run.run_dir, "--settled")
+    assert "step 22: goes (above the passing step 20, not evaluated" in p.stdout
     p = run_cli("retention", "plan", run.run_dir, "--keep", "nothing")
     assert (
         "step 20: goes (the passing checkpoint, not kept by the policy (keep nothing))" in p.stdout
