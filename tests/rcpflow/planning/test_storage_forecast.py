@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from rcpflow_cli import run_cli
 
 from rcpflow.planning.forecast import ForecastUsageError, Scenario, simulate
 from rcpflow.planning.storage_forecast import CheckpointSizes, sizes_from_model, storage
@@ -68,3 +71,38 @@ def test_sizes_from_the_model_and_bad_sizes() -> None:
         CheckpointSizes(-1.0)
     with pytest.raises(ForecastUsageError, match="--full-state-every"):
         CheckpointSizes(1.0, 1.0, 0)
+
+
+FORECAST = ("forecast", "--step-seconds", "185", "--eval-seconds", "1665", "--eval-chips", "16")
+FORECAST += ("--train-chips", "128", "--max-steps", "40", "--passing-step", "24")
+
+
+def test_forecast_reports_storage_beside_time() -> None:
+    p = run_cli(*FORECAST, "--window", "10", "--model-params-b", "397", "--full-state-every", "10")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    head = lines.index(next(line for line in lines if line.startswith("checkpoint storage:")))
+    assert "0.794 TB weights a step, a full state (4.764 TB more) every 10 steps" in lines[head]
+    assert lines[head + 1].split()[:5] == ["schedule", "W", "pass", "peak", "TB"]
+    during = next(line for line in lines[head:] if line.startswith("during_training"))
+    peak_off, peak_on = map(float, during.split()[3:5])
+    assert peak_on < peak_off
+    p = run_cli(*FORECAST, "--weights-tb", "0.8", "--json")
+    rows = json.loads(p.stdout)["storage"]["forecasts"]
+    assert {r["schedule"] for r in rows} == {"after_training", "during_training"}
+    assert all(r["with"]["peak_tb"] <= r["without"]["peak_tb"] for r in rows)
+    assert "storage" not in json.loads(run_cli(*FORECAST, "--json").stdout)  # sizes not given
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--model-params-b", "397", "--weights-tb", "1"), "--model-params-b"),
+        (("--full-state-tb", "4"), "--full-state-tb needs --weights-tb"),
+        (("--weights-tb", "nan"), "--weights-tb"),
+        (("--weights-tb", "1", "--full-state-every", "0"), "--full-state-every"),
+    ],
+)
+def test_bad_storage_flags_are_one_usage_line(flags: tuple[str, ...], named: str) -> None:
+    p = run_cli(*FORECAST, *flags)
+    assert p.returncode == 2 and named in p.stderr and "Traceback" not in p.stderr
