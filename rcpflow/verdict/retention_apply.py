@@ -197,7 +197,21 @@ def read_record(run_dir: str) -> dict[str, object] | None:
         raise RetentionError(f"{path}: not a retention record: {e}") from e
     if not isinstance(record, dict) or not isinstance(record.get("applies"), list):
         raise RetentionError(f"{path}: not a retention record (no applies list)")
+    for n, applied in enumerate(record["applies"], start=1):
+        parts = applied.get("parts") if isinstance(applied, dict) else None
+        if not isinstance(parts, list) or not all(_part_ok(p) for p in parts):
+            raise RetentionError(f"{path}: apply {n}: not a list of parts as apply writes them")
     return record
+
+
+# A recorded part's fields and their JSON types (`_planned_json`).
+_PART_FIELDS = {"step": int, "part": str, "path": str, "goes": bool, "reason": str, "newest": int}
+
+
+def _part_ok(part: object) -> bool:
+    return isinstance(part, dict) and all(
+        isinstance(part.get(k), t) for k, t in _PART_FIELDS.items()
+    )
 
 
 def _write_record(run_dir: str, record: dict[str, object]) -> None:

@@ -49,3 +49,12 @@ def test_an_unreadable_record_is_a_warning_not_a_failure(tmp_path):
     status = run_status(run.run_dir)
     assert status.retention == ()
     assert any(w.startswith("retention record not read:") for w in status.warnings)
+
+
+def test_a_record_with_a_bad_part_is_a_warning_and_apply_refuses_it(tmp_path):
+    run = make_run(str(tmp_path / "run"), max_steps=19, accuracies={18: 0.5, 19: 0.8})
+    Path(run.layout.retention).write_text('{"applies": [{"parts": [{"step": "18"}]}]}')
+    assert any("apply 1: not a list of parts" in w for w in run_status(run.run_dir).warnings)
+    p = run_cli("retention", "apply", run.run_dir)
+    assert p.returncode == 1 and len(p.stderr.splitlines()) == 1
+    assert p.stderr.startswith("invalid: ") and "retention.json: apply 1" in p.stderr
