@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from rcpflow_cli import run_cli
+from rcpflow_cli import assert_one_invalid_line, cli_env_without_gcs_credentials, run_cli
 
 from devtools.synthetic_run import SyntheticRun, make_run, write_eval
 from rcpflow.files.storage import split_gcs, storage_for
@@ -228,3 +228,14 @@ def test_gcs_interrupted_apply_rerun_keeps_what_was_rewritten_since_its_plan(
     assert outcome[19].startswith("changed since the plan") and s.read_bytes(rewritten) == b"new"
     assert len(s.list(run.layout.checkpoint(19))) == 2  # left whole, not half deleted
     assert len(json.loads(s.read_bytes(run.layout.retention))["applies"]) == 1
+
+
+def test_gcs_without_credentials_is_one_error_line(tmp_path: Path) -> None:
+    env = cli_env_without_gcs_credentials(tmp_path)
+    for action in ("plan", "apply"):
+        assert_one_invalid_line(
+            run_cli("retention", action, "gs://rcpflow-no-such-bucket/run", env=env),
+            "gs://rcpflow-no-such-bucket/run",
+            "no Google Cloud credentials",
+            prefix="error: ",
+        )
