@@ -332,22 +332,19 @@ STORAGE_HEADER = (
 )  # fmt: skip
 
 
+def _key_cells(r: dict[str, Any]) -> list[str]:
+    return [r["schedule"], str(r["window"]), str(r["passing_step"])]
+
+
 def _storage_cells(r: dict[str, Any]) -> list[str]:
     off, on = r["without"], r["with"]
     ratio = on["peak_tb"] / off["peak_tb"] if off["peak_tb"] else 1.0
-    return [
-        r["schedule"],
-        str(r["window"]),
-        str(r["passing_step"]),
-        f"{off['peak_tb']:.1f}",
-        f"{on['peak_tb']:.1f}",
-        f"{ratio:.2f}",
-        f"{off['peak_checkpoints']:g}",
-        f"{on['peak_checkpoints']:g}",
-        f"{off['tb_hours']:.0f}",
-        f"{on['tb_hours']:.0f}",
-        f"{off['written_tb']:.1f}",
-    ]
+    figures = (
+        (off["peak_tb"], ".1f"), (on["peak_tb"], ".1f"), (ratio, ".2f"),
+        (off["peak_checkpoints"], "g"), (on["peak_checkpoints"], "g"),
+        (off["tb_hours"], ".0f"), (on["tb_hours"], ".0f"), (off["written_tb"], ".1f"),
+    )  # fmt: skip
+    return [*_key_cells(r), *(format(v, fmt) for v, fmt in figures)]
 
 
 def _storage_lines(request: Request, data: dict[str, Any], each: bool) -> list[str]:

@@ -12,15 +12,9 @@ from rcpflow.planning.storage_forecast import CheckpointSizes, sizes_from_model,
 
 
 def _during(**kw: object) -> Scenario:
-    base: dict[str, object] = dict(
-        step_seconds=1.0,
-        eval_seconds=1.0,
-        val_start_at=1,
-        max_steps=10,
-        passing_step=2,
-        schedule="during_training",
-        window=1,
-    )
+    """One-second steps and evaluations from step 1 to 10, W = 1, step 2 passing."""
+    base: dict[str, object] = {"step_seconds": 1.0, "eval_seconds": 1.0, "val_start_at": 1}
+    base |= {"max_steps": 10, "passing_step": 2, "schedule": "during_training", "window": 1}
     return Scenario(**{**base, **kw})  # type: ignore[arg-type]
 
 
