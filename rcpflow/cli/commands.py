@@ -12,12 +12,15 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from rcpflow.cli.path_hints import log_problem, manifest_problem, run_dir_problem
 from rcpflow.recipe import DIVISIONS
 from rcpflow.verdict.eval_import import SOURCE_FORMATS
 from rcpflow.verdict.schedule import SCHEDULES
+
+if TYPE_CHECKING:
+    from rcpflow.verdict.retention import RetentionPolicy
 
 # The exit codes of the rcpflow CLI (docs/exit-codes.md, "The `rcpflow` CLI"): not the job
 # contract of rcpflow.trainer.job_exit, hence their own prefix.
@@ -345,6 +348,76 @@ def _forecast(args: argparse.Namespace) -> int:
     return CLI_OK
 
 
+def _policy(args: argparse.Namespace) -> RetentionPolicy:
+    from rcpflow.verdict.retention import RetentionPolicy
+
+    return RetentionPolicy(args.keep, args.last_k, args.while_training)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:.3f} GB" if n >= 10**8 else f"{n} B"
+
+
+def _retention_plan(args: argparse.Namespace) -> int:
+    """what retention would delete now (with sizes) and why each kept checkpoint is kept; deletes
+    nothing; exit 0, 1 when the run folder cannot be planned"""
+    from rcpflow.verdict.retention_apply import RetentionError, plan_run
+
+    try:
+        planned = plan_run(args.run_dir, _policy(args), args.settled)
+    except RetentionError as e:
+        return _invalid(e)
+    total = 0
+    for p in planned:
+        d = p.decision
+        what = f"step {d.step}" + (" train_state" if d.part == "train_state" else "")
+        if d.goes:
+            total += p.bytes
+            print(f"{what}: goes ({d.reason}): {p.files} files, {_size(p.bytes)} {d.path}")
+        else:
+            print(f"{what}: kept ({d.reason})")
+    print(f"would delete {_size(total)}")
+    return CLI_OK
+
+
+def _retention_apply(args: argparse.Namespace) -> int:
+    """delete what retention plans (or finish an interrupted apply), recording it in the run
+    folder's retention.json; safe to rerun; exit 0, 1 when the run folder cannot be planned"""
+    from rcpflow.verdict.retention_apply import RetentionError, apply_run
+
+    try:
+        applied = apply_run(args.run_dir, _policy(args), args.settled)
+    except RetentionError as e:
+        return _invalid(e)
+    for part in applied["parts"]:  # type: ignore[attr-defined]
+        if part["goes"]:
+            print(f"step {part['step']} {part['part']}: {part['outcome']} ({part['reason']})")
+    return CLI_OK
+
+
+def _retention_arguments(parser: argparse.ArgumentParser) -> None:
+    from rcpflow.verdict.retention import KEEPS
+
+    parser.add_argument(
+        "--keep", choices=KEEPS, default="passing", help="which evaluated checkpoints stay"
+    )
+    parser.add_argument(
+        "--last-k", type=_int64, default=1, help="with --keep last-k: how many evaluated stay"
+    )
+    parser.add_argument(
+        "--while-training",
+        action="store_true",
+        help="delete before training has ended (only for a trainer whose resume tolerates it; "
+        "rcpflow's does not)",
+    )
+    parser.add_argument(
+        "--settled",
+        action="store_true",
+        help="no evaluation of the run is running or will start: checkpoints above the passing "
+        "step without a summary may go too",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="rcpflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -422,6 +495,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _command(sub, "finalize", _finalize, path=_RUN_DIR)
+
+    rt = sub.add_parser("retention", help="delete the checkpoints no verdict needs any more")
+    rtsub = rt.add_subparsers(dest="retention_command", required=True)
+    _retention_arguments(_command(rtsub, "plan", _retention_plan, path=_RUN_DIR))
+    _retention_arguments(_command(rtsub, "apply", _retention_apply, path=_RUN_DIR))
 
     st = _command(sub, "status", _status, path=_RUN_DIR)
     st.add_argument("--json", action="store_true", help="the same data as JSON")

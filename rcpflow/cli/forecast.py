@@ -9,7 +9,7 @@ import argparse
 import math
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, NamedTuple, TypeVar
 
 from rcpflow import recipe
@@ -27,6 +27,7 @@ from rcpflow.planning.forecast import (
     simulate,
 )
 from rcpflow.planning.rehearsal import JobProfile, RehearsalInputError, load_profile
+from rcpflow.planning.storage_forecast import CheckpointSizes, sizes_from_model, storage
 from rcpflow.verdict.schedule import SCHEDULES
 
 
@@ -39,6 +40,7 @@ class Request:
     windows: tuple[int, ...]
     passing_steps: tuple[int, ...]
     recommend: bool
+    sizes: CheckpointSizes | None = None  # given: the storage report too
 
     def scenarios(self) -> list[Scenario]:
         return [
@@ -70,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ("--window", "evaluations at once, W: N, A-B or N,M,... (default 1)"),
         ("--task-start-seconds", "a task's start latency in the scheduler (default 0)"),
         ("--poll-seconds", "how often a waiting step reads the manifest (default 0: at once)"),
+        ("--weights-tb", "one checkpoint's weights in TB: adds the checkpoint storage report"),
+        ("--full-state-tb", "the training state a full-state save adds, in TB (default 0)"),
+        ("--model-params-b", "the model's parameters in billions, instead of the two sizes"),
+        ("--full-state-every", "every K-th checkpoint from the validation start is full (1)"),
     ]
     defaults = {
         "--global-batch-size": "256",
@@ -195,7 +201,7 @@ def request_from(args: argparse.Namespace) -> Request:
         poll_seconds=_number("--poll-seconds", args.poll_seconds),
         cancel=not args.no_cancel,
     )
-    request = Request(base, schedules, windows, passing, args.recommend)
+    request = Request(base, schedules, windows, passing, args.recommend, _sizes(args))
     evaluated = max_steps - val_start + 1
     work = len(schedules) * len(windows) * len(passing) * (evaluated + 100)
     work += recommend_cost(base, passing) if args.recommend else 0
@@ -208,6 +214,23 @@ def request_from(args: argparse.Namespace) -> Request:
         )
     request.scenarios()  # every combination is checked (Scenario's own checks), not only one
     return request
+
+
+def _sizes(args: argparse.Namespace) -> CheckpointSizes | None:
+    """The checkpoint sizes the flags give (a model size or the sizes, not both), or None."""
+    every = _integer("--full-state-every", args.full_state_every, 1, most=STEPS_MAX)
+    if args.model_params_b is not None:
+        if args.weights_tb is not None or args.full_state_tb is not None:
+            raise ForecastUsageError(
+                "--model-params-b: give it or --weights-tb/--full-state-tb, not both"
+            )
+        return sizes_from_model(_number("--model-params-b", args.model_params_b), every)
+    if args.weights_tb is None:
+        if args.full_state_tb is not None:
+            raise ForecastUsageError("--full-state-tb needs --weights-tb")
+        return None
+    weights = _number("--weights-tb", args.weights_tb)
+    return CheckpointSizes(weights, _number("--full-state-tb", args.full_state_tb, 0.0), every)
 
 
 def _schedules(text: str) -> tuple[Schedule, ...]:
@@ -263,11 +286,78 @@ def report(request: Request) -> dict[str, Any]:
         "forecasts": [f.to_dict() for f in forecasts],
         "summary": summary,
     }
+    if request.sizes is not None:
+        out["storage"] = _storage_report(forecasts, request.sizes)
     if request.recommend:
         out["recommend"] = [
             recommend(request.base, request.passing_steps, s).to_dict() for s in SCHEDULES
         ]
     return out
+
+
+def _storage_report(forecasts: Sequence[Forecast], sizes: CheckpointSizes) -> dict[str, Any]:
+    """Per forecast, and the mean per schedule and W, the storage with and without retention."""
+    rows = []
+    for f in forecasts:
+        sc = f.scenario
+        rows.append(
+            {
+                "schedule": sc.schedule,
+                "window": sc.window,
+                "passing_step": sc.passing_step,
+                "without": asdict(storage(f, sizes, retention=False)),
+                "with": asdict(storage(f, sizes, retention=True)),
+            }
+        )
+    means = []
+    for (schedule, window), group in _group_rows(rows).items():
+        mean = {
+            side: {k: statistics.fmean(r[side][k] for r in group) for k in group[0][side]}
+            for side in ("without", "with")
+        }
+        means.append({"schedule": schedule, "window": window, "passing_step": "mean", **mean})
+    return {"sizes": asdict(sizes), "forecasts": rows, "summary": means}
+
+
+def _group_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["schedule"], r["window"]), []).append(r)
+    return groups
+
+
+STORAGE_HEADER = (
+    "schedule", "W", "pass", "peak TB", "with retention", "ratio", "peak ckpts", "with",
+    "TB-h", "with", "written TB",
+)  # fmt: skip
+
+
+def _key_cells(r: dict[str, Any]) -> list[str]:
+    return [r["schedule"], str(r["window"]), str(r["passing_step"])]
+
+
+def _storage_cells(r: dict[str, Any]) -> list[str]:
+    off, on = r["without"], r["with"]
+    ratio = on["peak_tb"] / off["peak_tb"] if off["peak_tb"] else 1.0
+    figures = (
+        (off["peak_tb"], ".1f"), (on["peak_tb"], ".1f"), (ratio, ".2f"),
+        (off["peak_checkpoints"], "g"), (on["peak_checkpoints"], "g"),
+        (off["tb_hours"], ".0f"), (on["tb_hours"], ".0f"), (off["written_tb"], ".1f"),
+    )  # fmt: skip
+    return [*_key_cells(r), *(format(v, fmt) for v, fmt in figures)]
+
+
+def _storage_lines(request: Request, data: dict[str, Any], each: bool) -> list[str]:
+    z = data["storage"]["sizes"]
+    lines = [
+        f"checkpoint storage: {z['weights_tb']:g} TB weights a step, a full state "
+        f"({z['full_state_tb']:g} TB more) every {z['full_every']} steps; retention as the rule "
+        "allows at the earliest "
+        "(--while-training --settled); TB-h up to the run's end"
+    ]
+    several = len(request.passing_steps) > 1
+    rows = data["storage"]["forecasts"] if each or not several else data["storage"]["summary"]
+    return lines + _table([STORAGE_HEADER, *(_storage_cells(r) for r in rows)])
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -332,6 +422,8 @@ def render_text(request: Request, data: dict[str, Any], each: bool) -> str:
         steps = request.passing_steps
         lines.append(f"min/mean/max over passing steps {steps[0]}..{steps[-1]}:")
         lines += _table([HEADER, *(_summary_cells(s) for s in data["summary"])])
+    if request.sizes is not None:
+        lines += _storage_lines(request, data, each)
     for r in data["recommend"] if request.recommend else []:
         lines.append(
             f"recommend {r['schedule']}: W = {r['window']} (verdict {r['verdict_s'] / 3600:.2f} h,"

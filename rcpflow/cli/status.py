@@ -1,7 +1,8 @@
 """Where a run stands, for a submitter (`rcpflow status`) and a UI: per manifest row its
 checkpoint, its summary (valid, pass@4, or why not), the gate's decision, what finalize would
-write now, and checkpoint folders without a row. Reads only; the same checks as the gate and
-finalize (`rcpflow.verdict.verify`), each summary read once (linear in the rows).
+write now, checkpoint folders without a row, and what `rcpflow retention apply` kept and deleted
+and why (from its record, `rcpflow.verdict.retention_apply`). Reads only; the same checks as the
+gate and finalize (`rcpflow.verdict.verify`), each summary read once (linear in the rows).
 
 It degrades per step, never per run: a file of one step that cannot be read (an attempts path
 that is a folder, a permission) shows that step as unreadable with why; a checkpoint on a
@@ -29,6 +30,7 @@ from rcpflow.records.mllog import MLLogError
 from rcpflow.trainer.recorder import checkpoint_present
 from rcpflow.verdict.finalize import FinalizeInputError, Status, finalize
 from rcpflow.verdict.gate import passes
+from rcpflow.verdict.retention_apply import RetentionNote, retention_notes
 from rcpflow.verdict.verify import StepEvaluation, SummaryState, evaluate_step, reading_once
 
 UNRECORDED = "unrecorded (no timestamp; not evaluable)"
@@ -82,6 +84,8 @@ class RunStatus:
     steps: tuple[StepStatus, ...]
     finalize: FinalizeNow | None
     unrecorded: tuple[str, ...] = ()  # checkpoint folders with no manifest row
+    # what `rcpflow retention apply` kept and deleted, and why (its record; no summary read)
+    retention: tuple[RetentionNote, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, indent=2) + "\n"
@@ -182,7 +186,13 @@ def _run_status(layout: RunLayout) -> RunStatus:
             now = FinalizeNow("refused", None, describe(e))
     unrecorded, problem = _unrecorded(layout, manifest.rows)
     warnings = manifest.warnings + ((problem,) if problem else ())
-    return RunStatus(layout.root, layout.manifest, None, warnings, tuple(steps), now, unrecorded)
+    try:
+        retention = tuple(retention_notes(layout.root))
+    except USER_ERRORS as e:
+        retention, warnings = (), (*warnings, f"retention record not read: {describe(e)}")
+    return RunStatus(
+        layout.root, layout.manifest, None, warnings, tuple(steps), now, unrecorded, retention
+    )
 
 
 def _checkpoint(path: str) -> tuple[bool, str | None]:
@@ -202,6 +212,12 @@ def _rewrites(layout: RunLayout, rows: Sequence[ManifestRow]) -> str | None:
     except (FinalizeInputError, MLLogError, ValueError, OSError, StorageError):
         return None  # finalize itself will name the problem
     return written.describe()
+
+
+def _retention_line(note: RetentionNote) -> str:
+    what = f"step {note.step}" + (" train_state" if note.part == "train_state" else "")
+    when = f", deleted {utc_text(note.when_ms)}" if note.when_ms is not None else ""
+    return f"retention: {what} {note.state} ({note.reason}{when})"
 
 
 def utc_text(time_ms: int) -> str:
@@ -244,6 +260,7 @@ def render_table(status: RunStatus) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines += notes
     lines += [f"{path}: {UNRECORDED}" for path in status.unrecorded]
+    lines += [_retention_line(n) for n in status.retention]
     lines += [f"warning: {w}" for w in status.warnings]
     f = status.finalize
     if f is not None:

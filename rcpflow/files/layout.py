@@ -7,6 +7,7 @@
 <run_dir>/stop_request.json              the verdict is decided: the trainer may stop
 <run_dir>/owner.json                     the lease of the trainer that holds the run
 <run_dir>/eval_schedule.json             when the run's checkpoints are evaluated (its plan's)
+<run_dir>/retention.json                 what `rcpflow retention apply` deleted, when and why
 <run_dir>/checks/<tool>.json             the verdict of an official checker (a submission
                                          folder keeps its checkers' verdicts the same way)
 
@@ -141,6 +142,11 @@ class RunLayout:
     def eval_schedule(self) -> str:
         """The schedule the run's plan recorded (`rcpflow.verdict.schedule_record`)."""
         return join(self.root, "eval_schedule.json")
+
+    @property
+    def retention(self) -> str:
+        """What retention deleted, when and why (`rcpflow.verdict.retention_apply`)."""
+        return join(self.root, "retention.json")
 
     @property
     def checks_dir(self) -> str:

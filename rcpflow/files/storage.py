@@ -319,6 +319,33 @@ class GCSStorage(Storage):
         raise StorageError(f"{path}: gave up after {self.max_attempts} conflicting updates")
 
 
+def gcs_objects(prefix: str, page_size: int) -> Iterator[tuple[str, int, int]]:
+    """(path, size, generation) of each object under the folder `prefix`, one page of
+    `page_size` per request and streamed: a listing of thousands of objects is never held."""
+    bucket, name = split_gcs(prefix)
+    folder = name.rstrip("/") + "/"
+    with _gcs_errors(prefix):
+        blobs = _GCS.client.list_blobs(bucket, prefix=folder, page_size=page_size)
+        for page in blobs.pages:
+            for b in page:
+                yield f"gs://{bucket}/{b.name}", int(b.size or 0), int(b.generation)
+
+
+def delete_generation(path: str, generation: int) -> bool:
+    """Delete the object `path` only at `generation`: False when it was rewritten meanwhile
+    (412); an object already gone counts as deleted."""
+    from google.api_core.exceptions import NotFound, PreconditionFailed
+
+    with _gcs_errors(path):
+        try:
+            _GCS._blob(path).delete(if_generation_match=generation)
+        except PreconditionFailed:
+            return False
+        except NotFound:
+            pass
+    return True
+
+
 def _pinned_read(blob: storage.Blob) -> tuple[int, bytes]:
     """The blob's generation and its bytes at that generation; NotFound when it does not exist,
     PreconditionFailed when it changed between the two reads."""

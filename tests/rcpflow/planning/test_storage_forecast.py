@@ -1,0 +1,102 @@
+"""The checkpoint storage a forecast run costs, with and without retention (hand-computed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from rcpflow_cli import run_cli
+
+from rcpflow.planning.forecast import ForecastUsageError, Scenario, simulate
+from rcpflow.planning.storage_forecast import CheckpointSizes, sizes_from_model, storage
+
+
+def _during(**kw: object) -> Scenario:
+    """One-second steps and evaluations from step 1 to 10, W = 1, step 2 passing."""
+    base: dict[str, object] = {"step_seconds": 1.0, "eval_seconds": 1.0, "val_start_at": 1}
+    base |= {"max_steps": 10, "passing_step": 2, "schedule": "during_training", "window": 1}
+    return Scenario(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_during_training_retention_lowers_the_peak_and_the_storage_hours() -> None:
+    # step 1 evaluated [1, 2], step 2 [2, 3] passes: verdict 3, training stops after step 3
+    f = simulate(_during())
+    assert (f.verdict_s, f.steps_trained, f.run_end_s) == (3.0, 3, 3.0)
+    sizes = CheckpointSizes(weights_tb=1.0)
+    without = storage(f, sizes, retention=False)
+    assert (without.peak_tb, without.peak_checkpoints, without.written_tb) == (3.0, 3, 3.0)
+    assert without.tb_hours == pytest.approx(3 / 3600)  # 1 TB for 1 s, then 2 TB for 1 s
+    kept = storage(f, sizes, retention=True)
+    # step 1 goes at its evaluation's end (2), step 3 at the verdict (3): two at most at once
+    assert (kept.peak_tb, kept.peak_checkpoints, kept.written_tb) == (2.0, 2, 3.0)
+    assert kept.tb_hours == pytest.approx(2 / 3600)
+
+
+def test_after_training_every_checkpoint_is_on_storage_when_training_ends() -> None:
+    f = simulate(_during(schedule="after_training", max_steps=4))
+    kept = storage(f, CheckpointSizes(1.0), retention=True)
+    assert (kept.peak_checkpoints, kept.peak_tb) == (4, 4.0)
+    # 1+2+3 TB-s while training, 4 TB from 4 to 5 (step 1's evaluation ends), 3 TB to 6
+    assert kept.tb_hours == pytest.approx(13 / 3600)
+    assert storage(f, CheckpointSizes(1.0), retention=False).tb_hours == pytest.approx(14 / 3600)
+
+
+def test_full_states_go_when_a_newer_one_is_written_or_training_ends() -> None:
+    # steps 1..4 evaluated one after another, step 4 passes at 5, training stops after step 5
+    f = simulate(_during(passing_step=4))
+    assert (f.verdict_s, f.steps_trained, f.training_end_s) == (5.0, 5, 5.0)
+    sizes = CheckpointSizes(weights_tb=1.0, full_state_tb=4.0, full_every=2)  # steps 1, 3, 5
+    without = storage(f, sizes, retention=False)
+    assert (without.peak_tb, without.written_tb) == (5.0 + 12.0, 17.0)
+    assert without.tb_hours == pytest.approx((5 + 6 + 11 + 12) / 3600)
+    kept = storage(f, sizes, retention=True)
+    # step 1 (full) is kept whole until step 3's full state is written at 3, then goes with
+    # step 2 (evaluated at 3); step 3's goes at training's end (5)
+    assert (kept.peak_tb, kept.peak_checkpoints) == (3.0 + 8.0, 3)
+    assert kept.tb_hours == pytest.approx((5 + 6 + 5 + 6) / 3600)
+
+
+def test_sizes_from_the_model_and_bad_sizes() -> None:
+    s = sizes_from_model(397)
+    assert s.weights_tb == pytest.approx(0.794) and s.full_state_tb == pytest.approx(4.764)
+    with pytest.raises(ForecastUsageError, match="--model-params-b"):
+        sizes_from_model(float("nan"))
+    with pytest.raises(ForecastUsageError, match="--weights-tb"):
+        CheckpointSizes(-1.0)
+    with pytest.raises(ForecastUsageError, match="--full-state-every"):
+        CheckpointSizes(1.0, 1.0, 0)
+
+
+FORECAST = ("forecast", "--step-seconds", "185", "--eval-seconds", "1665", "--eval-chips", "16")
+FORECAST += ("--train-chips", "128", "--max-steps", "40", "--passing-step", "24")
+
+
+def test_forecast_reports_storage_beside_time() -> None:
+    p = run_cli(*FORECAST, "--window", "10", "--model-params-b", "397", "--full-state-every", "10")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    head = lines.index(next(line for line in lines if line.startswith("checkpoint storage:")))
+    assert "0.794 TB weights a step, a full state (4.764 TB more) every 10 steps" in lines[head]
+    assert lines[head + 1].split()[:5] == ["schedule", "W", "pass", "peak", "TB"]
+    during = next(line for line in lines[head:] if line.startswith("during_training"))
+    peak_off, peak_on = map(float, during.split()[3:5])
+    assert peak_on < peak_off
+    p = run_cli(*FORECAST, "--weights-tb", "0.8", "--json")
+    rows = json.loads(p.stdout)["storage"]["forecasts"]
+    assert {r["schedule"] for r in rows} == {"after_training", "during_training"}
+    assert all(r["with"]["peak_tb"] <= r["without"]["peak_tb"] for r in rows)
+    assert "storage" not in json.loads(run_cli(*FORECAST, "--json").stdout)  # sizes not given
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--model-params-b", "397", "--weights-tb", "1"), "--model-params-b"),
+        (("--full-state-tb", "4"), "--full-state-tb needs --weights-tb"),
+        (("--weights-tb", "nan"), "--weights-tb"),
+        (("--weights-tb", "1", "--full-state-every", "0"), "--full-state-every"),
+    ],
+)
+def test_bad_storage_flags_are_one_usage_line(flags: tuple[str, ...], named: str) -> None:
+    p = run_cli(*FORECAST, *flags)
+    assert p.returncode == 2 and named in p.stderr and "Traceback" not in p.stderr

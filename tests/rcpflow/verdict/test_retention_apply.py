@@ -1,0 +1,241 @@
+"""`rcpflow retention plan|apply` on a run folder: local disk and gs:// (the emulator)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from rcpflow_cli import assert_one_invalid_line, cli_env_without_gcs_credentials, run_cli
+
+from devtools.synthetic_run import SyntheticRun, make_run, write_eval
+from rcpflow.files.storage import split_gcs, storage_for
+from rcpflow.verdict import retention_apply
+from rcpflow.verdict.retention_apply import apply_run, plan_run, read_record
+
+
+def _checkpoint(folder: Path, files: int = 3, full: bool = False) -> None:
+    (folder / "params").mkdir(parents=True)
+    for i in range(files):
+        (folder / "params" / f"shard_{i}").write_bytes(b"w" * 10)
+    if full:
+        (folder / "train_state").mkdir()
+        (folder / "train_state" / "opt").write_bytes(b"s" * 100)
+
+
+def _run(tmp_path: Path) -> SyntheticRun:
+    run = make_run(str(tmp_path / "run"), max_steps=22, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
+    for step in range(18, 23):
+        _checkpoint(Path(run.layout.checkpoint(step)))
+    return run
+
+
+def _goes(run_dir: str) -> dict[int, str]:
+    return {
+        p.decision.step: p.decision.reason
+        for p in plan_run(run_dir)
+        if p.decision.goes and p.decision.part == "checkpoint"
+    }
+
+
+def test_plan_sizes_what_goes_and_keeps_the_unpersisted_and_passing(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    write_eval(run, 21, 0.9)
+    planned = {p.decision.step: p for p in plan_run(run.run_dir)}
+    assert sorted(_goes(run.run_dir)) == [18, 19, 21]
+    assert (planned[18].files, planned[18].bytes) == (3, 30)
+    assert not planned[20].decision.goes  # the passing one
+    assert planned[22].decision.reason == "no persisted summary (maybe being evaluated)"
+    p = run_cli("retention", "plan", run.run_dir)
+    assert p.returncode == 0, p.stderr
+    assert "step 22: kept (no persisted summary (maybe being evaluated))" in p.stdout
+    assert "step 18: goes (evaluated below the target): 3 files, 30 B" in p.stdout
+    assert p.stdout.splitlines()[-1] == "would delete 90 B"
+    p = run_cli("retention", "plan", run.run_dir, "--settled")
+    assert "step 22: goes (above the passing step 20, not evaluated" in p.stdout
+    p = run_cli("retention", "plan", run.run_dir, "--keep", "nothing")
+    assert (
+        "step 20: goes (the passing checkpoint, not kept by the policy (keep nothing))" in p.stdout
+    )
+    # the plan deletes nothing
+    assert all(Path(run.layout.checkpoint(s)).is_dir() for s in range(18, 23))
+
+
+def test_apply_deletes_records_and_is_idempotent(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    p = run_cli("retention", "apply", run.run_dir)
+    assert p.returncode == 0, p.stderr
+    assert not Path(run.layout.checkpoint(18)).exists()
+    assert not Path(run.layout.checkpoint(19)).exists()
+    assert all(Path(run.layout.checkpoint(s)).is_dir() for s in (20, 21, 22))
+    record = read_record(run.run_dir)
+    assert record is not None and record["applies"][0]["done_ms"] is not None  # type: ignore[index]
+    again = apply_run(run.run_dir)
+    assert [p["step"] for p in again["parts"] if p["goes"]] == []  # type: ignore[attr-defined]
+    assert len(read_record(run.run_dir)["applies"]) == 2  # type: ignore[index]
+
+
+def test_a_symlink_out_of_the_tree_is_never_followed(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    outside = tmp_path / "precious"
+    _checkpoint(outside)
+    ckpt = Path(run.layout.checkpoint(18))
+    for f in (ckpt / "params").iterdir():
+        f.unlink()
+    (ckpt / "params").rmdir()
+    ckpt.rmdir()
+    ckpt.symlink_to(outside)
+    planned = {p.decision.step: p.decision for p in plan_run(run.run_dir)}
+    assert planned[18].reason == "outside the run's checkpoint tree (never deleted)"
+    apply_run(run.run_dir)
+    assert len(list((outside / "params").iterdir())) == 3
+    # a link inside the checkpoint is deleted as a link, its target untouched
+    (Path(run.layout.checkpoint(21)) / "link").symlink_to(outside)
+    write_eval(run, 21, 0.9)
+    apply_run(run.run_dir)
+    assert not Path(run.layout.checkpoint(21)).exists()
+    assert len(list((outside / "params").iterdir())) == 3
+
+
+def test_an_interrupted_apply_is_finished_by_the_rerun(tmp_path: Path, monkeypatch) -> None:
+    run = _run(tmp_path)
+    deleted: list[str] = []
+
+    def crash(path: str) -> None:
+        deleted.append(path)
+        if len(deleted) == 4:  # mid-way through step 19
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(retention_apply, "after_delete", crash)
+    with pytest.raises(KeyboardInterrupt):
+        apply_run(run.run_dir)
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    record = read_record(run.run_dir)
+    assert record["applies"][0]["done_ms"] is None  # type: ignore[index]  # the intent
+    assert not Path(run.layout.checkpoint(18)).exists()
+    assert Path(run.layout.checkpoint(19)).exists()
+    done = apply_run(run.run_dir)
+    assert len(read_record(run.run_dir)["applies"]) == 1  # type: ignore[index]  # finished it
+    assert done["done_ms"] is not None and not Path(run.layout.checkpoint(19)).exists()
+    assert {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]} == {  # type: ignore[attr-defined]
+        18: "deleted",
+        19: "deleted",
+    }
+
+
+def test_a_file_written_after_the_intent_keeps_its_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    run = _run(tmp_path)
+
+    def rewrite(path: str) -> None:
+        if path.endswith("18/params/shard_0"):
+            newer = Path(run.layout.checkpoint(19)) / "params" / "shard_0"
+            newer.write_bytes(b"new")
+            st = newer.stat()
+            os.utime(newer, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+
+    monkeypatch.setattr(retention_apply, "after_delete", rewrite)
+    done = apply_run(run.run_dir)
+    outcome = {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]}  # type: ignore[attr-defined]
+    assert outcome[18] == "deleted" and outcome[19].startswith("changed since the plan")
+    assert (Path(run.layout.checkpoint(19)) / "params" / "shard_0").read_bytes() == b"new"
+
+
+def test_bad_input_is_one_line(tmp_path: Path) -> None:
+    run = make_run(str(tmp_path / "run"), max_steps=20)
+    Path(run.layout.manifest).write_text(run.row(18).to_json() + "\n" + run.row(20).to_json())
+    p = run_cli("retention", "plan", run.run_dir)
+    assert p.returncode == 1 and len(p.stderr.splitlines()) == 1
+    assert p.stderr.startswith(f"invalid: {run.run_dir}: no usable manifest:")
+    p = run_cli("retention", "apply", str(tmp_path / "nowhere"))
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "nowhere" in p.stderr
+    p = run_cli("retention", "plan", run.run_dir, "--keep", "all")
+    assert p.returncode == 2 and "usage error" in p.stderr
+
+
+@pytest.mark.gcs
+def test_gcs_object_rewritten_between_plan_and_delete_is_kept(gcs_prefix: str, monkeypatch) -> None:
+    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
+    s = storage_for(gcs_prefix)
+    for step in (18, 19, 20):
+        for i in range(3):
+            s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_{i}", b"w" * 10)
+    planned = {p.decision.step: p for p in plan_run(run.run_dir)}
+    assert planned[18].decision.goes and (planned[18].files, planned[18].bytes) == (3, 30)
+    assert not planned[20].decision.goes
+    victim = f"{run.layout.checkpoint(19)}/params/shard_2"
+
+    def rewrite(path: str) -> None:
+        if path.endswith("19/params/shard_0"):
+            s.write_atomic(victim, b"rewritten")  # between the listing and its delete
+
+    monkeypatch.setattr(retention_apply, "after_delete", rewrite)
+    monkeypatch.setattr(retention_apply, "PAGE_SIZE", 1)  # paged listing, one object per call
+    done = apply_run(run.run_dir)
+    outcome = {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]}  # type: ignore[attr-defined]
+    assert outcome[18] == "deleted"
+    assert outcome[19].startswith("changed since the plan")
+    assert s.read_bytes(victim) == b"rewritten"
+    assert s.list(run.layout.checkpoint(18)) == []
+    assert len(s.list(run.layout.checkpoint(20))) == 3
+    assert json.loads(s.read_bytes(run.layout.retention))["applies"][0]["done_ms"] is not None
+    assert split_gcs(victim)[0]
+
+
+def test_before_block_stop_nothing_goes_and_after_it_the_full_states_go(tmp_path: Path) -> None:
+    run = make_run(str(tmp_path / "run"), max_steps=20, accuracies={18: 0.5, 19: 0.8})
+    for step in (18, 19, 20):
+        _checkpoint(Path(run.layout.checkpoint(step)), full=True)
+    log = run.log_file.read_text()
+    run.log_file.write_text(
+        "".join(line for line in log.splitlines(True) if "block_stop" not in line)
+    )
+    assert _goes(run.run_dir) == {}  # training runs: a resume needs every row's checkpoint
+    run.log_file.write_text(log)
+    planned = {(p.decision.step, p.decision.part): p for p in plan_run(run.run_dir)}
+    assert planned[(18, "checkpoint")].decision.goes  # below the target, train_state with it
+    assert (planned[(18, "checkpoint")].files, planned[(18, "checkpoint")].bytes) == (4, 130)
+    state = planned[(19, "train_state")]
+    assert state.decision.goes and state.decision.reason == "full state: training ended"
+    assert not planned[(19, "checkpoint")].decision.goes
+    apply_run(run.run_dir)
+    passing = Path(run.layout.checkpoint(19))
+    assert (passing / "params").is_dir() and not (passing / "train_state").exists()
+
+
+@pytest.mark.gcs
+def test_gcs_interrupted_apply_rerun_keeps_what_was_rewritten_since_its_plan(
+    gcs_prefix: str, monkeypatch
+) -> None:
+    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
+    s = storage_for(gcs_prefix)
+    for step in (18, 19, 20):
+        for i in range(2):
+            s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_{i}", b"w" * 10)
+
+    def crash(path: str) -> None:
+        raise KeyboardInterrupt  # killed after the first delete
+
+    monkeypatch.setattr(retention_apply, "after_delete", crash)
+    with pytest.raises(KeyboardInterrupt):
+        apply_run(run.run_dir)
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    rewritten = f"{run.layout.checkpoint(19)}/params/shard_1"
+    s.write_atomic(rewritten, b"new")  # after the intent was recorded
+    done = apply_run(run.run_dir)
+    outcome = {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]}  # type: ignore[attr-defined]
+    assert outcome[18] == "deleted" and s.list(run.layout.checkpoint(18)) == []
+    assert outcome[19].startswith("changed since the plan") and s.read_bytes(rewritten) == b"new"
+    assert len(s.list(run.layout.checkpoint(19))) == 2  # left whole, not half deleted
+    assert len(json.loads(s.read_bytes(run.layout.retention))["applies"]) == 1
+
+
+def test_gcs_without_credentials_is_one_error_line(tmp_path: Path) -> None:
+    env = cli_env_without_gcs_credentials(tmp_path)
+    for action in ("plan", "apply"):
+        assert_one_invalid_line(
+            run_cli("retention", action, "gs://rcpflow-no-such-bucket/run", env=env),
+            "gs://rcpflow-no-such-bucket/run",
+            "no Google Cloud credentials",
+            prefix="error: ",
+        )
