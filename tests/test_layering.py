@@ -262,13 +262,6 @@ RCPFLOW_LEVELS: tuple[tuple[str, ...], ...] = (
 RCPFLOW_TOP_LEVEL_MAX = 10
 
 
-def test_inside_rcpflow_no_arrow_points_up() -> None:
-    modules = project_modules(ROOT, ["rcpflow"])
-    unlisted = [m for m in modules if m != "rcpflow" and level_of(m, RCPFLOW_LEVELS) is None]
-    assert unlisted == []
-    assert upward_arrows(all_imports(ROOT, ["rcpflow"]), RCPFLOW_LEVELS, "rcpflow") == []
-
-
 def test_rcpflow_keeps_a_short_top_level() -> None:
     top = sorted(p.name for p in (ROOT / "rcpflow").iterdir() if p.suffix == ".py")
     assert len(top) <= RCPFLOW_TOP_LEVEL_MAX, top
@@ -338,14 +331,6 @@ def upward_arrows(
     return bad
 
 
-def test_inside_tasks_no_arrow_points_up() -> None:
-    modules = project_modules(ROOT, ["tasks"])
-    assert all(tasks_level(m) is not None for m in modules if m != "tasks"), [
-        m for m in modules if m != "tasks" and tasks_level(m) is None
-    ]
-    assert upward_arrows(all_imports(ROOT, ["tasks"])) == []
-
-
 def test_the_backend_protocol_imports_no_backend() -> None:
     imports = [i for i in all_imports(ROOT, ["tasks"]) if i.module == "tasks.backend_api.protocol"]
     assert imports, "tasks.backend_api.protocol imports nothing?"
@@ -385,11 +370,15 @@ DEVTOOLS_LEVELS: tuple[tuple[str, ...], ...] = (
 )  # fmt: skip
 
 
-def test_inside_devtools_no_arrow_points_up() -> None:
-    modules = project_modules(ROOT, ["devtools"])
-    unlisted = [m for m in modules if m != "devtools" and level_of(m, DEVTOOLS_LEVELS) is None]
+@pytest.mark.parametrize(
+    ("layer", "levels"),
+    [("rcpflow", RCPFLOW_LEVELS), ("tasks", TASKS_LEVELS), ("devtools", DEVTOOLS_LEVELS)],
+)
+def test_inside_a_layer_no_arrow_points_up(layer: str, levels: tuple[tuple[str, ...], ...]) -> None:
+    modules = project_modules(ROOT, [layer])
+    unlisted = [m for m in modules if m != layer and level_of(m, levels) is None]
     assert unlisted == []
-    assert upward_arrows(all_imports(ROOT, ["devtools"]), DEVTOOLS_LEVELS, "devtools") == []
+    assert upward_arrows(all_imports(ROOT, [layer]), levels, layer) == []
 
 
 def test_the_shared_backend_api_is_below_every_backend() -> None:
