@@ -91,7 +91,10 @@ class EvaluateCheckpoint(BaseOperator):
         target = self._target = self.target()
         skip_if_decided(target)
         if reusable(target):
-            return self.collected(context, target)
+            # This try starts no job: the higher steps' evaluations were stopped by the try
+            # that saw this pass first, and a re-evaluation of a decided run (the deferred
+            # DAG) must not reach a cluster at all.
+            return self.collected(context, target, stop_higher=False)
         self.before_job(context, target)
         if self.eval_job.result.imported:
             values = evaluate_values(self.run_dir, target.row, self.eval_python())
@@ -114,11 +117,14 @@ class EvaluateCheckpoint(BaseOperator):
             raise
         return self.collected(context, target)
 
-    def collected(self, context: Context, target: EvalTarget) -> dict[str, Any]:
-        """The step's collected result (the task's return value); a pass stops the evaluations
-        of the higher steps of this DAG run still running (rows committed since count too)."""
+    def collected(
+        self, context: Context, target: EvalTarget, *, stop_higher: bool = True
+    ) -> dict[str, Any]:
+        """The step's collected result (the task's return value); with `stop_higher`, a pass
+        stops the evaluations of the higher steps of this DAG run still running (rows
+        committed since count too)."""
         result = collect(target)
-        if result["target_reached"]:
+        if result["target_reached"] and stop_higher:
             dag_run = context["dag_run"]
 
             def cancel(run_dir: str, step: int) -> bool:
