@@ -45,6 +45,7 @@ from tunix.rl import rl_cluster as rlc
 
 from devtools.bench.checkpoint_bench import TUNIX_SECTION_START, machine
 from rcpflow import recipe
+from rcpflow.files.layout import CHECKPOINTS_DIR
 from rcpflow.files.markdown_sections import write_section
 from rcpflow.records.mllog import SystemInfo
 from rcpflow.trainer.recorder import TrainingRecorder
@@ -85,7 +86,7 @@ def one_block(variant: str, steps: int, warmup: int) -> Block:
         with tempfile.TemporaryDirectory(prefix=f"tunix-bench-{variant}-") as run_dir:
             config = train.TrainConfig(run_dir=run_dir, seed=0, max_steps=steps, val_start_at=1)
             hp = config.hyperparameters()
-            root = None if variant == "plain" else f"{run_dir}/{train.CHECKPOINT_ROOT}"
+            root = None if variant == "plain" else f"{run_dir}/{CHECKPOINTS_DIR}"
             job = train.build_job(config, hp, 1, root)
             recording = None
             if variant == "recorded":

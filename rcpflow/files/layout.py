@@ -24,6 +24,9 @@ from dataclasses import dataclass
 MANIFEST_NAME = "eval_checkpoints.jsonl"
 MLLOG_DIR = "mllog"
 CHECKPOINTS_DIR = "checkpoints"
+# The full training state inside a checkpoint folder (the rest is weights): the trainer writes
+# it (tpu_jobs.rcp.checkpoint_format), retention may delete it alone (rcpflow.verdict.retention).
+CHECKPOINT_STATE_DIR = "train_state"
 CHECKS_DIR = "checks"
 
 

@@ -20,15 +20,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rcpflow.files.layout import join
+from rcpflow.files.layout import CHECKPOINT_STATE_DIR, join
 
 Keep = Literal["passing", "last-k", "nothing"]
 KEEPS: tuple[Keep, ...] = ("passing", "last-k", "nothing")
 # What the persisted summary says: none, not usable (re-evaluation pending), or its verdict.
 Evaluation = Literal["missing", "unusable", "below", "passes"]
 Part = Literal["checkpoint", "train_state"]
-# The full training state in a checkpoint folder (tpu_jobs.rcp.checkpoint_format.STATE_ITEM).
-STATE_DIR = "train_state"
 
 
 @dataclass(frozen=True)
@@ -148,7 +146,7 @@ def decide(facts: RunFacts, policy: RetentionPolicy = DEFAULT_POLICY) -> tuple[D
         out.append(Decision(c.step, "checkpoint", c.path, goes, reason))
         if goes or not c.full_state or not c.inside_tree or not c.present:
             continue
-        state = join(c.path, STATE_DIR)
+        state = join(c.path, CHECKPOINT_STATE_DIR)
         if facts.training_ended:
             out.append(Decision(c.step, "train_state", state, True, "full state: training ended"))
         elif newest_full is not None and newest_full > c.step:

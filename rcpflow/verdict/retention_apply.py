@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
-from rcpflow.files.layout import RunLayout, is_gcs, normalized
+from rcpflow.files.layout import CHECKPOINT_STATE_DIR, RunLayout, is_gcs, normalized
 from rcpflow.files.storage import delete_generation, gcs_objects, storage_for
 from rcpflow.records.checkpoint_state import run_snapshot
 from rcpflow.records.manifest import ManifestError, load
@@ -27,7 +27,6 @@ from rcpflow.verdict.finalize import FinalizeInputError, decide
 from rcpflow.verdict.gate import passes
 from rcpflow.verdict.retention import (
     DEFAULT_POLICY,
-    STATE_DIR,
     CheckpointFacts,
     Decision,
     Evaluation,
@@ -115,7 +114,7 @@ def _present(path: str) -> bool:
 
 
 def _full_state(path: str) -> bool:
-    return STATE_DIR in storage_for(path).subfolders(path)
+    return CHECKPOINT_STATE_DIR in storage_for(path).subfolders(path)
 
 
 def run_facts(run_dir: str, settled: bool = False) -> RunFacts:

@@ -17,11 +17,11 @@ import jax
 import orbax.checkpoint as ocp
 from absl import flags
 
-from rcpflow.files.layout import join
+from rcpflow.files.layout import CHECKPOINT_STATE_DIR, join
 from rcpflow.files.storage import storage_for
 
 PARAMS_ITEM = "params"
-STATE_ITEM = "train_state"
+STATE_ITEM = CHECKPOINT_STATE_DIR  # the run folder's name for it (rcpflow.files.layout)
 META_ITEM = "meta"
 COMMIT_MARKER = "commit_success.txt"
 META_FORMAT = 1

@@ -22,7 +22,7 @@ from tunix.rl.grpo import grpo_learner
 from tunix.rl.rollout import base_rollout
 
 from rcpflow import recipe
-from rcpflow.files.layout import CHECKPOINTS_DIR, RunLayout
+from rcpflow.files.layout import RunLayout
 from rcpflow.records.mllog import SystemInfo
 from rcpflow.records.run_identity import RunIdentity
 from rcpflow.trainer.recorder import TrainingRecorder
@@ -35,8 +35,6 @@ from tpu_jobs.rcp.optimizer import make_optimizer
 from tpu_jobs.tunix import checkpoints, policy, vocab
 from tpu_jobs.tunix.recording import StepRecording, committed_checkpoints
 
-# the run dir's checkpoints/ (RunLayout.checkpoints_dir); Tunix adds actor/<step>
-CHECKPOINT_ROOT = CHECKPOINTS_DIR
 GRPO_EPSILON = 0.2
 ROLLOUT_SEED_STRIDE = 1_000_003
 PROG = "python -m tpu_jobs.tunix_train"
