@@ -147,9 +147,13 @@ class SecretKeyRef:
                 raise SettingError(name, "is required (secret_env = { VAR = { secret, key } })")
         if len(self.secret) > 253 or not _SECRET_REF_NAME.fullmatch(self.secret):
             raise SettingError("secret", f"{self.secret!r} is not a Kubernetes Secret name")
-        if len(self.key) > 253 or not _SECRET_KEY.fullmatch(self.key) or self.key in (".", ".."):
+        # Kubernetes' rule for a Secret's key: [-._a-zA-Z0-9]+, not "." or "..", and not
+        # starting with ".." (it would name a path above the Secret's volume).
+        key = self.key
+        if len(key) > 253 or not _SECRET_KEY.fullmatch(key) or key == "." or key.startswith(".."):
             raise SettingError(
-                "key", f"{self.key!r} is not a Secret key ([-._a-zA-Z0-9]+, not . or ..)"
+                "key",
+                f"{key!r} is not a Secret key ([-._a-zA-Z0-9]+, not '.', not starting with '..')",
             )
 
 

@@ -94,6 +94,8 @@ def test_ordinary_names_are_not_credentials(name: str) -> None:
          "jobs.train.secret_env.HF_TOKEN.secret: 'Bad_Name' is not a Kubernetes Secret name"),
         ("secret_env = { HF_TOKEN = { secret = 's', key = 'a/b' } }",
          "jobs.train.secret_env.HF_TOKEN.key: 'a/b' is not a Secret key"),
+        ("secret_env = { HF_TOKEN = { secret = 's', key = '..token' } }",
+         "jobs.train.secret_env.HF_TOKEN.key: '..token' is not a Secret key"),
         ("secret_env = { HF_TOKEN = { secret = 's' } }",
          "jobs.train.secret_env.HF_TOKEN.key: is required"),
         ("secret_env = { RCPFLOW_X = { secret = 's', key = 'k' } }",
