@@ -2,14 +2,20 @@
 cluster calls of a Slurm job's life, each through `tasks.backends.slurm.hooks` (imported in the
 function: DAG parsing stays cheap): the job's name in a DAG run (`job_name`, the same on every
 try), the running job of a name an earlier try left (`running_job`), submit or adopt
-(`submit_or_adopt`), and scancel one step's evaluation job (`cancel_step_job`)."""
+(`submit_or_adopt`), and scancel one step's evaluation job (`cancel_step_job`). Only jobs of
+the submitting account carrying rcpflow's comment are adopted, waited for or cancelled
+(`hooks._OwnJobs.refusal`); another's job of the same name is named in the log and left
+alone."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from tasks.backend_api.lifecycle_names import eval_label
+
+_LOG = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tasks.backends.slurm.hooks import AnyHook, JobInfo, SubmittedJob
@@ -30,9 +36,22 @@ def hook_for(settings: SlurmSettings) -> AnyHook:
     return slurm_hook(settings)
 
 
-def running_job(hook: AnyHook, name: str) -> JobInfo | None:
-    """The latest job of `name` that has not ended, if any."""
-    running = [j for j in hook.find_jobs(name) if not j.finished]
+def running_jobs(hook: AnyHook, name: str, log: Any = None) -> list[JobInfo]:
+    """rcpflow's jobs of `name` that have not ended; each job of that name that is not
+    rcpflow's is named in `log` (one line) and left out."""
+    ours = []
+    for job in hook.find_jobs(name):
+        why = hook.refusal(job)
+        if why is not None:
+            (log or _LOG).warning("%s", why)
+        elif not job.finished:
+            ours.append(job)
+    return ours
+
+
+def running_job(hook: AnyHook, name: str, log: Any = None) -> JobInfo | None:
+    """The latest of rcpflow's jobs of `name` that has not ended, if any (`running_jobs`)."""
+    running = running_jobs(hook, name, log)
     return running[-1] if running else None
 
 
@@ -45,7 +64,7 @@ def submit_or_adopt(hook: AnyHook, job: BatchJob, log: Any) -> SubmittedJob:
     """The job of `job`'s name an earlier try left running (adopted), else `job` submitted."""
     from tasks.backends.slurm.hooks import SubmittedJob
 
-    found = running_job(hook, job.name)
+    found = running_job(hook, job.name, log)
     if found is not None:
         log.info("Slurm job %s (%s) is running already: adopted", found.job_id, job.name)
         return SubmittedJob(found.job_id, found.name, found.submit_time)
@@ -61,9 +80,7 @@ def submit_or_adopt(hook: AnyHook, job: BatchJob, log: Any) -> SubmittedJob:
 def cancel_step_job(settings: SlurmSettings, dag_id: str, run_id: str, step: int) -> bool:
     """scancel the running evaluation job of `step` in that DAG run; False when none runs."""
     hook = hook_for(settings)
-    running = [
-        j for j in hook.find_jobs(job_name(dag_id, run_id, eval_label(step))) if not j.finished
-    ]
+    running = running_jobs(hook, job_name(dag_id, run_id, eval_label(step)))
     for job in running:
         hook.cancel(job.job_id)
     return bool(running)

@@ -53,7 +53,9 @@ class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
             return
         dag_run = context["dag_run"]
         job = running_job(
-            hook_for(self.settings), job_name(dag_run.dag_id, dag_run.run_id, TRAIN_LABEL)
+            hook_for(self.settings),
+            job_name(dag_run.dag_id, dag_run.run_id, TRAIN_LABEL),
+            self.log,
         )
         if job is None:
             return

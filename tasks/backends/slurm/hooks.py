@@ -6,7 +6,14 @@
 `RestSlurmHook` does the same through slurmrestd (openapi/v0.0.38, JWT). `AsyncSlurmHook`
 wraps either for a trigger's event loop. A cluster that does not answer is `ClusterUnreachable`
 (retry; never a reason to fail a running job), a job that Slurm no longer knows is
-`JobForgotten`, an id that now names another job is `JobIdReused`.
+`JobForgotten`, an id that now names another job is `JobIdReused`, a job that is not the
+submitting account's (or lacks rcpflow's comment) is `NotOurJob`.
+
+Every read names one job (``scontrol show job -o <id>``, a name-filtered ``squeue``: 22.05's
+``squeue --json`` ignores its filters), every answer is bounded (`MAX_ANSWER_BYTES`), and a
+job's output file is the deployment's ``log_dir/<name>-<id>.out``, never the path the
+cluster reports. The commands run with a minimal environment (`client_env`), never the
+worker's. docs/slurm.md has the why.
 
 Nothing here logs a script or an environment: a script holds no secret (`script`), but env
 values stay out of task logs all the same.
@@ -15,11 +22,14 @@ values stay out of task logs all the same.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
 import shlex
 import subprocess
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +38,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, TypeVar
 
-from tasks.backends.slurm.script import BatchJob, render_script, sbatch_options
+from tasks.backends.slurm.script import (
+    BatchJob,
+    job_comment,
+    output_file,
+    render_script,
+    sbatch_options,
+)
 from tasks.backends.slurm.settings import SlurmSettings
 
 # Job states (squeue/scontrol/sacct names). Terminal: the job will not run again by itself.
@@ -57,6 +73,16 @@ _INVALID_JOB = re.compile(r"Invalid job id specified|Unable to find JobId", re.I
 _NO_ACCOUNTING = re.compile(r"accounting storage is disabled|slurmdbd", re.IGNORECASE)
 _JOB_ID = re.compile(r"^([0-9]+)(;[^\s]*)?$")
 _OUTPUT_CHUNK = 1 << 20  # at most this much of a job's output per read
+# The most one cluster answer may hold (a job's record, the jobs of one name, a chunk of
+# output); more is an error that says so, never a read that grows with the queue.
+MAX_ANSWER_BYTES = 8 << 20
+# What a Slurm client needs of the worker's environment (the cluster's config, where the
+# commands are, who runs them, the locale): nothing else of it reaches sbatch, whose job would
+# otherwise carry it (Airflow's secrets included) to the compute nodes.
+CLIENT_ENV = ("PATH", "SLURM_CONF", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ")
+# scancel's and slurmrestd's words for a job that has ended already (or was forgotten): a
+# cancel of it is done, on every transport.
+_ENDED_ALREADY = re.compile(r"already completing or completed|Invalid job id", re.IGNORECASE)
 
 
 class SlurmError(RuntimeError):
@@ -76,6 +102,27 @@ class JobIdReused(SlurmError):
     ids were reset, or the state was lost."""
 
 
+class NotOurJob(JobIdReused):
+    """The job is another account's, or lacks rcpflow's comment: never adopted, watched,
+    cancelled or read."""
+
+
+def client_env(
+    extra: Sequence[str] = (), environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment a Slurm client runs with: `CLIENT_ENV` and the `extra` names (the
+    deployment's ``export_env``) of `environ` (this process's), those set only."""
+    source = os.environ if environ is None else environ
+    return {name: source[name] for name in (*CLIENT_ENV, *extra) if name in source}
+
+
+def _too_big(argv: Sequence[str]) -> SlurmError:
+    return SlurmError(
+        f"{argv[0]}: its answer exceeded {MAX_ANSWER_BYTES} bytes (rcpflow reads at most that "
+        "much of one answer)"
+    )
+
+
 @dataclass(frozen=True)
 class CommandResult:
     returncode: int
@@ -93,29 +140,56 @@ class Runner(Protocol):
 
 @dataclass(frozen=True)
 class LocalRunner:
-    """The commands on this machine, `env` added to this process's environment."""
+    """The commands on this machine, with `env` (default: `client_env()`, never the whole
+    environment of this process); at most `MAX_ANSWER_BYTES` of stdout read."""
 
     env: Mapping[str, str] | None = None
 
     def run(
         self, argv: Sequence[str], *, stdin: str | None = None, timeout_s: float
     ) -> CommandResult:
-        try:
-            proc = subprocess.run(
-                list(argv),
-                input=stdin,
-                capture_output=True,
-                text=True,
-                errors="replace",
-                timeout=timeout_s,
-                env={**os.environ, **(self.env or {})},
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise ClusterUnreachable(f"{argv[0]}: no answer within {timeout_s:.0f} s") from exc
-        except FileNotFoundError as exc:
-            raise SlurmError(f"{argv[0]}: not installed on this machine") from exc
-        return CommandResult(proc.returncode, proc.stdout, proc.stderr)
+        env = client_env() if self.env is None else dict(self.env)
+        timed_out = threading.Event()
+        with tempfile.TemporaryFile() as err:
+            try:
+                proc = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    env=env,
+                )
+            except FileNotFoundError as exc:
+                raise SlurmError(f"{argv[0]}: not installed on this machine") from exc
+
+            def expire() -> None:
+                timed_out.set()
+                proc.kill()
+
+            timer = threading.Timer(timeout_s, expire)
+            timer.start()
+            try:
+                if stdin is not None and proc.stdin is not None:
+                    try:
+                        proc.stdin.write(stdin.encode())
+                        proc.stdin.close()
+                    except BrokenPipeError:
+                        pass
+                assert proc.stdout is not None
+                out = proc.stdout.read(MAX_ANSWER_BYTES + 1)
+                if len(out) > MAX_ANSWER_BYTES:
+                    proc.kill()
+                proc.stdout.close()
+                code = proc.wait()
+            finally:
+                timer.cancel()
+            if timed_out.is_set():
+                raise ClusterUnreachable(f"{argv[0]}: no answer within {timeout_s:.0f} s")
+            if len(out) > MAX_ANSWER_BYTES:
+                raise _too_big(argv)
+            err.seek(0)
+            stderr = err.read(MAX_ANSWER_BYTES).decode(errors="replace")
+        return CommandResult(code, out.decode(errors="replace"), stderr)
 
 
 @dataclass(frozen=True)
@@ -138,14 +212,18 @@ class SshRunner:
                 if stdin is not None:
                     chan_in.write(stdin)
                 chan_in.channel.shutdown_write()
-                out = chan_out.read().decode(errors="replace")
-                err = chan_err.read().decode(errors="replace")
+                raw = chan_out.read(MAX_ANSWER_BYTES + 1)
+                if len(raw) > MAX_ANSWER_BYTES:
+                    raise _too_big(argv)
+                err = chan_err.read(MAX_ANSWER_BYTES).decode(errors="replace")
                 code = chan_out.channel.recv_exit_status()
+        except SlurmError:
+            raise
         except Exception as exc:  # paramiko, socket and the hook's own errors alike
             raise ClusterUnreachable(
                 f"ssh {self.ssh_conn_id}: {argv[0]}: {type(exc).__name__}: {exc}"
             ) from exc
-        return CommandResult(code, out, err)
+        return CommandResult(code, raw.decode(errors="replace"), err)
 
 
 @dataclass(frozen=True)
@@ -160,7 +238,9 @@ class SubmittedJob:
 @dataclass(frozen=True)
 class JobInfo:
     """A job as Slurm reports it. `exit_code`/`signal` are the batch script's (None while it
-    runs); `restarts` counts Slurm's own requeues."""
+    runs, or when Slurm's answer held none that could be read); `restarts` counts Slurm's own
+    requeues; `user` and `comment` tell rcpflow's jobs from others'; `stdout_path` is the
+    hook's own (`script.output_file`), never the cluster's."""
 
     job_id: str
     name: str
@@ -176,6 +256,8 @@ class JobInfo:
     nodes: str
     time_limit_s: int | None
     source: Source
+    user: str = ""
+    comment: str = ""
 
     @property
     def finished(self) -> bool:
@@ -206,39 +288,67 @@ def _iso(epoch: int) -> str:
 
 
 def _int(value: object) -> int | None:
-    """A number of the openapi JSON (a plain int, or v0.0.39+'s {set, number})."""
+    """A number of the openapi JSON: a plain int (v0.0.38), or v0.0.39+'s ``{"set",
+    "infinite", "number"}`` (None when not set or infinite); None for anything else."""
     if isinstance(value, dict):
-        return _int(value.get("number")) if value.get("set", True) else None
+        if not value.get("set", True) or value.get("infinite", False):
+            return None
+        return _int(value.get("number"))
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value
 
 
-def _wait_status(raw: int | None) -> tuple[int | None, int | None]:
-    """(exit code, signal) of a raw wait status as squeue --json gives it."""
-    if raw is None:
+def exit_status(value: object) -> tuple[int | None, int | None]:
+    """(exit code, signal) of a job's ``exit_code`` (or ``derived_exit_code``) in every
+    openapi shape: a raw wait status (v0.0.38, 22.05), or v0.0.40+'s object
+    ``{"status": [...], "return_code": {set, number}, "signal": {"id": {set, number},
+    "name"}}``; (None, None) when it holds no code (not set, or status INVALID/PENDING)."""
+    if isinstance(value, dict) and not {"status", "return_code", "signal"}.isdisjoint(value):
+        status = value.get("status") or []
+        if isinstance(status, str):
+            status = [status]
+        if any(s in ("INVALID", "PENDING") for s in status):
+            return None, None
+        code = _int(value.get("return_code"))
+        signal = value.get("signal")
+        sig = _int(signal.get("id")) if isinstance(signal, dict) else _int(signal)
+        if code is None and sig is None:
+            return None, None
+        if code is None and "SIGNALED" in status:
+            code = 0  # killed by the signal: no code of its own, as the wait status says
+        return code, sig or 0
+    raw = _int(value)
+    if raw is None or raw < 0:
         return None, None
     return (raw >> 8) & 0xFF, raw & 0x7F
 
 
-def _expand(path: str, job: Mapping[str, Any]) -> str:
-    """An output path's ``%j`` and ``%x`` (job id, name), as slurmd expands them."""
-    return path.replace("%j", str(job.get("job_id", ""))).replace("%x", str(job.get("name", "")))
+def _state(value: object) -> str:
+    """A job's base state: v0.0.38's string, or v0.0.40+'s list of the state and its flags
+    (``["FAILED"]``, ``["PENDING", "REQUEUED"]``): the first that is a base state."""
+    if isinstance(value, list):
+        names = [str(v) for v in value]
+        known = [n for n in names if n in TERMINAL_STATES or n in _LIVE_STATES]
+        return (known or names or [""])[0]
+    return str(value or "")
+
+
+_LIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "REQUEUED"})
 
 
 def job_from_json(job: Mapping[str, Any], source: Source) -> JobInfo:
-    """A job object of ``squeue --json`` or slurmrestd's ``GET /job/{id}`` (openapi v0.0.38)."""
-    state = job.get("job_state", "")
-    if isinstance(state, list):  # later openapi versions: a list of flags
-        state = state[0] if state else ""
-    finished = str(state) in TERMINAL_STATES
-    code, sig = _wait_status(_int(job.get("exit_code"))) if finished else (None, None)
+    """A job object of ``squeue --json`` or slurmrestd's ``GET /job/{id}`` (openapi v0.0.38
+    to v0.0.42: `exit_status`, `_state`, `_int` read each version's shape)."""
+    state = _state(job.get("job_state", ""))
+    finished = state in TERMINAL_STATES
+    code, sig = exit_status(job.get("exit_code")) if finished else (None, None)
     start, end = _int(job.get("start_time")), _int(job.get("end_time"))
     limit = _int(job.get("time_limit"))
     return JobInfo(
         job_id=str(job.get("job_id", "")),
         name=str(job.get("name", "")),
-        state=str(state),
+        state=state,
         reason=str(job.get("state_reason", "")),
         exit_code=code,
         signal=sig,
@@ -246,11 +356,20 @@ def job_from_json(job: Mapping[str, Any], source: Source) -> JobInfo:
         start_time=start or None,
         end_time=(end or None) if finished else None,
         restarts=_int(job.get("restart_cnt")) or 0,
-        stdout_path=_expand(str(job.get("standard_output", "")), job),
+        stdout_path="",
         nodes=str(job.get("nodes", "")),
         time_limit_s=None if limit is None or limit <= 0 else limit * 60,
         source=source,
+        user=str(job.get("user_name", "")),
+        comment=_comment(job.get("comment")),
     )
+
+
+def _comment(value: object) -> str:
+    """A job's comment: a string, or (sacct's v0.0.40+) ``{"job": ..., "administrator": ...}``."""
+    if isinstance(value, dict):
+        return str(value.get("job") or "")
+    return str(value or "")
 
 
 _SCONTROL_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z/:]*)=")
@@ -292,6 +411,7 @@ def _exit_pair(value: str) -> tuple[int | None, int | None]:
 
 
 def job_from_scontrol(line: str) -> JobInfo:
+    """One ``scontrol show job -o`` line (``UserId=name(uid)``; ``Comment=`` when set)."""
     f = _scontrol_fields(line)
     state = f.get("JobState", "")
     finished = state in TERMINAL_STATES
@@ -307,19 +427,26 @@ def job_from_scontrol(line: str) -> JobInfo:
         start_time=_slurm_time(f.get("StartTime", "")),
         end_time=_slurm_time(f.get("EndTime", "")) if finished else None,
         restarts=int(f.get("Restarts", "0") or 0),
-        stdout_path=f.get("StdOut", ""),
+        stdout_path="",
         nodes=f.get("NodeList", ""),
         time_limit_s=_duration_s(f.get("TimeLimit", "")),
         source="scontrol",
+        user=f.get("UserId", "").split("(")[0],
+        comment=f.get("Comment", ""),
     )
 
 
-SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "Timelimit")
+SACCT_FIELDS = (
+    "JobID", "JobName", "State", "ExitCode", "Submit", "Start", "End", "Timelimit", "User",
+    "Comment",
+)  # fmt: skip
 
 
 def job_from_sacct(line: str) -> JobInfo:
     """One ``sacct -X -n -P -o <SACCT_FIELDS>`` line (the allocation's own row)."""
-    job_id, name, state, exit_code, submit, start, end, limit = line.split("|")[:8]
+    fields = line.split("|")
+    job_id, name, state, exit_code, submit, start, end, limit = fields[:8]
+    user, comment = [*fields[8:10], "", ""][:2]
     state = state.split()[0] if state else ""  # "CANCELLED by 0"
     code, sig = _exit_pair(exit_code)
     return JobInfo(
@@ -337,10 +464,52 @@ def job_from_sacct(line: str) -> JobInfo:
         nodes="",
         time_limit_s=_duration_s(limit),
         source="sacct",
+        user=user,
+        comment=comment,
     )
 
 
-class SlurmHook:
+class _OwnJobs:
+    """What both hooks share: which jobs are rcpflow's (`refusal`), and a job's output path."""
+
+    settings: SlurmSettings
+
+    def account(self) -> str:
+        raise NotImplementedError
+
+    def _placed(self, info: JobInfo) -> JobInfo:
+        """`info` with the output path rcpflow gave the job (never the one Slurm reports: a
+        job of another user could name any file)."""
+        path = output_file(self.settings.log_dir, info.name, info.job_id)
+        return dataclasses.replace(info, stdout_path=path)
+
+    def refusal(self, info: JobInfo) -> str | None:
+        """Why the job `info` is not rcpflow's to adopt, watch, cancel or read (None: it is):
+        another account's, or without the comment rcpflow submits its jobs with."""
+        account = self.account()
+        where = f"Slurm job {info.job_id} ({info.name})"
+        if info.user != account:
+            return (
+                f"{where} belongs to {info.user or 'an unknown user'!r}, not rcpflow's account "
+                f"{account!r}: not ours, left alone"
+            )
+        # sacct keeps a comment only with AccountingStoreFlags=job_comment: its user decides.
+        if info.comment != job_comment(info.name) and not (
+            info.source == "sacct" and not info.comment
+        ):
+            return f"{where} lacks rcpflow's comment: not submitted by rcpflow, left alone"
+        return None
+
+    def _checked(self, info: JobInfo, expected: SubmittedJob | None) -> JobInfo:
+        if expected is not None:
+            info.check_identity(expected)
+            why = self.refusal(info)
+            if why is not None:
+                raise NotOurJob(why)
+        return self._placed(info)
+
+
+class SlurmHook(_OwnJobs):
     """A Slurm cluster through its client commands, run by `runner` (from `settings` when
     not given: this machine, or the login node of ``ssh_conn_id``)."""
 
@@ -348,10 +517,22 @@ class SlurmHook:
         self.settings = settings
         if runner is None:
             runner = (
-                SshRunner(settings.ssh_conn_id) if settings.transport == "ssh" else LocalRunner()
+                SshRunner(settings.ssh_conn_id)
+                if settings.transport == "ssh"
+                else LocalRunner(client_env(settings.export_env))
             )
         self.runner = runner
         self.accounting: bool | None = None  # unknown until sacct was asked once
+        self._account: str | None = None
+
+    def account(self) -> str:
+        """The user the commands run as (``id -un`` where they run): its jobs are rcpflow's."""
+        if self._account is None:
+            result = self._run("id", "-un")
+            if result.returncode != 0 or not result.stdout.strip():
+                raise SlurmError(f"id -un: {result.stderr.strip()}")
+            self._account = result.stdout.strip()
+        return self._account
 
     def _run(self, *argv: str, stdin: str | None = None) -> CommandResult:
         result = self.runner.run(argv, stdin=stdin, timeout_s=self.settings.command_timeout_s)
@@ -378,8 +559,8 @@ class SlurmHook:
         return SubmittedJob(found.group(1), job.name, _submit_time(self, found.group(1)))
 
     def job(self, job_id: str, expected: SubmittedJob | None = None) -> JobInfo:
-        """The job's state: squeue --json, else scontrol, else (forgotten there) sacct;
-        JobForgotten when none knows it, JobIdReused when it is not `expected`."""
+        """The job's state: scontrol, else (forgotten there) sacct; JobForgotten when none
+        knows it, JobIdReused when it is not `expected`, NotOurJob when it is not rcpflow's."""
         info = self._live_job(job_id)
         if info is None:
             info = self._accounted_job(job_id)
@@ -388,33 +569,19 @@ class SlurmHook:
                 f"Slurm job {job_id}: unknown to slurmctld (a finished job is kept MinJobAge "
                 "seconds) and the cluster has no accounting (sacct)"
             )
-        if expected is not None:
-            info.check_identity(expected)
-        return info
+        return self._checked(info, expected)
 
     def _live_job(self, job_id: str) -> JobInfo | None:
-        result = self._run("squeue", "--json", "--jobs", job_id)
-        if result.returncode == 0:
-            try:
-                found = json.loads(result.stdout)
-            except ValueError:
-                found = None
-            if isinstance(found, dict):
-                errors = found.get("errors") or []
-                if errors:
-                    text = json.dumps(errors)
-                    if _UNREACHABLE.search(text) or "Failed" in text:
-                        raise ClusterUnreachable(f"squeue: {text}")
-                    raise SlurmError(f"squeue: {text}")
-                jobs = [j for j in found.get("jobs", []) if str(j.get("job_id")) == job_id]
-                return job_from_json(jobs[0], "squeue") if jobs else None
-        # An older squeue without --json (or without its openapi plugin): scontrol's text.
+        """The job as slurmctld knows it: ``scontrol show job -o <id>`` reads that one job on
+        every Slurm version (22.05's ``squeue --json`` answers the whole queue, whatever its
+        filters)."""
         result = self._run("scontrol", "show", "job", "-o", job_id)
         if result.returncode != 0:
             if _INVALID_JOB.search(result.stderr):
                 return None
             raise SlurmError(f"scontrol show job {job_id}: {result.stderr.strip()}")
-        return job_from_scontrol(result.stdout.strip().splitlines()[0])
+        lines = [x for x in result.stdout.splitlines() if x.startswith(f"JobId={job_id} ")]
+        return job_from_scontrol(lines[0]) if lines else None
 
     def _accounted_job(self, job_id: str) -> JobInfo | None:
         if self.accounting is False:
@@ -434,18 +601,20 @@ class SlurmHook:
         already is fine."""
         argv = ["scancel", *([f"--signal={signal}", "--batch"] if signal else []), job_id]
         result = self._run(*argv)
-        if result.returncode != 0 and not re.search(
-            r"already completing or completed|Invalid job id", result.stderr, re.IGNORECASE
-        ):
+        if result.returncode != 0 and not _ENDED_ALREADY.search(result.stderr):
             raise SlurmError(f"scancel {job_id}: {result.stderr.strip()}")
 
     def find_jobs(self, name: str) -> list[JobInfo]:
-        """The jobs slurmctld knows by `name` (a task that retries adopts its running job)."""
-        result = self._run("squeue", "--json", "--name", name, "--states", "all")
+        """The jobs slurmctld knows by `name`, whoever owns them (`refusal` tells rcpflow's):
+        their ids from a name-filtered ``squeue`` (text: it filters on every version), then
+        each one's record."""
+        result = self._run("squeue", "--noheader", "--states=all", f"--name={name}", "--format=%i")
         if result.returncode != 0:
             raise SlurmError(f"squeue --name {name}: {result.stderr.strip()}")
-        found = json.loads(result.stdout)
-        return [job_from_json(j, "squeue") for j in found.get("jobs", []) if j.get("name") == name]
+        found = [
+            self._live_job(line.strip()) for line in result.stdout.splitlines() if line.strip()
+        ]
+        return _in_order([self._placed(j) for j in found if j is not None and j.name == name])
 
     def read_output(self, path: str, offset: int) -> tuple[str, int]:
         """The job's output file from byte `offset` (at most 1 MiB), and the offset after it;
@@ -465,7 +634,7 @@ class SlurmHook:
         return data, offset + len(data.encode())
 
 
-class RestSlurmHook:
+class RestSlurmHook(_OwnJobs):
     """The same as `SlurmHook`, through slurmrestd (openapi/v0.0.38): the user name and JWT
     are the connection `rest_conn_id`'s login and password (`credentials` overrides them).
     Reading a job's output needs the log folder on this machine too (a shared file system)."""
@@ -477,13 +646,20 @@ class RestSlurmHook:
         self._credentials = credentials
         self.accounting: bool | None = False
 
-    def _headers(self) -> dict[str, str]:
+    def _user_and_token(self) -> tuple[str, str]:
         if self._credentials is None:
             from airflow.sdk import Connection
 
             conn = Connection.get(self.settings.rest_conn_id)
             self._credentials = (conn.login or "", conn.password or "")
-        user, token = self._credentials
+        return self._credentials
+
+    def account(self) -> str:
+        """The user slurmrestd acts as: its jobs are rcpflow's."""
+        return self._user_and_token()[0]
+
+    def _headers(self) -> dict[str, str]:
+        user, token = self._user_and_token()
         return {
             "X-SLURM-USER-NAME": user,
             "X-SLURM-USER-TOKEN": token,
@@ -500,7 +676,10 @@ class RestSlurmHook:
         )
         try:
             with urllib.request.urlopen(request, timeout=self.settings.command_timeout_s) as r:
-                answer: dict[str, Any] = json.loads(r.read() or b"{}")
+                raw = r.read(MAX_ANSWER_BYTES + 1)
+                if len(raw) > MAX_ANSWER_BYTES:
+                    raise _too_big([f"slurmrestd {method} {path}"])
+                answer: dict[str, Any] = json.loads(raw or b"{}")
         except urllib.error.HTTPError as exc:
             text = exc.read().decode(errors="replace")
             try:
@@ -516,6 +695,8 @@ class RestSlurmHook:
             text = json.dumps(errors)
             if _INVALID_JOB.search(text):
                 answer["_invalid_job"] = True
+            elif method == "DELETE" and _ENDED_ALREADY.search(text):
+                answer["_ended"] = True  # a cancel of a job that ended: done, as scancel says
             elif _UNREACHABLE.search(text):
                 raise ClusterUnreachable(f"slurmrestd {method} {path}: {text}")
             else:
@@ -526,7 +707,12 @@ class RestSlurmHook:
         self._call("GET", "/ping")
 
     def submit(self, job: BatchJob) -> SubmittedJob:
-        body = {"script": render_script(job), "job": rest_job_properties(job)}
+        props = rest_job_properties(job)
+        # slurmrestd takes the job's environment whole: PATH and the names the deployment
+        # exports (`export_env`), nothing else of this worker's.
+        exported = {n: os.environ[n] for n in job.export_env if n in os.environ}
+        props["environment"] = {**props["environment"], **exported}
+        body = {"script": render_script(job), "job": props}
         answer = self._call("POST", "/job/submit", body)
         job_id = str(answer.get("job_id", ""))
         if not job_id.isdigit():
@@ -541,18 +727,20 @@ class RestSlurmHook:
                 f"Slurm job {job_id}: unknown to slurmctld (a finished job is kept MinJobAge "
                 "seconds; slurmrestd's v0.0.38 API reads no accounting)"
             )
-        info = job_from_json(jobs[0], "rest")
-        if expected is not None:
-            info.check_identity(expected)
-        return info
+        return self._checked(job_from_json(jobs[0], "rest"), expected)
 
     def cancel(self, job_id: str, signal: str | None = None) -> None:
+        """The job cancelled (with `signal`: only signalled); one that has ended already, or
+        that Slurm forgot, is fine, as on the CLI."""
         query = f"?signal={signal}" if signal else ""
         self._call("DELETE", f"/job/{job_id}{query}")
 
     def find_jobs(self, name: str) -> list[JobInfo]:
+        """The jobs of `name`, whoever owns them (`refusal` tells rcpflow's). v0.0.38 has no
+        name filter: the whole queue, bounded by `MAX_ANSWER_BYTES`."""
         answer = self._call("GET", "/jobs")
-        return [job_from_json(j, "rest") for j in answer.get("jobs", []) if j.get("name") == name]
+        jobs = [job_from_json(j, "rest") for j in answer.get("jobs", []) if j.get("name") == name]
+        return _in_order([self._placed(j) for j in jobs])
 
     def read_output(self, path: str, offset: int) -> tuple[str, int]:
         try:
@@ -562,6 +750,11 @@ class RestSlurmHook:
         except OSError:
             return "", offset
         return data.decode(errors="replace"), offset + len(data)
+
+
+def _in_order(jobs: list[JobInfo]) -> list[JobInfo]:
+    """Jobs oldest first (by id), as both hooks give them."""
+    return sorted(jobs, key=lambda j: int(j.job_id) if j.job_id.isdigit() else 0)
 
 
 def _submit_time(hook: SlurmHook | RestSlurmHook, job_id: str) -> int:
@@ -585,6 +778,7 @@ def rest_job_properties(job: BatchJob) -> dict[str, Any]:
     shape = job.shape
     props: dict[str, Any] = {
         "name": job.name,
+        "comment": job_comment(job.name),
         "current_working_directory": job.working_dir,
         "standard_output": job.output_path,
         "standard_error": job.output_path,
@@ -664,6 +858,7 @@ __all__ = [
     "JobIdReused",
     "JobInfo",
     "LocalRunner",
+    "NotOurJob",
     "RestSlurmHook",
     "SlurmError",
     "SlurmHook",

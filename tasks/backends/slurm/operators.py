@@ -102,6 +102,7 @@ class SlurmJobOperator(ClusterJobOperator):
             env=env,
             secret_env=self.shape.secret_env,
             then_evaluate=in_allocation_eval(self.then_evaluate),
+            export_env=self.settings.export_env,
         )
 
     def execute(self, context: Context) -> Any:

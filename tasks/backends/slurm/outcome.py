@@ -41,12 +41,15 @@ def decide(
         return Outcome("restart_uncounted", f"{said}: not the job's fault, restarted uncounted")
     if state == "TIMEOUT":
         return Outcome("restart_counted", f"{said}: its time limit ({time_limit_s} s) passed")
-    # No code read (the job's record lost it): restarted, counted, like any other failure.
-    by_code = (
-        "restart_counted"
-        if code is None
-        else restart_decision(code, fail_exit_codes=tuple(fail_exit_codes))
-    )
+    if code is None:
+        # Slurm's answer held no code rcpflow could read (a shape it does not know): a
+        # restart would hide that and might repeat a job that succeeded; fail, saying so.
+        return Outcome(
+            "fail_now",
+            f"{state}: Slurm's answer ({info.source}) held no exit code rcpflow can read; "
+            "not restarted (docs/exit-codes.md, Slurm's shapes)",
+        )
+    by_code = restart_decision(code, fail_exit_codes=tuple(fail_exit_codes))
     if by_code == "fail_now":
         return Outcome(
             "fail_now", f"{said}: a user error that a rerun repeats (docs/exit-codes.md)"

@@ -7,7 +7,10 @@ script. Every task is started by ``srun``; with more than one task each learns i
 the `jax.distributed` system from Slurm (``RCPFLOW_PROCESS_ID`` = ``SLURM_PROCID``, process 0
 on the batch host). The batch shell passes a SIGTERM (``--signal=B:TERM@<grace>``, or a
 preemption) on to the tasks (through Slurm: srun itself would kill them) and exits with their
-code. docs/slurm.md has the why.
+code. The job's environment is only what the script sets: ``--export`` is ``NIL`` (Slurm's
+own variables) or the deployment's `export_env` names, never the submitting process's
+environment (Airflow's secrets are in it); the job carries rcpflow's comment (`job_comment`)
+and writes its output where `output_file` says. docs/slurm.md has the why.
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ NUM_PROCESSES_ENV = "RCPFLOW_NUM_PROCESSES"
 PROCESS_ID_ENV = "RCPFLOW_PROCESS_ID"
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][-A-Za-z0-9_.]{0,127}$")
 _NO_WHITESPACE = re.compile(r"^[^\s'\"\\]+$")
+
+
+def output_file(log_dir: str, name: str, job_id: str = "%j") -> str:
+    """The output file (stdout and stderr) of the job `name` with id `job_id` (``%j``: for
+    sbatch to fill in): the one home of that path, read back from it, never from Slurm."""
+    return f"{log_dir.rstrip('/')}/{name}-{job_id}.out"
+
+
+def job_comment(name: str) -> str:
+    """The comment rcpflow submits the job `name` with: with the submitting account, what
+    tells rcpflow's job from one of the same name someone else (or a hand) submitted."""
+    return f"rcpflow:{name}"
 
 
 class ScriptError(ValueError):
@@ -86,6 +101,7 @@ class BatchJob:
     env: Mapping[str, str] = field(default_factory=_no_env)
     secret_env: Mapping[str, SecretRef] = field(default_factory=_no_secrets)
     then_evaluate: InAllocationEval | None = None
+    export_env: tuple[str, ...] = ()  # the deployment's names passed on from sbatch's env
 
     def __post_init__(self) -> None:
         if self.then_evaluate is not None and self.then_evaluate.nodes > self.shape.nodes:
@@ -100,7 +116,7 @@ class BatchJob:
         for path in (self.working_dir, self.log_dir):
             if not path.startswith("/") or not _NO_WHITESPACE.fullmatch(path):
                 raise ScriptError(f"{path!r}: an absolute path without whitespace or quotes")
-        for name in (*self.env, *self.secret_env):
+        for name in (*self.env, *self.secret_env, *self.export_env):
             if not ENV_NAME.fullmatch(name):
                 raise ScriptError(f"{name!r} is not an environment variable name")
         both = sorted(set(self.env) & set(self.secret_env))
@@ -110,7 +126,7 @@ class BatchJob:
     @property
     def output_path(self) -> str:
         """The job's output file (stdout and stderr), ``%j`` the job id."""
-        return f"{self.log_dir.rstrip('/')}/{self.name}-%j.out"
+        return output_file(self.log_dir, self.name)
 
 
 def sbatch_options(job: BatchJob) -> list[str]:
@@ -118,6 +134,10 @@ def sbatch_options(job: BatchJob) -> list[str]:
     shape = job.shape
     options = [
         f"--job-name={job.name}",
+        f"--comment={job_comment(job.name)}",
+        # Only Slurm's own variables (NIL: not even the login shell's) or the names the
+        # deployment lists: never the submitting worker's environment (Airflow's secrets).
+        f"--export={','.join(job.export_env) or 'NIL'}",
         f"--output={job.output_path}",
         f"--error={job.output_path}",
         "--open-mode=append",  # a requeued job's output goes on in the same file
@@ -274,6 +294,9 @@ def render_script(job: BatchJob) -> str:
     lines += [f"#SBATCH {option}" for option in sbatch_options(job)]
     lines += [
         "set -u",
+        # sbatch's --export is also srun's default (SLURM_EXPORT_ENV): the steps get the
+        # batch shell's environment, which holds only what this script sets.
+        "export SLURM_EXPORT_ENV=ALL",
         'echo "rcpflow: Slurm job ${SLURM_JOB_ID} restart ${SLURM_RESTART_COUNT:-0} on '
         '${SLURM_JOB_NODELIST} at $(date -u +%FT%TZ)"',
         "export PYTHONUNBUFFERED=1",

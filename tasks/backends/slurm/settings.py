@@ -60,7 +60,8 @@ RESERVED_SBATCH_OPTIONS: Mapping[str, str] = MappingProxyType(
         "--wrap": "the job's command is the [jobs] template",
         "--chdir": "the setting working_dir",
         "-D": "the setting working_dir",
-        "--export": "the job's env is [jobs.<role>].env",
+        "--export": "the job's env is [jobs.<role>].env; names to pass on: export_env",
+        "--comment": "rcpflow's comment tells its jobs from others' of the same name",
         "--nodes": "the setting nodes",
         "-N": "the setting nodes",
         "--ntasks-per-node": "the setting ntasks_per_node",
@@ -279,6 +280,10 @@ class SlurmSettings:
     `command_timeout_s` bounds one cluster command. `fail_exit_codes` fail a job at once.
     `eval_in_training_allocation`: evaluate every checkpoint after training, in the training
     job's own allocation (the reference's schedule), instead of one job per checkpoint.
+    `export_env`: names of variables of the submitting side (the worker, or the login node
+    over SSH) that the jobs get (sbatch ``--export=<names>``); none by default (``NIL``):
+    a job's environment is its ``[jobs.<role>].env`` and ``secret_env`` only. Airflow's own
+    (``AIRFLOW_*``) are refused.
     """
 
     transport: Transport = "local"
@@ -295,6 +300,7 @@ class SlurmSettings:
     run_retries: int = 2
     fail_exit_codes: tuple[int, ...] = DEFAULT_FAIL_EXIT_CODES
     eval_in_training_allocation: bool = False
+    export_env: tuple[str, ...] = ()
     train: SlurmJobShape = field(default_factory=default_train_shape)
     evaluate: SlurmJobShape = field(default_factory=default_eval_shape)
 
@@ -325,6 +331,13 @@ class SlurmSettings:
                 raise SettingError(name, f"must be > 0, got {getattr(self, name)}")
         if self.run_retries < 0:
             raise SettingError("run_retries", f"must be >= 0, got {self.run_retries}")
+        for i, name in enumerate(self.export_env):
+            if not ENV_NAME.fullmatch(name):
+                raise SettingError(f"export_env[{i}]", f"{name!r} is not a variable name")
+            if name.upper().startswith("AIRFLOW"):
+                raise SettingError(
+                    f"export_env[{i}]", f"{name}: Airflow's variables never leave Airflow"
+                )
         problem = job_exit.fail_exit_codes_problem(self.fail_exit_codes)
         if problem:
             raise SettingError("fail_exit_codes", problem)

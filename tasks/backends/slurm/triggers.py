@@ -37,7 +37,11 @@ FINISHED = "finished"
 # Reasons of an error event.
 REUSED = "JobIdReused"
 FORGOTTEN = "JobForgotten"
-_CONNECTION_FIELDS = ("transport", "ssh_conn_id", "rest_url", "rest_conn_id", "command_timeout_s")
+# log_dir: the job's output file is derived from it (never read from the cluster's answer).
+_CONNECTION_FIELDS = (
+    "transport", "ssh_conn_id", "rest_url", "rest_conn_id", "command_timeout_s", "log_dir",
+    "export_env",
+)  # fmt: skip
 
 
 def connection_kwargs(settings: SlurmSettings) -> dict[str, Any]:
@@ -81,7 +85,9 @@ class SlurmJobTrigger(WatchTrigger):
             from tasks.backends.slurm.hooks import AsyncSlurmHook, slurm_hook
             from tasks.backends.slurm.settings import SlurmSettings
 
-            settings = SlurmSettings(working_dir="/", log_dir="/", **self.connection)
+            connection = {"log_dir": "/", **self.connection}
+            connection["export_env"] = tuple(connection.get("export_env", ()))
+            settings = SlurmSettings(working_dir="/", **connection)
             self._hook = AsyncSlurmHook(slurm_hook(settings))
         return self._hook
 
@@ -114,7 +120,7 @@ class SlurmJobTrigger(WatchTrigger):
     async def observe(
         self, info: JobInfo, where: str, now: float
     ) -> tuple[dict[str, Any] | None, bool]:
-        if info.stdout_path:  # kept across a re-defer, never a reason for one
+        if info.stdout_path:  # the hook's own path (log_dir), kept across a re-defer
             self.stdout_path = info.stdout_path
         await self._show_output(where)
         line = f"{info.state} on {info.nodes or '(no nodes yet)'}" + (

@@ -95,22 +95,24 @@ def test_success_failure_and_output(slurm_env: SlurmCluster, jobs_dir: Path) -> 
     ok = hook.submit(batch(jobs_dir, "ok", [PY, "-c", "print('hello from the job')"]))
     failed = hook.submit(batch(jobs_dir, "seven", [PY, "-c", "raise SystemExit(7)"]))
     done = wait_finished(hook, ok)
-    assert (done.state, done.exit_code, done.source) == ("COMPLETED", 0, "squeue")
+    assert (done.state, done.exit_code, done.source) == ("COMPLETED", 0, "scontrol")
     assert "hello from the job" in output(hook, done)
     assert done.stdout_path == f"{jobs_dir}/logs/ok-{ok.job_id}.out"
     bad = wait_finished(hook, failed)
     assert (bad.state, bad.exit_code, bad.signal) == ("FAILED", 7, 0)
     assert "tasks ended with exit code 7" in output(hook, bad)
-    # the same job read through scontrol's text, as an older squeue without --json is
-    scontrol = hook._run("scontrol", "show", "job", "-o", failed.job_id).stdout
-    from tasks.backends.slurm.hooks import job_from_scontrol
+    # the same job read through squeue --json (22.05's openapi v0.0.38 shape)
+    answer = json.loads(hook._run("squeue", "--json").stdout)
+    from tasks.backends.slurm.hooks import job_from_json
 
-    text = job_from_scontrol(scontrol)
-    assert (text.state, text.exit_code, text.name, text.submit_time) == (
+    row = next(j for j in answer["jobs"] if str(j["job_id"]) == failed.job_id)
+    text = job_from_json(row, "squeue")
+    assert (text.state, text.exit_code, text.name, text.submit_time, text.user) == (
         "FAILED",
         7,
         "seven",
         bad.submit_time,
+        bad.user,
     )
     # output read from an offset goes on where the last read stopped
     _, offset = hook.read_output(done.stdout_path, 0)
@@ -137,8 +139,8 @@ class FakeRunner:
     def run(
         self, argv: Sequence[str], *, stdin: str | None = None, timeout_s: float
     ) -> CommandResult:
-        if argv[0] == "squeue":
-            return CommandResult(0, json.dumps({"errors": [], "jobs": []}), "")
+        if argv[0] == "scontrol":
+            return CommandResult(1, "", "slurm_load_jobs error: Invalid job id specified")
         assert argv[0] == "sacct"
         times = "2026-01-02T03:04:05|2026-01-02T03:04:06|2026-01-02T04:00:00"
         rows = f"42|train-x|CANCELLED by 0|0:15|{times}|01:00:00\n"
