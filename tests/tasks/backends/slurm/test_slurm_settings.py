@@ -25,6 +25,9 @@ def test_defaults_and_overrides() -> None:
     assert train.max_restarts == 3 and train.signal_grace_s == 600  # kept from the default
     assert settings.evaluate.max_restarts == 2
     assert settings.shape("train") is train
+    assert settings.export_env == () and read(export_env=["HTTP_PROXY"]).export_env == (
+        "HTTP_PROXY",
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.python = "x"  # type: ignore[misc]
 
@@ -41,8 +44,14 @@ def test_defaults_and_overrides() -> None:
         ({"fail_exit_codes": [2, 143]}, "slurm.fail_exit_codes", "SIGTERM"),
         ({"fail_exit_codes": [1]}, "slurm.fail_exit_codes", "uncaught"),
         ({"train": {"nodes": True}}, "slurm.train.nodes", "must be int"),
+        ({"export_env": ["AIRFLOW__CORE__FERNET_KEY"]}, "slurm.export_env[0]", "never leave"),
+        ({"export_env": ["HTTP_PROXY", "a b"]}, "slurm.export_env[1]", "not a variable name"),
+        ({"train": {"extra_sbatch_args": ["--export=ALL"]}}, "slurm.train.extra_sbatch_args[0]",
+         "export_env"),
+        ({"train": {"extra_sbatch_args": ["--comment=x"]}}, "slurm.train.extra_sbatch_args[0]",
+         "comment"),
     ],
-)
+)  # fmt: skip
 def test_a_bad_setting_names_its_key(table: dict[str, object], key: str, words: str) -> None:
     with pytest.raises(SettingError) as caught:
         read(**table)
