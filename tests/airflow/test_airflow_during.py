@@ -17,6 +17,7 @@ from airflow_harness import (
     CONVERGING_RUN,
     FAST_RUN,
     Recording,
+    failures,
     launched_jobs,
     recording_python,
     run_dag_test,
@@ -63,7 +64,7 @@ def test_during_training_reaches_the_same_verdict_and_log(
 
     result = run_dag_test("mlperf_grpo_run", conf, during(tmp_path, recording.python))
 
-    assert result.state == "success", result.states
+    assert result.state == "success", failures(result)
     first, last = CONVERGING_RUN["val_start_at"], CONVERGING_RUN["max_steps"]
     planned = list(range(first, last + 1))
     # mapped over the planned steps, labelled by step

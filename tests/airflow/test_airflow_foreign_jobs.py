@@ -9,7 +9,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from airflow_harness import PYTHON, Recording, launched_jobs, recording_python, run_dag_test
+from airflow_harness import (
+    PYTHON,
+    Recording,
+    failures,
+    launched_jobs,
+    recording_python,
+    run_dag_test,
+)
 from foreign.deployment import (
     EVALUATOR,
     FOREIGN_RUN,
@@ -44,7 +51,7 @@ def test_foreign_trainer_and_evaluator_end_in_a_compliant_log(
 
     result = run_foreign_dag(deployment, run_dir)
 
-    assert result.state == "success", result.states
+    assert result.state == "success", failures(result)
     jobs = launched_jobs(recording.record)
     assert jobs[0].startswith(f"{TRAINER} --run-dir {run_dir} --ckpt-root {run_dir}/own_")
     layout = RunLayout(str(run_dir))
@@ -130,7 +137,7 @@ def test_backfill_imports_a_tunix_tree_and_evaluates_only_the_rest(
 
     result = run_dag_test("mlperf_grpo_deferred_eval", conf, deployment)
 
-    assert result.state == "success", result.states
+    assert result.state == "success", failures(result)
     assert result.states[("import_eval_tree", -1)] == "success"
     # 2 and 3 imported from the tree; 4 (refused: no eval times) and 5 evaluated; 6 skipped
     launched = sorted(j.split(" --step ")[1].split()[0] for j in launched_jobs(record))

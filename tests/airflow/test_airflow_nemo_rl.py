@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from airflow_harness import Recording, launched_jobs
+from airflow_harness import Recording, failures, launched_jobs
 from foreign.deployment import (
     FOREIGN_RUN,
     NEMO_EVALUATOR,
@@ -37,7 +37,7 @@ def test_a_nemo_rl_run_through_the_run_dag_ends_compliant(
 
     result = run_foreign_dag(deployment, run_dir)
 
-    assert result.state == "success", result.states
+    assert result.state == "success", failures(result)
     jobs = launched_jobs(recording.record)
     assert jobs[0].startswith(f"{NEMO_TRAINER} --checkpoint-dir {run_dir}/checkpoints ")
     # each evaluation's --checkpoint-root: <run_dir>/nemo_eval/step_<N>/view

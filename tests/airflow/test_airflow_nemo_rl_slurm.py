@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_harness import launched_jobs, recording_python, run_under_scheduler
+from airflow_harness import (
+    HOME,
+    DagRunResult,
+    failures,
+    launched_jobs,
+    recording_python,
+    run_under_scheduler,
+)
 from foreign.deployment import (
     FOREIGN_RUN,
     NEMO_EVALUATOR,
@@ -90,7 +97,7 @@ def test_a_nemo_rl_run_on_slurm_under_the_scheduler_ends_compliant(
         server, "mlperf_grpo_run", {**FOREIGN_RUN, "run_dir": str(run_dir)}, timeout_s=600
     )
 
-    assert run.state == "success", run.states
+    assert run.state == "success", failures(run, server)
     # during_training on Slurm: the checkpoint waits imported the trainer's tree as it grew
     # (no row before the output check otherwise), so step 2 was evaluated while it trained.
     (train,) = [t for t in run.tis if t["task_id"] == "train.job.run"]
@@ -113,3 +120,19 @@ def test_a_nemo_rl_run_on_slurm_under_the_scheduler_ends_compliant(
     for checker in checkers:
         verdict = read_verdict(str(run_dir), checker)
         assert verdict is not None and verdict.ok, (checker, verdict)
+
+
+def test_a_failed_run_names_each_failed_task_and_the_end_of_its_log() -> None:
+    """What a DAG run's failed assert prints (`airflow_harness.failures`): each failed task's
+    id and the last lines of its log, so that a lost verdict says which task and why."""
+    task = "evaluation.checkpoint.evaluate"
+    log = Path(
+        HOME, "logs", "dag_id=d", "run_id=r", f"task_id={task}", "map_index=1", "attempt=1.log"
+    )
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("".join(f"line {i}\n" for i in range(40)) + "step 2: no summary written\n")
+    states = {(task, 1): "failed", (task, 0): "success", ("train.job.run", -1): "success"}
+    text = failures(DagRunResult("failed", states, {}))
+    assert f"--- {task}[1]: failed; the end of its log:" in text
+    assert "step 2: no summary written" in text and "line 0\n" not in text
+    assert f"{task}[0]: success" not in text.split("---", 1)[1]

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from airflow_harness import REPO, Recording, launched_jobs, run_dag_test
+from airflow_harness import REPO, Recording, failures, launched_jobs, run_dag_test
 
 from rcpflow.files.layout import RunLayout
 from rcpflow.planning.rehearsal import load_curve
@@ -49,7 +49,7 @@ def test_run_dag_with_the_rehearsal_jobs_ends_compliant(
 
     result = run_dag_test("mlperf_grpo_run", conf, deployment)
 
-    assert result.state == "success", result.states
+    assert result.state == "success", failures(result)
     jobs = [j.split() for j in launched_jobs(recording.record)]
     assert [j[1] for j in jobs[:1]] == ["tpu_jobs.rehearsal.train"]
     assert all(j[1] == "tpu_jobs.rehearsal.evaluate" for j in jobs[1:]), jobs

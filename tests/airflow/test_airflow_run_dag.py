@@ -9,6 +9,7 @@ import pytest
 from airflow_harness import (
     CONVERGING_RUN,
     Recording,
+    failures,
     launched_jobs,
     run_dag_test,
     write_deployment,
@@ -29,7 +30,7 @@ def test_run_dag_trains_evaluates_until_the_target_and_checks(
 
     result = run_dag_test("mlperf_grpo_run", conf, deployment)
 
-    assert result.state == "success", result.states
+    assert result.state == "success", failures(result)
     assert result.states[("train.train_job", -1)] == "success"
     assert result.states[("train.check_outputs", -1)] == "success"
     layout = RunLayout(str(run_dir))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_harness import PYTHON, write_deployment
+from airflow_harness import PYTHON, ScheduledRun, failures, write_deployment
 
 from devtools.servers.airflow_server import LocalAirflow
 from rcpflow.files.layout import RunLayout
@@ -100,7 +100,7 @@ def test_training_stops_at_the_verdict(server: LocalAirflow, run_dir: Path) -> N
     state, while_training = follow(server, run_id, timeout_s=1400)
     tis = server.task_instances("mlperf_grpo_run", run_id)
     states = {(t["task_id"], t["map_index"]): t["state"] for t in tis}
-    assert state == "success", states
+    assert state == "success", failures(ScheduledRun(run_id, state, tis), server)
 
     # Waiting instances hold no worker slot: while training ran (holding one of the slots),
     # more waits were deferred at once than the scheduler has slots.

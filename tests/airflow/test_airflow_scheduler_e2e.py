@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_harness import CONVERGING_RUN, alive, run_under_scheduler
+from airflow_harness import CONVERGING_RUN, alive, failures, run_under_scheduler
 
 from devtools.servers.airflow_server import AirflowServerError, LocalAirflow
 from devtools.servers.postgres_server import LocalPostgres, server_bindir
@@ -100,7 +100,7 @@ def test_run_dag_under_the_scheduler(
     conf = {**CONVERGING_RUN, "run_dir": str(run_dir)}
     run = run_under_scheduler(server, "mlperf_grpo_run", conf, timeout_s=600)
 
-    assert run.state == "success", run.states
+    assert run.state == "success", failures(run, server)
     if metadata_db is not None:
         assert _dag_run_state_in_db(metadata_db, "mlperf_grpo_run", run.run_id) == "success"
     else:
@@ -158,7 +158,7 @@ def test_submission_of_three_seeds_passes_every_checker(
     run = run_under_scheduler(server, "mlperf_grpo_submission", conf, timeout_s=840)
 
     states = run.states
-    assert run.state == "success", states
+    assert run.state == "success", failures(run, server)
     assert [states[("run_seed", i)] for i in range(3)] == ["success"] * 3
     out = tmp_path / "e2e"
     for seed in (1, 2, 3):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow_harness import run_under_scheduler
+from airflow_harness import failures, run_under_scheduler
 from foreign.deployment import FOREIGN_RUN, PASSING_STEP, write_foreign_deployment
 
 from devtools.servers.airflow_server import LocalAirflow
@@ -41,7 +41,7 @@ def test_foreign_jobs_under_the_scheduler(server: LocalAirflow, tmp_path: Path) 
     conf = {**FOREIGN_RUN, "run_dir": str(run_dir)}
     run = run_under_scheduler(server, "mlperf_grpo_run", conf, timeout_s=600)
 
-    assert run.state == "success", run.states
+    assert run.state == "success", failures(run, server)
     first, last = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
     evals = sorted(
         (t for t in run.tis if t["task_id"] == "evaluation.checkpoint.evaluate"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from airflow_harness import REPO, launched_jobs, recording_python, run_dag_test
+from airflow_harness import REPO, failures, launched_jobs, recording_python, run_dag_test
 
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
@@ -55,7 +55,7 @@ def test_run_dag_with_the_tunix_jobs_ends_compliant(airflow_db: str, tmp_path: P
 
     result = run_dag_test("mlperf_grpo_run", {**TUNIX_RUN, "run_dir": str(run_dir)}, deployment)
 
-    assert result.state == "success", result.states
+    assert result.state == "success", failures(result)
     jobs = [j.split() for j in launched_jobs(record)]
     assert [j[1] for j in jobs if "train" in j[1]] == ["tpu_jobs.tunix_train"]
     evaluated = [int(j[j.index("--step") + 1]) for j in jobs if j[1] == "tpu_jobs.tunix_evaluate"]

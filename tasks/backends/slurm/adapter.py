@@ -36,17 +36,22 @@ def hook_for(settings: SlurmSettings) -> AnyHook:
     return slurm_hook(settings)
 
 
-def running_jobs(hook: AnyHook, name: str, log: Any = None) -> list[JobInfo]:
-    """rcpflow's jobs of `name` that have not ended; each job of that name that is not
-    rcpflow's is named in `log` (one line) and left out."""
+def own_jobs(hook: AnyHook, name: str, log: Any = None) -> list[JobInfo]:
+    """rcpflow's jobs of `name` (oldest first, ended ones too while slurmctld knows them);
+    each job of that name that is not rcpflow's is named in `log` (one line) and left out."""
     ours = []
     for job in hook.find_jobs(name):
         why = hook.refusal(job)
         if why is not None:
             (log or _LOG).warning("%s", why)
-        elif not job.finished:
+        else:
             ours.append(job)
     return ours
+
+
+def running_jobs(hook: AnyHook, name: str, log: Any = None) -> list[JobInfo]:
+    """rcpflow's jobs of `name` that have not ended (`own_jobs`)."""
+    return [j for j in own_jobs(hook, name, log) if not j.finished]
 
 
 def running_job(hook: AnyHook, name: str, log: Any = None) -> JobInfo | None:
@@ -60,14 +65,24 @@ def job_ref(job: SubmittedJob | JobInfo) -> dict[str, Any]:
     return {"job_id": job.job_id, "name": job.name, "submit_time": job.submit_time}
 
 
-def submit_or_adopt(hook: AnyHook, job: BatchJob, log: Any) -> SubmittedJob:
-    """The job of `job`'s name an earlier try left running (adopted), else `job` submitted."""
+def submit_or_adopt(
+    hook: AnyHook, job: BatchJob, log: Any, *, retry: bool = False
+) -> SubmittedJob | JobInfo:
+    """The job of `job`'s name an earlier try left running (adopted), else, on a `retry`, the
+    latest one if it ended with success (a `JobInfo`: the earlier try's verdict was lost, e.g.
+    to Airflow's scheduler race of docs/slurm.md, and the retry takes it instead of running it
+    again), else `job` submitted."""
     from tasks.backends.slurm.hooks import SubmittedJob
 
-    found = running_job(hook, job.name, log)
-    if found is not None:
+    ours = own_jobs(hook, job.name, log)
+    running = [j for j in ours if not j.finished]
+    if running:
+        found = running[-1]
         log.info("Slurm job %s (%s) is running already: adopted", found.job_id, job.name)
         return SubmittedJob(found.job_id, found.name, found.submit_time)
+    if retry and ours and ours[-1].state == "COMPLETED" and ours[-1].exit_code == 0:
+        log.info("Slurm job %s (%s) has ended with success: adopted", ours[-1].job_id, job.name)
+        return ours[-1]
     submitted = hook.submit(job)
     shape = job.shape
     log.info(

@@ -5,10 +5,11 @@ and cancel it: the Slurm side of the cluster-job lifecycle (`tasks.backend_api.c
 
 - `SlurmJobOperator` renders the batch script in `execute` (never in an XCom, a template field
   or a log line), submits it (or adopts the job of that name an earlier try left running) and
-  defers to `SlurmJobTrigger`. When the job ends, `tasks.backends.slurm.outcome.decide` says
-  what follows: success; fail at once (2, 5); submit again, counted against `max_restarts`
-  (other codes, the time limit) or not (preemption, node failure, SIGTERM). A job someone
-  cancelled fails the task, naming it.
+  defers to `SlurmJobTrigger`; on a retry, a job of that name that ended with success is
+  taken as it is (no new job, no deferral). When the job ends,
+  `tasks.backends.slurm.outcome.decide` says what follows: success; fail at once (2, 5);
+  submit again, counted against `max_restarts` (other codes, the time limit) or not
+  (preemption, node failure, SIGTERM). A job someone cancelled fails the task, naming it.
 - `CancelSlurmJobsOperator` (a teardown) scancels what the run task recorded, unless the task
   left it running on purpose (a watch error: a retry adopts it).
 The operators that evaluate a checkpoint as a Slurm job are in
@@ -31,7 +32,13 @@ from tasks.backends.slurm.adapter import hook_for, job_name, job_ref, submit_or_
 from tasks.backends.slurm.in_allocation import in_allocation_eval
 from tasks.backends.slurm.script import BatchJob
 from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings
-from tasks.backends.slurm.triggers import FINISHED, REUSED, SlurmJobTrigger, connection_kwargs
+from tasks.backends.slurm.triggers import (
+    FINISHED,
+    REUSED,
+    SlurmJobTrigger,
+    connection_kwargs,
+    event_payload,
+)
 from tasks.jobs.command import Role
 
 if TYPE_CHECKING:
@@ -106,9 +113,19 @@ class SlurmJobOperator(ClusterJobOperator):
         )
 
     def execute(self, context: Context) -> Any:
+        from tasks.backends.slurm.hooks import JobInfo
+
         job = self.batch_job(context)
-        submitted = submit_or_adopt(hook_for(self.settings), job, self.log)
-        self._watch(context, submitted, {"counted": 0, "uncounted": 0})
+        budget = {"counted": 0, "uncounted": 0}
+        retry = getattr(context["ti"], "try_number", 1) > 1
+        found = submit_or_adopt(hook_for(self.settings), job, self.log, retry=retry)
+        if isinstance(found, JobInfo):
+            # It ended with success before this try: its outcome now, no deferral (a trigger
+            # that fires at once is what Airflow's scheduler race needs, docs/slurm.md).
+            ref = job_ref(found)
+            self.record(context, ref, None, "running")
+            return self.execute_complete(context, event_payload(FINISHED, ref, budget, info=found))
+        self._watch(context, found, budget)
 
     def _watch(self, context: Context, job: SubmittedJob, budget: Mapping[str, int]) -> None:
         ref = job_ref(job)

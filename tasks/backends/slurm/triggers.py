@@ -154,12 +154,27 @@ class SlurmJobTrigger(WatchTrigger):
     def event(
         self, phase: str, *, reason: str = "", message: str = "", info: JobInfo | None = None
     ) -> dict[str, Any]:
-        return {
-            "phase": phase,
-            "reason": reason,
-            "message": message,
-            "job": self.job,
-            "budget": self.budget,
-            "info": None if info is None else asdict(info),
-            "kwargs": self.kwargs() if phase == WATCHING else None,
-        }
+        kwargs = self.kwargs() if phase == WATCHING else None
+        return event_payload(phase, self.job, self.budget or {}, reason, message, info, kwargs)
+
+
+def event_payload(
+    phase: str,
+    job: Mapping[str, Any],
+    budget: Mapping[str, int],
+    reason: str = "",
+    message: str = "",
+    info: JobInfo | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An event of `SlurmJobTrigger` (also what the operator hands itself for a job that had
+    ended before it could defer)."""
+    return {
+        "phase": phase,
+        "reason": reason,
+        "message": message,
+        "job": dict(job),
+        "budget": dict(budget),
+        "info": None if info is None else asdict(info),
+        "kwargs": None if kwargs is None else dict(kwargs),
+    }

@@ -208,6 +208,28 @@ def test_the_teardown_cancels_what_its_task_left_running(
         time.sleep(0.3)
 
 
+def test_a_retry_takes_the_job_that_ended_with_success(
+    slurm_env: SlurmCluster, jobs_dir: Path
+) -> None:
+    """The first try's verdict is lost (it defers and never sees its trigger's event, as under
+    Airflow's scheduler race, docs/slurm.md); its job ends 0; the retry takes that job's
+    outcome without a new job or a deferral. A first try never does."""
+    first = start(op(jobs_dir, counting(jobs_dir, 0)), context("lost-verdict"))
+    job_id = first.trigger.job["job_id"]
+    hook = SlurmHook(settings(jobs_dir))
+    deadline = time.monotonic() + 60
+    while not hook.job(job_id).finished:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    retry = context("lost-verdict")
+    retry["ti"].try_number = 2
+    driven = drive(op(jobs_dir, counting(jobs_dir, 0)), retry)
+    assert (driven.job_ids, driven.result["job_id"], runs(jobs_dir)) == ([], job_id, 1)
+    assert driven.result["state"] == "COMPLETED"
+    again = drive(op(jobs_dir, counting(jobs_dir, 0)), context("lost-verdict"))
+    assert again.job_ids != [job_id] and runs(jobs_dir) == 2  # a first try submits
+
+
 def test_no_secret_in_script_log_or_xcom(
     slurm_env: SlurmCluster, jobs_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
