@@ -2,14 +2,16 @@
 deployment's [jobs] templates: the trainer writes its own MLLOG (MLPERF_MLLOG_FILE, set by the
 job template) and its step_<N>/ tree, which the run DAG imports as the manifest; the deferred
 evaluator runs on a view of one checkpoint with a scratch MLLOG, whose accuracy is imported; the
-run is finalized by rcpflow and every checker passes, under either schedule."""
+run is finalized by rcpflow and every checker passes, under either schedule; then the run's
+retention task (the deployment's [retention] keep = "passing") deletes every checkpoint but the
+passing one, and the RCP view says which went and why."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from airflow_harness import Recording, launched_jobs
+from airflow_harness import DagRunResult, Recording, launched_jobs
 from foreign.deployment import (
     FOREIGN_RUN,
     NEMO_EVALUATOR,
@@ -32,7 +34,7 @@ def test_a_nemo_rl_run_through_the_run_dag_ends_compliant(
     airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording, schedule: str
 ) -> None:
     deployment = write_nemo_deployment(
-        tmp_path / "d.toml", python=recording.python, eval_schedule=schedule
+        tmp_path / "d.toml", python=recording.python, eval_schedule=schedule, retention="passing"
     )
 
     result = run_foreign_dag(deployment, run_dir)
@@ -52,3 +54,18 @@ def test_a_nemo_rl_run_through_the_run_dag_ends_compliant(
     assert result.states[("evaluation.check", -1)] == "success"
     events = assert_decided_at_the_passing_step(run_dir, ran)
     assert len([e for e in events if e.key == "tracked_stats"]) == LAST + len(ran)
+    assert_retention_kept_only_the_passing_checkpoint(result, run_dir)
+
+
+def assert_retention_kept_only_the_passing_checkpoint(result: DagRunResult, run_dir: Path) -> None:
+    from plugins.rcp_view.pages import run_page
+    from tasks.views.storage_index import read_run
+
+    assert result.states[("retention", -1)] == "success"
+    left = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert left == [f"step_{PASSING_STEP}"]
+    page = run_page(read_run(str(run_dir), "run"), None, "/rcp/")
+    for step in range(FIRST, LAST + 1):
+        state = "kept" if step == PASSING_STEP else "gone"
+        assert f"<tr data-step='{step}' data-part='checkpoint' data-state='{state}'>" in page
+    assert "above the passing step 5" in page and "evaluated below the target" in page
