@@ -7,6 +7,13 @@ after ``finalize`` wrote the verdict and the compliance checker accepted it, wit
 evaluation of the run done (so, with ``settled``, the unevaluated checkpoints above the passing
 step go too). A run whose check failed keeps everything for the person looking into it. The
 apply's record (``retention.json``) is what `rcpflow status` and the RCP view show.
+
+With ``[retention] while_training = true`` the evaluation group also runs
+`retention_after_step` after each step's evaluation (`tasks.run.planned`), one at a time per
+run (the record is one file): the evaluated checkpoints below the target go while training
+runs (the newest full state stays), for a trainer whose resume tolerates it. It is
+opportunistic: a run folder it cannot plan is logged, never fails the step (the final task
+names it and fails), so that retention never stands between an evaluation and the verdict.
 """
 
 from __future__ import annotations
@@ -108,6 +115,28 @@ def apply_retention(
             log.info("%s: kept (%s)", where, part.get("outcome") or part["reason"])
     freed = sum(int(p["bytes"]) for p in parts if p.get("outcome") == "deleted")
     return {"keep": choice, "deleted": deleted, "kept": kept, "bytes_deleted": freed}
+
+
+@task(max_active_tis_per_dagrun=1, map_index_template="step {{ task.op_kwargs['step'] }}")
+def retention_after_step(spec: XComValue, step: XComValue) -> dict[str, Any] | None:
+    """After `step`'s evaluation (``[retention] while_training``): what the rule lets go now,
+    deleted; the verdict's settled deletions wait for the final ``retention`` task."""
+    run = RunSpec.from_dict(spec)
+    deployment = load_deployment()
+    params = get_current_context()["params"]
+    choice = retention_choice(params.get(RETENTION_PARAM, deployment.retention.keep))
+    try:
+        return apply_retention(
+            run.run_dir,
+            run.seed,
+            choice,
+            deployment.retention,
+            deployment.jobs.train.result,
+            settled=False,
+        )
+    except RetentionTaskError as exc:
+        log.warning("retention after step %s: %s (the final retention task tries again)", step, exc)
+        return None
 
 
 @task

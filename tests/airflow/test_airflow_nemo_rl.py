@@ -4,7 +4,8 @@ job template) and its step_<N>/ tree, which the run DAG imports as the manifest;
 evaluator runs on a view of one checkpoint with a scratch MLLOG, whose accuracy is imported; the
 run is finalized by rcpflow and every checker passes, under either schedule; then the run's
 retention task (the deployment's [retention] keep = "passing") deletes every checkpoint but the
-passing one, and the RCP view says which went and why."""
+passing one, and the RCP view says which went and why (during training also after each step's
+evaluation: [retention] while_training)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from foreign_runs import (
     run_foreign_dag,
 )
 
+from rcpflow.verdict.retention_apply import read_record
+
 FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
 
 
@@ -33,8 +36,13 @@ FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
 def test_a_nemo_rl_run_through_the_run_dag_ends_compliant(
     airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording, schedule: str
 ) -> None:
+    during = schedule == "during_training"
     deployment = write_nemo_deployment(
-        tmp_path / "d.toml", python=recording.python, eval_schedule=schedule, retention="passing"
+        tmp_path / "d.toml",
+        python=recording.python,
+        eval_schedule=schedule,
+        retention="passing",
+        retention_while_training=during,
     )
 
     result = run_foreign_dag(deployment, run_dir)
@@ -55,6 +63,15 @@ def test_a_nemo_rl_run_through_the_run_dag_ends_compliant(
     events = assert_decided_at_the_passing_step(run_dir, ran)
     assert len([e for e in events if e.key == "tracked_stats"]) == LAST + len(ran)
     assert_retention_kept_only_the_passing_checkpoint(result, run_dir)
+    per_step = result.mapped("evaluation.checkpoint.retention_after_step")
+    applies = read_record(str(run_dir))["applies"]  # type: ignore[index]
+    if during:  # the steps below the pass went after their evaluations, before the final task
+        assert per_step[: len(ran)] == ["success"] * len(ran), per_step
+        assert applies[0]["settled"] is False and applies[-1]["settled"] is True
+        first = {p["step"] for p in applies[0]["parts"] if p.get("outcome") == "deleted"}
+        assert set(range(FIRST, PASSING_STEP)) <= first and PASSING_STEP not in first
+    else:
+        assert per_step == [] and len(applies) == 1
 
 
 def assert_retention_kept_only_the_passing_checkpoint(result: DagRunResult, run_dir: Path) -> None:

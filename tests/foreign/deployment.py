@@ -124,9 +124,10 @@ def write_nemo_deployment(
     python: Path | str | None = None,
     eval_schedule: str = "after_training",
     retention: str = "off",
+    retention_while_training: bool = False,
 ) -> Path:
     """A local deployment whose jobs are the NeMo-RL-shaped pair; `retention`: its
-    ``[retention] keep``."""
+    ``[retention] keep`` (and `retention_while_training` its ``while_training``)."""
     lines = [f"python = {json.dumps(str(python))}"] if python else []
     lines += [
         f"eval_schedule = {json.dumps(eval_schedule)}",
@@ -135,6 +136,7 @@ def write_nemo_deployment(
         *nemo_jobs(),
         "[retention]",
         f"keep = {json.dumps(retention)}",
+        f"while_training = {json.dumps(retention_while_training)}",
     ]
     path.write_text("\n".join(lines) + "\n")
     return path
