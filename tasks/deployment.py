@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from rcpflow.recipe import MAX_STEPS_LIMIT, Division
+from rcpflow.verdict.retention import KEEPS, Keep
 
 # When a run's checkpoints are evaluated (README: "Evaluation schedule"); the MLLOG is the same.
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, EvalSchedule
@@ -83,6 +84,38 @@ class FormOverrides:
             )
 
 
+# The run DAG's retention choices: off, or which evaluated checkpoints stay (rcpflow.verdict.
+# retention.RetentionPolicy.keep); also the values of the run DAG's ``retention`` Param.
+RetentionChoice = Literal["off", Keep]
+RETENTION_CHOICES: tuple[str, ...] = ("off", *KEEPS)
+MAX_RETENTION_LAST_K = 1000  # more evaluated checkpoints than a run saves: keep them all
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """``[retention]``: whether the run DAG deletes the checkpoints no verdict needs any more
+    (`tasks.run.retention`, docs/retention.md), and how; the run's ``retention`` Param
+    overrides `keep` per run."""
+
+    # off (the default): nothing is deleted; passing / last-k / nothing: what stays of the
+    # evaluated checkpoints once the rule lets the others go.
+    keep: RetentionChoice = "off"
+    last_k: int = 1  # with keep = "last-k"
+    # Also after each step's evaluation while training runs (evaluated checkpoints only; the
+    # newest full state stays): only for a trainer whose resume tolerates missing rows.
+    while_training: bool = False
+    # After the run's evaluations are all done: the unevaluated checkpoints above the passing
+    # step go too (no evaluation of them is running or will start then).
+    settled: bool = True
+    # The train job's own checkpoint tree ([jobs.train] result, NeMo-RL's) outside the run's
+    # checkpoints/ may be deleted from; rcpflow's own tree always may.
+    foreign_trees: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.last_k <= MAX_RETENTION_LAST_K:
+            raise SettingError("last_k", f"must be in 0..{MAX_RETENTION_LAST_K}, got {self.last_k}")
+
+
 # The ranges of the deployment's numbers (beyond the settings reader's int32 and 1e9 bounds).
 # MAX_EVAL_WINDOW: also the runs' eval_window Param's maximum (tasks.run.spec), the ceiling the
 # evaluate task's max_active_tis_per_dagrun is set to (the run's window is held by the waits).
@@ -132,6 +165,8 @@ class Deployment:
     jobs: Jobs = field(default_factory=Jobs)
     # The [form_defaults] table; None: the backend's defaults.
     form_defaults: FormOverrides | None = None
+    # The [retention] table: off unless it says which checkpoints stay.
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
 
     def __post_init__(self) -> None:
         check_plain_env("job_env", self.job_env, reserved=False)  # as [jobs.*.env]: names

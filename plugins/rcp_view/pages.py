@@ -385,6 +385,21 @@ def _step_row(path: str, step: StepStatus) -> str:
     )
 
 
+def _retention_block(run: RunView) -> str:
+    """What retention kept and deleted, and why (its record, via `rcpflow status`)."""
+    notes = run.status.retention
+    if not notes:
+        return "<p class='muted' id='retention'>Retention: no apply recorded (nothing deleted)</p>"
+    rows = "".join(
+        f"<tr data-step='{n.step}' data-part='{_e(n.part)}' data-state='{_e(n.state)}'>"
+        f"<td>{n.step}</td><td>{_e(n.part)}</td><td>{_e(n.state)}</td><td>{_e(n.reason)}</td>"
+        f"<td>{_e(_time(n.when_ms)) if n.when_ms is not None else ''}</td></tr>"
+        for n in notes
+    )
+    head = "<tr><th>step</th><th>part</th><th>state</th><th>why</th><th>deleted (UTC)</th></tr>"
+    return f"<h2>Retention</h2><table id='retention'>{head}{rows}</table>"
+
+
 def run_page(run: RunView, dag_run_id: str | None, base: str) -> str:
     head = (
         "<tr><th>step</th><th>weight update (UTC)</th><th>samples</th><th>checkpoint</th>"
@@ -435,7 +450,9 @@ def run_page(run: RunView, dag_run_id: str | None, base: str) -> str:
         + _problems(run.problems)
         + (f"<ul class='muted'>{warnings}</ul>" if warnings else "")
         + f"<h2>Checkpoints</h2><table id='steps'>{head}{rows}</table>"
-        f"<h2>Convergence</h2><p class='muted'>Marks along the step axis are steps without a "
+        + _retention_block(run)
+        + "<h2>Convergence</h2>"
+        f"<p class='muted'>Marks along the step axis are steps without a "
         f"score: skipped (a lower step passed), invalid summary, not evaluated.</p>"
         f"<p class='muted' id='training'>{_e(training)}</p>"
         f"{_plot_block('run', path=run.path)}",

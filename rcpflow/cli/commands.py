@@ -364,7 +364,7 @@ def _retention_plan(args: argparse.Namespace) -> int:
     from rcpflow.verdict.retention_apply import RetentionError, plan_run
 
     try:
-        planned = plan_run(args.run_dir, _policy(args), args.settled)
+        planned = plan_run(args.run_dir, _policy(args), args.settled, args.tree)
     except RetentionError as e:
         return _invalid(e)
     total = 0
@@ -386,7 +386,7 @@ def _retention_apply(args: argparse.Namespace) -> int:
     from rcpflow.verdict.retention_apply import RetentionError, apply_run
 
     try:
-        applied = apply_run(args.run_dir, _policy(args), args.settled)
+        applied = apply_run(args.run_dir, _policy(args), args.settled, args.tree)
     except RetentionError as e:
         return _invalid(e)
     for part in applied["parts"]:  # type: ignore[attr-defined]
@@ -415,6 +415,15 @@ def _retention_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no evaluation of the run is running or will start: checkpoints above the passing "
         "step without a summary may go too",
+    )
+    parser.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a foreign trainer's checkpoint tree (NeMo-RL's, Tunix's) that retention may delete "
+        "from besides RUN_DIR/checkpoints (repeatable); what goes is decided from the run's "
+        "manifest and verified summaries only",
     )
 
 

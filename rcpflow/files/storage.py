@@ -16,7 +16,7 @@ import socket
 import stat
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -331,19 +331,28 @@ def gcs_objects(prefix: str, page_size: int) -> Iterator[tuple[str, int, int]]:
                 yield f"gs://{bucket}/{b.name}", int(b.size or 0), int(b.generation)
 
 
-def delete_generation(path: str, generation: int) -> bool:
-    """Delete the object `path` only at `generation`: False when it was rewritten meanwhile
-    (412); an object already gone counts as deleted."""
-    from google.api_core.exceptions import NotFound, PreconditionFailed
+# GCS's JSON API takes at most 100 calls in one batch request.
+GCS_BATCH_LIMIT = 100
 
-    with _gcs_errors(path):
-        try:
-            _GCS._blob(path).delete(if_generation_match=generation)
-        except PreconditionFailed:
-            return False
-        except NotFound:
-            pass
-    return True
+
+def delete_generations(objects: Sequence[tuple[str, int]]) -> list[int]:
+    """Delete each gs:// object ``(path, generation)`` only at its generation, in batch requests
+    of at most GCS_BATCH_LIMIT calls (`Client.batch`); each object's HTTP status, in order: 2xx
+    deleted, 404 already gone, 412 rewritten meanwhile, anything else not deleted. A failed
+    call fails only its own object (the batch does not raise for it)."""
+    statuses: list[int] = []
+    client = _GCS.client
+    for first in range(0, len(objects), GCS_BATCH_LIMIT):
+        chunk = objects[first : first + GCS_BATCH_LIMIT]
+        with _gcs_errors(chunk[0][0]):
+            batch = client.batch(raise_exception=False)
+            with batch:
+                for path, generation in chunk:
+                    _GCS._blob(path).delete(if_generation_match=generation)
+            # finish() (run on leaving the block) keeps its per-call responses here; its return
+            # value is out of reach inside a with, and a second finish() would send it again
+            statuses += [r.status_code for r in batch._responses]
+    return statuses
 
 
 def _pinned_read(blob: storage.Blob) -> tuple[int, bytes]:

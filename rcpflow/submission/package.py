@@ -184,10 +184,13 @@ def local_system(**overrides: str | None) -> SystemDescription:
 @dataclass(frozen=True)
 class _Run:
     run_dir: str
-    seed: int
+    seed: int  # the run's seed index: the N of the seed_<N>.out packaged
     log_path: str
     division: str
     org: str
+    # The seed the log states: the index for rcpflow's trainers; NeMo-RL's launcher draws its
+    # own at random (2115446333 and the like). The package checker's seed check is on this one.
+    logged_seed: int
 
 
 def _read_run(run_dir: str, seed: int) -> _Run:
@@ -207,14 +210,31 @@ def _read_run(run_dir: str, seed: int) -> _Run:
             f"run {run_dir}: submission_benchmark is {one('submission_benchmark')!r}, "
             f"not {recipe.BENCHMARK!r}"
         )
-    if one("seed") != seed:
-        raise ValueError(f"run {run_dir}: its log says seed {one('seed')!r}, not {seed}")
+    logged = one("seed")
+    if isinstance(logged, bool) or not isinstance(logged, int):
+        raise ValueError(f"run {run_dir}: {log_path}: seed {logged!r} is not an integer")
     division = one("submission_division")
     if division not in DIVISIONS:
         raise ValueError(
             f"run {run_dir}: submission_division {division!r} is not one of {DIVISIONS}"
         )
-    return _Run(run_dir, seed, log_path, str(division), str(one("submission_org")))
+    return _Run(run_dir, seed, log_path, str(division), str(one("submission_org")), logged)
+
+
+def _check_logged_seeds(runs: Sequence[_Run]) -> None:
+    """Each run's logged seed its own: the one a trainer drew itself (NeMo-RL) is accepted as
+    it is, and recorded beside the index in the package's README; one logged by two runs is
+    refused, naming both logs (the package checker's seed check would fail on it)."""
+    by_seed: dict[int, list[_Run]] = {}
+    for r in runs:
+        by_seed.setdefault(r.logged_seed, []).append(r)
+    for logged, same in sorted(by_seed.items()):
+        if len(same) > 1:
+            raise ValueError(
+                f"seeds: the logs of {len(same)} runs state seed {logged} ("
+                + ", ".join(r.log_path for r in same)
+                + "): each run needs its own"
+            )
 
 
 def _agreed(runs: Sequence[_Run], what: str, get: Callable[[_Run], str]) -> str:
@@ -232,7 +252,12 @@ def _readme(runs: Sequence[_Run], system: SystemDescription) -> str:
         "",
         "Packaged by rcpflow. Each result file is the MLLOG of one run, byte for byte:",
         "",
-        *(f"- result_{i}.txt: seed {r.seed}, {r.log_path}" for i, r in enumerate(runs)),
+        *(
+            f"- result_{i}.txt: seed {r.seed}"
+            + (f" (its log states seed {r.logged_seed})" if r.logged_seed != r.seed else "")
+            + f", {r.log_path}"
+            for i, r in enumerate(runs)
+        ),
         "",
     ]
     return "\n".join(lines)
@@ -273,6 +298,7 @@ def package_submission(
         raise ValueError(f"seeds: {repeated} used by more than one run (each run needs its own)")
     system = system or SystemDescription()
     runs = [_read_run(d, s) for d, s in zip(run_dirs, seeds, strict=True)]
+    _check_logged_seeds(runs)
     declared = {
         "division": _agreed(runs, "division", lambda r: r.division),
         "submitter": _agreed(runs, "submitter (submission_org)", lambda r: r.org),

@@ -7,7 +7,13 @@ listing (never reading checkpoint bytes; ``gs://`` listings are paged and stream
 retention record (`RunLayout.retention`) before deleting anything, deletes, then marks it done; a
 rerun finishes an unfinished apply first. Nothing written after the plan is deleted: each part
 records its newest file time (local) or object generation (``gs://``); a newer one keeps the part,
-and every ``gs://`` delete carries the listed generation as a precondition.
+and every ``gs://`` delete carries the listed generation as a precondition (sent in batches of
+up to 100; an object a batch fails to delete is named in the record, the part kept).
+
+A foreign trainer's tree (NeMo-RL's ``step_<N>/``, Tunix's) outside the run's ``checkpoints/``
+is deleted from only when the caller names it (`trees`: the deployment allows it); what goes is
+decided as for rcpflow's own, from the run's manifest rows and their verified summaries only,
+never from the trainer's own files.
 """
 
 from __future__ import annotations
@@ -16,11 +22,11 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 from rcpflow.files.layout import CHECKPOINT_STATE_DIR, RunLayout, is_gcs, normalized
-from rcpflow.files.storage import delete_generation, gcs_objects, storage_for
+from rcpflow.files.storage import GCS_BATCH_LIMIT, delete_generations, gcs_objects, storage_for
 from rcpflow.records.checkpoint_state import run_snapshot
 from rcpflow.records.manifest import ManifestError, load
 from rcpflow.verdict.finalize import FinalizeInputError, decide
@@ -39,6 +45,10 @@ from rcpflow.verdict.verify import evaluate_step, reading_once
 RECORD_FORMAT = 1
 # Objects per page of a gs:// listing: memory per call is bounded by it, not by the checkpoint.
 PAGE_SIZE = 1000
+# gs:// deletes per batch request (tests make it 1 to interleave a rewrite between deletes).
+BATCH_SIZE = GCS_BATCH_LIMIT
+# The objects a part's failed deletes name in the record, at most (their count is recorded too).
+MAX_FAILED_RECORDED = 100
 
 
 class RetentionError(ValueError):
@@ -117,8 +127,14 @@ def _full_state(path: str) -> bool:
     return CHECKPOINT_STATE_DIR in storage_for(path).subfolders(path)
 
 
-def run_facts(run_dir: str, settled: bool = False) -> RunFacts:
-    """The facts the rule decides from, each summary read once."""
+def in_trees(path: str, layout: RunLayout, trees: Sequence[str]) -> bool:
+    """Whether `path` lies inside the run's checkpoint tree or one of the named `trees`."""
+    return any(inside(path, t) for t in (layout.checkpoints_dir, *trees))
+
+
+def run_facts(run_dir: str, settled: bool = False, trees: Sequence[str] = ()) -> RunFacts:
+    """The facts the rule decides from, each summary read once; `trees`: foreign trainers'
+    checkpoint trees where deletes are allowed besides the run's own."""
     layout = RunLayout(run_dir)
     try:
         manifest = load(layout.manifest)
@@ -141,7 +157,7 @@ def run_facts(run_dir: str, settled: bool = False) -> RunFacts:
         if f.valid and f.summary is not None:
             evaluation = "passes" if passes(f.summary, row) else "below"
         path = row.checkpoint_path
-        ok = inside(path, layout.checkpoints_dir)
+        ok = in_trees(path, layout, trees)
         present = ok and _present(path)
         full = present and _full_state(path)
         checkpoints.append(CheckpointFacts(row.step, path, ok, present, evaluation, full))
@@ -166,11 +182,15 @@ def _sized(d: Decision) -> Planned:
 
 
 def plan_run(
-    run_dir: str, policy: RetentionPolicy = DEFAULT_POLICY, settled: bool = False
+    run_dir: str,
+    policy: RetentionPolicy = DEFAULT_POLICY,
+    settled: bool = False,
+    trees: Sequence[str] = (),
 ) -> list[Planned]:
     """What the rule decides for the run now, each part that goes with its size; `settled`:
-    no evaluation of the run is running or will start (`RunFacts.settled`)."""
-    decisions = decide_retention(run_facts(run_dir, settled), policy)
+    no evaluation of the run is running or will start (`RunFacts.settled`); `trees`: foreign
+    checkpoint trees where deletes are allowed (`run_facts`)."""
+    decisions = decide_retention(run_facts(run_dir, settled, trees), policy)
     return [_sized(d) for d in decisions]
 
 
@@ -222,25 +242,61 @@ def _planned_json(p: Planned) -> dict[str, object]:
     return {**asdict(p.decision), "files": p.files, "bytes": p.bytes, "newest": p.newest}
 
 
-def _delete_part(path: str, newest: int) -> str | None:
-    """Delete the part at `path`, nothing newer than `newest`; why a part was kept, else None."""
+def _delete_gcs(path: str, newest: int, failed: list[str]) -> str | None:
+    """Delete the gs:// part at `path` in batches of BATCH_SIZE, each object only at its listed
+    generation; why the part was kept, else None. An object a batch could not delete (neither
+    deleted, gone nor rewritten) is appended to `failed` as ``path: HTTP status``."""
+    rewritten: list[str] = []
+    pending: list[Entry] = []
+
+    def flush() -> None:
+        statuses = delete_generations([(e.path, e.stamp) for e in pending])
+        for e, status in zip(pending, statuses, strict=True):
+            if status == 412:
+                rewritten.append(e.path)
+            elif 200 <= status < 300 or status == 404:  # 404: gone already, as wanted
+                if after_delete is not None:
+                    after_delete(e.path)
+            else:
+                failed.append(f"{e.path}: HTTP {status}")
+        pending.clear()
+
+    for e in entries(path):
+        if e.stamp > newest:
+            return f"changed since the plan ({e.path} is newer): kept"
+        pending.append(e)
+        if len(pending) >= BATCH_SIZE:
+            flush()
+            if rewritten:  # no further batch: the part changed under the plan
+                break
+    if pending and not rewritten:
+        flush()
+    if rewritten:
+        return f"changed since the plan ({rewritten[0]} was rewritten): kept"
+    if failed:
+        more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+        return f"not deleted: {failed[0]}{more} (see failed; a rerun tries again)"
+    return None
+
+
+def _delete_part(path: str, newest: int, failed: list[str]) -> str | None:
+    """Delete the part at `path`, nothing newer than `newest`; why a part was kept, else None
+    (`failed`: the gs:// objects a batch could not delete)."""
     # A first pass (streamed) so that a part written since the plan is left whole, not half
     # deleted; the second pass deletes, each gs:// object only at its listed generation.
     for e in entries(path):
         if e.stamp > newest:
             return f"changed since the plan ({e.path} is newer): kept"
+    if is_gcs(path):
+        return _delete_gcs(path, newest, failed)
     for e in entries(path):
         if e.stamp > newest:
             return f"changed since the plan ({e.path} is newer): kept"
-        if is_gcs(e.path):
-            if not delete_generation(e.path, e.stamp):
-                return f"changed since the plan ({e.path} was rewritten): kept"
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(e.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(e.path)
         if after_delete is not None:
             after_delete(e.path)
-    if not is_gcs(path) and os.path.isdir(path) and not os.path.islink(path):
+    if os.path.isdir(path) and not os.path.islink(path):
         for dirpath, _dirs, _files in sorted(os.walk(path), key=lambda w: -len(w[0])):
             with contextlib.suppress(OSError):  # not empty: something was kept
                 os.rmdir(dirpath)
@@ -248,10 +304,13 @@ def _delete_part(path: str, newest: int) -> str | None:
 
 
 def apply_run(
-    run_dir: str, policy: RetentionPolicy = DEFAULT_POLICY, settled: bool = False
+    run_dir: str,
+    policy: RetentionPolicy = DEFAULT_POLICY,
+    settled: bool = False,
+    trees: Sequence[str] = (),
 ) -> dict[str, object]:
     """Finish an unfinished apply, else plan, record the intent, delete, mark done; the apply
-    as recorded."""
+    as recorded. An unfinished apply keeps the trees it was planned with."""
     record = read_record(run_dir) or {"format": RECORD_FORMAT, "applies": []}
     applies = record["applies"]
     assert isinstance(applies, list)
@@ -263,18 +322,26 @@ def apply_run(
             "done_ms": None,
             "policy": asdict(policy),
             "settled": settled,
-            "parts": [_planned_json(p) for p in plan_run(run_dir, policy, settled)],
+            "trees": list(trees),
+            "parts": [_planned_json(p) for p in plan_run(run_dir, policy, settled, trees)],
         }
         applies.append(current)
         _write_record(run_dir, record)  # the intent, before anything is deleted
     layout = RunLayout(run_dir)
+    planned_trees = current.get("trees", [])
+    if not isinstance(planned_trees, list) or not all(isinstance(t, str) for t in planned_trees):
+        raise RetentionError(f"{layout.retention}: trees is not a list of paths")
     for part in current["parts"]:
         if not part["goes"] or part.get("outcome"):
             continue
-        if not inside(part["path"], layout.checkpoints_dir):  # the record is not trusted blindly
+        if not in_trees(part["path"], layout, planned_trees):  # the record is not trusted blindly
             part["outcome"] = "outside the run's checkpoint tree: kept"
         else:
-            part["outcome"] = _delete_part(part["path"], part["newest"]) or "deleted"
+            failed: list[str] = []
+            part["outcome"] = _delete_part(part["path"], part["newest"], failed) or "deleted"
+            if failed:
+                part["failed"] = failed[:MAX_FAILED_RECORDED]
+                part["failed_count"] = len(failed)
         part["outcome_ms"] = _now_ms()
         _write_record(run_dir, record)
     current["done_ms"] = _now_ms()

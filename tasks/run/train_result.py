@@ -2,7 +2,10 @@
 result`` (`tasks.jobs.templates.TrainResult`), imported into the run's manifest wherever the run
 DAG reads it (the output check after training, the checkpoint waits, and the local backend
 while its training runs), idempotently: the same tree again writes nothing, new checkpoints
-append rows (`rcpflow.trainer.nemo_rl_import`).
+append rows (`rcpflow.trainer.nemo_rl_import`). The run's recorded evaluation schedule (the plan
+task's ``eval_schedule.json``) goes with it, so that a tree whose keep_top_k would delete a
+checkpoint before its evaluation after training is refused here as by hand; every caller gets it
+without carrying the schedule (a wait on the triggerer reads the same run folder).
 
 The caller passes the deployment's `TrainResult`: a wait on the triggerer has it from its
 kwargs, never from loading the deployment there (the triggerer has no backend registered)."""
@@ -16,6 +19,8 @@ from rcpflow.records.checkpoint_state import ProgressError
 from rcpflow.records.manifest import ManifestError, read_rows
 from rcpflow.records.nemo_rl import NemoRLError
 from rcpflow.trainer.nemo_rl_import import CheckpointTreeImport, import_checkpoint_tree
+from rcpflow.verdict.schedule import EvalSchedule
+from rcpflow.verdict.schedule_record import ScheduleRecordError, read_schedule
 from tasks.jobs.templates import TrainResult
 
 log = logging.getLogger(__name__)
@@ -35,6 +40,15 @@ def checkpoint_root(run_dir: str, seed: int, result: TrainResult) -> str | None:
     return result.render(values)
 
 
+def recorded_schedule(run_dir: str) -> EvalSchedule | None:
+    """The schedule the run's plan recorded; None for a run not planned by the run DAG."""
+    try:
+        record = read_schedule(run_dir)
+    except ScheduleRecordError as exc:
+        raise NemoRLError(str(exc)) from exc
+    return None if record is None else record.eval_schedule
+
+
 def import_checkpoints(
     run_dir: str,
     seed: int,
@@ -45,7 +59,8 @@ def import_checkpoints(
 ) -> CheckpointTreeImport | None:
     """Import the train job's tree, if it leaves one. Without `val_start_at`, only once the
     manifest has rows (they hold it): the first rows come from a caller that knows the run.
-    Raises NemoRLError naming the step, file and field."""
+    Raises NemoRLError naming the step, file and field (and the keep_top_k that would delete a
+    checkpoint before its evaluation after training)."""
     root = checkpoint_root(run_dir, seed, result)
     if root is None:
         return None
@@ -57,7 +72,12 @@ def import_checkpoints(
         if not rows:
             return None
     found = import_checkpoint_tree(
-        run_dir, root, seed=seed, val_start_at=val_start_at, allow_empty=allow_empty
+        run_dir,
+        root,
+        seed=seed,
+        val_start_at=val_start_at,
+        allow_empty=allow_empty,
+        eval_schedule=recorded_schedule(run_dir),
     )
     if found.added:
         log.info("%s", found.describe())

@@ -2,14 +2,17 @@
 deployment's [jobs] templates: the trainer writes its own MLLOG (MLPERF_MLLOG_FILE, set by the
 job template) and its step_<N>/ tree, which the run DAG imports as the manifest; the deferred
 evaluator runs on a view of one checkpoint with a scratch MLLOG, whose accuracy is imported; the
-run is finalized by rcpflow and every checker passes, under either schedule."""
+run is finalized by rcpflow and every checker passes, under either schedule; then the run's
+retention task (the deployment's [retention] keep = "passing") deletes every checkpoint but the
+passing one, and the RCP view says which went and why (during training also after each step's
+evaluation: [retention] while_training)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from airflow_harness import Recording, failures, launched_jobs
+from airflow_harness import DagRunResult, Recording, failures, launched_jobs
 from foreign.deployment import (
     FOREIGN_RUN,
     NEMO_EVALUATOR,
@@ -23,6 +26,8 @@ from foreign_runs import (
     run_foreign_dag,
 )
 
+from rcpflow.verdict.retention_apply import read_record
+
 FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
 
 
@@ -31,8 +36,13 @@ FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
 def test_a_nemo_rl_run_through_the_run_dag_ends_compliant(
     airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording, schedule: str
 ) -> None:
+    during = schedule == "during_training"
     deployment = write_nemo_deployment(
-        tmp_path / "d.toml", python=recording.python, eval_schedule=schedule
+        tmp_path / "d.toml",
+        python=recording.python,
+        eval_schedule=schedule,
+        retention="passing",
+        retention_while_training=during,
     )
 
     result = run_foreign_dag(deployment, run_dir)
@@ -52,3 +62,27 @@ def test_a_nemo_rl_run_through_the_run_dag_ends_compliant(
     assert result.states[("evaluation.check", -1)] == "success"
     events = assert_decided_at_the_passing_step(run_dir, ran)
     assert len([e for e in events if e.key == "tracked_stats"]) == LAST + len(ran)
+    assert_retention_kept_only_the_passing_checkpoint(result, run_dir)
+    per_step = result.mapped("evaluation.checkpoint.retention_after_step")
+    applies = read_record(str(run_dir))["applies"]  # type: ignore[index]
+    if during:  # the steps below the pass went after their evaluations, before the final task
+        assert per_step[: len(ran)] == ["success"] * len(ran), per_step
+        assert applies[0]["settled"] is False and applies[-1]["settled"] is True
+        first = {p["step"] for p in applies[0]["parts"] if p.get("outcome") == "deleted"}
+        assert set(range(FIRST, PASSING_STEP)) <= first and PASSING_STEP not in first
+    else:
+        assert per_step == [] and len(applies) == 1
+
+
+def assert_retention_kept_only_the_passing_checkpoint(result: DagRunResult, run_dir: Path) -> None:
+    from plugins.rcp_view.pages import run_page
+    from tasks.views.storage_index import read_run
+
+    assert result.states[("retention", -1)] == "success"
+    left = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert left == [f"step_{PASSING_STEP}"]
+    page = run_page(read_run(str(run_dir), "run"), None, "/rcp/")
+    for step in range(FIRST, LAST + 1):
+        state = "kept" if step == PASSING_STEP else "gone"
+        assert f"<tr data-step='{step}' data-part='checkpoint' data-state='{state}'>" in page
+    assert "above the passing step 5" in page and "evaluated below the target" in page

@@ -119,15 +119,24 @@ def nemo_jobs(*train_extra: str) -> list[str]:
 
 
 def write_nemo_deployment(
-    path: Path, *, python: Path | str | None = None, eval_schedule: str = "after_training"
+    path: Path,
+    *,
+    python: Path | str | None = None,
+    eval_schedule: str = "after_training",
+    retention: str = "off",
+    retention_while_training: bool = False,
 ) -> Path:
-    """A local deployment whose jobs are the NeMo-RL-shaped pair."""
+    """A local deployment whose jobs are the NeMo-RL-shaped pair; `retention`: its
+    ``[retention] keep`` (and `retention_while_training` its ``while_training``)."""
     lines = [f"python = {json.dumps(str(python))}"] if python else []
     lines += [
         f"eval_schedule = {json.dumps(eval_schedule)}",
         "allow_run_dirs_outside_root = true",
         "checkpoint_poll_seconds = 0.5",
         *nemo_jobs(),
+        "[retention]",
+        f"keep = {json.dumps(retention)}",
+        f"while_training = {json.dumps(retention_while_training)}",
     ]
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -167,11 +167,42 @@ def test_bad_inputs_are_refused_by_name(three_runs: list[str], tmp_path: Path) -
     open_run = finalized_run(str(tmp_path / "open"), 9, accuracies_converging_at(18), "open")
     with pytest.raises(ValueError, match="division: the runs disagree"):
         package_submission([three_runs[0], open_run], [1, 9], out)
-    # The seed the log records must be the one the caller names.
-    os.rename(f"{three_runs[0]}/mllog/seed_1.out", f"{three_runs[0]}/mllog/seed_5.out")
-    with pytest.raises(ValueError, match="its log says seed 1, not 5"):
-        package_submission(three_runs[:1], [5], out)
     assert not os.path.exists(f"{out}/submission")  # nothing written by refused calls
+
+
+def _log_states_seed(run_dir: str, index: int, logged: int) -> None:
+    """The run's log states `logged` as its seed (as NeMo-RL's launcher draws its own)."""
+    log = Path(run_dir, "mllog", f"seed_{index}.out")
+    text = log.read_text()
+    marker = f'"key": "seed", "value": {index},'
+    assert text.count(marker) == 1, marker
+    log.write_text(text.replace(marker, f'"key": "seed", "value": {logged},'))
+
+
+def test_a_logged_seed_of_its_own_is_accepted_when_distinct_and_recorded(
+    three_runs: list[str], tmp_path: Path
+) -> None:
+    for index, logged in zip(SEEDS, (2115446333, 998877, 31337), strict=True):
+        _log_states_seed(three_runs[index - 1], index, logged)
+    org = package_submission(three_runs, SEEDS, str(tmp_path / "out"), local_system())
+    readme = Path(org, "benchmarks", recipe.BENCHMARK, "README.md").read_text()
+    assert "result_0.txt: seed 1 (its log states seed 2115446333)," in readme
+    result = checkers.package(org, log_dir=str(tmp_path / "checks"))
+    assert result.ok, result.output  # the official seed checker: distinct seeds
+
+
+def test_one_logged_seed_in_two_runs_is_refused_naming_both_logs(
+    three_runs: list[str], tmp_path: Path
+) -> None:
+    _log_states_seed(three_runs[0], 1, 2115446333)
+    _log_states_seed(three_runs[2], 3, 2115446333)
+    out = str(tmp_path / "out")
+    with pytest.raises(ValueError) as e:
+        package_submission(three_runs, SEEDS, out)
+    said = str(e.value)
+    assert said.startswith("seeds: the logs of 2 runs state seed 2115446333 (")
+    assert "run_1/mllog/seed_1.out" in said and "run_3/mllog/seed_3.out" in said
+    assert "\n" not in said and not os.path.exists(f"{out}/submission")
 
 
 def test_package_checker_accepts_three_converged_closed_runs(

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gcs_batch import BatchProxy, batch_proxy
 from rcpflow_cli import assert_one_invalid_line, cli_env_without_gcs_credentials, run_cli
 
 from devtools.synthetic_run import SyntheticRun, make_run, write_eval
 from rcpflow.files.storage import split_gcs, storage_for
 from rcpflow.verdict import retention_apply
 from rcpflow.verdict.retention_apply import apply_run, plan_run, read_record
+
+
+@pytest.fixture
+def gcs_batches(gcs, monkeypatch) -> Iterator[BatchProxy]:
+    """google-cloud-storage pointed at the emulator through a batch-answering proxy
+    (tests/rcpflow/gcs_batch.py: fake-gcs-server answers no batch call)."""
+    with batch_proxy(gcs.url) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        yield proxy
 
 
 def _checkpoint(folder: Path, files: int = 3, full: bool = False) -> None:
@@ -154,7 +165,9 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.gcs
-def test_gcs_object_rewritten_between_plan_and_delete_is_kept(gcs_prefix: str, monkeypatch) -> None:
+def test_gcs_object_rewritten_between_plan_and_delete_is_kept(
+    gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
+) -> None:
     run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
     s = storage_for(gcs_prefix)
     for step in (18, 19, 20):
@@ -171,6 +184,7 @@ def test_gcs_object_rewritten_between_plan_and_delete_is_kept(gcs_prefix: str, m
 
     monkeypatch.setattr(retention_apply, "after_delete", rewrite)
     monkeypatch.setattr(retention_apply, "PAGE_SIZE", 1)  # paged listing, one object per call
+    monkeypatch.setattr(retention_apply, "BATCH_SIZE", 1)  # a delete per batch: rewrite between
     done = apply_run(run.run_dir)
     outcome = {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]}  # type: ignore[attr-defined]
     assert outcome[18] == "deleted"
@@ -205,7 +219,7 @@ def test_before_block_stop_nothing_goes_and_after_it_the_full_states_go(tmp_path
 
 @pytest.mark.gcs
 def test_gcs_interrupted_apply_rerun_keeps_what_was_rewritten_since_its_plan(
-    gcs_prefix: str, monkeypatch
+    gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
 ) -> None:
     run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
     s = storage_for(gcs_prefix)
@@ -228,6 +242,33 @@ def test_gcs_interrupted_apply_rerun_keeps_what_was_rewritten_since_its_plan(
     assert outcome[19].startswith("changed since the plan") and s.read_bytes(rewritten) == b"new"
     assert len(s.list(run.layout.checkpoint(19))) == 2  # left whole, not half deleted
     assert len(json.loads(s.read_bytes(run.layout.retention))["applies"]) == 1
+
+
+@pytest.mark.gcs
+def test_gcs_deletes_go_in_batches_of_100_and_a_failed_object_is_named(
+    gcs_prefix: str, gcs_batches: BatchProxy
+) -> None:
+    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
+    s = storage_for(gcs_prefix)
+    for i in range(230):  # step 18: 230 objects = batches of 100, 100, 30
+        s.write_atomic(f"{run.layout.checkpoint(18)}/params/shard_{i:03}", b"w")
+    for i in range(3):
+        s.write_atomic(f"{run.layout.checkpoint(19)}/params/shard_{i}", b"w")
+    gcs_batches.fail = ("19/params/shard_1",)  # one call of a batch fails (503), not the batch
+    done = apply_run(run.run_dir)
+    parts = {p["step"]: p for p in done["parts"] if p["goes"]}  # type: ignore[attr-defined]
+    assert gcs_batches.batches == [100, 100, 30, 3]
+    assert parts[18]["outcome"] == "deleted" and s.list(run.layout.checkpoint(18)) == []
+    victim = f"{run.layout.checkpoint(19)}/params/shard_1"
+    assert (
+        parts[19]["outcome"] == f"not deleted: {victim}: HTTP 503 (see failed; a rerun tries again)"
+    )
+    assert parts[19]["failed"] == [f"{victim}: HTTP 503"] and parts[19]["failed_count"] == 1
+    assert s.list(run.layout.checkpoint(19)) == [victim]  # the others of its batch went
+    gcs_batches.fail = ()
+    again = apply_run(run.run_dir)  # a rerun plans the part again and deletes what is left
+    outcome = {p["step"]: p.get("outcome") for p in again["parts"] if p["goes"]}  # type: ignore[attr-defined]
+    assert outcome == {19: "deleted"} and s.list(run.layout.checkpoint(19)) == []
 
 
 def test_gcs_without_credentials_is_one_error_line(tmp_path: Path) -> None:

@@ -230,5 +230,7 @@ def test_the_nemo_rl_example_deployment_parses() -> None:
     }  # fmt: skip
     inputs = train_inputs(train, values, settings.python)
     assert inputs["env"] == {"MLPERF_MLLOG_FILE": RunLayout(run_dir).mllog(3)}
-    assert "SEED_BASE=3" in inputs["argv"][-1]
-    assert f"CHECKPOINTS_DIR={RunLayout(run_dir).checkpoints_dir}" in inputs["argv"][-1]
+    script = inputs["argv"][-1]
+    assert "SEED=3 " in script and "SEED_BASE" not in script
+    assert f"--container-mounts={RunLayout(run_dir).checkpoints_dir}:/checkpoint," in script
+    assert "MLPERF_TARGET_ACCURACY=0.69 " in script
