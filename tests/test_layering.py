@@ -419,15 +419,17 @@ def off_lifecycle_classes(module_names: Iterable[str]) -> list[str]:
 
 
 def test_every_backends_operators_and_triggers_derive_from_the_shared_lifecycle() -> None:
-    """A cluster backend is an adapter of `tasks.backend_api`'s lifecycle: no module under
-    `tasks/backends/<name>/` defines an operator or trigger of its own making."""
+    """Every backend is an adapter of `tasks.backend_api`'s lifecycle: no module under
+    `tasks/backends/<name>/`, nor a backend's own modules beside them (the local backend's
+    `tasks/backends/local*.py`), defines an operator or trigger of its own making."""
     packages = [p for p in (ROOT / "tasks" / "backends").iterdir() if (p / "__init__.py").exists()]
     assert {p.name for p in packages} >= {"gke", "slurm"}
+    modules = project_modules(ROOT, ["tasks"])
     names = [
-        m for p in packages for m in project_modules(ROOT, ["tasks"])
-        if m.startswith(f"tasks.backends.{p.name}.")
-    ]  # fmt: skip
+        m for p in packages for m in modules if m.startswith(f"tasks.backends.{p.name}.")
+    ] + [m for m in modules if m.startswith("tasks.backends.local")]  # fmt: skip
     assert "tasks.backends.gke.operators" in names and "tasks.backends.slurm.triggers" in names
+    assert "tasks.backends.local_operators" in names
     assert off_lifecycle_classes(names) == []
 
 

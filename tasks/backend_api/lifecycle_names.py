@@ -36,6 +36,7 @@ STOP_REQUEST = "StopRequest"  # reason of a stopped event
 # and those of earlier releases (each kept importable by a shim: `plugins/jobset.py`).
 JOBSET_TRIGGER = "tasks.backends.gke.triggers.JobSetTrigger"
 SLURM_TRIGGER = "tasks.backends.slurm.triggers.SlurmJobTrigger"
+LOCAL_TRIGGER = "tasks.backends.local_operators.LocalJobTrigger"
 LEGACY_TRIGGER_CLASSPATHS: Mapping[str, str] = {"plugins.jobset.JobSetTrigger": JOBSET_TRIGGER}
 
 # How long a job may still run after the run's stop request before it is cancelled: the

@@ -13,13 +13,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
-from rcpflow.records.manifest import load
 from rcpflow.verdict.eval_import import (
     SOURCE_FORMATS,
     EvalImportError,
@@ -27,8 +25,8 @@ from rcpflow.verdict.eval_import import (
     import_eval,
     tree_summaries,
 )
-from tasks.jobs.templates import EvalResult, EvaluateJob
-from tasks.jobs.values import Values, evaluate_values
+from tasks.jobs.templates import EvalResult
+from tasks.jobs.values import Values
 
 log = logging.getLogger(__name__)
 
@@ -109,26 +107,3 @@ def import_result(
         return import_eval(run_dir, step, path, eval_times=times, fmt=fmt)
     except EvalImportError as exc:
         raise EvaluationError(f"step {step}: {exc}") from exc
-
-
-def run_evaluate_job(
-    job: EvaluateJob,
-    run_dir: str,
-    step: int,
-    *,
-    python: str,
-    run: Callable[[list[str]], None],
-) -> None:
-    """Run the evaluate job of `step` to completion with `run(argv)` (which raises when the job
-    fails), then import its result unless it is rcpflow's own summary."""
-    row = load(RunLayout(run_dir).manifest).row(step)
-    values = evaluate_values(run_dir, row, python)
-    argv = job.job_command.render(values)
-    if not job.result.imported:
-        run(argv)
-        return
-    before = baseline(job.result, values)
-    start = now_ms()
-    run(argv)
-    imported = import_result(job.result, values, before, (start, now_ms()))
-    log.info("%s", imported.describe())

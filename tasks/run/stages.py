@@ -316,24 +316,3 @@ def cancel_above(
             ", ".join(map(str, stopped)),
         )
     return stopped
-
-
-def evaluate_target(
-    target: EvalTarget, launch: Callable[[str, int], None], cancel: Cancel | None = None
-) -> dict[str, Any]:
-    """Evaluate one checkpoint unless the gate says a lower step already passed;
-    `launch(run_dir, step)` runs the evaluation job and raises if it fails. With `cancel`,
-    a pass stops the evaluations of the higher steps still running (`cancel_above`)."""
-    skip_if_decided(target)
-    if not reusable(target):
-        try:
-            launch(target.run_dir, target.step)
-        except Exception:
-            # With an eval window > 1 a lower step may have passed while this job ran (and
-            # stopped it): then this failure does not matter to the run.
-            skip_if_decided(target, stopped=True)
-            raise
-    result = collect(target)
-    if result["target_reached"] and cancel is not None:
-        cancel_above(target.run_dir, target.step, cancel)  # rows committed since count too
-    return result

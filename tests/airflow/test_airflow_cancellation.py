@@ -1,36 +1,48 @@
-"""Once a step passes, the evaluation jobs of higher steps still running are stopped (by PID on
-the local backend) and their tasks end skipped naming the passing step; nothing at or below
+"""Once a step passes, the evaluation jobs of higher steps still running are stopped (by signal
+on the local backend) and their tasks end skipped naming the passing step; nothing at or below
 the passing step is ever stopped, whichever evaluation finishes first.
 
-The jobs are real processes of the local backend's launcher (an interpreter wrapper that
-sleeps instead of evaluating); the decision comes from the summaries on storage.
+The evaluations are the local backend's evaluate operator (`LocalEvaluateStepOperator`: the
+shared `EvaluateCheckpoint` in front of the cluster-job lifecycle) driven as a task runner
+would: execute until it defers, its trigger until it fires, then execute_complete. The jobs
+are real processes (an interpreter wrapper that sleeps instead of evaluating); the decision
+comes from the summaries on storage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 from airflow_harness import PYTHON, write_deployment
 
 from devtools.synthetic_run import make_run
-from tasks.backends.local import JobRecords, LocalBackend
+from tasks.backend_api.lifecycle_names import eval_label
+from tasks.backends import local_adapter
+from tasks.backends.local_operators import LocalEvaluateStepOperator
 from tasks.deployment import _load
-from tasks.run.stages import cancel_above, evaluate_target, step_target
+from tasks.run.stages import cancel_above
+
+# The passing step's job ends at once (its summary is the test's); every other one sleeps.
+PASSING = 20
 
 
 def sleeping_python(folder: Path) -> Path:
-    """An interpreter whose evaluation jobs sleep (a long evaluation that never finishes)."""
+    """An interpreter whose evaluation jobs sleep (a long evaluation that never finishes),
+    except the passing step's, which ends at once."""
     wrapper = folder / "python"
     wrapper.write_text(
         f"#!{PYTHON}\n"
         "import os, sys, time\n"
         "if sys.argv[1:3] == ['-m', 'tpu_jobs.evaluate']:\n"
-        "    time.sleep(120)\n"
+        f"    if sys.argv[sys.argv.index('--step') + 1] != '{PASSING}':\n"
+        "        time.sleep(120)\n"
         "    sys.exit(0)\n"
         f"os.execv({PYTHON!r}, [{PYTHON!r}, *sys.argv[1:]])\n"
     )
@@ -38,22 +50,48 @@ def sleeping_python(folder: Path) -> Path:
     return wrapper
 
 
-class Evaluation(threading.Thread):
-    """One evaluate task of the local backend, run in a thread: what it returned or raised."""
+class _TI:
+    map_index = -1
+    task_id = "evaluation.checkpoint.evaluate"
 
-    def __init__(self, backend: LocalBackend, run_dir: str, step: int) -> None:
+    def xcom_push(self, key: str, value: Any) -> None:
+        pass
+
+
+CONTEXT: Any = {"ti": _TI(), "dag_run": SimpleNamespace(dag_id="d", run_id="r")}
+
+
+class Evaluation(threading.Thread):
+    """One evaluate task of the local backend: `begin` runs its execute (a job started, or an
+    outcome at once); the thread then watches the job and completes: what it returned or
+    raised is `outcome`."""
+
+    def __init__(self, python: Path, jobs: Path, run_dir: str, step: int) -> None:
         super().__init__(daemon=True)
-        self.backend, self.run_dir, self.step = backend, run_dir, step
+        deployment = _load(str(write_deployment(jobs.parent / "d.toml", str(python))))
+        self.op = LocalEvaluateStepOperator(
+            task_id="evaluate", run_dir=run_dir, step=step, eval_job=deployment.jobs.evaluate,
+            python=str(python), jobs_root=str(jobs), poll_interval_s=0.05, settle_s=0.0,
+        )  # fmt: skip
         self.outcome: Any = None
+        self.trigger: Any = None
+
+    def begin(self) -> None:
+        try:
+            self.outcome = self.op.execute(CONTEXT)
+        except TaskDeferred as deferred:
+            self.trigger = deferred.trigger
+        except BaseException as exc:  # what the task would end with
+            self.outcome = exc
 
     def run(self) -> None:
-        launch, cancel = self.backend._launcher(), self.backend.cancel_evaluation
-        target = step_target(self.run_dir, self.step)
+        async def first() -> Any:
+            async for event in self.trigger.run():
+                return event.payload
+
         try:
-            self.outcome = evaluate_target(
-                target, lambda d, s: launch(d, s, lambda: step_target(d, s)), cancel
-            )
-        except BaseException as exc:  # what the task would end with
+            self.outcome = self.op.execute_complete(CONTEXT, asyncio.run(first()))
+        except BaseException as exc:
             self.outcome = exc
 
 
@@ -65,62 +103,71 @@ def wait_until(condition: Any, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-@pytest.fixture
-def backend(tmp_path: Path) -> LocalBackend:
-    deployment = _load(str(write_deployment(tmp_path / "d.toml", str(sleeping_python(tmp_path)))))
-    return LocalBackend(deployment, records=JobRecords(tmp_path / "jobs"))
+def running(jobs: Path, run_dir: str, step: int) -> int | None:
+    """The PID of the step's evaluation job while it runs."""
+    folder = local_adapter.job_folder(jobs, "d", "r", run_dir, eval_label(step))
+    job = local_adapter.running_job(folder)
+    return None if job is None else job.pid
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("passing_first", [True, False])
 def test_a_pass_stops_the_running_higher_evaluations_and_nothing_below(
-    tmp_path: Path, backend: LocalBackend, passing_first: bool
+    tmp_path: Path, passing_first: bool
 ) -> None:
     # rows 18..24; step 20's summary passes once it is written; 19 (below) and 21, 22 (above)
     # are being evaluated by running jobs
+    python, jobs = sleeping_python(tmp_path), tmp_path / "jobs"
     run = make_run(str(tmp_path / "run"), max_steps=24, accuracies={18: 0.3})
-    running = {s: Evaluation(backend, run.run_dir, s) for s in (19, 21, 22)}
-    for job in running.values():
-        job.start()
-    records = backend.records
-    wait_until(lambda: all(records.running(run.run_dir, s) for s in running))
-    pids = {s: records.running(run.run_dir, s) for s in running}
+    evaluations = {s: Evaluation(python, jobs, run.run_dir, s) for s in (19, 21, 22)}
+    for evaluation in evaluations.values():
+        evaluation.begin()
+        evaluation.start()
+    wait_until(lambda: all(running(jobs, run.run_dir, s) for s in evaluations))
+    pids = {s: running(jobs, run.run_dir, s) for s in evaluations}
 
     if passing_first:
-        # the passing step's own evaluation ends (its summary written by its job) and stops
-        # the higher ones
-        make_run(run.run_dir, max_steps=24, accuracies={18: 0.3, 20: 0.9})
-        passed = Evaluation(backend, run.run_dir, 20)
+        # the passing step's own evaluation: its job ends having written the summary, and its
+        # task stops the higher ones
+        passed = Evaluation(python, jobs, run.run_dir, PASSING)
+        passed.begin()
+        assert passed.trigger is not None  # a job was started
+        make_run(run.run_dir, max_steps=24, accuracies={18: 0.3, PASSING: 0.9})
         passed.run()
-        assert passed.outcome["target_reached"] is True
+        assert passed.outcome["target_reached"] is True, passed.outcome
     else:
         # any order: the pass is read back from storage by a later check of the same run
-        make_run(run.run_dir, max_steps=24, accuracies={18: 0.3, 20: 0.9})
-        assert cancel_above(run.run_dir, 20, backend.cancel_evaluation) == [21, 22]
+        make_run(run.run_dir, max_steps=24, accuracies={18: 0.3, PASSING: 0.9})
+
+        def cancel(run_dir: str, step: int) -> bool:
+            folder = local_adapter.job_folder(jobs, "d", "r", run_dir, eval_label(step))
+            return local_adapter.cancel_running(folder)
+
+        assert cancel_above(run.run_dir, PASSING, cancel) == [21, 22]
 
     for step in (21, 22):
-        running[step].join(timeout=60)
-        outcome = running[step].outcome
+        evaluations[step].join(timeout=60)
+        outcome = evaluations[step].outcome
         assert isinstance(outcome, AirflowSkipException), outcome
         assert str(outcome).startswith(f"step {step}: skipped, its evaluation was stopped: step 20")
-        assert records.running(run.run_dir, step) is None
+        assert running(jobs, run.run_dir, step) is None
     # the step below the passing one is still being evaluated
-    assert records.running(run.run_dir, 19) == pids[19]
-    assert running[19].is_alive()
+    assert running(jobs, run.run_dir, 19) == pids[19]
+    assert evaluations[19].is_alive()
     # and a stop asked for at or below the passing step is refused by cancel_above's rule
-    assert cancel_above(run.run_dir, 20, lambda d, s: s <= 20) == []
-    backend.cancel_evaluation(run.run_dir, 19)  # clean up (the test's own job)
-    running[19].join(timeout=60)
+    assert cancel_above(run.run_dir, PASSING, lambda d, s: s <= PASSING) == []
+    evaluations[19].op.cancel_step("d", "r", 19)  # clean up (the test's own job)
+    evaluations[19].join(timeout=60)
 
 
 @pytest.mark.timeout(120)
-def test_a_higher_step_started_after_the_pass_launches_nothing(
-    tmp_path: Path, backend: LocalBackend
-) -> None:
+def test_a_higher_step_started_after_the_pass_launches_nothing(tmp_path: Path) -> None:
+    python, jobs = sleeping_python(tmp_path), tmp_path / "jobs"
     run = make_run(str(tmp_path / "run"), max_steps=24, accuracies={18: 0.3, 19: 0.9})
-    late = Evaluation(backend, run.run_dir, 23)
-    late.run()
-    assert isinstance(late.outcome, AirflowSkipException)
+    late = Evaluation(python, jobs, run.run_dir, 23)
+    late.begin()
+    assert late.trigger is None and isinstance(late.outcome, AirflowSkipException)
     assert str(late.outcome).startswith("step 23: skipped, not evaluated: step 19 already passed")
-    assert backend.records.running(run.run_dir, 23) is None
-    assert not backend.cancel_evaluation(run.run_dir, 23)  # nothing was running
+    folder = local_adapter.job_folder(jobs, "d", "r", run.run_dir, eval_label(23))
+    assert local_adapter.recorded(folder) is None  # nothing was started
+    assert not late.op.cancel_step("d", "r", 23)  # nothing is running

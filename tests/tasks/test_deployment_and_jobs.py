@@ -3,7 +3,6 @@ without running Airflow."""
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 import typing
@@ -13,7 +12,7 @@ import pytest
 
 from tasks.backends.gke.backend import GkeBackend
 from tasks.backends.gke.settings import GkeSettings
-from tasks.backends.local import JobFailed, LocalBackend, run_job
+from tasks.backends.local import LocalBackend
 from tasks.backends.registry import backend_for, form_defaults, registered
 from tasks.deployment import (
     REPO_ROOT,
@@ -174,20 +173,6 @@ def test_malformed_commands_are_refused_naming_the_item(
 def test_rendering_without_a_value_names_the_placeholder() -> None:
     with pytest.raises(JobCommandError, match="evaluate command: no value for step"):
         EVALUATE_JOB.render({"python": "p", "run_dir": "/r"})
-
-
-@pytest.mark.timeout(60)
-def test_run_job_streams_output_and_fails_with_its_tail(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="tasks.backends.local")
-    run_job([sys.executable, "-c", "print('step 1'); print('step 2')"], name="ok job")
-    assert "ok job | step 1" in caplog.text and "ok job | step 2" in caplog.text
-    code = "import sys; print('about to fail'); sys.exit(3)"
-    with pytest.raises(JobFailed) as failed:
-        run_job([sys.executable, "-c", code], name="bad job")
-    assert "bad job exited with status 3" in str(failed.value)
-    assert "about to fail" in str(failed.value)
-    with pytest.raises(JobFailed, match="could not start"):
-        run_job(["/nonexistent/python"], name="missing")
 
 
 def test_a_backend_table_nobody_registered_says_what_to_import(tmp_path: Path) -> None:

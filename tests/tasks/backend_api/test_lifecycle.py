@@ -30,6 +30,7 @@ def test_names_that_outlive_a_process_keep_their_values() -> None:
     )  # fmt: skip
     assert names.JOBSET_TRIGGER == "tasks.backends.gke.triggers.JobSetTrigger"
     assert names.SLURM_TRIGGER == "tasks.backends.slurm.triggers.SlurmJobTrigger"
+    assert names.LOCAL_TRIGGER == "tasks.backends.local_operators.LocalJobTrigger"
     assert dict(names.LEGACY_TRIGGER_CLASSPATHS) == {
         "plugins.jobset.JobSetTrigger": names.JOBSET_TRIGGER
     }
@@ -38,7 +39,9 @@ def test_names_that_outlive_a_process_keep_their_values() -> None:
     assert names.event_phase("Watching") == "watching" and names.event_phase("x") == "x"
 
 
-@pytest.mark.parametrize("classpath", [names.JOBSET_TRIGGER, names.SLURM_TRIGGER])
+@pytest.mark.parametrize(
+    "classpath", [names.JOBSET_TRIGGER, names.SLURM_TRIGGER, names.LOCAL_TRIGGER]
+)
 def test_each_trigger_serializes_under_its_pinned_classpath(classpath: str) -> None:
     from tasks.backend_api.watch_trigger import WatchTrigger
 

@@ -1,0 +1,268 @@
+"""The local backend as an adapter of the cluster-job lifecycle: a job is a detached process
+group whose exit status survives the process that started it (tasks.backends.local_adapter),
+watched by `LocalJobTrigger`, run by `LocalJobOperator`, cancelled by its teardown and by
+`on_kill` (tasks.backends.local_operators). Real processes throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import AirflowException, TaskDeferred
+
+from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, LOCAL_TRIGGER
+from tasks.backends import local_adapter as adapter
+from tasks.backends.local_adapter import LocalJob
+from tasks.backends.local_operators import (
+    FINISHED,
+    CancelLocalJobsOperator,
+    LocalJobOperator,
+    LocalJobTrigger,
+)
+
+PY = sys.executable
+SLEEPER = [PY, "-c", "import time; print('sleeping', flush=True); time.sleep(120)"]
+# Ignores SIGTERM: only the SIGKILL after the grace ends it.
+STUBBORN = [
+    PY, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True);"
+    " time.sleep(120)",
+]  # fmt: skip
+
+
+def wait_for(condition: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def ended(job: LocalJob) -> adapter.JobState:
+    wait_for(lambda: not adapter.state(job).running)
+    return adapter.state(job)
+
+
+def living_members(pgid: int) -> list[int]:
+    """The processes of group `pgid` that have not ended (zombies have: this test process,
+    their parent, has not collected them yet)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+        except (OSError, NotADirectoryError):
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def output_of(job: LocalJob) -> list[str]:
+    return adapter.read_output(job, 0)[0]
+
+
+@pytest.mark.timeout(60)
+def test_a_job_runs_detached_and_its_exit_status_and_output_outlive_it(tmp_path: Path) -> None:
+    code = "import os, sys; print('step 1'); print('env', os.environ['X']); sys.exit(3)"
+    job = adapter.start(tmp_path / "j", "bad job", [PY, "-c", code], {"X": "y"})
+    assert os.getpgid(job.pid) == job.pid != os.getpgid(0)  # its own process group
+    assert ended(job) == adapter.JobState(running=False, exit_code=3)
+    assert output_of(job) == ["step 1", "env y"]
+    assert "step 1" in adapter.output_tail(job)
+    assert adapter.state(job).describe() == "exited with status 3"
+    ok = adapter.start(tmp_path / "j", "ok job", [PY, "-c", "print('fine')"])
+    assert ended(ok).exit_code == 0 and output_of(ok) == ["fine"]
+    assert adapter.recorded(tmp_path / "j") == ok  # the record names the latest start
+    missing = adapter.start(tmp_path / "m", "missing", ["/nonexistent/python"])
+    assert ended(missing).exit_code == 127
+    assert "could not start '/nonexistent/python'" in adapter.output_tail(missing)
+
+
+@pytest.mark.timeout(60)
+def test_output_is_read_in_whole_lines_from_an_offset(tmp_path: Path) -> None:
+    code = "import sys; sys.stdout.write('a\\nb\\npartial'); sys.stdout.flush()"
+    job = adapter.start(tmp_path / "j", "j", [PY, "-c", code])
+    ended(job)
+    lines, offset = adapter.read_output(job, 0)
+    assert lines == ["a", "b"] and offset == 4
+    assert adapter.read_output(job, offset) == ([], offset)  # the partial line waits
+
+
+@pytest.mark.timeout(60)
+def test_cancel_terms_the_group_and_kills_what_ignores_it(tmp_path: Path) -> None:
+    job = adapter.start(tmp_path / "a", "sleeper", SLEEPER)
+    wait_for(lambda: output_of(job) == ["sleeping"])
+    assert adapter.cancel(job, grace_s=10.0)
+    # the wrapper outlived the job's SIGTERM and recorded how it ended
+    assert ended(job) == adapter.JobState(running=False, exit_code=-signal.SIGTERM)
+    assert not adapter.cancel(job)  # gone already
+    stubborn = adapter.start(tmp_path / "b", "stubborn", STUBBORN)
+    wait_for(lambda: output_of(stubborn) == ["up"])
+    assert adapter.cancel(stubborn, grace_s=0.5)
+    state = ended(stubborn)
+    assert state.exit_code is None and "killed" in state.describe()
+    wait_for(lambda: living_members(stubborn.pid) == [])  # nothing of its group is left
+
+
+def test_a_reused_pid_is_never_taken_for_the_job(tmp_path: Path) -> None:
+    # this test's own process, recorded with another start time: a later process on its PID
+    me = adapter.process_start_time(os.getpid())
+    assert me is not None
+    job = LocalJob("old", os.getpid(), me + 1, str(tmp_path / "o"), str(tmp_path / "e"))
+    assert adapter.state(job) == adapter.JobState(running=False)
+    assert not adapter.cancel(job)  # and not signalled: we are still here
+
+
+def test_the_job_folder_is_one_per_dag_run_run_folder_and_label(tmp_path: Path) -> None:
+    f = adapter.job_folder
+    base = f(tmp_path, "d", "r", "/runs/a", "train")
+    assert base == f(tmp_path, "d", "r", "/runs/a", "train")  # every try finds it
+    assert base.name == "train"
+    others = {
+        f(tmp_path, "d2", "r", "/runs/a", "train"),
+        f(tmp_path, "d", "r2", "/runs/a", "train"),
+        f(tmp_path, "d", "r", "/runs/b", "train"),
+        f(tmp_path, "d", "r", "/runs/a", "eval-3"),
+    }
+    assert base not in others and len(others) == 4
+
+
+@pytest.mark.timeout(60)
+def test_a_retry_adopts_the_job_of_a_worker_killed_right_after_starting_it(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "job"
+    # the worker's task process: killed (SIGKILL) at the hook point right after the start
+    worker = textwrap.dedent(f"""
+        import os, signal
+        from pathlib import Path
+        from tasks.backends.local_adapter import start
+        start(Path({str(folder)!r}), "train seed 1", {SLEEPER!r})
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    died = subprocess.run([PY, "-c", worker], check=False)
+    assert died.returncode == -signal.SIGKILL
+    job, adopted = adapter.start_or_adopt(folder, "train seed 1", ["/never/started"])
+    assert adopted and job == adapter.recorded(folder)
+    assert adapter.state(job).running  # the job outlived its worker
+    wait_for(lambda: output_of(job) == ["sleeping"])  # (its wrapper now records a SIGTERM)
+    assert adapter.cancel_running(folder)
+    assert ended(job).exit_code == -signal.SIGTERM
+    assert adapter.running_job(folder) is None
+    fresh, adopted = adapter.start_or_adopt(folder, "train seed 1", [PY, "-c", "pass"])
+    assert not adopted and fresh.pid != job.pid and ended(fresh).exit_code == 0
+
+
+# ---- the trigger and the operators ------------------------------------------------------------
+
+
+async def _events(trigger: LocalJobTrigger) -> list[dict[str, Any]]:
+    return [e.payload async for e in trigger.run()]
+
+
+@pytest.mark.timeout(60)
+def test_the_trigger_copies_the_output_and_ends_with_the_exit_status(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = "import time; print('line 1', flush=True); time.sleep(0.5); print('line 2'); exit(4)"
+    job = adapter.start(tmp_path / "j", "evaluate step 3", [PY, "-c", code])
+    trigger = LocalJobTrigger(job=job.ref(), poll_interval_s=0.05, settle_s=0.0)
+    (event,) = asyncio.run(_events(trigger))
+    logged = capsys.readouterr().out  # a trigger logs through structlog
+    assert (event["phase"], event["exit_code"]) == (FINISHED, 4)
+    assert event["message"] == "exited with status 4" and event["job"] == job.ref()
+    assert "evaluate step 3 | line 1" in logged and "evaluate step 3 | line 2" in logged
+    assert trigger.output_offset == len(b"line 1\nline 2\n")  # kept in its kwargs
+    assert trigger.kwargs()["output_offset"] == trigger.output_offset
+    assert trigger.serialize()[0] == LOCAL_TRIGGER  # pinned: Airflow stores it
+
+
+class _TI:
+    task_id = "train.train_job"
+    map_index = -1
+
+    def __init__(self, xcoms: dict[str, Any] | None = None) -> None:
+        self.pushed: dict[str, Any] = {}
+        self.xcoms = xcoms or {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.pushed[key] = value
+
+    def xcom_pull(self, task_ids: str, key: str, **kwargs: Any) -> Any:
+        return self.xcoms.get(key)
+
+
+def _context(ti: _TI) -> Any:
+    return {"ti": ti, "dag_run": SimpleNamespace(dag_id="d", run_id="r")}
+
+
+def _operator(tmp_path: Path, argv: list[str]) -> LocalJobOperator:
+    return LocalJobOperator(
+        task_id="train_job", role="train", job="train", name="train seed 1", argv=argv,
+        env={"A": "1"}, run_dir=str(tmp_path / "run"), jobs_root=str(tmp_path / "jobs"),
+        poll_interval_s=0.05, settle_s=0.0,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_the_operator_starts_records_defers_and_ends_by_the_exit_status(tmp_path: Path) -> None:
+    code = "import os; print('owner', os.environ['RCPFLOW_RUN_OWNER'], os.environ['A'])"
+    op, ti = _operator(tmp_path, [PY, "-c", code]), _TI()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(_context(ti))
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, LocalJobTrigger)
+    record = ti.pushed[JOB_RECORD_KEY]
+    assert (record["cancel"], record["why"]) == (None, "running")  # the teardown's rule
+    (event,) = asyncio.run(_events(trigger))
+    assert op.execute_complete(_context(ti), event)["exit_code"] == 0
+    assert ti.pushed[JOB_RECORD_KEY]["cancel"] is True
+    job = LocalJob.from_ref(record)
+    assert output_of(job) == ["owner airflow:d/r/train.train_job 1"]
+    # a failing job fails the task (a retry starts it again), quoting its last output
+    failing = _operator(tmp_path, [PY, "-c", "import sys; print('boom'); sys.exit(2)"])
+    with pytest.raises(TaskDeferred) as deferred:
+        failing.execute(_context(ti))
+    (event,) = asyncio.run(_events(deferred.value.trigger))
+    with pytest.raises(AirflowException, match="train seed 1 exited with status 2") as failed:
+        failing.execute_complete(_context(ti), event)
+    assert "boom" in str(failed.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_retry_adopts_the_running_job_and_on_kill_and_the_teardown_cancel_it(
+    tmp_path: Path,
+) -> None:
+    first, ti = _operator(tmp_path, SLEEPER), _TI()
+    with pytest.raises(TaskDeferred):
+        first.execute(_context(ti))
+    job = LocalJob.from_ref(ti.pushed[JOB_RECORD_KEY])
+    retry = _operator(tmp_path, SLEEPER)
+    with pytest.raises(TaskDeferred) as deferred:
+        retry.execute(_context(ti))
+    assert deferred.value.trigger.job["pid"] == job.pid  # adopted, not started twice
+    wait_for(lambda: output_of(job) == ["sleeping"])  # (its wrapper now records a SIGTERM)
+    retry.on_kill()  # the task is killed: the job it owns goes with it
+    assert ended(job).exit_code == -signal.SIGTERM
+
+    # marked failed while deferred: no process to call on_kill, the teardown cancels
+    third = _operator(tmp_path, SLEEPER)
+    with pytest.raises(TaskDeferred):
+        third.execute(_context(ti))
+    recorded = ti.pushed[JOB_RECORD_KEY]
+    teardown = CancelLocalJobsOperator(task_id="cleanup", run_task_id="train_job")
+    done = teardown.execute(_context(_TI({JOB_RECORD_KEY: recorded})))
+    assert done == [{"name": "train seed 1", "pid": recorded["pid"]}]
+    assert not adapter.state(LocalJob.from_ref(recorded)).running
+    # a job that ended is left alone
+    assert teardown.execute(_context(_TI({JOB_RECORD_KEY: recorded}))) == []
