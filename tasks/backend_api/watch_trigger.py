@@ -33,6 +33,19 @@ from tasks.backend_api.lifecycle_names import (
 _now = time.time
 _sleep = asyncio.sleep
 
+# The least time between a trigger's start and its event, for a backend whose job can end
+# within seconds (`WatchTrigger.settle_s`): an event that comes sooner can reach the scheduler
+# before the executor's report that the deferring try has ended, and Airflow 3.3 then fails
+# the task ("finished with state success, but the task instance's state attribute is queued";
+# docs/slurm.md, "A verdict lost to Airflow's deferral race").
+SETTLE_S = 5.0
+
+
+def settle_default() -> float:
+    """A settling trigger's `settle_s` when none is given: `SETTLE_S` as it is now (a test
+    without a scheduler sets it to 0)."""
+    return SETTLE_S
+
 
 def wall_clock() -> float:
     """The watch's clock, for an operator's initial state too (a test's simulated clock)."""
@@ -57,6 +70,9 @@ class WatchTrigger(BaseTrigger):
     outage_since: float | None
     # Said in the log and the outage message: what failed to answer.
     cluster_word: ClassVar[str] = "cluster"
+    # The least seconds from the trigger's start to its event: 0 unless a backend's jobs can
+    # end within seconds (a field defaulting to `settle_default()`).
+    settle_s: float = 0.0
     # The kwargs holding the outage budget and the backoff ceiling (seconds), by the names each
     # backend's triggers were stored with.
     outage_kwargs: ClassVar[tuple[str, str]]
@@ -99,6 +115,15 @@ class WatchTrigger(BaseTrigger):
         return float(getattr(self, self.outage_kwargs[1]))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        started = _now()
+        async for event in self._watch():
+            wait = self.settle_s - (_now() - started)
+            if wait > 0:
+                await _sleep(wait)
+            yield event
+            return
+
+    async def _watch(self) -> AsyncIterator[TriggerEvent]:
         where = self.where()
         errors, failing_since = 0, None  # this trigger's own, for its budget
         while True:

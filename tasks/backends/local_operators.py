@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,7 +30,7 @@ from tasks.backend_api.cluster_job import ClusterJobOperator, argv_of
 from tasks.backend_api.job_inputs import cluster_job_env, train_inputs
 from tasks.backend_api.lifecycle_names import STOP_GRACE, WATCHING, eval_label
 from tasks.backend_api.teardown import CancelRecordedJobs
-from tasks.backend_api.watch_trigger import WatchTrigger, pause, wall_clock
+from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
 from tasks.backends import local_adapter as adapter
 from tasks.backends.local_adapter import DEFAULT_JOBS_ROOT, JobState, LocalJob
 from tasks.jobs.command import Role
@@ -41,14 +41,9 @@ from tasks.run.stages import skip_if_decided
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
-    from airflow.triggers.base import TriggerEvent
 
 # The phase of the event of a job that ended (its `exit_code`: None when none was recorded).
 FINISHED = "finished"
-# The least time between a trigger's start and its event: an event that comes sooner can reach
-# the scheduler before the executor's report that the deferring try has ended, and Airflow 3.3
-# then fails the task (`tasks.backends.slurm.triggers.SETTLE_S`, seen there first).
-SETTLE_S = 5.0
 
 
 @dataclass(kw_only=True, eq=False, repr=False)
@@ -67,7 +62,7 @@ class LocalJobTrigger(WatchTrigger):
     stop_seen: float | None = None
     outage_since: float | None = None
     output_offset: int = 0
-    settle_s: float = SETTLE_S
+    settle_s: float = field(default_factory=settle_default)
     cluster_word = "machine"
     outage_kwargs = ("outage_budget_s", "backoff_max_s")
 
@@ -78,15 +73,6 @@ class LocalJobTrigger(WatchTrigger):
     @property
     def local_job(self) -> LocalJob:
         return LocalJob.from_ref(self.job)
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        started = wall_clock()
-        async for event in super().run():
-            wait = self.settle_s - (wall_clock() - started)
-            if wait > 0:
-                await pause(wait)
-            yield event
-            return
 
     def where(self) -> str:
         return str(self.job["name"])
@@ -150,7 +136,7 @@ class LocalJobOperator(ClusterJobOperator):
         jobs_root: str = str(DEFAULT_JOBS_ROOT),
         poll_interval_s: float = 2.0,
         job_timeout: timedelta | None = None,
-        settle_s: float = SETTLE_S,
+        settle_s: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -213,7 +199,7 @@ class LocalJobOperator(ClusterJobOperator):
         return LocalJobTrigger(
             job=dict(ref),
             poll_interval_s=self.poll_interval_s,
-            settle_s=self.settle_s,
+            settle_s=settle_default() if self.settle_s is None else self.settle_s,
             **self.stop_kwargs(),
         )
 

@@ -13,24 +13,16 @@ task log every `outage_report_s`, and goes on. Every cluster call goes through
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tasks.backend_api.lifecycle_names import ERROR, STOP_GRACE, WATCHING
-from tasks.backend_api.watch_trigger import WatchTrigger, pause, wall_clock
+from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
 
 if TYPE_CHECKING:
-    from airflow.triggers.base import TriggerEvent
-
     from tasks.backends.slurm.hooks import AsyncSlurmHook, JobInfo
     from tasks.backends.slurm.settings import SlurmSettings
-
-# The least time between a trigger's start and its event: an event that comes sooner can reach
-# the scheduler before the executor's report that the deferring try has ended, and Airflow
-# 3.3 then fails the task ("finished with state success, but the task instance's state
-# attribute is queued"), seen in `make demo BACKEND=slurm`.
-SETTLE_S = 5.0
 
 # The phase of the event of a job that ended (`info`: the job as Slurm reported it last).
 FINISHED = "finished"
@@ -70,6 +62,7 @@ class SlurmJobTrigger(WatchTrigger):
     outage_since: float | None = None
     output_offset: int = 0
     stdout_path: str = ""
+    settle_s: float = field(default_factory=settle_default)
     _hook: AsyncSlurmHook | None = field(default=None, init=False)
     _line: str = field(default="", init=False)  # the last state line logged
     outage_kwargs = ("outage_report_s", "backoff_max_s")
@@ -90,15 +83,6 @@ class SlurmJobTrigger(WatchTrigger):
             settings = SlurmSettings(working_dir="/", **connection)
             self._hook = AsyncSlurmHook(slurm_hook(settings))
         return self._hook
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        started = wall_clock()
-        async for event in super().run():
-            wait = SETTLE_S - (wall_clock() - started)
-            if wait > 0:
-                await pause(wait)
-            yield event
-            return
 
     def where(self) -> str:
         return f"Slurm job {self.job['job_id']} ({self.job['name']})"

@@ -89,8 +89,8 @@ def ssh_conn(login_node: LocalSshd, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture(autouse=True)
 def no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
     """The triggers' least time to an event (an Airflow scheduler race, see
-    `tasks.backends.slurm.triggers.SETTLE_S`) is no concern without a scheduler: 0 here, but in
-    `test_an_event_waits_for_the_deferral_to_settle`."""
-    from tasks.backends.slurm import triggers
+    `tasks.backend_api.watch_trigger.SETTLE_S`) is no concern without a scheduler: 0 here, but
+    in `test_an_event_waits_for_the_deferral_to_settle`."""
+    from tasks.backend_api import watch_trigger
 
-    monkeypatch.setattr(triggers, "SETTLE_S", 0.0)
+    monkeypatch.setattr(watch_trigger, "SETTLE_S", 0.0)

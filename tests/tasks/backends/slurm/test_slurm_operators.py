@@ -315,10 +315,10 @@ def test_an_event_waits_for_the_deferral_to_settle(monkeypatch: pytest.MonkeyPat
     after the trigger started (else the scheduler may fail the task, see the constant)."""
     import asyncio
 
-    from tasks.backends.slurm import triggers
+    from tasks.backend_api import watch_trigger
     from tasks.backends.slurm.hooks import JobInfo
 
-    monkeypatch.setattr(triggers, "SETTLE_S", 1.5)
+    monkeypatch.setattr(watch_trigger, "SETTLE_S", 1.5)
     done = JobInfo("1", "n", "COMPLETED", "", 0, 0, 5, 5, 6, 0, "", "n1", 600, "squeue")
 
     class Ended:
