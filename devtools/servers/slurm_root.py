@@ -122,6 +122,8 @@ def ensure_root(cache: Path | None = None, log: Path | None = None) -> Path:
             )
         # minbase writes no /etc/hosts: "localhost" must resolve without DNS in the root.
         (partial / "etc" / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+        for deb in (partial / "var" / "cache" / "apt" / "archives").glob("*.deb"):
+            deb.unlink()  # the downloaded packages (~47 MB), installed already
         partial.rename(root)
         (root / ".built").write_text(f"{time.monotonic() - started:.0f} s\n")
     return root
