@@ -104,8 +104,10 @@ class SlurmCluster(Server):
         kill_wait_s: int = 3,
         root: Path | None = None,
         version: SlurmVersion = "22.05",
+        max_job_count: int | None = None,
     ) -> None:
         self.version: SlurmVersion = version
+        self.max_job_count = max_job_count  # slurmctld's MaxJobCount (Slurm's default: 10000)
         # Debian 13's root folder holding 24.11 (None: the host's own Slurm).
         self.system_root: Path | None = None
         self.nodes = tuple(nodes)
@@ -231,6 +233,7 @@ class SlurmCluster(Server):
             "ReturnToService=2",
             f"MinJobAge={self.min_job_age_s}",
             f"KillWait={self.kill_wait_s}",
+            *([f"MaxJobCount={self.max_job_count}"] if self.max_job_count else []),
             "InactiveLimit=0",
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
