@@ -289,7 +289,9 @@ def poll_section(costs: Sequence[PollCost]) -> str:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}): one poll of one running job "
         "through `SlurmHook.job` (what each watch does every few seconds), the bytes its "
         f"client commands printed and its seconds (medians of {POLLS}), over an empty queue's; "
-        "the foreign jobs are held jobs of another name (one user here).",
+        "the foreign jobs are held jobs of another name (one user here). 24.11's seconds "
+        "include entering its root (`unshare` and `chroot`, docs/slurm-versions.md); the "
+        "machine was shared, so seconds move with its load, bytes do not.",
         "",
         f"| Slurm | poll, empty queue | poll, {costs[0].foreign:,} foreign jobs | bytes ratio | "
         "seconds ratio |",

@@ -64,7 +64,7 @@ _PRODUCT_DEFECTS: dict[str, str] = {}
 def _read_by_the_product(cluster: SlurmCluster) -> str:
     """A job that exited 5, read by `SlurmHook` through this cluster's own clients: "" when
     it reads FAILED 5, else what it read. A live check, so that it ends with the fix."""
-    from tasks.backends.slurm.hooks import LocalRunner, SlurmError, SlurmHook
+    from tasks.backends.slurm.hooks import JobForgotten, LocalRunner, SlurmHook
     from tasks.backends.slurm.settings import SlurmSettings
 
     job_id = cluster.client("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "exit 5")
@@ -72,7 +72,7 @@ def _read_by_the_product(cluster: SlurmCluster) -> str:
     deadline = time.monotonic() + 60
     while "JobState=FAILED" not in cluster.client("scontrol", "show", "job", "-o", job_id):
         if time.monotonic() > deadline:
-            return f"job {job_id} (exit 5) did not end FAILED within 60 s"
+            pytest.fail(f"Slurm {cluster.version}: job {job_id} (exit 5) not FAILED after 60 s")
         time.sleep(0.2)
     folder = str(cluster.root / "jobs")
     hook = SlurmHook(
@@ -80,7 +80,7 @@ def _read_by_the_product(cluster: SlurmCluster) -> str:
     )
     try:
         info = hook.job(job_id)
-    except SlurmError as error:
+    except JobForgotten as error:  # any other error is the harness's or the cluster's: raised
         return f"a job that exited 5 is read as {type(error).__name__}: {error}"
     if (info.state, info.exit_code) != ("FAILED", 5):
         return f"a job that exited 5 is read as {info.state} exit {info.exit_code}"
