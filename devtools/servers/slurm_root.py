@@ -43,7 +43,13 @@ PACKAGES = (
 HOST_TOOLS = ("debootstrap", "unshare", "chroot", "mount")
 # Folders a bind mount must never cover in the root: they hold trixie's own system.
 _SYSTEM_DIRS = frozenset({"bin", "boot", "etc", "lib", "lib64", "sbin", "usr", "var", "run"})
+# Host files mounted over the root's: this machine's name must resolve as on the host (else
+# a lookup of it waits on DNS: scancel timed out, JAX's gloo could not start).
+HOST_FILES = ("/etc/hosts",)
 _REPO = Path(__file__).resolve().parents[2]
+# At the top of a finished root: it marks the root built, and tells a client wrapper that it
+# already runs inside the root (a job's srun: ``unshare`` cannot be nested in the chroot).
+MARKER = ".rcpflow-slurm-root"
 
 
 class SlurmRootError(RuntimeError):
@@ -72,7 +78,7 @@ def missing_tools(cache: Path | None = None) -> list[str]:
 
 
 def is_built(cache: Path | None = None) -> bool:
-    return (root_dir(cache) / ".built").exists()
+    return (root_dir(cache) / MARKER).exists()
 
 
 @contextlib.contextmanager
@@ -125,7 +131,7 @@ def ensure_root(cache: Path | None = None, log: Path | None = None) -> Path:
         for deb in (partial / "var" / "cache" / "apt" / "archives").glob("*.deb"):
             deb.unlink()  # the downloaded packages (~47 MB), installed already
         partial.rename(root)
-        (root / ".built").write_text(f"{time.monotonic() - started:.0f} s\n")
+        (root / MARKER).write_text(f"built in {time.monotonic() - started:.0f} s\n")
     return root
 
 
@@ -149,9 +155,18 @@ def enter_argv(
     """`argv` run inside `root` (as `user`, a name in the root's passwd, if given). The
     wrapper execs down to the program, so the PID of the process started is the program's."""
     mounts = " && ".join(
-        f"mkdir -p {shlex.quote(str(root) + d)} && mount --rbind {shlex.quote(d)} "
-        f"{shlex.quote(str(root) + d)}"
-        for d in bind_dirs(binds)
+        [
+            *(
+                f"mkdir -p {shlex.quote(str(root) + d)} && mount --rbind {shlex.quote(d)} "
+                f"{shlex.quote(str(root) + d)}"
+                for d in bind_dirs(binds)
+            ),
+            *(
+                f"mount --bind {shlex.quote(f)} {shlex.quote(str(root) + f)}"
+                for f in HOST_FILES
+                if Path(f).exists()
+            ),
+        ]
     )
     userspec = f"--userspec={shlex.quote(user)}:{shlex.quote(user)} " if user else ""
     script = f'{mounts} && exec chroot {userspec}{shlex.quote(str(root))} "$@"'
@@ -167,11 +182,12 @@ def program_path(root: Path, name: str) -> str | None:
 
 
 def client_wrapper(root: Path, program: str) -> str:
-    """A shell script that runs the root's `program` with its arguments (put first on PATH; by
-    its full path, since that PATH, wrappers first, reaches the root too)."""
-    inside = program_path(root, program) or f"/usr/bin/{program}"
+    """A shell script that runs the root's `program` with its arguments (put first on PATH).
+    That PATH reaches the root too (a job's environment: its ``srun``), where the script runs
+    the program itself; either way by its full path, never the wrapper again."""
+    inside = shlex.quote(program_path(root, program) or f"/usr/bin/{program}")
     argv = " ".join(shlex.quote(a) for a in enter_argv(root, [inside]))
-    return f'#!/bin/sh\nexec {argv} "$@"\n'
+    return f'#!/bin/sh\nif [ -e /{MARKER} ]; then exec {inside} "$@"; fi\nexec {argv} "$@"\n'
 
 
 def main(argv: Sequence[str] | None = None) -> int:

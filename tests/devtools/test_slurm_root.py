@@ -49,3 +49,22 @@ def test_a_program_in_the_root_keeps_its_pid_and_mounts_nothing_here(tmp_path: P
     assert seen == "host file"
     assert version.startswith("slurm-wlm 24.11") and debian.startswith("13")
     assert str(root) not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_a_client_wrapper_runs_on_the_host_and_inside_the_root(tmp_path: Path) -> None:
+    """Inside the root (a job's srun finds the wrapper on its PATH) the wrapper runs the
+    program itself: a nested ``unshare`` fails there."""
+    if not slurm_root.is_built():
+        pytest.skip("the Slurm 24.11 root is not built (make system-packages builds it)")
+    root = slurm_root.root_dir()
+    wrapper = tmp_path / "slurmctld"
+    wrapper.write_text(slurm_root.client_wrapper(root, "slurmctld"))
+    wrapper.chmod(0o755)
+    on_host = subprocess.run([str(wrapper), "-V"], capture_output=True, text=True, check=True)
+    inside = subprocess.run(
+        slurm_root.enter_argv(root, [str(wrapper), "-V"]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert on_host.stdout.startswith("slurm-wlm 24.11") and inside.stdout == on_host.stdout
