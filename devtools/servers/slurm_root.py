@@ -44,8 +44,9 @@ HOST_TOOLS = ("debootstrap", "unshare", "chroot", "mount")
 # Folders a bind mount must never cover in the root: they hold trixie's own system.
 _SYSTEM_DIRS = frozenset({"bin", "boot", "etc", "lib", "lib64", "sbin", "usr", "var", "run"})
 # Host files mounted over the root's: this machine's name must resolve as on the host (else
-# a lookup of it waits on DNS: scancel timed out, JAX's gloo could not start).
-HOST_FILES = ("/etc/hosts",)
+# a lookup of it waits on DNS: scancel timed out, JAX's gloo could not start), and its users
+# be the host's (a job submitted as another account: sbatch --uid).
+HOST_FILES = ("/etc/hosts", "/etc/passwd", "/etc/group")
 _REPO = Path(__file__).resolve().parents[2]
 # At the top of a finished root: it marks the root built, and tells a client wrapper that it
 # already runs inside the root (a job's srun: ``unshare`` cannot be nested in the chroot).
