@@ -23,9 +23,10 @@ test: check system-packages
 
 # Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Chromium and its driver
 # for the UI test; a private Slurm and an sshd standing in for its login node, for the Slurm
-# backend's tests: docs/slurm.md), installed when missing; CI runs as root. Slurm's packages
+# backend's tests: docs/slurm.md; debootstrap for the Debian 13 root holding Slurm 24.11,
+# docs/slurm-versions.md), installed when missing; CI runs as root. Slurm's packages
 # without their recommends (which pull ~30 more: hdf5, rocm, ...).
-SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server
+SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server debootstrap
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin
 system-packages:
 	@missing() { for p in "$$@"; do \
@@ -39,6 +40,8 @@ system-packages:
 		if [ -n "$$plain" ]; then DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$plain || exit 1; fi; \
 		if [ -n "$$slurm" ]; then DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$slurm || exit 1; fi; \
 	fi
+	@# Slurm 24.11 in a Debian 13 root under .cache/ (built once, ~1 min; needs root to chroot).
+	@if [ "$$(id -u)" = 0 ]; then $(PY) -m devtools.servers.slurm_root; fi
 
 # Lint, formatting and types: the same checks as .pre-commit-config.yaml.
 check: setup

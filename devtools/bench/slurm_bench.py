@@ -13,6 +13,11 @@ evaluation a 1-node job. Measured from the run's files and Slurm's records: time
 (each Slurm job's run time x its nodes), each also as a ratio to the reference's. Then Slurm's
 own latency over `--jobs` trivial jobs: the sbatch call, submit to running (as squeue first
 shows it), and a job's end to the watch seeing it.
+
+``--poll-only``: the cost of one poll of one job through `SlurmHook` (bytes its client
+commands print, seconds) with 10,000 foreign jobs in the queue, over an empty queue's, on
+each Slurm version (22.05's ``squeue --json`` ignores every filter), into its own block of
+the Slurm section (`POLL_START`); the full run writes it too.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devtools.bench.verdict_bench import run_verdict
 from devtools.servers.airflow_server import LocalAirflow, repo_config
-from devtools.servers.slurm_cluster import NodeSpec, SlurmCluster
+from devtools.servers.slurm_cluster import VERSIONS, NodeSpec, SlurmCluster, SlurmVersion
 from rcpflow.files.markdown_sections import write_section
 from tasks.deployment import ENV_VAR, REPO_ROOT
 
@@ -40,6 +46,10 @@ RUN_DAG = "mlperf_grpo_run"
 WORKDIR = REPO_ROOT / ".airflow" / "slurm_bench"
 START = "<!-- slurm-bench:start -->"
 END = "<!-- slurm-bench:end -->"
+POLL_START = "<!-- slurm-poll-bench:start -->"
+POLL_END = "<!-- slurm-poll-bench:end -->"
+FOREIGN_JOBS = 10_000
+POLLS = 5
 RUN_TIMEOUT_S = 30 * 60
 TRAIN_NODES, EVAL_NODES = 2, 1
 # (label, eval_schedule, eval_window, evaluation in the training's allocation)
@@ -198,6 +208,105 @@ def latency(cluster: SlurmCluster, jobs: int) -> Latency:
     return Latency(sbatch, running, seen)
 
 
+@dataclass(frozen=True)
+class PollCost:
+    """One poll of one running job through `SlurmHook`: bytes its commands printed (median
+    over `POLLS`) and seconds (median), with an empty queue and with `foreign` jobs."""
+
+    version: str
+    foreign: int
+    empty_bytes: int
+    empty_s: float
+    full_bytes: int
+    full_s: float
+
+
+@dataclass
+class _CountingRunner:
+    """The hook's local runner, counting what each command printed."""
+
+    env: dict[str, str]
+    printed: list[int]
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout_s: float) -> Any:
+        from tasks.backends.slurm.hooks import LocalRunner
+
+        result = LocalRunner(self.env).run(argv, stdin=stdin, timeout_s=timeout_s)
+        self.printed.append(len(result.stdout.encode()) + len(result.stderr.encode()))
+        return result
+
+
+def _polls(hook: Any, runner: _CountingRunner, job_id: str) -> tuple[int, float]:
+    sizes, times = [], []
+    for _ in range(POLLS):
+        before = len(runner.printed)
+        started = time.perf_counter()
+        info = hook.job(job_id)
+        times.append(time.perf_counter() - started)
+        sizes.append(sum(runner.printed[before:]))
+        assert info.state == "RUNNING", f"job {job_id}: {info.state}"
+    return int(statistics.median(sizes)), statistics.median(times)
+
+
+def poll_cost(version: SlurmVersion, foreign: int = FOREIGN_JOBS) -> PollCost:
+    """A running job of ours polled through the product's hook, then `foreign` held jobs
+    of another name submitted (sbatch in one shell loop on the cluster), then polled again."""
+    from tasks.backends.slurm.hooks import SlurmHook
+    from tasks.backends.slurm.settings import SlurmSettings
+
+    cluster = SlurmCluster(version=version, max_job_count=foreign + 100, min_job_age_s=3600)
+    try:
+        cluster.start()
+        folder = str(cluster.root / "jobs")
+        ours = cluster.client(
+            "sbatch", "--parsable", "-J", "rcpflow-ours", "-o", "/dev/null", "--wrap", "sleep 3600"
+        ).strip()
+        deadline = time.monotonic() + 60
+        while "JobState=RUNNING" not in cluster.client("scontrol", "show", "job", "-o", ours):
+            assert time.monotonic() < deadline, f"job {ours} did not start"
+            time.sleep(0.2)
+        runner = _CountingRunner(cluster.env, [])
+        hook = SlurmHook(SlurmSettings(working_dir=folder, log_dir=folder), runner=runner)
+        empty_bytes, empty_s = _polls(hook, runner, ours)
+        # By full path: the cluster's PATH (24.11: wrappers first) reaches its shell too.
+        loop = (
+            f"i=0; while [ $i -lt {foreign} ]; do /usr/bin/sbatch --hold -J foreign -o "
+            "/dev/null --wrap true >/dev/null || exit 1; i=$((i+1)); done"
+        )
+        started = time.monotonic()
+        cluster.client("sh", "-c", loop, timeout_s=3600)
+        print(f"Slurm {version}: {foreign} jobs in {time.monotonic() - started:.0f} s", flush=True)
+        full_bytes, full_s = _polls(hook, runner, ours)
+    finally:
+        cluster.cleanup()
+    return PollCost(version, foreign, empty_bytes, empty_s, full_bytes, full_s)
+
+
+def poll_section(costs: Sequence[PollCost]) -> str:
+    lines = [
+        POLL_START,
+        f"Poll with {costs[0].foreign:,} foreign jobs in the queue (`--poll-only`; "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}): one poll of one running job "
+        "through `SlurmHook.job` (what each watch does every few seconds), the bytes its "
+        f"client commands printed and its seconds (medians of {POLLS}), over an empty queue's; "
+        "the foreign jobs are held jobs of another name (one user here). 24.11's seconds "
+        "include entering its root (`unshare` and `chroot`, docs/slurm-versions.md); the "
+        "machine was shared, so seconds move with its load, bytes do not.",
+        "",
+        f"| Slurm | poll, empty queue | poll, {costs[0].foreign:,} foreign jobs | bytes ratio | "
+        "seconds ratio |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for c in costs:
+        lines.append(
+            f"| {c.version} | {c.empty_bytes:,} B, {c.empty_s:.3f} s | "
+            f"{c.full_bytes:,} B, {c.full_s:.3f} s | {c.full_bytes / c.empty_bytes:,.0f} | "
+            f"{c.full_s / c.empty_s:.1f} |"
+        )
+    lines.append(POLL_END)
+    return "\n".join(lines)
+
+
 def _med(values: Sequence[float]) -> str:
     return f"{statistics.median(values):.2f} s (max {max(values):.2f} s)"
 
@@ -262,8 +371,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=30)
     parser.add_argument("--jobs", type=int, default=10, help="trivial jobs for the latency")
     parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
+    parser.add_argument(
+        "--poll-only", action="store_true", help="only the poll with 10,000 foreign jobs"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # so that `finally` stops what it started
+    costs = [poll_cost(version) for version in VERSIONS]
+    write_section(args.output, poll_section(costs), POLL_START, POLL_END)
+    print(f"wrote the Slurm poll block of {args.output}", flush=True)
+    if args.poll_only:
+        return 0
     nodes = (NodeSpec("n1", 6), NodeSpec("n2", 6))
     cluster = SlurmCluster(nodes, min_job_age_s=3600)
     try:

@@ -1,10 +1,14 @@
 """A private Slurm on 127.0.0.1 for tests and the demo: slurmctld and slurmd nodes (``n1``,
 ``n2``) as child processes, with their own munged (or ``auth/none``) and, as an option,
-slurmrestd with JWT. Installs nothing (``make system-packages`` does); every file lives under
-one temporary folder; everything is stopped by the PID we hold, after the jobs are cancelled.
-Facts behind the config: ``../shared/reference/slurm-notes.md`` and docs/slurm.md.
+slurmrestd with JWT. Two versions: the host's Debian 12 packages (22.05; ``make
+system-packages`` installs them) or Debian 13's 24.11 run inside a cached root folder
+(`devtools.servers.slurm_root`), whose clients are put first on the cluster's PATH. Every file
+lives under one temporary folder; everything is stopped by the PID we hold, after the jobs are
+cancelled. Facts behind the config: ``../shared/reference/slurm-notes.md``, docs/slurm.md and
+docs/slurm-versions.md.
 
-``python -m devtools.servers.slurm_cluster`` starts one until Ctrl-C and prints its ``SLURM_CONF``.
+``python -m devtools.servers.slurm_cluster [--version 24.11]`` starts one until Ctrl-C and prints
+its ``SLURM_CONF``.
 """
 
 from __future__ import annotations
@@ -22,14 +26,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
+from devtools.servers import slurm_root
 from tasks.jobs.processes import Server, free_port, stop_processes
 
 AuthKind = Literal["munge", "none"]
+# The host's Debian 12 packages, or Debian 13's in a root folder (`slurm_root`).
+SlurmVersion = Literal["22.05", "24.11"]
+VERSIONS: tuple[SlurmVersion, ...] = get_args(SlurmVersion)
 # The Debian packages the harness needs (make system-packages installs them).
 BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "scontrol", "scancel", "sinfo")
 MUNGE_BINARIES = ("munged", "mungekey")
+# The clients a 24.11 cluster puts first on its PATH (each runs inside the root).
+CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "sacct", "srun", "salloc")
 REST_USER = "slurm"  # slurmrestd refuses to run as root
 _START_TIMEOUT_S = 60.0
 _STOP_GRACE_S = 15.0
@@ -40,8 +50,13 @@ class SlurmClusterError(RuntimeError):
     """The private Slurm could not be started; the message names the step and its log."""
 
 
-def missing_binaries(rest: bool = False, auth: AuthKind = "munge") -> list[str]:
-    """The programs the harness needs that are not on PATH (sbin included)."""
+def missing_binaries(
+    rest: bool = False, auth: AuthKind = "munge", version: SlurmVersion = "22.05"
+) -> list[str]:
+    """The programs the harness needs that are not on PATH (sbin included); for 24.11, the
+    host tools that build and enter its root (the root holds the rest)."""
+    if version != "22.05":
+        return slurm_root.missing_tools()
     wanted = [*BINARIES, *(MUNGE_BINARIES if auth == "munge" else ())]
     if rest:
         wanted.append("slurmrestd")
@@ -88,7 +103,13 @@ class SlurmCluster(Server):
         min_job_age_s: int = 300,
         kill_wait_s: int = 3,
         root: Path | None = None,
+        version: SlurmVersion = "22.05",
+        max_job_count: int | None = None,
     ) -> None:
+        self.version: SlurmVersion = version
+        self.max_job_count = max_job_count  # slurmctld's MaxJobCount (Slurm's default: 10000)
+        # Debian 13's root folder holding 24.11 (None: the host's own Slurm).
+        self.system_root: Path | None = None
         self.nodes = tuple(nodes)
         self.auth: AuthKind = auth
         self.rest = rest
@@ -103,6 +124,7 @@ class SlurmCluster(Server):
         self._controller: _Daemon | None = None
         self._slurmds: dict[str, _Daemon] = {}
         self._restd: _Daemon | None = None
+        self._rest_versions: list[str] | None = None
         self._started = False
 
     # --- where things are -------------------------------------------------------------------
@@ -113,8 +135,17 @@ class SlurmCluster(Server):
 
     @property
     def env(self) -> dict[str, str]:
-        """What a client (sbatch, squeue, ...) needs in its environment to reach this cluster."""
-        return {"SLURM_CONF": str(self.conf)}
+        """What a client (sbatch, squeue, ...) needs in its environment to reach this cluster;
+        for 24.11 also PATH, its own clients first (a 24.11 slurmctld refuses 22.05's)."""
+        env = {"SLURM_CONF": str(self.conf)}
+        if self.system_root is not None:
+            env["PATH"] = f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        return env
+
+    @property
+    def bin_dir(self) -> Path:
+        """The clients of a 24.11 cluster (wrappers that run the root's)."""
+        return self.root / "bin"
 
     @property
     def log_dir(self) -> Path:
@@ -135,12 +166,18 @@ class SlurmCluster(Server):
     # --- start ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        missing = missing_binaries(self.rest, self.auth)
+        missing = missing_binaries(self.rest, self.auth, self.version)
         if missing:
             raise SlurmClusterError(
-                f"not installed: {', '.join(missing)} (make system-packages installs "
-                "slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin)"
+                f"Slurm {self.version}: not installed: {', '.join(missing)} (make "
+                "system-packages installs slurmctld slurmd slurm-client munge slurmrestd "
+                "slurm-wlm-jwt-plugin debootstrap)"
             )
+        if self.version != "22.05":
+            try:
+                self.system_root = slurm_root.ensure_root()
+            except slurm_root.SlurmRootError as error:
+                raise SlurmClusterError(f"Slurm {self.version}: {error}") from error
         root = self._given_root or Path(tempfile.mkdtemp(prefix="rcpflow-slurm-"))
         self.root = root
         # slurmrestd runs as another user: it must read the config (not the keys).
@@ -148,6 +185,8 @@ class SlurmCluster(Server):
         for sub in ("state", "spool", "run", "log", "munge", "jobs"):
             (root / sub).mkdir(parents=True, exist_ok=True)
         (root / "jobs").chmod(0o1777)
+        if self.system_root is not None:
+            self._write_clients(self.system_root)
         self.controller_port = free_port()
         self._node_ports = {n.name: free_port() for n in self.nodes}
         if self.rest:
@@ -194,6 +233,7 @@ class SlurmCluster(Server):
             "ReturnToService=2",
             f"MinJobAge={self.min_job_age_s}",
             f"KillWait={self.kill_wait_s}",
+            *([f"MaxJobCount={self.max_job_count}"] if self.max_job_count else []),
             "InactiveLimit=0",
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
@@ -217,13 +257,39 @@ class SlurmCluster(Server):
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
+    def _write_clients(self, system_root: Path) -> None:
+        self.bin_dir.mkdir(exist_ok=True)
+        for program in CLIENTS:
+            wrapper = self.bin_dir / program
+            wrapper.write_text(slurm_root.client_wrapper(system_root, program))
+            wrapper.chmod(0o755)
+
+    def _argv(self, argv: Sequence[str], user: str | None = None) -> list[str]:
+        """`argv` as this cluster's version runs it (inside the root for 24.11)."""
+        if self.system_root is None:
+            return list(argv)
+        # By full path: the cluster's PATH, wrappers first, reaches the root too.
+        program = argv[0] if argv[0].startswith("/") else self._need(argv[0])
+        return slurm_root.enter_argv(self.system_root, [program, *argv[1:]], user=user)
+
+    def _need(self, name: str) -> str:
+        """The path of a Slurm or munge program of this cluster's version."""
+        if self.system_root is None:
+            return _need(name)
+        found = slurm_root.program_path(self.system_root, name)
+        if found is not None:
+            return found
+        raise SlurmClusterError(
+            f"{name} is not in the Slurm {self.version} root {self.system_root}"
+        )
+
     def _spawn(
         self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
     ) -> _Daemon:
         log = self.log_dir / f"{name}.stdout"
         with log.open("ab") as out:
             process = subprocess.Popen(
-                list(argv),
+                self._argv(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -241,12 +307,12 @@ class SlurmCluster(Server):
         munge = self.root / "munge"
         munge.chmod(0o755)  # munged refuses a socket folder others may write
         key = munge / "munge.key"
-        self._check_run([_need("mungekey"), "-c", "-k", str(key)], "mungekey")
+        self._check_run(self._argv([self._need("mungekey"), "-c", "-k", str(key)]), "mungekey")
         key.chmod(0o600)
         self._munged = self._spawn(
             "munged",
             [
-                _need("munged"),
+                self._need("munged"),
                 "-F",
                 f"--key-file={key}",
                 f"--socket={munge}/munge.socket",
@@ -262,7 +328,7 @@ class SlurmCluster(Server):
         if self._controller is not None and self._controller.process.poll() is None:
             return
         self._controller = self._spawn(
-            "slurmctld", [_need("slurmctld"), "-D", "-f", str(self.conf)]
+            "slurmctld", [self._need("slurmctld"), "-D", "-f", str(self.conf)]
         )
         self._wait(self.controller_answers, "slurmctld: answering", self._controller)
 
@@ -273,35 +339,50 @@ class SlurmCluster(Server):
 
     def _start_slurmd(self, node: str) -> None:
         daemon = self._spawn(
-            f"slurmd-{node}", [_need("slurmd"), "-D", "-N", node, "-f", str(self.conf)]
+            f"slurmd-{node}", [self._need("slurmd"), "-D", "-N", node, "-f", str(self.conf)]
         )
         self._slurmds[node] = daemon
 
     def _start_restd(self) -> None:
-        account = pwd.getpwnam(REST_USER)
+        # 22.05 serves the API by version (v0.0.38, which 24.11 dropped); 24.11 by plugin
+        # (v0.0.40-v0.0.42 of openapi/slurmctld).
+        plugin = "openapi/v0.0.38" if self.system_root is None else "openapi/slurmctld"
         argv = [
-            _need("slurmrestd"),
+            self._need("slurmrestd"),
             "-f",
             str(self.conf),
             "-s",
-            "openapi/v0.0.38",
+            plugin,
             "-a",
             "rest_auth/jwt",
             f"127.0.0.1:{self.rest_port}",
         ]
         log = self.log_dir / "slurmrestd.stdout"
+        env = {**os.environ, **self.env, "SLURM_JWT": "daemon"}
         with log.open("ab") as out:
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env, "SLURM_JWT": "daemon"},
-                start_new_session=True,
-                user=account.pw_uid if os.geteuid() == 0 else None,
-                group=account.pw_gid if os.geteuid() == 0 else None,
-                extra_groups=[] if os.geteuid() == 0 else None,
-            )
+            if self.system_root is not None:
+                # The root's chroot drops to the user (unshare and mount need root first).
+                process = subprocess.Popen(
+                    self._argv(argv, user=REST_USER if os.geteuid() == 0 else None),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            else:
+                account = pwd.getpwnam(REST_USER)
+                process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    user=account.pw_uid if os.geteuid() == 0 else None,
+                    group=account.pw_gid if os.geteuid() == 0 else None,
+                    extra_groups=[] if os.geteuid() == 0 else None,
+                )
         self._restd = _Daemon("slurmrestd", process, log)
         self._wait(self._rest_answers, "slurmrestd: answering", self._restd)
 
@@ -315,12 +396,33 @@ class SlurmCluster(Server):
                 return line.split("=", 1)[1].strip()
         raise SlurmClusterError(f"scontrol token printed no SLURM_JWT= line: {out!r}")
 
+    def rest_api_versions(self) -> list[str]:
+        """The versions of slurmctld's API this slurmrestd serves (``v0.0.38``, ...), read
+        from its OpenAPI description."""
+        import json
+        import re
+        import urllib.request
+
+        if self._rest_versions is None:
+            request = urllib.request.Request(
+                f"{self.rest_url}/openapi/v3",
+                headers={
+                    "X-SLURM-USER-NAME": getpass.getuser(),
+                    "X-SLURM-USER-TOKEN": self.rest_token(),
+                },
+            )
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                paths = json.load(answer).get("paths", {})
+            found = {m.group(1) for p in paths if (m := re.match(r"/slurm/(v[\d.]+)/", p))}
+            self._rest_versions = sorted(found)
+        return self._rest_versions
+
     # --- state ------------------------------------------------------------------------------
 
     def client(self, *argv: str, timeout_s: float = 30.0) -> str:
         """Run a Slurm client command against this cluster; its stdout (raises on failure)."""
         proc = subprocess.run(
-            list(argv),
+            self._argv(argv),
             env={**os.environ, **self.env},
             capture_output=True,
             text=True,
@@ -468,12 +570,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--auth", choices=("munge", "none"), default="munge")
     parser.add_argument("--rest", action="store_true", help="also slurmrestd with JWT")
     parser.add_argument("--cpus", type=int, default=4, help="CPUs each node declares")
+    parser.add_argument(
+        "--version", choices=VERSIONS, default="22.05", help="24.11: Debian 13's, in a root"
+    )
     args = parser.parse_args(argv)
     nodes = [NodeSpec("n1", args.cpus), NodeSpec("n2", args.cpus)]
-    cluster = SlurmCluster(nodes, auth=args.auth, rest=args.rest)
+    cluster = SlurmCluster(nodes, auth=args.auth, rest=args.rest, version=args.version)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     with cluster:
         print(f"export SLURM_CONF={cluster.conf}", flush=True)
+        if cluster.system_root is not None:
+            print(f"export PATH={cluster.bin_dir}:$PATH  # Slurm {cluster.version}", flush=True)
         if args.rest:
             print(f"slurmrestd: {cluster.rest_url} (token: scontrol token)", flush=True)
         print(f"daemons: {cluster.pids}; logs under {cluster.log_dir}; Ctrl-C stops", flush=True)

@@ -62,3 +62,22 @@ def test_the_slurm_section_is_replaced_in_place_by_the_one_writer(tmp_path: Path
     assert text.count(slurm_bench.START) == 1 and text.count(slurm_bench.END) == 1
     assert "222" in text and "111" not in text
     assert text.index("verdict\n") < text.index(slurm_bench.START) < text.index("<!-- z:start")
+
+
+def test_the_slurm_poll_block_survives_the_slurm_sections_rewrite(tmp_path: Path) -> None:
+    """The poll block (`--poll-only`) sits after the Slurm section's markers, so a full run's
+    section leaves it, and its own rewrite replaces it in place; ratios are over the empty
+    queue's."""
+    from devtools.bench import slurm_bench
+
+    out = tmp_path / "BENCHMARKS.md"
+    write_section(out, "## Slurm\nold", slurm_bench.START, slurm_bench.END)
+    for full_bytes in (3_000_000, 30_000_000):
+        cost = slurm_bench.PollCost("22.05", 10_000, 3_000, 0.02, full_bytes, 2.0)
+        block = slurm_bench.poll_section([cost])
+        write_section(out, block, slurm_bench.POLL_START, slurm_bench.POLL_END)
+        write_section(out, "## Slurm\nnew", slurm_bench.START, slurm_bench.END)
+    text = out.read_text()
+    assert text.count(slurm_bench.POLL_START) == 1 and "## Slurm\nnew" in text
+    assert "| 22.05 | 3,000 B, 0.020 s | 30,000,000 B, 2.000 s | 10,000 | 100.0 |" in text
+    assert text.index(slurm_bench.END) < text.index(slurm_bench.POLL_START)

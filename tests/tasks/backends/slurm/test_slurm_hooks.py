@@ -287,11 +287,12 @@ def test_the_ssh_transport(slurm: SlurmCluster, ssh_conn: str, jobs_dir: Path) -
         down.job(job.job_id)
 
 
-def test_the_rest_transport(slurm: SlurmCluster, jobs_dir: Path) -> None:
+def test_the_rest_transport(slurm_rest: SlurmCluster, jobs_dir: Path) -> None:
     import getpass
 
-    rest = settings(jobs_dir, transport="rest", rest_url=slurm.rest_url, rest_conn_id="unused")
-    hook = RestSlurmHook(rest, credentials=(getpass.getuser(), slurm.rest_token()))
+    url = slurm_rest.rest_url
+    rest = settings(jobs_dir, transport="rest", rest_url=url, rest_conn_id="unused")
+    hook = RestSlurmHook(rest, credentials=(getpass.getuser(), slurm_rest.rest_token()))
     hook.ping()
     (jobs_dir / "logs").mkdir()
     job = hook.submit(
