@@ -297,6 +297,9 @@ def render_script(job: BatchJob) -> str:
         # sbatch's --export is also srun's default (SLURM_EXPORT_ENV): the steps get the
         # batch shell's environment, which holds only what this script sets.
         "export SLURM_EXPORT_ENV=ALL",
+        # With --export=NIL the batch shell may have no PATH (24.11 loads no login environment),
+        # and srun finds a step's program through it: the system's default then.
+        'export PATH="${PATH:-/usr/local/bin:/usr/bin:/bin}"',
         'echo "rcpflow: Slurm job ${SLURM_JOB_ID} restart ${SLURM_RESTART_COUNT:-0} on '
         '${SLURM_JOB_NODELIST} at $(date -u +%FT%TZ)"',
         "export PYTHONUNBUFFERED=1",

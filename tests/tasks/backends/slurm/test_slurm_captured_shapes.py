@@ -25,8 +25,6 @@ TRUTH: dict[str, tuple[str, int | None, int | None]] = {
     "cancelled": ("CANCELLED", None, 15),
     "held": ("PENDING", None, None),
 }
-# main reads 24.11's exit_code object ({status, return_code, signal}) as None (issue 34).
-_FIXED_ON_SLURM = pytest.mark.xfail(strict=True, reason="fixed on branch slurm")
 
 
 def _captured() -> list[Any]:
@@ -36,12 +34,9 @@ def _captured() -> list[Any]:
         version = path.stem.removeprefix("slurm-")
         for source, jobs in sorted(captured["sources"].items()):
             for case, job in sorted(jobs.items()):
-                marks = [_FIXED_ON_SLURM] if version != "22.05" and case != "held" else []
                 job_id = captured["job_ids"][case]
                 params.append(
-                    pytest.param(
-                        source, case, job, job_id, id=f"{version}-{source}-{case}", marks=marks
-                    )
+                    pytest.param(source, case, job, job_id, id=f"{version}-{source}-{case}")
                 )
     return params
 

@@ -101,8 +101,9 @@ def test_success_failure_and_output(slurm_env: SlurmCluster, jobs_dir: Path) -> 
     bad = wait_finished(hook, failed)
     assert (bad.state, bad.exit_code, bad.signal) == ("FAILED", 7, 0)
     assert "tasks ended with exit code 7" in output(hook, bad)
-    # the same job read through squeue --json (22.05's openapi v0.0.38 shape)
-    answer = json.loads(hook._run("squeue", "--json").stdout)
+    # the same job read through squeue --json (v0.0.38 on 22.05, v0.0.42 on 24.11)
+    # (24.11 lists a finished job only under --states=all; 22.05 ignores every filter)
+    answer = json.loads(hook._run("squeue", "--json", "--states=all").stdout)
     from tasks.backends.slurm.hooks import job_from_json
 
     row = next(j for j in answer["jobs"] if str(j["job_id"]) == failed.job_id)
