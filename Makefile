@@ -21,11 +21,12 @@ $(STAMP): pyproject.toml constraints.txt
 test: check system-packages
 	$(PY) -m pytest
 
-# Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Chromium and its driver
+# Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Redis for the Celery
+# broker of the distributed Airflow, Chromium and its driver
 # for the UI test; a private Slurm and an sshd standing in for its login node, for the Slurm
 # backend's tests: docs/slurm.md), installed when missing; CI runs as root. Slurm's packages
 # without their recommends (which pull ~30 more: hdf5, rocm, ...).
-SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server
+SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server redis-server
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin
 system-packages:
 	@missing() { for p in "$$@"; do \
