@@ -33,6 +33,7 @@ from rcpflow.records.nemo_rl import NemoRLError
 from tasks.backend_api.job_inputs import job_env, train_inputs, with_run_owner
 from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.deployment import MAX_EVAL_WINDOW, BackendName, Deployment
+from tasks.executor_rule import refuse_distributed_executor
 from tasks.jobs.processes import send_signal, stop_processes
 from tasks.jobs.result import run_evaluate_job
 from tasks.jobs.templates import EvaluateJob, TrainJob
@@ -227,6 +228,7 @@ class LocalBackend:
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="open", max_steps=40)
 
     def __init__(self, deployment: Deployment, records: JobRecords | None = None) -> None:
+        refuse_distributed_executor(deployment)  # its jobs run on the worker's own host
         self.deployment = deployment
         self.train: TrainJob = deployment.jobs.train
         self.evaluate_job: EvaluateJob = deployment.jobs.evaluate
