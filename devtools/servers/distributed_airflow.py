@@ -74,6 +74,8 @@ class WorkerSpec:
     host: str  # its hostname: a loopback address of its own, where its log server listens
     queues: tuple[str, ...] = ("default",)
     concurrency: int = 2
+    # Extra environment of this worker alone (e.g. a PATH with a test's hook first).
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 WORKERS = (WorkerSpec("worker-1", "127.0.0.2"), WorkerSpec("worker-2", "127.0.0.3"))
@@ -162,7 +164,7 @@ class DistributedAirflow(LocalAirflow):
     def launch(self, name: str, env: Mapping[str, str]) -> None:
         spec = self.workers.get(name)
         if spec is not None:
-            env = {**env, HOSTNAME_VAR: spec.host}
+            env = {**env, **spec.env, HOSTNAME_VAR: spec.host}
             (self.worker_root(name) / "tmp").mkdir(parents=True, exist_ok=True)
             (self.worker_root(name) / "tmp").chmod(0o1777)
         super().launch(name, env)
