@@ -212,8 +212,8 @@ class DistributedAirflow(LocalAirflow):
 
     def kill(self, name: str) -> None:
         """SIGKILL component `name` with its process group (a worker: its whole namespace);
-        it stays down until `restart`."""
-        proc = self.processes[name]
+        it stays down until `restart` (and `check_alive` no longer asks after it)."""
+        proc = self.processes.pop(name)
         send_signal(proc.pid, signal.SIGKILL, group=True)
         proc.wait(timeout=30)
 

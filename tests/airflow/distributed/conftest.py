@@ -27,13 +27,16 @@ from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
 SEEDS = (1, 2, 3)
 # The fault tests' hook point: sbatch as usual; when the test armed it (a file `armed` in the
-# hook's folder), the task then stays in sbatch, its job submitted but not yet recorded by
-# Airflow, writing where it is (the worker's hostname) to `submitted`, until the test kills it.
+# hook's folder), the job is held (pending until the test releases it: it cannot end before
+# the retry looks for it) and the task stays in sbatch, its job submitted but not yet recorded
+# by Airflow, writing where it is (the worker's hostname) to `submitted`, until the test kills
+# it.
 SBATCH_HOOK = """#!/bin/sh
 out=$({sbatch} "$@")
 rc=$?
 printf '%s\\n' "$out"
 if [ $rc -eq 0 ] && rm "{hooks}/armed" 2>/dev/null; then
+    scontrol hold "$out"
     printf '%s %s\\n' "$RCPFLOW_AIRFLOW_HOSTNAME" "$out" > "{hooks}/submitted.tmp"
     mv "{hooks}/submitted.tmp" "{hooks}/submitted"
     sleep 3600

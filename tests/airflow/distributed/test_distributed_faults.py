@@ -5,9 +5,12 @@ run's (`deterministic_record`: what carries no clock), and Slurm knows exactly o
 name of the run, none left running.
 
 The worker kill: the hook `sbatch` (conftest.SBATCH_HOOK) holds the training task in the worker
-right after Slurm accepted the job, before Airflow recorded it; the test SIGKILLs that worker's
-whole namespace there (a host lost), the scheduler fails the task once its heartbeat stops, and
-its retry, on the other worker, adopts the job by its name instead of submitting a second."""
+right after Slurm accepted the job, before Airflow recorded it, and holds the job pending; the
+test SIGKILLs that worker's whole namespace there (a host lost), the scheduler fails the task
+once its heartbeat stops, and its retry, on the other worker, adopts the job by its name instead
+of submitting a second; then the test releases the job. (Without the hold a training that ends
+before the retry looks is submitted again: the adapter adopts only a job that has not ended;
+docs/deploy.md.)"""
 
 from __future__ import annotations
 
@@ -31,6 +34,18 @@ def _wait_for(path: Path, cluster: Cluster, timeout_s: float) -> str:
         assert time.monotonic() < deadline, f"{path} not written after {timeout_s}s"
         time.sleep(0.2)
     return path.read_text()
+
+
+def _wait_for_retry(cluster: Cluster, run_id: str, timeout_s: float) -> None:
+    """Until the training task's retry has deferred (it started or adopted its job)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tis = cluster.airflow.task_instances(RUN_DAG_ID, run_id)
+        (train,) = [t for t in tis if t["task_id"] == TRAIN]
+        if train["try_number"] >= 2 and train["state"] == "deferred":
+            return
+        assert time.monotonic() < deadline, f"no retry deferred after {timeout_s}s: {train}"
+        time.sleep(1.0)
 
 
 def _rerun_of_seed(cluster: Cluster, submission: Submission, name: str) -> tuple[str, dict]:
@@ -57,6 +72,9 @@ def test_a_worker_killed_while_its_task_submits_a_slurm_job(
     assert train["state"] == "running" and train["hostname"] == host, train
     airflow.kill(killed)
     try:
+        # the job is held (the hook): released once the retry took it over and deferred
+        _wait_for_retry(cluster, run_id, 600)
+        cluster.slurm.client("scontrol", "release", job_id)
         state = airflow.wait_for_run(RUN_DAG_ID, run_id, 1800)
     finally:
         airflow.restart(killed)
