@@ -104,10 +104,12 @@ def namespace_script(
             lines.append(f"mount --bind {shlex.quote(str(folder))} {shlex.quote(str(target))}")
     if home.is_relative_to(PRIVATE_ROOT):  # an empty folder in its private /tmp
         lines.append(f"mkdir -p {shlex.quote(str(private / home.relative_to(PRIVATE_ROOT)))}")
-    else:  # an empty folder of its own laid over the home's path
+    lines.append(f"mount --rbind {shlex.quote(str(private))} {PRIVATE_ROOT}")
+    if not home.is_relative_to(PRIVATE_ROOT):
+        # an empty folder of its own laid over the home's path, after /tmp: `private` may lie
+        # in the home, which this hides
         lines.append(f"mkdir -p {shlex.quote(str(host_home))}")
         lines.append(f"mount --bind {shlex.quote(str(host_home))} {shlex.quote(str(home))}")
-    lines.append(f"mount --rbind {shlex.quote(str(private))} {PRIVATE_ROOT}")
     lines.append(command)
     return "\n".join(lines)
 

@@ -33,10 +33,22 @@ def test_a_worker_sees_the_shared_folders_and_a_home_of_its_own() -> None:
 
 
 def test_a_home_outside_tmp_gets_a_folder_of_its_own_laid_over_it() -> None:
+    # the private /tmp lies in the home (as the demo's does): laid over /tmp before the home
+    # is hidden
     script = namespace_script(
-        Path("/tmp/w/tmp"), (), Path("/srv/airflow"), Path("/srv/airflow/workers/w1/home"), "x"
+        Path("/srv/airflow/workers/w1/tmp"),
+        (),
+        Path("/srv/airflow"),
+        Path("/srv/airflow/workers/w1/home"),
+        "x",
     )
-    assert "mount --bind /srv/airflow/workers/w1/home /srv/airflow" in script.splitlines()
+    assert script.splitlines() == [
+        "set -e",
+        "mount --rbind /srv/airflow/workers/w1/tmp /tmp",
+        "mkdir -p /srv/airflow/workers/w1/home",
+        "mount --bind /srv/airflow/workers/w1/home /srv/airflow",
+        "x",
+    ]
 
 
 def test_the_private_redis_restarts_on_its_port_and_stops_by_pid() -> None:
