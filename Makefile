@@ -21,12 +21,13 @@ $(STAMP): pyproject.toml constraints.txt
 test: check system-packages
 	$(PY) -m pytest
 
-# Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Chromium and its driver
+# Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Redis for the Celery
+# broker of the distributed Airflow, Chromium and its driver
 # for the UI test; a private Slurm and an sshd standing in for its login node, for the Slurm
 # backend's tests: docs/slurm.md; debootstrap for the Debian 13 root holding Slurm 24.11,
 # docs/slurm-versions.md), installed when missing; CI runs as root. Slurm's packages
 # without their recommends (which pull ~30 more: hdf5, rocm, ...).
-SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server debootstrap
+SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server debootstrap redis-server
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin
 system-packages:
 	@missing() { for p in "$$@"; do \
@@ -53,8 +54,8 @@ check: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
-demo: setup $(if $(filter slurm,$(BACKEND)),system-packages)  # BACKEND=slurm: the toy jobs on a private Slurm (docs/slurm.md); TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml); TRAINER=rehearsal: the rehearsal jobs (docker/deployment.rehearsal.toml)
-	$(PY) -m devtools.demo --trainer $(or $(TRAINER),toy) --backend $(or $(BACKEND),local)
+demo: setup $(if $(filter slurm,$(BACKEND))$(filter celery,$(EXECUTOR)),system-packages)  # EXECUTOR=celery: a distributed Airflow (Celery workers; with BACKEND=slurm); BACKEND=slurm: the toy jobs on a private Slurm (docs/slurm.md); TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml); TRAINER=rehearsal: the rehearsal jobs (docker/deployment.rehearsal.toml)
+	$(PY) -m devtools.demo --trainer $(or $(TRAINER),toy) --backend $(or $(BACKEND),local) --executor $(or $(EXECUTOR),local)
 
 ui: setup  # the finished demo's Airflow on 127.0.0.1 again (address and login printed), until Ctrl-C
 	$(PY) -m devtools.demo --ui-only --trainer $(or $(TRAINER),toy)

@@ -13,10 +13,14 @@ finished demo's Airflow (its home, ``.airflow/demo``) back up until Ctrl-C. ``--
 (``make demo BACKEND=slurm``) runs the toy jobs on a private Slurm instead
 (`devtools.servers.slurm_cluster`: slurmctld and two slurmd nodes on 127.0.0.1), the training
 on both nodes, each evaluation on one; the progress lines name the Slurm jobs. Every process
+``--executor celery`` (``make demo EXECUTOR=celery BACKEND=slurm``) runs it on the distributed
+Airflow (`devtools.servers.distributed_airflow`: PostgreSQL, Redis, two schedulers, two Celery
+workers each in a namespace of its own). Every process
 it started is stopped by PID on the way out, also after a failure or Ctrl-C. Exit status 0
 only when the submission passed every check (``--ui-only``: when Airflow came up).
 
     .venv/bin/python -m devtools.demo [--trainer toy|tunix|rehearsal] [--backend local|slurm]
+        [--executor local|celery]
         [--global-batch-size N] [--max-steps N] [--seeds 1 2 3] [--keep-running | --ui-only]
 """
 
@@ -69,12 +73,12 @@ SLURM_NODE_CPUS = 6
 SLURM_EVAL_WINDOW = 2
 
 
-def slurm_deployment(log_dir: Path) -> str:
+def slurm_deployment(log_dir: Path, storage_root: Path = STORAGE_ROOT) -> str:
     """The deployment of --backend slurm: the toy jobs on the private Slurm (local transport),
     training on both nodes (one process each), evaluation on one."""
     return f"""
 backend = "slurm"
-storage_root = "{STORAGE_ROOT}"
+storage_root = "{storage_root}"
 eval_window = {SLURM_EVAL_WINDOW}
 eval_schedule = "after_training"
 train_timeout_minutes = 30
@@ -121,7 +125,11 @@ def demo_system(backend: str) -> dict[str, str]:
 
 
 def demo_conf(
-    seeds: Sequence[int], global_batch_size: int, max_steps: int, backend: str = "local"
+    seeds: Sequence[int],
+    global_batch_size: int,
+    max_steps: int,
+    backend: str = "local",
+    storage_root: Path = STORAGE_ROOT,
 ) -> dict[str, Any]:
     return {
         "seeds": list(seeds),
@@ -131,7 +139,7 @@ def demo_conf(
         "target": recipe.TARGET_ACCURACY,
         "division": "open",  # the toy policy uses its own learning rate
         "backend": backend,
-        "storage_root": str(STORAGE_ROOT),
+        "storage_root": str(storage_root),
         "submission_name": NAME,
         "system": demo_system(backend),
     }
@@ -340,9 +348,16 @@ def _use_deployment(trainer: str) -> None:
     print(f"Trainer: {trainer} (deployment {deployment or 'embedded default'})")
 
 
-def demo_airflow() -> LocalAirflow:
-    """The demo's local Airflow over its home (`HOME`), on a free port of 127.0.0.1."""
-    return LocalAirflow(repo_config(HOME, parallelism=PARALLELISM))
+def demo_airflow(executor: str = "local", shared: Sequence[Path] = ()) -> LocalAirflow:
+    """The demo's local Airflow over its home (`HOME`), on a free port of 127.0.0.1; with
+    ``executor="celery"`` the distributed one (`devtools.servers.distributed_airflow`), its
+    workers sharing `shared` (what lies under /tmp of it) with the rest."""
+    config = repo_config(HOME, parallelism=PARALLELISM)
+    if executor != "celery":
+        return LocalAirflow(config)
+    from devtools.servers.distributed_airflow import DistributedAirflow, DistributedConfig
+
+    return DistributedAirflow(DistributedConfig(config, shared=tuple(shared)))
 
 
 def _keep_up(airflow: LocalAirflow) -> None:
@@ -394,17 +409,27 @@ def run_demo(
     trainer: str,
     keep_running: bool = False,
     backend: str = "local",
+    executor: str = "local",
 ) -> int:
     if backend == "slurm":
         return _on_private_slurm(
-            seeds, global_batch_size, max_steps, trainer, keep_running=keep_running
+            seeds, global_batch_size, max_steps, trainer, keep_running=keep_running,
+            executor=executor,
+        )  # fmt: skip
+    if executor != "local":
+        # the local backend runs its jobs as processes of the worker that starts them
+        print(
+            f"usage error: --executor {executor} needs --backend slurm (the local backend "
+            "runs jobs on the worker's own host: docs/deploy.md)",
+            file=sys.stderr,
         )
+        return 2
     return _run_demo(seeds, global_batch_size, max_steps, trainer, keep_running, backend)
 
 
 def _on_private_slurm(
     seeds: Sequence[int], global_batch_size: int, max_steps: int, trainer: str, *,
-    keep_running: bool,
+    keep_running: bool, executor: str = "local",
 ) -> int:  # fmt: skip
     """The demo with its jobs on a private Slurm, stopped by PID afterwards."""
     from devtools.servers.slurm_cluster import NodeSpec, SlurmCluster
@@ -420,7 +445,7 @@ def _on_private_slurm(
         os.environ.update(cluster.env)  # the Airflow processes submit through it
         return _run_demo(
             seeds, global_batch_size, max_steps, trainer, keep_running, "slurm",
-            slurm_log_dir=cluster.root / "jobs",
+            slurm_log_dir=cluster.root / "jobs", executor=executor,
         )  # fmt: skip
     finally:
         print("Stopping the private Slurm (its jobs cancelled first) ...", flush=True)
@@ -435,19 +460,30 @@ def _run_demo(
     keep_running: bool,
     backend: str,
     slurm_log_dir: Path | None = None,
+    executor: str = "local",
 ) -> int:
     started = time.monotonic()
     for path in (HOME, STORAGE_ROOT / NAME):
         shutil.rmtree(path, ignore_errors=True)  # the demo's own folders: a clean run each time
     HOME.mkdir(parents=True)
     _use_deployment(trainer)
+    shared: list[Path] = []
     if slurm_log_dir is not None:
-        deployment = HOME / "deployment.slurm.toml"
+        # beside the cluster's files, which every Celery worker shares (a worker's home is
+        # its own)
+        deployment = slurm_log_dir.parent / "deployment.slurm.toml"
         deployment.write_text(slurm_deployment(slurm_log_dir))
         os.environ[ENV_VAR] = str(deployment)
+        shared.append(slurm_log_dir.parent)
         print(f"Backend: slurm (deployment {deployment})")
-    airflow = demo_airflow()
-    print(f"Starting Airflow in {HOME} (SQLite, LocalExecutor, parallelism {PARALLELISM})")
+    airflow = demo_airflow(executor, shared)
+    if executor == "celery":
+        print(
+            f"Starting a distributed Airflow in {HOME} (PostgreSQL, Redis, CeleryExecutor: two "
+            "schedulers, two workers in namespaces of their own)"
+        )
+    else:
+        print(f"Starting Airflow in {HOME} (SQLite, LocalExecutor, parallelism {PARALLELISM})")
     try:
         airflow.start()
         print()
@@ -522,6 +558,13 @@ def arguments() -> argparse.ArgumentParser:
         help="where the jobs run: local subprocesses, or a private Slurm on 127.0.0.1 (two "
         "slurmd nodes; the training on both)",
     )
+    parser.add_argument(
+        "--executor",
+        choices=("local", "celery"),
+        default="local",
+        help="Airflow's executor: local (one host, SQLite) or celery (PostgreSQL, Redis, two "
+        "schedulers and two Celery workers in namespaces of their own; needs --backend slurm)",
+    )
     after = parser.add_mutually_exclusive_group()
     after.add_argument(
         "--keep-running",
@@ -549,6 +592,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.trainer,
             args.keep_running,
             args.backend,
+            args.executor,
         )
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)

@@ -42,6 +42,8 @@ EMBEDDED = "<embedded default>"
 # names are the registry's, so this module checks only the shape of one.
 BackendName = str
 BACKEND_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# A Celery queue name as `airflow celery worker --queues` takes it (a comma list: no commas).
+QUEUE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 T = TypeVar("T")
 # A backend's settings table (name -> its frozen dataclass), registered by the backend's module.
@@ -167,6 +169,10 @@ class Deployment:
     form_defaults: FormOverrides | None = None
     # The [retention] table: off unless it says which checkpoints stay.
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    # The executor's queue of every task that talks to a cluster (submits, watches, cancels
+    # its jobs), e.g. the Celery workers on a Slurm login node; empty: Airflow's default
+    # queue ([operators] default_queue). docs/deploy.md, Queues.
+    cluster_queue: str = ""
 
     def __post_init__(self) -> None:
         check_plain_env("job_env", self.job_env, reserved=False)  # as [jobs.*.env]: names
@@ -195,6 +201,11 @@ class Deployment:
             )
         if not self.storage_root:
             raise SettingError("storage_root", "must not be empty")
+        if self.cluster_queue and not QUEUE_NAME.fullmatch(self.cluster_queue):
+            raise SettingError(
+                "cluster_queue",
+                f"{self.cluster_queue!r} is not a queue name ({QUEUE_NAME.pattern})",
+            )
 
     def table(self, name: str, cls: type[T]) -> T | None:
         """The backend table `name` as `cls`; None when the file has none."""
@@ -210,6 +221,10 @@ class Deployment:
         if found is None:
             raise DeploymentError(f"{self.source}: backend {name!r} needs a [{name}] table")
         return found
+
+    def cluster_task_kwargs(self) -> dict[str, str]:
+        """What every operator that talks to a cluster is given: its `cluster_queue`."""
+        return {"queue": self.cluster_queue} if self.cluster_queue else {}
 
     @property
     def job_python(self) -> str:

@@ -288,7 +288,7 @@ def test_an_arrow_up_inside_rcpflow_is_found(tmp_path: Path) -> None:
 TASKS_LEVELS: tuple[tuple[str, ...], ...] = (
     ("tasks.settings", "tasks.names", "tasks.results"),
     ("tasks.jobs",),
-    ("tasks.deployment",),
+    ("tasks.deployment", "tasks.executor_rule"),
     ("tasks.backend_api",),
     ("tasks.run",),
     ("tasks.backends",),

@@ -94,6 +94,8 @@ class TimedRun:
 class LocalAirflow(Server):
     """``with LocalAirflow(config) as af: af.trigger(...)``; stops on exit."""
 
+    components: tuple[str, ...] = COMPONENTS
+
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.password = secrets.token_urlsafe(12)
@@ -160,17 +162,21 @@ class LocalAirflow(Server):
         if migrate.returncode != 0:
             tail = migrate.stdout.decode(errors="replace")[-3000:]
             raise AirflowServerError(f"airflow db migrate failed:\n{tail}")
-        for name in COMPONENTS:
-            with open(logs / f"{name}.log", "ab") as out:
-                self.processes[name] = subprocess.Popen(
-                    self._command(name),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own group: stoppable with all its children
-                )
+        for name in self.components:
+            self.launch(name, env)
         self.wait_healthy(timeout_s)
+
+    def launch(self, name: str, env: Mapping[str, str]) -> None:
+        """Start component `name` (again), its output appended to its log file."""
+        with open(self.log_file(name), "ab") as out:
+            self.processes[name] = subprocess.Popen(
+                self._command(name),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: stoppable with all its children
+            )
 
     def _command(self, component: str) -> list[str]:
         if component == "log-server":

@@ -28,6 +28,7 @@ from tasks.backends.local_operators import (
     LocalTrainOperator,
 )
 from tasks.deployment import MAX_EVAL_WINDOW, BackendName, Deployment
+from tasks.executor_rule import refuse_distributed_executor
 from tasks.jobs.templates import EvaluateJob, TrainJob
 from tasks.names import EVALUATE_TASK_ID
 from tasks.run.evaluation_group import RCP_VIEW_DOC
@@ -57,7 +58,7 @@ class LocalBackend:
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="open", max_steps=40)
 
     def __init__(self, deployment: Deployment, jobs_root: str = str(DEFAULT_JOBS_ROOT)) -> None:
-        # (single-host: the place for a check that the deployment's executor is one machine's)
+        refuse_distributed_executor(deployment)  # its jobs run on the worker's own host
         self.deployment = deployment
         self.train: TrainJob = deployment.jobs.train
         self.evaluate_job: EvaluateJob = deployment.jobs.evaluate

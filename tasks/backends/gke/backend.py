@@ -52,21 +52,26 @@ def jobset_task_group(
     stop_run_dir: XComArg | None = None,
     stop_grace: timedelta = STOP_GRACE,
     run_env: Mapping[str, str] | XComArg | None = None,
+    queue: Mapping[str, str] | None = None,
 ) -> TaskGroup:
     """TaskGroup `group_id`: ``run`` (RunJobSetOperator: the JobSet of `command`, rendered in
     the task) -> ``cleanup`` (DeleteJobSetOperator as a teardown of ``run``). Works inside a
     mapped task group (one JobSet per map index); `job_timeout` bounds the JobSet's running
     time. `retries` are for an error of the task itself (a retry adopts the JobSet); a failed
     JobSet is never retried. With `stop_run_dir` the JobSet is deleted `stop_grace` after a
-    stop request of that run if still running."""
+    stop request of that run if still running. `queue`: the deployment's
+    ``cluster_task_kwargs``."""
     with TaskGroup(group_id=group_id) as group:
         run = RunJobSetOperator(
             task_id="run", settings=settings, role=role, job=job, command=command, image=image,
             env=env, secret_env=secret_env, job_timeout=job_timeout, stop_run_dir=stop_run_dir,
             stop_grace=stop_grace, run_env=run_env, retries=retries,
-            retry_delay=timedelta(seconds=settings.poll_interval_s),
+            retry_delay=timedelta(seconds=settings.poll_interval_s), **(queue or {}),
         )  # fmt: skip
-        with_cleanup(run, DeleteJobSetOperator(run_task_id=run.task_id, cluster=settings.cluster))
+        cleanup = DeleteJobSetOperator(
+            run_task_id=run.task_id, cluster=settings.cluster, **(queue or {})
+        )
+        with_cleanup(run, cleanup)
     return group
 
 
@@ -99,6 +104,7 @@ class GkeBackend:
             image=job.image, env=job.env, secret_env=job.secret_env,
             job_timeout=timedelta(minutes=self.deployment.train_timeout_minutes),
             retries=settings.run_retries, stop_run_dir=run_dir_of(spec),
+            queue=self.deployment.cluster_task_kwargs(),
         )  # fmt: skip
 
     def cancel_evaluation(self, run_dir: str, step: int) -> bool:
@@ -122,6 +128,7 @@ class GkeBackend:
             "job_timeout": timedelta(minutes=d.eval_timeout_minutes),
             "retries": d.eval_retries,
             "retry_delay": timedelta(seconds=s.poll_interval_s),
+            **d.cluster_task_kwargs(),
         }
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
@@ -131,8 +138,10 @@ class GkeBackend:
             **self._evaluate_kwargs(),
         ).expand(row=rows)
         cluster = self.settings.cluster
+        queue = self.deployment.cluster_task_kwargs()
         with_cleanup(
-            evaluate, DeleteEvalJobSetsOperator(run_task_id=evaluate.task_id, cluster=cluster)
+            evaluate,
+            DeleteEvalJobSetsOperator(run_task_id=evaluate.task_id, cluster=cluster, **queue),
         )
         return evaluate
 
@@ -144,5 +153,7 @@ class GkeBackend:
             map_index_template="step {{ task.step }}", **self._evaluate_kwargs(), **resolved
         )
         cluster = self.settings.cluster
-        with_cleanup(evaluate, DeleteJobSetOperator(run_task_id=evaluate.task_id, cluster=cluster))
+        queue = self.deployment.cluster_task_kwargs()
+        cleanup = DeleteJobSetOperator(run_task_id=evaluate.task_id, cluster=cluster, **queue)
+        with_cleanup(evaluate, cleanup)
         return evaluate

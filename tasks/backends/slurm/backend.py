@@ -48,6 +48,7 @@ class SlurmBackend:
     def train_job(self, spec: XComArg) -> DependencyMixin:
         settings, job = self.settings, self.deployment.jobs.train
         argv, run_env = train_command(job, spec, settings.python)
+        queue = self.deployment.cluster_task_kwargs()
         then_evaluate = None
         if settings.eval_in_training_allocation:
             evaluate = self.deployment.jobs.evaluate
@@ -64,9 +65,10 @@ class SlurmBackend:
             run = SlurmJobOperator(
                 task_id="run", settings=settings, role="train", job=TRAIN_LABEL, argv=argv,
                 env=job.env, run_env=run_env, stop_run_dir=run_dir_of(spec),
-                then_evaluate=then_evaluate, retries=settings.run_retries,
+                then_evaluate=then_evaluate, retries=settings.run_retries, **queue,
             )  # fmt: skip
-            with_cleanup(run, CancelSlurmJobsOperator(run_task_id=run.task_id, settings=settings))
+            cleanup = CancelSlurmJobsOperator(run_task_id=run.task_id, settings=settings, **queue)
+            with_cleanup(run, cleanup)
         return group
 
     def _evaluate_kwargs(self) -> dict[str, Any]:
@@ -77,6 +79,7 @@ class SlurmBackend:
             "eval_job": d.jobs.evaluate,
             "max_active_tis_per_dagrun": d.eval_window,
             "retries": d.eval_retries,
+            **d.cluster_task_kwargs(),
         }
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
@@ -86,8 +89,9 @@ class SlurmBackend:
             **self._evaluate_kwargs(),
         ).expand(row=rows)
         cleanup = CancelSlurmJobsOperator(
-            run_task_id=evaluate.task_id, settings=self.settings, mapped=True
-        )
+            run_task_id=evaluate.task_id, settings=self.settings, mapped=True,
+            **self.deployment.cluster_task_kwargs(),
+        )  # fmt: skip
         with_cleanup(evaluate, cleanup)
         return evaluate
 
@@ -96,9 +100,11 @@ class SlurmBackend:
         evaluate = SlurmEvaluateStepOperator(
             map_index_template="step {{ task.step }}", **self._evaluate_kwargs(), **resolved
         )
-        with_cleanup(
-            evaluate, CancelSlurmJobsOperator(run_task_id=evaluate.task_id, settings=self.settings)
-        )
+        cleanup = CancelSlurmJobsOperator(
+            run_task_id=evaluate.task_id, settings=self.settings,
+            **self.deployment.cluster_task_kwargs(),
+        )  # fmt: skip
+        with_cleanup(evaluate, cleanup)
         return evaluate
 
     def cancel_evaluation(self, run_dir: str, step: int) -> bool:

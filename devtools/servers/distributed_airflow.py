@@ -1,0 +1,240 @@
+"""A distributed Airflow on loopback, as Cloud Composer and the Helm chart run it: the
+CeleryExecutor over a Redis broker, PostgreSQL metadata, two schedulers, a dag-processor, a
+triggerer, the API server, and Celery workers that share nothing with the rest but what a real
+deployment shares.
+
+It is `LocalAirflow` (`devtools.servers.airflow_server`) with more components: its own
+`LocalPostgres` and `LocalRedis`, a second scheduler, and one ``airflow celery worker`` per
+`WorkerSpec`. Each worker runs in its own mount and PID namespace (``unshare``), as if on a
+host of its own: its ``/tmp`` is a private folder, into which only the `shared` folders that
+lie under ``/tmp`` are bound back (the run folders' storage, a cluster's shared file system, the
+deployment file's folder), and its AIRFLOW_HOME (logs folder included) is an empty folder of its
+own; what lies outside ``/tmp`` (the checkout, the DAG folder, the virtualenv: the image) it
+sees as it is, and it reaches PostgreSQL, Redis and the API server over TCP. Each worker has its
+own hostname, a loopback address of its own (127.0.0.2, 127.0.0.3: ``[core]
+hostname_callable`` reads it), where its own log server listens, so the API server fetches a
+task's log from the worker that ran it, as in production. Killing a worker (`kill`) SIGKILLs
+its namespace's first process, which takes every process of the namespace with it: a host lost.
+Every component is stopped by the PID we hold (`LocalAirflow.stop`), then Redis and PostgreSQL.
+Needs root (mounts), ``unshare`` (util-linux), ``redis-server`` and PostgreSQL's server.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devtools.servers.airflow_server import (
+    COMPONENTS,
+    HOST,
+    LOG_SERVER_APP,
+    AirflowServerError,
+    LocalAirflow,
+    ServerConfig,
+)
+from devtools.servers.postgres_server import LocalPostgres
+from devtools.servers.redis_server import LocalRedis
+from devtools.servers.redis_server import missing_binary as missing_redis
+from tasks.jobs.processes import send_signal
+
+# The environment variable `component_hostname` reads; unset: the host's own loopback.
+HOSTNAME_VAR = "RCPFLOW_AIRFLOW_HOSTNAME"
+PRIVATE_ROOT = Path("/tmp")  # what each worker gets a private copy of
+SCHEDULERS = ("scheduler", "scheduler-2")
+# A worker announces itself in its log with this once it consumes its queues (Celery's banner).
+_READY = b" ready."
+
+
+def component_hostname() -> str:
+    """The ``[core] hostname_callable`` of the distributed Airflow: a worker's own address,
+    127.0.0.1 for the other components (where the main log server listens)."""
+    return os.environ.get(HOSTNAME_VAR, HOST)
+
+
+def missing() -> list[str]:
+    """What this machine lacks to run a distributed Airflow, each named (empty: nothing)."""
+    found = [name for name in ("unshare", "mount") if shutil.which(name) is None]
+    if missing_redis():
+        found.append("redis-server")
+    if os.geteuid() != 0:
+        found.append("root (the workers' private mounts)")
+    return found
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    name: str  # the component's name, and Celery's node name
+    host: str  # its hostname: a loopback address of its own, where its log server listens
+    queues: tuple[str, ...] = ("default",)
+    concurrency: int = 2
+    # Extra environment of this worker alone (e.g. a PATH with a test's hook first).
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+WORKERS = (WorkerSpec("worker-1", "127.0.0.2"), WorkerSpec("worker-2", "127.0.0.3"))
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    airflow: ServerConfig
+    # Folders the workers share with the rest (those under /tmp; the rest they see anyway).
+    shared: tuple[Path, ...] = ()
+    workers: tuple[WorkerSpec, ...] = WORKERS
+    # Extra environment for the Airflow components only (on top of `airflow.env`).
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+
+def namespace_script(
+    private: Path, shared: Sequence[Path], home: Path, host_home: Path, command: str
+) -> str:
+    """The shell script a worker's namespace runs: bind the shared folders into `private`,
+    give it an empty `home`, lay `private` over /tmp, then run `command`."""
+    lines = ["set -e"]
+    for folder in shared:
+        if folder.is_relative_to(PRIVATE_ROOT):
+            target = private / folder.relative_to(PRIVATE_ROOT)
+            lines.append(f"mkdir -p {shlex.quote(str(target))}")
+            lines.append(f"mount --bind {shlex.quote(str(folder))} {shlex.quote(str(target))}")
+    if home.is_relative_to(PRIVATE_ROOT):  # an empty folder in its private /tmp
+        lines.append(f"mkdir -p {shlex.quote(str(private / home.relative_to(PRIVATE_ROOT)))}")
+    lines.append(f"mount --rbind {shlex.quote(str(private))} {PRIVATE_ROOT}")
+    if not home.is_relative_to(PRIVATE_ROOT):
+        # an empty folder of its own laid over the home's path, after /tmp: `private` may lie
+        # in the home, which this hides
+        lines.append(f"mkdir -p {shlex.quote(str(host_home))}")
+        lines.append(f"mount --bind {shlex.quote(str(host_home))} {shlex.quote(str(home))}")
+    lines.append(command)
+    return "\n".join(lines)
+
+
+class DistributedAirflow(LocalAirflow):
+    """``with DistributedAirflow(config) as af: af.trigger(...)``; stops on exit."""
+
+    def __init__(self, config: DistributedConfig) -> None:
+        super().__init__(config.airflow)
+        self.distributed = config
+        self.workers = {w.name: w for w in config.workers}
+        self.components = (*COMPONENTS, SCHEDULERS[1], *self.workers)
+        self.postgres = LocalPostgres("airflow")
+        self.redis = LocalRedis()
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        home = self.config.home.resolve()
+        for folder in self.distributed.shared:
+            if home.is_relative_to(folder.resolve()):
+                raise AirflowServerError(
+                    f"shared folder {folder} holds the Airflow home {home}: the workers' "
+                    "homes would not be their own"
+                )
+
+    def environment(self) -> dict[str, str]:
+        db = self.postgres.sqlalchemy_url()
+        return {
+            **super().environment(),
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db,
+            "AIRFLOW__CELERY__BROKER_URL": self.redis.url,
+            "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{db}",
+            # one task at a time per free slot: a worker takes no more than it runs
+            "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{__name__}.component_hostname",
+            **self.distributed.settings,
+        }
+
+    def start(self, timeout_s: float = 240.0) -> None:
+        lacking = missing()
+        if lacking:
+            raise AirflowServerError(f"a distributed Airflow needs: {', '.join(lacking)}")
+        self.postgres.start()
+        self.redis.start()
+        super().start(timeout_s)
+        for name in self.workers:
+            self.wait_worker(name, timeout_s)
+
+    def worker_root(self, name: str) -> Path:
+        """The host folder holding worker `name`'s private /tmp and home."""
+        return self.config.home / "workers" / name
+
+    def launch(self, name: str, env: Mapping[str, str]) -> None:
+        spec = self.workers.get(name)
+        if spec is not None:
+            env = {**env, **spec.env, HOSTNAME_VAR: spec.host}
+            (self.worker_root(name) / "tmp").mkdir(parents=True, exist_ok=True)
+            (self.worker_root(name) / "tmp").chmod(0o1777)
+        super().launch(name, env)
+
+    def _command(self, component: str) -> list[str]:
+        if component in SCHEDULERS:
+            return [self._airflow, "scheduler", "--skip-serve-logs"]
+        spec = self.workers.get(component)
+        if spec is None:
+            return super()._command(component)
+        log_server = [
+            sys.executable, "-m", "uvicorn", LOG_SERVER_APP, "--factory",
+            "--host", spec.host, "--port", str(self.config.log_port), "--no-access-log",
+        ]  # fmt: skip
+        worker = [
+            self._airflow, "celery", "worker", "--skip-serve-logs",
+            "--celery-hostname", f"{spec.name}@{spec.host}",
+            "--queues", ",".join(spec.queues), "--concurrency", str(spec.concurrency),
+        ]  # fmt: skip
+        # not exec'd: the namespace's first process ignores signals it has no handler for,
+        # so the worker is its child, stopped by the SIGINT the whole group gets
+        command = f"{shlex.join(log_server)} &\n{shlex.join(worker)}"
+        root = self.worker_root(component)
+        script = namespace_script(
+            root / "tmp", self.distributed.shared, self.config.home, root / "home", command
+        )
+        # --kill-child: the namespace's processes end with the one we hold, however it ends
+        return [
+            "unshare", "--mount", "--propagation", "private", "--pid", "--fork",
+            "--mount-proc", "--kill-child", "sh", "-c", script,
+        ]  # fmt: skip
+
+    def wait_worker(self, name: str, timeout_s: float, offset: int = 0) -> None:
+        """Wait until worker `name` consumes its queues: its banner's ``ready.`` in its log
+        after `offset`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.check_alive()
+            with open(self.log_file(name), "rb") as f:
+                f.seek(offset)
+                if _READY in f.read():
+                    return
+            time.sleep(0.5)
+        raise AirflowServerError(f"Celery worker {name} not ready after {timeout_s}s")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL component `name` with its process group (a worker: its whole namespace);
+        it stays down until `restart` (and `check_alive` no longer asks after it)."""
+        proc = self.processes.pop(name)
+        send_signal(proc.pid, signal.SIGKILL, group=True)
+        proc.wait(timeout=30)
+
+    def restart(self, name: str, timeout_s: float = 120.0) -> None:
+        """Start component `name` again (after `kill`), waiting for a worker to be ready."""
+        size = self.log_file(name).stat().st_size
+        self.launch(name, self.environment())
+        if name in self.workers:
+            self.wait_worker(name, timeout_s, offset=size)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        # `unshare` blocks SIGINT while it waits for its namespace: the worker in it gets the
+        # signal through the group (then the namespace ends, and `unshare` with it)
+        for name in self.workers:
+            proc = self.processes.get(name)
+            if proc is not None and proc.poll() is None:
+                send_signal(proc.pid, signal.SIGINT, group=True)
+        try:
+            super().stop(grace_s)
+        finally:
+            self.redis.stop()
+            self.postgres.stop()

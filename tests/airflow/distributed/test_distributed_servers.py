@@ -1,0 +1,64 @@
+"""The distributed harness's own parts, without the cluster: a worker namespace's mounts, and
+the private Redis (answers, comes back on its port after a restart, stopped by PID)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from airflow_harness import alive
+
+from devtools.servers.distributed_airflow import namespace_script
+from devtools.servers.redis_server import LocalRedis, missing_binary
+
+
+def test_a_worker_sees_the_shared_folders_and_a_home_of_its_own() -> None:
+    script = namespace_script(
+        Path("/tmp/h/workers/w1/tmp"),
+        (Path("/tmp/storage"), Path("/work/runs")),
+        Path("/tmp/h/home"),
+        Path("/tmp/h/workers/w1/home"),
+        "airflow celery worker",
+    ).splitlines()
+    # a shared folder under /tmp is bound into the private /tmp before it is laid over /tmp;
+    # one outside /tmp needs nothing; the home is an empty folder of the private /tmp
+    assert script == [
+        "set -e",
+        "mkdir -p /tmp/h/workers/w1/tmp/storage",
+        "mount --bind /tmp/storage /tmp/h/workers/w1/tmp/storage",
+        "mkdir -p /tmp/h/workers/w1/tmp/h/home",
+        "mount --rbind /tmp/h/workers/w1/tmp /tmp",
+        "airflow celery worker",
+    ]
+
+
+def test_a_home_outside_tmp_gets_a_folder_of_its_own_laid_over_it() -> None:
+    # the private /tmp lies in the home (as the demo's does): laid over /tmp before the home
+    # is hidden
+    script = namespace_script(
+        Path("/srv/airflow/workers/w1/tmp"),
+        (),
+        Path("/srv/airflow"),
+        Path("/srv/airflow/workers/w1/home"),
+        "x",
+    )
+    assert script.splitlines() == [
+        "set -e",
+        "mount --rbind /srv/airflow/workers/w1/tmp /tmp",
+        "mkdir -p /srv/airflow/workers/w1/home",
+        "mount --bind /srv/airflow/workers/w1/home /srv/airflow",
+        "x",
+    ]
+
+
+def test_the_private_redis_restarts_on_its_port_and_stops_by_pid() -> None:
+    if missing_binary():
+        pytest.skip("redis-server is not installed (make system-packages)")
+    with LocalRedis() as redis:
+        assert redis.process is not None and redis.answers()
+        first, port = redis.process.pid, redis.port
+        redis.restart()
+        assert redis.process.pid != first and not alive(first)
+        assert redis.port == port and redis.answers()
+        last = redis.process.pid
+    assert not alive(last) and redis.root is None
