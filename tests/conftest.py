@@ -10,7 +10,7 @@ Fixtures:
                            variables set for this test (monkeypatch, undone afterwards).
     gcs_prefix  (function) a fresh ``gs://<bucket>/<unique prefix>`` (implies ``gcs``).
 
-Side by side: ``make test`` runs the suite on several pytest-xdist workers (docs/testing.md).
+Side by side: ``make test`` runs the suite on several pytest-xdist workers (CONTRIBUTING.md).
 Each test module stays on one worker (its module fixtures start once), the modules that share
 a costly session server (the Kubernetes control plane, the private Slurm) share one worker, and
 those long groups are handed out first so that none of them starts last.
