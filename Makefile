@@ -17,9 +17,12 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[all]'
 	touch $(STAMP)
 
-# What CI runs (.ci/run): lint, formatting, types, then the whole suite.
+# What CI runs (.ci/run): lint, formatting, types, then the whole suite on TEST_WORKERS pytest-xdist
+# workers side by side (most tests wait on servers; tests/conftest.py keeps a module, and the
+# modules sharing a session server, on one worker). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 3
 test: check system-packages
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=40
 
 # Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Redis for the Celery
 # broker of the distributed Airflow, Chromium and its driver

@@ -9,6 +9,11 @@ Fixtures:
     gcs         (function) the same emulator, with STORAGE_EMULATOR_HOST and the tensorstore
                            variables set for this test (monkeypatch, undone afterwards).
     gcs_prefix  (function) a fresh ``gs://<bucket>/<unique prefix>`` (implies ``gcs``).
+
+Side by side: ``make test`` runs the suite on several pytest-xdist workers (CONTRIBUTING.md).
+Each test module stays on one worker (its module fixtures start once), the modules that share
+a costly session server (the Kubernetes control plane, the private Slurm) share one worker, and
+those long groups are handed out first so that none of them starts last.
 """
 
 from __future__ import annotations
@@ -64,6 +69,35 @@ class GCSEmulator:
             credentials=AnonymousCredentials(),
             client_options={"api_endpoint": self.url},
         )
+
+
+# Folders whose modules share one worker: they start the same session-scoped server.
+_SHARED_SERVER_GROUPS = {
+    "tests/tasks/backends/gke/real/": "k8s-control-plane",
+    "tests/tasks/backends/slurm/": "slurm",
+}
+# Handed out first (longest first): the groups above, then the Airflow end-to-end modules.
+_LONG_FIRST = ("tests/tasks/backends/gke/real/", "tests/tasks/backends/slurm/", "tests/airflow/")
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _group(item: pytest.Item) -> str:
+    rel = item.path.resolve().relative_to(_ROOT).as_posix()
+    return next((g for folder, g in _SHARED_SERVER_GROUPS.items() if rel.startswith(folder)), rel)
+
+
+def _rank(item: pytest.Item) -> int:
+    rel = item.path.resolve().relative_to(_ROOT).as_posix()
+    return next(
+        (i for i, folder in enumerate(_LONG_FIRST) if rel.startswith(folder)), len(_LONG_FIRST)
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A stable sort: within a module, tests keep their order.
+    items.sort(key=_rank)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
 
 
 def free_port() -> int:
