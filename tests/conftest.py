@@ -75,9 +75,15 @@ class GCSEmulator:
 _SHARED_SERVER_GROUPS = {
     "tests/tasks/backends/gke/real/": "k8s-control-plane",
     "tests/tasks/backends/slurm/": "slurm",
+    "tests/airflow/distributed/": "distributed-airflow",
 }
 # Handed out first (longest first): the groups above, then the Airflow end-to-end modules.
-_LONG_FIRST = ("tests/tasks/backends/gke/real/", "tests/tasks/backends/slurm/", "tests/airflow/")
+_LONG_FIRST = (
+    "tests/tasks/backends/gke/real/",
+    "tests/airflow/distributed/",
+    "tests/tasks/backends/slurm/",
+    "tests/airflow/",
+)
 _ROOT = Path(__file__).resolve().parent.parent
 
 
