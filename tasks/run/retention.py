@@ -117,32 +117,8 @@ def apply_retention(
     return {"keep": choice, "deleted": deleted, "kept": kept, "bytes_deleted": freed}
 
 
-@task(max_active_tis_per_dagrun=1, map_index_template="step {{ task.op_kwargs['step'] }}")
-def retention_after_step(spec: XComValue, step: XComValue) -> dict[str, Any] | None:
-    """After `step`'s evaluation (``[retention] while_training``): what the rule lets go now,
-    deleted; the verdict's settled deletions wait for the final ``retention`` task."""
-    run = RunSpec.from_dict(spec)
-    deployment = load_deployment()
-    params = get_current_context()["params"]
-    choice = retention_choice(params.get(RETENTION_PARAM, deployment.retention.keep))
-    try:
-        return apply_retention(
-            run.run_dir,
-            run.seed,
-            choice,
-            deployment.retention,
-            deployment.jobs.train.result,
-            settled=False,
-        )
-    except RetentionTaskError as exc:
-        log.warning("retention after step %s: %s (the final retention task tries again)", step, exc)
-        return None
-
-
-@task
-def retention(spec: XComValue) -> dict[str, Any] | None:
-    """After ``check``: the checkpoints the decided run no longer needs, deleted (or nothing,
-    when the ``retention`` Param is off)."""
+def _apply_for_task(spec: XComValue, *, settled: bool) -> dict[str, Any] | None:
+    """`apply_retention` for the running task: the run, the deployment, the Param's choice."""
     run = RunSpec.from_dict(spec)
     deployment = load_deployment()
     params = get_current_context()["params"]
@@ -153,5 +129,23 @@ def retention(spec: XComValue) -> dict[str, Any] | None:
         choice,
         deployment.retention,
         deployment.jobs.train.result,
-        settled=True,
+        settled=settled,
     )
+
+
+@task(max_active_tis_per_dagrun=1, map_index_template="step {{ task.op_kwargs['step'] }}")
+def retention_after_step(spec: XComValue, step: XComValue) -> dict[str, Any] | None:
+    """After `step`'s evaluation (``[retention] while_training``): what the rule lets go now,
+    deleted; the verdict's settled deletions wait for the final ``retention`` task."""
+    try:
+        return _apply_for_task(spec, settled=False)
+    except RetentionTaskError as exc:
+        log.warning("retention after step %s: %s (the final retention task tries again)", step, exc)
+        return None
+
+
+@task
+def retention(spec: XComValue) -> dict[str, Any] | None:
+    """After ``check``: the checkpoints the decided run no longer needs, deleted (or nothing,
+    when the ``retention`` Param is off)."""
+    return _apply_for_task(spec, settled=True)
