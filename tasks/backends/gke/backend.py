@@ -92,6 +92,7 @@ class GkeBackend:
         check_evaluate_job(settings, deployment.jobs.evaluate.command, deployment.source)
         self.deployment = deployment
         self.settings: GkeSettings = settings
+        self.queue = deployment.cluster_task_kwargs()  # every task here talks to the cluster
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
         # The JobSet is deleted if the trainer has not ended a grace period after the run's
@@ -104,7 +105,7 @@ class GkeBackend:
             image=job.image, env=job.env, secret_env=job.secret_env,
             job_timeout=timedelta(minutes=self.deployment.train_timeout_minutes),
             retries=settings.run_retries, stop_run_dir=run_dir_of(spec),
-            queue=self.deployment.cluster_task_kwargs(),
+            queue=self.queue,
         )  # fmt: skip
 
     def cancel_evaluation(self, run_dir: str, step: int) -> bool:
@@ -128,7 +129,7 @@ class GkeBackend:
             "job_timeout": timedelta(minutes=d.eval_timeout_minutes),
             "retries": d.eval_retries,
             "retry_delay": timedelta(seconds=s.poll_interval_s),
-            **d.cluster_task_kwargs(),
+            **self.queue,
         }
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
@@ -137,12 +138,9 @@ class GkeBackend:
             map_index_template="step {{ task.row['step'] }}",
             **self._evaluate_kwargs(),
         ).expand(row=rows)
-        cluster = self.settings.cluster
-        queue = self.deployment.cluster_task_kwargs()
-        with_cleanup(
-            evaluate,
-            DeleteEvalJobSetsOperator(run_task_id=evaluate.task_id, cluster=cluster, **queue),
-        )
+        cluster, queue = self.settings.cluster, self.queue
+        cleanup = DeleteEvalJobSetsOperator(run_task_id=evaluate.task_id, cluster=cluster, **queue)
+        with_cleanup(evaluate, cleanup)
         return evaluate
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
@@ -152,8 +150,7 @@ class GkeBackend:
         evaluate = EvaluateStepJobSetOperator(
             map_index_template="step {{ task.step }}", **self._evaluate_kwargs(), **resolved
         )
-        cluster = self.settings.cluster
-        queue = self.deployment.cluster_task_kwargs()
+        cluster, queue = self.settings.cluster, self.queue
         cleanup = DeleteJobSetOperator(run_task_id=evaluate.task_id, cluster=cluster, **queue)
         with_cleanup(evaluate, cleanup)
         return evaluate

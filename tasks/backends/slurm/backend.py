@@ -42,13 +42,14 @@ class SlurmBackend:
         settings = deployment.backend_table(TABLE, SlurmSettings)
         self.deployment = deployment
         self.settings: SlurmSettings = settings
+        self.queue = deployment.cluster_task_kwargs()  # every task here talks to the cluster
         if settings.eval_in_training_allocation:
             check_in_allocation(deployment, settings)
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
         settings, job = self.settings, self.deployment.jobs.train
         argv, run_env = train_command(job, spec, settings.python)
-        queue = self.deployment.cluster_task_kwargs()
+        queue = self.queue
         then_evaluate = None
         if settings.eval_in_training_allocation:
             evaluate = self.deployment.jobs.evaluate
@@ -79,7 +80,7 @@ class SlurmBackend:
             "eval_job": d.jobs.evaluate,
             "max_active_tis_per_dagrun": d.eval_window,
             "retries": d.eval_retries,
-            **d.cluster_task_kwargs(),
+            **self.queue,
         }
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
@@ -89,9 +90,8 @@ class SlurmBackend:
             **self._evaluate_kwargs(),
         ).expand(row=rows)
         cleanup = CancelSlurmJobsOperator(
-            run_task_id=evaluate.task_id, settings=self.settings, mapped=True,
-            **self.deployment.cluster_task_kwargs(),
-        )  # fmt: skip
+            run_task_id=evaluate.task_id, settings=self.settings, mapped=True, **self.queue
+        )
         with_cleanup(evaluate, cleanup)
         return evaluate
 
@@ -101,9 +101,8 @@ class SlurmBackend:
             map_index_template="step {{ task.step }}", **self._evaluate_kwargs(), **resolved
         )
         cleanup = CancelSlurmJobsOperator(
-            run_task_id=evaluate.task_id, settings=self.settings,
-            **self.deployment.cluster_task_kwargs(),
-        )  # fmt: skip
+            run_task_id=evaluate.task_id, settings=self.settings, **self.queue
+        )
         with_cleanup(evaluate, cleanup)
         return evaluate
 
