@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from env_helpers import set_env
@@ -87,9 +88,10 @@ _LONG_FIRST = (
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def _group(item: pytest.Item) -> str:
-    rel = item.path.resolve().relative_to(_ROOT).as_posix()
-    return next((g for folder, g in _SHARED_SERVER_GROUPS.items() if rel.startswith(folder)), rel)
+def _group_of(path: str) -> str:
+    """The worker group of a test file (a path relative to the repository): its folder's shared
+    server, else the file itself."""
+    return next((g for folder, g in _SHARED_SERVER_GROUPS.items() if path.startswith(folder)), path)
 
 
 def _rank(item: pytest.Item) -> int:
@@ -102,8 +104,19 @@ def _rank(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # A stable sort: within a module, tests keep their order.
     items.sort(key=_rank)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """pytest-xdist's scheduler by scope, the scope being the group of the test's file
+    (`_group_of`). Not its ``loadgroup``: that renames items (``item._nodeid``), which pytest 9
+    no longer reads."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByServerGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(nodeid.split("::", 1)[0])
+
+    return ByServerGroup(config, log)
 
 
 def free_port() -> int:
