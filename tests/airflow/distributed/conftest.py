@@ -81,7 +81,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         deployment = slurm.root / "deployment.toml"
         deployment.write_text(
             f'cluster_queue = "{CLUSTER_QUEUE}"\n'
-            + demo.slurm_deployment(slurm.root / "jobs", storage_root=storage)
+            # the sbatch hook names its worker: Slurm's commands see only what export_env names
+            + demo.slurm_deployment(slurm.root / "jobs", storage_root=storage).replace(
+                "[slurm]\n", '[slurm]\nexport_env = ["RCPFLOW_AIRFLOW_HOSTNAME"]\n', 1
+            )
         )
         path = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
         workers = (
