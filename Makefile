@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml constraints.txt
 # What CI runs (.ci/run): lint, formatting, types, then the whole suite on TEST_WORKERS pytest-xdist
 # workers side by side (most tests wait on servers; tests/conftest.py keeps a module, and the
 # modules sharing a session server, on one worker). TEST_WORKERS=0 runs it in this process.
-TEST_WORKERS ?= 0
+TEST_WORKERS ?= 2
 test: check system-packages
 	$(PY) -m pytest -n $(TEST_WORKERS) --durations=40
 

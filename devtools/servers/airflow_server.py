@@ -276,19 +276,30 @@ class LocalAirflow(Server):
         return self._request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{quoted}")
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
-        """Every task instance of the run (page by page: the API caps a page at 100)."""
+        """Every task instance of the run, one per (task, map index).
+
+        The API caps a page at 100 and orders by a key that moves: a retry gets a new id
+        (uuid7) and the instance jumps to the end between two pages, read twice while another
+        is missed. So the listing is read again until it holds each instance exactly once."""
         quoted = urllib.parse.quote(run_id, safe="")
-        found: list[dict[str, Any]] = []
-        while True:
-            answer = self._request(
-                "GET",
-                f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances"
-                f"?limit=100&offset={len(found)}&order_by=id",
-            )
-            page = list(answer["task_instances"])
-            found += page
-            if not page or len(found) >= answer["total_entries"]:
-                return found
+        for _ in range(10):
+            found: dict[tuple[str, int], dict[str, Any]] = {}
+            read = 0
+            while True:
+                answer = self._request(
+                    "GET",
+                    f"/api/v2/dags/{dag_id}/dagRuns/{quoted}/taskInstances"
+                    f"?limit=100&offset={read}&order_by=id",
+                )
+                page = list(answer["task_instances"])
+                read += len(page)
+                for ti in page:
+                    found[(ti["task_id"], ti["map_index"])] = ti
+                if not page or read >= answer["total_entries"]:
+                    break
+            if len(found) == answer["total_entries"]:
+                return list(found.values())
+        raise AirflowServerError(f"{dag_id} {run_id}: task instances kept moving while listed")
 
     def task_log(
         self, dag_id: str, run_id: str, task_id: str, map_index: int = -1, try_number: int = 1

@@ -1,10 +1,11 @@
 """Evaluation during training under a real scheduler (Airflow on 127.0.0.1, started by the
 test, deployment ``eval_schedule = "during_training"``, eval window 2).
 
-The trainer is the toy at a large global batch (1024: its steps are slow enough for evaluations
-to decide the run while it trains); seed 1 crosses the target at step 13 (measured: pass@4
-0.689 at step 12, 0.777 at 14), and checkpoints are evaluated from step 12 so that the verdict
-comes well before max_steps. While training runs, the planned steps' waits
+The trainer is the toy at a large global batch (1024), held by a pacer after step HOLD_AT
+until the stop request exists, so that the evaluations decide the run while it trains on any
+machine (under load it once reached max_steps first); seed 1 crosses the target at step 13
+(measured: pass@4 0.689 at step 12, 0.777 at 14), and checkpoints are evaluated from step 12.
+While training runs, the planned steps' waits
 are deferred (on the triggerer: more of them than the scheduler has worker slots); once a
 checkpoint passes and every lower one is below target the DAG writes the stop request and the
 trainer ends before max_steps. A failed evaluation of a low step decides nothing: training
@@ -42,9 +43,52 @@ WAIT = "evaluation.checkpoint.wait"
 EVALUATE = "evaluation.checkpoint.evaluate"
 
 
+# The training is held once it has saved this step, until the stop request is written: the
+# verdict (step 13) then always comes while it trains, however fast the machine trains.
+HOLD_AT = 20
+HOLD_MAX_S = 900  # past this the training is let go and the test fails on what it finds
+
+PACER = """
+import json, os, signal, subprocess, sys, time
+run_dir = args[args.index('--run-dir') + 1]
+manifest = os.path.join(run_dir, {manifest!r})
+stop_request = os.path.join(run_dir, 'stop_request.json')
+child = subprocess.Popen([{python!r}, *args])
+def forward(signum, frame):
+    child.send_signal(signum)
+    child.send_signal(signal.SIGCONT)  # a held child acts on it only once running
+signal.signal(signal.SIGTERM, forward)
+signal.signal(signal.SIGINT, forward)
+def saved():
+    try:
+        with open(manifest) as f:
+            return max((json.loads(line)['step'] for line in f if line.endswith('\\n')), default=0)
+    except (OSError, ValueError):
+        return 0
+held_since = None
+while child.poll() is None:
+    if held_since is None and saved() >= {hold_at} and not os.path.exists(stop_request):
+        child.send_signal(signal.SIGSTOP)
+        held_since = time.monotonic()
+        print('pacer: training held after step', saved(), flush=True)
+    elif held_since is not None and held_since > 0 and (
+        os.path.exists(stop_request) or time.monotonic() - held_since > {hold_max_s}
+    ):
+        child.send_signal(signal.SIGCONT)
+        held_since = -1.0
+        print('pacer: training released', flush=True)
+    time.sleep(0.1)
+sys.exit(child.returncode if child.returncode >= 0 else 128 - child.returncode)
+"""
+
+
 def job_python(folder: Path) -> Path:
     """The jobs' interpreter: the evaluation of step N fails when the run folder's parent holds
-    a file ``fail_eval_N`` (set by a test); every job runs for real otherwise."""
+    a file ``fail_eval_N`` (set by a test); the training runs under a pacer (a hook point, not
+    a race with the clock) that holds it after step HOLD_AT until the stop request exists; every
+    job runs for real otherwise."""
+    manifest = os.path.relpath(RunLayout("/run").manifest, "/run")
+    pacer = PACER.format(manifest=manifest, python=PYTHON, hold_at=HOLD_AT, hold_max_s=HOLD_MAX_S)
     wrapper = folder / "python"
     wrapper.write_text(
         f"#!{PYTHON}\n"
@@ -54,6 +98,8 @@ def job_python(folder: Path) -> Path:
         "    run_dir, step = args[args.index('--run-dir') + 1], args[-1]\n"
         "    if os.path.exists(os.path.join(os.path.dirname(run_dir), 'fail_eval_' + step)):\n"
         "        sys.exit('evaluation failed on purpose')\n"
+        "if args[:2] == ['-m', 'tpu_jobs.train']:\n"
+        f"    exec({pacer!r})\n"
         f"os.execv({PYTHON!r}, [{PYTHON!r}, *args])\n"
     )
     wrapper.chmod(0o755)
