@@ -3,7 +3,8 @@
 `SlurmHook` submits (sbatch), reads (squeue --json, then scontrol, then sacct), cancels
 (scancel) and reads a job's output, by running the commands through a `Runner`: this machine
 (`LocalRunner`) or a login node over SSH (`SshRunner`, the SSH provider's `SSHHook`).
-`RestSlurmHook` does the same through slurmrestd (openapi/v0.0.38, JWT). `AsyncSlurmHook`
+`RestSlurmHook` does the same through slurmrestd (JWT; the newest API version of
+`rest_api.SPOKEN`, v0.0.38 to v0.0.42, that the server serves). `AsyncSlurmHook`
 wraps either for a trigger's event loop. A cluster that does not answer is `ClusterUnreachable`
 (retry; never a reason to fail a running job), a job that Slurm no longer knows is
 `JobForgotten`, an id that now names another job is `JobIdReused`, a job that is not the
@@ -53,6 +54,7 @@ from tasks.backends.slurm.job_info import (
     job_from_sacct,
     job_from_scontrol,
 )
+from tasks.backends.slurm.rest_api import SPOKEN, cancel_query, submit_body
 from tasks.backends.slurm.script import (
     BatchJob,
     job_comment,
@@ -367,16 +369,26 @@ class SlurmHook(_OwnJobs):
         return data, offset + len(data.encode())
 
 
+class _NotServed(SlurmError):
+    """slurmrestd serves no such path (404 without a JSON answer): an API version it lacks."""
+
+
 class RestSlurmHook(_OwnJobs):
-    """The same as `SlurmHook`, through slurmrestd (openapi/v0.0.38): the user name and JWT
-    are the connection `rest_conn_id`'s login and password (`credentials` overrides them).
-    Reading a job's output needs the log folder on this machine too (a shared file system)."""
+    """The same as `SlurmHook`, through slurmrestd (JWT): the user name and JWT are the
+    connection `rest_conn_id`'s login and password (`credentials` overrides them). It speaks
+    the newest API version of `rest_api.SPOKEN` that the server serves (`api`: asked once,
+    then kept; `api=` given pins one). Reading a job's output needs the log folder on this
+    machine too (a shared file system)."""
 
-    API = "/slurm/v0.0.38"
-
-    def __init__(self, settings: SlurmSettings, credentials: tuple[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: SlurmSettings,
+        credentials: tuple[str, str] | None = None,
+        api: str | None = None,
+    ) -> None:
         self.settings = settings
         self._credentials = credentials
+        self._api = api
         self.accounting: bool | None = False
 
     def _user_and_token(self) -> tuple[str, str]:
@@ -391,6 +403,25 @@ class RestSlurmHook(_OwnJobs):
         """The user slurmrestd acts as: its jobs are rcpflow's."""
         return self._user_and_token()[0]
 
+    def api(self) -> str:
+        """The API version this hook speaks to its slurmrestd: the newest of `SPOKEN` whose
+        ``/ping`` the server answers (one call per version, newest first, until one does; 24.11
+        answers the first), asked once per hook. SlurmError when it serves none of them."""
+        if self._api is None:
+            for version in SPOKEN:
+                try:
+                    self._call("GET", "/ping", api=version)
+                except _NotServed:
+                    continue
+                self._api = version
+                break
+            else:
+                raise SlurmError(
+                    f"slurmrestd at {self.settings.rest_url} serves none of the API versions "
+                    f"rcpflow speaks ({', '.join(SPOKEN)})"
+                )
+        return self._api
+
     def _headers(self) -> dict[str, str]:
         user, token = self._user_and_token()
         return {
@@ -399,30 +430,36 @@ class RestSlurmHook(_OwnJobs):
             "Content-Type": "application/json",
         }
 
-    def _call(self, method: str, path: str, body: object = None) -> dict[str, Any]:
+    def _call(
+        self, method: str, path: str, body: object = None, api: str | None = None
+    ) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
+        version = api or self.api()
         request = urllib.request.Request(
-            self.settings.rest_url.rstrip("/") + self.API + path,
+            f"{self.settings.rest_url.rstrip('/')}/slurm/{version}{path}",
             data=data,
             method=method,
             headers=self._headers(),
         )
+        where = f"slurmrestd {method} /slurm/{version}{path}"
         try:
             with urllib.request.urlopen(request, timeout=self.settings.command_timeout_s) as r:
                 raw = r.read(MAX_ANSWER_BYTES + 1)
                 if len(raw) > MAX_ANSWER_BYTES:
-                    raise _too_big([f"slurmrestd {method} {path}"])
+                    raise _too_big([where])
                 answer: dict[str, Any] = json.loads(raw or b"{}")
         except urllib.error.HTTPError as exc:
-            text = exc.read().decode(errors="replace")
+            text = exc.read(MAX_ANSWER_BYTES).decode(errors="replace")
             try:
                 answer = json.loads(text)
             except ValueError:
                 if exc.code >= 500:
-                    raise ClusterUnreachable(f"slurmrestd {method} {path}: {exc.code}") from exc
-                raise SlurmError(f"slurmrestd {method} {path}: {exc.code} {text[:300]}") from exc
+                    raise ClusterUnreachable(f"{where}: {exc.code}") from exc
+                if exc.code == 404:
+                    raise _NotServed(f"{where}: not served: {text[:300]}") from exc
+                raise SlurmError(f"{where}: {exc.code} {text[:300]}") from exc
         except (OSError, TimeoutError) as exc:
-            raise ClusterUnreachable(f"slurmrestd {method} {path}: {exc}") from exc
+            raise ClusterUnreachable(f"{where}: {exc}") from exc
         errors = answer.get("errors") or []
         if errors:
             text = json.dumps(errors)
@@ -431,22 +468,28 @@ class RestSlurmHook(_OwnJobs):
             elif method == "DELETE" and _ENDED_ALREADY.search(text):
                 answer["_ended"] = True  # a cancel of a job that ended: done, as scancel says
             elif _UNREACHABLE.search(text):
-                raise ClusterUnreachable(f"slurmrestd {method} {path}: {text}")
+                raise ClusterUnreachable(f"{where}: {text}")
             else:
-                raise SlurmError(f"slurmrestd {method} {path}: {text}")
+                raise SlurmError(f"{where}: {text}")
         return answer
 
     def ping(self) -> None:
-        self._call("GET", "/ping")
+        """ClusterUnreachable unless slurmctld answers slurmrestd (v0.0.40+ answers 200 and
+        says DOWN, e.g. for a token slurmctld refuses)."""
+        answer = self._call("GET", "/ping")
+        for ping in answer.get("pings") or []:
+            state = ping.get("pinged", ping.get("ping", "UP")) if isinstance(ping, dict) else "UP"
+            if state != "UP":
+                raise ClusterUnreachable(
+                    f"slurmrestd at {self.settings.rest_url}: slurmctld {state} (or it refuses "
+                    "this token)"
+                )
 
     def submit(self, job: BatchJob) -> SubmittedJob:
-        props = rest_job_properties(job)
         # slurmrestd takes the job's environment whole: PATH and the names the deployment
         # exports (`export_env`), nothing else of this worker's.
         exported = {n: os.environ[n] for n in job.export_env if n in os.environ}
-        props["environment"] = {**props["environment"], **exported}
-        body = {"script": render_script(job), "job": props}
-        answer = self._call("POST", "/job/submit", body)
+        answer = self._call("POST", "/job/submit", submit_body(job, self.api(), exported))
         job_id = str(answer.get("job_id", ""))
         if not job_id.isdigit():
             raise SlurmError(f"slurmrestd submit of {job.name}: no job id in {answer}")
@@ -458,19 +501,19 @@ class RestSlurmHook(_OwnJobs):
         if not jobs:
             raise JobForgotten(
                 f"Slurm job {job_id}: unknown to slurmctld (a finished job is kept MinJobAge "
-                "seconds; slurmrestd's v0.0.38 API reads no accounting)"
+                "seconds; slurmrestd's slurmctld API reads no accounting)"
             )
         return self._checked(job_from_json(jobs[0], "rest"), expected)
 
     def cancel(self, job_id: str, signal: str | None = None) -> None:
-        """The job cancelled (with `signal`: only signalled); one that has ended already, or
-        that Slurm forgot, is fine, as on the CLI."""
-        query = f"?signal={signal}" if signal else ""
-        self._call("DELETE", f"/job/{job_id}{query}")
+        """The job cancelled (with `signal`: only its batch shell signalled, on v0.0.38 the
+        job); one that has ended already, or that Slurm forgot, is fine, as on the CLI."""
+        self._call("DELETE", f"/job/{job_id}{cancel_query(self.api(), signal)}")
 
     def find_jobs(self, name: str) -> list[JobInfo]:
-        """The jobs of `name`, whoever owns them (`refusal` tells rcpflow's). v0.0.38 has no
-        name filter: the whole queue, bounded by `MAX_ANSWER_BYTES`."""
+        """The jobs of `name`, whoever owns them (`refusal` tells rcpflow's). slurmrestd's
+        ``/jobs`` has no name filter (v0.0.38 to v0.0.42): the whole queue, bounded by
+        `MAX_ANSWER_BYTES`."""
         answer = self._call("GET", "/jobs")
         jobs = [job_from_json(j, "rest") for j in answer.get("jobs", []) if j.get("name") == name]
         return _in_order([self._placed(j) for j in jobs])
@@ -500,54 +543,6 @@ def _submit_time(hook: SlurmHook | RestSlurmHook, job_id: str) -> int:
         except ClusterUnreachable:
             time.sleep(1.0 + attempt)
     return 0
-
-
-# The job properties of v0.0.38 whose name is not the sbatch option's.
-_REST_NAMES = {"constraint": "constraints"}
-
-
-def rest_job_properties(job: BatchJob) -> dict[str, Any]:
-    """The v0.0.38 job properties of `job` (slurmrestd reads no ``#SBATCH`` line)."""
-    shape = job.shape
-    props: dict[str, Any] = {
-        "name": job.name,
-        "comment": job_comment(job.name),
-        "current_working_directory": job.working_dir,
-        "standard_output": job.output_path,
-        "standard_error": job.output_path,
-        "open_mode": "append",
-        "nodes": [shape.nodes, shape.nodes],
-        "tasks_per_node": shape.ntasks_per_node,
-        "tasks": shape.tasks,
-        "cpus_per_task": shape.cpus_per_task,
-        "time_limit": -(-shape.time_limit_s // 60),
-        # slurmrestd 22.05 refuses "B:" ("Invalid SIGNAL specification"): the tasks get the
-        # SIGTERM from Slurm directly, as the batch shell passes it on (`script`).
-        "signal": f"TERM@{shape.signal_grace_s}",
-        "requeue": True,
-        # slurmrestd needs an environment; the script exports the job's own.
-        "environment": {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"},
-    }
-    for flag, value in shape.named_options():
-        props[_REST_NAMES.get(flag, flag)] = value
-    if shape.gpus_per_node:
-        props["gpus_per_node"] = str(shape.gpus_per_node)
-    if shape.mem:
-        props["memory_per_node"] = _megabytes(shape.mem)
-    if shape.exclusive:
-        props["exclusive"] = "exclusive"
-    if shape.extra_sbatch_args:
-        raise SlurmError(
-            "extra_sbatch_args cannot be sent through slurmrestd (v0.0.38 takes job properties, "
-            "not sbatch options): use transport 'local' or 'ssh'"
-        )
-    return props
-
-
-def _megabytes(mem: str) -> int:
-    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
-    number, unit = (mem[:-1], mem[-1]) if mem[-1] in units else (mem, "M")
-    return int(int(number) * units[unit])
 
 
 AnyHook = SlurmHook | RestSlurmHook

@@ -92,27 +92,12 @@ def product_reads_this_slurm(request: pytest.FixtureRequest) -> None:
     """A test of a Slurm whose output the product cannot read yet (24.11's JSON shapes before
     issue 34's fix) is xfailed, naming what was read, not run: it would fail on the
     first poll. The check runs once per cluster; the marker ends with the defect."""
-    if "slurm" not in request.fixturenames or "slurm_rest" in request.fixturenames:
-        return  # a REST test has its own gate (`slurm_rest`)
+    if "slurm" not in request.fixturenames:
+        return
     cluster: SlurmCluster = request.getfixturevalue("slurm")
     defect = _PRODUCT_DEFECTS.get(cluster.version, "")
     if defect:
         pytest.xfail(f"Slurm {cluster.version}: SlurmHook cannot read it yet: {defect} (issue 34)")
-
-
-@pytest.fixture
-def slurm_rest(slurm: SlurmCluster) -> SlurmCluster:
-    """The private Slurm, for a test of `RestSlurmHook`: skipped, naming both, where its
-    slurmrestd does not serve the hook's API version (24.11 serves v0.0.40-v0.0.42 only)."""
-    from tasks.backends.slurm.hooks import RestSlurmHook
-
-    api = RestSlurmHook.API.rsplit("/", 1)[-1]
-    if api not in slurm.rest_api_versions():
-        pytest.skip(
-            f"slurmrestd {slurm.version} does not serve {RestSlurmHook.API} "
-            f"(it serves {', '.join(slurm.rest_api_versions())}), RestSlurmHook's API"
-        )
-    return slurm
 
 
 @pytest.fixture

@@ -6,10 +6,15 @@ give each task its place; the SSH and REST transports; slurmctld restarted under
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Sequence
+from email.message import Message
 from pathlib import Path
 
 import pytest
@@ -28,6 +33,7 @@ from tasks.backends.slurm.hooks import (
     SubmittedJob,
     job_from_sacct,
 )
+from tasks.backends.slurm.rest_api import SPOKEN, cancel_query, submit_body
 from tasks.backends.slurm.script import BatchJob, render_script
 from tasks.backends.slurm.settings import SecretRef, SlurmJobShape, SlurmSettings
 
@@ -288,24 +294,64 @@ def test_the_ssh_transport(slurm: SlurmCluster, ssh_conn: str, jobs_dir: Path) -
         down.job(job.job_id)
 
 
-def test_the_rest_transport(slurm_rest: SlurmCluster, jobs_dir: Path) -> None:
+def test_the_rest_transport(slurm: SlurmCluster, jobs_dir: Path) -> None:
     import getpass
 
-    url = slurm_rest.rest_url
+    url = slurm.rest_url
     rest = settings(jobs_dir, transport="rest", rest_url=url, rest_conn_id="unused")
-    hook = RestSlurmHook(rest, credentials=(getpass.getuser(), slurm_rest.rest_token()))
+    credentials = (getpass.getuser(), slurm.rest_token())
+    hook = RestSlurmHook(rest, credentials=credentials)
     hook.ping()
+    # the newest version the hook speaks of those the server lists (v0.0.38 on 22.05,
+    # v0.0.42 on 24.11)
+    served = [v for v in SPOKEN if v in slurm.rest_api_versions()]
+    assert hook.api() == served[0], (slurm.rest_api_versions(), SPOKEN)
     (jobs_dir / "logs").mkdir()
     job = hook.submit(
         batch(
             jobs_dir,
             "over-rest",
             [PY, "-c", "import sys; print('ARGS', sys.argv[1:]); sys.exit(3)", NASTY],
+            exclusive=True,
+            mem="100M",
         )
     )
+    # every other version the hook speaks and the server serves, pinned: submit and read
+    others = {v: RestSlurmHook(rest, credentials=credentials, api=v) for v in served[1:]}
+    by_version = {
+        v: (
+            h,
+            h.submit(
+                batch(
+                    jobs_dir,
+                    f"rest-{v}",
+                    [PY, "-c", "raise SystemExit(4)"],
+                    exclusive=True,
+                    mem="100M",
+                )
+            ),
+        )
+        for v, h in others.items()
+    }
+    for submitted in [job, *(j for _, j in by_version.values())]:
+        # the job's properties as slurmctld took them (slurmrestd reads no #SBATCH line)
+        shown = slurm.client("scontrol", "show", "job", "-o", submitted.job_id)
+        for field in (
+            "MinMemoryNode=100M",
+            "TimeLimit=00:10:00",
+            f"Comment=rcpflow:{submitted.name}",
+        ):
+            assert f" {field} " in f" {shown} ", (field, shown)
     info = wait_finished(hook, job)
     assert (info.state, info.exit_code, info.source) == ("FAILED", 3, "rest")
     assert repr([NASTY]) in output(hook, info)
+    for version, (other, submitted) in by_version.items():
+        read = wait_finished(other, submitted)
+        assert (read.state, read.exit_code, read.comment) == (
+            "FAILED",
+            4,
+            f"rcpflow:rest-{version}",
+        ), version
     sleeper = hook.submit(
         batch(jobs_dir, "rest-sleeper", [PY, "-c", "import time; time.sleep(300)"])
     )
@@ -315,3 +361,100 @@ def test_the_rest_transport(slurm_rest: SlurmCluster, jobs_dir: Path) -> None:
     with pytest.raises(SlurmError) as caught:
         bad.ping()
     print(caught.value)
+
+
+class FakeRestd:
+    """A slurmrestd serving `versions` (a ping answers UP; any other path 404, as slurmrestd's
+    own text), the calls it got counted: `urlopen` stands in for urllib's."""
+
+    def __init__(self, versions: Sequence[str]) -> None:
+        self.versions = versions
+        self.asked: list[str] = []
+
+    def urlopen(self, request: urllib.request.Request, timeout: float) -> io.BytesIO:
+        path = urllib.parse.urlsplit(request.full_url).path
+        self.asked.append(path)
+        version = path.split("/")[2]
+        if version not in self.versions:
+            text = io.BytesIO(
+                b"Unable find requested URL. Please view /openapi/v3 for API reference."
+            )
+            raise urllib.error.HTTPError(request.full_url, 404, "Not Found", Message(), text)
+        return io.BytesIO(json.dumps({"pings": [{"pinged": "UP"}], "errors": []}).encode())
+
+
+def rest_settings() -> SlurmSettings:
+    return SlurmSettings(
+        working_dir="/w", log_dir="/l", transport="rest", rest_url="http://x", rest_conn_id="c"
+    )
+
+
+@pytest.mark.parametrize(
+    ("served", "picked"),
+    [
+        (["v0.0.38"], "v0.0.38"),  # 22.05
+        (["v0.0.39", "v0.0.40"], "v0.0.40"),  # 23.11
+        (["v0.0.40", "v0.0.41", "v0.0.42"], "v0.0.42"),  # 24.11
+        (["v0.0.41", "v0.0.42", "v0.0.43"], "v0.0.42"),  # 25.05
+    ],
+)
+def test_the_rest_hook_speaks_the_newest_version_the_server_serves(
+    monkeypatch: pytest.MonkeyPatch, served: list[str], picked: str
+) -> None:
+    server = FakeRestd(served)
+    monkeypatch.setattr(urllib.request, "urlopen", server.urlopen)
+    hook = RestSlurmHook(rest_settings(), credentials=("u", "t"))
+    hook.ping()
+    hook.ping()
+    assert hook.api() == picked
+    # asked once per hook: a ping per version, newest first, until one answers; then its own
+    tried = [f"/slurm/{v}/ping" for v in SPOKEN[: SPOKEN.index(picked) + 1]]
+    assert server.asked == [*tried, f"/slurm/{picked}/ping", f"/slurm/{picked}/ping"]
+
+
+def test_a_slurmrestd_of_no_version_the_hook_speaks_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(urllib.request, "urlopen", FakeRestd(["v0.0.37", "v0.0.39"]).urlopen)
+    with pytest.raises(SlurmError) as caught:
+        RestSlurmHook(rest_settings(), credentials=("u", "t")).ping()
+    assert str(caught.value) == (
+        "slurmrestd at http://x serves none of the API versions rcpflow speaks "
+        "(v0.0.42, v0.0.41, v0.0.40, v0.0.38)"
+    )
+
+
+def test_each_version_gets_the_job_as_sbatch_would(tmp_path: Path) -> None:
+    """The submit body per version: what `sbatch_options` gives sbatch, in each one's names."""
+    job = batch(
+        tmp_path, "shaped", ["true"], nodes=2, ntasks_per_node=2, gres="gpu:a100:2",
+        mem="2G", exclusive=True, partition="p", constraint="x&y",
+    )  # fmt: skip
+    exported = {"SITE_PROXY": "http://proxy:3128"}
+    legacy = submit_body(job, "v0.0.38", exported)
+    assert legacy["script"] == render_script(job)
+    assert legacy["job"]["environment"]["SITE_PROXY"] == "http://proxy:3128"
+    assert (legacy["job"]["nodes"], legacy["job"]["constraints"]) == ([2, 2], "x&y")
+    for version in ("v0.0.40", "v0.0.41", "v0.0.42"):
+        body = submit_body(job, version, exported)
+        assert list(body) == ["job"], version  # the script inside the job
+        props = body["job"]
+        assert props["script"] == render_script(job)
+        assert "SITE_PROXY=http://proxy:3128" in props["environment"]
+        assert [e for e in props["environment"] if not e.startswith(("PATH=", "SITE_"))] == []
+        assert props["comment"] == "rcpflow:shaped"
+        assert props["standard_output"] == f"{tmp_path}/logs/shaped-%j.out"
+        assert (props["minimum_nodes"], props["maximum_nodes"], props["tasks"]) == (2, 2, 4)
+        assert props["time_limit"] == {"set": True, "infinite": False, "number": 10}
+        assert props["memory_per_node"]["number"] == 2048
+        assert props["tres_per_node"] == "gres/gpu:a100:2"
+        assert (props["shared"], props["partition"], props["constraints"]) == (["none"], "p", "x&y")
+        assert (props["kill_warning_signal"], props["kill_warning_flags"]) == (
+            "TERM",
+            ["BATCH_JOB"],
+        )
+        assert props["kill_warning_delay"]["number"] == 30
+    assert cancel_query("v0.0.42", "TERM") == "?signal=TERM&flags=BATCH_JOB"  # scancel --batch
+    assert (cancel_query("v0.0.38", "TERM"), cancel_query("v0.0.42", None)) == ("?signal=TERM", "")
+    with pytest.raises(SlurmError, match="extra_sbatch_args cannot be sent through slurmrestd"):
+        submit_body(batch(tmp_path, "x", ["true"], extra_sbatch_args=("--x=1",)), "v0.0.42", {})
