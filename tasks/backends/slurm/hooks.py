@@ -369,6 +369,12 @@ class SlurmHook(_OwnJobs):
         return data, offset + len(data.encode())
 
 
+# slurmrestd's word for an id slurmctld does not know (every version). Not the CLI's "Unable to
+# find JobId": 22.05's slurmrestd says that of a job it could not read for a token slurmctld
+# refused ("Unspecified error"), which is no forgotten job.
+_REST_INVALID_JOB = re.compile(r"Invalid job id specified", re.IGNORECASE)
+
+
 class _NotServed(SlurmError):
     """slurmrestd serves no such path (404 without a JSON answer): an API version it lacks."""
 
@@ -463,7 +469,7 @@ class RestSlurmHook(_OwnJobs):
         errors = answer.get("errors") or []
         if errors:
             text = json.dumps(errors)
-            if _INVALID_JOB.search(text):
+            if _REST_INVALID_JOB.search(text):
                 answer["_invalid_job"] = True
             elif method == "DELETE" and _ENDED_ALREADY.search(text):
                 answer["_ended"] = True  # a cancel of a job that ended: done, as scancel says

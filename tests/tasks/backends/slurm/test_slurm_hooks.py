@@ -361,6 +361,12 @@ def test_the_rest_transport(slurm: SlurmCluster, jobs_dir: Path) -> None:
     with pytest.raises(SlurmError) as caught:
         bad.ping()
     print(caught.value)
+    # a job read with a refused token is an error, never a job Slurm forgot (22.05 says
+    # "Unable to find JobId" then)
+    pinned = RestSlurmHook(rest, credentials=(getpass.getuser(), "not-a-token"), api=hook.api())
+    with pytest.raises(SlurmError) as caught:
+        pinned.job(job.job_id)
+    assert not isinstance(caught.value, JobForgotten), caught.value
 
 
 class FakeRestd:
