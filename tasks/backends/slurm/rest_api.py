@@ -45,7 +45,8 @@ def submit_body(job: BatchJob, version: str, exported: Mapping[str, str]) -> dic
 
 def cancel_query(version: str, signal: str | None) -> str:
     """The query of ``DELETE /slurm/<version>/job/{id}``: none (cancel), or the signal sent to
-    the batch shell only, as ``scancel --signal=S --batch`` (v0.0.38 has no flags: the job)."""
+    the batch shell only, as ``scancel --signal=S --batch``. v0.0.38 has no flags: 22.05 signals
+    the whole job, srun included, which kills the step (rcpflow itself only cancels)."""
     if not signal:
         return ""
     if version == LEGACY:
