@@ -268,8 +268,8 @@ class SlurmSettings:
 
     transport: ``local`` runs sbatch/squeue/scontrol/scancel on the Airflow worker and
     triggerer; ``ssh`` runs them on a login node through the SSH provider's hook (`ssh_conn_id`);
-    ``rest`` speaks to slurmrestd at `rest_url` (openapi/v0.0.38) with the user name and JWT
-    of the connection `rest_conn_id` (login, password).
+    ``rest`` speaks to slurmrestd at `rest_url` (openapi v0.0.38 or v0.0.40+, the newest it
+    serves) with the user name and JWT of the connection `rest_conn_id` (login, password).
     `working_dir` (the jobs' working folder) and `log_dir` (their output files) are paths on
     the cluster; `python` is ``{python}`` of the job templates there. A running job is read
     every `poll_interval_s` (well under Slurm's MinJobAge, 300 s by default, after which a
