@@ -382,13 +382,17 @@ def _retention_plan(args: argparse.Namespace) -> int:
 
 def _retention_apply(args: argparse.Namespace) -> int:
     """delete what retention plans (or finish an interrupted apply), recording it in the run
-    folder's retention.json; safe to rerun; exit 0, 1 when the run folder cannot be planned"""
+    folder's retention.json; safe to rerun; one apply per run folder at a time; exit 0, 1 when
+    the run folder cannot be planned or another apply holds it"""
     from rcpflow.verdict.retention_apply import RetentionError, apply_run
+    from rcpflow.verdict.retention_lock import RetentionBusy
 
     try:
         applied = apply_run(args.run_dir, _policy(args), args.settled, args.tree)
     except RetentionError as e:
         return _invalid(e)
+    except RetentionBusy as e:
+        return _error(e)
     for part in applied["parts"]:  # type: ignore[attr-defined]
         if part["goes"]:
             print(f"step {part['step']} {part['part']}: {part['outcome']} ({part['reason']})")

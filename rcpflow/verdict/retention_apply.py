@@ -40,6 +40,7 @@ from rcpflow.verdict.retention import (
     RunFacts,
 )
 from rcpflow.verdict.retention import decide as decide_retention
+from rcpflow.verdict.retention_lock import holding
 from rcpflow.verdict.verify import evaluate_step, reading_once
 
 RECORD_FORMAT = 1
@@ -310,7 +311,18 @@ def apply_run(
     trees: Sequence[str] = (),
 ) -> dict[str, object]:
     """Finish an unfinished apply, else plan, record the intent, delete, mark done; the apply
-    as recorded. An unfinished apply keeps the trees it was planned with."""
+    as recorded. An unfinished apply keeps the trees it was planned with. One apply per run
+    folder at a time (`rcpflow.verdict.retention_lock`): RetentionBusy when another holds it."""
+    root = RunLayout(run_dir).root
+    if not is_gcs(root) and not os.path.isdir(root):
+        raise RetentionError(f"{root}: no run folder")
+    with holding(run_dir):
+        return _apply_held(run_dir, policy, settled, trees)
+
+
+def _apply_held(
+    run_dir: str, policy: RetentionPolicy, settled: bool, trees: Sequence[str]
+) -> dict[str, object]:
     record = read_record(run_dir) or {"format": RECORD_FORMAT, "applies": []}
     applies = record["applies"]
     assert isinstance(applies, list)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from devtools.synthetic_run import SyntheticRun, make_run, write_eval
 from rcpflow.files.storage import split_gcs, storage_for
 from rcpflow.verdict import retention_apply
 from rcpflow.verdict.retention_apply import apply_run, plan_run, read_record
+from rcpflow.verdict.retention_lock import RetentionBusy
 
 
 @pytest.fixture
@@ -280,3 +282,81 @@ def test_gcs_without_credentials_is_one_error_line(tmp_path: Path) -> None:
             "no Google Cloud credentials",
             prefix="error: ",
         )
+
+
+def test_a_second_apply_while_one_holds_the_run_folder_is_refused(
+    tmp_path: Path, monkeypatch
+) -> None:
+    run = _run(tmp_path)
+    second: list[subprocess.CompletedProcess[str]] = []
+
+    def another_apply(path: str) -> None:
+        if not second:  # the first apply holds the run folder, mid-way through its deletes
+            second.append(run_cli("retention", "apply", run.run_dir))
+            with pytest.raises(RetentionBusy, match="another retention apply holds"):
+                apply_run(run.run_dir)  # in this process too: a lock per apply, not per process
+
+    monkeypatch.setattr(retention_apply, "after_delete", another_apply)
+    done = apply_run(run.run_dir)
+    line = assert_one_invalid_line(
+        second[0],
+        run.layout.retention_lock,
+        "another retention apply holds the run folder",
+        f'"pid": {os.getpid()}',
+        prefix="error: ",
+    )
+    assert "Traceback" not in line
+    # the refused ones changed nothing: one apply recorded, it deleted what it planned
+    assert len(read_record(run.run_dir)["applies"]) == 1  # type: ignore[index]
+    assert {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]} == {  # type: ignore[attr-defined]
+        18: "deleted",
+        19: "deleted",
+    }
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    assert run_cli("retention", "apply", run.run_dir).returncode == 0  # released at its end
+
+
+def test_an_apply_killed_mid_way_leaves_no_lock(tmp_path: Path, monkeypatch) -> None:
+    run = _run(tmp_path)
+
+    def crash(path: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(retention_apply, "after_delete", crash)
+    with pytest.raises(KeyboardInterrupt):
+        apply_run(run.run_dir)
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    p = run_cli("retention", "apply", run.run_dir)  # another process: the flock went with it
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.gcs
+def test_gcs_a_second_apply_is_refused_and_a_stale_lock_is_named(
+    gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
+) -> None:
+    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
+    s = storage_for(gcs_prefix)
+    for step in (18, 19, 20):
+        s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_0", b"w")
+    refused: list[str] = []
+
+    def another_apply(path: str) -> None:
+        if not refused:
+            with pytest.raises(RetentionBusy) as busy:
+                apply_run(run.run_dir)
+            refused.append(str(busy.value))
+
+    monkeypatch.setattr(retention_apply, "after_delete", another_apply)
+    apply_run(run.run_dir)
+    assert refused and refused[0].startswith(f"{run.layout.retention_lock}: another retention")
+    assert f'"pid": {os.getpid()}' in refused[0]
+    assert not s.exists(run.layout.retention_lock)  # released at the end
+    assert len(json.loads(s.read_bytes(run.layout.retention))["applies"]) == 1
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    s.write_atomic(run.layout.retention_lock, b'{"host": "gone", "pid": 1}')  # a killed apply's
+    with pytest.raises(
+        RetentionBusy, match=f"if no apply runs, delete {run.layout.retention_lock}"
+    ):
+        apply_run(run.run_dir)
+    s.delete(run.layout.retention_lock)
+    assert apply_run(run.run_dir)["done_ms"] is not None
