@@ -8,7 +8,9 @@ retention record (`RunLayout.retention`) before deleting anything, deletes, then
 rerun finishes an unfinished apply first. Nothing written after the plan is deleted: each part
 records its newest file time (local) or object generation (``gs://``); a newer one keeps the part,
 and every ``gs://`` delete carries the listed generation as a precondition (sent in batches of
-up to 100; an object a batch fails to delete is named in the record, the part kept).
+up to 100; an object a batch fails to delete is named in the record, the part kept), and a part
+whose checkpoint an evaluation began to read since the plan (`rcpflow.records.evaluating`) is
+kept. One apply per run folder at a time (`rcpflow.verdict.retention_lock`).
 
 A foreign trainer's tree (NeMo-RL's ``step_<N>/``, Tunix's) outside the run's ``checkpoints/``
 is deleted from only when the caller names it (`trees`: the deployment allows it); what goes is
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass
 from rcpflow.files.layout import CHECKPOINT_STATE_DIR, RunLayout, is_gcs, normalized
 from rcpflow.files.storage import GCS_BATCH_LIMIT, delete_generations, gcs_objects, storage_for
 from rcpflow.records.checkpoint_state import run_snapshot
+from rcpflow.records.evaluating import running
 from rcpflow.records.manifest import ManifestError, load
 from rcpflow.verdict.finalize import FinalizeInputError, decide
 from rcpflow.verdict.gate import passes
@@ -161,7 +164,8 @@ def run_facts(run_dir: str, settled: bool = False, trees: Sequence[str] = ()) ->
         ok = in_trees(path, layout, trees)
         present = ok and _present(path)
         full = present and _full_state(path)
-        checkpoints.append(CheckpointFacts(row.step, path, ok, present, evaluation, full))
+        now = running(layout.root, row.step) if present else None
+        checkpoints.append(CheckpointFacts(row.step, path, ok, present, evaluation, full, now))
     passing = verdict.end_row.step if verdict.status == "success" and verdict.end_row else None
     # The passing checkpoint (the one the MLLOG's run_stop names) is kept by the policy, so
     # that --keep nothing may let it go; `protected` is for what the run folder cannot tell.
@@ -346,8 +350,11 @@ def _apply_held(
     for part in current["parts"]:
         if not part["goes"] or part.get("outcome"):
             continue
+        now = running(layout.root, part["step"])
         if not in_trees(part["path"], layout, planned_trees):  # the record is not trusted blindly
             part["outcome"] = "outside the run's checkpoint tree: kept"
+        elif now is not None:  # an evaluation began after the plan
+            part["outcome"] = f"being evaluated since the plan ({now}): kept"
         else:
             failed: list[str] = []
             part["outcome"] = _delete_part(part["path"], part["newest"], failed) or "deleted"

@@ -13,9 +13,10 @@ With ``[retention] while_training = true`` the evaluation group also runs
 run (the record is one file): the evaluated checkpoints below the target go while training
 runs (the newest full state stays), for a trainer whose resume tolerates it. Both take the run
 folder's retention lock (`rcpflow.verdict.retention_lock`): while a person's ``rcpflow retention
-apply`` holds it, the final task fails naming it, and the after-step one leaves the work to it. It is
-opportunistic: a run folder it cannot plan is logged, never fails the step (the final task
-names it and fails), so that retention never stands between an evaluation and the verdict.
+apply`` holds it, the final task fails naming it, and the after-step one leaves the work to it.
+The after-step task is opportunistic: a run folder it cannot plan is logged, never fails the
+step (the final task names it and fails), so that retention never stands between an evaluation
+and the verdict.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from rcpflow_cli import assert_one_invalid_line, cli_env_without_gcs_credentials
 
 from devtools.synthetic_run import SyntheticRun, make_run, write_eval
 from rcpflow.files.storage import split_gcs, storage_for
+from rcpflow.records.evaluating import held
 from rcpflow.verdict import retention_apply
 from rcpflow.verdict.retention_apply import apply_run, plan_run, read_record
 from rcpflow.verdict.retention_lock import RetentionBusy
@@ -360,3 +361,31 @@ def test_gcs_a_second_apply_is_refused_and_a_stale_lock_is_named(
         apply_run(run.run_dir)
     s.delete(run.layout.retention_lock)
     assert apply_run(run.run_dir)["done_ms"] is not None
+
+
+def test_a_checkpoint_being_evaluated_is_kept_also_when_its_evaluation_starts_after_the_plan(
+    tmp_path: Path, monkeypatch
+) -> None:
+    run = _run(tmp_path)  # 18, 19 below the target, 20 passes: 18 and 19 would go
+    with held(run.run_dir, 18, run.layout.checkpoint(18), remove=True):
+        planned = {p.decision.step: p.decision for p in plan_run(run.run_dir)}
+        assert not planned[18].goes
+        assert planned[18].reason.startswith(f"being evaluated ({run.layout.evaluating(18)}: pid")
+        assert planned[19].goes
+    started: list[object] = []
+
+    def evaluation_starts(path: str) -> None:
+        if not started:  # step 18 is being deleted; 19's evaluation starts meanwhile
+            started.append(held(run.run_dir, 19, run.layout.checkpoint(19), remove=True))
+            started[0].__enter__()  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(retention_apply, "after_delete", evaluation_starts)
+    done = apply_run(run.run_dir)
+    outcome = {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]}  # type: ignore[attr-defined]
+    assert outcome[18] == "deleted"
+    assert outcome[19].startswith("being evaluated since the plan (")
+    assert len(list((Path(run.layout.checkpoint(19)) / "params").iterdir())) == 3
+    started[0].__exit__(None, None, None)  # type: ignore[attr-defined]
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    again = apply_run(run.run_dir)  # its evaluation over: the next apply deletes it
+    assert {p["step"]: p["outcome"] for p in again["parts"] if p["goes"]} == {19: "deleted"}  # type: ignore[attr-defined]
