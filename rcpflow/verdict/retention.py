@@ -65,6 +65,9 @@ class CheckpointFacts:
     full_state: bool = False
     # Its evaluator's record (`rcpflow.records.evaluating.running`): being evaluated now.
     evaluating: str | None = None
+    # Why an "unusable" summary does not decide it (a summary of another checkpoint: its step
+    # or weight-update time is not the row's), as `rcpflow.verdict.verify` says it.
+    unusable_why: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,8 @@ def _whole(c: CheckpointFacts, facts: RunFacts, policy: RetentionPolicy) -> tupl
             return True, f"above the passing step {passing}, not evaluated: the verdict is decided"
         return False, "no persisted summary (maybe being evaluated)"
     if c.evaluation == "unusable":
-        return False, "summary not valid (re-evaluation pending)"
+        why = f": {c.unusable_why}" if c.unusable_why else ""
+        return False, f"summary not valid{why} (re-evaluation pending)"
     if not facts.training_ended:
         if not policy.while_training:
             return False, "training has not ended (a resume needs every row's checkpoint)"

@@ -165,7 +165,8 @@ def run_facts(run_dir: str, settled: bool = False, trees: Sequence[str] = ()) ->
         present = ok and _present(path)
         full = present and _full_state(path)
         now = running(layout.root, row.step) if present else None
-        checkpoints.append(CheckpointFacts(row.step, path, ok, present, evaluation, full, now))
+        why = "; ".join(f.problems) if evaluation == "unusable" else ""
+        checkpoints.append(CheckpointFacts(row.step, path, ok, present, evaluation, full, now, why))
     passing = verdict.end_row.step if verdict.status == "success" and verdict.end_row else None
     # The passing checkpoint (the one the MLLOG's run_stop names) is kept by the policy, so
     # that --keep nothing may let it go; `protected` is for what the run folder cannot tell.

@@ -389,3 +389,19 @@ def test_a_checkpoint_being_evaluated_is_kept_also_when_its_evaluation_starts_af
     monkeypatch.setattr(retention_apply, "after_delete", None)
     again = apply_run(run.run_dir)  # its evaluation over: the next apply deletes it
     assert {p["step"]: p["outcome"] for p in again["parts"] if p["goes"]} == {19: "deleted"}  # type: ignore[attr-defined]
+
+
+def test_a_summary_of_another_checkpoint_decides_nothing_and_is_named(tmp_path: Path) -> None:
+    run = _run(tmp_path)  # 18, 19 below the target: both would go
+    summary_19 = Path(run.layout.summary(19)).read_text()
+    Path(run.layout.summary(18)).write_text(summary_19)  # step 19's evaluation, filed as 18's
+    moved = json.loads(summary_19)
+    moved["checkpoint_timestamp_ms"] += 1  # the same step, another save of it
+    Path(run.layout.summary(19)).write_text(json.dumps(moved))
+    planned = {p.decision.step: p.decision for p in plan_run(run.run_dir)}
+    assert not planned[18].goes and not planned[19].goes
+    assert planned[18].reason.startswith("summary not valid: checkpoint_step: 19 != manifest's 18")
+    assert "(a summary of another checkpoint)" in planned[18].reason
+    assert planned[19].reason.startswith("summary not valid: checkpoint_timestamp_ms: ")
+    apply_run(run.run_dir)
+    assert Path(run.layout.checkpoint(18)).is_dir() and Path(run.layout.checkpoint(19)).is_dir()
