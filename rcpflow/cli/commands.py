@@ -31,13 +31,24 @@ CLI_INCOMPLETE = 3
 
 
 def _int64(text: str) -> int:
-    """An argparse type: a decimal integer within 64 bits (a bigger one is a usage error)."""
+    """An argparse type: a decimal integer within 64 bits (a bigger one is a usage error), as
+    written: no spaces and no ``_`` (which Python's int would take)."""
     try:
+        if not text or any(c.isspace() or c == "_" for c in text):
+            raise ValueError
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if not -(2**63) <= value < 2**63:
         raise argparse.ArgumentTypeError(f"{text} is out of the 64-bit range")
+    return value
+
+
+def _count(text: str) -> int:
+    """An argparse type: `_int64`, 0 or more."""
+    value = _int64(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: give 0 or more")
     return value
 
 
@@ -406,7 +417,7 @@ def _retention_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep", choices=KEEPS, default="passing", help="which evaluated checkpoints stay"
     )
     parser.add_argument(
-        "--last-k", type=_int64, default=1, help="with --keep last-k: how many evaluated stay"
+        "--last-k", type=_count, default=1, help="with --keep last-k: how many evaluated stay"
     )
     parser.add_argument(
         "--while-training",

@@ -165,6 +165,11 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert p.returncode == 1 and "Traceback" not in p.stderr and "nowhere" in p.stderr
     p = run_cli("retention", "plan", run.run_dir, "--keep", "all")
     assert p.returncode == 2 and "usage error" in p.stderr
+    for flag, bad in (("--keep", " passing"), ("--last-k", " 1"), ("--last-k=-1", None)):
+        p = run_cli("retention", "plan", run.run_dir, flag, *([] if bad is None else [bad]))
+        line = p.stderr.splitlines()[-1]  # after argparse's usage lines
+        assert p.returncode == 2 and line.startswith("usage error: argument --"), p.stderr
+        assert flag.partition("=")[0] in line and "Traceback" not in p.stderr
 
 
 @pytest.mark.gcs
