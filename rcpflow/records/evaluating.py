@@ -57,7 +57,12 @@ def held(run_dir: str, step: int, checkpoint_path: str, *, remove: bool) -> Iter
     store.write_atomic(path, (json.dumps(record) + "\n").encode())
     earlier = signal.getsignal(signal.SIGTERM)
     restore = earlier if earlier is not None else signal.SIG_DFL  # None: set outside Python
-    watching = remove and threading.current_thread() is threading.main_thread()
+    # Ignored SIGTERM stays ignored: the evaluation would go on with its record gone.
+    watching = (
+        remove
+        and threading.current_thread() is threading.main_thread()
+        and earlier != signal.SIG_IGN
+    )
     if watching:
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
