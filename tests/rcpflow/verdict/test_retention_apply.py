@@ -13,7 +13,7 @@ from gcs_batch import BatchProxy, batch_proxy
 from rcpflow_cli import assert_one_invalid_line, cli_env_without_gcs_credentials, run_cli
 
 from devtools.synthetic_run import SyntheticRun, make_run, write_eval
-from rcpflow.files.storage import split_gcs, storage_for
+from rcpflow.files.storage import Storage, split_gcs, storage_for
 from rcpflow.records.evaluating import held
 from rcpflow.verdict import retention_apply
 from rcpflow.verdict.retention_apply import apply_run, plan_run, read_record
@@ -43,6 +43,16 @@ def _run(tmp_path: Path) -> SyntheticRun:
     for step in range(18, 23):
         _checkpoint(Path(run.layout.checkpoint(step)))
     return run
+
+
+def _gcs_run(gcs_prefix: str, files: int) -> tuple[SyntheticRun, Storage]:
+    """A run on gs:// decided at 20 (18, 19 below), each checkpoint `files` objects of 10 B."""
+    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
+    s = storage_for(gcs_prefix)
+    for step in (18, 19, 20):
+        for i in range(files):
+            s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_{i}", b"w" * 10)
+    return run, s
 
 
 def _goes(run_dir: str) -> dict[int, str]:
@@ -176,11 +186,7 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
 def test_gcs_object_rewritten_between_plan_and_delete_is_kept(
     gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
 ) -> None:
-    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
-    s = storage_for(gcs_prefix)
-    for step in (18, 19, 20):
-        for i in range(3):
-            s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_{i}", b"w" * 10)
+    run, s = _gcs_run(gcs_prefix, files=3)
     planned = {p.decision.step: p for p in plan_run(run.run_dir)}
     assert planned[18].decision.goes and (planned[18].files, planned[18].bytes) == (3, 30)
     assert not planned[20].decision.goes
@@ -229,11 +235,7 @@ def test_before_block_stop_nothing_goes_and_after_it_the_full_states_go(tmp_path
 def test_gcs_interrupted_apply_rerun_keeps_what_was_rewritten_since_its_plan(
     gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
 ) -> None:
-    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
-    s = storage_for(gcs_prefix)
-    for step in (18, 19, 20):
-        for i in range(2):
-            s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_{i}", b"w" * 10)
+    run, s = _gcs_run(gcs_prefix, files=2)
 
     def crash(path: str) -> None:
         raise KeyboardInterrupt  # killed after the first delete
@@ -340,10 +342,7 @@ def test_an_apply_killed_mid_way_leaves_no_lock(tmp_path: Path, monkeypatch) -> 
 def test_gcs_a_second_apply_is_refused_and_a_stale_lock_is_named(
     gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
 ) -> None:
-    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
-    s = storage_for(gcs_prefix)
-    for step in (18, 19, 20):
-        s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_0", b"w")
+    run, s = _gcs_run(gcs_prefix, files=1)
     refused: list[str] = []
 
     def another_apply(path: str) -> None:

@@ -172,15 +172,21 @@ def test_evaluation_is_deterministic(built_run, tmp_path) -> None:
     assert Path(layout.attempts_dir(4), ATTEMPTS_FILE).read_bytes() == first
 
 
-def test_fingerprint_mismatch_gives_fatal_summary_and_nonzero_exit(built_run, tmp_path) -> None:
+def swapped_fingerprint_run(built_run, tmp_path) -> tuple[str, RunLayout]:
+    """A copy of the run whose row of step 4 claims step 3's weights: a mis-recorded or swapped
+    checkpoint (its evaluation fails fast, at the restore)."""
     run_dir = copy_run(built_run[0], tmp_path / "run")
     layout = RunLayout(run_dir)
     rows = {r.step: r for r in manifest.parse_rows(Path(layout.manifest).read_text(), "m")}
-    # The row of step 4 claims step 3's weights: a mis-recorded or swapped checkpoint.
     manifest.upsert(
         layout.manifest,
         dataclasses.replace(rows[4], weights_fingerprint=rows[3].weights_fingerprint),
     )
+    return run_dir, layout
+
+
+def test_fingerprint_mismatch_gives_fatal_summary_and_nonzero_exit(built_run, tmp_path) -> None:
+    run_dir, layout = swapped_fingerprint_run(built_run, tmp_path)
     assert evaluate.main(["--run-dir", run_dir, "--step", "4"]) == eval_cli.EXIT_FATAL
     summary = read_summary(layout.summary(4))
     assert summary.fatal_error is not None and "FingerprintMismatchError" in summary.fatal_error
@@ -194,13 +200,7 @@ def test_the_evaluation_is_recorded_while_it_reads_the_checkpoint_and_not_after(
 ) -> None:
     """Retention keeps a checkpoint whose evaluation runs: the record is there when the loader
     reads the checkpoint, gone once the summary is written (here a fatal one: the cheap way)."""
-    run_dir = copy_run(built_run[0], tmp_path / "run")
-    layout = RunLayout(run_dir)
-    rows = {r.step: r for r in manifest.parse_rows(Path(layout.manifest).read_text(), "m")}
-    manifest.upsert(
-        layout.manifest,
-        dataclasses.replace(rows[4], weights_fingerprint=rows[3].weights_fingerprint),
-    )
+    run_dir, layout = swapped_fingerprint_run(built_run, tmp_path)
     seen: list[tuple[str | None, bool]] = []
     load = evaluate.ToyCheckpoints.load
 
