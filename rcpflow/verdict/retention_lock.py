@@ -31,7 +31,8 @@ from rcpflow.files.storage import GCSStorage, storage_for
 
 
 class RetentionBusy(RuntimeError):
-    """Another apply holds the run folder; the message names the lock (and its holder)."""
+    """Another apply holds the run folder (or its lock cannot be taken: a link, no write
+    permission); the message names the lock (and its holder)."""
 
 
 def _holder() -> dict[str, object]:
@@ -46,7 +47,10 @@ def _busy(path: str, holder: str) -> RetentionBusy:
 
 @contextlib.contextmanager
 def _local(path: str) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    try:  # never through a link: the lock is the run folder's own file
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError as e:
+        raise RetentionBusy(f"{path}: cannot take the retention lock: {e.strerror}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -338,6 +338,19 @@ def test_an_apply_killed_mid_way_leaves_no_lock(tmp_path: Path, monkeypatch) -> 
     assert p.returncode == 0, p.stderr
 
 
+def test_a_lock_that_is_a_link_is_not_taken(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("")
+    Path(run.layout.retention_lock).symlink_to(elsewhere)
+    assert_one_invalid_line(
+        run_cli("retention", "apply", run.run_dir),
+        f"{run.layout.retention_lock}: cannot take the retention lock",
+        prefix="error: ",
+    )
+    assert read_record(run.run_dir) is None and Path(run.layout.checkpoint(18)).is_dir()
+
+
 @pytest.mark.gcs
 def test_gcs_a_second_apply_is_refused_and_a_stale_lock_is_named(
     gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
