@@ -31,13 +31,24 @@ CLI_INCOMPLETE = 3
 
 
 def _int64(text: str) -> int:
-    """An argparse type: a decimal integer within 64 bits (a bigger one is a usage error)."""
+    """An argparse type: a decimal integer within 64 bits (a bigger one is a usage error), as
+    written: no spaces and no ``_`` (which Python's int would take)."""
     try:
+        if not text or any(c.isspace() or c == "_" for c in text):
+            raise ValueError
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if not -(2**63) <= value < 2**63:
         raise argparse.ArgumentTypeError(f"{text} is out of the 64-bit range")
+    return value
+
+
+def _count(text: str) -> int:
+    """An argparse type: `_int64`, 0 or more."""
+    value = _int64(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative: give 0 or more")
     return value
 
 
@@ -382,13 +393,17 @@ def _retention_plan(args: argparse.Namespace) -> int:
 
 def _retention_apply(args: argparse.Namespace) -> int:
     """delete what retention plans (or finish an interrupted apply), recording it in the run
-    folder's retention.json; safe to rerun; exit 0, 1 when the run folder cannot be planned"""
+    folder's retention.json; safe to rerun; one apply per run folder at a time; exit 0, 1 when
+    the run folder cannot be planned or another apply holds it"""
     from rcpflow.verdict.retention_apply import RetentionError, apply_run
+    from rcpflow.verdict.retention_lock import RetentionBusy
 
     try:
         applied = apply_run(args.run_dir, _policy(args), args.settled, args.tree)
     except RetentionError as e:
         return _invalid(e)
+    except RetentionBusy as e:
+        return _error(e)
     for part in applied["parts"]:  # type: ignore[attr-defined]
         if part["goes"]:
             print(f"step {part['step']} {part['part']}: {part['outcome']} ({part['reason']})")
@@ -402,7 +417,7 @@ def _retention_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep", choices=KEEPS, default="passing", help="which evaluated checkpoints stay"
     )
     parser.add_argument(
-        "--last-k", type=_int64, default=1, help="with --keep last-k: how many evaluated stay"
+        "--last-k", type=_count, default=1, help="with --keep last-k: how many evaluated stay"
     )
     parser.add_argument(
         "--while-training",

@@ -106,9 +106,18 @@ def _parsed(flag: str, text: str | None, default: _N | None, parse: type[_N], no
     if text is None:
         raise ForecastUsageError(f"{flag} is required (or give --profile)")
     try:
+        if not _whole(text):
+            raise ValueError
         return parse(text)
     except ValueError:
         raise ForecastUsageError(f"{flag} {text!r} is not {noun}") from None
+
+
+def _whole(text: str) -> bool:
+    """Whether `text` is a value as written, whole: no space around or inside it and no ``_``
+    (Python's int and float would take ``' 5'`` and ``'1_0'``; names and numbers match whole
+    here, as everywhere else)."""
+    return bool(text) and not any(c.isspace() or c == "_" for c in text)
 
 
 def _number(flag: str, text: str | None, default: float | None = None) -> float:
@@ -134,8 +143,10 @@ def parse_steps(flag: str, text: str | None) -> tuple[int, ...]:
         raise ForecastUsageError(f"{flag}: {len(text)} characters, more than any list of steps")
     found: list[int] = []
     for part in text.split(","):
-        low, dash, high = part.strip().partition("-")
+        low, dash, high = part.partition("-")
         try:
+            if not (_whole(low) and (_whole(high) or not dash)):
+                raise ValueError
             a = int(low)
             b = int(high) if dash else a
         except ValueError:
@@ -234,16 +245,17 @@ def _sizes(args: argparse.Namespace) -> CheckpointSizes | None:
 
 
 def _schedules(text: str) -> tuple[Schedule, ...]:
-    """--schedule: both, all, one name, or names separated by commas."""
+    """--schedule: both, all, one name, or names separated by commas (no spaces)."""
     named: dict[str, tuple[Schedule, ...]] = {"both": SCHEDULES, "all": NAMED_SCHEDULES}
     named.update({s: (s,) for s in NAMED_SCHEDULES})
     found: list[Schedule] = []
     for part in text.split(","):
-        if part.strip() not in named:
+        if part not in named:  # whole: ' both' is not both
             raise ForecastUsageError(
-                f"--schedule {text!r}: one of {', '.join(NAMED_SCHEDULES)}, both or all"
+                f"--schedule {text!r}: one of {', '.join(NAMED_SCHEDULES)}, both or all "
+                "(names match whole: no spaces)"
             )
-        found += [s for s in named[part.strip()] if s not in found]
+        found += [s for s in named[part] if s not in found]
     return tuple(found)
 
 

@@ -8,6 +8,8 @@
 <run_dir>/owner.json                     the lease of the trainer that holds the run
 <run_dir>/eval_schedule.json             when the run's checkpoints are evaluated (its plan's)
 <run_dir>/retention.json                 what `rcpflow retention apply` deleted, when and why
+<run_dir>/.retention.lock                held by the one retention apply running on the run
+<run_dir>/eval/step_<step>/evaluating.json  an evaluation of that checkpoint is running
 <run_dir>/checks/<tool>.json             the verdict of an official checker (a submission
                                          folder keeps its checkers' verdicts the same way)
 
@@ -150,6 +152,16 @@ class RunLayout:
     def retention(self) -> str:
         """What retention deleted, when and why (`rcpflow.verdict.retention_apply`)."""
         return join(self.root, "retention.json")
+
+    @property
+    def retention_lock(self) -> str:
+        """Held by the one retention apply running on the run (`rcpflow.verdict.retention_lock`)."""
+        return join(self.root, ".retention.lock")
+
+    def evaluating(self, step: int) -> str:
+        """Present while an evaluator reads `step`'s checkpoint, until its summary is persisted
+        (`rcpflow.verdict.evaluating`): retention keeps the checkpoint."""
+        return join(self.eval_dir(step), "evaluating.json")
 
     @property
     def checks_dir(self) -> str:

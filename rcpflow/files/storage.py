@@ -318,6 +318,31 @@ class GCSStorage(Storage):
                     time.sleep(self.backoff_s * (attempt + 1))
         raise StorageError(f"{path}: gave up after {self.max_attempts} conflicting updates")
 
+    def create_if_absent(self, path: str, data: bytes) -> int | None:
+        """Create the object only if none exists (``ifGenerationMatch=0``, a lock's create):
+        its generation, or None when one exists."""
+        from google.api_core.exceptions import PreconditionFailed
+
+        with _gcs_errors(path):
+            blob = self._blob(path)
+            try:
+                blob.upload_from_string(data, if_generation_match=0)
+            except PreconditionFailed:
+                return None
+            return int(blob.generation)
+
+    def delete_generation(self, path: str, generation: int) -> bool:
+        """Delete the object only at `generation`; whether it was deleted (False: gone or
+        rewritten meanwhile)."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        with _gcs_errors(path):
+            try:
+                self._blob(path).delete(if_generation_match=generation)
+            except (NotFound, PreconditionFailed):
+                return False
+            return True
+
 
 def gcs_objects(prefix: str, page_size: int) -> Iterator[tuple[str, int, int]]:
     """(path, size, generation) of each object under the folder `prefix`, one page of

@@ -8,9 +8,10 @@ while training runs only with the policy's `while_training` (a resume needs them
 never the newest full state then.
 A full-state save's ``train_state/`` may go once training has ended or a newer full state exists
 (its weights stay while a rule keeps them). Never gone: a checkpoint without a persisted valid
-summary (rcpflow keeps no record of an evaluation in progress, so "no summary" is read as "maybe
-being evaluated", unless the caller says the run's evaluations are settled and it lies above the
-passing step; an invalid one awaits re-evaluation), one the caller protects (the MLLOG's
+summary ("no summary" is read as "maybe being evaluated", unless the caller says the run's
+evaluations are settled and it lies above the passing step; an invalid one awaits
+re-evaluation), one being evaluated (its evaluator's record, `rcpflow.records.evaluating`, is
+there: whatever else is known, settled included), one the caller protects (the MLLOG's
 run_stop, a package, a pending re-evaluation), or one outside the run's checkpoint tree.
 """
 
@@ -62,6 +63,11 @@ class CheckpointFacts:
     present: bool
     evaluation: Evaluation
     full_state: bool = False
+    # Its evaluator's record (`rcpflow.records.evaluating.running`): being evaluated now.
+    evaluating: str | None = None
+    # Why an "unusable" summary does not decide it (a summary of another checkpoint: its step
+    # or weight-update time is not the row's), as `rcpflow.verdict.verify` says it.
+    unusable_why: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,13 +117,16 @@ def _whole(c: CheckpointFacts, facts: RunFacts, policy: RetentionPolicy) -> tupl
         return False, "not present"
     if c.step in facts.protected:
         return False, f"referenced by {facts.protected[c.step]}"
+    if c.evaluating is not None:
+        return False, f"being evaluated ({c.evaluating})"
     passing = facts.passing_step
     if c.evaluation == "missing":
         if passing is not None and c.step > passing and facts.settled and facts.training_ended:
             return True, f"above the passing step {passing}, not evaluated: the verdict is decided"
         return False, "no persisted summary (maybe being evaluated)"
     if c.evaluation == "unusable":
-        return False, "summary not valid (re-evaluation pending)"
+        why = f": {c.unusable_why}" if c.unusable_why else ""
+        return False, f"summary not valid{why} (re-evaluation pending)"
     if not facts.training_ended:
         if not policy.while_training:
             return False, "training has not ended (a resume needs every row's checkpoint)"
@@ -144,7 +153,7 @@ def decide(facts: RunFacts, policy: RetentionPolicy = DEFAULT_POLICY) -> tuple[D
     for c in sorted(facts.checkpoints, key=lambda c: c.step):
         goes, reason = _whole(c, facts, policy)
         out.append(Decision(c.step, "checkpoint", c.path, goes, reason))
-        if goes or not c.full_state or not c.inside_tree or not c.present:
+        if goes or not c.full_state or not c.inside_tree or not c.present or c.evaluating:
             continue
         state = join(c.path, CHECKPOINT_STATE_DIR)
         if facts.training_ended:

@@ -8,7 +8,9 @@ retention record (`RunLayout.retention`) before deleting anything, deletes, then
 rerun finishes an unfinished apply first. Nothing written after the plan is deleted: each part
 records its newest file time (local) or object generation (``gs://``); a newer one keeps the part,
 and every ``gs://`` delete carries the listed generation as a precondition (sent in batches of
-up to 100; an object a batch fails to delete is named in the record, the part kept).
+up to 100; an object a batch fails to delete is named in the record, the part kept), and a part
+whose checkpoint an evaluation began to read since the plan (`rcpflow.records.evaluating`) is
+kept. One apply per run folder at a time (`rcpflow.verdict.retention_lock`).
 
 A foreign trainer's tree (NeMo-RL's ``step_<N>/``, Tunix's) outside the run's ``checkpoints/``
 is deleted from only when the caller names it (`trees`: the deployment allows it); what goes is
@@ -28,6 +30,7 @@ from dataclasses import asdict, dataclass
 from rcpflow.files.layout import CHECKPOINT_STATE_DIR, RunLayout, is_gcs, normalized
 from rcpflow.files.storage import GCS_BATCH_LIMIT, delete_generations, gcs_objects, storage_for
 from rcpflow.records.checkpoint_state import run_snapshot
+from rcpflow.records.evaluating import running
 from rcpflow.records.manifest import ManifestError, load
 from rcpflow.verdict.finalize import FinalizeInputError, decide
 from rcpflow.verdict.gate import passes
@@ -40,6 +43,7 @@ from rcpflow.verdict.retention import (
     RunFacts,
 )
 from rcpflow.verdict.retention import decide as decide_retention
+from rcpflow.verdict.retention_lock import holding
 from rcpflow.verdict.verify import evaluate_step, reading_once
 
 RECORD_FORMAT = 1
@@ -160,7 +164,9 @@ def run_facts(run_dir: str, settled: bool = False, trees: Sequence[str] = ()) ->
         ok = in_trees(path, layout, trees)
         present = ok and _present(path)
         full = present and _full_state(path)
-        checkpoints.append(CheckpointFacts(row.step, path, ok, present, evaluation, full))
+        now = running(layout.root, row.step) if present else None
+        why = "; ".join(f.problems) if evaluation == "unusable" else ""
+        checkpoints.append(CheckpointFacts(row.step, path, ok, present, evaluation, full, now, why))
     passing = verdict.end_row.step if verdict.status == "success" and verdict.end_row else None
     # The passing checkpoint (the one the MLLOG's run_stop names) is kept by the policy, so
     # that --keep nothing may let it go; `protected` is for what the run folder cannot tell.
@@ -310,7 +316,18 @@ def apply_run(
     trees: Sequence[str] = (),
 ) -> dict[str, object]:
     """Finish an unfinished apply, else plan, record the intent, delete, mark done; the apply
-    as recorded. An unfinished apply keeps the trees it was planned with."""
+    as recorded. An unfinished apply keeps the trees it was planned with. One apply per run
+    folder at a time (`rcpflow.verdict.retention_lock`): RetentionBusy when another holds it."""
+    root = RunLayout(run_dir).root
+    if not is_gcs(root) and not os.path.isdir(root):
+        raise RetentionError(f"{root}: no run folder")
+    with holding(run_dir):
+        return _apply_held(run_dir, policy, settled, trees)
+
+
+def _apply_held(
+    run_dir: str, policy: RetentionPolicy, settled: bool, trees: Sequence[str]
+) -> dict[str, object]:
     record = read_record(run_dir) or {"format": RECORD_FORMAT, "applies": []}
     applies = record["applies"]
     assert isinstance(applies, list)
@@ -334,8 +351,11 @@ def apply_run(
     for part in current["parts"]:
         if not part["goes"] or part.get("outcome"):
             continue
+        now = running(layout.root, part["step"])
         if not in_trees(part["path"], layout, planned_trees):  # the record is not trusted blindly
             part["outcome"] = "outside the run's checkpoint tree: kept"
+        elif now is not None:  # an evaluation began after the plan
+            part["outcome"] = f"being evaluated since the plan ({now}): kept"
         else:
             failed: list[str] = []
             part["outcome"] = _delete_part(part["path"], part["newest"], failed) or "deleted"

@@ -11,9 +11,12 @@ apply's record (``retention.json``) is what `rcpflow status` and the RCP view sh
 With ``[retention] while_training = true`` the evaluation group also runs
 `retention_after_step` after each step's evaluation (`tasks.run.planned`), one at a time per
 run (the record is one file): the evaluated checkpoints below the target go while training
-runs (the newest full state stays), for a trainer whose resume tolerates it. It is
-opportunistic: a run folder it cannot plan is logged, never fails the step (the final task
-names it and fails), so that retention never stands between an evaluation and the verdict.
+runs (the newest full state stays), for a trainer whose resume tolerates it. Both take the run
+folder's retention lock (`rcpflow.verdict.retention_lock`): while a person's ``rcpflow retention
+apply`` holds it, the final task fails naming it, and the after-step one leaves the work to it.
+The after-step task is opportunistic: a run folder it cannot plan is logged, never fails the
+step (the final task names it and fails), so that retention never stands between an evaluation
+and the verdict.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from airflow.sdk import Param, get_current_context, task
 
 from rcpflow.verdict.retention import RetentionPolicy
 from rcpflow.verdict.retention_apply import RetentionError, apply_run
+from rcpflow.verdict.retention_lock import RetentionBusy
 from tasks.deployment import (
     RETENTION_CHOICES,
     Deployment,
@@ -42,7 +46,8 @@ RETENTION_PARAM = "retention"
 
 
 class RetentionTaskError(RuntimeError):
-    """The run folder cannot be planned for retention; the message names the file."""
+    """The run folder cannot be planned for retention, or another apply (a person's
+    `rcpflow retention apply`) holds it; the message names the file."""
 
 
 def retention_params(deployment: Deployment) -> dict[str, Param]:
@@ -101,7 +106,7 @@ def apply_retention(
     trees = deletable_trees(run_dir, seed, settings, result)
     try:
         applied = apply_run(run_dir, policy, settled=settled and settings.settled, trees=trees)
-    except RetentionError as exc:
+    except (RetentionError, RetentionBusy) as exc:  # RetentionBusy: a person's apply runs
         raise RetentionTaskError(str(exc)) from None
     parts = cast(list[dict[str, Any]], applied["parts"])
     deleted, kept = [], []

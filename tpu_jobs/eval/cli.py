@@ -25,12 +25,14 @@ import dataclasses
 import os
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 
 import jax
 
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout, join
 from rcpflow.files.storage import storage_for
+from rcpflow.records import evaluating
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import EventRenderer, require_mlperf_logging
 from rcpflow.records.summary import EvalSummary
@@ -154,7 +156,13 @@ def run_step(loader: CheckpointLoader, run_dir: str, step: int, sharding: Shardi
               "row", file=sys.stderr)  # fmt: skip
         return EXIT_INVALID_INPUT
     target = _target(row.checkpoint_path, layout.eval_dir(step), row)
-    outcome = evaluate(target, loader, sharding)
+    # Retention keeps the checkpoint while this record says it is being evaluated.
+    with (
+        nullcontext()
+        if jax.process_index()
+        else evaluating.held(layout.root, step, row.checkpoint_path, remove=sharding.coordinator)
+    ):
+        outcome = evaluate(target, loader, sharding)
     return finish(outcome, sharding, f"step {step}", layout.summary(step))
 
 

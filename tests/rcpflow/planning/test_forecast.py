@@ -115,7 +115,7 @@ def test_recommend_picks_the_smallest_window_within_ten_percent_of_the_best() ->
 def test_parse_steps() -> None:
     assert parse_steps("--passing-step", "18-20,24") == (18, 19, 20, 24)
     assert parse_steps("--window", "10") == (10,)
-    for bad in ("x", "20-18", "18,18", "1-"):
+    for bad in ("x", "20-18", "18,18", "1-", " 10", "18 -20", "18, 20", "1_0"):
         with pytest.raises(ForecastUsageError, match="--window"):
             parse_steps("--window", bad)
 
@@ -177,6 +177,12 @@ def test_the_command_reads_a_profile(tmp_path: Path) -> None:
         (("--passing-step", "20-x"), "--passing-step"),
         (("--passing-step", "20", "--window", "0"), "--window 0"),
         (("--passing-step", "20", "--schedule", "soon"), "--schedule 'soon'"),
+        # names and numbers match whole: no spaces stripped, no _ taken
+        (("--passing-step", "20", "--schedule", " both"), "--schedule ' both'"),
+        (("--passing-step", "20", "--schedule", "after_training, during_training"), "--schedule"),
+        (("--passing-step", "20", "--window", " 3"), "--window ' 3'"),
+        (("--passing-step", "20", "--step-seconds", "185 "), "--step-seconds '185 '"),
+        (("--passing-step", "20", "--eval-chips", "6_4"), "--eval-chips '6_4'"),
         (("--passing-step", "20", "--task-start-seconds", "-1"), "--task-start-seconds"),
         (("--passing-step", "20", "--profile", "/nonexistent.toml"), "--profile"),
         ((), "--passing-step is required"),

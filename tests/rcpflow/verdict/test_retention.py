@@ -108,3 +108,19 @@ def test_settled_lets_an_unevaluated_checkpoint_above_the_passing_step_go() -> N
     assert got[19] == (True, "above the passing step 18, not evaluated: the verdict is decided")
     assert got[17][0] is False  # below the passing step: a summary is still missing
     assert whole(RunFacts(rows, 18, True, False, settled=True))[19][0] is False  # training runs
+
+
+def test_a_checkpoint_being_evaluated_is_kept_whole_whatever_else_is_known() -> None:
+    now = "eval/step_N/evaluating.json: pid 7 on h since 2026-12-01 00:00:00 UTC"
+    rows = (
+        ckpt(17, "below", evaluating=now, full_state=True),  # a re-evaluation of a decided one
+        ckpt(18, "passes"),
+        ckpt(19, "missing", evaluating=now),  # settled says none runs; its record says one does
+        ckpt(20, "missing"),
+    )
+    decisions = decide(RunFacts(rows, 18, True, True, settled=True), RetentionPolicy("nothing"))
+    got = {(d.step, d.part): (d.goes, d.reason) for d in decisions}
+    assert got[(17, "checkpoint")] == (False, f"being evaluated ({now})")
+    assert (17, "train_state") not in got  # nothing of it goes, not even its training state
+    assert got[(19, "checkpoint")] == (False, f"being evaluated ({now})")
+    assert got[(18, "checkpoint")][0] and got[(20, "checkpoint")][0]  # the same run, no record

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,9 +13,11 @@ from gcs_batch import BatchProxy, batch_proxy
 from rcpflow_cli import assert_one_invalid_line, cli_env_without_gcs_credentials, run_cli
 
 from devtools.synthetic_run import SyntheticRun, make_run, write_eval
-from rcpflow.files.storage import split_gcs, storage_for
+from rcpflow.files.storage import Storage, split_gcs, storage_for
+from rcpflow.records.evaluating import held
 from rcpflow.verdict import retention_apply
 from rcpflow.verdict.retention_apply import apply_run, plan_run, read_record
+from rcpflow.verdict.retention_lock import RetentionBusy
 
 
 @pytest.fixture
@@ -40,6 +43,16 @@ def _run(tmp_path: Path) -> SyntheticRun:
     for step in range(18, 23):
         _checkpoint(Path(run.layout.checkpoint(step)))
     return run
+
+
+def _gcs_run(gcs_prefix: str, files: int) -> tuple[SyntheticRun, Storage]:
+    """A run on gs:// decided at 20 (18, 19 below), each checkpoint `files` objects of 10 B."""
+    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
+    s = storage_for(gcs_prefix)
+    for step in (18, 19, 20):
+        for i in range(files):
+            s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_{i}", b"w" * 10)
+    return run, s
 
 
 def _goes(run_dir: str) -> dict[int, str]:
@@ -162,17 +175,18 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     assert p.returncode == 1 and "Traceback" not in p.stderr and "nowhere" in p.stderr
     p = run_cli("retention", "plan", run.run_dir, "--keep", "all")
     assert p.returncode == 2 and "usage error" in p.stderr
+    for flag, bad in (("--keep", " passing"), ("--last-k", " 1"), ("--last-k=-1", None)):
+        p = run_cli("retention", "plan", run.run_dir, flag, *([] if bad is None else [bad]))
+        line = p.stderr.splitlines()[-1]  # after argparse's usage lines
+        assert p.returncode == 2 and line.startswith("usage error: argument --"), p.stderr
+        assert flag.partition("=")[0] in line and "Traceback" not in p.stderr
 
 
 @pytest.mark.gcs
 def test_gcs_object_rewritten_between_plan_and_delete_is_kept(
     gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
 ) -> None:
-    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
-    s = storage_for(gcs_prefix)
-    for step in (18, 19, 20):
-        for i in range(3):
-            s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_{i}", b"w" * 10)
+    run, s = _gcs_run(gcs_prefix, files=3)
     planned = {p.decision.step: p for p in plan_run(run.run_dir)}
     assert planned[18].decision.goes and (planned[18].files, planned[18].bytes) == (3, 30)
     assert not planned[20].decision.goes
@@ -221,11 +235,7 @@ def test_before_block_stop_nothing_goes_and_after_it_the_full_states_go(tmp_path
 def test_gcs_interrupted_apply_rerun_keeps_what_was_rewritten_since_its_plan(
     gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
 ) -> None:
-    run = make_run(gcs_prefix + "/run", max_steps=20, accuracies={18: 0.5, 19: 0.5, 20: 0.8})
-    s = storage_for(gcs_prefix)
-    for step in (18, 19, 20):
-        for i in range(2):
-            s.write_atomic(f"{run.layout.checkpoint(step)}/params/shard_{i}", b"w" * 10)
+    run, s = _gcs_run(gcs_prefix, files=2)
 
     def crash(path: str) -> None:
         raise KeyboardInterrupt  # killed after the first delete
@@ -280,3 +290,135 @@ def test_gcs_without_credentials_is_one_error_line(tmp_path: Path) -> None:
             "no Google Cloud credentials",
             prefix="error: ",
         )
+
+
+def test_a_second_apply_while_one_holds_the_run_folder_is_refused(
+    tmp_path: Path, monkeypatch
+) -> None:
+    run = _run(tmp_path)
+    second: list[subprocess.CompletedProcess[str]] = []
+
+    def another_apply(path: str) -> None:
+        if not second:  # the first apply holds the run folder, mid-way through its deletes
+            second.append(run_cli("retention", "apply", run.run_dir))
+            with pytest.raises(RetentionBusy, match="another retention apply holds"):
+                apply_run(run.run_dir)  # in this process too: a lock per apply, not per process
+
+    monkeypatch.setattr(retention_apply, "after_delete", another_apply)
+    done = apply_run(run.run_dir)
+    line = assert_one_invalid_line(
+        second[0],
+        run.layout.retention_lock,
+        "another retention apply holds the run folder",
+        f'"pid": {os.getpid()}',
+        prefix="error: ",
+    )
+    assert "Traceback" not in line
+    # the refused ones changed nothing: one apply recorded, it deleted what it planned
+    assert len(read_record(run.run_dir)["applies"]) == 1  # type: ignore[index]
+    assert {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]} == {  # type: ignore[attr-defined]
+        18: "deleted",
+        19: "deleted",
+    }
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    assert run_cli("retention", "apply", run.run_dir).returncode == 0  # released at its end
+
+
+def test_an_apply_killed_mid_way_leaves_no_lock(tmp_path: Path, monkeypatch) -> None:
+    run = _run(tmp_path)
+
+    def crash(path: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(retention_apply, "after_delete", crash)
+    with pytest.raises(KeyboardInterrupt):
+        apply_run(run.run_dir)
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    p = run_cli("retention", "apply", run.run_dir)  # another process: the flock went with it
+    assert p.returncode == 0, p.stderr
+
+
+def test_a_lock_that_is_a_link_is_not_taken(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("")
+    Path(run.layout.retention_lock).symlink_to(elsewhere)
+    assert_one_invalid_line(
+        run_cli("retention", "apply", run.run_dir),
+        f"{run.layout.retention_lock}: cannot take the retention lock",
+        prefix="error: ",
+    )
+    assert read_record(run.run_dir) is None and Path(run.layout.checkpoint(18)).is_dir()
+
+
+@pytest.mark.gcs
+def test_gcs_a_second_apply_is_refused_and_a_stale_lock_is_named(
+    gcs_prefix: str, gcs_batches: BatchProxy, monkeypatch
+) -> None:
+    run, s = _gcs_run(gcs_prefix, files=1)
+    refused: list[str] = []
+
+    def another_apply(path: str) -> None:
+        if not refused:
+            with pytest.raises(RetentionBusy) as busy:
+                apply_run(run.run_dir)
+            refused.append(str(busy.value))
+
+    monkeypatch.setattr(retention_apply, "after_delete", another_apply)
+    apply_run(run.run_dir)
+    assert refused and refused[0].startswith(f"{run.layout.retention_lock}: another retention")
+    assert f'"pid": {os.getpid()}' in refused[0]
+    assert not s.exists(run.layout.retention_lock)  # released at the end
+    assert len(json.loads(s.read_bytes(run.layout.retention))["applies"]) == 1
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    s.write_atomic(run.layout.retention_lock, b'{"host": "gone", "pid": 1}')  # a killed apply's
+    with pytest.raises(
+        RetentionBusy, match=f"if no apply runs, delete {run.layout.retention_lock}"
+    ):
+        apply_run(run.run_dir)
+    s.delete(run.layout.retention_lock)
+    assert apply_run(run.run_dir)["done_ms"] is not None
+
+
+def test_a_checkpoint_being_evaluated_is_kept_also_when_its_evaluation_starts_after_the_plan(
+    tmp_path: Path, monkeypatch
+) -> None:
+    run = _run(tmp_path)  # 18, 19 below the target, 20 passes: 18 and 19 would go
+    with held(run.run_dir, 18, run.layout.checkpoint(18), remove=True):
+        planned = {p.decision.step: p.decision for p in plan_run(run.run_dir)}
+        assert not planned[18].goes
+        assert planned[18].reason.startswith(f"being evaluated ({run.layout.evaluating(18)}: pid")
+        assert planned[19].goes
+    started: list[object] = []
+
+    def evaluation_starts(path: str) -> None:
+        if not started:  # step 18 is being deleted; 19's evaluation starts meanwhile
+            started.append(held(run.run_dir, 19, run.layout.checkpoint(19), remove=True))
+            started[0].__enter__()  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(retention_apply, "after_delete", evaluation_starts)
+    done = apply_run(run.run_dir)
+    outcome = {p["step"]: p["outcome"] for p in done["parts"] if p["goes"]}  # type: ignore[attr-defined]
+    assert outcome[18] == "deleted"
+    assert outcome[19].startswith("being evaluated since the plan (")
+    assert len(list((Path(run.layout.checkpoint(19)) / "params").iterdir())) == 3
+    started[0].__exit__(None, None, None)  # type: ignore[attr-defined]
+    monkeypatch.setattr(retention_apply, "after_delete", None)
+    again = apply_run(run.run_dir)  # its evaluation over: the next apply deletes it
+    assert {p["step"]: p["outcome"] for p in again["parts"] if p["goes"]} == {19: "deleted"}  # type: ignore[attr-defined]
+
+
+def test_a_summary_of_another_checkpoint_decides_nothing_and_is_named(tmp_path: Path) -> None:
+    run = _run(tmp_path)  # 18, 19 below the target: both would go
+    summary_19 = Path(run.layout.summary(19)).read_text()
+    Path(run.layout.summary(18)).write_text(summary_19)  # step 19's evaluation, filed as 18's
+    moved = json.loads(summary_19)
+    moved["checkpoint_timestamp_ms"] += 1  # the same step, another save of it
+    Path(run.layout.summary(19)).write_text(json.dumps(moved))
+    planned = {p.decision.step: p.decision for p in plan_run(run.run_dir)}
+    assert not planned[18].goes and not planned[19].goes
+    assert planned[18].reason.startswith("summary not valid: checkpoint_step: 19 != manifest's 18")
+    assert "(a summary of another checkpoint)" in planned[18].reason
+    assert planned[19].reason.startswith("summary not valid: checkpoint_timestamp_ms: ")
+    apply_run(run.run_dir)
+    assert Path(run.layout.checkpoint(18)).is_dir() and Path(run.layout.checkpoint(19)).is_dir()

@@ -46,7 +46,8 @@ def test_a_nemo_rl_tree_is_deleted_from_only_when_named_and_only_as_verified(tmp
     goes = _goes(run_dir, trees=trees)
     assert goes == {2: "evaluated below the target"}
     kept = {p.decision.step: p.decision.reason for p in plan_run(run_dir, trees=trees)}
-    assert kept[3] == "summary not valid (re-evaluation pending)"
+    assert kept[3].startswith("summary not valid: checkpoint_timestamp_ms: 1 != manifest's")
+    assert kept[3].endswith("(a summary of another checkpoint) (re-evaluation pending)")
     assert kept[4] == "passes the target; the verdict is not decided yet"
     # NeMo-RL's own record of a checkpoint decides nothing: a training_info.json that says
     # anything leaves the plan as it was

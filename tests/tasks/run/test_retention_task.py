@@ -10,9 +10,15 @@ import pytest
 
 from devtools.synthetic_run import make_run, write_eval
 from rcpflow.verdict.retention_apply import read_record
+from rcpflow.verdict.retention_lock import holding
 from tasks.deployment import DeploymentError, RetentionSettings, parse_deployment
 from tasks.jobs.templates import TrainResult
-from tasks.run.retention import apply_retention, retention_choice, retention_params
+from tasks.run.retention import (
+    RetentionTaskError,
+    apply_retention,
+    retention_choice,
+    retention_params,
+)
 from tasks.run.spec import ParamError
 
 OWN = TrainResult()
@@ -92,3 +98,15 @@ def test_a_foreign_tree_is_deleted_from_only_where_the_deployment_allows(tmp_pat
     done = apply_retention(run.run_dir, 1, "passing", allowed, result, settled=True)
     assert done is not None and done["deleted"] == ["step 18", "step 19", "step 21", "step 22"]
     assert sorted(p.name for p in foreign.iterdir()) == ["20"]
+
+
+def test_the_task_fails_naming_an_apply_that_holds_the_run_folder(tmp_path: Path) -> None:
+    run = _run(tmp_path)
+    settings = RetentionSettings(keep="passing")
+    busy = pytest.raises(RetentionTaskError, match="another retention apply holds the run")
+    with holding(run.run_dir), busy:  # a person's `rcpflow retention apply`, held mid-way
+        apply_retention(run.run_dir, 1, "passing", settings, OWN, settled=True)
+    assert read_record(run.run_dir) is None  # the refused task changed nothing
+    assert all(Path(run.layout.checkpoint(s)).is_dir() for s in range(18, 23))
+    done = apply_retention(run.run_dir, 1, "passing", settings, OWN, settled=True)
+    assert done is not None and done["kept"] == ["step 20"]

@@ -20,7 +20,7 @@ import pytest
 
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
-from rcpflow.records import manifest
+from rcpflow.records import evaluating, manifest
 from rcpflow.records.mllog import parse
 from rcpflow.records.passk import mean_pass_at_k
 from rcpflow.records.summary import read_summary
@@ -172,21 +172,48 @@ def test_evaluation_is_deterministic(built_run, tmp_path) -> None:
     assert Path(layout.attempts_dir(4), ATTEMPTS_FILE).read_bytes() == first
 
 
-def test_fingerprint_mismatch_gives_fatal_summary_and_nonzero_exit(built_run, tmp_path) -> None:
+def swapped_fingerprint_run(built_run, tmp_path) -> tuple[str, RunLayout]:
+    """A copy of the run whose row of step 4 claims step 3's weights: a mis-recorded or swapped
+    checkpoint (its evaluation fails fast, at the restore)."""
     run_dir = copy_run(built_run[0], tmp_path / "run")
     layout = RunLayout(run_dir)
     rows = {r.step: r for r in manifest.parse_rows(Path(layout.manifest).read_text(), "m")}
-    # The row of step 4 claims step 3's weights: a mis-recorded or swapped checkpoint.
     manifest.upsert(
         layout.manifest,
         dataclasses.replace(rows[4], weights_fingerprint=rows[3].weights_fingerprint),
     )
+    return run_dir, layout
+
+
+def test_fingerprint_mismatch_gives_fatal_summary_and_nonzero_exit(built_run, tmp_path) -> None:
+    run_dir, layout = swapped_fingerprint_run(built_run, tmp_path)
     assert evaluate.main(["--run-dir", run_dir, "--step", "4"]) == eval_cli.EXIT_FATAL
     summary = read_summary(layout.summary(4))
     assert summary.fatal_error is not None and "FingerprintMismatchError" in summary.fatal_error
     assert not summary.target_reached and not summary.complete
     assert gate.valid_summary(run_dir, manifest.load(layout.manifest).row(4)) is None
     assert not Path(layout.attempts_dir(4)).exists()  # no score was computed
+
+
+def test_the_evaluation_is_recorded_while_it_reads_the_checkpoint_and_not_after(
+    built_run, tmp_path, monkeypatch
+) -> None:
+    """Retention keeps a checkpoint whose evaluation runs: the record is there when the loader
+    reads the checkpoint, gone once the summary is written (here a fatal one: the cheap way)."""
+    run_dir, layout = swapped_fingerprint_run(built_run, tmp_path)
+    seen: list[tuple[str | None, bool]] = []
+    load = evaluate.ToyCheckpoints.load
+
+    def reading(self, path: str, expected: str | None):  # the hook: the checkpoint is read
+        seen.append((evaluating.running(run_dir, 4), Path(layout.summary(4)).exists()))
+        return load(self, path, expected)
+
+    monkeypatch.setattr(evaluate.ToyCheckpoints, "load", reading)
+    assert evaluate.main(["--run-dir", run_dir, "--step", "4"]) == eval_cli.EXIT_FATAL
+    [(record, summary_then)] = seen
+    assert record is not None and record.startswith(f"{layout.evaluating(4)}: pid {os.getpid()}")
+    assert not summary_then
+    assert Path(layout.summary(4)).exists() and evaluating.running(run_dir, 4) is None
 
 
 def test_corrupted_weights_give_fatal_summary_then_a_fixed_checkpoint_is_re_evaluated(
