@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -24,6 +25,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from rcpflow.verdict.stop_request import current
 from tasks.backend_api.lifecycle_names import (
     STATE_CHANGED,
+    STOP_GRACE,
     STOP_REQUEST,
     STOPPED,
     UNREACHABLE,
@@ -57,22 +59,25 @@ async def pause(seconds: float) -> None:
     await _sleep(seconds)
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class WatchTrigger(BaseTrigger):
-    """Base of a watch trigger that is a dataclass (``kw_only=True, eq=False, repr=False``):
-    its fields are its kwargs (the constructor's arguments); a field with ``init=False`` is
-    the trigger's own (a hook), never part of them. The backend supplies the adapter methods
-    below `run`; the loop is this class's."""
+    """Base of a watch trigger; a subclass is a dataclass too (``kw_only=True, eq=False,
+    repr=False``): its fields and these are its kwargs (the constructor's arguments); a field
+    with ``init=False`` is the trigger's own (a hook), never part of them. The backend supplies
+    `poll_interval_s`'s default and the adapter methods below `run`; the loop is this class's.
+    `stop_seen` and `outage_since` are the loop's clocks (`run`)."""
 
     poll_interval_s: float
-    stop_run_dir: str | None
-    stop_grace_s: float
-    stop_seen: float | None
-    outage_since: float | None
+    stop_run_dir: str | None = None
+    stop_grace_s: float = STOP_GRACE.total_seconds()
+    stop_seen: float | None = None
+    outage_since: float | None = None
     # Said in the log and the outage message: what failed to answer.
     cluster_word: ClassVar[str] = "cluster"
     # The least seconds from the trigger's start to its event: 0 unless a backend's jobs can
-    # end within seconds (a field defaulting to `settle_default()`).
-    settle_s: float = 0.0
+    # end within seconds (then a field of the subclass defaulting to `settle_default()`; not
+    # a field here, so that it is no kwarg of a trigger that does not settle).
+    settle_s = 0.0
     # The kwargs holding the outage budget and the backoff ceiling (seconds), by the names each
     # backend's triggers were stored with.
     outage_kwargs: ClassVar[tuple[str, str]]
@@ -82,7 +87,7 @@ class WatchTrigger(BaseTrigger):
 
     def kwargs(self) -> dict[str, Any]:
         """What this trigger is made of, its state included (JSON)."""
-        fields = dataclasses.fields(self)  # type: ignore[arg-type]  # a subclass is a dataclass
+        fields = dataclasses.fields(self)
         return {f.name: getattr(self, f.name) for f in fields if f.init}
 
     def serialize(self) -> tuple[str, dict[str, Any]]:

@@ -28,7 +28,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from tasks.backend_api.cluster_job import ClusterJobOperator, argv_of
 from tasks.backend_api.job_inputs import cluster_job_env, train_inputs
-from tasks.backend_api.lifecycle_names import STOP_GRACE, WATCHING, eval_label
+from tasks.backend_api.lifecycle_names import WATCHING, eval_label
 from tasks.backend_api.teardown import CancelRecordedJobs
 from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
 from tasks.backends import local_adapter as adapter
@@ -57,10 +57,6 @@ class LocalJobTrigger(WatchTrigger):
     poll_interval_s: float = 2.0
     backoff_max_s: float = 30.0
     outage_budget_s: float = 600.0
-    stop_run_dir: str | None = None
-    stop_grace_s: float = STOP_GRACE.total_seconds()
-    stop_seen: float | None = None
-    outage_since: float | None = None
     output_offset: int = 0
     settle_s: float = field(default_factory=settle_default)
     cluster_word = "machine"

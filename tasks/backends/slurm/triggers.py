@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tasks.backend_api.lifecycle_names import ERROR, STOP_GRACE, WATCHING
+from tasks.backend_api.lifecycle_names import ERROR, WATCHING
 from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
 
 if TYPE_CHECKING:
@@ -56,10 +56,6 @@ class SlurmJobTrigger(WatchTrigger):
     poll_interval_s: float = 15.0
     backoff_max_s: float = 120.0
     outage_report_s: float = 600.0
-    stop_run_dir: str | None = None
-    stop_grace_s: float = STOP_GRACE.total_seconds()
-    stop_seen: float | None = None
-    outage_since: float | None = None
     output_offset: int = 0
     stdout_path: str = ""
     settle_s: float = field(default_factory=settle_default)
