@@ -11,13 +11,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from polling import wait_until
 
 from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, LOCAL_TRIGGER
 from tasks.backends import local_adapter as adapter
@@ -39,12 +39,8 @@ STUBBORN = [
 ]  # fmt: skip
 
 
-def wait_for(condition: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
+def wait_for(condition: Any) -> None:
+    wait_until(condition, 30.0)
 
 
 def ended(job: LocalJob) -> adapter.JobState:
