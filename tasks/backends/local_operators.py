@@ -205,9 +205,6 @@ class LocalJobOperator(ClusterJobOperator):
     def job_ref(self, event: Mapping[str, Any]) -> dict[str, Any]:
         return dict(event["job"])
 
-    def where(self, ref: Mapping[str, Any]) -> str:
-        return str(ref["name"])
-
     def cancel_job(self, ref: Mapping[str, Any]) -> bool:
         return adapter.cancel(LocalJob.from_ref(ref))
 
@@ -257,9 +254,6 @@ class CancelLocalJobsOperator(CancelRecordedJobs):
     """Teardown: cancel the local jobs that (every instance of) the task `run_task_id` recorded
     and left running; one that ended already is left alone. Returns those cancelled
     (``{"name", "pid"}``)."""
-
-    def where(self, ref: Mapping[str, Any]) -> str:
-        return str(ref["name"])
 
     def cancel_job(self, ref: Mapping[str, Any], why: str) -> dict[str, Any] | None:
         job = LocalJob.from_ref(ref)
