@@ -17,12 +17,13 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from rcpflow.verdict.stop_request import current
+from tasks.backend_api.job_state import JobState
 from tasks.backend_api.lifecycle_names import (
     STATE_CHANGED,
     STOP_GRACE,
@@ -72,6 +73,7 @@ class WatchTrigger(BaseTrigger):
     stop_grace_s: float = STOP_GRACE.total_seconds()
     stop_seen: float | None = None
     outage_since: float | None = None
+    _line: str = field(default="", init=False)  # the last state line logged (`log_state`)
     # Said in the log and the outage message: what failed to answer.
     cluster_word: ClassVar[str] = "cluster"
     # The least seconds from the trigger's start to its event: 0 unless a backend's jobs can
@@ -110,6 +112,12 @@ class WatchTrigger(BaseTrigger):
         if self.stop_seen is not None and now() - self.stop_seen >= self.stop_grace_s:
             return seen_now, f"still running {self.stop_grace_s:.0f} s after the stop request"
         return seen_now, None
+
+    def log_state(self, where: str, state: JobState) -> None:
+        """Say the job's state in the task log when its line changed since the last read."""
+        if state.line != self._line:
+            self.log.info("%s: %s", where, state.line)
+            self._line = state.line
 
     def outage_budget(self) -> float:
         """Seconds of failed reads after which the trigger re-defers (`UNREACHABLE`)."""

@@ -28,11 +28,12 @@ from airflow.sdk.exceptions import AirflowException
 
 from tasks.backend_api.cluster_job import ClusterJobOperator, argv_of
 from tasks.backend_api.job_inputs import cluster_job_env, train_inputs
+from tasks.backend_api.job_state import JobState
 from tasks.backend_api.lifecycle_names import WATCHING, eval_label
 from tasks.backend_api.teardown import CancelRecordedJobs
 from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
 from tasks.backends import local_adapter as adapter
-from tasks.backends.local_adapter import DEFAULT_JOBS_ROOT, JobState, LocalJob
+from tasks.backends.local_adapter import DEFAULT_JOBS_ROOT, LocalJob
 from tasks.jobs.command import Role
 from tasks.jobs.templates import EvaluateJob, TrainJob
 from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
@@ -80,10 +81,10 @@ class LocalJobTrigger(WatchTrigger):
         self, state: JobState, where: str, now: float
     ) -> tuple[dict[str, Any] | None, bool]:
         self._show_output(where)  # the offset is kept across a re-defer, never a reason for one
-        if state.running:
+        if not state.ended:
             return None, False
         self._show_output(where)
-        return self.event(FINISHED, message=state.describe(), exit_code=state.exit_code), False
+        return self.event(FINISHED, message=state.line, exit_code=state.exit_code), False
 
     def _show_output(self, where: str) -> None:
         lines, self.output_offset = adapter.read_output(self.local_job, self.output_offset)

@@ -96,7 +96,6 @@ class JobSetTrigger(WatchTrigger):
     suspended_since: float | None = None
     submitted_at: float | None = None
     _hook: AsyncJobSetHook | None = field(default=None, init=False)
-    _line: str = field(default="", init=False)  # the last status line logged
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,11 +147,9 @@ class JobSetTrigger(WatchTrigger):
             status = interpret_status(jobset)
         except JobSetStatusError as exc:
             return self._event(ERROR, message=f"unreadable status: {exc}"), False
-        line = status.describe()
-        if line != self._line:
-            self.log.info("%s: %s", where, line)
-            self._line = line
-        if status.terminal:
+        state = status.job_state()
+        self.log_state(where, state)
+        if state.ended:
             pods = await self._failed_pod_lines() if status.phase == "Failed" else []
             return self._event(
                 status.phase, reason=status.reason, message=status.message,
