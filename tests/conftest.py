@@ -22,7 +22,6 @@ import re
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -33,6 +32,7 @@ from typing import Any
 
 import pytest
 from env_helpers import set_env
+from polling import wait_until
 
 from tasks.jobs.processes import stop_processes
 
@@ -124,15 +124,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.05) -> None:
-    """Poll `predicate` until it returns true; TimeoutError naming `what` otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not ready after {timeout_s:.0f}s")
-        time.sleep(interval_s)
 
 
 def _fake_gcs_server_binary() -> Path:

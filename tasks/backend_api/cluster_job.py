@@ -30,10 +30,13 @@ if TYPE_CHECKING:
 class ClusterJobOperator(BaseOperator):
     """Run one cluster job and wait for it, deferred (see the module doc). With `stop_run_dir`
     the job is cancelled `stop_grace` after a stop request of that run. The backend supplies
-    `execute` (start or adopt, then `watch`), `trigger_type`, `job_ref`, `where`, `cancel_job`
-    and `job_ended`."""
+    `execute` (start or adopt, then `watch`), `trigger_type`, `job_ref`, `log_name`,
+    `cancel_job` and `job_ended`."""
 
     trigger_type: ClassVar[type[WatchTrigger]]
+    # How the log names the job of a reference: a format of the reference's keys (the
+    # backend's teardown names it the same way, `teardown.CancelRecordedJobs.log_name`).
+    log_name: ClassVar[str] = "{name}"
 
     def __init__(
         self,
@@ -54,8 +57,8 @@ class ClusterJobOperator(BaseOperator):
         raise NotImplementedError
 
     def where(self, ref: Mapping[str, Any]) -> str:
-        """The job of `ref` as the log names it."""
-        raise NotImplementedError
+        """The job of `ref` as the log names it (`log_name`)."""
+        return self.log_name.format_map(ref)
 
     def cancel_job(self, ref: Mapping[str, Any]) -> bool:
         """Cancel the job of `ref`; False when it was gone already."""

@@ -3,12 +3,12 @@ running training because the cluster did not answer; cancel what a verdict made 
 up in a teardown). The run task records which cluster job it is about to start, before starting
 it, and then what became of it (`lifecycle_names.JOB_RECORD_KEY`): the backend's reference plus
 ``{"cancel", "why"}``, `cancel` None (pending) until the task itself decided. `CancelRecordedJobs`
-is the teardown every backend subclasses with its cancel call."""
+is the teardown every backend subclasses with its cancel call (and its `log_name`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
@@ -57,6 +57,8 @@ class CancelRecordedJobs(BaseOperator):
     cancels one. Nothing recorded: logged, success."""
 
     ui_color = "#fce8e6"
+    # How the log names the job of a record: the run task's `ClusterJobOperator.log_name`.
+    log_name: ClassVar[str] = "{name}"
 
     def __init__(self, *, run_task_id: str, mapped: bool = False, **kwargs: Any) -> None:
         super().__init__(**{"task_id": "cleanup", **kwargs})
@@ -64,8 +66,8 @@ class CancelRecordedJobs(BaseOperator):
         self.mapped = mapped
 
     def where(self, ref: Mapping[str, Any]) -> str:
-        """The job of `ref` as the log names it."""
-        raise NotImplementedError
+        """The job of `ref` as the log names it (`log_name`)."""
+        return self.log_name.format_map(ref)
 
     def cancel_job(self, ref: Mapping[str, Any], why: str) -> dict[str, Any] | None:
         """Cancel the job of `ref` (its task decided so, `why`); what the teardown returns for

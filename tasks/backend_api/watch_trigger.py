@@ -17,13 +17,16 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from rcpflow.verdict.stop_request import current
+from tasks.backend_api.job_state import JobState
 from tasks.backend_api.lifecycle_names import (
     STATE_CHANGED,
+    STOP_GRACE,
     STOP_REQUEST,
     STOPPED,
     UNREACHABLE,
@@ -57,22 +60,26 @@ async def pause(seconds: float) -> None:
     await _sleep(seconds)
 
 
+@dataclass(kw_only=True, eq=False, repr=False)
 class WatchTrigger(BaseTrigger):
-    """Base of a watch trigger that is a dataclass (``kw_only=True, eq=False, repr=False``):
-    its fields are its kwargs (the constructor's arguments); a field with ``init=False`` is
-    the trigger's own (a hook), never part of them. The backend supplies the adapter methods
-    below `run`; the loop is this class's."""
+    """Base of a watch trigger; a subclass is a dataclass too (``kw_only=True, eq=False,
+    repr=False``): its fields and these are its kwargs (the constructor's arguments); a field
+    with ``init=False`` is the trigger's own (a hook), never part of them. The backend supplies
+    `poll_interval_s`'s default and the adapter methods below `run`; the loop is this class's.
+    `stop_seen` and `outage_since` are the loop's clocks (`run`)."""
 
     poll_interval_s: float
-    stop_run_dir: str | None
-    stop_grace_s: float
-    stop_seen: float | None
-    outage_since: float | None
+    stop_run_dir: str | None = None
+    stop_grace_s: float = STOP_GRACE.total_seconds()
+    stop_seen: float | None = None
+    outage_since: float | None = None
+    _line: str = field(default="", init=False)  # the last state line logged (`log_state`)
     # Said in the log and the outage message: what failed to answer.
     cluster_word: ClassVar[str] = "cluster"
     # The least seconds from the trigger's start to its event: 0 unless a backend's jobs can
-    # end within seconds (a field defaulting to `settle_default()`).
-    settle_s: float = 0.0
+    # end within seconds (then a field of the subclass defaulting to `settle_default()`; not
+    # a field here, so that it is no kwarg of a trigger that does not settle).
+    settle_s = 0.0
     # The kwargs holding the outage budget and the backoff ceiling (seconds), by the names each
     # backend's triggers were stored with.
     outage_kwargs: ClassVar[tuple[str, str]]
@@ -82,7 +89,7 @@ class WatchTrigger(BaseTrigger):
 
     def kwargs(self) -> dict[str, Any]:
         """What this trigger is made of, its state included (JSON)."""
-        fields = dataclasses.fields(self)  # type: ignore[arg-type]  # a subclass is a dataclass
+        fields = dataclasses.fields(self)
         return {f.name: getattr(self, f.name) for f in fields if f.init}
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -105,6 +112,12 @@ class WatchTrigger(BaseTrigger):
         if self.stop_seen is not None and now() - self.stop_seen >= self.stop_grace_s:
             return seen_now, f"still running {self.stop_grace_s:.0f} s after the stop request"
         return seen_now, None
+
+    def log_state(self, where: str, state: JobState) -> None:
+        """Say the job's state in the task log when its line changed since the last read."""
+        if state.line != self._line:
+            self.log.info("%s: %s", where, state.line)
+            self._line = state.line
 
     def outage_budget(self) -> float:
         """Seconds of failed reads after which the trigger re-defers (`UNREACHABLE`)."""

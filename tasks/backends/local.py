@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import get_current_context
 
+from tasks.backend_api.evaluate_nodes import evaluate_rows, evaluate_step
 from tasks.backend_api.job_inputs import job_env
 from tasks.backend_api.lifecycle_names import TRAIN_LABEL, eval_label
 from tasks.backend_api.protocol import FormDefaults, JobKeys, register
@@ -90,23 +91,18 @@ class LocalBackend:
         }
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
-        evaluate = LocalEvaluateOperator.partial(
-            run_dir=run_dir,
-            map_index_template="step {{ task.row['step'] }}",
-            **self._evaluate_kwargs(self.deployment.eval_window),
-        ).expand(row=rows)
-        with_cleanup(evaluate, CancelLocalJobsOperator(run_task_id=evaluate.task_id, mapped=True))
-        return evaluate
+        kwargs = self._evaluate_kwargs(self.deployment.eval_window)
+        return evaluate_rows(
+            LocalEvaluateOperator, run_dir, rows, kwargs,
+            lambda task_id: CancelLocalJobsOperator(run_task_id=task_id, mapped=True),
+        )  # fmt: skip
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
         # The run's own window (a Param) is held by the step's wait; this is only a ceiling.
-        resolved: dict[str, Any] = {"run_dir": run_dir, "step": step}  # template fields
-        evaluate = LocalEvaluateStepOperator(
-            map_index_template="step {{ task.step }}", **self._evaluate_kwargs(MAX_EVAL_WINDOW),
-            **resolved,
+        return evaluate_step(
+            LocalEvaluateStepOperator, run_dir, step, self._evaluate_kwargs(MAX_EVAL_WINDOW),
+            lambda task_id: CancelLocalJobsOperator(run_task_id=task_id),
         )  # fmt: skip
-        with_cleanup(evaluate, CancelLocalJobsOperator(run_task_id=evaluate.task_id))
-        return evaluate
 
     def cancel_evaluation(self, run_dir: str, step: int) -> bool:
         """Stop the step's evaluation job of this DAG run; False when none was running."""

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tasks.backend_api.job_state import JobState
+
 # Where the jobs' folders are by default: this machine's temp folder (see the module doc).
 DEFAULT_JOBS_ROOT = Path(tempfile.gettempdir()) / "rcpflow-jobs"
 RECORD_NAME = "job.json"
@@ -85,22 +87,19 @@ class LocalJob:
         )
 
 
-@dataclass(frozen=True)
-class JobState:
-    """A job as read now: running, or ended with `exit_code` (None: it ended without the
-    wrapper recording a code, killed with it or lost in a reboot)."""
+def ended(exit_code: int | None) -> JobState:
+    """A job that has ended with `exit_code` (None: without the wrapper recording a code,
+    killed with it or lost in a reboot)."""
+    if exit_code is None:
+        line = "ended without an exit status (killed)"
+    elif exit_code < 0:
+        line = f"ended by signal {signal.Signals(-exit_code).name}"
+    else:
+        line = f"exited with status {exit_code}"
+    return JobState(ended=True, line=line, exit_code=exit_code)
 
-    running: bool
-    exit_code: int | None = None
 
-    def describe(self) -> str:
-        if self.running:
-            return "running"
-        if self.exit_code is None:
-            return "ended without an exit status (killed)"
-        if self.exit_code < 0:
-            return f"ended by signal {signal.Signals(-self.exit_code).name}"
-        return f"exited with status {self.exit_code}"
+RUNNING = JobState(ended=False, line="running")
 
 
 def job_folder(root: str | Path, dag_id: str, run_id: str, run_dir: str, label: str) -> Path:
@@ -138,13 +137,13 @@ def recorded(folder: Path) -> LocalJob | None:
 
 
 def state(job: LocalJob) -> JobState:
-    """Whether `job` still runs, else how it ended."""
+    """Whether `job` still runs, else how it ended (the lifecycle's `JobState`)."""
     if _alive(job):  # first: a wrapper that ends now has written its code before it ended
-        return JobState(running=True)
+        return RUNNING
     try:
-        return JobState(running=False, exit_code=int(Path(job.exit_path).read_text()))
+        return ended(int(Path(job.exit_path).read_text()))
     except (OSError, ValueError):
-        return JobState(running=False)
+        return ended(None)
 
 
 def start(

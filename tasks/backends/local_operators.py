@@ -28,11 +28,12 @@ from airflow.sdk.exceptions import AirflowException
 
 from tasks.backend_api.cluster_job import ClusterJobOperator, argv_of
 from tasks.backend_api.job_inputs import cluster_job_env, train_inputs
-from tasks.backend_api.lifecycle_names import STOP_GRACE, WATCHING, eval_label
+from tasks.backend_api.job_state import JobState
+from tasks.backend_api.lifecycle_names import WATCHING, eval_label
 from tasks.backend_api.teardown import CancelRecordedJobs
 from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
 from tasks.backends import local_adapter as adapter
-from tasks.backends.local_adapter import DEFAULT_JOBS_ROOT, JobState, LocalJob
+from tasks.backends.local_adapter import DEFAULT_JOBS_ROOT, LocalJob
 from tasks.jobs.command import Role
 from tasks.jobs.templates import EvaluateJob, TrainJob
 from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
@@ -57,10 +58,6 @@ class LocalJobTrigger(WatchTrigger):
     poll_interval_s: float = 2.0
     backoff_max_s: float = 30.0
     outage_budget_s: float = 600.0
-    stop_run_dir: str | None = None
-    stop_grace_s: float = STOP_GRACE.total_seconds()
-    stop_seen: float | None = None
-    outage_since: float | None = None
     output_offset: int = 0
     settle_s: float = field(default_factory=settle_default)
     cluster_word = "machine"
@@ -84,10 +81,10 @@ class LocalJobTrigger(WatchTrigger):
         self, state: JobState, where: str, now: float
     ) -> tuple[dict[str, Any] | None, bool]:
         self._show_output(where)  # the offset is kept across a re-defer, never a reason for one
-        if state.running:
+        if not state.ended:
             return None, False
         self._show_output(where)
-        return self.event(FINISHED, message=state.describe(), exit_code=state.exit_code), False
+        return self.event(FINISHED, message=state.line, exit_code=state.exit_code), False
 
     def _show_output(self, where: str) -> None:
         lines, self.output_offset = adapter.read_output(self.local_job, self.output_offset)
@@ -209,9 +206,6 @@ class LocalJobOperator(ClusterJobOperator):
     def job_ref(self, event: Mapping[str, Any]) -> dict[str, Any]:
         return dict(event["job"])
 
-    def where(self, ref: Mapping[str, Any]) -> str:
-        return str(ref["name"])
-
     def cancel_job(self, ref: Mapping[str, Any]) -> bool:
         return adapter.cancel(LocalJob.from_ref(ref))
 
@@ -261,9 +255,6 @@ class CancelLocalJobsOperator(CancelRecordedJobs):
     """Teardown: cancel the local jobs that (every instance of) the task `run_task_id` recorded
     and left running; one that ended already is left alone. Returns those cancelled
     (``{"name", "pid"}``)."""
-
-    def where(self, ref: Mapping[str, Any]) -> str:
-        return str(ref["name"])
 
     def cancel_job(self, ref: Mapping[str, Any], why: str) -> dict[str, Any] | None:
         job = LocalJob.from_ref(ref)

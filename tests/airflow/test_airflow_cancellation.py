@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 from airflow_harness import PYTHON, write_deployment
+from polling import wait_until
 
 from devtools.synthetic_run import make_run
 from tasks.backend_api.lifecycle_names import eval_label
@@ -95,14 +95,6 @@ class Evaluation(threading.Thread):
             self.outcome = exc
 
 
-def wait_until(condition: Any, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-
-
 def running(jobs: Path, run_dir: str, step: int) -> int | None:
     """The PID of the step's evaluation job while it runs."""
     folder = local_adapter.job_folder(jobs, "d", "r", run_dir, eval_label(step))
@@ -123,7 +115,7 @@ def test_a_pass_stops_the_running_higher_evaluations_and_nothing_below(
     for evaluation in evaluations.values():
         evaluation.begin()
         evaluation.start()
-    wait_until(lambda: all(running(jobs, run.run_dir, s) for s in evaluations))
+    wait_until(lambda: all(running(jobs, run.run_dir, s) for s in evaluations), 60.0)
     pids = {s: running(jobs, run.run_dir, s) for s in evaluations}
 
     if passing_first:

@@ -11,14 +11,15 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
+from polling import wait_until
 
+from tasks.backend_api.job_state import JobState
 from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, LOCAL_TRIGGER
 from tasks.backends import local_adapter as adapter
 from tasks.backends.local_adapter import LocalJob
@@ -39,16 +40,12 @@ STUBBORN = [
 ]  # fmt: skip
 
 
-def wait_for(condition: Any, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
+def wait_for(condition: Any) -> None:
+    wait_until(condition, 30.0)
 
 
-def ended(job: LocalJob) -> adapter.JobState:
-    wait_for(lambda: not adapter.state(job).running)
+def ended(job: LocalJob) -> JobState:
+    wait_for(lambda: adapter.state(job).ended)
     return adapter.state(job)
 
 
@@ -76,10 +73,10 @@ def test_a_job_runs_detached_and_its_exit_status_and_output_outlive_it(tmp_path:
     code = "import os, sys; print('step 1'); print('env', os.environ['X']); sys.exit(3)"
     job = adapter.start(tmp_path / "j", "bad job", [PY, "-c", code], {"X": "y"})
     assert os.getpgid(job.pid) == job.pid != os.getpgid(0)  # its own process group
-    assert ended(job) == adapter.JobState(running=False, exit_code=3)
+    assert ended(job) == JobState(ended=True, line="exited with status 3", exit_code=3)
     assert output_of(job) == ["step 1", "env y"]
     assert "step 1" in adapter.output_tail(job)
-    assert adapter.state(job).describe() == "exited with status 3"
+    assert adapter.state(job).line == "exited with status 3"
     ok = adapter.start(tmp_path / "j", "ok job", [PY, "-c", "print('fine')"])
     assert ended(ok).exit_code == 0 and output_of(ok) == ["fine"]
     assert adapter.recorded(tmp_path / "j") == ok  # the record names the latest start
@@ -104,13 +101,14 @@ def test_cancel_terms_the_group_and_kills_what_ignores_it(tmp_path: Path) -> Non
     wait_for(lambda: output_of(job) == ["sleeping"])
     assert adapter.cancel(job, grace_s=10.0)
     # the wrapper outlived the job's SIGTERM and recorded how it ended
-    assert ended(job) == adapter.JobState(running=False, exit_code=-signal.SIGTERM)
+    assert ended(job) == adapter.ended(-signal.SIGTERM)
+    assert ended(job).line == "ended by signal SIGTERM"
     assert not adapter.cancel(job)  # gone already
     stubborn = adapter.start(tmp_path / "b", "stubborn", STUBBORN)
     wait_for(lambda: output_of(stubborn) == ["up"])
     assert adapter.cancel(stubborn, grace_s=0.5)
     state = ended(stubborn)
-    assert state.exit_code is None and "killed" in state.describe()
+    assert state.exit_code is None and "killed" in state.line
     wait_for(lambda: living_members(stubborn.pid) == [])  # nothing of its group is left
 
 
@@ -119,7 +117,7 @@ def test_a_reused_pid_is_never_taken_for_the_job(tmp_path: Path) -> None:
     me = adapter.process_start_time(os.getpid())
     assert me is not None
     job = LocalJob("old", os.getpid(), me + 1, str(tmp_path / "o"), str(tmp_path / "e"))
-    assert adapter.state(job) == adapter.JobState(running=False)
+    assert adapter.state(job) == adapter.ended(None)
     assert not adapter.cancel(job)  # and not signalled: we are still here
 
 
@@ -154,7 +152,7 @@ def test_a_retry_adopts_the_job_of_a_worker_killed_right_after_starting_it(
     assert died.returncode == -signal.SIGKILL
     job, adopted = adapter.start_or_adopt(folder, "train seed 1", ["/never/started"])
     assert adopted and job == adapter.recorded(folder)
-    assert adapter.state(job).running  # the job outlived its worker
+    assert not adapter.state(job).ended  # the job outlived its worker
     wait_for(lambda: output_of(job) == ["sleeping"])  # (its wrapper now records a SIGTERM)
     assert adapter.cancel_running(folder)
     assert ended(job).exit_code == -signal.SIGTERM
@@ -263,6 +261,6 @@ def test_a_retry_adopts_the_running_job_and_on_kill_and_the_teardown_cancel_it(
     teardown = CancelLocalJobsOperator(task_id="cleanup", run_task_id="train_job")
     done = teardown.execute(_context(_TI({JOB_RECORD_KEY: recorded})))
     assert done == [{"name": "train seed 1", "pid": recorded["pid"]}]
-    assert not adapter.state(LocalJob.from_ref(recorded)).running
+    assert adapter.state(LocalJob.from_ref(recorded)).ended
     # a job that ended is left alone
     assert teardown.execute(_context(_TI({JOB_RECORD_KEY: recorded}))) == []

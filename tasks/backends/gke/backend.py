@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import TaskGroup, XComArg, get_current_context
 
+from tasks.backend_api.evaluate_nodes import evaluate_rows, evaluate_step
 from tasks.backend_api.lifecycle_names import STOP_GRACE, TRAIN_LABEL
 from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.backend_api.teardown import with_cleanup
@@ -133,24 +134,17 @@ class GkeBackend:
         }
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
-        evaluate = EvaluateJobSetOperator.partial(
-            run_dir=run_dir,
-            map_index_template="step {{ task.row['step'] }}",
-            **self._evaluate_kwargs(),
-        ).expand(row=rows)
         cluster, queue = self.settings.cluster, self.queue
-        cleanup = DeleteEvalJobSetsOperator(run_task_id=evaluate.task_id, cluster=cluster, **queue)
-        with_cleanup(evaluate, cleanup)
-        return evaluate
+        return evaluate_rows(
+            EvaluateJobSetOperator, run_dir, rows, self._evaluate_kwargs(),
+            lambda task_id: DeleteEvalJobSetsOperator(
+                run_task_id=task_id, cluster=cluster, **queue
+            ),
+        )  # fmt: skip
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
-        # run_dir and step are template fields: an XComArg is resolved before execute; the
-        # per-index cleanup deletes only that instance's JobSet
-        resolved: dict[str, Any] = {"run_dir": run_dir, "step": step}
-        evaluate = EvaluateStepJobSetOperator(
-            map_index_template="step {{ task.step }}", **self._evaluate_kwargs(), **resolved
-        )
         cluster, queue = self.settings.cluster, self.queue
-        cleanup = DeleteJobSetOperator(run_task_id=evaluate.task_id, cluster=cluster, **queue)
-        with_cleanup(evaluate, cleanup)
-        return evaluate
+        return evaluate_step(
+            EvaluateStepJobSetOperator, run_dir, step, self._evaluate_kwargs(),
+            lambda task_id: DeleteJobSetOperator(run_task_id=task_id, cluster=cluster, **queue),
+        )  # fmt: skip

@@ -47,8 +47,9 @@ class JobSetReplacedError(AirflowFailException):
     (deleted and created again): not the task's to follow, nor to delete."""
 
 
-def _where(ref: Mapping[str, Any]) -> str:
-    return f"JobSet {ref['namespace']}/{ref['name']}"
+# How the log names a JobSet (`ClusterJobOperator.log_name`).
+LOG_NAME = "JobSet {namespace}/{name}"
+_where = LOG_NAME.format_map
 
 
 class RunJobSetOperator(ClusterJobOperator):
@@ -69,6 +70,7 @@ class RunJobSetOperator(ClusterJobOperator):
     template_fields: Sequence[str] = ("command", "run_env", "stop_run_dir")
     ui_color = "#e8f0fe"
     trigger_type = JobSetTrigger
+    log_name = LOG_NAME
 
     def __init__(
         self,
@@ -166,9 +168,6 @@ class RunJobSetOperator(ClusterJobOperator):
     def job_ref(self, event: Mapping[str, Any]) -> dict[str, Any]:
         return {"name": event["name"], "namespace": event["namespace"]}
 
-    def where(self, ref: Mapping[str, Any]) -> str:
-        return _where(ref)
-
     def cancel_job(self, ref: Mapping[str, Any]) -> bool:
         return jobset_hook(self.cluster).delete_jobset(ref["namespace"], ref["name"])
 
@@ -215,12 +214,11 @@ class DeleteJobSetOperator(CancelRecordedJobs):
     index) recorded, if `should_cancel`. Nothing recorded, or already gone: logged, success;
     returns ``{"name", "namespace", "deleted"}`` (None: nothing recorded)."""
 
+    log_name = LOG_NAME
+
     def __init__(self, *, cluster: GkeCluster, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cluster = cluster
-
-    def where(self, ref: Mapping[str, Any]) -> str:
-        return _where(ref)
 
     def cancel_job(self, ref: Mapping[str, Any], why: str) -> dict[str, Any] | None:
         deleted = jobset_hook(self.cluster).delete_jobset(ref["namespace"], ref["name"])

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tasks.backend_api.lifecycle_names import ERROR, STOP_GRACE, WATCHING
+from tasks.backend_api.lifecycle_names import ERROR, WATCHING
 from tasks.backend_api.watch_trigger import WatchTrigger
 from tasks.backends.gke.settings import GkeCluster
 from tasks.backends.gke.status import (
@@ -91,16 +91,11 @@ class JobSetTrigger(WatchTrigger):
     api_backoff_max_s: float = 120.0
     max_suspended_s: float | None = None
     max_running_s: float | None = None
-    stop_run_dir: str | None = None
-    stop_grace_s: float = STOP_GRACE.total_seconds()
     running_s: float = 0.0
     running_since: float | None = None
     suspended_since: float | None = None
-    stop_seen: float | None = None
-    outage_since: float | None = None
     submitted_at: float | None = None
     _hook: AsyncJobSetHook | None = field(default=None, init=False)
-    _line: str = field(default="", init=False)  # the last status line logged
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -152,11 +147,9 @@ class JobSetTrigger(WatchTrigger):
             status = interpret_status(jobset)
         except JobSetStatusError as exc:
             return self._event(ERROR, message=f"unreadable status: {exc}"), False
-        line = status.describe()
-        if line != self._line:
-            self.log.info("%s: %s", where, line)
-            self._line = line
-        if status.terminal:
+        state = status.job_state()
+        self.log_state(where, state)
+        if state.ended:
             pods = await self._failed_pod_lines() if status.phase == "Failed" else []
             return self._event(
                 status.phase, reason=status.reason, message=status.message,

@@ -13,6 +13,7 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
+from tasks.backend_api.job_state import JobState
 from tasks.backend_api.lifecycle_names import eval_label
 
 _LOG = logging.getLogger(__name__)
@@ -58,6 +59,14 @@ def running_job(hook: AnyHook, name: str, log: Any = None) -> JobInfo | None:
     """The latest of rcpflow's jobs of `name` that has not ended, if any (`running_jobs`)."""
     running = running_jobs(hook, name, log)
     return running[-1] if running else None
+
+
+def job_state(info: JobInfo) -> JobState:
+    """A job as Slurm reported it, in the lifecycle's terms."""
+    line = f"{info.state} on {info.nodes or '(no nodes yet)'}" + (
+        f", Slurm restart {info.restarts}" if info.restarts else ""
+    )
+    return JobState(ended=info.finished, line=line, exit_code=info.exit_code)
 
 
 def job_ref(job: SubmittedJob | JobInfo) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import TaskGroup, get_current_context, task
 
+from tasks.backend_api.evaluate_nodes import evaluate_rows, evaluate_step
 from tasks.backend_api.lifecycle_names import TRAIN_LABEL
 from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.backend_api.teardown import with_cleanup
@@ -84,27 +85,20 @@ class SlurmBackend:
         }
 
     def evaluate(self, run_dir: str | XComArg, rows: XComArg) -> DependencyMixin:
-        evaluate = SlurmEvaluateOperator.partial(
-            run_dir=run_dir,
-            map_index_template="step {{ task.row['step'] }}",
-            **self._evaluate_kwargs(),
-        ).expand(row=rows)
-        cleanup = CancelSlurmJobsOperator(
-            run_task_id=evaluate.task_id, settings=self.settings, mapped=True, **self.queue
-        )
-        with_cleanup(evaluate, cleanup)
-        return evaluate
+        return evaluate_rows(
+            SlurmEvaluateOperator, run_dir, rows, self._evaluate_kwargs(),
+            lambda task_id: self._cleanup(task_id, mapped=True),
+        )  # fmt: skip
 
     def evaluate_checkpoint(self, run_dir: str | XComArg, step: int | XComArg) -> DependencyMixin:
-        resolved: dict[str, Any] = {"run_dir": run_dir, "step": step}
-        evaluate = SlurmEvaluateStepOperator(
-            map_index_template="step {{ task.step }}", **self._evaluate_kwargs(), **resolved
+        return evaluate_step(
+            SlurmEvaluateStepOperator, run_dir, step, self._evaluate_kwargs(), self._cleanup
         )
-        cleanup = CancelSlurmJobsOperator(
-            run_task_id=evaluate.task_id, settings=self.settings, **self.queue
+
+    def _cleanup(self, task_id: str, *, mapped: bool = False) -> CancelSlurmJobsOperator:
+        return CancelSlurmJobsOperator(
+            run_task_id=task_id, settings=self.settings, mapped=mapped, **self.queue
         )
-        with_cleanup(evaluate, cleanup)
-        return evaluate
 
     def cancel_evaluation(self, run_dir: str, step: int) -> bool:
         """scancel the step's evaluation job of this DAG run (named as `job_name` names it);

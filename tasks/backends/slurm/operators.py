@@ -49,8 +49,9 @@ if TYPE_CHECKING:
 _TAIL_BYTES = 4000
 
 
-def _where(ref: Mapping[str, Any]) -> str:
-    return f"Slurm job {ref['job_id']} ({ref['name']})"
+# How the log names a Slurm job (`ClusterJobOperator.log_name`).
+LOG_NAME = "Slurm job {job_id} ({name})"
+_where = LOG_NAME.format_map
 
 
 class SlurmJobOperator(ClusterJobOperator):
@@ -64,6 +65,7 @@ class SlurmJobOperator(ClusterJobOperator):
     template_fields: Sequence[str] = ("argv", "run_env", "stop_run_dir", "then_evaluate")
     ui_color = "#e6f4ea"
     trigger_type = SlurmJobTrigger
+    log_name = LOG_NAME
 
     def __init__(
         self,
@@ -147,9 +149,6 @@ class SlurmJobOperator(ClusterJobOperator):
     def job_ref(self, event: Mapping[str, Any]) -> dict[str, Any]:
         return dict(event["job"])
 
-    def where(self, ref: Mapping[str, Any]) -> str:
-        return _where(ref)
-
     def cancel_job(self, ref: Mapping[str, Any]) -> bool:
         hook_for(self.settings).cancel(str(ref["job_id"]))
         return True
@@ -229,12 +228,11 @@ class CancelSlurmJobsOperator(CancelRecordedJobs):
     unless it left one running on purpose; a job that ended already, or whose id names another
     job now, is left alone. Returns the jobs scancelled (``{"job_id", "name"}``)."""
 
+    log_name = LOG_NAME
+
     def __init__(self, *, settings: SlurmSettings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
-
-    def where(self, ref: Mapping[str, Any]) -> str:
-        return _where(ref)
 
     def cancel_job(self, ref: Mapping[str, Any], why: str) -> dict[str, Any] | None:
         from tasks.backends.slurm.hooks import SlurmError, SubmittedJob

@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tasks.backend_api.lifecycle_names import ERROR, STOP_GRACE, WATCHING
+from tasks.backend_api.lifecycle_names import ERROR, WATCHING
 from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
+from tasks.backends.slurm.adapter import job_state
 
 if TYPE_CHECKING:
     from tasks.backends.slurm.hooks import AsyncSlurmHook, JobInfo
@@ -56,15 +57,10 @@ class SlurmJobTrigger(WatchTrigger):
     poll_interval_s: float = 15.0
     backoff_max_s: float = 120.0
     outage_report_s: float = 600.0
-    stop_run_dir: str | None = None
-    stop_grace_s: float = STOP_GRACE.total_seconds()
-    stop_seen: float | None = None
-    outage_since: float | None = None
     output_offset: int = 0
     stdout_path: str = ""
     settle_s: float = field(default_factory=settle_default)
     _hook: AsyncSlurmHook | None = field(default=None, init=False)
-    _line: str = field(default="", init=False)  # the last state line logged
     outage_kwargs = ("outage_report_s", "backoff_max_s")
 
     def __post_init__(self) -> None:
@@ -107,13 +103,9 @@ class SlurmJobTrigger(WatchTrigger):
         if info.stdout_path:  # the hook's own path (log_dir), kept across a re-defer
             self.stdout_path = info.stdout_path
         await self._show_output(where)
-        line = f"{info.state} on {info.nodes or '(no nodes yet)'}" + (
-            f", Slurm restart {info.restarts}" if info.restarts else ""
-        )
-        if line != self._line:
-            self.log.info("%s: %s", where, line)
-            self._line = line
-        if info.finished:
+        state = job_state(info)
+        self.log_state(where, state)
+        if state.ended:
             await self._show_output(where)
             return self.event(FINISHED, info=info), False
         return None, False
