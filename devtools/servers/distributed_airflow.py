@@ -15,16 +15,21 @@ own hostname, a loopback address of its own (127.0.0.2, 127.0.0.3: ``[core]
 hostname_callable`` reads it), where its own log server listens, so the API server fetches a
 task's log from the worker that ran it, as in production. Killing a worker (`kill`) SIGKILLs
 its namespace's first process, which takes every process of the namespace with it: a host lost.
+Each scheduler has a hostname of its own too (as on two hosts), which its Job row carries:
+`scheduler_of` names the one that queued a task instance. `answering_workers` asks the workers
+over the broker (Celery's ``inspect ping``, the Helm chart's worker liveness probe).
 Every component is stopped by the PID we hold (`LocalAirflow.stop`), then Redis and PostgreSQL.
 Needs root (mounts), ``unshare`` (util-linux), ``redis-server`` and PostgreSQL's server.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -48,6 +53,9 @@ from tasks.jobs.processes import send_signal
 HOSTNAME_VAR = "RCPFLOW_AIRFLOW_HOSTNAME"
 PRIVATE_ROOT = Path("/tmp")  # what each worker gets a private copy of
 SCHEDULERS = ("scheduler", "scheduler-2")
+# Each scheduler's hostname (nothing connects to it: it tells their Job rows apart).
+SCHEDULER_HOSTS = {SCHEDULERS[0]: HOST, SCHEDULERS[1]: "127.0.0.4"}
+CELERY_APP = "airflow.providers.celery.executors.celery_executor.app"
 # A worker announces itself in its log with this once it consumes its queues (Celery's banner).
 _READY = b" ready."
 
@@ -164,6 +172,8 @@ class DistributedAirflow(LocalAirflow):
         return self.config.home / "workers" / name
 
     def launch(self, name: str, env: Mapping[str, str]) -> None:
+        if name in SCHEDULER_HOSTS:
+            env = {**env, HOSTNAME_VAR: SCHEDULER_HOSTS[name]}
         spec = self.workers.get(name)
         if spec is not None:
             env = {**env, **spec.env, HOSTNAME_VAR: spec.host}
@@ -211,6 +221,53 @@ class DistributedAirflow(LocalAirflow):
                     return
             time.sleep(0.5)
         raise AirflowServerError(f"Celery worker {name} not ready after {timeout_s}s")
+
+    def scheduler_of(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+        """The scheduler (its component name) that queued the task instance: its
+        ``queued_by_job_id``, which the REST API does not show, read from the metadata database
+        and told by the Job row's hostname."""
+        import sqlalchemy  # Airflow's own dependency; only this developer tool reads the rows
+
+        query = sqlalchemy.text(
+            "SELECT job.hostname FROM task_instance ti JOIN job ON job.id = ti.queued_by_job_id"
+            " WHERE ti.dag_id = :dag_id AND ti.run_id = :run_id AND ti.task_id = :task_id"
+            " AND ti.map_index = :map_index"
+        )
+        engine = sqlalchemy.create_engine(self.postgres.sqlalchemy_url())
+        try:
+            with engine.connect() as conn:
+                key = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id}
+                hostname = conn.execute(query, {**key, "map_index": map_index}).scalar()
+        finally:
+            engine.dispose()
+        names = [n for n, host in SCHEDULER_HOSTS.items() if host == hostname]
+        if not names:
+            raise AirflowServerError(f"{dag_id} {run_id} {task_id}: queued by no scheduler of ours")
+        return names[0]
+
+    def answering_workers(self, timeout_s: float = 5.0) -> set[str]:
+        """The workers (component names) that answer Celery's ping over the broker now."""
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "celery", "--app", CELERY_APP, "inspect", "ping",
+                "--json", "--timeout", str(timeout_s),
+            ],
+            env=self.environment(), capture_output=True, text=True, timeout=timeout_s + 120,
+            check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:  # no worker answered (Celery says so on stderr)
+            return set()
+        nodes = json.loads(proc.stdout.strip().splitlines()[-1])
+        return {n for n, w in self.workers.items() if f"{n}@{w.host}" in nodes}
+
+    def wait_workers_answer(self, timeout_s: float = 120.0) -> None:
+        """Wait until every worker answers Celery's ping (e.g. back on a restarted broker)."""
+        deadline = time.monotonic() + timeout_s
+        while (answering := self.answering_workers()) != set(self.workers):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                missing = sorted(set(self.workers) - answering)
+                raise AirflowServerError(f"workers not answering after {timeout_s}s: {missing}")
 
     def kill(self, name: str) -> None:
         """SIGKILL component `name` with its process group (a worker: its whole namespace);

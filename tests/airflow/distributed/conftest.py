@@ -27,10 +27,10 @@ from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
 SEEDS = (1, 2, 3)
 # The fault tests' hook point: sbatch as usual; when the test armed it (a file `armed` in the
-# hook's folder), the job is held (pending until the test releases it: it cannot end before
-# the retry looks for it) and the task stays in sbatch, its job submitted but not yet recorded
-# by Airflow, writing where it is (the worker's hostname) to `submitted`, until the test kills
-# it.
+# hook's folder), the job is held (pending until the test releases it in Slurm: it cannot end
+# before a retry looks for it) and the task stays in sbatch, its job submitted but not yet
+# recorded by Airflow, writing where it is (the worker's hostname) to `submitted`, until the
+# test kills it or lets it go on (a file `release`).
 SBATCH_HOOK = """#!/bin/sh
 out=$({sbatch} "$@")
 rc=$?
@@ -39,7 +39,7 @@ if [ $rc -eq 0 ] && rm "{hooks}/armed" 2>/dev/null; then
     scontrol hold "$out"
     printf '%s %s\\n' "$RCPFLOW_AIRFLOW_HOSTNAME" "$out" > "{hooks}/submitted.tmp"
     mv "{hooks}/submitted.tmp" "{hooks}/submitted"
-    sleep 3600
+    until rm "{hooks}/release" 2>/dev/null; do sleep 0.2; done
 fi
 exit $rc
 """

@@ -13,6 +13,7 @@ from devtools.servers.slurm_cluster import SlurmCluster
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import parse_rows
 from rcpflow.records.mllog import read_events
+from tasks.backends.slurm.adapter import job_name
 
 CLUSTER_QUEUE = "slurm-login"
 
@@ -44,6 +45,18 @@ def slurm_jobs(slurm: SlurmCluster, name: str) -> list[tuple[str, str]]:
         job_id, _, state = line.partition("|")
         if job_id.strip():
             found.append((job_id.strip(), state.strip()))
+    return found
+
+
+def run_jobs(slurm: SlurmCluster, dag_id: str, run_id: str) -> dict[str, list[tuple[str, str]]]:
+    """label (``train``, ``eval-12``) -> (job id, state) of every job of one DAG run that
+    Slurm knows (finished ones included), told by the run's part of `job_name`."""
+    head, _, tail = job_name(dag_id, run_id, "\0").partition("\0")
+    found: dict[str, list[tuple[str, str]]] = {}
+    for line in slurm.client("squeue", "-h", "--states=all", "-o", "%j|%i|%T").splitlines():
+        name, job_id, state = (part.strip() for part in line.split("|"))
+        if name.startswith(head) and name.endswith(tail):
+            found.setdefault(name[len(head) : -len(tail)], []).append((job_id, state))
     return found
 
 
