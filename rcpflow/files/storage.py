@@ -426,3 +426,11 @@ _GCS = GCSStorage()
 def storage_for(path: str) -> Storage:
     """The storage that holds `path`."""
     return _GCS if is_gcs(path) else _LOCAL
+
+
+def read_if_present(path: str) -> bytes | None:
+    """The bytes of the file or object at `path`; None when there is none."""
+    try:
+        return storage_for(path).read_bytes(path)
+    except FileNotFoundError:
+        return None

@@ -23,16 +23,15 @@ from collections.abc import Iterator
 from types import FrameType
 
 from rcpflow.files.layout import RunLayout
-from rcpflow.files.storage import storage_for
+from rcpflow.files.storage import read_if_present, storage_for
 
 
 def running(run_dir: str, step: int) -> str | None:
     """Who evaluates `step`'s checkpoint now and since when, as its record says; None when
     no record is there. A record that cannot be read still counts: it says one may run."""
     path = RunLayout(run_dir).evaluating(step)
-    try:
-        data = storage_for(path).read_bytes(path)
-    except FileNotFoundError:
+    data = read_if_present(path)
+    if data is None:
         return None
     try:
         held = json.loads(data)

@@ -18,7 +18,7 @@ from typing import Any
 from rcpflow import recipe
 from rcpflow.files import jsonio
 from rcpflow.files.layout import dirname, join, mllog_name, normalized, resolve
-from rcpflow.files.storage import storage_for
+from rcpflow.files.storage import read_if_present, storage_for
 from rcpflow.files.usererrors import describe
 from rcpflow.records.mllog import MLLogError, read_events, run_start_ms
 
@@ -203,9 +203,8 @@ def remove(manifest_path: str, step: int) -> None:
 def read_rows(manifest_path: str) -> list[ManifestRow]:
     """The rows of the manifest as written (not resolved, not validated); [] if there is none.
     Raises ManifestError naming the line, also for bytes that are not UTF-8."""
-    try:
-        data = storage_for(manifest_path).read_bytes(manifest_path)
-    except FileNotFoundError:
+    data = read_if_present(manifest_path)
+    if data is None:
         return []
     return parse_rows(decode(data, manifest_path), manifest_path)
 

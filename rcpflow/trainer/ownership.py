@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, replace
 
 from rcpflow.files import jsonio
 from rcpflow.files.layout import RunLayout, dirname
-from rcpflow.files.storage import StorageError, pid_alive, storage_for
+from rcpflow.files.storage import StorageError, pid_alive, read_if_present, storage_for
 
 log = logging.getLogger(__name__)
 
@@ -435,10 +435,7 @@ def check_or_refresh(layout: RunLayout, owner: str | None) -> None:
 def _read(path: str) -> bytes | None:
     """The lease's bytes, None when there is none; locally never through a link."""
     if path.startswith("gs://"):
-        try:
-            return storage_for(path).read_bytes(path)
-        except FileNotFoundError:
-            return None
+        return read_if_present(path)
     return _local_read(path)
 
 

@@ -28,7 +28,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 from rcpflow.files.layout import CHECKPOINT_STATE_DIR, RunLayout, is_gcs, normalized
-from rcpflow.files.storage import GCS_BATCH_LIMIT, delete_generations, gcs_objects, storage_for
+from rcpflow.files.storage import (
+    GCS_BATCH_LIMIT,
+    delete_generations,
+    gcs_objects,
+    read_if_present,
+    storage_for,
+)
 from rcpflow.records.checkpoint_state import run_snapshot
 from rcpflow.records.evaluating import running
 from rcpflow.records.manifest import ManifestError, load
@@ -212,9 +218,8 @@ def _now_ms() -> int:
 def read_record(run_dir: str) -> dict[str, object] | None:
     """The run's retention record, if an apply ever ran."""
     path = RunLayout(run_dir).retention
-    try:
-        data = storage_for(path).read_bytes(path)
-    except FileNotFoundError:
+    data = read_if_present(path)
+    if data is None:
         return None
     try:
         record = json.loads(data)

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 from rcpflow.files import jsonio
 from rcpflow.files.layout import RunLayout
-from rcpflow.files.storage import storage_for
+from rcpflow.files.storage import read_if_present, storage_for
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import MLLogError, read_events, run_start_ms
 from rcpflow.records.run_identity import RunIdentity
@@ -94,12 +94,8 @@ class StopRequest:
 def read(run_dir: str) -> StopRequest | None:
     """The stop request in `run_dir`, if there is one; StopRequestError when it is malformed."""
     path = RunLayout(run_dir).stop_request
-    storage = storage_for(path)
-    if not storage.exists(path):
-        return None
-    try:
-        data = storage.read_bytes(path)
-    except FileNotFoundError:
+    data = read_if_present(path)
+    if data is None:
         return None
     return StopRequest.from_json(data, path)
 
