@@ -138,9 +138,20 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
 
 
 def _wait(driver: WebDriver, what: str, condition: Any) -> Any:
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, WAIT_S).until(condition, message=f"waiting for {what}")
+    def looked(d: WebDriver) -> Any:
+        try:
+            return condition(d)
+        except WebDriverException as e:
+            # The UI's redirect (to the login page, after it) navigated while we looked:
+            # chromium aborts the lookup; the next look sees the new page.
+            if "aborted by navigation" in str(e.msg):
+                return False
+            raise
+
+    return WebDriverWait(driver, WAIT_S).until(looked, message=f"waiting for {what}")
 
 
 def _css(driver: WebDriver, selector: str) -> WebElement:
