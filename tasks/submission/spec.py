@@ -62,16 +62,9 @@ class SubmissionSpec:
         return join(self.out_dir, "runs", f"seed_{seed}")
 
     def run_spec(self, seed: int) -> RunSpec:
-        return RunSpec(
-            run_dir=self.run_dir(seed),
-            seed=seed,
-            global_batch_size=self.global_batch_size,
-            max_steps=self.max_steps,
-            val_start_at=self.val_start_at,
-            division=self.division,
-            eval_schedule=self.eval_schedule,
-            eval_window=self.eval_window,
-        )
+        """`seed`'s run, built and checked by the run DAG's own `run_spec` from the fields the
+        two share: a seed's conf is one the run DAG accepts. Raises ParamError naming the Param."""
+        return run_spec({**self.to_dict(), "run_dir": self.run_dir(seed), "seed": seed})
 
     def triggers(self) -> list[dict[str, Any]]:
         """Keyword arguments of each mapped TriggerDagRunOperator: a run id per seed, so a
@@ -227,7 +220,7 @@ def submission_spec(
         eval_window=params["eval_window"],
     )
     for seed in spec.seeds:
-        run_spec(spec.run_spec(seed).to_dict())  # the per-run checks, before any run starts
+        spec.run_spec(seed)  # the per-run checks, before any run starts
     system_description(spec)  # field values the package checker would refuse
     return spec
 
