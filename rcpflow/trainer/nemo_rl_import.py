@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
+from rcpflow.files.usererrors import refused_as
 from rcpflow.records import manifest
 from rcpflow.records.manifest import ManifestError, ManifestRow
 from rcpflow.records.mllog import MLLogError, read_events
@@ -84,7 +85,7 @@ def import_checkpoint_tree(
     starts = [e for e in events if e.key == "run_start"]
     if not starts:
         raise NemoRLError(f"{log_path}: no run_start: training has not started")
-    try:
+    with refused_as(NemoRLError, RecorderError):
         header = {
             k: header_int(events, k, log_path)
             for k in (
@@ -96,18 +97,14 @@ def import_checkpoint_tree(
             )
         }
         index = seed_index(log_path)  # the row names the MLLOG read, whatever seed it states
-    except RecorderError as e:
-        raise NemoRLError(str(e)) from e
     gbs, prompts = header["global_batch_size"], header["num_prompts_per_step"]
     if prompts * header["num_generations_per_prompt"] != gbs:
         raise NemoRLError(
             f"{log_path}: num_prompts_per_step {prompts} x num_generations_per_prompt "
             f"{header['num_generations_per_prompt']} != global_batch_size {gbs}"
         )
-    try:
+    with refused_as(NemoRLError, ManifestError):
         existing = manifest.read_rows(layout.manifest)
-    except ManifestError as e:
-        raise NemoRLError(str(e)) from e
     run_start = starts[-1].time_ms
     current = sorted((r for r in existing if r.timestamp_ms >= run_start), key=lambda r: r.step)
     start = current[0].val_start_at if current else val_start_at
@@ -167,10 +164,8 @@ def import_checkpoint_tree(
             )
         want += 1
     merged = sorted([*current, *new], key=lambda r: r.step)
-    try:
+    with refused_as(NemoRLError, ManifestError):
         manifest.check_consistent(merged, layout.manifest)
-    except ManifestError as e:
-        raise NemoRLError(str(e)) from e
     problems = [p for p in section_problems(events, merged) if not p.resumable]
     if problems:
         raise NemoRLError(f"{log_path}: {describe_section(problems)}")
@@ -247,10 +242,8 @@ def _append(path: str, new: list[ManifestRow]) -> None:
                 )
         if not add and old is not None:
             return old
-        try:
+        with refused_as(NemoRLError, ManifestError):
             manifest.check_consistent([*now, *add], path)
-        except ManifestError as e:
-            raise NemoRLError(str(e)) from e
         return manifest.render_rows([*now, *add])
 
     storage_for(path).update(path, merge)

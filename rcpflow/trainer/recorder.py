@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout, join, mllog_name
 from rcpflow.files.storage import StorageError, storage_for
+from rcpflow.files.usererrors import refused_as
 from rcpflow.records import manifest
 from rcpflow.records.manifest import ManifestError, ManifestRow
 from rcpflow.records.mllog import Event, SystemInfo, TrainingLog, read_events, run_start_ms
@@ -79,10 +80,8 @@ def check_new_row(
             f"{where}: step {row.step}: timestamp_ms {row.timestamp_ms} is before run_start "
             f"{run_start}"
         )
-    try:
+    with refused_as(RecorderError, ManifestError):
         manifest.check_consistent([*(r for r in rows if r.step != row.step), row], where)
-    except ManifestError as e:
-        raise RecorderError(str(e)) from e
 
 
 def build_row(
@@ -105,7 +104,7 @@ def build_row(
             f"step {step}: extra field(s) {', '.join(unknown)} are not manifest fields "
             f"(allowed: {', '.join(sorted(ROW_EXTRA_FIELDS))})"
         )
-    try:
+    with refused_as(RecorderError, ManifestError):
         return ManifestRow.from_dict(
             {
                 "step": step,
@@ -124,8 +123,6 @@ def build_row(
             },
             where=f"step {step}",
         )
-    except ManifestError as e:
-        raise RecorderError(str(e)) from e
 
 
 def current_rows(manifest_path: str, run_start: int | None) -> list[ManifestRow]:

@@ -21,6 +21,7 @@ from rcpflow.files import jsonio
 from rcpflow.files.layout import RunLayout, dirname, is_gcs, join
 from rcpflow.files.storage import storage_for
 from rcpflow.files.terminal_progress import Progress
+from rcpflow.files.usererrors import refused_as
 from rcpflow.records.attempts import AttemptFormat, AttemptsError, AttemptSet, parse_attempts
 from rcpflow.records.decided import WrittenRunStop, written_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
@@ -134,27 +135,21 @@ def _read(path: str, what: str) -> bytes:
 
 
 def _read_text(path: str, what: str) -> str:
-    try:
+    with refused_as(EvalImportError, jsonio.JSONInputError):
         return jsonio.decode_utf8(_read(path, what), path)
-    except jsonio.JSONInputError as e:
-        raise EvalImportError(str(e)) from e
 
 
 def _row(run_dir: str, step: int) -> ManifestRow:
-    try:
+    with refused_as(EvalImportError, ManifestError):
         return load(RunLayout(run_dir).manifest).row(step)
-    except ManifestError as e:
-        raise EvalImportError(str(e)) from e
 
 
 def eval_times_from_log(log_path: str, row: ManifestRow) -> tuple[int, int]:
     """(start, stop) of the evaluation of `row`'s checkpoint as another pipeline logged it: the
     one ``eval_start`` and the one ``eval_stop`` whose metadata samples_count is the row's. None
     of either, or more than one (which one would it be?), is refused naming the log."""
-    try:
+    with refused_as(EvalImportError, MLLogError):
         events = read_given_log(log_path, "eval times")
-    except MLLogError as e:
-        raise EvalImportError(str(e)) from e
     found = {}
     for key in ("eval_start", "eval_stop"):
         matching = [
@@ -224,10 +219,8 @@ def _short_tasks(found: AttemptSet) -> list[Problem]:
 
 
 def _parse_attempts(text: str, where: str, fmt: AttemptFormat | None) -> AttemptSet:
-    try:
+    with refused_as(EvalImportError, AttemptsError):
         return parse_attempts(text, where, fmt)
-    except AttemptsError as e:
-        raise EvalImportError(str(e)) from e
 
 
 def import_eval(
@@ -284,10 +277,8 @@ def import_eval(
     attempts_text: str | None = None
     not_counted = 0
     if summary_source:
-        try:
+        with refused_as(EvalImportError, jsonio.JSONInputError):
             d: Any = jsonio.loads(text, source)  # duplicate keys, NaN: not a summary to trust
-        except jsonio.JSONInputError as e:
-            raise EvalImportError(str(e)) from e
         has_times = all(k in d for k in TIME_FIELDS)
         if eval_times is None and not has_times:
             raise EvalImportError(
@@ -296,10 +287,8 @@ def import_eval(
             )
         if eval_times is not None and has_times:
             notes.append(f"the source's times {d['eval_start_ms']}..{d['eval_stop_ms']} replaced")
-        try:
+        with refused_as(EvalImportError, SummaryError):
             summary = EvalSummary.from_dict(d, source, eval_times)
-        except SummaryError as e:
-            raise EvalImportError(str(e)) from e
         if attempts is None:
             beside = join(dirname(source), "attempts", ATTEMPTS_FILE)
             attempts = beside if storage_for(beside).exists(beside) else None
@@ -367,14 +356,12 @@ def _import_nemo_rl(run_dir: str, row: ManifestRow, source: str, reopen: bool) -
     """Row `row`'s accuracy from the log NeMo-RL's deferred evaluator wrote for its checkpoint
     (`rcpflow.records.nemo_rl.logged_eval`), with that log's eval times; the evaluator's own
     run_stop and anything else in it are ignored."""
-    try:
+    with refused_as(EvalImportError, NemoRLError, MLLogError):
         logged = logged_eval(source, row.samples_count, row.step)
         instances = logged.eval_samples
         if instances is None:  # a log of the evaluation only: the run's header says
             run_log = RunLayout(run_dir).mllog(row.seed)
             instances = logged_eval_samples(read_given_log(run_log, "the run's MLLOG"), run_log)
-    except (NemoRLError, MLLogError) as e:
-        raise EvalImportError(str(e)) from e
     if instances is None:
         raise EvalImportError(
             f"{source}: step {row.step}: no eval_samples in it or the run's MLLOG: how many "
@@ -444,10 +431,8 @@ def _reopening(run_dir: str, row: ManifestRow, reopen: bool) -> list[str]:
     decided = _decided_by(run_dir, row)
     if decided is None:
         return []
-    try:
+    with refused_as(EvalImportError, MLLogError):
         foreign = foreign_run_stops(read_events(decided.log_path))
-    except MLLogError as e:
-        raise EvalImportError(str(e)) from e
     if any(f.line_no == decided.line_no for f in foreign):  # finalize refuses it, reopened or not
         (stop,) = [f for f in foreign if f.line_no == decided.line_no]
         raise EvalImportError(f"step {row.step}: {stop.refusal(decided.log_path, run_dir)}")
@@ -462,10 +447,8 @@ def _reopening(run_dir: str, row: ManifestRow, reopen: bool) -> list[str]:
 
 def _decided_by(run_dir: str, row: ManifestRow) -> WrittenRunStop | None:
     """The written run_stop that depends on `row`'s summary, if any."""
-    try:
+    with refused_as(EvalImportError, MLLogError):
         written = written_run_stop(RunLayout(run_dir).mllog(row.seed), row)
-    except MLLogError as e:
-        raise EvalImportError(str(e)) from e
     return written if written is not None and written.depends_on(row.step) else None
 
 
