@@ -402,39 +402,38 @@ def serve_ui(trainer: str) -> int:
         _stop(airflow, started)
 
 
-def run_demo(
-    seeds: Sequence[int],
-    global_batch_size: int,
-    max_steps: int,
-    trainer: str,
-    keep_running: bool = False,
-    backend: str = "local",
-    executor: str = "local",
-) -> int:
-    if backend == "slurm":
-        return _on_private_slurm(
-            seeds, global_batch_size, max_steps, trainer, keep_running=keep_running,
-            executor=executor,
-        )  # fmt: skip
-    if executor != "local":
+@dataclass(frozen=True)
+class DemoRequest:
+    """What the demo was asked to run: the submission's seeds and sizes, which jobs, where."""
+
+    seeds: tuple[int, ...]
+    global_batch_size: int
+    max_steps: int
+    trainer: str
+    keep_running: bool = False
+    backend: str = "local"
+    executor: str = "local"
+
+
+def run_demo(request: DemoRequest) -> int:
+    if request.backend == "slurm":
+        return _on_private_slurm(request)
+    if request.executor != "local":
         # the local backend runs its jobs as processes of the worker that starts them
         print(
-            f"usage error: --executor {executor} needs --backend slurm (the local backend "
-            "runs jobs on the worker's own host: docs/deploy.md)",
+            f"usage error: --executor {request.executor} needs --backend slurm (the local "
+            "backend runs jobs on the worker's own host: docs/deploy.md)",
             file=sys.stderr,
         )
         return 2
-    return _run_demo(seeds, global_batch_size, max_steps, trainer, keep_running, backend)
+    return _run_demo(request)
 
 
-def _on_private_slurm(
-    seeds: Sequence[int], global_batch_size: int, max_steps: int, trainer: str, *,
-    keep_running: bool, executor: str = "local",
-) -> int:  # fmt: skip
+def _on_private_slurm(request: DemoRequest) -> int:
     """The demo with its jobs on a private Slurm, stopped by PID afterwards."""
     from devtools.servers.slurm_cluster import NodeSpec, SlurmCluster
 
-    if trainer != "toy":
+    if request.trainer != "toy":
         print("error: --backend slurm runs the toy jobs (--trainer toy)", file=sys.stderr)
         return 2
     cluster = SlurmCluster((NodeSpec("n1", SLURM_NODE_CPUS), NodeSpec("n2", SLURM_NODE_CPUS)))
@@ -443,30 +442,18 @@ def _on_private_slurm(
         cluster.start()
         print(f"  SLURM_CONF={cluster.conf} (daemons {cluster.pids})", flush=True)
         os.environ.update(cluster.env)  # the Airflow processes submit through it
-        return _run_demo(
-            seeds, global_batch_size, max_steps, trainer, keep_running, "slurm",
-            slurm_log_dir=cluster.root / "jobs", executor=executor,
-        )  # fmt: skip
+        return _run_demo(request, slurm_log_dir=cluster.root / "jobs")
     finally:
         print("Stopping the private Slurm (its jobs cancelled first) ...", flush=True)
         cluster.cleanup()
 
 
-def _run_demo(
-    seeds: Sequence[int],
-    global_batch_size: int,
-    max_steps: int,
-    trainer: str,
-    keep_running: bool,
-    backend: str,
-    slurm_log_dir: Path | None = None,
-    executor: str = "local",
-) -> int:
+def _run_demo(request: DemoRequest, slurm_log_dir: Path | None = None) -> int:
     started = time.monotonic()
     for path in (HOME, STORAGE_ROOT / NAME):
         shutil.rmtree(path, ignore_errors=True)  # the demo's own folders: a clean run each time
     HOME.mkdir(parents=True)
-    _use_deployment(trainer)
+    _use_deployment(request.trainer)
     shared: list[Path] = []
     if slurm_log_dir is not None:
         # beside the cluster's files, which every Celery worker shares (a worker's home is
@@ -476,8 +463,8 @@ def _run_demo(
         os.environ[ENV_VAR] = str(deployment)
         shared.append(slurm_log_dir.parent)
         print(f"Backend: slurm (deployment {deployment})")
-    airflow = demo_airflow(executor, shared)
-    if executor == "celery":
+    airflow = demo_airflow(request.executor, shared)
+    if request.executor == "celery":
         print(
             f"Starting a distributed Airflow in {HOME} (PostgreSQL, Redis, CeleryExecutor: two "
             "schedulers, two workers in namespaces of their own)"
@@ -491,23 +478,25 @@ def _run_demo(
         print(f"  outputs:     {STORAGE_ROOT / NAME}")
         print()
         airflow.ready(SUBMISSION_DAG_ID, RUN_DAG_ID)
-        conf = demo_conf(seeds, global_batch_size, max_steps, backend)
+        conf = demo_conf(
+            request.seeds, request.global_batch_size, request.max_steps, request.backend
+        )
         run_id = airflow.trigger(SUBMISSION_DAG_ID, conf, run_id=f"{NAME}__{int(time.time())}")
         print(f"Triggered {SUBMISSION_DAG_ID} run {run_id} with conf {json.dumps(conf)}")
         progress = Progress()
 
         def poll() -> None:
-            if backend == "slurm":
-                follow_slurm(progress, seeds)
-            follow_runs(progress, seeds)
+            if request.backend == "slurm":
+                follow_slurm(progress, request.seeds)
+            follow_runs(progress, request.seeds)
             follow_tasks(progress, airflow, SUBMISSION_DAG_ID, run_id)
-            for seed in seeds:
+            for seed in request.seeds:
                 try:
                     follow_tasks(progress, airflow, RUN_DAG_ID, f"{NAME}__seed_{seed}", seed)
                 except AirflowServerError:  # that run does not exist yet
                     continue
 
-        timeout_s = SLURM_TIMEOUT_S if backend == "slurm" else TIMEOUT_S
+        timeout_s = SLURM_TIMEOUT_S if request.backend == "slurm" else TIMEOUT_S
         state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, timeout_s, on_poll=poll)
         poll()
         print()
@@ -517,7 +506,7 @@ def _run_demo(
         print(f"Report: {report}")
         print()
         print(report.read_text() if report.exists() else "(no report was written)")
-        if keep_running:
+        if request.keep_running:
             _keep_up(airflow)
         return 0 if state == "success" else 1
     finally:
@@ -586,13 +575,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ui_only:
             return serve_ui(args.trainer)
         return run_demo(
-            args.seeds,
-            args.global_batch_size,
-            args.max_steps,
-            args.trainer,
-            args.keep_running,
-            args.backend,
-            args.executor,
+            DemoRequest(
+                tuple(args.seeds),
+                args.global_batch_size,
+                args.max_steps,
+                args.trainer,
+                args.keep_running,
+                args.backend,
+                args.executor,
+            )
         )
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
