@@ -99,12 +99,9 @@ def _val_start(args: argparse.Namespace) -> int:
 def _manifest_validate(args: argparse.Namespace) -> int:
     """exit 0 valid, 1 invalid (names the step or line, or a row's MLLOG that is missing)"""
     from rcpflow.files.storage import storage_for
-    from rcpflow.records.manifest import ManifestError, load
+    from rcpflow.records.manifest import load
 
-    try:
-        m = load(args.manifest, mllog_path=args.mllog)
-    except ManifestError as e:
-        return _invalid(e)
+    m = load(args.manifest, mllog_path=args.mllog)
     for r in {r.mllog_file: r for r in reversed(m.rows)}.values():
         if not storage_for(r.mllog_file).exists(r.mllog_file):  # finalize would fail on it
             return _invalid(f"step {r.step}: mllog_file {r.mllog_file} does not exist")
@@ -151,19 +148,15 @@ def _manifest_import(args: argparse.Namespace) -> int:
     """the manifest from a foreign trainer's own checkpoint tree (NeMo-RL's step_<N>/
     training_info.json), each checkpoint verified; exit 0 imported (or nothing new), 1 refused
     (names the step, file and field; nothing written)"""
-    from rcpflow.records.nemo_rl import NemoRLError
     from rcpflow.trainer.nemo_rl_import import import_checkpoint_tree
 
-    try:
-        result = import_checkpoint_tree(
-            args.run_dir,
-            args.root,
-            seed=args.seed,
-            val_start_at=args.val_start_at,
-            eval_schedule=args.eval_schedule,
-        )
-    except NemoRLError as e:
-        return _invalid(e)
+    result = import_checkpoint_tree(
+        args.run_dir,
+        args.root,
+        seed=args.seed,
+        val_start_at=args.val_start_at,
+        eval_schedule=args.eval_schedule,
+    )
     print(result.describe())
     return CLI_OK
 
@@ -171,12 +164,9 @@ def _manifest_import(args: argparse.Namespace) -> int:
 def _run_reset(args: argparse.Namespace) -> int:
     """move the run's MLLOG, manifest and stop request aside (previous/reset-<time>/) so a trainer
     may start it afresh; exit 0 moved, 1 refused (owned, or nothing to move)"""
-    from rcpflow.trainer.run_reset import ResetError, reset_run
+    from rcpflow.trainer.run_reset import reset_run
 
-    try:
-        folder, moved = reset_run(args.run_dir)
-    except ResetError as e:
-        return _invalid(e)
+    folder, moved = reset_run(args.run_dir)
     for path in moved:
         print(f"moved aside: {path}")
     print(f"reset: {args.run_dir} may be trained afresh; the old run is in {folder}")
@@ -223,12 +213,9 @@ def _status(args: argparse.Namespace) -> int:
 def _finalize(args: argparse.Namespace) -> int:
     """write the eval section; exit 0 success/aborted, 3 incomplete, 1 invalid input (log
     untouched)"""
-    from rcpflow.verdict.finalize import FinalizeInputError, finalize
+    from rcpflow.verdict.finalize import finalize
 
-    try:
-        result = finalize(args.run_dir)
-    except FinalizeInputError as e:
-        return _invalid(e)
+    result = finalize(args.run_dir)
     for w in result.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(f"{result.status}: {result.reason} ({result.log_path})")
@@ -242,17 +229,14 @@ def _check(args: argparse.Namespace) -> int:
     import tempfile
 
     from rcpflow.files.storage import storage_for
-    from rcpflow.records.mllog import MLLogError, read_events
+    from rcpflow.records.mllog import read_events
     from rcpflow.submission.checkers import compliance
 
     if not storage_for(args.log).exists(args.log):
         return _invalid(f"{args.log!r}: no such MLLOG")
     division = args.division
     if division is None:  # the rules the log itself asks to be judged by
-        try:
-            declared = [e.value for e in read_events(args.log) if e.key == "submission_division"]
-        except MLLogError as e:
-            return _invalid(e)
+        declared = [e.value for e in read_events(args.log) if e.key == "submission_division"]
         division = declared[0] if declared and declared[0] in DIVISIONS else "closed"
     with contextlib.ExitStack() as stack:  # without --log-dir, nothing is left behind
         log_dir = args.log_dir or stack.enter_context(
@@ -278,7 +262,7 @@ def _usage(args: argparse.Namespace, message: str) -> int:
 def _eval_import(args: argparse.Namespace) -> int:
     """verify another evaluator's result and write eval/step_N/summary.json; exit 0 imported, 1
     invalid (names the file, field or line; nothing written), 2 usage"""
-    from rcpflow.verdict.eval_import import EvalImportError, import_eval, import_results_tree
+    from rcpflow.verdict.eval_import import import_eval, import_results_tree
 
     times = (args.eval_start_ms, args.eval_stop_ms)
     if (times[0] is None) != (times[1] is None):
@@ -290,17 +274,14 @@ def _eval_import(args: argparse.Namespace) -> int:
             return _usage(args, "--from-tree takes no SOURCE, --step, --format or eval times")
         from rcpflow.files.terminal_progress import Progress
 
-        try:
-            with Progress("importing", 0) as progress:  # the tree's step count, once listed
-                result = import_results_tree(
-                    args.run_dir,
-                    args.from_tree,
-                    progress,
-                    eval_times_from=args.eval_times_from,
-                    reopen=args.reopen,
-                )
-        except EvalImportError as e:
-            return _invalid(e)
+        with Progress("importing", 0) as progress:  # the tree's step count, once listed
+            result = import_results_tree(
+                args.run_dir,
+                args.from_tree,
+                progress,
+                eval_times_from=args.eval_times_from,
+                reopen=args.reopen,
+            )
         for step in result.steps:
             print(step.describe())
         for skipped in result.skipped:
@@ -310,19 +291,16 @@ def _eval_import(args: argparse.Namespace) -> int:
         return CLI_OK if result.all_imported else CLI_INVALID
     if args.source is None or args.step is None:
         return _usage(args, "give --step N SOURCE, or --from-tree DIR")
-    try:
-        imported = import_eval(
-            args.run_dir,
-            args.step,
-            args.source,
-            eval_times=None if times[0] is None else (times[0], times[1]),
-            fmt=args.format,
-            attempts=args.attempts,
-            eval_times_from=args.eval_times_from,
-            reopen=args.reopen,
-        )
-    except EvalImportError as e:
-        return _invalid(e)
+    imported = import_eval(
+        args.run_dir,
+        args.step,
+        args.source,
+        eval_times=None if times[0] is None else (times[0], times[1]),
+        fmt=args.format,
+        attempts=args.attempts,
+        eval_times_from=args.eval_times_from,
+        reopen=args.reopen,
+    )
     print(imported.describe())
     return CLI_OK
 
@@ -372,12 +350,9 @@ def _size(n: int) -> str:
 def _retention_plan(args: argparse.Namespace) -> int:
     """what retention would delete now (with sizes) and why each kept checkpoint is kept; deletes
     nothing; exit 0, 1 when the run folder cannot be planned"""
-    from rcpflow.verdict.retention_apply import RetentionError, plan_run
+    from rcpflow.verdict.retention_apply import plan_run
 
-    try:
-        planned = plan_run(args.run_dir, _policy(args), args.settled, args.tree)
-    except RetentionError as e:
-        return _invalid(e)
+    planned = plan_run(args.run_dir, _policy(args), args.settled, args.tree)
     total = 0
     for p in planned:
         d = p.decision
@@ -395,13 +370,11 @@ def _retention_apply(args: argparse.Namespace) -> int:
     """delete what retention plans (or finish an interrupted apply), recording it in the run
     folder's retention.json; safe to rerun; one apply per run folder at a time; exit 0, 1 when
     the run folder cannot be planned or another apply holds it"""
-    from rcpflow.verdict.retention_apply import RetentionError, apply_run
+    from rcpflow.verdict.retention_apply import apply_run
     from rcpflow.verdict.retention_lock import RetentionBusy
 
     try:
         applied = apply_run(args.run_dir, _policy(args), args.settled, args.tree)
-    except RetentionError as e:
-        return _invalid(e)
     except RetentionBusy as e:
         return _error(e)
     for part in applied["parts"]:  # type: ignore[attr-defined]
@@ -574,7 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _invalid(problem)
     try:
         return int(args.func(args))
-    except _INPUT_ERRORS as e:  # bad input the command did not name itself: still one line
+    except _INPUT_ERRORS as e:  # rcpflow's refusals are ValueErrors naming what is wrong
         return _invalid(describe(e))
     except USER_ERRORS as e:  # a path that cannot be read, storage that cannot be reached
         return _error(describe(e))
