@@ -24,8 +24,9 @@ def _read(fail: BaseException | None) -> str:
 
 def test_a_listed_error_is_raised_again_as_the_callers_with_its_message_and_cause() -> None:
     lower = LowerError("manifest.jsonl line 3: step 0 must be >= 1")
-    with pytest.raises(CallerError, match="^manifest.jsonl line 3: step 0 must be >= 1$") as e:
+    with pytest.raises(CallerError) as e:
         _read(lower)
+    assert str(e.value) == "manifest.jsonl line 3: step 0 must be >= 1"
     assert e.value.__cause__ is lower
 
 
