@@ -3,13 +3,15 @@ from rcpflow (not typed again), and the entry point that `make demo` runs."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from repo_paths import REPO
 
-from devtools.demo import demo_conf
+from devtools.demo import HOME, demo_conf, main
 from rcpflow import recipe
 from tasks.deployment import DEFAULT_TOML, parse_deployment
 from tasks.submission.spec import submission_params, submission_spec
@@ -38,3 +40,23 @@ def test_the_demo_answers_help_from_the_repository_root() -> None:
     assert done.returncode == 0, done.stderr
     assert "python -m devtools.demo" in done.stdout
     assert "--trainer" in done.stdout and "--ui-only" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--executor", "celery"], "usage error: --executor celery needs --backend slurm"),
+        (["--backend", "slurm", "--trainer", "tunix"], "error: --backend slurm runs the toy jobs"),
+    ],
+)
+def test_a_request_the_demo_cannot_run_is_one_line_and_exit_2_before_anything_starts(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home_before = HOME.exists()
+    sigterm = signal.getsignal(signal.SIGTERM)  # main sets its own, for the demo's process
+    try:
+        assert main(argv) == 2
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+    assert capsys.readouterr().err.startswith(said)
+    assert HOME.exists() == home_before  # no Airflow home made, no cluster started
