@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from rcpflow.cli.path_hints import log_problem, manifest_problem, run_dir_problem
 from rcpflow.recipe import DIVISIONS
-from rcpflow.verdict.eval_import import SOURCE_FORMATS
+from rcpflow.verdict.eval_import import RESULT_FORMATS, RESULT_TREE
 from rcpflow.verdict.schedule import SCHEDULES
 
 if TYPE_CHECKING:
@@ -291,6 +291,14 @@ def _eval_import(args: argparse.Namespace) -> int:
         return CLI_OK if result.all_imported else CLI_INVALID
     if args.source is None or args.step is None:
         return _usage(args, "give --step N SOURCE, or --from-tree DIR")
+    if args.since is not None:
+        if args.attempts or args.reopen or times[0] is not None or args.eval_times_from:
+            return _usage(args, "--since takes no --attempts, --reopen or eval times")
+        if args.format is None:
+            return _usage(args, "--since needs the result's --format")
+        return _import_since(args)
+    if args.format == RESULT_TREE:
+        return _usage(args, f"--format {RESULT_TREE} goes with --since")
     imported = import_eval(
         args.run_dir,
         args.step,
@@ -303,6 +311,49 @@ def _eval_import(args: argparse.Namespace) -> int:
     )
     print(imported.describe())
     return CLI_OK
+
+
+def _eval_start(args: argparse.Namespace) -> int:
+    """record an evaluate job's start for `eval import --since`: print the wall clock and what
+    is at its result SOURCE already (one JSON line); exit 0, 1 unreadable"""
+    from rcpflow.verdict.eval_import import result_baseline
+
+    try:
+        before = result_baseline(args.format, args.source, args.step)
+    except OSError as e:
+        return _invalid(f"{args.source}: {e}")
+    print(json.dumps({"ms": _now_ms(), "baseline": before.to_dict()}, sort_keys=True))
+    return CLI_OK
+
+
+def _import_since(args: argparse.Namespace) -> int:
+    """`eval import --since`: what the job left at SOURCE since `eval start`, with the eval
+    times from that start to now (`import_new_result`, the rule the evaluate step runs)."""
+    from rcpflow.files import jsonio
+    from rcpflow.verdict.eval_import import Baseline, EvalImportError, import_new_result
+
+    try:
+        started = jsonio.loads(args.since, "--since")
+        if not (isinstance(started, dict) and set(started) == {"ms", "baseline"}):
+            raise EvalImportError(f"--since: not what `rcpflow eval start` prints: {started!r}")
+        start = started["ms"]
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise EvalImportError(f"--since: ms must be an integer, got {start!r}")
+        before = Baseline.from_dict(started["baseline"])
+        imported = import_new_result(
+            args.run_dir, args.step, args.format, args.source, before,
+            (start, _now_ms()),
+        )  # fmt: skip
+    except (EvalImportError, jsonio.JSONInputError) as e:
+        return _invalid(e)
+    print(imported.describe())
+    return CLI_OK
+
+
+def _now_ms() -> int:
+    import time
+
+    return time.time_ns() // 1_000_000
 
 
 def _command(
@@ -477,7 +528,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the evaluating pipeline's MLLOG: eval times from its eval_start/eval_stop of the "
         "row's samples_count (Tunix's summaries carry none)",
     )
-    ei.add_argument("--format", choices=SOURCE_FORMATS, help="default: detected")
+    ei.add_argument(
+        "--format",
+        choices=RESULT_FORMATS,
+        help=f"default: detected ({RESULT_TREE}: SOURCE is such a tree, with --since)",
+    )
     ei.add_argument("--attempts", help="attempt records beside a summary (default: its attempts/)")
     ei.add_argument(
         "--reopen",
@@ -490,6 +545,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="import every step of DIR/step_<N>/<stamp>-<id>/summary.json (newest valid one)",
     )
+    ei.add_argument(
+        "--since",
+        metavar="JSON",
+        help="what `rcpflow eval start` printed before the evaluate job: import only what the "
+        "job left at SOURCE since, with the eval times from that start to now",
+    )
+    es = _command(esub, "start", _eval_start, path=_RUN_DIR)
+    es.add_argument("source", help="the evaluate job's result (a file, or a --format tunix-tree)")
+    es.add_argument("--step", type=_int64, required=True, help="the manifest row it evaluates")
+    es.add_argument("--format", choices=RESULT_FORMATS, required=True)
 
     _command(sub, "finalize", _finalize, path=_RUN_DIR)
 

@@ -11,6 +11,7 @@ backfills a Tunix-style results tree (not to be confused with a trainer's checkp
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -555,3 +556,90 @@ def import_results_tree(
                 rejected.append((source, str(e)))
         steps.append(StepImport(step=step, imported=imported, rejected=tuple(rejected)))
     return ResultsTreeImport(tree=tree, steps=tuple(steps), skipped=skipped)
+
+
+# A foreign evaluate job's result: a file in one of SOURCE_FORMATS, or a Tunix-style tree of
+# them (`tree_summaries`). The evaluate step of a DAG (tasks.jobs.result) and the Slurm batch
+# script that evaluates in the training's allocation (`rcpflow eval start` / `eval import
+# --since`) both take it in by this rule: what the job itself left, with the times around it.
+RESULT_TREE = "tunix-tree"
+RESULT_FORMATS: tuple[str, ...] = (*SOURCE_FORMATS, RESULT_TREE)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What was at a step's result path before its job started: the tree's attempts of that
+    step (tunix-tree), or the file's sha256 (None: no file). Never imported: an old result
+    cannot pass for this evaluation with times it was not evaluated in."""
+
+    attempts: tuple[str, ...] = ()
+    digest: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attempts": list(self.attempts), "digest": self.digest}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Baseline:
+        """The baseline `to_dict` wrote; EvalImportError on anything else."""
+        ok = isinstance(d, dict) and set(d) == {"attempts", "digest"}
+        attempts = d.get("attempts") if ok else None
+        digest = d.get("digest") if ok else None
+        if not (
+            isinstance(attempts, list)
+            and all(isinstance(a, str) for a in attempts)
+            and (digest is None or isinstance(digest, str))
+        ):
+            raise EvalImportError(f"a result baseline must be {{attempts, digest}}, got {d!r}")
+        return cls(attempts=tuple(attempts), digest=digest)
+
+
+def _digest(path: str) -> str | None:
+    storage = storage_for(path)
+    if not storage.exists(path):
+        return None
+    return hashlib.sha256(storage.read_bytes(path)).hexdigest()
+
+
+def result_baseline(fmt: str, path: str, step: int) -> Baseline:
+    """What is at the result `path` (in `fmt`, one of RESULT_FORMATS) of `step` before its
+    evaluate job runs."""
+    if fmt == RESULT_TREE:
+        return Baseline(attempts=tuple(tree_summaries(path).get(step, [])))
+    return Baseline(digest=_digest(path))
+
+
+def import_new_result(
+    run_dir: str, step: int, fmt: str, path: str, before: Baseline, eval_times: tuple[int, int]
+) -> ImportResult:
+    """Import what the evaluate job of `step` left at `path` since `before`, with
+    `eval_times`; EvalImportError (``step N: ...``, naming the path and why) when it left
+    nothing new or nothing valid: nothing is written then."""
+    if fmt == RESULT_TREE:
+        new = [p for p in tree_summaries(path).get(step, []) if p not in before.attempts]
+        if not new:
+            raise EvalImportError(
+                f"step {step}: the evaluate job left no new attempt under {path}/step_{step}/"
+            )
+        rejected = []
+        for source in new:  # newest first
+            try:
+                return import_eval(run_dir, step, source, eval_times=eval_times)
+            except EvalImportError as exc:
+                rejected.append(str(exc))
+        raise EvalImportError(f"step {step}: nothing the job left imports: {'; '.join(rejected)}")
+    source_fmt = next((f for f in SOURCE_FORMATS if f == fmt), None)
+    if source_fmt is None:
+        raise EvalImportError(f"step {step}: {fmt!r} is none of {', '.join(RESULT_FORMATS)}")
+    digest = _digest(path)
+    if digest is None:
+        raise EvalImportError(f"step {step}: the evaluate job left no result at {path}")
+    if digest == before.digest:
+        raise EvalImportError(
+            f"step {step}: {path} is the same file as before the job ran: not this evaluation"
+        )
+    # NeMo-RL's evaluator logs its own eval_start/eval_stop around the evaluation: those.
+    times = None if source_fmt == "nemo-rl-mllog" else eval_times
+    try:
+        return import_eval(run_dir, step, path, eval_times=times, fmt=source_fmt)
+    except EvalImportError as exc:
+        raise EvalImportError(f"step {step}: {exc}") from exc

@@ -1,7 +1,8 @@
 """Evaluation in the training's allocation (`slurm.eval_in_training_allocation`, the
 reference's schedule), on the renderer's side: what the deployment must allow for it
-(`check_in_allocation`), and the fields of `script.InAllocationEval` for one run
-(`in_allocation_fields`, a task's return value) and back (`in_allocation_eval`)."""
+(`check_in_allocation`: an evaluate command and a foreign result's path the batch script can
+fill), and the fields of `script.InAllocationEval` for one run (`in_allocation_fields`, a
+task's return value) and back (`in_allocation_eval`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.backends.slurm.script import IN_ALLOCATION_STEP_FIELDS, InAllocationEval
 from tasks.deployment import DeploymentError
-from tasks.jobs.command import fill
+from tasks.jobs.command import check_template, fill
 
 if TYPE_CHECKING:
     from tasks.backends.slurm.settings import SlurmSettings
@@ -22,18 +23,22 @@ def check_in_allocation(deployment: Deployment, settings: SlurmSettings) -> None
     """Refuse what an evaluation in the training's allocation cannot do, naming the key."""
     where = f"{deployment.source}: slurm.eval_in_training_allocation"
     job = deployment.jobs.evaluate
-    if job.result.imported:
-        raise DeploymentError(
-            f"{where}: jobs.evaluate.result is {job.result.format!r}; in the allocation only "
-            "rcpflow's own summary ({summary_dir}/summary.json) can be written"
-        )
-    per_row = sorted(job.job_command.placeholders - {"python", "run_dir", "seed"}
-                     - set(IN_ALLOCATION_STEP_FIELDS))  # fmt: skip
-    if per_row:
-        raise DeploymentError(
-            f"{where}: jobs.evaluate.command uses {', '.join(per_row)}, which the batch script "
-            f"cannot fill (it may use {', '.join(IN_ALLOCATION_STEP_FIELDS)}, run_dir, seed)"
-        )
+    allowed = {"python", "run_dir", "seed", *IN_ALLOCATION_STEP_FIELDS}
+    # A foreign result is imported in the allocation as the evaluate step would import it
+    # (`rcpflow eval import --since`): its path must be one the batch script can fill too.
+    result_names = (
+        check_template("evaluate", job.result.path) if job.result.imported else frozenset()
+    )
+    for key, names in (
+        ("jobs.evaluate.command", job.job_command.placeholders),
+        ("jobs.evaluate.result.path", result_names),
+    ):
+        per_row = sorted(set(names) - allowed)
+        if per_row:
+            raise DeploymentError(
+                f"{where}: {key} uses {', '.join(per_row)}, which the batch script cannot "
+                f"fill (it may use {', '.join(IN_ALLOCATION_STEP_FIELDS)}, run_dir, seed)"
+            )
     if settings.evaluate.nodes > settings.train.nodes:
         raise DeploymentError(
             f"{where}: slurm.evaluate.nodes={settings.evaluate.nodes} is more than the "
@@ -50,8 +55,12 @@ def in_allocation_fields(
     escaped = {k: str(v).replace("{", "{{").replace("}", "}}") for k, v in known.items()}
     left = {name: f"{{{name}}}" for name in IN_ALLOCATION_STEP_FIELDS}
     shape = settings.evaluate
+    result = evaluate.result
     return {
         "argv": [fill(item, {**escaped, **left}) for item in evaluate.command],
+        # "": the job writes rcpflow's own summary; else imported after it (`InAllocationEval`)
+        "result_format": result.format if result.imported else "",
+        "result_path": fill(result.path, {**escaped, **left}) if result.imported else "",
         "python": settings.python,
         "run_dir": str(values["run_dir"]),
         "first": int(values["val_start_at"]),

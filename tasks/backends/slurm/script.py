@@ -68,7 +68,11 @@ class InAllocationEval:
     schedule): steps `first`..`last` in order, each with `argv` (``{step}`` and
     ``{summary_dir}`` left in it, everything else filled) on `nodes` x `ntasks_per_node` of
     the allocation's nodes, until one passes or has no row (``rcpflow status``, run with
-    `python`, decides)."""
+    `python`, decides). A `result_format` other than "" is a foreign result at `result_path`
+    (``{step}``/``{summary_dir}`` left in it): each step's is imported into rcpflow's summary
+    right after its evaluation, by the evaluate step's own rule (``rcpflow eval start`` before
+    it, ``rcpflow eval import --since`` after: only what it left, with this clock); one that
+    fails to import leaves its step to the DAG's evaluate task."""
 
     argv: tuple[str, ...]
     python: str
@@ -78,8 +82,12 @@ class InAllocationEval:
     nodes: int = 1
     ntasks_per_node: int = 1
     env: Mapping[str, str] = field(default_factory=_no_env)  # the evaluate job's own
+    result_format: str = ""
+    result_path: str = ""
 
     def __post_init__(self) -> None:
+        if bool(self.result_format) != bool(self.result_path):
+            raise ScriptError("in-allocation evaluation: a result needs its format and its path")
         for name in self.env:
             if not ENV_NAME.fullmatch(name):
                 raise ScriptError(f"{name!r} is not an environment variable name")
@@ -264,6 +272,25 @@ def _in_allocation_lines(job: BatchJob, then: InAllocationEval) -> list[str]:
             "| sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')\"",
         )
     exports = [f"  export {k}={shlex.quote(v)}" for k, v in sorted(then.env.items())]
+    rcpflow = f"{py} -m rcpflow eval"
+    if then.result_format:
+        result = f'{_step_word(then.result_path)} --step "$rcpflow_step" ' + shlex.quote(
+            f"--format={then.result_format}"
+        )
+        start = [
+            f'    if ! rcpflow_started="$({rcpflow} start {run_dir} {result})"; then',
+            '      echo "rcpflow: step ${rcpflow_step}: its start cannot be recorded: left to '
+            "the DAG's evaluate task\"",
+            "      continue",
+            "    fi",
+        ]
+        imported = [
+            f'    elif ! {rcpflow} import {run_dir} {result} --since "$rcpflow_started"; then',
+            '      echo "rcpflow: step ${rcpflow_step}: its result does not import: left to the '
+            "DAG's evaluate task\"",
+        ]
+    else:
+        start, imported = [], []
     return [
         'if [ "$rcpflow_rc" -eq 0 ]; then',
         '  echo "rcpflow: evaluating the checkpoints in this allocation"',
@@ -279,10 +306,20 @@ def _in_allocation_lines(job: BatchJob, then: InAllocationEval) -> list[str]:
         '      "below target") continue ;;',
         "      *) break ;;  # it passes, a lower step passed, or no checkpoint of it",
         "    esac",
+        *start,
         "    " + " ".join(srun) + " &",
         "    rcpflow_child=$!",
         '    wait "$rcpflow_child"',
-        '    while kill -0 "$rcpflow_child" 2>/dev/null; do wait "$rcpflow_child"; done',
+        "    rcpflow_eval_rc=$?",
+        '    while kill -0 "$rcpflow_child" 2>/dev/null; do',
+        '      wait "$rcpflow_child"',
+        "      rcpflow_eval_rc=$?",
+        "    done",
+        '    if [ "$rcpflow_eval_rc" -ne 0 ]; then',
+        '      echo "rcpflow: step ${rcpflow_step}: the evaluation ended with exit code '
+        "${rcpflow_eval_rc}: left to the DAG's evaluate task\"",
+        *imported,
+        "    fi",
         "  done",
         "fi",
     ]

@@ -237,3 +237,48 @@ def test_imported_summaries_finalize(run, tmp_path):
     assert (result.status, result.step) == ("success", 20)
     assert load(run.layout.manifest).row(20).timestamp_ms == result.time_ms
     assert read_summary(run.layout.summary(20)).target_reached
+
+
+def test_eval_start_then_import_since_takes_only_what_the_job_left(run, tmp_path):
+    """`eval start` / `eval import --since` (the Slurm batch script's form of the evaluate
+    step's rule, `import_new_result`): an attempt that was in the tree before the start is
+    never imported; a new one is, with the times from the start to the import; a refused
+    import writes nothing and says why in one line."""
+    tree = tmp_path / "tree"
+
+    def plant(step: int, stamp: str) -> None:
+        path = tree / f"step_{step}" / stamp / "summary.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(tunix_for(run, step, "summary_full.json", False)))
+
+    plant(19, "0-old")
+    args = ("eval", "start", run.run_dir, str(tree), "--format", "tunix-tree")
+    started = {s: run_cli(*args, "--step", str(s)) for s in (18, 19)}
+    assert all(p.returncode == 0 for p in started.values()), started
+    since = {s: p.stdout.strip() for s, p in started.items()}
+    assert json.loads(since[19])["baseline"]["attempts"] == [
+        str(tree / "step_19" / "0-old" / "summary.json")
+    ]
+    plant(18, "1-new")
+
+    def since_import(step: int) -> object:
+        return run_cli(
+            "eval", "import", run.run_dir, str(tree), "--step", str(step),
+            "--format", "tunix-tree", "--since", since[step],
+        )  # fmt: skip
+
+    ok = since_import(18)
+    assert ok.returncode == 0, ok.stderr
+    summary = read_summary(run.layout.summary(18))
+    assert summary.eval_start_ms == json.loads(since[18])["ms"] <= summary.eval_stop_ms
+    old = since_import(19)
+    assert old.returncode == 1 and "left no new attempt under" in old.stderr, old.stderr
+    assert old.stderr.count("\n") == 1 and not Path(run.layout.summary(19)).exists()
+    for bad, words in (
+        (("--format", "tunix-tree", "--since", "{}"), "not what `rcpflow eval start` prints"),
+        (("--since", since[18]), "--since needs the result's --format"),
+        (("--since", since[18], "--reopen"), "--since takes no"),
+        (("--format", "tunix-tree"), "goes with --since"),
+    ):
+        p = run_cli("eval", "import", run.run_dir, str(tree), "--step", "18", *bad)
+        assert words in p.stderr and p.returncode in (1, 2), (bad, p.stderr)

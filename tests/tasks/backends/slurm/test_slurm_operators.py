@@ -26,7 +26,8 @@ from tasks.backends.slurm.hooks import SlurmHook
 from tasks.backends.slurm.operators import CancelSlurmJobsOperator, SlurmJobOperator
 from tasks.backends.slurm.settings import SecretRef, SlurmJobShape, SlurmSettings
 from tasks.backends.slurm.triggers import SlurmJobTrigger
-from tasks.jobs.templates import EvaluateJob
+from tasks.deployment import REPO_ROOT
+from tasks.jobs.templates import EvalResult, EvaluateJob
 
 PY = sys.executable
 # A job that counts its runs in a file and exits with the code given for that run (the last
@@ -367,6 +368,24 @@ def test_evaluation_in_the_training_allocation_stops_at_the_first_pass(
         "nodes": 1,
         "ntasks_per_node": 1,
     }
+    reused, out = _train_then_reuse_step_18(jobs_dir, run.run_dir, then, "in-allocation")
+    assert (reused.result["step"], reused.result["target_reached"]) == (18, False)
+    assert Path(run.layout.summary(18)).exists() and Path(run.layout.summary(19)).exists()
+    assert not Path(run.layout.summary(20)).exists()
+    assert "step 18: evaluate" in out and "step 19: evaluate" in out, out
+    assert "step 20: skip" in out, out  # step 19 passed: the loop ended there
+
+
+def _train_then_reuse_step_18(
+    jobs_dir: Path,
+    run_dir: str,
+    then: dict[str, Any],
+    run_id: str,
+    eval_job: EvaluateJob | None = None,
+) -> tuple[Any, str]:
+    """A training job that only prints, evaluating `then` in its allocation, and the DAG's own
+    evaluation of step 18 beside it: it waits for the training's job, then reuses the summary
+    the allocation wrote, with no job of its own. The reuse and the training job's output."""
     import dataclasses
 
     s = dataclasses.replace(settings(jobs_dir), eval_in_training_allocation=True)
@@ -374,29 +393,74 @@ def test_evaluation_in_the_training_allocation_stops_at_the_first_pass(
         task_id="run", settings=s, role="train", job="train",
         argv=[PY, "-c", "print('trained')"], then_evaluate=then,
     )  # fmt: skip
-    ctx = context("in-allocation")
+    ctx = context(run_id)
     training = start(task, ctx)
-    # The DAG's own evaluation of step 18 waits for the training's job, then reuses the
-    # summary its allocation wrote: no job of its own.
-    row = next(r for r in _rows(run.run_dir) if r["step"] == 18)
-    eval_job = EvaluateJob(command=("{python}", "-c", "raise SystemExit(9)", "{step}"))
+    row = next(r for r in _rows(run_dir) if r["step"] == 18)
+    if eval_job is None:
+        eval_job = EvaluateJob(command=("{python}", "-c", "raise SystemExit(9)", "{step}"))
     evaluate = SlurmEvaluateOperator(
-        task_id="evaluate", settings=s, eval_job=eval_job, run_dir=run.run_dir, row=row
+        task_id="evaluate", settings=s, eval_job=eval_job, run_dir=run_dir, row=row
     )
-    eval_ctx = context("in-allocation", task_id="evaluate")
+    eval_ctx = context(run_id, task_id="evaluate")
     waiting = start(evaluate, eval_ctx)
     assert waiting.method_name == "after_training"
     assert waiting.trigger.job["job_id"] == training.trigger.job["job_id"]
     driven = drive(task, ctx, training, timeout_s=120)
     assert driven.result["state"] == "COMPLETED"
     reused = drive(evaluate, eval_ctx, waiting, timeout_s=60)
+    assert SlurmHook(s).find_jobs(job_name("mlperf_grpo_run", run_id, "eval-18")) == []
+    return reused, next((jobs_dir / "logs").glob("*.out")).read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_foreign_result_is_imported_in_the_training_allocation(
+    slurm_env: SlurmCluster, jobs_dir: Path, tmp_path: Path
+) -> None:
+    """The reference's schedule with an evaluator that leaves a Tunix-style tree (as the
+    rehearsal's does): after each step's evaluation the batch script imports what it left with
+    the allocation's own clock (`rcpflow eval import --since`). Step 18 imports (below target);
+    step 19's evaluator leaves nothing new, and the valid passing attempt that was in the tree
+    before it ran is not taken: the step is left to the DAG; step 20 imports and passes, so
+    step 21 is never evaluated. The DAG's evaluation of step 18 reuses the imported summary."""
+    from devtools.synthetic_run import make_run, write_eval
+    from rcpflow.records.summary import read_summary
+
+    run = make_run(str(tmp_path / "run"), last_step=22)  # rows 18..22
+    staged, tree = jobs_dir / "staged", jobs_dir / "tree"
+    for step, accuracy, where in ((18, 0.5, staged), (19, 0.9, tree), (20, 0.8, staged)):
+        write_eval(run, step, accuracy)
+        folder = where / f"step_{step}" / "0-old"
+        folder.mkdir(parents=True)
+        Path(run.layout.summary(step)).rename(folder / "summary.json")
+    evaluator = (  # the staged attempt of the step, if any, as a new attempt in the tree
+        "import pathlib,shutil,sys,time; step, staged, tree = sys.argv[1:]\n"
+        "src=pathlib.Path(staged, f'step_{step}', '0-old')\n"
+        "if src.exists(): shutil.copytree(src, pathlib.Path(tree, f'step_{step}', '1-new'))\n"
+    )
+    before = time.time_ns() // 1_000_000
+    then = {
+        "argv": [PY, "-c", evaluator, "{step}", str(staged), str(tree)],
+        "python": PY, "run_dir": run.run_dir, "first": 18, "last": 24,
+        "result_format": "tunix-tree", "result_path": str(tree),
+        # the batch shell's `rcpflow eval`: this checkout's, wherever the venv's install points
+        "env": {"PYTHONPATH": str(REPO_ROOT)},
+    }  # fmt: skip
+    eval_job = EvaluateJob(
+        command=("{python}", "-c", "raise SystemExit(9)", "{step}"),
+        result=EvalResult(format="tunix-tree", path=str(tree)),
+    )
+    reused, out = _train_then_reuse_step_18(jobs_dir, run.run_dir, then, "foreign", eval_job)
     assert (reused.result["step"], reused.result["target_reached"]) == (18, False)
-    assert SlurmHook(s).find_jobs(job_name("mlperf_grpo_run", "in-allocation", "eval-18")) == []
-    assert Path(run.layout.summary(18)).exists() and Path(run.layout.summary(19)).exists()
-    assert not Path(run.layout.summary(20)).exists()
-    out = next((jobs_dir / "logs").glob("*.out")).read_text()
-    assert "step 18: evaluate" in out and "step 19: evaluate" in out, out
-    assert "step 20: skip" in out, out  # step 19 passed: the loop ended there
+    for step, reached in ((18, False), (20, True)):
+        summary = read_summary(run.layout.summary(step))
+        assert summary.target_reached is reached
+        assert summary.eval_start_ms >= before, "the allocation's clock, not the source's"
+    assert not Path(run.layout.summary(19)).exists(), out  # the old attempt was not this one
+    assert "step 19: the evaluate job left no new attempt" in out, out
+    assert "step 19: its result does not import: left to the DAG's evaluate task" in out, out
+    assert not Path(run.layout.summary(21)).exists()
+    assert "step 21: skip" in out, out
 
 
 def test_a_job_through_the_login_node(slurm: SlurmCluster, ssh_conn: str, jobs_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -185,6 +186,11 @@ def test_a_job_image_or_kubernetes_secret_on_slurm_names_the_slurm_setting() -> 
             "checkpoint_path",
         ),
         ("[slurm.evaluate]\nnodes = 3\n", "slurm.evaluate.nodes=3"),
+        (
+            '[jobs.evaluate]\ncommand = ["{python}", "e.py", "{step}"]\n'
+            'result = { format = "rcpflow-summary", path = "{checkpoint_path}/{step}.json" }\n',
+            "jobs.evaluate.result.path uses checkpoint_path",
+        ),
     ],
 )
 def test_evaluation_in_the_allocation_refuses_what_it_cannot_do(extra: str, words: str) -> None:
@@ -202,6 +208,53 @@ def test_evaluation_in_the_allocation_refuses_what_it_cannot_do(extra: str, word
     with pytest.raises(DeploymentError, match="eval_in_training_allocation") as caught:
         backend_for(deployment)
     assert words in str(caught.value)
+
+
+def test_a_foreign_result_is_imported_in_the_allocation_by_the_evaluate_steps_rule() -> None:
+    """The rehearsal's evaluator (a Tunix-style tree) in the training's allocation: the batch
+    script records each step's start (`rcpflow eval start`) and imports what the evaluation
+    left since (`rcpflow eval import --since`); a failed import leaves the step to the DAG."""
+    import subprocess
+
+    from repo_paths import REPO
+
+    import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
+    from tasks.backend_api.protocol import backend_for
+    from tasks.backends.slurm.in_allocation import in_allocation_eval, in_allocation_fields
+    from tasks.backends.slurm.script import BatchJob, render_script
+    from tasks.deployment import parse_deployment
+
+    rehearsal = (REPO / "docker" / "deployment.rehearsal.toml").read_text()
+    text = rehearsal.replace('backend = "local"', 'backend = "slurm"') + (
+        '[slurm]\nworking_dir = "/w"\nlog_dir = "/l"\npython = "/py"\n'
+        "eval_in_training_allocation = true\n"
+    )
+    deployment = parse_deployment(text, source="d.toml", base_dir=Path("/"))
+    backend = backend_for(deployment)  # accepted: the import is the script's
+    values = {"run_dir": "/runs/r1", "seed": 1, "val_start_at": 18, "max_steps": 30}
+    fields = in_allocation_fields(deployment.jobs.evaluate, backend.settings, values)
+    assert (fields["result_format"], fields["result_path"]) == (
+        "tunix-tree",
+        "/runs/r1/rehearsal_eval",
+    )
+    then = in_allocation_eval(fields)
+    job = BatchJob("n", ("/py",), backend.settings.train, "/w", "/l", then_evaluate=then)
+    script = render_script(job)
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    start = (
+        'rcpflow_started="$(/py -m rcpflow eval start /runs/r1 /runs/r1/rehearsal_eval '
+        '--step "$rcpflow_step" --format=tunix-tree)"'
+    )
+    imported = (
+        "/py -m rcpflow eval import /runs/r1 /runs/r1/rehearsal_eval "
+        '--step "$rcpflow_step" --format=tunix-tree --since "$rcpflow_started"'
+    )
+    assert start in script and imported in script, script
+    # the import comes only after an evaluation that ended 0, and a failed one says so
+    lines = script.splitlines()
+    at = next(i for i, line in enumerate(lines) if imported in line)
+    assert lines[at - 2].strip() == 'if [ "$rcpflow_eval_rc" -ne 0 ]; then'
+    assert "left to the DAG's evaluate task" in lines[at + 1]
 
 
 def test_the_nemo_rl_example_deployment_parses() -> None:
