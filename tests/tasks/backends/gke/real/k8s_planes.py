@@ -20,15 +20,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-from k8s_real import AIRFLOW_USER, GOOGLE_TOKEN
 
-from devtools.k8s.binaries import NEWEST_JOBSET, binaries
-from devtools.k8s.control_plane import ControlPlane
-from devtools.k8s.errors import BinariesMissing
-from devtools.k8s.kwok_nodes import DEFAULT_POOLS, TpuNodePool
+if TYPE_CHECKING:
+    from devtools.k8s.control_plane import ControlPlane
+    from devtools.k8s.kwok_nodes import TpuNodePool
 
+# Every session loads this plugin (tests/conftest.py): what it needs of the control plane and
+# the GKE backend is imported when a test first asks for a plane, not at collection.
 BUILD_ENV = "RCPFLOW_K8S_BUILD"
 
 
@@ -42,6 +43,9 @@ def _missing(reason: str) -> None:
 
 @pytest.fixture(scope="session")
 def k8s_bin() -> Path:
+    from devtools.k8s.binaries import binaries
+    from devtools.k8s.errors import BinariesMissing
+
     try:
         return binaries(build=os.environ.get(BUILD_ENV) == "1")
     except BinariesMissing as exc:
@@ -59,11 +63,21 @@ class Planes:
 
     def __call__(
         self,
-        jobset_version: str = NEWEST_JOBSET,
+        jobset_version: str | None = None,
         *,
         kueue: bool = False,
-        pools: Sequence[TpuNodePool] = DEFAULT_POOLS,
+        pools: Sequence[TpuNodePool] | None = None,
     ) -> ControlPlane:
+        """The plane with `jobset_version` (None: the newest) and `pools` (None: the
+        default pools), started now unless it runs already."""
+        from k8s_real import AIRFLOW_USER, GOOGLE_TOKEN
+
+        from devtools.k8s.binaries import NEWEST_JOBSET
+        from devtools.k8s.control_plane import ControlPlane
+        from devtools.k8s.kwok_nodes import DEFAULT_POOLS
+
+        jobset_version = jobset_version or NEWEST_JOBSET
+        pools = DEFAULT_POOLS if pools is None else pools
         key = (jobset_version, kueue, tuple(pools))
         if key not in self.running:
             plane = ControlPlane(
