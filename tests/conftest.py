@@ -36,6 +36,10 @@ from polling import wait_until
 
 from tasks.jobs.processes import stop_processes
 
+# The real Kubernetes control plane's session fixtures (`k8s_bin`, `planes`), shared by every
+# folder whose tests run on it (one start per xdist worker).
+pytest_plugins = ("k8s_planes",)
+
 GCS_BUCKET = "rcpflow-test"
 _STARTUP_TIMEOUT_S = 30.0
 
@@ -72,8 +76,12 @@ class GCSEmulator:
         )
 
 
-# Folders whose modules share one worker: they start the same session-scoped server.
+# Folders (and files) whose modules share one worker: they start the same session-scoped
+# server. The first that a path starts with wins: the GKE submission on the distributed Airflow
+# starts an Airflow of its own (its deployment is not the Slurm tests') but runs on the real
+# control plane, which it shares with the real-control-plane tests (`k8s_planes.planes`).
 _SHARED_SERVER_GROUPS = {
+    "tests/airflow/distributed/test_distributed_gke.py": "k8s-control-plane",
     "tests/tasks/backends/gke/real/": "k8s-control-plane",
     "tests/tasks/backends/slurm/": "slurm",
     "tests/airflow/distributed/": "distributed-airflow",

@@ -14,16 +14,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from airflow_harness import DAGS, PLUGINS, REPO, alive
-from distributed_cluster import CLUSTER_QUEUE, Cluster, Submission
+from distributed_cluster import (
+    CLUSTER_QUEUE,
+    Cluster,
+    Submission,
+    build_airflow,
+    running,
+    unavailable,
+)
 
 from devtools import demo
 from devtools.servers import distributed_airflow, slurm_cluster
-from devtools.servers.airflow_server import ServerConfig
-from devtools.servers.distributed_airflow import DistributedAirflow, DistributedConfig, WorkerSpec
+from devtools.servers.distributed_airflow import WorkerSpec
 from devtools.servers.slurm_cluster import NodeSpec, SlurmCluster
-from tasks.jobs.processes import free_port
-from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
+from tasks.names import SUBMISSION_DAG_ID
 
 SEEDS = (1, 2, 3)
 # The fault tests' hook point: sbatch as usual; when the test armed it (a file `armed` in the
@@ -45,15 +49,6 @@ exit $rc
 """
 
 
-def _unavailable(missing: list[str], what: str) -> None:
-    """Skip, naming what is missing; fail under CI, where `make test` installed it all."""
-    if missing:
-        message = f"{what}: not available here: {', '.join(missing)} (make system-packages)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 def _sbatch_hook(hooks: Path) -> Path:
     """A folder holding the hook `sbatch` (SBATCH_HOOK) in front of the real one."""
     real = shutil.which("sbatch")
@@ -67,8 +62,8 @@ def _sbatch_hook(hooks: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    _unavailable(slurm_cluster.missing_binaries(), "a private Slurm")
-    _unavailable(distributed_airflow.missing(), "a distributed Airflow")
+    unavailable(slurm_cluster.missing_binaries(), "a private Slurm")
+    unavailable(distributed_airflow.missing(), "a distributed Airflow")
     storage = tmp_path_factory.mktemp("storage")
     hooks = tmp_path_factory.mktemp("hooks")
     bin_dir = _sbatch_hook(hooks)
@@ -91,37 +86,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             WorkerSpec("worker-1", "127.0.0.2", ("default", CLUSTER_QUEUE), env=path),
             WorkerSpec("worker-2", "127.0.0.3", (CLUSTER_QUEUE,), env=path),
         )
-        config = ServerConfig(
-            home=tmp_path_factory.mktemp("airflow"),
-            dags_folder=DAGS,
-            plugins_folder=PLUGINS,
-            port=free_port(),
-            parallelism=8,
-            env={
-                "JAX_PLATFORMS": "cpu",
-                # this checkout's rcpflow and tasks, not what the shared venv's install names
-                "PYTHONPATH": str(REPO),
-                "RCPFLOW_DEPLOYMENT": str(deployment),
-                **slurm.env,
-            },
+        airflow = build_airflow(
+            tmp_path_factory.mktemp("airflow"),
+            {"RCPFLOW_DEPLOYMENT": str(deployment), **slurm.env},
+            (storage, slurm.root, hooks),
+            workers,
         )
-        settings = {
-            # a lost worker's task is failed (and retried) a minute after its last heartbeat
-            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
-            # and its retry is queued at once, not after Airflow's default 5 minutes
-            "AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": "5",
-        }
-        airflow = DistributedAirflow(
-            DistributedConfig(config, (storage, slurm.root, hooks), workers, settings)
-        )
-        try:
-            airflow.start()
-            airflow.ready(SUBMISSION_DAG_ID, RUN_DAG_ID)
+        with running(airflow):
             yield Cluster(airflow, slurm, storage, hooks)
-        finally:
-            pids = [p.pid for p in airflow.processes.values()]
-            airflow.stop()
-        assert pids and not any(alive(pid) for pid in pids), "a component outlived stop()"
     slurm.cleanup()
 
 

@@ -1,16 +1,23 @@
 """Helpers of the real-control-plane tests: render the project's JobSet for a test namespace,
 create it as the run task does (``fieldValidation=Strict``), and read what the real
-controllers made of it."""
+controllers made of it; the rehearsal submission on the GKE backend (its deployment, its conf,
+the connection's service account), which the LocalExecutor test here and the distributed one
+(``tests/airflow/distributed/test_distributed_gke.py``) both run."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
+
+from repo_paths import REPO
 
 from devtools.k8s.client import ApiError
 from devtools.k8s.control_plane import ControlPlane
+from devtools.k8s.kwok_nodes import TpuNodePool
 from tasks.backends.gke.render import (
     JOBSET_GROUP,
     JOBSET_NAME_LABEL,
@@ -216,3 +223,113 @@ def fixed_token_credentials(token: str) -> Any:
             self.token = token
 
     return FixedTokenCredentials()
+
+
+# -- the rehearsal submission on the GKE backend
+
+CONN_ID = "rcp_kwok"
+ACCOUNT = "rcpflow-airflow"
+SEEDS = (1, 2, 3)
+CONF = {"global_batch_size": 256, "max_steps": 26, "val_start_at": None}  # validation from 18
+# One single-host slice per pool (the JobSet's exclusive topology takes a whole pool): three
+# trainings and their evaluations at once.
+POOLS = tuple(TpuNodePool(f"tpu-v5p-2x2x1-{c}", "2x2x1", 1) for c in "abcdefgh")
+SYSTEM = {
+    "system_name": "kwok-tpu-v5p-rehearsal",
+    "accelerator_model_name": "TPU v5p (kwok, simulated)",
+    "accelerators_per_node": "4",
+}
+
+
+# Both roles: one single-host v5p slice, requests a kwok node always has.
+SHAPE = """accelerator = "tpu-v5p-slice"
+topology = "2x2x1"
+slices = 1
+chips_per_host = 4
+max_restarts = 1
+termination_grace_period_s = 10
+cpu_request = "1"
+memory_request = "1Gi"
+"""
+
+
+def gke_rehearsal_deployment(storage_root: str | Path, namespace: str) -> str:
+    """The shipped rehearsal deployment on the GKE backend: its [jobs] tables as they are
+    (with an image each), a [gke] table of single-host v5p slices in `namespace`."""
+    text = (REPO / "docker" / "deployment.rehearsal.toml").read_text()
+    head, jobs = text.split("[jobs.train]", 1)
+    assert 'backend = "local"' in head
+    image = '\nimage = "rcpflow-rehearsal:test"\n'
+    jobs = jobs.replace("\n]\n", "\n]" + image, 2)
+    assert jobs.count(image) == 2
+    return f"""
+backend = "gke"
+storage_root = {json.dumps(str(storage_root))}
+eval_window = 2
+train_timeout_minutes = 20
+eval_timeout_minutes = 10
+
+[gke]
+kubernetes_conn_id = "{CONN_ID}"
+namespace = "{namespace}"
+image = "rcpflow-rehearsal:test"
+poll_interval_s = 1.0
+backoff_max_s = 5.0
+ttl_after_finished_s = 600
+
+[gke.train]
+{SHAPE}
+[gke.evaluate]
+{SHAPE}
+
+[jobs.train]{jobs}"""
+
+
+def connection_kubeconfig(plane: ControlPlane, namespace: str) -> Path:
+    """A kubeconfig of a service account with only the rights docs/gke.md lists."""
+    plane.api.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": ACCOUNT, "namespace": namespace},
+        }
+    )
+    subject = {"kind": "ServiceAccount", "name": ACCOUNT, "namespace": namespace}
+    plane.grant(f"rcpflow-airflow-{namespace}", DOCUMENTED_RULES, subject)
+    return plane.service_account_kubeconfig(namespace, ACCOUNT)
+
+
+def rehearsal_conf(storage_root: str | Path, name: str) -> dict[str, Any]:
+    """The submission's conf: `SEEDS` of the rehearsal (`CONF`) on the GKE backend, the
+    submission `name` under `storage_root`."""
+    return {
+        **CONF,
+        "seeds": list(SEEDS),
+        "target": 0.69,
+        "division": "open",
+        "backend": "gke",
+        "storage_root": str(storage_root),
+        "submission_name": name,
+        "system": SYSTEM,
+    }
+
+
+def wait_namespace_empty(plane: ControlPlane, namespace: str, timeout_s: float = 120) -> None:
+    """Wait until nothing of the runs is left in `namespace`: every JobSet torn down, with its
+    Jobs and pods."""
+    jobsets = JobSets.for_plane(plane)
+
+    def empty() -> bool | None:
+        listed = jobsets.custom.list_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, namespace, JOBSET_PLURAL
+        )
+        left = (
+            listed["items"]
+            or jobsets.batch.list_namespaced_job(namespace).items
+            or plane.pods(namespace)
+        )
+        return None if left else True
+
+    plane.wait_for(
+        empty, what=f"namespace {namespace} empty of JobSets, Jobs and pods", timeout_s=timeout_s
+    )
