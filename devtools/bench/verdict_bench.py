@@ -37,6 +37,8 @@ import platform
 import shutil
 import statistics
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -335,6 +337,12 @@ class SeedRun:
     task_start_s: list[float]  # evaluate task start after its wait ended
     free_skips: int  # evaluate tasks above the passing step skipped without a task process
     above: int  # evaluate tasks above the passing step
+    # What the forecast's load model is calibrated from, in s after the trigger: every task
+    # instance of the run (TASK_FIELDS, dates as offsets), each weight update [step, t] and each
+    # summary's [step, eval_start, eval_stop]
+    tasks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    updates: list[list[float]] = dataclasses.field(default_factory=list)
+    evaluations: list[list[float]] = dataclasses.field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -348,6 +356,9 @@ class ProportionRow(NamedTuple):
     window: int
     seeds: tuple[SeedRun, ...]
     load: str
+    # [t after the trigger, 1-minute load average, runnable processes] once a second
+    samples: tuple[tuple[float, float, int], ...] = ()
+    submission_tasks: tuple[dict[str, Any], ...] = ()  # the submission DAG's (as SeedRun.tasks)
 
     @property
     def ratio(self) -> float:
@@ -379,6 +390,36 @@ def rehearsal_deployment(folder: Path, scale: float) -> Path:
     path = folder / "deployment.toml"
     path.write_text(text)
     return path
+
+
+TASK_FIELDS = ("task_id", "map_index", "state", "try_number", "pid")
+TASK_DATES = ("scheduled_when", "queued_when", "start_date", "end_date")
+
+
+def task_record(ti: dict[str, Any], trigger_ms: int) -> dict[str, Any]:
+    """A task instance as proportions.json keeps it: its dates in s after the trigger."""
+    return {
+        **{k: ti.get(k) for k in TASK_FIELDS},
+        **{k: (iso_ms(ti[k]) - trigger_ms) / 1000 if ti.get(k) else None for k in TASK_DATES},
+    }
+
+
+class LoadSampler(threading.Thread):
+    """The machine's load once a second while a configuration runs: what the scheduler's task
+    starts and the jobs' times stretch with."""
+
+    def __init__(self, trigger_ms: int) -> None:
+        super().__init__(daemon=True)
+        self.trigger_ms = trigger_ms
+        self.samples: list[tuple[float, float, int]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            fields = Path("/proc/loadavg").read_text().split()
+            now_ms = time.time_ns() // 1_000_000
+            running = int(fields[3].split("/")[0])
+            self.samples.append(((now_ms - self.trigger_ms) / 1000, float(fields[0]), running))
 
 
 def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]) -> SeedRun:
@@ -422,6 +463,12 @@ def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]
         task_start_s=starts,
         free_skips=free,
         above=above,
+        tasks=[task_record(ti, trigger_ms) for ti in tis],
+        updates=[[r.step, (r.timestamp_ms - trigger_ms) / 1000] for r in rows],
+        evaluations=[
+            [k, (v.eval_start_ms - trigger_ms) / 1000, (v.eval_stop_ms - trigger_ms) / 1000]
+            for k, v in sorted(summaries.items())
+        ],
     )
 
 
@@ -453,9 +500,16 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
         "eval_window": window,
     }
     with LocalAirflow(config) as airflow:
-        airflow.ready(RUN_DAG_ID)
-        run = airflow.timed_run(SUBMISSION_DAG_ID, conf, RUN_TIMEOUT_S)
+        airflow.ready(RUN_DAG_ID, SUBMISSION_DAG_ID)
+        sampler = LoadSampler(time.time_ns() // 1_000_000)
+        sampler.start()
+        try:
+            run = airflow.timed_run(SUBMISSION_DAG_ID, conf, RUN_TIMEOUT_S)
+        finally:
+            sampler.done.set()
+            sampler.join()
         runs = {s: airflow.task_instances(RUN_DAG_ID, f"bench__seed_{s}") for s in SEEDS}
+        own = airflow.task_instances(SUBMISSION_DAG_ID, run.run_id)
     if run.state != "success":
         raise RuntimeError(f"{schedule} W={window}: submission {run.state}; see {folder}")
     trigger_ms = run.trigger_ms
@@ -463,7 +517,16 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
         seed_run(str(folder / "bench" / "runs" / f"seed_{s}"), s, trigger_ms, runs[s])
         for s in SEEDS
     )
-    row = ProportionRow(schedule, window, seeds, load_avg)
+    offset = (sampler.trigger_ms - trigger_ms) / 1000  # the sampler started just before
+    samples = tuple((t + offset, avg, n) for t, avg, n in sampler.samples)
+    row = ProportionRow(
+        schedule,
+        window,
+        seeds,
+        load_avg,
+        samples,
+        tuple(task_record(ti, run.trigger_ms) for ti in own),
+    )
     print(json.dumps({"schedule": schedule, "window": window, "ratio": row.ratio}), flush=True)
     return row
 
@@ -626,7 +689,12 @@ def run_proportions(args: argparse.Namespace) -> str:
         )
         rows = [
             ProportionRow(
-                r["schedule"], r["window"], tuple(SeedRun(**s) for s in r["seeds"]), r["load"]
+                r["schedule"],
+                r["window"],
+                tuple(SeedRun(**s) for s in r["seeds"]),
+                r["load"],
+                tuple((t, avg, int(n)) for t, avg, n in r.get("samples", ())),
+                tuple(r.get("submission_tasks", ())),
             )
             for r in json.loads(args.proportions_from.read_text())
         ]
