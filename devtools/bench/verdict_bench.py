@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from devtools.bench.load_calibration import Calibration, Phases, background, calibrate, phases
 from devtools.servers.airflow_server import LocalAirflow, repo_config
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
@@ -531,17 +532,59 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
     return row
 
 
-@dataclass(frozen=True)
-class Calibration:
-    """The overheads the forecast is given, measured once (on the first configuration)."""
+class Models(NamedTuple):
+    """The forecast's overheads, each measured once, on the first row, and given to every row:
+    the one task start of the forecast before its machine model, and that model's calibration
+    (`devtools.bench.load_calibration`)."""
 
     task_start_s: float  # an evaluate task's start after its wait ended (median)
-    poll_s: float
+    machine: Calibration
+
+    @classmethod
+    def measured(cls, first: ProportionRow, scale: float) -> Models:
+        return cls(
+            statistics.median(t for s in first.seeds for t in s.task_start_s),
+            calibrate(
+                row_phases(first),
+                first.samples,
+                eval_s=PROFILE.eval_seconds * scale,
+                poll_s=POLL_S,
+                cores=os.cpu_count() or 1,
+            ),
+        )
 
 
-def forecast_s(row: ProportionRow, cal: Calibration, scale: float, max_steps: int) -> float:
+def row_phases(row: ProportionRow) -> list[Phases]:
+    return phases(row.seeds, recipe.val_start_at(recipe.REFERENCE_BATCH_SIZE))
+
+
+def one_start(row: ProportionRow, models: Models) -> dict[str, Any]:
+    """The forecast before its machine model: one measured task start, the poll."""
+    return {"task_start_seconds": models.task_start_s, "poll_seconds": POLL_S}
+
+
+def machine(row: ProportionRow, models: Models) -> dict[str, Any]:
+    """The machine model as calibrated, on the row's measured background, the seeds sharing
+    the machine."""
+    cal = models.machine
+    return {
+        "task_start_seconds": cal.task_start_s,
+        "poll_seconds": cal.poll_s,
+        "resume_starts": 1,
+        "task_cpu_seconds": cal.task_cpu_s,
+        "job_cpu_seconds": cal.job_cpu_s,
+        "cores": cal.cores,
+        "background_processes": background(row_phases(row), row.samples),
+        "concurrent_runs": len(row.seeds),
+    }
+
+
+def forecast_s(
+    row: ProportionRow, overheads: dict[str, Any], scale: float, max_steps: int
+) -> float:
     """The forecast of the submission's time to verdict, in measured seconds: per seed its
-    run_start offset (measured) plus `rcpflow.planning.forecast`'s verdict for its passing step."""
+    run_start offset (measured) plus `rcpflow.planning.forecast`'s verdict for its passing step,
+    with `overheads` (a Scenario's fields)."""
     worst = 0.0
     for seed in row.seeds:
         forecast = simulate(
@@ -553,57 +596,71 @@ def forecast_s(row: ProportionRow, cal: Calibration, scale: float, max_steps: in
                 passing_step=seed.passing_step,
                 schedule=row.schedule,  # type: ignore[arg-type]
                 window=row.window,
-                task_start_seconds=cal.task_start_s,
-                poll_seconds=cal.poll_s,
+                **overheads,
             )
         )
         worst = max(worst, seed.start_s + forecast.verdict_s)
     return worst
 
 
+def error(row: ProportionRow, models: Models, model: Any, scale: float, max_steps: int) -> float:
+    """(forecast - measured) / measured, `model` one of `one_start`, `machine`."""
+    predicted = forecast_s(row, model(row, models), scale, max_steps)
+    return (predicted - row.verdict_s) / row.verdict_s
+
+
 def proportions_table(
-    rows: Sequence[ProportionRow], cal: Calibration, scale: float, max_steps: int
+    rows: Sequence[ProportionRow], models: Models, scale: float, max_steps: int
 ) -> str:
     lines = [
         "| schedule | W | verdict ratio | submission time to verdict | evaluation chip-hours "
-        "| wasted evaluations | forecast error |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| wasted evaluations | background processes | forecast error: one task start "
+        "| forecast error: machine model |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         hours = r.verdict_s / scale / 3600
         chip_hours = r.eval_busy_s / scale * PROFILE.eval_chips / 3600
-        predicted = forecast_s(r, cal, scale, max_steps)
-        error = (predicted - r.verdict_s) / r.verdict_s
+        before = error(r, models, one_start, scale, max_steps)
+        after = error(r, models, machine, scale, max_steps)
         lines.append(
             f"| {r.schedule} | {r.window} | {r.ratio:.2f} | {hours:.2f} h | {chip_hours:,.0f} "
-            f"| {r.wasted} | {error:+.0%} |"
+            f"| {r.wasted} | {machine(r, models)['background_processes']:g} | {before:+.0%} "
+            f"| {after:+.0%} |"
         )
     return "\n".join(lines)
 
 
-def goals(rows: Sequence[ProportionRow], cal: Calibration, scale: float, max_steps: int) -> str:
-    """Issue 18's goals, met or not, in this run."""
+def goals(rows: Sequence[ProportionRow], models: Models, scale: float, max_steps: int) -> str:
+    """Issue 18's and 37's goals, met or not, in this run."""
     during10 = [r for r in rows if r.schedule == "during_training" and r.window == 10]
-    errors = [abs(forecast_s(r, cal, scale, max_steps) - r.verdict_s) / r.verdict_s for r in rows]
+    errors = [error(r, models, machine, scale, max_steps) for r in rows]
     ratio = (
         f"during_training W=10 verdict ratio {during10[0].ratio:.2f} "
         f"({'met' if during10[0].ratio <= 1.2 else 'not met'})"
         if during10
         else "during_training W=10 not measured"
     )
-    worst = max(errors)
-    return (
-        f"- Goals: {ratio} against at most 1.2; forecast error at most 15 % in every row: "
-        f"{'met' if worst <= 0.15 else 'not met'} (worst {worst:.0%}). Where not met, the gap "
-        "is the scheduler's latency at the scaled-down times (next item), which the forecast's "
-        "one calibrated task start does not follow as the machine fills up."
+    i = max(range(len(rows)), key=lambda i: abs(errors[i]))
+    text = (
+        f"- Goals: {ratio} against at most 1.2; the machine model's forecast error at most "
+        f"15 % in every row: {'met' if abs(errors[i]) <= 0.15 else 'not met'} (worst "
+        f"{errors[i]:+.0%}, {rows[i].schedule} W={rows[i].window})."
     )
+    if abs(errors[i]) > 0.15:
+        text += (
+            " Where not met: the row's background moved during the row (other work's load comes "
+            "and goes within minutes, the median does not follow it), or its phases' CPU "
+            "stretched otherwise than the first row's fit."
+        )
+    return text
 
 
 def proportions_section(
-    rows: Sequence[ProportionRow], cal: Calibration, *, scale: float, max_steps: int, when: str
+    rows: Sequence[ProportionRow], models: Models, *, scale: float, max_steps: int, when: str
 ) -> str:
     steps = {s.seed: s.passing_step for s in rows[0].seeds}
+    cal = models.machine
     trained = "; ".join(
         f"{r.schedule} W={r.window}: {', '.join(str(s.steps_trained) for s in r.seeds)}"
         for r in rows
@@ -633,7 +690,7 @@ def proportions_section(
             + "; ".join(f"{r.schedule} W={r.window}: {r.load}" for r in rows)
             + " (other work shared the machine)",
             "",
-            proportions_table(rows, cal, scale, max_steps),
+            proportions_table(rows, models, scale, max_steps),
             "",
             "- verdict ratio: as in the section above, per seed from the submission's trigger "
             "(verdict over the passing step's weight update plus its evaluation time); the worst "
@@ -647,11 +704,21 @@ def proportions_section(
             "seeds.",
             "- forecast error: (forecast - measured) / measured submission time to verdict; the "
             "forecast is `rcpflow.planning.forecast.simulate` per seed at the scaled times plus "
-            "that seed's measured run_start after the trigger, with two overheads measured once on "
-            f"the first row and given to every row: task start {cal.task_start_s:.2f} s (median "
-            f"evaluate start after its wait ended), poll {cal.poll_s:g} s "
-            "(`checkpoint_poll_seconds`).",
-            goals(rows, cal, scale, max_steps),
+            "that seed's measured run_start after the trigger, with overheads measured once, on "
+            "the first row, and given unchanged to every row. One task start: "
+            f"{models.task_start_s:.2f} s (the median evaluate start after its wait ended), poll "
+            f"{POLL_S:g} s (`checkpoint_poll_seconds`): the forecast before its machine model. "
+            "Machine model (`rcpflow forecast --cores`, the module doc of "
+            "`rcpflow/planning/forecast.py`; its calibration `devtools/bench/load_calibration.py`"
+            f"), fitted on the first row's {cal.evaluations} evaluations' phases: a task start "
+            f"{cal.task_start_s:.2f} s + {cal.task_cpu_s:.2f} CPU s, an evaluation job "
+            f"{cal.job_cpu_s:.2f} CPU s beside its evaluation, the evaluate's resume one more "
+            f"task start, CPU stretched by the runnable processes over {cal.cores} cores: the "
+            f"{len(SEEDS)} seeds' task starts in flight (simulated) plus the row's background "
+            "processes (measured: the median runnable processes sampled each second, less the "
+            "row's own evaluation phases in flight; other engineers' work and Airflow's loops, "
+            "which no forecast of this submission simulates).",
+            goals(rows, models, scale, max_steps),
             f"- steps trained per seed: {trained}.",
             "- evaluate instances above the passing step that ended skipped without starting a "
             "task process (their wait ended on the triggerer): "
@@ -705,13 +772,9 @@ def run_proportions(args: argparse.Namespace) -> str:
                 run_proportion(s, w, scale=args.scale, max_steps=args.proportions_max_steps)
             )
             saved.write_text(json.dumps([saved_row(r) for r in rows], indent=1))
-    first = rows[0]
-    cal = Calibration(
-        task_start_s=statistics.median(t for s in first.seeds for t in s.task_start_s),
-        poll_s=POLL_S,
-    )
+    models = Models.measured(rows[0], args.scale)
     return proportions_section(
-        rows, cal, scale=args.scale, max_steps=args.proportions_max_steps, when=when
+        rows, models, scale=args.scale, max_steps=args.proportions_max_steps, when=when
     )
 
 
