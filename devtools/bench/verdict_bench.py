@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from devtools.bench.load_calibration import Calibration, Phases, background, calibrate, phases
-from devtools.servers.airflow_server import LocalAirflow, repo_config
+from devtools.servers.airflow_server import LocalAirflow, ServerConfig, repo_config
+from devtools.servers.postgres_server import LocalPostgres
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.markdown_sections import write_section
@@ -478,17 +479,33 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     load_avg = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    config = repo_config(
-        folder / "airflow",
-        # per seed: training, W evaluations and a stop_if_decided; the submission's own tasks
-        parallelism=len(SEEDS) * (window + 2) + 2,
-        env={
-            ENV_VAR: str(rehearsal_deployment(folder, scale)),
-            # Airflow's default (16 running tasks of a DAG over all its runs) would cap the
-            # three seeds' windows together
-            "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "256",
-        },
-    )
+    with LocalPostgres("airflow") as postgres:
+        config = repo_config(
+            folder / "airflow",
+            # per seed: training, W evaluations and a stop_if_decided; the submission's own tasks
+            parallelism=len(SEEDS) * (window + 2) + 2,
+            env={
+                ENV_VAR: str(rehearsal_deployment(folder, scale)),
+                # Airflow's default (16 running tasks of a DAG over all its runs) would cap the
+                # three seeds' windows together
+                "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "256",
+                # SQLite's one writer: under a loaded machine the triggerer or the API died of
+                # "database is locked" mid-row (2026-12-05); a deployment's database
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.sqlalchemy_url(),
+            },
+        )
+        return submission_row(folder, config, schedule, window, max_steps, load_avg)
+
+
+def submission_row(
+    folder: Path,
+    config: ServerConfig,
+    schedule: str,
+    window: int,
+    max_steps: int,
+    load_avg: str,
+) -> ProportionRow:
+    """The submission of `schedule` and W `window` on a fresh Airflow of `config`, measured."""
     conf = {
         "seeds": list(SEEDS),
         "global_batch_size": recipe.REFERENCE_BATCH_SIZE,
