@@ -39,7 +39,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -620,7 +620,13 @@ def forecast_s(
     return worst
 
 
-def error(row: ProportionRow, models: Models, model: Any, scale: float, max_steps: int) -> float:
+def error(
+    row: ProportionRow,
+    models: Models,
+    model: Callable[[ProportionRow, Models], dict[str, Any]],
+    scale: float,
+    max_steps: int,
+) -> float:
     """(forecast - measured) / measured, `model` one of `one_start`, `machine`."""
     predicted = forecast_s(row, model(row, models), scale, max_steps)
     return (predicted - row.verdict_s) / row.verdict_s
