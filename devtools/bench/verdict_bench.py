@@ -679,6 +679,34 @@ def goals(rows: Sequence[ProportionRow], models: Models, scale: float, max_steps
     return text
 
 
+def measured_path(rows: Sequence[ProportionRow], models: Models, scale: float) -> str:
+    """Per row, the medians of its evaluations' phases beside the model's for a lone task
+    start on the row's background: where a row's error comes from."""
+    cal = models.machine
+    parts = []
+    for r in rows:
+        found = row_phases(r)
+        if not found:
+            continue
+        lone = cal.task_start_s + cal.task_cpu_s * max(
+            1.0, (machine(r, models)["background_processes"] + len(r.seeds)) / cal.cores
+        )
+        start = statistics.median(p.eval_start - p.wait_end for p in found)
+        job = statistics.median(
+            p.resume_queued - p.eval_start - PROFILE.eval_seconds * scale for p in found
+        )
+        resume = statistics.median(p.eval_stop - p.resume_queued for p in found)
+        parts.append(
+            f"{r.schedule} W={r.window}: {start:.1f}, {job:.1f}, {resume:.1f} (model {lone:.1f} "
+            f"a start)"
+        )
+    return (
+        "- the measured path, medians in s per row: task start (wait ended to the evaluation's "
+        "recorded start), the job beyond its evaluation, the resume (queued to the summary); "
+        "beside it the model's lone task start on the row's background: " + "; ".join(parts)
+    )
+
+
 def proportions_section(
     rows: Sequence[ProportionRow], models: Models, *, scale: float, max_steps: int, when: str
 ) -> str:
@@ -742,6 +770,7 @@ def proportions_section(
             "row's own evaluation phases in flight; other engineers' work and Airflow's loops, "
             "which no forecast of this submission simulates).",
             goals(rows, models, scale, max_steps),
+            measured_path(rows, models, scale),
             f"- steps trained per seed: {trained}.",
             "- evaluate instances above the passing step that ended skipped without starting a "
             "task process (their wait ended on the triggerer): "
