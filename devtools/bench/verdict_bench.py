@@ -45,7 +45,13 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from devtools.bench.load_calibration import Calibration, Phases, background, calibrate, phases
-from devtools.servers.airflow_server import LocalAirflow, ServerConfig, repo_config
+from devtools.servers.airflow_server import (
+    AirflowServerError,
+    LocalAirflow,
+    ServerConfig,
+    TimedRun,
+    repo_config,
+)
 from devtools.servers.postgres_server import LocalPostgres
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
@@ -497,6 +503,33 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
         return submission_row(folder, config, schedule, window, max_steps, load_avg)
 
 
+def patient_run(airflow: LocalAirflow, conf: dict[str, Any]) -> TimedRun:
+    """`LocalAirflow.timed_run` of the submission, its watch outliving an API request that
+    timed out or failed while the machine is loaded (three rows in a row died of one, the
+    run itself unharmed, 2026-12-05); a component that dies, or failures for a minute, still
+    end it."""
+    airflow.ready(SUBMISSION_DAG_ID)
+    trigger_ms = time.time_ns() // 1_000_000
+    run_id = airflow.trigger(SUBMISSION_DAG_ID, conf)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    failing_since: float | None = None
+    while time.monotonic() < deadline:
+        airflow.check_alive()
+        try:
+            state = airflow.dag_run(SUBMISSION_DAG_ID, run_id)["state"]
+        except (AirflowServerError, OSError):
+            failing_since = failing_since or time.monotonic()
+            if time.monotonic() - failing_since > 60:
+                raise
+            time.sleep(1.0)
+            continue
+        failing_since = None
+        if state in ("success", "failed"):
+            return TimedRun(run_id, str(state), trigger_ms, time.time_ns() // 1_000_000)
+        time.sleep(1.0)
+    raise AirflowServerError(f"{SUBMISSION_DAG_ID} run {run_id} not over in {RUN_TIMEOUT_S} s")
+
+
 def submission_row(
     folder: Path,
     config: ServerConfig,
@@ -522,7 +555,7 @@ def submission_row(
         sampler = LoadSampler(time.time_ns() // 1_000_000)
         sampler.start()
         try:
-            run = airflow.timed_run(SUBMISSION_DAG_ID, conf, RUN_TIMEOUT_S)
+            run = patient_run(airflow, conf)
         finally:
             sampler.done.set()
             sampler.join()
