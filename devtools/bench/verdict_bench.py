@@ -498,6 +498,9 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
                 # SQLite's one writer: under a loaded machine the triggerer or the API died of
                 # "database is locked" mid-row (2026-12-05); a deployment's database
                 "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": postgres.sqlalchemy_url(),
+                # a task process parses the DAG file first: at W=10 on a loaded 2-core machine
+                # that took over the default 30 s and failed the tasks (2026-12-05)
+                "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "300",
             },
         )
         return submission_row(folder, config, schedule, window, max_steps, load_avg)
