@@ -715,6 +715,13 @@ def goals(rows: Sequence[ProportionRow], models: Models, scale: float, max_steps
     return text
 
 
+def missing(rows: Sequence[ProportionRow]) -> list[str]:
+    """A line naming the configurations these measurements lack, if any."""
+    have = {(r.schedule, r.window) for r in rows}
+    lacking = [f"{s} W={w}" for s, w in PROPORTIONS if (s, w) not in have]
+    return [f"- not in these measurements: {', '.join(lacking)}."] if lacking else []
+
+
 def measured_path(rows: Sequence[ProportionRow], models: Models, scale: float) -> str:
     """Per row, the medians of its evaluations' phases beside the model's for a lone task
     start on the row's background: where a row's error comes from."""
@@ -806,6 +813,7 @@ def proportions_section(
             "row's own evaluation phases in flight; other engineers' work and Airflow's loops, "
             "which no forecast of this submission simulates).",
             goals(rows, models, scale, max_steps),
+            *missing(rows),
             measured_path(rows, models, scale),
             f"- steps trained per seed: {trained}.",
             "- evaluate instances above the passing step that ended skipped without starting a "

@@ -101,3 +101,4 @@ def test_a_saved_row_reads_back_whole_and_the_section_shows_both_forecasts(
     fitted = "fitted on the first row's 6 evaluations' phases: a task start 0.00 s + 2.50 CPU s"
     assert fitted in text
     assert "Goals:" in text
+    assert "- not in these measurements: after_training W=10, during_training W=1" in text
