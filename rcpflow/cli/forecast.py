@@ -72,6 +72,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ("--window", "evaluations at once, W: N, A-B or N,M,... (default 1)"),
         ("--task-start-seconds", "a task's start latency in the scheduler (default 0)"),
         ("--poll-seconds", "how often a waiting step reads the manifest (default 0: at once)"),
+        ("--resume-starts", "1: an evaluate resumes in a second task when its job ends (0)"),
+        ("--cores", "the orchestrating machine's cores: models its load (default 0: none)"),
+        ("--task-cpu-seconds", "with --cores: a task start's CPU seconds (default 0)"),
+        ("--job-cpu-seconds", "with --cores: an evaluation job's CPU seconds beside it (0)"),
+        ("--background-processes", "with --cores: other work's runnable processes (0)"),
+        ("--concurrent-runs", "with --cores: runs sharing the machine, e.g. seeds (1)"),
         ("--weights-tb", "one checkpoint's weights in TB: adds the checkpoint storage report"),
         ("--full-state-tb", "the training state a full-state save adds, in TB (default 0)"),
         ("--model-params-b", "the model's parameters in billions, instead of the two sizes"),
@@ -211,6 +217,12 @@ def request_from(args: argparse.Namespace) -> Request:
         task_start_seconds=_number("--task-start-seconds", args.task_start_seconds),
         poll_seconds=_number("--poll-seconds", args.poll_seconds),
         cancel=not args.no_cancel,
+        resume_starts=_integer("--resume-starts", args.resume_starts, 0),
+        task_cpu_seconds=_number("--task-cpu-seconds", args.task_cpu_seconds, 0.0),
+        job_cpu_seconds=_number("--job-cpu-seconds", args.job_cpu_seconds, 0.0),
+        cores=_integer("--cores", args.cores, 0),
+        background_processes=_number("--background-processes", args.background_processes, 0.0),
+        concurrent_runs=_integer("--concurrent-runs", args.concurrent_runs, 1),
     )
     request = Request(base, schedules, windows, passing, args.recommend, _sizes(args))
     evaluated = max_steps - val_start + 1
@@ -427,6 +439,14 @@ def render_text(request: Request, data: dict[str, Any], each: bool) -> str:
         f"{b.val_start_at}..{b.max_steps} evaluated; task start {b.task_start_seconds:g} s, "
         f"poll {b.poll_seconds:g} s; higher steps' evaluations {cancel}; time from run_start",
     ]
+    if b.resume_starts:
+        lines.append("an evaluate resumes in a second task start when its job ends")
+    if b.cores:
+        lines.append(
+            f"machine: {b.cores} cores, a task start +{b.task_cpu_seconds:g} CPU s, a job "
+            f"+{b.job_cpu_seconds:g} CPU s, stretched by {b.background_processes:g} background "
+            f"processes and {b.concurrent_runs} run(s)' task starts in flight"
+        )
     several = len(request.passing_steps) > 1
     if each or not several:
         lines += _table([HEADER, *(_forecast_cells(f) for f in data["forecasts"])])

@@ -14,6 +14,19 @@ Time 0 is ``run_start`` (the training job starts). Step k's update and checkpoin
   the trainer stops after the step it is in.
 
 Both: an evaluation slot that frees is taken one task start later by the lowest waiting step.
+With ``resume_starts`` 1 an evaluate that defers while its job runs (every backend's does)
+resumes in a second task process when the job ends, one more task start before its summary.
+
+The machine the orchestration runs on (``cores`` > 0): a task start is ``task_start_seconds``
+(the scheduler's own delay) plus ``task_cpu_seconds`` of CPU (a task process's interpreter,
+imports and DAG parse), and an evaluation job adds ``job_cpu_seconds`` (its interpreter and
+result) to its ``eval_seconds``. CPU seconds stretch, as a processor shared among the runnable
+processes does, by max(1, runnable / cores) where runnable = ``background_processes`` (other
+work) + ``concurrent_runs`` x the CPU phases (task starts, job starts) of this run in flight at
+that moment, itself included: the runs of a submission start their tasks at the same moments, so
+each of the others is counted as this one. The bench's measured latency growing with load is
+this (BENCHMARKS.md, "Time to verdict at the benchmark's proportions"); at full scale the same
+seconds are negligible beside a 1,700 s evaluation. ``cores`` 0 (the default): no CPU model.
 A step above the passing one that starts after the pass skips (the gate); one already running
 is wasted: cancelled at the pass (``cancel=True``, what the run DAG does), or with
 ``cancel=False`` it runs to its end. The verdict is when the passing step and every lower one
@@ -54,6 +67,9 @@ SECONDS_MIN = 1e-3  # a millisecond: below it a division by it overflows (0 is "
 STEPS_MAX = 10_000  # max_steps, W and passing steps
 CHIPS_MAX = 10**6
 BATCH_MAX = 10**9
+CORES_MAX = 10_000  # the orchestrating machine's cores
+RUNS_MAX = 1_000  # runs sharing it
+PROCESSES_MAX = 1e6  # runnable processes of other work
 WORK_MAX = 100_000  # simulated steps per request (a forecast counts 100 more): under a second
 
 
@@ -77,6 +93,13 @@ class Scenario:
     task_start_seconds: float = 0.0  # a task's start after what it waits for
     poll_seconds: float = 0.0  # how often a waiting step reads the manifest (0: at once)
     cancel: bool = True  # higher steps' running evaluations are stopped at the pass
+    # The machine's load (the module doc): defaults model none of it
+    resume_starts: int = 0  # task starts after an evaluation's job ends (a deferred evaluate: 1)
+    task_cpu_seconds: float = 0.0  # CPU seconds of one task start
+    job_cpu_seconds: float = 0.0  # CPU seconds an evaluation job spends beside its evaluation
+    cores: int = 0  # the orchestrating machine's cores (0: no CPU model)
+    background_processes: float = 0.0  # runnable processes of other work on that machine
+    concurrent_runs: int = 1  # runs sharing that machine at once (a submission's seeds)
 
     def __post_init__(self) -> None:
         for flag, value in (
@@ -91,6 +114,8 @@ class Scenario:
         for flag, value in (
             ("--task-start-seconds", self.task_start_seconds),
             ("--poll-seconds", self.poll_seconds),
+            ("--task-cpu-seconds", self.task_cpu_seconds),
+            ("--job-cpu-seconds", self.job_cpu_seconds),
         ):
             if not (math.isfinite(value) and (value == 0 or SECONDS_MIN <= value <= SECONDS_MAX)):
                 raise ForecastUsageError(
@@ -102,11 +127,26 @@ class Scenario:
             ("--train-chips", self.train_chips, CHIPS_MAX),
             ("--eval-chips", self.eval_chips, CHIPS_MAX),
             ("--max-steps", self.max_steps, STEPS_MAX),
+            ("--concurrent-runs", self.concurrent_runs, RUNS_MAX),
         ):
             if count < 1:
                 raise ForecastUsageError(f"{flag} {count} must be at least 1")
             if count > most:
                 raise ForecastUsageError(f"{flag} {count} must be at most {most}")
+        for flag, count, most in (
+            ("--resume-starts", self.resume_starts, 1),
+            ("--cores", self.cores, CORES_MAX),
+        ):
+            if not 0 <= count <= most:
+                raise ForecastUsageError(f"{flag} {count} must be in 0..{most}")
+        if not (
+            math.isfinite(self.background_processes)
+            and 0 <= self.background_processes <= PROCESSES_MAX
+        ):
+            raise ForecastUsageError(
+                f"--background-processes {self.background_processes} must be a number in "
+                f"[0, {PROCESSES_MAX:g}]"
+            )
         if not 1 <= self.val_start_at <= self.max_steps:
             raise ForecastUsageError(
                 f"--val-start-at {self.val_start_at} must be in 1..--max-steps {self.max_steps}"
@@ -198,31 +238,68 @@ def _seen(t: float, poll_s: float) -> float:
     return math.ceil(t / poll_s - 1e-9) * poll_s
 
 
+class _Machine:
+    """The CPU phases of a simulated run in flight (the module doc's machine model): how long
+    one that starts at a moment takes."""
+
+    def __init__(self, s: Scenario) -> None:
+        self.s = s
+        self.phases: list[tuple[float, float]] = []  # (start, end) of each phase placed
+
+    def forget_before(self, t: float) -> None:
+        """Phases that end by `t` can load no later query (queries come at `t` or after)."""
+        if self.s.cores:
+            self.phases = [p for p in self.phases if p[1] > t]
+
+    def take(self, t: float, fixed: float, cpu: float) -> float:
+        """The end of a phase that starts at `t`: `fixed` seconds plus `cpu` CPU seconds,
+        stretched by the processes runnable at `t` over the cores."""
+        s = self.s
+        if not s.cores or cpu == 0:
+            return t + fixed + cpu
+        mine = 1 + sum(a <= t < b for a, b in self.phases)
+        runnable = s.background_processes + s.concurrent_runs * mine
+        end = t + fixed + cpu * max(1.0, runnable / s.cores)
+        self.phases.append((t, end))
+        return end
+
+
 def simulate(s: Scenario) -> Forecast:
     first, last, p = s.val_start_at, s.max_steps, s.passing_step
-    start_latency = s.task_start_seconds
+    machine = _Machine(s)
+
+    def task_start(t: float) -> float:
+        """When a task queued at `t` runs."""
+        return machine.take(t, s.task_start_seconds, s.task_cpu_seconds)
+
     if s.schedule == "reference":
         # the second srun of the same allocation, right after training exits: no poll, no task
         training_over = last * s.step_seconds
     else:
         # after: the train group's end, seen at a poll; then load_manifest and the mapped evaluate
-        training_over = _seen(last * s.step_seconds, s.poll_seconds) + 2 * start_latency
+        training_over = task_start(_seen(last * s.step_seconds, s.poll_seconds))
     during = s.schedule == "during_training"
 
     def ready(k: int) -> float:
-        return (
-            _seen(k * s.step_seconds, s.poll_seconds) + start_latency if during else training_over
-        )
+        """When step k's evaluate is queued (a slot free)."""
+        return _seen(k * s.step_seconds, s.poll_seconds) if during else training_over
 
+    reference = s.schedule == "reference"
     free: list[float] = [-math.inf] * s.window  # when each evaluation slot frees
     passed_at: float | None = None
     evaluations: list[Evaluation] = []
     for k in range(first, last + 1):
         slot = heapq.heappop(free)
-        start = ready(k) if slot == -math.inf else max(ready(k), slot + start_latency)
+        machine.forget_before(ready(k))
+        if reference:  # as before the machine model: a slot's next evaluation one start later
+            start = ready(k) if slot == -math.inf else max(ready(k), slot + s.task_start_seconds)
+        else:
+            start = task_start(max(ready(k), slot))
         if passed_at is not None and start >= passed_at:
             break  # the gate skips it, and every later step (they start no earlier)
-        end = start + s.eval_seconds
+        end = machine.take(start, s.eval_seconds, 0.0 if reference else s.job_cpu_seconds)
+        for _ in range(0 if reference else s.resume_starts):
+            end = task_start(end)
         outcome: Outcome = "needed"
         if k == p:
             passed_at = end
@@ -238,7 +315,7 @@ def simulate(s: Scenario) -> Forecast:
         steps = last
     else:
         # stop_if_decided writes the request; the trainer ends the step it is in
-        request = verdict + start_latency
+        request = task_start(verdict)
         steps = min(last, max(p, math.ceil(request / s.step_seconds - 1e-9)))
     return Forecast(
         scenario=s,
