@@ -47,11 +47,28 @@ def test_the_slurm_section_is_replaced_in_place_by_the_one_writer(tmp_path: Path
 
     def section(verdict_s: float) -> str:
         rows = [
-            slurm_bench.Row(label, 1, 20, verdict_s, 600.0, 12, 10, 24)
-            for label, *_ in slurm_bench.CONFIGS
+            slurm_bench.Row(
+                label,
+                schedule,
+                window,
+                20,
+                verdict_s,
+                600.0,
+                2,
+                3,
+                30,
+                20.0,
+                100.0,
+                17.0,
+                verdict_s - 10.0,
+                500.0,
+            )
+            for label, schedule, window, _ in slurm_bench.CONFIGS
         ]
         latency = slurm_bench.Latency([0.5, 0.6], [1.0, 1.2], [0.3, 0.4])
-        return slurm_bench.section(rows, latency, argparse.Namespace(seed=1, max_steps=30))
+        args = argparse.Namespace(seed=1, max_steps=30, scale=0.01)
+        facts = {"date": "2026-12-05 12:00 UTC", "load": "1.0, 1.0, 1.0"}
+        return slurm_bench.section(rows, latency, args, "22.05", facts)
 
     out = tmp_path / "BENCHMARKS.md"
     write_section(out, "verdict", "<!-- verdict-bench:start -->", "<!-- verdict-bench:end -->")

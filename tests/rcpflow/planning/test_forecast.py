@@ -8,23 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from forecast_scenarios import SEED
 from rcpflow_cli import run_cli
 
 from rcpflow.cli.forecast import parse_steps
-from rcpflow.planning.forecast import ForecastUsageError, Scenario, recommend, simulate
-
-# The seed's figures: a step 185 s, an evaluation 1,700 s on 64 chips, training on 128.
-SEED = Scenario(
-    step_seconds=185.0,
-    eval_seconds=1700.0,
-    val_start_at=18,
-    max_steps=60,
-    passing_step=20,
-    schedule="after_training",
-    window=1,
-    train_chips=128,
-    eval_chips=64,
-)
+from rcpflow.planning.forecast import ForecastUsageError, recommend, simulate
 
 
 def test_after_training_with_one_slot_evaluates_up_the_steps_after_max_steps() -> None:

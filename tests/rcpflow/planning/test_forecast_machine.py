@@ -7,21 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from forecast_scenarios import SEED, SMALL
 
-from rcpflow.planning.forecast import ForecastUsageError, Scenario, simulate
-
-# The rehearsal jobs at 1/100 (the proportions bench): a step 1.85 s, an evaluation 17 s.
-SMALL = Scenario(
-    step_seconds=1.85,
-    eval_seconds=17.0,
-    val_start_at=18,
-    max_steps=60,
-    passing_step=20,
-    schedule="after_training",
-    window=1,
-    task_start_seconds=1.0,
-    poll_seconds=0.5,
-)
+from rcpflow.planning.forecast import ForecastUsageError, simulate
 
 
 def test_the_defaults_model_no_machine() -> None:
@@ -72,10 +60,7 @@ def test_task_starts_in_flight_stretch_a_window_of_starts_at_once() -> None:
 
 
 def test_at_full_scale_the_same_seconds_are_negligible() -> None:
-    full = Scenario(
-        step_seconds=185.0, eval_seconds=1700.0, val_start_at=18, max_steps=60,
-        passing_step=20, schedule="during_training", window=10,
-    )  # fmt: skip
+    full = replace(SEED, schedule="during_training", window=10)
     loaded = replace(
         full, task_start_seconds=1.0, resume_starts=1, task_cpu_seconds=1.4,
         job_cpu_seconds=1.2, cores=2, background_processes=6, concurrent_runs=3,
