@@ -29,7 +29,7 @@ Sample = tuple[float, float, int]  # s after the trigger, 1-minute load average,
 
 
 class MeasuredSeed(Protocol):
-    """What a seed's run recorded (`devtools.bench.verdict_bench.SeedRun`)."""
+    """What a seed's run recorded (`devtools.bench.proportions_bench.SeedRun`)."""
 
     @property
     def tasks(self) -> list[dict[str, Any]]: ...

@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devtools.bench.verdict_bench import POLL_S, PROFILE, REHEARSAL_DEPLOYMENT, run_verdict
+from devtools.bench.proportions_bench import POLL_S, PROFILE, REHEARSAL_DEPLOYMENT
+from devtools.bench.run_verdicts import run_verdict
 from devtools.servers.airflow_server import LocalAirflow, repo_config
 from devtools.servers.slurm_cluster import VERSIONS, NodeSpec, SlurmCluster, SlurmVersion
 from rcpflow import recipe

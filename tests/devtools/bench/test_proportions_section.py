@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
+from devtools.bench import proportions_bench as pb
 from devtools.bench import verdict_bench as vb
 
 P = 19  # every seed passes at step 19 (validation from 18)
 
 
-def seed(number: int, slows: tuple[float, float]) -> vb.SeedRun:
+def seed(number: int, slows: tuple[float, float]) -> pb.SeedRun:
     """A seed evaluated after training, W=1: steps 18 and 19, each phase of the i-th evaluation
     `slows[i]` times its idle length (CPU alone: a task start 3 and 2 s, the job 1 s)."""
     tasks: list[dict[str, Any]] = []
@@ -54,7 +55,7 @@ def seed(number: int, slows: tuple[float, float]) -> vb.SeedRun:
         )
         evaluations.append([step, eval_start, stop])
         t = stop + 0.5
-    return vb.SeedRun(
+    return pb.SeedRun(
         seed=number, passing_step=P, start_s=10.0, verdict_s=evaluations[-1][2],
         ideal_s=10.0 + P * 1.85 + 17.0, eval_busy_s=40.0, wasted=0, steps_trained=60,
         task_start_s=[1.0 * slows[0]], free_skips=41, above=41, tasks=tasks,
@@ -62,25 +63,25 @@ def seed(number: int, slows: tuple[float, float]) -> vb.SeedRun:
     )  # fmt: skip
 
 
-def row(window: int, runnable: tuple[int, int]) -> vb.ProportionRow:
+def row(window: int, runnable: tuple[int, int]) -> pb.ProportionRow:
     """Three seeds alike, the machine's runnable processes `runnable[i]` during the i-th
     evaluation, each phase stretched as the model says on 2 cores."""
     slows = (max(1.0, runnable[0] / 2), max(1.0, runnable[1] / 2))
-    seeds = tuple(seed(s, slows) for s in vb.SEEDS)
+    seeds = tuple(seed(s, slows) for s in pb.SEEDS)
     second = seeds[0].tasks[2]["end_date"]  # the second evaluation's wait ended
     samples = tuple((float(t), 1.0, runnable[t >= second]) for t in range(300))
-    return vb.ProportionRow("after_training", window, seeds, "1, 1, 1", samples)
+    return pb.ProportionRow("after_training", window, seeds, "1, 1, 1", samples)
 
 
 def test_a_saved_row_reads_back_whole_and_the_section_shows_both_forecasts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(vb.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(pb.os, "cpu_count", lambda: 2)
     # the first row's load changes between its evaluations: the calibration tells the CPU
     # seconds from the fixed ones; the second row runs on a busier machine, 6x slower
     rows = [row(1, (2, 8)), row(3, (12, 12))]
     saved = tmp_path / "proportions.json"
-    saved.write_text(json.dumps([vb.saved_row(r) for r in rows]))
+    saved.write_text(json.dumps([pb.saved_row(r) for r in rows]))
     out = tmp_path / "BENCHMARKS.md"
     out.write_text("# Benchmarks\n")
     assert vb.main(["--section", "proportions", "--proportions-from", str(saved),
