@@ -80,6 +80,20 @@ def test_no_devtools_package_inside_the_product() -> None:
     assert inside == []
 
 
+# Issue 33's bar: a module past this is doing more than one job (split it by job).
+MAX_MODULE_LINES = 800
+
+
+def test_no_module_is_over_800_lines() -> None:
+    long = {
+        p.relative_to(REPO).as_posix(): n
+        for top in (*SOURCE_ROOTS, "dags", "plugins", "tests")
+        for p in (REPO / top).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
+
+
 def test_a_package_without_tests_is_named(tmp_path: Path) -> None:
     for path in ("rcpflow/__init__.py", "rcpflow/a/__init__.py", "rcpflow/b/__init__.py"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
