@@ -352,6 +352,23 @@ def machine(row: ProportionRow, models: Models) -> dict[str, Any]:
     }
 
 
+def rehearsal_scenario(
+    schedule: str, window: int, passing_step: int, *, scale: float, max_steps: int, **fields: Any
+) -> Scenario:
+    """The rehearsal profile's run at time scale `scale` as `simulate` takes it (validation from
+    the reference batch's step), with `fields` (a Scenario's other fields)."""
+    return Scenario(
+        step_seconds=PROFILE.step_seconds * scale,
+        eval_seconds=PROFILE.eval_seconds * scale,
+        val_start_at=recipe.val_start_at(recipe.REFERENCE_BATCH_SIZE),
+        max_steps=max_steps,
+        passing_step=passing_step,
+        schedule=schedule,  # type: ignore[arg-type]  # one of NAMED_SCHEDULES
+        window=window,
+        **fields,
+    )
+
+
 def forecast_s(
     row: ProportionRow, overheads: dict[str, Any], scale: float, max_steps: int
 ) -> float:
@@ -360,19 +377,11 @@ def forecast_s(
     with `overheads` (a Scenario's fields)."""
     worst = 0.0
     for seed in row.seeds:
-        forecast = simulate(
-            Scenario(
-                step_seconds=PROFILE.step_seconds * scale,
-                eval_seconds=PROFILE.eval_seconds * scale,
-                val_start_at=recipe.val_start_at(recipe.REFERENCE_BATCH_SIZE),
-                max_steps=max_steps,
-                passing_step=seed.passing_step,
-                schedule=row.schedule,  # type: ignore[arg-type]
-                window=row.window,
-                **overheads,
-            )
-        )
-        worst = max(worst, seed.start_s + forecast.verdict_s)
+        scenario = rehearsal_scenario(
+            row.schedule, row.window, seed.passing_step,
+            scale=scale, max_steps=max_steps, **overheads,
+        )  # fmt: skip
+        worst = max(worst, seed.start_s + simulate(scenario).verdict_s)
     return worst
 
 

@@ -42,13 +42,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devtools.bench.proportions_bench import POLL_S, PROFILE, REHEARSAL_DEPLOYMENT
+from devtools.bench.proportions_bench import (
+    POLL_S,
+    PROFILE,
+    REHEARSAL_DEPLOYMENT,
+    rehearsal_scenario,
+)
 from devtools.bench.run_verdicts import run_verdict
 from devtools.servers.airflow_server import LocalAirflow, repo_config
 from devtools.servers.slurm_cluster import VERSIONS, NodeSpec, SlurmCluster, SlurmVersion
 from rcpflow import recipe
 from rcpflow.files.markdown_sections import write_section
-from rcpflow.planning.forecast import Scenario, simulate
+from rcpflow.planning.forecast import simulate
 from tasks.backends.slurm.script import PROCESS_ID_ENV
 from tasks.deployment import ENV_VAR, REPO_ROOT
 
@@ -150,20 +155,11 @@ def forecast(
 ) -> tuple[float, float]:
     """`simulate`'s time to verdict (from run_start) and node-seconds (a chip a node here) for
     the profile's times at `scale`, the waits polling every `POLL_S`, no task-start latency."""
-    f = simulate(
-        Scenario(
-            step_seconds=PROFILE.step_seconds * scale,
-            eval_seconds=PROFILE.eval_seconds * scale,
-            val_start_at=recipe.val_start_at(recipe.REFERENCE_BATCH_SIZE),
-            max_steps=max_steps,
-            passing_step=passing_step,
-            schedule=schedule,  # type: ignore[arg-type]  # one of NAMED_SCHEDULES
-            window=window,
-            train_chips=TRAIN_NODES,
-            eval_chips=EVAL_NODES,
-            poll_seconds=POLL_S,
-        )
-    )
+    scenario = rehearsal_scenario(
+        schedule, window, passing_step, scale=scale, max_steps=max_steps,
+        train_chips=TRAIN_NODES, eval_chips=EVAL_NODES, poll_seconds=POLL_S,
+    )  # fmt: skip
+    f = simulate(scenario)
     return f.verdict_s, (f.train_chip_hours + f.eval_chip_hours) * 3600
 
 
