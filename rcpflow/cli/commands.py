@@ -332,20 +332,19 @@ def _import_since(args: argparse.Namespace) -> int:
     from rcpflow.files import jsonio
     from rcpflow.verdict.eval_import import Baseline, EvalImportError, import_new_result
 
-    try:
-        started = jsonio.loads(args.since, "--since")
-        if not (isinstance(started, dict) and set(started) == {"ms", "baseline"}):
-            raise EvalImportError(f"--since: not what `rcpflow eval start` prints: {started!r}")
-        start = started["ms"]
-        if isinstance(start, bool) or not isinstance(start, int):
-            raise EvalImportError(f"--since: ms must be an integer, got {start!r}")
-        before = Baseline.from_dict(started["baseline"])
-        imported = import_new_result(
-            args.run_dir, args.step, args.format, args.source, before,
-            (start, _now_ms()),
-        )  # fmt: skip
-    except (EvalImportError, jsonio.JSONInputError) as e:
-        return _invalid(e)
+    # Refusals are ValueErrors: `main` prints them as one `invalid:` line, exit 1.
+    started = jsonio.loads(args.since, "--since")
+    if not (isinstance(started, dict) and set(started) == {"ms", "baseline"}):
+        raise EvalImportError(f"--since: not what `rcpflow eval start` prints: {started!r}")
+    start, now = started["ms"], _now_ms()
+    if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= now:
+        raise EvalImportError(
+            f"--since: ms must be a past time in ms since the epoch, got {start!r}"
+        )
+    before = Baseline.from_dict(started["baseline"])
+    imported = import_new_result(
+        args.run_dir, args.step, args.format, args.source, before, (start, now)
+    )
     print(imported.describe())
     return CLI_OK
 

@@ -276,6 +276,15 @@ def test_eval_start_then_import_since_takes_only_what_the_job_left(run, tmp_path
     assert old.stderr.count("\n") == 1 and not Path(run.layout.summary(19)).exists()
     for bad, words in (
         (("--format", "tunix-tree", "--since", "{}"), "not what `rcpflow eval start` prints"),
+        (
+            (
+                "--format",
+                "tunix-tree",
+                "--since",
+                json.dumps({**json.loads(since[18]), "ms": 2**62}),
+            ),
+            "ms must be a past time",
+        ),
         (("--since", since[18]), "--since needs the result's --format"),
         (("--since", since[18], "--reopen"), "--since takes no"),
         (("--format", "tunix-tree"), "goes with --since"),
