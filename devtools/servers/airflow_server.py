@@ -40,6 +40,8 @@ HOST = "127.0.0.1"
 # Airflow's own log servers bind 0.0.0.0 at a fixed port: ours replaces them (module doc).
 _SKIP_SERVE_LOGS = ("scheduler", "triggerer")
 LOG_SERVER_APP = "airflow.utils.serve_logs.log_server:get_app"
+# The task states `failure_report` reports.
+_NOT_WELL = frozenset({"failed", "upstream_failed", "up_for_retry"})
 # The checkout this module runs from: devtools is no installed package (the images leave it
 # out), so the components find `loopback_hostname` through their PYTHONPATH.
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -312,6 +314,35 @@ class LocalAirflow(Server):
             f"?map_index={map_index}&full_content=true",
         )
         return "\n".join(json.dumps(line, sort_keys=True) for line in answer["content"])
+
+    def failure_report(self, dag_id: str, run_id: str, tail: int = 25) -> str:
+        """What a test prints when a run did not succeed: each task instance that failed, was
+        cut off by one or waits to retry, the last `tail` lines of each of its tries' logs, and
+        the scheduler's and triggerer's lines that name it (a state mismatch or a trigger's
+        error is said there, not in the task's log)."""
+        try:
+            tis = self.task_instances(dag_id, run_id)
+        except (AirflowServerError, OSError) as exc:
+            return f"{dag_id} {run_id}: task instances unreadable: {exc}"
+        bad = [t for t in tis if t["state"] in _NOT_WELL]
+        lines = [f"{dag_id} {run_id}: {len(bad)} of {len(tis)} task instances did not succeed"]
+        for ti in sorted(bad, key=lambda t: (t["task_id"], t["map_index"])):
+            task, index, tries = ti["task_id"], ti["map_index"], max(1, ti["try_number"] or 1)
+            lines.append(f"--- {task} [{index}]: {ti['state']} after try {tries}")
+            if ti["state"] == "upstream_failed":
+                continue
+            for number in range(1, tries + 1):
+                try:
+                    log = self.task_log(dag_id, run_id, task, index, number).splitlines()
+                except Exception as exc:  # the report must come out whatever the log's fate
+                    log = [f"(log not read: {type(exc).__name__}: {exc})"]
+                lines += [f"  try {number}: {line[:500]}" for line in log[-tail:]]
+            for component in ("scheduler", "triggerer"):
+                path = self.log_file(component)
+                text = path.read_text(errors="replace") if path.exists() else ""
+                named = [x for x in text.splitlines() if task in x and run_id in x]
+                lines += [f"  {component}: {line[:500]}" for line in named[-tail:]]
+        return "\n".join(lines)
 
     def ready(self, *dag_ids: str) -> None:
         """Wait until each DAG is parsed, and unpause it."""

@@ -42,12 +42,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# A wait's tries: a wait only reads the run's files and task states, so another try is safe,
+# and a wait ended by something passing (a triggerer's error, a storage read that failed, the
+# state of its trigger lost) must not end the run's evaluation of that step. A wait that fails
+# for the run's own files fails again on every try (the last one's reason is the task's).
+WAIT_RETRIES = 2
+
 
 class WaitForCheckpointOperator(BaseOperator):
     """Wait, deferred, for the checkpoint of `step` of the run of `seed` in `run_dir`.
-    `timeout` bounds the whole wait (then the task fails); the run's RunSpec (its schedule and
-    eval window) is the XCom of `plan_task_id`, the planned steps that of `steps_task_id` (what
-    the triggerer reads too: it has no resolved arguments), the train group is
+    `timeout` bounds each try (then it fails; `WAIT_RETRIES` tries more); the run's RunSpec
+    (its schedule and eval window) is the XCom of `plan_task_id`, the planned steps that of
+    `steps_task_id` (what the triggerer reads too: it has no resolved arguments), the train
+    group is
     `train_group_id` of the same DAG run; `train_result` is the deployment's
     ``[jobs.train] result`` (passed on to the triggers, which never load the deployment)."""
 
@@ -69,6 +76,8 @@ class WaitForCheckpointOperator(BaseOperator):
         train_result: TrainResult,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("retries", WAIT_RETRIES)
+        kwargs.setdefault("retry_delay", timedelta(seconds=poll_interval_s))
         super().__init__(**kwargs)
         self.train_result = train_result
         self.run_dir = run_dir

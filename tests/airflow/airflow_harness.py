@@ -87,27 +87,23 @@ def _tail(text: str) -> str:
 
 def failures(run: ScheduledRun | DagRunResult, server: LocalAirflow | None = None) -> str:
     """An assert's message for a DAG run's state: every task's state, then each failed task's
-    id and the tail of its log (from the API for a scheduled run with `server`, else from the
-    task log files under AIRFLOW_HOME)."""
+    id and the tail of its log (`LocalAirflow.failure_report` for a scheduled run with
+    `server`, with the scheduler's and triggerer's lines on it; else from the task log files
+    under AIRFLOW_HOME)."""
     parts = [f"task states: {run.states}"]
+    if isinstance(run, ScheduledRun) and server is not None:
+        dag_id = run.tis[0]["dag_id"] if run.tis else "?"
+        return "\n".join([*parts, server.failure_report(dag_id, run.run_id)])
     failed = sorted((k, v) for k, v in run.states.items() if v in _FAILED)
     for (task_id, map_index), state in failed:
         where = f"{task_id}[{map_index}]" if map_index >= 0 else task_id
         try:
-            if isinstance(run, ScheduledRun) and server is not None:
-                (ti,) = [
-                    t for t in run.tis if (t["task_id"], t["map_index"]) == (task_id, map_index)
-                ]
-                log = server.task_log(
-                    ti["dag_id"], run.run_id, task_id, map_index, max(1, ti["try_number"])
-                )
-            else:
-                files = [
-                    f
-                    for f in Path(HOME, "logs").glob(f"**/task_id={task_id}/**/*.log")
-                    if map_index < 0 or f"map_index={map_index}" in str(f)
-                ]
-                log = max(files, key=lambda f: f.stat().st_mtime).read_text() if files else ""
+            files = [
+                f
+                for f in Path(HOME, "logs").glob(f"**/task_id={task_id}/**/*.log")
+                if map_index < 0 or f"map_index={map_index}" in str(f)
+            ]
+            log = max(files, key=lambda f: f.stat().st_mtime).read_text() if files else ""
         except Exception as exc:  # the message must come out whatever the log's fate
             log = f"(log not read: {type(exc).__name__}: {exc})"
         parts.append(f"--- {where}: {state}; the end of its log:\n{_tail(log)}")

@@ -204,3 +204,5 @@ def test_gke_deployment_builds_jobset_tasks(tmp_path: Path) -> None:
         # a retry adopts the JobSet after a lost watch: evaluation has eval_retries
         assert tasks[f"{dag_id}:retries"][f"{group}.evaluate"] == 3
     assert tasks["mlperf_grpo_run:retries"]["train.job.run"] == 2  # gke.run_retries
+    # a wait only reads: a passing fault of its trigger is tried again (WAIT_RETRIES)
+    assert tasks["mlperf_grpo_run:retries"]["evaluation.checkpoint.wait"] == 2

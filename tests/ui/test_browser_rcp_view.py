@@ -122,7 +122,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
         airflow.wait_for_dag("mlperf_grpo_run")
         airflow.trigger("mlperf_grpo_run", {**RUN_CONF, "run_dir": str(run_dir)}, run_id=RUN_ID)
         state = airflow.wait_for_run("mlperf_grpo_run", RUN_ID, timeout_s=720)
-        assert state == "success", airflow.task_instances("mlperf_grpo_run", RUN_ID)
+        assert state == "success", airflow.failure_report("mlperf_grpo_run", RUN_ID)
         yield airflow, run_dir
 
 

@@ -116,7 +116,7 @@ def _assert_undisturbed(
     """The run passed as the undisturbed one did, with one Slurm job per job name, each ended
     (the evaluations that passed or failed, completed); returns the jobs by label."""
     tis = cluster.airflow.task_instances(RUN_DAG_ID, run_id)
-    assert state == "success", [(t["task_id"], t["map_index"], t["state"]) for t in tis]
+    assert state == "success", cluster.airflow.failure_report(RUN_DAG_ID, run_id)
     jobs = run_jobs(cluster.slurm, RUN_DAG_ID, run_id)
     assert "train" in jobs, jobs
     for label, found in jobs.items():

@@ -90,17 +90,20 @@ def test_a_three_seed_gke_submission_under_celery_on_gcs_passes_every_checker(
         with runner, running(airflow):
             run_id = airflow.trigger(SUBMISSION_DAG_ID, rehearsal_conf(storage, NAME))
             state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, TIMEOUT_S)
-            submission_tis = airflow.task_instances(SUBMISSION_DAG_ID, run_id)
             runs = {seed: f"{NAME}__seed_{seed}" for seed in SEEDS}
             run_states = {seed: airflow.dag_run(RUN_DAG_ID, r)["state"] for seed, r in runs.items()}
             run_tis = [t for r in runs.values() for t in airflow.task_instances(RUN_DAG_ID, r)]
+            report = "\n".join(
+                [airflow.failure_report(SUBMISSION_DAG_ID, run_id)]
+                + [airflow.failure_report(RUN_DAG_ID, r) for r in runs.values()]
+            )
             # Nothing of the runs is left on the cluster: every JobSet torn down, with its Jobs
             # and pods, and no pod's process still running here.
             wait_namespace_empty(plane, namespace)
             assert runner.running() == []
 
     assert runner.errors == []
-    assert state == "success", [(t["task_id"], t["map_index"], t["state"]) for t in submission_tis]
+    assert state == "success", report
     assert run_states == {seed: "success" for seed in SEEDS}
     out = f"{storage}/{NAME}"
     run_dirs = [f"{out}/runs/seed_{seed}" for seed in SEEDS]

@@ -28,7 +28,10 @@ def test_a_three_seed_slurm_submission_under_celery_passes_every_checker(
 ) -> None:
     airflow = cluster.airflow
     submission_tis = airflow.task_instances(SUBMISSION_DAG_ID, submission.run_id)
-    assert submission.state == "success", [(t["task_id"], t["state"]) for t in submission_tis]
+    assert submission.state == "success", "\n".join(
+        [airflow.failure_report(SUBMISSION_DAG_ID, submission.run_id)]
+        + [airflow.failure_report(RUN_DAG_ID, r) for r in submission.runs.values()]
+    )
     assert_every_checker_passed(
         submission.out_dir, [submission.run_dir(s) for s in submission.runs]
     )
