@@ -7,6 +7,7 @@ first row; into BENCHMARKS.md (its own section), run through `devtools.bench.ver
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -87,6 +88,9 @@ class ProportionRow(NamedTuple):
     # [t after the trigger, 1-minute load average, runnable processes] once a second
     samples: tuple[tuple[float, float, int], ...] = ()
     submission_tasks: tuple[dict[str, Any], ...] = ()  # the submission DAG's (as SeedRun.tasks)
+    # per seed: (seed, checkpoints written, peak checkpoints, peak bytes) under its run's
+    # checkpoints/, sampled through the run (`CheckpointSampler`)
+    storage: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -110,11 +114,18 @@ def saved_row(row: ProportionRow) -> dict[str, Any]:
     return {**row._asdict(), "seeds": [dataclasses.asdict(s) for s in row.seeds]}
 
 
-def rehearsal_deployment(folder: Path, scale: float) -> Path:
-    """The shipped rehearsal deployment at time scale `scale`, storing under `folder`."""
+# The deployment's [retention] of a configuration with retention: what the run DAG may delete
+# as soon as it may (after each step's evaluation while training runs, the rest once settled).
+RETENTION_TABLE = '\n[retention]\nkeep = "passing"\nwhile_training = true\n'
+
+
+def rehearsal_deployment(folder: Path, scale: float, retention: bool = False) -> Path:
+    """The shipped rehearsal deployment at time scale `scale`, storing under `folder`; with
+    `retention`, its `RETENTION_TABLE`."""
     text = REHEARSAL_DEPLOYMENT.read_text().replace('"0.005"', json.dumps(str(scale)))
     text = text.replace('storage_root = "../runs"', f"storage_root = {json.dumps(str(folder))}")
     text = text.replace("[jobs.train]", f"checkpoint_poll_seconds = {POLL_S}\n\n[jobs.train]", 1)
+    text += RETENTION_TABLE if retention else ""
     path = folder / "deployment.toml"
     path.write_text(text)
     return path
@@ -148,6 +159,52 @@ class LoadSampler(threading.Thread):
             now_ms = time.time_ns() // 1_000_000
             running = int(fields[3].split("/")[0])
             self.samples.append(((now_ms - self.trigger_ms) / 1000, float(fields[0]), running))
+
+
+class CheckpointSampler(threading.Thread):
+    """Each seed's checkpoints on storage every `period_s` while a configuration runs: the
+    step folders under its run's ``checkpoints/`` and their bytes (the peak a run holds, with
+    retention or without), and every step folder seen (the checkpoints written)."""
+
+    def __init__(self, run_dirs: dict[int, Path], period_s: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.run_dirs = run_dirs
+        self.period_s = period_s
+        self.seen: dict[int, set[str]] = {s: set() for s in run_dirs}
+        self.peak: dict[int, tuple[int, int]] = {s: (0, 0) for s in run_dirs}
+        self.done = threading.Event()
+
+    def sample(self) -> None:
+        for seed, run_dir in self.run_dirs.items():
+            count, size = checkpoints_on_storage(run_dir / "checkpoints", self.seen[seed])
+            peak_count, peak_size = self.peak[seed]
+            self.peak[seed] = (max(peak_count, count), max(peak_size, size))
+
+    def run(self) -> None:
+        while not self.done.wait(self.period_s):
+            self.sample()
+
+    def storage(self) -> tuple[tuple[int, int, int, int], ...]:
+        """Per seed: (seed, written, peak checkpoints, peak bytes)."""
+        return tuple((s, len(self.seen[s]), *self.peak[s]) for s in sorted(self.run_dirs))
+
+
+def checkpoints_on_storage(checkpoints: Path, seen: set[str]) -> tuple[int, int]:
+    """(step folders, bytes) under `checkpoints` now, each folder's name added to `seen`; a
+    file deleted while it is walked (retention at work) counts as gone."""
+    count = size = 0
+    try:
+        folders = [p for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()]
+    except FileNotFoundError:
+        return 0, 0
+    for folder in folders:
+        seen.add(folder.name)
+        count += 1
+        for base, _, files in os.walk(folder):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    size += os.lstat(os.path.join(base, name)).st_size
+    return count, size
 
 
 def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]) -> SeedRun:
@@ -200,8 +257,13 @@ def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]
     )
 
 
-def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) -> ProportionRow:
-    folder = WORKDIR / f"proportions_{schedule}_w{window}"
+def run_proportion(
+    schedule: str, window: int, *, scale: float, max_steps: int, retention: bool = False
+) -> ProportionRow:
+    """The submission of `schedule` and W `window` measured on a fresh Airflow (PostgreSQL);
+    with `retention`, the deployment's `RETENTION_TABLE`."""
+    kept = "_retention" if retention else ""
+    folder = WORKDIR / f"proportions_{schedule}_w{window}{kept}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     load_avg = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -211,7 +273,7 @@ def run_proportion(schedule: str, window: int, *, scale: float, max_steps: int) 
             # per seed: training, W evaluations and a stop_if_decided; the submission's own tasks
             parallelism=len(SEEDS) * (window + 2) + 2,
             env={
-                ENV_VAR: str(rehearsal_deployment(folder, scale)),
+                ENV_VAR: str(rehearsal_deployment(folder, scale, retention)),
                 # Airflow's default (16 running tasks of a DAG over all its runs) would cap the
                 # three seeds' windows together
                 "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "256",
@@ -276,12 +338,16 @@ def submission_row(
     with LocalAirflow(config) as airflow:
         airflow.ready(RUN_DAG_ID, SUBMISSION_DAG_ID)
         sampler = LoadSampler(time.time_ns() // 1_000_000)
+        stored = CheckpointSampler({s: folder / "bench" / "runs" / f"seed_{s}" for s in SEEDS})
         sampler.start()
+        stored.start()
         try:
             run = patient_run(airflow, conf)
         finally:
-            sampler.done.set()
-            sampler.join()
+            for thread in (sampler, stored):
+                thread.done.set()
+                thread.join()
+        stored.sample()  # as the run left them
         runs = {s: airflow.task_instances(RUN_DAG_ID, f"bench__seed_{s}") for s in SEEDS}
         own = airflow.task_instances(SUBMISSION_DAG_ID, run.run_id)
     if run.state != "success":
@@ -300,6 +366,7 @@ def submission_row(
         load_avg,
         samples,
         tuple(task_record(ti, run.trigger_ms) for ti in own),
+        stored.storage(),
     )
     print(json.dumps({"schedule": schedule, "window": window, "ratio": row.ratio}), flush=True)
     return row
@@ -587,6 +654,7 @@ def run_proportions(args: argparse.Namespace) -> str:
                 r["load"],
                 tuple((t, avg, int(n)) for t, avg, n in r.get("samples", ())),
                 tuple(r.get("submission_tasks", ())),
+                tuple(tuple(x) for x in r.get("storage", ())),
             )
             for r in json.loads(args.proportions_from.read_text())
         ]

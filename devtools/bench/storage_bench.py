@@ -15,16 +15,32 @@ the same run.
     python -m devtools.bench.storage_bench [--out BENCHMARKS.md]
 
 writes the section between ``<!-- storage-bench:start -->`` and ``<!-- storage-bench:end -->``.
+
+    python -m devtools.bench.storage_bench --rehearsal [--scale 0.01] [--out BENCHMARKS.md]
+
+measures the same on the real thing instead: the three-seed rehearsal submission under the real
+scheduler (`devtools.bench.proportions_bench.run_proportion`), per schedule and W once without
+retention and once with the deployment's ``[retention]`` (keep passing, while training), each
+seed's ``checkpoints/`` sampled every 0.5 s through the run; beside it the storage forecast of
+the same seeds (their passing steps, the row's measured median task start); into the section
+between ``<!-- storage-rehearsal:start -->`` and ``<!-- storage-rehearsal:end -->``
+(``--rehearsal-from FILE``: from the measurements a run saved).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import math
 import os
+import platform
+import statistics
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devtools.synthetic_run import make_run, write_eval
 from rcpflow.files.layout import CHECKPOINT_STATE_DIR
@@ -35,6 +51,11 @@ from rcpflow.verdict.retention import RetentionPolicy
 from rcpflow.verdict.retention_apply import apply_run
 
 START, END = "<!-- storage-bench:start -->", "<!-- storage-bench:end -->"
+REHEARSAL_START = "<!-- storage-rehearsal:start -->"
+REHEARSAL_END = "<!-- storage-rehearsal:end -->"
+# The rehearsal submission's configurations: during training, W short of keeping pace with
+# training (3) and W that keeps pace (10: 10 x 1.85 s >= 17 s at any scale).
+REHEARSAL_ROWS: tuple[tuple[Schedule, int], ...] = (("during_training", 3), ("during_training", 10))
 # The rehearsal profile's timings (rcpflow/planning/rehearsal.py): a step 185 s, an evaluation
 # 1700 s; the reference batch size's validation start 18, passing at 26 of 40 steps.
 STEP_S, EVAL_S, VAL_START, PASSING, MAX_STEPS = 185.0, 1700.0, 18, 26, 40
@@ -150,10 +171,129 @@ def section() -> str:
     return "\n".join([head, *rows()])
 
 
+@dataclass(frozen=True)
+class RehearsalRow:
+    """One configuration of the rehearsal submission, without retention and with it: each a
+    `ProportionRow` as `proportions_bench.saved_row` keeps it."""
+
+    schedule: Schedule
+    window: int
+    without: dict[str, Any]
+    kept: dict[str, Any]
+
+
+def _peak(saved: dict[str, Any]) -> tuple[int, int, int]:
+    """(checkpoints written, peak checkpoints, peak bytes): the worst seed of each."""
+    storage = saved["storage"]
+    return (
+        max(s[1] for s in storage), max(s[2] for s in storage), max(s[3] for s in storage)
+    )  # fmt: skip
+
+
+def forecast_peak(saved: dict[str, Any], scale: float, max_steps: int, retention: bool) -> int:
+    """The storage forecast's peak checkpoints of the row's worst seed: each seed's run at its
+    passing step, with the row's measured median task start and the waits' poll."""
+    from devtools.bench.proportions_bench import POLL_S, rehearsal_scenario
+
+    starts = [t for s in saved["seeds"] for t in s["task_start_s"]]
+    start = statistics.median(starts) if starts else 0.0
+    peaks = []
+    for seed in saved["seeds"]:
+        scenario = rehearsal_scenario(
+            saved["schedule"], saved["window"], seed["passing_step"], scale=scale,
+            max_steps=max_steps, task_start_seconds=start, poll_seconds=POLL_S,
+        )  # fmt: skip
+        peaks.append(storage(simulate(scenario), CheckpointSizes(1.0), retention).peak_checkpoints)
+    return max(peaks)
+
+
+def rehearsal_rows(rows: Sequence[RehearsalRow], scale: float, max_steps: int) -> list[str]:
+    out = []
+    for r in rows:
+        written, peak_without, bytes_without = _peak(r.without)
+        _, peak_with, bytes_with = _peak(r.kept)
+        bound = r.window + 2
+        f_without = forecast_peak(r.without, scale, max_steps, retention=False)
+        f_with = forecast_peak(r.kept, scale, max_steps, retention=True)
+        out.append(
+            f"| {r.schedule} | {r.window} | {written} | {peak_without} | {peak_with} "
+            f"({'within' if peak_with <= bound else 'above'} W+2 = {bound}) | "
+            f"{bytes_with / bytes_without:.2f} | {f_with} ({peak_with / f_with:.2f}) | "
+            f"{f_without} ({peak_without / f_without:.2f}) |"
+        )
+    return out
+
+
+def rehearsal_section(rows: Sequence[RehearsalRow], scale: float, max_steps: int, when: str) -> str:
+    head = (
+        "### Measured on the rehearsal submission (`python -m devtools.bench.storage_bench "
+        "--rehearsal`)\n\n"
+        "The three-seed submission (`mlperf_grpo_submission`) under the real scheduler with the "
+        f"rehearsal jobs at {scale:g} of their times (as in the proportions section: a step "
+        f"{STEP_S * scale:.2f} s, an evaluation {EVAL_S * scale:.1f} s; validation from step "
+        f"{VAL_START}, max_steps {max_steps}), once without retention and once with the "
+        "deployment's `[retention] keep = \"passing\", while_training = true` (the run DAG's "
+        "`retention_after_step` after each step's evaluation, its `retention` task once the run "
+        "is settled); each seed's `checkpoints/` sampled every 0.5 s through the run (step "
+        "folders and their bytes). The rehearsal trainer saves weights only (no full-state "
+        "save), so the bound is W + 2. Forecast: `rcpflow.planning.storage_forecast.storage` "
+        "of each seed's run at its passing step, with the row's measured median task start "
+        "and the waits' 0.5 s poll; in brackets measured / forecast. Every number is the worst "
+        f"seed's.\n\n- Date: {when}; {platform.machine()}, nproc {os.cpu_count()}; load "
+        "average at each start: "
+        + "; ".join(
+            f"{r.schedule} W={r.window}: {r.without['load']} (without), {r.kept['load']} (with)"
+            for r in rows
+        )
+        + "\n\n| schedule | W | checkpoints written | peak checkpoints without | peak "
+        "checkpoints with | peak bytes with / without | forecast peak with | forecast peak "
+        "without |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
+    return "\n".join([head, *rehearsal_rows(rows, scale, max_steps)])
+
+
+def run_rehearsal(scale: float, max_steps: int, saved: Path) -> list[RehearsalRow]:
+    """Each `REHEARSAL_ROWS` configuration without and with retention, saved as it goes."""
+    from devtools.bench.proportions_bench import run_proportion, saved_row
+
+    rows: list[RehearsalRow] = []
+    for schedule, window in REHEARSAL_ROWS:
+        pair = [
+            saved_row(
+                run_proportion(
+                    schedule, window, scale=scale, max_steps=max_steps, retention=retention
+                )
+            )
+            for retention in (False, True)
+        ]
+        rows.append(RehearsalRow(schedule, window, *pair))
+        saved.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="BENCHMARKS.md")
+    p.add_argument("--rehearsal", action="store_true", help="measure the rehearsal submission")
+    p.add_argument("--rehearsal-from", type=Path, default=None, help="its saved measurements")
+    p.add_argument("--scale", type=float, default=0.01)
+    p.add_argument("--max-steps", type=int, default=60)
     args = p.parse_args(argv)
+    if args.rehearsal or args.rehearsal_from is not None:
+        from devtools.bench.run_verdicts import WORKDIR
+
+        if args.rehearsal_from is not None:
+            rows = [RehearsalRow(**r) for r in json.loads(args.rehearsal_from.read_text())]
+            stamp = args.rehearsal_from.stat().st_mtime
+        else:
+            WORKDIR.mkdir(parents=True, exist_ok=True)
+            rows = run_rehearsal(args.scale, args.max_steps, WORKDIR / "storage_rehearsal.json")
+            stamp = datetime.datetime.now(datetime.UTC).timestamp()
+        when = datetime.datetime.fromtimestamp(stamp, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        body = rehearsal_section(rows, args.scale, args.max_steps, when)
+        print(body)
+        write_section(args.out, body, REHEARSAL_START, REHEARSAL_END)
+        return 0
     body = section()
     print(body)
     write_section(args.out, body, START, END)

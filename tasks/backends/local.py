@@ -87,6 +87,7 @@ class LocalBackend:
             "job_timeout": timedelta(minutes=d.eval_timeout_minutes),
             "max_active_tis_per_dagrun": window,
             "retries": d.eval_retries,
+            "retry_delay": timedelta(seconds=d.checkpoint_poll_seconds),
             "doc_md": RCP_VIEW_DOC,
         }
 

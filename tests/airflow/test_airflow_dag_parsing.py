@@ -179,6 +179,9 @@ for dag_id, dag in bag.dags.items():
     DagSerialization.serialize_dag(dag)  # what the dag-processor stores
     out[dag_id] = sorted(dag.task_dict)
     out[dag_id + ":retries"] = {t: dag.task_dict[t].retries for t in dag.task_dict}
+    out[dag_id + ":retry_delay"] = {
+        t: dag.task_dict[t].retry_delay.total_seconds() for t in dag.task_dict
+    }
 print(json.dumps(out))
 """
 
@@ -206,3 +209,15 @@ def test_gke_deployment_builds_jobset_tasks(tmp_path: Path) -> None:
     assert tasks["mlperf_grpo_run:retries"]["train.job.run"] == 2  # gke.run_retries
     # a wait only reads: a passing fault of its trigger is tried again (WAIT_RETRIES)
     assert tasks["mlperf_grpo_run:retries"]["evaluation.checkpoint.wait"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_slurm_retries_come_within_slurms_memory_of_an_ended_job(tmp_path: Path) -> None:
+    # a retry adopts the job that ended with success only while slurmctld still knows it
+    # (MinJobAge, 300 s by default: Airflow's default retry delay): it comes a poll later
+    tasks = _probe(_SERIALIZE, str(DAGS), extra_env=_deployment_env("slurm", tmp_path),
+                   timeout_s=240)  # fmt: skip
+    delays = tasks["mlperf_grpo_run:retry_delay"]
+    assert delays["evaluation.checkpoint.evaluate"] == 15.0  # slurm.poll_interval_s
+    assert delays["train.job.run"] == 15.0
+    assert tasks["mlperf_grpo_deferred_eval:retry_delay"]["evaluation.evaluate"] == 15.0

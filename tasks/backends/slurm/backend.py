@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import TaskGroup, get_current_context, task
@@ -67,7 +68,8 @@ class SlurmBackend:
             run = SlurmJobOperator(
                 task_id="run", settings=settings, role="train", job=TRAIN_LABEL, argv=argv,
                 env=job.env, run_env=run_env, stop_run_dir=run_dir_of(spec),
-                then_evaluate=then_evaluate, retries=settings.run_retries, **queue,
+                then_evaluate=then_evaluate, retries=settings.run_retries,
+                retry_delay=timedelta(seconds=settings.poll_interval_s), **queue,
             )  # fmt: skip
             cleanup = CancelSlurmJobsOperator(run_task_id=run.task_id, settings=settings, **queue)
             with_cleanup(run, cleanup)
@@ -81,6 +83,9 @@ class SlurmBackend:
             "eval_job": d.jobs.evaluate,
             "max_active_tis_per_dagrun": d.eval_window,
             "retries": d.eval_retries,
+            # soon: a retry takes the job that ended with success only within slurmctld's
+            # MinJobAge (300 s by default, Airflow's default delay), docs/slurm.md
+            "retry_delay": timedelta(seconds=self.settings.poll_interval_s),
             **self.queue,
         }
 

@@ -37,3 +37,61 @@ def test_the_section_goes_between_its_markers(tmp_path: Path, monkeypatch) -> No
     assert text.startswith("# Benchmarks\n\nother\n") and storage_bench.START in text
     (row,) = [line for line in text.splitlines() if line.startswith("| during_training | 10 |")]
     assert "(within W+2+1 = 13)" in row
+
+
+def test_the_sampler_counts_step_folders_and_remembers_each_one_written(tmp_path: Path) -> None:
+    from devtools.bench.proportions_bench import CheckpointSampler
+
+    run = tmp_path / "seed_1"
+    sampler = CheckpointSampler({1: run})
+    sampler.sample()  # no checkpoints/ yet
+    for step in (18, 19):
+        (run / "checkpoints" / str(step)).mkdir(parents=True)
+        (run / "checkpoints" / str(step) / "checkpoint.json").write_bytes(b"x" * 100)
+    (run / "checkpoints" / "tmp-write").mkdir()  # not a step folder
+    sampler.sample()
+    (run / "checkpoints" / "18" / "checkpoint.json").unlink()
+    (run / "checkpoints" / "18").rmdir()  # retention took it
+    (run / "checkpoints" / "20").mkdir()
+    sampler.sample()
+    assert sampler.storage() == ((1, 3, 2, 200),)
+
+
+def _saved(schedule: str, window: int, peaks: list[tuple[int, int]], load: str) -> dict:
+    """A configuration as proportions_bench.saved_row keeps it: seeds passing at 20, 23, 19."""
+    seeds = [
+        {"seed": s, "passing_step": p, "task_start_s": [2.0, 3.0]}
+        for s, p in ((1, 20), (2, 23), (3, 19))
+    ]
+    storage = [[s, 43, count, size] for s, (count, size) in zip((1, 2, 3), peaks, strict=True)]
+    return {"schedule": schedule, "window": window, "seeds": seeds, "storage": storage,
+            "load": load}  # fmt: skip
+
+
+def test_the_rehearsal_section_shows_the_worst_seeds_peaks_and_the_forecast(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    rows = [
+        {
+            "schedule": "during_training",
+            "window": 10,
+            "without": _saved("during_training", 10, [(40, 4000), (43, 4300), (39, 3900)], "1"),
+            "kept": _saved("during_training", 10, [(9, 900), (12, 1200), (8, 800)], "2"),
+        }
+    ]
+    saved = tmp_path / "storage_rehearsal.json"
+    saved.write_text(json.dumps(rows))
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("# Benchmarks\n")
+    assert storage_bench.main(["--out", str(out), "--rehearsal-from", str(saved)]) == 0
+    text = out.read_text()
+    assert storage_bench.REHEARSAL_START in text and storage_bench.REHEARSAL_END in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| during_training | 10 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:6] == ["43", "43", "12 (within W+2 = 12)", f"{1200 / 4300:.2f}"]
+    # the forecast's peaks: with retention below the written checkpoints, without all of them
+    with_forecast, without_forecast = (int(c.split()[0]) for c in cells[6:8])
+    assert with_forecast < without_forecast
+    assert "1 (without), 2 (with)" in text
