@@ -119,12 +119,16 @@ def saved_row(row: ProportionRow) -> dict[str, Any]:
 RETENTION_TABLE = '\n[retention]\nkeep = "passing"\nwhile_training = true\n'
 
 
-def rehearsal_deployment(folder: Path, scale: float, retention: bool = False) -> Path:
+def rehearsal_deployment(
+    folder: Path, scale: float, retention: bool = False, eval_retries: int = 0
+) -> Path:
     """The shipped rehearsal deployment at time scale `scale`, storing under `folder`; with
-    `retention`, its `RETENTION_TABLE`."""
+    `retention`, its `RETENTION_TABLE`; with `eval_retries`, that many (docs/slurm.md: what
+    recovers a verdict lost to Airflow's deferral race)."""
     text = REHEARSAL_DEPLOYMENT.read_text().replace('"0.005"', json.dumps(str(scale)))
     text = text.replace('storage_root = "../runs"', f"storage_root = {json.dumps(str(folder))}")
-    text = text.replace("[jobs.train]", f"checkpoint_poll_seconds = {POLL_S}\n\n[jobs.train]", 1)
+    settings = f"checkpoint_poll_seconds = {POLL_S}\neval_retries = {eval_retries}\n\n"
+    text = text.replace("[jobs.train]", f"{settings}[jobs.train]", 1)
     text += RETENTION_TABLE if retention else ""
     path = folder / "deployment.toml"
     path.write_text(text)
@@ -258,10 +262,16 @@ def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]
 
 
 def run_proportion(
-    schedule: str, window: int, *, scale: float, max_steps: int, retention: bool = False
+    schedule: str,
+    window: int,
+    *,
+    scale: float,
+    max_steps: int,
+    retention: bool = False,
+    eval_retries: int = 0,
 ) -> ProportionRow:
     """The submission of `schedule` and W `window` measured on a fresh Airflow (PostgreSQL);
-    with `retention`, the deployment's `RETENTION_TABLE`."""
+    the deployment as `rehearsal_deployment` makes it."""
     kept = "_retention" if retention else ""
     folder = WORKDIR / f"proportions_{schedule}_w{window}{kept}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -273,7 +283,7 @@ def run_proportion(
             # per seed: training, W evaluations and a stop_if_decided; the submission's own tasks
             parallelism=len(SEEDS) * (window + 2) + 2,
             env={
-                ENV_VAR: str(rehearsal_deployment(folder, scale, retention)),
+                ENV_VAR: str(rehearsal_deployment(folder, scale, retention, eval_retries)),
                 # Airflow's default (16 running tasks of a DAG over all its runs) would cap the
                 # three seeds' windows together
                 "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": "256",
