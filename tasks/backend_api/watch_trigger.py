@@ -2,7 +2,12 @@
 backend say whether it ended, cancel it `stop_grace_s` after the run's stop request, and ride
 out a cluster that does not answer. The whole state of a watch is its kwargs, so every change
 ends it with a `WATCHING` event carrying them, the operator defers again with them and a
-triggerer restart goes on where it was.
+triggerer restart goes on where it was. One change is kept in memory instead: the first
+sighting of the stop request (`stop_seen`). A trainer honours the request within a step, so
+its job ends seconds after it is seen, and a re-defer just before a job's end is what Airflow's
+deferral race takes the task for (docs/slurm.md); a triggerer restart in the grace starts the
+grace again from the next sighting (at most one grace more), and any later `WATCHING` event
+carries it.
 
 A cluster that does not answer never fails the task: failed reads are retried, the wait
 doubling from the poll interval up to the backend's backoff ceiling, and after the outage
@@ -97,21 +102,21 @@ class WatchTrigger(BaseTrigger):
         # of older releases importable.
         return f"{type(self).__module__}.{type(self).__qualname__}", self.kwargs()
 
-    async def stop_request(self, where: str, now: Callable[[], float]) -> tuple[bool, str | None]:
+    async def stop_request(self, where: str, now: Callable[[], float]) -> str | None:
         """Look for a stop request of `stop_run_dir` (None: none is looked for) until one is
-        seen: whether it was seen just now (the state changed), and the reason to end the job
-        when it still runs `stop_grace_s` after it (else None). `now` is the trigger's clock."""
-        run_dir, seen_now = self.stop_run_dir, False
+        seen (`stop_seen`, kept in memory: the module doc); the reason to end the job when it
+        still runs `stop_grace_s` after it, else None. `now` is the trigger's clock."""
+        run_dir = self.stop_run_dir
         if run_dir is None:
-            return False, None
+            return None
         if self.stop_seen is None:
             request = await asyncio.to_thread(current, run_dir)
             if request is not None:
-                self.stop_seen, seen_now = now(), True
+                self.stop_seen = now()
                 self.log.info("%s: stop requested: %s", where, request.reason)
         if self.stop_seen is not None and now() - self.stop_seen >= self.stop_grace_s:
-            return seen_now, f"still running {self.stop_grace_s:.0f} s after the stop request"
-        return seen_now, None
+            return f"still running {self.stop_grace_s:.0f} s after the stop request"
+        return None
 
     def log_state(self, where: str, state: JobState) -> None:
         """Say the job's state in the task log when its line changed since the last read."""
@@ -180,13 +185,13 @@ class WatchTrigger(BaseTrigger):
             if ended is not None:
                 yield TriggerEvent(ended)
                 return
-            seen, stop = await self.stop_request(where, _now)
+            stop = await self.stop_request(where, _now)
             if stop is not None:
                 await self.cancel()
                 self.log.warning("%s: %s: cancelled", where, stop)
                 yield TriggerEvent(self.event(STOPPED, reason=STOP_REQUEST, message=stop))
                 return
-            if state_changed or seen:  # persisted by the operator's next defer
+            if state_changed:  # persisted by the operator's next defer (not a stop's sighting)
                 yield TriggerEvent(self.event(WATCHING, reason=STATE_CHANGED))
                 return
             await _sleep(self.poll_interval_s)

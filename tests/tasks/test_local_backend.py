@@ -185,6 +185,26 @@ def test_the_trigger_copies_the_output_and_ends_with_the_exit_status(
     assert trigger.serialize()[0] == LOCAL_TRIGGER  # pinned: Airflow stores it
 
 
+@pytest.mark.timeout(60)
+def test_a_stop_request_seen_just_before_the_job_ends_ends_the_watch_once(tmp_path: Path) -> None:
+    """The trainer honours the stop request within a step: its job ends seconds after the watch
+    sees the request. The sighting is no re-defer (a `WATCHING` event just before the job's end
+    is what Airflow's deferral race fails the task for, docs/slurm.md): one event, the end."""
+    from devtools.synthetic_run import make_run
+    from rcpflow.verdict.stop_request import request_stop
+
+    run = make_run(str(tmp_path / "run"), last_step=20, accuracies={18: 0.3, 19: 0.8})
+    assert request_stop(run.run_dir) is not None
+    job = adapter.start(tmp_path / "j", "train seed 1", [PY, "-c", "import time; time.sleep(1)"])
+    trigger = LocalJobTrigger(
+        job=job.ref(), poll_interval_s=0.05, settle_s=0.0, stop_run_dir=run.run_dir,
+        stop_grace_s=600.0,
+    )  # fmt: skip
+    (event,) = asyncio.run(_events(trigger))
+    assert (event["phase"], event["exit_code"]) == (FINISHED, 0)
+    assert trigger.stop_seen is not None  # seen, in memory; a later re-defer would carry it
+
+
 class _TI:
     task_id = "train.train_job"
     map_index = -1
