@@ -256,12 +256,19 @@ def rehearsal_section(rows: Sequence[RehearsalRow], scale: float, max_steps: int
     return "\n".join([head, *rehearsal_rows(rows, scale, max_steps)])
 
 
-def run_rehearsal(scale: float, max_steps: int, saved: Path) -> list[RehearsalRow]:
-    """Each `REHEARSAL_ROWS` configuration without and with retention, saved as it goes."""
+def run_rehearsal(
+    scale: float, max_steps: int, saved: Path, only: Sequence[str] | None = None
+) -> list[RehearsalRow]:
+    """Each `REHEARSAL_ROWS` configuration (or those of `only`, ``schedule:W``) without and
+    with retention, saved to `saved` as it goes; with `only`, the rows `saved` holds of the
+    others are kept (a row that could not run on a loaded machine is run again alone)."""
     from devtools.bench.proportions_bench import run_proportion, saved_row
 
-    rows: list[RehearsalRow] = []
+    earlier = [RehearsalRow(**r) for r in json.loads(saved.read_text())] if saved.exists() else []
+    rows = [r for r in earlier if only is not None and f"{r.schedule}:{r.window}" not in only]
     for schedule, window in REHEARSAL_ROWS:
+        if only is not None and f"{schedule}:{window}" not in only:
+            continue
         pair = [
             saved_row(
                 run_proportion(
@@ -276,6 +283,7 @@ def run_rehearsal(scale: float, max_steps: int, saved: Path) -> list[RehearsalRo
             for retention in (False, True)
         ]
         rows.append(RehearsalRow(schedule, window, *pair))
+        rows.sort(key=lambda r: REHEARSAL_ROWS.index((r.schedule, r.window)))
         saved.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     return rows
 
@@ -287,6 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rehearsal-from", type=Path, default=None, help="its saved measurements")
     p.add_argument("--scale", type=float, default=0.01)
     p.add_argument("--max-steps", type=int, default=60)
+    p.add_argument(
+        "--only",
+        nargs="*",
+        choices=[f"{s}:{w}" for s, w in REHEARSAL_ROWS],
+        default=None,
+        help="with --rehearsal: these configurations, the others kept from the saved file",
+    )
     args = p.parse_args(argv)
     if args.rehearsal or args.rehearsal_from is not None:
         from devtools.bench.run_verdicts import WORKDIR
@@ -296,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             stamp = args.rehearsal_from.stat().st_mtime
         else:
             WORKDIR.mkdir(parents=True, exist_ok=True)
-            rows = run_rehearsal(args.scale, args.max_steps, WORKDIR / "storage_rehearsal.json")
+            saved = WORKDIR / "storage_rehearsal.json"
+            rows = run_rehearsal(args.scale, args.max_steps, saved, args.only)
             stamp = datetime.datetime.now(datetime.UTC).timestamp()
         when = datetime.datetime.fromtimestamp(stamp, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
         body = rehearsal_section(rows, args.scale, args.max_steps, when)
