@@ -57,10 +57,26 @@ def test_the_sampler_counts_step_folders_and_remembers_each_one_written(tmp_path
     assert sampler.storage() == ((1, 3, 2, 200),)
 
 
+def _retention_tasks() -> list[dict]:
+    """Step 18's evaluate ended at 100 s, its retention_after_step started at 104 s."""
+    return [
+        {"task_id": "evaluation.checkpoint.evaluate", "map_index": 0, "state": "success",
+         "start_date": 60.0, "end_date": 100.0},
+        {"task_id": "evaluation.checkpoint.retention_after_step", "map_index": 0,
+         "state": "success", "start_date": 104.0, "end_date": 105.0},
+    ]  # fmt: skip
+
+
 def _saved(schedule: str, window: int, peaks: list[tuple[int, int]], load: str) -> dict:
     """A configuration as proportions_bench.saved_row keeps it: seeds passing at 20, 23, 19."""
     seeds = [
-        {"seed": s, "passing_step": p, "task_start_s": [2.0, 3.0]}
+        {
+            "seed": s,
+            "passing_step": p,
+            "task_start_s": [2.0, 3.0],
+            "steps_trained": 60,
+            "tasks": _retention_tasks(),
+        }
         for s, p in ((1, 20), (2, 23), (3, 19))
     ]
     storage = [[s, 43, count, size] for s, (count, size) in zip((1, 2, 3), peaks, strict=True)]
@@ -95,3 +111,4 @@ def test_the_rehearsal_section_shows_the_worst_seeds_peaks_and_the_forecast(
     with_forecast, without_forecast = (int(c.split()[0]) for c in cells[6:8])
     assert with_forecast < without_forecast
     assert "1 (without), 2 (with)" in text
+    assert "an evaluate task's end to its step's retention 4.0 s (median)" in text
