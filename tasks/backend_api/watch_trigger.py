@@ -4,10 +4,10 @@ out a cluster that does not answer. The whole state of a watch is its kwargs, so
 ends it with a `WATCHING` event carrying them, the operator defers again with them and a
 triggerer restart goes on where it was. One change is kept in memory instead: the first
 sighting of the stop request (`stop_seen`). A trainer honours the request within a step, so
-its job ends seconds after it is seen, and a re-defer just before a job's end is what Airflow's
-deferral race takes the task for (docs/slurm.md); a triggerer restart in the grace starts the
-grace again from the next sighting (at most one grace more), and any later `WATCHING` event
-carries it.
+its job may end seconds after the sighting, and a re-defer just before a job's end is what
+Airflow's deferral race takes the task for (docs/slurm.md); a triggerer restart in the grace
+starts the grace again from the next sighting (at most one grace more), and any later
+`WATCHING` event carries it.
 
 A cluster that does not answer never fails the task: failed reads are retried, the wait
 doubling from the poll interval up to the backend's backoff ceiling, and after the outage
