@@ -69,6 +69,7 @@ bench: setup system-packages  # writes BENCHMARKS.md: recording overhead (toy, T
 	$(PY) -m devtools.bench.verdict_bench
 	$(PY) -m devtools.bench.slurm_bench
 	$(PY) -m devtools.bench.storage_bench
+	$(PY) -m devtools.bench.storage_bench --rehearsal
 
 bench-verdict: setup
 	$(PY) -m devtools.bench.verdict_bench
