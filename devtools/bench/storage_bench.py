@@ -30,6 +30,7 @@ between ``<!-- storage-rehearsal:start -->`` and ``<!-- storage-rehearsal:end --
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -53,10 +54,11 @@ from rcpflow.verdict.retention_apply import apply_run
 START, END = "<!-- storage-bench:start -->", "<!-- storage-bench:end -->"
 REHEARSAL_START = "<!-- storage-rehearsal:start -->"
 REHEARSAL_END = "<!-- storage-rehearsal:end -->"
-# The rehearsal submission's configurations: during training, W short of keeping pace with
-# training (3) and W that keeps pace (10: 10 x 1.85 s >= 17 s at any scale).
 # A verdict lost to Airflow's deferral race (docs/slurm.md) is retried, not the row lost.
 EVAL_RETRIES = 1
+# The rehearsal submission's configurations: during training, W short of keeping pace with
+# training (3) and W that keeps pace (10: 10 steps of 185 s >= an evaluation's 1700 s, at any
+# time scale).
 REHEARSAL_ROWS: tuple[tuple[Schedule, int], ...] = (("during_training", 3), ("during_training", 10))
 # The rehearsal profile's timings (rcpflow/planning/rehearsal.py): a step 185 s, an evaluation
 # 1700 s; the reference batch size's validation start 18, passing at 26 of 40 steps.
@@ -78,14 +80,23 @@ class Measured:
     peak_checkpoints: int
 
 
-def _sample(checkpoints: Path) -> tuple[int, int]:
-    """(bytes, checkpoint folders) under the run's checkpoints/."""
-    if not checkpoints.exists():
+def checkpoints_on_storage(checkpoints: Path, seen: set[str] | None = None) -> tuple[int, int]:
+    """(step folders, bytes) under a run's `checkpoints` now, each folder's name added to
+    `seen`; a file deleted while it is walked (retention at work) counts as gone."""
+    count = size = 0
+    try:
+        folders = [p for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()]
+    except FileNotFoundError:
         return 0, 0
-    size = sum(
-        os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(checkpoints) for f in files
-    )
-    return size, sum(1 for p in checkpoints.iterdir() if p.is_dir())
+    for folder in folders:
+        if seen is not None:
+            seen.add(folder.name)
+        count += 1
+        for base, _, files in os.walk(folder):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    size += os.lstat(os.path.join(base, name)).st_size
+    return count, size
 
 
 def replay(f: Forecast, run_dir: str, retention: bool) -> Measured:
@@ -123,7 +134,7 @@ def replay(f: Forecast, run_dir: str, retention: bool) -> Measured:
             ended = True
         else:
             settled = ended
-        size, count = _sample(checkpoints)
+        count, size = checkpoints_on_storage(checkpoints)
         peak, peak_count = max(peak, size), max(peak_count, count)
         if retention:
             apply_run(run_dir, POLICY, settled=settled)
@@ -195,6 +206,7 @@ def _peak(saved: dict[str, Any]) -> tuple[int, int, int]:
 def forecast_peak(saved: dict[str, Any], scale: float, max_steps: int, retention: bool) -> int:
     """The storage forecast's peak checkpoints of the row's worst seed: each seed's run at its
     passing step, with the row's measured median task start and the waits' poll."""
+    # imported here: proportions_bench imports this module (`checkpoints_on_storage`)
     from devtools.bench.proportions_bench import POLL_S, rehearsal_scenario
 
     starts = [t for s in saved["seeds"] for t in s["task_start_s"]]
@@ -300,6 +312,7 @@ def run_rehearsal(
     """Each `REHEARSAL_ROWS` configuration (or those of `only`, ``schedule:W``) without and
     with retention, saved to `saved` as it goes; with `only`, the rows `saved` holds of the
     others are kept (a row that could not run on a loaded machine is run again alone)."""
+    # imported here: proportions_bench imports this module (`checkpoints_on_storage`)
     from devtools.bench.proportions_bench import run_proportion, saved_row
 
     earlier = [RehearsalRow(**r) for r in json.loads(saved.read_text())] if saved.exists() else []
