@@ -7,6 +7,7 @@ first row; into BENCHMARKS.md (its own section), run through `devtools.bench.ver
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -23,7 +24,6 @@ from typing import Any, NamedTuple
 
 from devtools.bench.load_calibration import Calibration, Phases, background, calibrate, phases
 from devtools.bench.run_verdicts import RUN_TIMEOUT_S, WORKDIR, iso_ms, run_verdict
-from devtools.bench.storage_bench import checkpoints_on_storage
 from devtools.servers.airflow_server import (
     AirflowServerError,
     LocalAirflow,
@@ -191,6 +191,25 @@ class CheckpointSampler(threading.Thread):
     def storage(self) -> tuple[tuple[int, int, int, int], ...]:
         """Per seed: (seed, written, peak checkpoints, peak bytes)."""
         return tuple((s, len(self.seen[s]), *self.peak[s]) for s in sorted(self.run_dirs))
+
+
+def checkpoints_on_storage(checkpoints: Path, seen: set[str] | None = None) -> tuple[int, int]:
+    """(step folders, bytes) under a run's `checkpoints` now, each folder's name added to
+    `seen`; a file deleted while it is walked (retention at work) counts as gone."""
+    count = size = 0
+    try:
+        folders = [p for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()]
+    except FileNotFoundError:
+        return 0, 0
+    for folder in folders:
+        if seen is not None:
+            seen.add(folder.name)
+        count += 1
+        for base, _, files in os.walk(folder):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    size += os.lstat(os.path.join(base, name)).st_size
+    return count, size
 
 
 def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]) -> SeedRun:

@@ -30,7 +30,6 @@ between ``<!-- storage-rehearsal:start -->`` and ``<!-- storage-rehearsal:end --
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math
@@ -43,6 +42,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from devtools.bench.proportions_bench import (
+    POLL_S,
+    checkpoints_on_storage,
+    rehearsal_scenario,
+    run_proportion,
+    saved_row,
+)
 from devtools.synthetic_run import make_run, write_eval
 from rcpflow.files.layout import CHECKPOINT_STATE_DIR
 from rcpflow.files.markdown_sections import write_section
@@ -78,25 +84,6 @@ POLICY = RetentionPolicy("passing", while_training=True)
 class Measured:
     peak_bytes: int
     peak_checkpoints: int
-
-
-def checkpoints_on_storage(checkpoints: Path, seen: set[str] | None = None) -> tuple[int, int]:
-    """(step folders, bytes) under a run's `checkpoints` now, each folder's name added to
-    `seen`; a file deleted while it is walked (retention at work) counts as gone."""
-    count = size = 0
-    try:
-        folders = [p for p in checkpoints.iterdir() if p.is_dir() and p.name.isdigit()]
-    except FileNotFoundError:
-        return 0, 0
-    for folder in folders:
-        if seen is not None:
-            seen.add(folder.name)
-        count += 1
-        for base, _, files in os.walk(folder):
-            for name in files:
-                with contextlib.suppress(FileNotFoundError):
-                    size += os.lstat(os.path.join(base, name)).st_size
-    return count, size
 
 
 def replay(f: Forecast, run_dir: str, retention: bool) -> Measured:
@@ -206,9 +193,6 @@ def _peak(saved: dict[str, Any]) -> tuple[int, int, int]:
 def forecast_peak(saved: dict[str, Any], scale: float, max_steps: int, retention: bool) -> int:
     """The storage forecast's peak checkpoints of the row's worst seed: each seed's run at its
     passing step, with the row's measured median task start and the waits' poll."""
-    # imported here: proportions_bench imports this module (`checkpoints_on_storage`)
-    from devtools.bench.proportions_bench import POLL_S, rehearsal_scenario
-
     starts = [t for s in saved["seeds"] for t in s["task_start_s"]]
     start = statistics.median(starts) if starts else 0.0
     peaks = []
@@ -312,9 +296,6 @@ def run_rehearsal(
     """Each `REHEARSAL_ROWS` configuration (or those of `only`, ``schedule:W``) without and
     with retention, saved to `saved` as it goes; with `only`, the rows `saved` holds of the
     others are kept (a row that could not run on a loaded machine is run again alone)."""
-    # imported here: proportions_bench imports this module (`checkpoints_on_storage`)
-    from devtools.bench.proportions_bench import run_proportion, saved_row
-
     earlier = [RehearsalRow(**r) for r in json.loads(saved.read_text())] if saved.exists() else []
     rows = [r for r in earlier if only is not None and f"{r.schedule}:{r.window}" not in only]
     for schedule, window in REHEARSAL_ROWS:
