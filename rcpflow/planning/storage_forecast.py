@@ -8,8 +8,13 @@ of `rcpflow.verdict.retention` as the run DAG would apply it as soon as it may, 
 ``--while-training --settled``: a checkpoint below the passing step goes when its evaluation
 ends, the passing one stays, one above it goes at the verdict (or when written, if later, or
 when an evaluation left running ends); a full state's ``train_state/`` goes when a newer full
-state is written or training ends. That is the least storage the rule allows; the defaults
-(nothing deleted while training runs) keep more.
+state is written or training ends. With no retention lag that is the least storage the rule
+allows; the defaults (nothing deleted while training runs) keep more. A retention lag
+(``--retention-lag-s``, 0 to `SECONDS_MAX`) puts each of those deletions that many seconds after
+the moment the rule allows it: the run DAG's path from an evaluation's end (or the verdict) to
+the retention task that deletes (the step's stop check, then ``retention_after_step``, each a
+task start; docs/retention.md, "The storage forecast"). A deletion that would fall after the run's
+end is not counted (the storage stays to the end).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from rcpflow.planning.forecast import STEPS_MAX, Forecast, ForecastUsageError
+from rcpflow.planning.forecast import SECONDS_MAX, STEPS_MAX, Forecast, ForecastUsageError
 
 # bf16 weights; fp32 Adam moments and master weights (docs/tpu_jobs.md: 0.8 TB and 3-5 TB for
 # Qwen3.5-397B).
@@ -63,6 +68,16 @@ def sizes_from_model(params_billions: float, full_every: int = 1) -> CheckpointS
     )
 
 
+def retention_lag(seconds: float) -> float:
+    """`seconds` as a retention lag: finite, in [0, `SECONDS_MAX`]; ForecastUsageError naming
+    ``--retention-lag-s`` otherwise."""
+    if not (math.isfinite(seconds) and 0 <= seconds <= SECONDS_MAX):
+        raise ForecastUsageError(
+            f"--retention-lag-s {seconds} must be seconds in [0, {SECONDS_MAX:g}]"
+        )
+    return seconds
+
+
 @dataclass(frozen=True)
 class StorageForecast:
     peak_tb: float
@@ -71,8 +86,12 @@ class StorageForecast:
     tb_hours: float  # up to the run's end
 
 
-def storage(f: Forecast, sizes: CheckpointSizes, retention: bool) -> StorageForecast:
-    """The storage of the run `f` forecasts."""
+def storage(
+    f: Forecast, sizes: CheckpointSizes, retention: bool, lag_s: float = 0.0
+) -> StorageForecast:
+    """The storage of the run `f` forecasts; with retention, each deletion `lag_s` seconds after
+    the rule allows it (`retention_lag`)."""
+    lag = retention_lag(lag_s)
     s = f.scenario
     horizon = max(f.run_end_s, f.verdict_s, f.training_end_s)
     ends = {e.step: e.end_s for e in f.evaluations}
@@ -95,8 +114,8 @@ def storage(f: Forecast, sizes: CheckpointSizes, retention: bool) -> StorageFore
             gone = max(gone, superseded) if retention else gone
             events.append((written, 0, sizes.full_state_tb, 0))
             if retention:
-                events.append((min(superseded, gone), 1, -sizes.full_state_tb, 0))
-        events.append((gone, 1, -sizes.weights_tb, -1))
+                events.append((min(superseded, gone) + lag, 1, -sizes.full_state_tb, 0))
+        events.append((gone + lag, 1, -sizes.weights_tb, -1))
     events.sort()
     tb = peak = tb_seconds = 0.0
     count = peak_count = 0

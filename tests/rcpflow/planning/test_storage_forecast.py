@@ -8,7 +8,12 @@ import pytest
 from rcpflow_cli import run_cli
 
 from rcpflow.planning.forecast import ForecastUsageError, Scenario, simulate
-from rcpflow.planning.storage_forecast import CheckpointSizes, sizes_from_model, storage
+from rcpflow.planning.storage_forecast import (
+    CheckpointSizes,
+    retention_lag,
+    sizes_from_model,
+    storage,
+)
 
 
 def _during(**kw: object) -> Scenario:
@@ -54,6 +59,40 @@ def test_full_states_go_when_a_newer_one_is_written_or_training_ends() -> None:
     # step 2 (evaluated at 3); step 3's goes at training's end (5)
     assert (kept.peak_tb, kept.peak_checkpoints) == (3.0 + 8.0, 3)
     assert kept.tb_hours == pytest.approx((5 + 6 + 5 + 6) / 3600)
+
+
+def test_a_retention_lag_delays_each_deletion_and_raises_the_peak() -> None:
+    # steps 1..4 evaluated one after another (step k's evaluation ends at k + 1), step 4 passes
+    # at 5, training stops after step 5: with no lag step k < 4 goes at k + 1, as k + 1 is
+    # written, so two at most at once; a lag of L seconds keeps it L more, L more on storage
+    f = simulate(_during(passing_step=4))
+    assert (f.verdict_s, f.steps_trained, f.run_end_s) == (5.0, 5, 5.0)
+    sizes = CheckpointSizes(1.0)
+    peaks = [storage(f, sizes, True, lag_s=lag).peak_checkpoints for lag in (0.0, 1.0, 2.0)]
+    assert peaks == [2, 3, 4]
+    assert storage(f, sizes, retention=False).peak_checkpoints == 5
+    # no lag: one TB from 1 to 5 (step 5 goes at the verdict, 5, as it is written)
+    assert storage(f, sizes, True).tb_hours == pytest.approx(4 / 3600)
+    # half a second: step 1 goes at 2.5, 2 at 3.5, 3 at 4.5, so two TB for half of each second
+    # from 2; step 5's deletion (5.5) falls after the run's end and is not counted
+    half = storage(f, sizes, True, lag_s=0.5)
+    assert (half.peak_checkpoints, half.peak_tb, half.written_tb) == (2, 2.0, 5.0)
+    assert half.tb_hours == pytest.approx((1 + 1.5 + 1.5 + 1.5) / 3600)
+    # no lag is today's forecast, the full states' too (steps 1, 3, 5; the test above)
+    full = CheckpointSizes(weights_tb=1.0, full_state_tb=4.0, full_every=2)
+    assert storage(f, full, True, lag_s=0.0) == storage(f, full, True)
+    assert storage(f, full, True).peak_tb == 3.0 + 8.0
+    # a superseded full state waits the lag too: step 1 (weights and train_state/) and step 2
+    # go at 4, after step 4 is written: four weights and two full states then
+    assert storage(f, full, True, lag_s=1.0).peak_tb == 4.0 + 8.0
+
+
+@pytest.mark.parametrize("lag", [-1.0, float("nan"), float("inf"), 1e7 + 1])
+def test_a_bad_retention_lag_is_refused(lag: float) -> None:
+    f = simulate(_during())
+    with pytest.raises(ForecastUsageError, match="--retention-lag-s"):
+        storage(f, CheckpointSizes(1.0), retention=False, lag_s=lag)
+    assert retention_lag(1e7) == 1e7 and retention_lag(0.0) == 0.0
 
 
 def test_sizes_from_the_model_and_bad_sizes() -> None:
