@@ -27,7 +27,12 @@ from rcpflow.planning.forecast import (
     simulate,
 )
 from rcpflow.planning.rehearsal import JobProfile, RehearsalInputError, load_profile
-from rcpflow.planning.storage_forecast import CheckpointSizes, sizes_from_model, storage
+from rcpflow.planning.storage_forecast import (
+    CheckpointSizes,
+    retention_lag,
+    sizes_from_model,
+    storage,
+)
 from rcpflow.verdict.schedule import SCHEDULES
 
 
@@ -41,6 +46,7 @@ class Request:
     passing_steps: tuple[int, ...]
     recommend: bool
     sizes: CheckpointSizes | None = None  # given: the storage report too
+    retention_lag_s: float = 0.0  # the storage report's: each deletion this long after allowed
 
     def scenarios(self) -> list[Scenario]:
         return [
@@ -82,6 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ("--full-state-tb", "the training state a full-state save adds, in TB (default 0)"),
         ("--model-params-b", "the model's parameters in billions, instead of the two sizes"),
         ("--full-state-every", "every K-th checkpoint from the validation start is full (1)"),
+        ("--retention-lag-s", "with the sizes: each deletion this long after it is allowed (0)"),
     ]
     defaults = {
         "--global-batch-size": "256",
@@ -224,7 +231,8 @@ def request_from(args: argparse.Namespace) -> Request:
         background_processes=_number("--background-processes", args.background_processes, 0.0),
         concurrent_runs=_integer("--concurrent-runs", args.concurrent_runs, 1),
     )
-    request = Request(base, schedules, windows, passing, args.recommend, _sizes(args))
+    sizes = _sizes(args)
+    request = Request(base, schedules, windows, passing, args.recommend, sizes, _lag(args, sizes))
     evaluated = max_steps - val_start + 1
     work = len(schedules) * len(windows) * len(passing) * (evaluated + 100)
     work += recommend_cost(base, passing) if args.recommend else 0
@@ -254,6 +262,13 @@ def _sizes(args: argparse.Namespace) -> CheckpointSizes | None:
         return None
     weights = _number("--weights-tb", args.weights_tb)
     return CheckpointSizes(weights, _number("--full-state-tb", args.full_state_tb, 0.0), every)
+
+
+def _lag(args: argparse.Namespace, sizes: CheckpointSizes | None) -> float:
+    """--retention-lag-s: bounded (`retention_lag`), and only with the sizes it is about."""
+    if args.retention_lag_s is not None and sizes is None:
+        raise ForecastUsageError("--retention-lag-s needs --weights-tb or --model-params-b")
+    return retention_lag(_number("--retention-lag-s", args.retention_lag_s, 0.0))
 
 
 def _schedules(text: str) -> tuple[Schedule, ...]:
@@ -311,7 +326,7 @@ def report(request: Request) -> dict[str, Any]:
         "summary": summary,
     }
     if request.sizes is not None:
-        out["storage"] = _storage_report(forecasts, request.sizes)
+        out["storage"] = _storage_report(forecasts, request.sizes, request.retention_lag_s)
     if request.recommend:
         out["recommend"] = [
             recommend(request.base, request.passing_steps, s).to_dict() for s in SCHEDULES
@@ -319,8 +334,11 @@ def report(request: Request) -> dict[str, Any]:
     return out
 
 
-def _storage_report(forecasts: Sequence[Forecast], sizes: CheckpointSizes) -> dict[str, Any]:
-    """Per forecast, and the mean per schedule and W, the storage with and without retention."""
+def _storage_report(
+    forecasts: Sequence[Forecast], sizes: CheckpointSizes, lag_s: float
+) -> dict[str, Any]:
+    """Per forecast, and the mean per schedule and W, the storage with and without retention
+    (with it: each deletion `lag_s` after the rule allows it)."""
     rows = []
     for f in forecasts:
         sc = f.scenario
@@ -330,7 +348,7 @@ def _storage_report(forecasts: Sequence[Forecast], sizes: CheckpointSizes) -> di
                 "window": sc.window,
                 "passing_step": sc.passing_step,
                 "without": asdict(storage(f, sizes, retention=False)),
-                "with": asdict(storage(f, sizes, retention=True)),
+                "with": asdict(storage(f, sizes, retention=True, lag_s=lag_s)),
             }
         )
     means = []
@@ -340,7 +358,7 @@ def _storage_report(forecasts: Sequence[Forecast], sizes: CheckpointSizes) -> di
             for side in ("without", "with")
         }
         means.append({"schedule": schedule, "window": window, "passing_step": "mean", **mean})
-    return {"sizes": asdict(sizes), "forecasts": rows, "summary": means}
+    return {"sizes": asdict(sizes), "retention_lag_s": lag_s, "forecasts": rows, "summary": means}
 
 
 def _group_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
@@ -373,11 +391,17 @@ def _storage_cells(r: dict[str, Any]) -> list[str]:
 
 def _storage_lines(request: Request, data: dict[str, Any], each: bool) -> list[str]:
     z = data["storage"]["sizes"]
+    lag = data["storage"]["retention_lag_s"]
+    when = (
+        f"as the rule allows (--while-training --settled), each deletion {lag:g} s after "
+        "(--retention-lag-s)"
+        if lag
+        else "as the rule allows at the earliest (--while-training --settled)"
+    )
     lines = [
         f"checkpoint storage: {z['weights_tb']:g} TB weights a step, a full state "
-        f"({z['full_state_tb']:g} TB more) every {z['full_every']} steps; retention as the rule "
-        "allows at the earliest "
-        "(--while-training --settled); TB-h up to the run's end"
+        f"({z['full_state_tb']:g} TB more) every {z['full_every']} steps; retention {when}; "
+        "TB-h up to the run's end"
     ]
     several = len(request.passing_steps) > 1
     rows = data["storage"]["forecasts"] if each or not several else data["storage"]["summary"]

@@ -127,6 +127,21 @@ def test_forecast_reports_storage_beside_time() -> None:
     assert "storage" not in json.loads(run_cli(*FORECAST, "--json").stdout)  # sizes not given
 
 
+def test_the_retention_lag_flag_reaches_the_storage_forecast() -> None:
+    def with_retention(*flags: str) -> dict[str, object]:
+        p = run_cli(*FORECAST, "--window", "10", "--weights-tb", "1", "--json", *flags)
+        assert p.returncode == 0, p.stderr
+        data = json.loads(p.stdout)["storage"]
+        (during,) = [r for r in data["forecasts"] if r["schedule"] == "during_training"]
+        return {"lag": data["retention_lag_s"], **during["with"]}
+
+    at_once, lagged = with_retention(), with_retention("--retention-lag-s", "1000")
+    assert (at_once["lag"], lagged["lag"]) == (0.0, 1000.0)
+    assert lagged["peak_checkpoints"] > at_once["peak_checkpoints"]  # type: ignore[operator]
+    p = run_cli(*FORECAST, "--window", "10", "--weights-tb", "1", "--retention-lag-s", "1000")
+    assert "each deletion 1000 s after (--retention-lag-s)" in p.stdout
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
@@ -134,6 +149,9 @@ def test_forecast_reports_storage_beside_time() -> None:
         (("--full-state-tb", "4"), "--full-state-tb needs --weights-tb"),
         (("--weights-tb", "nan"), "--weights-tb"),
         (("--weights-tb", "1", "--full-state-every", "0"), "--full-state-every"),
+        (("--weights-tb", "1", "--retention-lag-s", "-1"), "--retention-lag-s -1.0 must be"),
+        (("--weights-tb", "1", "--retention-lag-s", "nan"), "--retention-lag-s 'nan' is not"),
+        (("--retention-lag-s", "10"), "--retention-lag-s needs --weights-tb"),
     ],
 )
 def test_bad_storage_flags_are_one_usage_line(flags: tuple[str, ...], named: str) -> None:
