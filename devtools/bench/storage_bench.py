@@ -22,7 +22,8 @@ measures the same on the real thing instead: the three-seed rehearsal submission
 scheduler (`devtools.bench.proportions_bench.run_proportion`), per schedule and W once without
 retention and once with the deployment's ``[retention]`` (keep passing, while training), each
 seed's ``checkpoints/`` sampled every 0.5 s through the run; beside it the storage forecast of
-the same seeds (their passing steps, the row's measured median task start); into the section
+the same seeds (their passing steps, the row's measured median task start; with retention once
+with the row's measured retention lag, `retention_lag`, and once with none); into the section
 between ``<!-- storage-rehearsal:start -->`` and ``<!-- storage-rehearsal:end -->``
 (``--rehearsal-from FILE``: from the measurements a run saved).
 """
@@ -190,19 +191,31 @@ def _peak(saved: dict[str, Any]) -> tuple[int, int, int]:
     )  # fmt: skip
 
 
-def forecast_peak(saved: dict[str, Any], scale: float, max_steps: int, retention: bool) -> int:
-    """The storage forecast's peak checkpoints of the row's worst seed: each seed's run at its
-    passing step, with the row's measured median task start and the waits' poll."""
+def forecasts(saved: dict[str, Any], scale: float, max_steps: int) -> list[Forecast]:
+    """The forecast of each seed's run at its passing step, with the row's measured median task
+    start and the waits' poll."""
     starts = [t for s in saved["seeds"] for t in s["task_start_s"]]
     start = statistics.median(starts) if starts else 0.0
-    peaks = []
-    for seed in saved["seeds"]:
-        scenario = rehearsal_scenario(
-            saved["schedule"], saved["window"], seed["passing_step"], scale=scale,
-            max_steps=max_steps, task_start_seconds=start, poll_seconds=POLL_S,
-        )  # fmt: skip
-        peaks.append(storage(simulate(scenario), CheckpointSizes(1.0), retention).peak_checkpoints)
-    return max(peaks)
+    return [
+        simulate(
+            rehearsal_scenario(
+                saved["schedule"], saved["window"], seed["passing_step"], scale=scale,
+                max_steps=max_steps, task_start_seconds=start, poll_seconds=POLL_S,
+            )
+        )
+        for seed in saved["seeds"]
+    ]  # fmt: skip
+
+
+def forecast_peak(
+    saved: dict[str, Any], scale: float, max_steps: int, retention: bool, lag_s: float = 0.0
+) -> int:
+    """The storage forecast's peak checkpoints of the row's worst seed (`forecasts`), with
+    retention each deletion `lag_s` after the rule allows it."""
+    return max(
+        storage(f, CheckpointSizes(1.0), retention, lag_s).peak_checkpoints
+        for f in forecasts(saved, scale, max_steps)
+    )
 
 
 def retention_lag(saved: dict[str, Any]) -> float | None:
@@ -230,15 +243,26 @@ def rehearsal_rows(rows: Sequence[RehearsalRow], scale: float, max_steps: int) -
         written, peak_without, bytes_without = _peak(r.without)
         _, peak_with, bytes_with = _peak(r.kept)
         bound = r.window + 2
+        lag = retention_lag(r.kept)
         f_without = forecast_peak(r.without, scale, max_steps, retention=False)
         f_with = forecast_peak(r.kept, scale, max_steps, retention=True)
+        f_lagged = (
+            "none ran"
+            if lag is None
+            else _versus(peak_with, forecast_peak(r.kept, scale, max_steps, True, lag_s=lag))
+        )
         out.append(
             f"| {r.schedule} | {r.window} | {written} | {peak_without} | {peak_with} "
             f"({'within' if peak_with <= bound else 'above'} W+2 = {bound}) | "
-            f"{bytes_with / bytes_without:.2f} | {f_with} ({peak_with / f_with:.2f}) | "
-            f"{f_without} ({peak_without / f_without:.2f}) |"
+            f"{bytes_with / bytes_without:.2f} | {f_lagged} | {_versus(peak_with, f_with)} | "
+            f"{_versus(peak_without, f_without)} |"
         )
     return out
+
+
+def _versus(measured: int, forecast: int) -> str:
+    """A forecast peak and, in brackets, measured / forecast."""
+    return f"{forecast} ({measured / forecast:.2f})"
 
 
 def rehearsal_section(rows: Sequence[RehearsalRow], scale: float, max_steps: int, when: str) -> str:
@@ -257,26 +281,33 @@ def rehearsal_section(rows: Sequence[RehearsalRow], scale: float, max_steps: int
         "Airflow's deferral race is retried, docs/slurm.md). Forecast: "
         "`rcpflow.planning.storage_forecast.storage` "
         "of each seed's run at its passing step, with the row's measured median task start "
-        "and the waits' 0.5 s poll; in brackets measured / forecast. Every number is the worst "
-        f"seed's.\n\n- Date: {when}; {platform.machine()}, nproc {os.cpu_count()}; load "
+        "and the waits' 0.5 s poll; with retention twice: with the row's measured retention lag "
+        "(`--retention-lag-s`: the row's measured median path from an evaluate task's end to "
+        "its step's retention task, listed below; measured, not fitted to the peak) and with "
+        "none (each deletion at the evaluation's end); in brackets measured / forecast. Every "
+        f"number is the worst seed's.\n\n- Date: {when}; {platform.machine()}, nproc "
+        f"{os.cpu_count()}; load "
         "average at each start: "
         + "; ".join(
             f"{r.schedule} W={r.window}: {r.without['load']} (without), {r.kept['load']} (with)"
             for r in rows
         )
         + "\n\n| schedule | W | checkpoints written | peak checkpoints without | peak "
-        "checkpoints with | peak bytes with / without | forecast peak with | forecast peak "
-        "without |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+        "checkpoints with | peak bytes with / without | forecast peak with, measured lag | "
+        "forecast peak with, no lag | forecast peak without |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     lags = []
     for r in rows:
         lag = retention_lag(r.kept)
         training = max(s["steps_trained"] for s in r.kept["seeds"]) - VAL_START + 1
+        forecast = max(f.steps_trained for f in forecasts(r.kept, scale, max_steps))
         lags.append(
             f"- {r.schedule} W={r.window}: an evaluate task's end to its step's retention "
             + ("(none ran)" if lag is None else f"{lag:.1f} s (median)")
             + f"; W steps take {r.window * STEP_S * scale:.1f} s, an evaluation "
-            f"{EVAL_S * scale:.1f} s; training wrote {training} checkpoints with retention on."
+            f"{EVAL_S * scale:.1f} s; training wrote {training} checkpoints with retention on, "
+            f"the forecast's run {forecast - VAL_START + 1}."
         )
     tail = (
         "\nWhere the bound is not met: a checkpoint goes when its evaluation has ended and the "
@@ -284,8 +315,10 @@ def rehearsal_section(rows: Sequence[RehearsalRow], scale: float, max_steps: int
         "when that whole path takes at most W steps. At these scaled times the path's fixed "
         "seconds (task starts, measured below) are several steps; at the benchmark's times "
         f"(a step {STEP_S:g} s, an evaluation {EVAL_S:g} s) the same seconds are a fraction "
-        "of one (the replay above). The forecast deletes at the evaluation's end, so it "
-        "predicts fewer checkpoints than this DAG keeps at these times.\n"
+        "of one (the replay above). With no lag the forecast deletes at the evaluation's end, "
+        "so it predicts fewer checkpoints than this DAG keeps at these times; with the row's "
+        "measured lag it deletes at that path's median end; its peak is then at most the "
+        "checkpoints its run writes (below, beside the measured run's).\n"
     )
     return "\n".join([head, *rehearsal_rows(rows, scale, max_steps), tail, *lags])
 

@@ -67,15 +67,18 @@ def _retention_tasks() -> list[dict]:
     ]  # fmt: skip
 
 
-def _saved(schedule: str, window: int, peaks: list[tuple[int, int]], load: str) -> dict:
-    """A configuration as proportions_bench.saved_row keeps it: seeds passing at 20, 23, 19."""
+def _saved(
+    schedule: str, window: int, peaks: list[tuple[int, int]], load: str, retention: bool = True
+) -> dict:
+    """A configuration as proportions_bench.saved_row keeps it: seeds passing at 20, 23, 19;
+    without `retention` no retention task ran."""
     seeds = [
         {
             "seed": s,
             "passing_step": p,
             "task_start_s": [2.0, 3.0],
             "steps_trained": 60,
-            "tasks": _retention_tasks(),
+            "tasks": _retention_tasks() if retention else _retention_tasks()[:1],
         }
         for s, p in ((1, 20), (2, 23), (3, 19))
     ]
@@ -95,7 +98,13 @@ def test_the_rehearsal_section_shows_the_worst_seeds_peaks_and_the_forecast(
             "window": 10,
             "without": _saved("during_training", 10, [(40, 4000), (43, 4300), (39, 3900)], "1"),
             "kept": _saved("during_training", 10, [(9, 900), (12, 1200), (8, 800)], "2"),
-        }
+        },
+        {
+            "schedule": "during_training",
+            "window": 3,
+            "without": _saved("during_training", 3, [(43, 4300)] * 3, "3"),
+            "kept": _saved("during_training", 3, [(43, 4300)] * 3, "4", retention=False),
+        },
     ]
     saved = tmp_path / "storage_rehearsal.json"
     saved.write_text(json.dumps(rows))
@@ -107,8 +116,14 @@ def test_the_rehearsal_section_shows_the_worst_seeds_peaks_and_the_forecast(
     (row,) = [line for line in text.splitlines() if line.startswith("| during_training | 10 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2:6] == ["43", "43", "12 (within W+2 = 12)", f"{1200 / 4300:.2f}"]
-    # the forecast's peaks: with retention below the written checkpoints, without all of them
-    with_forecast, without_forecast = (int(c.split()[0]) for c in cells[6:8])
-    assert with_forecast < without_forecast
+    # the forecast's peaks: with retention below the written checkpoints, without all of them;
+    # the row's measured lag (4 s, two steps of 1.85 s) keeps checkpoints longer: more of them
+    lagged, at_once, without_forecast = (int(c.split()[0]) for c in cells[6:9])
+    assert at_once < lagged < without_forecast
+    assert cells[6] == f"{lagged} ({12 / lagged:.2f})"  # measured / forecast
     assert "1 (without), 2 (with)" in text
     assert "an evaluate task's end to its step's retention 4.0 s (median)" in text
+    assert "the row's measured median path from an evaluate task's end" in text
+    (row,) = [line for line in text.splitlines() if line.startswith("| during_training | 3 |")]
+    assert [c.strip() for c in row.strip("|").split("|")][6] == "none ran"
+    assert "during_training W=3: an evaluate task's end to its step's retention (none ran)" in text
