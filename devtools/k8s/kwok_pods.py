@@ -7,7 +7,9 @@ Kubernetes' ``$(VAR)`` expansion; env from the pod spec: values, field reference
 as a process in `workdir`; when the process ends, kwok ends the pod with that exit code
 (`ControlPlane.end_pod`), so the JobSet controller sees what the job really did. A pod that
 is deleted, or ended by someone else (a disruption), has its process stopped as a kubelet
-would: SIGTERM, then SIGKILL after the pod's termination grace period. The image is ignored:
+would: SIGTERM, then SIGKILL after the pod's termination grace period. A test can hold the pods
+of one JobSet (`hold`): Running to the cluster but not started here until `release`, as a
+job held pending by its scheduler. The image is ignored:
 the process runs with this machine's interpreter first on PATH (``python`` in a command is the
 venv's). Each process's output goes to ``<log_dir>/<namespace>.<pod>.log``.
 
@@ -100,6 +102,7 @@ class PodRunner:
     errors: list[str] = field(default_factory=list)
     _running: dict[str, _Running] = field(default_factory=dict)  # pod uid ->
     _done: set[str] = field(default_factory=set)  # pod uids started once
+    _held: set[str] = field(default_factory=set)  # JobSet names whose pods wait for release
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -122,6 +125,14 @@ class PodRunner:
             run.process.wait(timeout=10)
         self._running.clear()
 
+    def hold(self, jobset: str) -> None:
+        """Start no pod of the JobSet `jobset` until `release`."""
+        self._held.add(f"{jobset}-")
+
+    def release(self, jobset: str) -> None:
+        """Start the pods of `jobset` as any other's."""
+        self._held.discard(f"{jobset}-")
+
     def running(self) -> list[str]:
         """The pods whose process runs now."""
         return sorted(run.pod for run in self._running.values())
@@ -141,6 +152,8 @@ class PodRunner:
         for uid, pod in by_uid.items():
             phase = (pod.get("status") or {}).get("phase")
             if uid in self._done or phase != "Running" or pod["metadata"].get("deletionTimestamp"):
+                continue
+            if any(pod["metadata"]["name"].startswith(held) for held in set(self._held)):
                 continue
             self._done.add(uid)
             try:

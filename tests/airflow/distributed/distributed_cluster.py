@@ -1,11 +1,10 @@
 """What the fixtures of this folder (conftest.py) hand a test, how each test of this folder
 starts its distributed Airflow (`distributed_airflow`, `running`), and what the tests ask of a
-run folder, of its checkers and of Slurm."""
+submission's checkers and of Slurm."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,9 +23,6 @@ from devtools.servers.distributed_airflow import (
     WorkerSpec,
 )
 from devtools.servers.slurm_cluster import SlurmCluster
-from rcpflow.files.layout import RunLayout
-from rcpflow.records.manifest import parse_rows
-from rcpflow.records.mllog import read_events
 from tasks.backends.slurm.adapter import job_name
 from tasks.jobs.processes import free_port
 from tasks.names import COMPLIANCE_TOOL, RUN_DAG_ID, SUBMISSION_DAG_ID
@@ -155,24 +151,3 @@ def run_jobs(slurm: SlurmCluster, dag_id: str, run_id: str) -> dict[str, list[tu
         if name.startswith(head) and name.endswith(tail):
             found.setdefault(name[len(head) : -len(tail)], []).append((job_id, state))
     return found
-
-
-def deterministic_record(run_dir: Path, seed: int) -> dict[str, Any]:
-    """What a run's outcome is, without its clocks: the MLLOG's eval events (step, accuracy),
-    its run_stop (status, samples), the manifest's steps; timestamps and paths differ between
-    two runs of one conf, these do not."""
-    layout = RunLayout(str(run_dir))
-    events = read_events(layout.mllog(seed))
-    evals = [
-        (e.metadata.get("epoch_num", e.metadata.get("step")), e.value)
-        for e in events
-        if e.key == "eval_accuracy"
-    ]
-    (stop,) = [e for e in events if e.key == "run_stop"]
-    rows = parse_rows(Path(layout.manifest).read_text(), layout.manifest)
-    return {
-        "eval_accuracy": evals,
-        "run_stop": {k: stop.metadata.get(k) for k in ("status", "samples_count")},
-        "manifest_steps": [r.step for r in rows],
-        "keys": json.dumps(sorted({e.key for e in events})),
-    }

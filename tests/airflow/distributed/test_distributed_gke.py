@@ -1,16 +1,22 @@
-"""The GKE backend's whole 3-seed submission on the distributed Airflow: the rehearsal deployment
-of the real-control-plane test (``tests/tasks/backends/gke/real/test_real_submission.py``,
-its helpers in ``k8s_real.py``) under the CeleryExecutor (`distributed_cluster.build_airflow`:
-two schedulers, two Celery workers each in a mount and PID namespace of its own), every job a
-JobSet the real JobSet controller runs on kwok's TPU v5p nodes, each pod's container run here
-by `devtools.k8s.kwok_pods.PodRunner`.
+"""The GKE backend on the distributed Airflow: the rehearsal deployment of the real-control-plane
+test (``tests/tasks/backends/gke/real/test_real_submission.py``, its helpers in
+``k8s_real.py``) under the CeleryExecutor (`distributed_cluster.build_airflow`: two schedulers,
+two Celery workers each in a mount and PID namespace of its own), every job a JobSet the real
+JobSet controller runs on kwok's TPU v5p nodes, each pod's container run here by
+`devtools.k8s.kwok_pods.PodRunner`: its whole 3-seed submission, then the faults of
+`fault_scenarios` against its seed 1.
 
 What the workers share is what a GKE deployment's workers share: the run folders on ``gs://``
 (the GCS emulator, fake-gcs-server, reached through ``STORAGE_EMULATOR_HOST`` by every
 component and every pod), the database, the broker, and the cluster through a Kubernetes
 connection whose kubeconfig is held inline in the connection (its CA inlined too): no file of
-the control plane's folder is visible to a worker. Only the deployment file's folder is bound
-into the workers' private /tmp.
+the control plane's folder is visible to a worker. Only the deployment file's folder and the
+hook's are bound into the workers' private /tmp.
+
+The faults' hook point is the JobSet create (`CREATE_HOOK`, a ``sitecustomize`` first on the
+workers' PYTHONPATH, as the Slurm tests' is a ``sbatch`` first on their PATH): when the test
+armed it, the worker's task is held right after the API server accepted the run's training
+JobSet, before Airflow recorded it, and the runner holds the JobSet's pod (`PodRunner.hold`).
 
 The control plane is the session's (`k8s_planes.planes`: this module runs in the
 real-control-plane tests' xdist group, tests/conftest.py), skipped with its named reason where
@@ -21,7 +27,11 @@ from __future__ import annotations
 import base64
 import collections
 import json
+import os
+import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +42,21 @@ from distributed_cluster import (
     build_airflow,
     running,
 )
+from fault_scenarios import (
+    EVALUATE,
+    SEED,
+    deterministic_record,
+    scheduler_killed_and_broker_restarted,
+    wait_for_file,
+    worker_killed_then_triggerer_restarted,
+)
 from k8s_planes import Planes
 from k8s_real import (
+    CONF,
     CONN_ID,
     POOLS,
     SEEDS,
+    JobSets,
     connection_kubeconfig,
     fresh_namespace,
     gke_rehearsal_deployment,
@@ -46,9 +66,20 @@ from k8s_real import (
 from repo_paths import REPO
 
 from devtools.k8s.binaries import NEWEST_JOBSET
+from devtools.k8s.control_plane import ControlPlane
 from devtools.k8s.kwok_pods import PodRunner
+from devtools.servers.distributed_airflow import WORKERS, DistributedAirflow, WorkerSpec
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
+from tasks.backend_api.lifecycle_names import eval_label
+from tasks.backends.gke.render import (
+    JOBSET_GROUP,
+    JOBSET_PLURAL,
+    JOBSET_VERSION,
+    LABEL_RUN,
+    jobset_name,
+    run_label,
+)
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
 NAME = "kwok-celery"
@@ -66,15 +97,85 @@ def inline_kubeconfig(path: Path) -> dict[str, Any]:
     return config
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(40 * 60)
-def test_a_three_seed_gke_submission_under_celery_on_gcs_passes_every_checker(
-    planes: Planes, gcs: Any, tmp_path_factory: pytest.TempPathFactory
-) -> None:
+# The faults' hook point in each worker (module doc): the JobSet create of the `kubernetes`
+# client (the cncf-kubernetes provider's hook calls it) wrapped at the worker's start.
+CREATE_HOOK = """import os, pathlib, time
+
+from kubernetes.client import CustomObjectsApi
+
+HOOKS = pathlib.Path({hooks!r})
+_create = CustomObjectsApi.create_namespaced_custom_object
+
+
+def _held_after_create(self, *args, **kwargs):
+    out = _create(self, *args, **kwargs)
+    plural = kwargs.get("plural", args[3] if len(args) > 3 else None)
+    body = kwargs.get("body", args[4] if len(args) > 4 else None)
+    if plural == "jobsets":
+        try:
+            (HOOKS / "armed").unlink()
+        except FileNotFoundError:
+            return out
+        name = body["metadata"]["name"]
+        (HOOKS / "submitted.tmp").write_text(os.environ["{hostname_var}"] + " " + name)
+        (HOOKS / "submitted.tmp").rename(HOOKS / "submitted")
+        while True:
+            try:
+                (HOOKS / "release").unlink()
+                break
+            except FileNotFoundError:
+                time.sleep(0.2)
+    return out
+
+
+CustomObjectsApi.create_namespaced_custom_object = _held_after_create
+"""
+
+
+@dataclass(frozen=True)
+class GkeDeployment:
+    """The module's distributed Airflow on the GKE backend, its cluster and its storage."""
+
+    airflow: DistributedAirflow
+    plane: ControlPlane
+    namespace: str
+    runner: PodRunner
+    storage: str  # gs://...: the deployment's storage_root
+    hooks: Path  # the create hook's folder (CREATE_HOOK)
+
+
+@dataclass(frozen=True)
+class GkeSubmission:
+    """The undisturbed submission, as seen when it ended."""
+
+    run_id: str
+    state: str
+    runs: dict[int, str]  # seed -> run id of its mlperf_grpo_run
+    run_states: dict[int, str]
+    run_tis: list[dict[str, Any]]
+    report: str
+    left_running: list[str]  # pods whose process ran on once the namespace was empty
+    exits: list[tuple[str, int]]  # the runner's, then
+
+
+@pytest.fixture(scope="module")
+def gke(
+    planes: Planes, gcs_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GkeDeployment]:
+    from devtools.servers.distributed_airflow import HOSTNAME_VAR
+
     plane = planes(NEWEST_JOBSET, pools=POOLS)
-    storage = f"gs://{gcs.bucket}/distributed-gke-{uuid.uuid4().hex[:8]}"
+    storage = f"gs://{gcs_server.bucket}/distributed-gke-{uuid.uuid4().hex[:8]}"
     shared = tmp_path_factory.mktemp("gke-deployment")
-    with fresh_namespace(plane) as namespace:
+    hooks = tmp_path_factory.mktemp("gke-hooks")
+    (hooks / "sitecustomize.py").write_text(
+        CREATE_HOOK.format(hooks=str(hooks), hostname_var=HOSTNAME_VAR)
+    )
+    path = {"PYTHONPATH": f"{hooks}{os.pathsep}{REPO}"}
+    workers = tuple(WorkerSpec(w.name, w.host, w.queues, w.concurrency, path) for w in WORKERS)
+    with pytest.MonkeyPatch.context() as mp, fresh_namespace(plane) as namespace:
+        for key, value in gcs_server.env.items():  # this process reads the run folders too
+            mp.setenv(key, value)
         deployment = shared / "deployment.toml"
         deployment.write_text(gke_rehearsal_deployment(storage, namespace))
         kubeconfig = inline_kubeconfig(connection_kubeconfig(plane, namespace))
@@ -82,41 +183,161 @@ def test_a_three_seed_gke_submission_under_celery_on_gcs_passes_every_checker(
         env = {
             "RCPFLOW_DEPLOYMENT": str(deployment),
             f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn),
-            **gcs.env,
+            **gcs_server.env,
         }
         pods = tmp_path_factory.mktemp("gke-pods")
-        runner = PodRunner(plane, namespace, workdir=REPO, log_dir=pods, env=gcs.env)
-        airflow = build_airflow(tmp_path_factory.mktemp("gke-airflow"), env, (shared,))
+        runner = PodRunner(plane, namespace, workdir=REPO, log_dir=pods, env=gcs_server.env)
+        airflow = build_airflow(
+            tmp_path_factory.mktemp("gke-airflow"), env, (shared, hooks), workers
+        )
         with runner, running(airflow):
-            run_id = airflow.trigger(SUBMISSION_DAG_ID, rehearsal_conf(storage, NAME))
-            state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, TIMEOUT_S)
-            runs = {seed: f"{NAME}__seed_{seed}" for seed in SEEDS}
-            run_states = {seed: airflow.dag_run(RUN_DAG_ID, r)["state"] for seed, r in runs.items()}
-            run_tis = [t for r in runs.values() for t in airflow.task_instances(RUN_DAG_ID, r)]
-            report = "\n".join(
-                [airflow.failure_report(SUBMISSION_DAG_ID, run_id)]
-                + [airflow.failure_report(RUN_DAG_ID, r) for r in runs.values()]
-            )
-            # Nothing of the runs is left on the cluster: every JobSet torn down, with its Jobs
-            # and pods, and no pod's process still running here.
-            wait_namespace_empty(plane, namespace)
-            assert runner.running() == []
+            yield GkeDeployment(airflow, plane, namespace, runner, storage, hooks)
+        assert runner.errors == []
 
-    assert runner.errors == []
-    assert state == "success", report
-    assert run_states == {seed: "success" for seed in SEEDS}
-    out = f"{storage}/{NAME}"
+
+@pytest.fixture(scope="module")
+def gke_submission(gke: GkeDeployment) -> GkeSubmission:
+    """The 3-seed rehearsal submission, run once, undisturbed."""
+    airflow = gke.airflow
+    run_id = airflow.trigger(SUBMISSION_DAG_ID, rehearsal_conf(gke.storage, NAME))
+    state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, TIMEOUT_S)
+    runs = {seed: f"{NAME}__seed_{seed}" for seed in SEEDS}
+    run_states = {seed: airflow.dag_run(RUN_DAG_ID, r)["state"] for seed, r in runs.items()}
+    run_tis = [t for r in runs.values() for t in airflow.task_instances(RUN_DAG_ID, r)]
+    report = "\n".join(
+        [airflow.failure_report(SUBMISSION_DAG_ID, run_id)]
+        + [airflow.failure_report(RUN_DAG_ID, r) for r in runs.values()]
+    )
+    # Nothing of the runs is left on the cluster: every JobSet torn down, with its Jobs and
+    # pods, and no pod's process still running here.
+    wait_namespace_empty(gke.plane, gke.namespace)
+    left = gke.runner.running()
+    exits = list(gke.runner.exits)
+    return GkeSubmission(run_id, state, runs, run_states, run_tis, report, left, exits)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(40 * 60)
+def test_a_three_seed_gke_submission_under_celery_on_gcs_passes_every_checker(
+    gke: GkeDeployment, gke_submission: GkeSubmission
+) -> None:
+    s = gke_submission
+    assert s.state == "success", s.report
+    assert s.run_states == {seed: "success" for seed in SEEDS}
+    assert s.left_running == []
+    out = f"{gke.storage}/{NAME}"
     run_dirs = [f"{out}/runs/seed_{seed}" for seed in SEEDS]
     assert_every_checker_passed(out, run_dirs)
     for run_dir in run_dirs:  # the manifest the workers' tasks read lies on gs:// too
         assert load(RunLayout(run_dir).manifest).rows, run_dir
-    assert_evaluations_on_every_worker(airflow, run_tis)
+    assert_evaluations_on_every_worker(gke.airflow, s.run_tis)
     # Exactly one JobSet per job name: a JobSet is named for its DAG run and job, and each ran
     # one pod (single-host slices, no restart); a JobSet submitted twice under one name, or a
     # restarted one, would show a second pod of that name. The trainings ended 0; an
     # evaluation 0, or 143 when a higher step's evaluation was deleted at a pass.
-    jobsets = collections.Counter(pod.rsplit("-", 3)[0] for pod, _ in runner.exits)
-    assert jobsets and set(jobsets.values()) == {1}, runner.exits
-    trainings = [code for pod, code in runner.exits if "-train-" in pod]
-    assert trainings == [0] * len(SEEDS), runner.exits
-    assert {code for _, code in runner.exits} <= {0, 143}, runner.exits
+    jobsets = collections.Counter(pod.rsplit("-", 3)[0] for pod, _ in s.exits)
+    assert jobsets and set(jobsets.values()) == {1}, s.exits
+    trainings = [code for pod, code in s.exits if "-train-" in pod]
+    assert trainings == [0] * len(SEEDS), s.exits
+    assert {code for _, code in s.exits} <= {0, 143}, s.exits
+
+
+@dataclass(frozen=True)
+class GkeFaults:
+    """The GKE path's side of `fault_scenarios.FaultTarget`: a job is a JobSet, known by its
+    name; its pods are the runner's."""
+
+    gke: GkeDeployment
+    submission: GkeSubmission
+
+    @property
+    def airflow(self) -> Any:
+        return self.gke.airflow
+
+    def rerun(self, name: str) -> tuple[str, dict[str, Any]]:
+        assert self.submission.state == "success", self.submission.report
+        conf = dict(self.airflow.dag_run(RUN_DAG_ID, self.submission.runs[SEED])["conf"])
+        conf["run_dir"] = f"{self.gke.storage}/faults/{name}"
+        return f"fault__{name}", conf
+
+    def arm(self, run_id: str) -> None:
+        self.gke.runner.hold(jobset_name(RUN_DAG_ID, run_id, "train"))
+        (self.gke.hooks / "armed").touch()  # the next JobSet created is this run's training
+
+    def held(self) -> tuple[str, str]:
+        host, job = wait_for_file(self.gke.hooks / "submitted", self.airflow, 600).split()
+        return host, job
+
+    def let_task_go(self) -> None:
+        (self.gke.hooks / "release").touch()
+
+    def let_job_run(self, run_id: str, job: str) -> None:
+        assert job == jobset_name(RUN_DAG_ID, run_id, "train"), job
+        self.gke.runner.release(job)
+
+    @staticmethod
+    def _prefixes(run_id: str) -> dict[str, str]:
+        """label -> the name prefix of the pods of the run's job of that label."""
+        labels = ["train", *(eval_label(step) for step in range(1, CONF["max_steps"] + 1))]
+        return {label: f"{jobset_name(RUN_DAG_ID, run_id, label)}-" for label in labels}
+
+    def _pods(self, run_id: str) -> dict[str, list[int]]:
+        """label -> the exit codes of the run's pods of that job, as the runner saw them."""
+        found: dict[str, list[int]] = {}
+        for label, prefix in self._prefixes(run_id).items():
+            codes = [code for pod, code in self.gke.runner.exits if pod.startswith(prefix)]
+            if codes:
+                found[label] = codes
+        return found
+
+    def training_ended(self, run_id: str) -> bool:
+        codes = self._pods(run_id).get("train", [])
+        assert codes in ([], [0]), codes
+        return bool(codes)
+
+    def assert_undisturbed(self, run_id: str, conf: dict[str, Any], state: str) -> str:
+        airflow, gke = self.airflow, self.gke
+        tis = airflow.task_instances(RUN_DAG_ID, run_id)
+        assert state == "success", airflow.failure_report(RUN_DAG_ID, run_id)
+        # every JobSet of the run torn down (with its pods), none left running here
+        jobsets = JobSets.for_plane(gke.plane)
+        selector = f"{LABEL_RUN}={run_label(RUN_DAG_ID, run_id)}"
+        deadline = time.monotonic() + 120
+        while left := jobsets.custom.list_namespaced_custom_object(
+            JOBSET_GROUP, JOBSET_VERSION, gke.namespace, JOBSET_PLURAL, label_selector=selector
+        )["items"]:
+            assert time.monotonic() < deadline, [j["metadata"]["name"] for j in left]
+            time.sleep(1.0)
+        prefixes = tuple(self._prefixes(run_id).values())
+        assert not [pod for pod in gke.runner.running() if pod.startswith(prefixes)]
+        # one pod per JobSet name: none created twice, none restarted; the training ended 0,
+        # an evaluation 0 (143 when a higher step's was deleted at a pass)
+        pods = self._pods(run_id)
+        assert pods.get("train") == [0], pods
+        for label, codes in pods.items():
+            assert len(codes) == 1 and codes[0] in (0, 143), (label, codes)
+        for t in tis:
+            if t["task_id"] == EVALUATE and t["state"] == "success":
+                step = int(t["rendered_map_index"].removeprefix("step "))
+                assert pods[eval_label(step)] == [0], (step, pods)
+        undisturbed = f"{gke.storage}/{NAME}/runs/seed_{SEED}"
+        assert deterministic_record(conf["run_dir"], SEED) == deterministic_record(
+            undisturbed, SEED
+        )
+        return jobset_name(RUN_DAG_ID, run_id, "train")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(40 * 60)
+def test_a_worker_killed_while_its_task_creates_a_jobset_then_the_triggerer_restarted(
+    gke: GkeDeployment, gke_submission: GkeSubmission
+) -> None:
+    worker_killed_then_triggerer_restarted(GkeFaults(gke, gke_submission), "worker_triggerer")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(40 * 60)
+def test_a_scheduler_killed_and_the_broker_restarted_while_a_task_creates_a_jobset(
+    gke: GkeDeployment, gke_submission: GkeSubmission
+) -> None:
+    scheduler_killed_and_broker_restarted(GkeFaults(gke, gke_submission), "scheduler_broker")

@@ -88,3 +88,28 @@ def test_a_field_it_cannot_read_is_named(tmp_path: Path) -> None:
     container = {"env": [{"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]}
     with pytest.raises(PodSpecError, match=r"env IP: fieldRef 'status.podIP'"):
         runner._container_env(pod, container)
+
+
+def test_a_held_jobsets_pods_start_only_once_released(tmp_path: Path) -> None:
+    runner = PodRunner(plane=None, namespace="ns", workdir=tmp_path, log_dir=tmp_path)  # type: ignore[arg-type]
+    spec = {"containers": [{"name": "c", "command": ["sleep", "30"]}]}
+
+    def pod(name: str) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "uid": name},
+            "spec": spec,
+            "status": {"phase": "Running"},
+        }
+
+    runner.hold("js")
+    pods = [pod("js-slice-0-0-abcde"), pod("jsx-slice-0-0-abcde")]  # a longer name is not held
+    try:
+        runner._step(pods)
+        assert runner.running() == ["jsx-slice-0-0-abcde"]
+        runner._step(pods)  # still held on the next look
+        assert runner.running() == ["jsx-slice-0-0-abcde"]
+        runner.release("js")
+        runner._step(pods)
+        assert runner.running() == ["js-slice-0-0-abcde", "jsx-slice-0-0-abcde"]
+    finally:
+        runner.stop()
