@@ -262,6 +262,12 @@ def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]
     )
 
 
+# Every row's evaluate tasks have this many retries: an evaluation lost to Airflow's deferral
+# race (docs/slurm.md) is retried, not the row lost (seen on a quiet machine: a higher step's
+# evaluation stopped at the verdict within 5 s of its deferral, 2026-12-05).
+EVAL_RETRIES = 1
+
+
 def run_proportion(
     schedule: str,
     window: int,
@@ -269,7 +275,7 @@ def run_proportion(
     scale: float,
     max_steps: int,
     retention: bool = False,
-    eval_retries: int = 0,
+    eval_retries: int = EVAL_RETRIES,
 ) -> ProportionRow:
     """The submission of `schedule` and W `window` measured on a fresh Airflow (PostgreSQL);
     the deployment as `rehearsal_deployment` makes it."""
@@ -584,7 +590,8 @@ def proportions_section(
             f"validation from step {recipe.val_start_at(recipe.REFERENCE_BATCH_SIZE)}, "
             f"max_steps {max_steps}; the curve's first passing steps: "
             + ", ".join(f"seed {k} step {v}" for k, v in steps.items())
-            + ". The schedule and W are the submission's Params.",
+            + f". The schedule and W are the submission's Params; `eval_retries = {EVAL_RETRIES}` "
+            "(an evaluation lost to Airflow's deferral race is retried, docs/slurm.md).",
             "",
             f"- Date: {when}; {platform.machine()}, nproc {os.cpu_count()}; load average at "
             "the start of each configuration: "

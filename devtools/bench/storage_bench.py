@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from devtools.bench.proportions_bench import (
+    EVAL_RETRIES,
     POLL_S,
     checkpoints_on_storage,
     rehearsal_scenario,
@@ -61,8 +62,6 @@ from rcpflow.verdict.retention_apply import apply_run
 START, END = "<!-- storage-bench:start -->", "<!-- storage-bench:end -->"
 REHEARSAL_START = "<!-- storage-rehearsal:start -->"
 REHEARSAL_END = "<!-- storage-rehearsal:end -->"
-# A verdict lost to Airflow's deferral race (docs/slurm.md) is retried, not the row lost.
-EVAL_RETRIES = 1
 # The rehearsal submission's configurations: during training, W short of keeping pace with
 # training (3) and W that keeps pace (10: 10 steps of 185 s >= an evaluation's 1700 s, at any
 # time scale).
