@@ -596,7 +596,7 @@ def proportions_section(
             f"- Date: {when}; {platform.machine()}, nproc {os.cpu_count()}; load average at "
             "the start of each configuration: "
             + "; ".join(f"{r.schedule} W={r.window}: {r.load}" for r in rows)
-            + " (other work shared the machine)",
+            + " (what else ran: the background processes column)",
             "",
             proportions_table(rows, models, scale, max_steps),
             "",
