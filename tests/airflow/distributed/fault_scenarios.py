@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -105,6 +106,40 @@ def wait_for_file(path: Path, airflow: Any, timeout_s: float) -> str:
     text = path.read_text()
     path.unlink()
     return text
+
+
+@dataclass(frozen=True)
+class HookedFaults:
+    """What both backends' `FaultTarget` share: the hook's folder (the files ``armed``,
+    ``submitted`` and ``release``: the conftest's SBATCH_HOOK, the GKE module's CREATE_HOOK)
+    and the reruns of seed SEED's undisturbed run."""
+
+    airflow: Any
+    hooks: Path
+    undisturbed_run_id: str  # seed SEED's run of the undisturbed submission
+    undisturbed_dir: str  # its run folder
+    faults_root: str  # each rerun's run folder goes under it
+
+    def rerun(self, name: str) -> tuple[str, dict[str, Any]]:
+        conf = dict(self.airflow.dag_run(RUN_DAG_ID, self.undisturbed_run_id)["conf"])
+        conf["run_dir"] = f"{self.faults_root}/{name}"
+        return f"fault__{name}", conf
+
+    def arm(self, run_id: str) -> None:
+        (self.hooks / "armed").touch()  # the next job created is this run's training
+
+    def held(self) -> tuple[str, str]:
+        host, job = wait_for_file(self.hooks / "submitted", self.airflow, 600).split()
+        return host, job
+
+    def let_task_go(self) -> None:
+        (self.hooks / "release").touch()
+
+    def assert_same_record(self, conf: dict[str, Any]) -> None:
+        """The rerun's outcome is the undisturbed run's (`deterministic_record`)."""
+        assert deterministic_record(conf["run_dir"], SEED) == deterministic_record(
+            self.undisturbed_dir, SEED
+        )
 
 
 def wait_for_tis(

@@ -14,7 +14,6 @@ looks would be submitted again: the adapter adopts only a job that has not ended
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,12 +21,12 @@ from distributed_cluster import Cluster, Submission, run_jobs
 from fault_scenarios import (
     EVALUATE,
     SEED,
-    deterministic_record,
+    HookedFaults,
     scheduler_killed_and_broker_restarted,
-    wait_for_file,
     worker_killed_then_triggerer_restarted,
 )
 
+from devtools.servers.slurm_cluster import SlurmCluster
 from tasks.names import RUN_DAG_ID
 
 # Slurm's states of a job that ended (a higher step's evaluation is cancelled after a pass).
@@ -38,37 +37,28 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(45 * 60)]
 
 
 @dataclass(frozen=True)
-class SlurmFaults:
+class SlurmFaults(HookedFaults):
     """The Slurm path's side of `fault_scenarios.FaultTarget`."""
 
-    cluster: Cluster
-    submission: Submission
+    slurm: SlurmCluster
 
-    @property
-    def airflow(self) -> Any:
-        return self.cluster.airflow
-
-    def rerun(self, name: str) -> tuple[str, dict[str, Any]]:
-        assert self.submission.state == "success"
-        conf = dict(self.airflow.dag_run(RUN_DAG_ID, self.submission.runs[SEED])["conf"])
-        conf["run_dir"] = str(self.cluster.storage / "faults" / name)
-        return f"fault__{name}", conf
-
-    def arm(self, run_id: str) -> None:
-        (self.cluster.hooks / "armed").touch()  # the next sbatch is this run's training
-
-    def held(self) -> tuple[str, str]:
-        host, job = wait_for_file(self.cluster.hooks / "submitted", self.airflow, 600).split()
-        return host, job
-
-    def let_task_go(self) -> None:
-        (self.cluster.hooks / "release").touch()
+    @classmethod
+    def of(cls, cluster: Cluster, submission: Submission) -> SlurmFaults:
+        assert submission.state == "success"
+        return cls(
+            cluster.airflow,
+            cluster.hooks,
+            submission.runs[SEED],
+            str(submission.run_dir(SEED)),
+            str(cluster.storage / "faults"),
+            cluster.slurm,
+        )
 
     def let_job_run(self, run_id: str, job: str) -> None:
-        self.cluster.slurm.client("scontrol", "release", job)
+        self.slurm.client("scontrol", "release", job)
 
     def training_ended(self, run_id: str) -> bool:
-        found = run_jobs(self.cluster.slurm, RUN_DAG_ID, run_id).get("train", [])
+        found = run_jobs(self.slurm, RUN_DAG_ID, run_id).get("train", [])
         assert len(found) <= 1, found
         if not found or found[0][1] in ACTIVE:
             return False
@@ -79,7 +69,7 @@ class SlurmFaults:
         airflow = self.airflow
         tis = airflow.task_instances(RUN_DAG_ID, run_id)
         assert state == "success", airflow.failure_report(RUN_DAG_ID, run_id)
-        jobs = run_jobs(self.cluster.slurm, RUN_DAG_ID, run_id)
+        jobs = run_jobs(self.slurm, RUN_DAG_ID, run_id)
         assert "train" in jobs, jobs
         for label, found in jobs.items():
             assert len(found) == 1 and found[0][1] in ENDED, (label, found)
@@ -87,9 +77,7 @@ class SlurmFaults:
             if t["task_id"] == EVALUATE and t["state"] == "success":
                 step = int(t["rendered_map_index"].removeprefix("step "))
                 assert [s for _, s in jobs[f"eval-{step}"]] == ["COMPLETED"], (step, jobs)
-        assert deterministic_record(Path(conf["run_dir"]), SEED) == deterministic_record(
-            self.submission.run_dir(SEED), SEED
-        )
+        self.assert_same_record(conf)
         ((job, state),) = jobs["train"]
         assert state == "COMPLETED", jobs["train"]
         return job
@@ -98,10 +86,10 @@ class SlurmFaults:
 def test_a_worker_killed_while_its_task_submits_then_the_triggerer_restarted_during_the_waits(
     cluster: Cluster, submission: Submission
 ) -> None:
-    worker_killed_then_triggerer_restarted(SlurmFaults(cluster, submission), "worker_triggerer")
+    worker_killed_then_triggerer_restarted(SlurmFaults.of(cluster, submission), "worker_triggerer")
 
 
 def test_a_scheduler_killed_and_the_broker_restarted_while_a_task_runs(
     cluster: Cluster, submission: Submission
 ) -> None:
-    scheduler_killed_and_broker_restarted(SlurmFaults(cluster, submission), "scheduler_broker")
+    scheduler_killed_and_broker_restarted(SlurmFaults.of(cluster, submission), "scheduler_broker")

@@ -45,9 +45,8 @@ from distributed_cluster import (
 from fault_scenarios import (
     EVALUATE,
     SEED,
-    deterministic_record,
+    HookedFaults,
     scheduler_killed_and_broker_restarted,
-    wait_for_file,
     worker_killed_then_triggerer_restarted,
 )
 from k8s_planes import Planes
@@ -243,33 +242,27 @@ def test_a_three_seed_gke_submission_under_celery_on_gcs_passes_every_checker(
 
 
 @dataclass(frozen=True)
-class GkeFaults:
+class GkeFaults(HookedFaults):
     """The GKE path's side of `fault_scenarios.FaultTarget`: a job is a JobSet, known by its
     name; its pods are the runner's."""
 
     gke: GkeDeployment
-    submission: GkeSubmission
 
-    @property
-    def airflow(self) -> Any:
-        return self.gke.airflow
-
-    def rerun(self, name: str) -> tuple[str, dict[str, Any]]:
-        assert self.submission.state == "success", self.submission.report
-        conf = dict(self.airflow.dag_run(RUN_DAG_ID, self.submission.runs[SEED])["conf"])
-        conf["run_dir"] = f"{self.gke.storage}/faults/{name}"
-        return f"fault__{name}", conf
+    @classmethod
+    def of(cls, gke: GkeDeployment, submission: GkeSubmission) -> GkeFaults:
+        assert submission.state == "success", submission.report
+        return cls(
+            gke.airflow,
+            gke.hooks,
+            submission.runs[SEED],
+            f"{gke.storage}/{NAME}/runs/seed_{SEED}",
+            f"{gke.storage}/faults",
+            gke,
+        )
 
     def arm(self, run_id: str) -> None:
         self.gke.runner.hold(jobset_name(RUN_DAG_ID, run_id, "train"))
-        (self.gke.hooks / "armed").touch()  # the next JobSet created is this run's training
-
-    def held(self) -> tuple[str, str]:
-        host, job = wait_for_file(self.gke.hooks / "submitted", self.airflow, 600).split()
-        return host, job
-
-    def let_task_go(self) -> None:
-        (self.gke.hooks / "release").touch()
+        super().arm(run_id)
 
     def let_job_run(self, run_id: str, job: str) -> None:
         assert job == jobset_name(RUN_DAG_ID, run_id, "train"), job
@@ -320,10 +313,7 @@ class GkeFaults:
             if t["task_id"] == EVALUATE and t["state"] == "success":
                 step = int(t["rendered_map_index"].removeprefix("step "))
                 assert pods[eval_label(step)] == [0], (step, pods)
-        undisturbed = f"{gke.storage}/{NAME}/runs/seed_{SEED}"
-        assert deterministic_record(conf["run_dir"], SEED) == deterministic_record(
-            undisturbed, SEED
-        )
+        self.assert_same_record(conf)
         return jobset_name(RUN_DAG_ID, run_id, "train")
 
 
@@ -332,7 +322,7 @@ class GkeFaults:
 def test_a_worker_killed_while_its_task_creates_a_jobset_then_the_triggerer_restarted(
     gke: GkeDeployment, gke_submission: GkeSubmission
 ) -> None:
-    worker_killed_then_triggerer_restarted(GkeFaults(gke, gke_submission), "worker_triggerer")
+    worker_killed_then_triggerer_restarted(GkeFaults.of(gke, gke_submission), "worker_triggerer")
 
 
 @pytest.mark.slow
@@ -340,4 +330,4 @@ def test_a_worker_killed_while_its_task_creates_a_jobset_then_the_triggerer_rest
 def test_a_scheduler_killed_and_the_broker_restarted_while_a_task_creates_a_jobset(
     gke: GkeDeployment, gke_submission: GkeSubmission
 ) -> None:
-    scheduler_killed_and_broker_restarted(GkeFaults(gke, gke_submission), "scheduler_broker")
+    scheduler_killed_and_broker_restarted(GkeFaults.of(gke, gke_submission), "scheduler_broker")
