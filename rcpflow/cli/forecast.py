@@ -29,7 +29,7 @@ from rcpflow.planning.forecast import (
 from rcpflow.planning.rehearsal import JobProfile, RehearsalInputError, load_profile
 from rcpflow.planning.storage_forecast import (
     CheckpointSizes,
-    retention_lag,
+    checked_lag,
     sizes_from_model,
     storage,
 )
@@ -265,10 +265,10 @@ def _sizes(args: argparse.Namespace) -> CheckpointSizes | None:
 
 
 def _lag(args: argparse.Namespace, sizes: CheckpointSizes | None) -> float:
-    """--retention-lag-s: bounded (`retention_lag`), and only with the sizes it is about."""
+    """--retention-lag-s: bounded (`checked_lag`), and only with the sizes it is about."""
     if args.retention_lag_s is not None and sizes is None:
         raise ForecastUsageError("--retention-lag-s needs --weights-tb or --model-params-b")
-    return retention_lag(_number("--retention-lag-s", args.retention_lag_s, 0.0))
+    return checked_lag(_number("--retention-lag-s", args.retention_lag_s, 0.0))
 
 
 def _schedules(text: str) -> tuple[Schedule, ...]:

@@ -68,7 +68,7 @@ def sizes_from_model(params_billions: float, full_every: int = 1) -> CheckpointS
     )
 
 
-def retention_lag(seconds: float) -> float:
+def checked_lag(seconds: float) -> float:
     """`seconds` as a retention lag: finite, in [0, `SECONDS_MAX`]; ForecastUsageError naming
     ``--retention-lag-s`` otherwise."""
     if not (math.isfinite(seconds) and 0 <= seconds <= SECONDS_MAX):
@@ -90,8 +90,8 @@ def storage(
     f: Forecast, sizes: CheckpointSizes, retention: bool, lag_s: float = 0.0
 ) -> StorageForecast:
     """The storage of the run `f` forecasts; with retention, each deletion `lag_s` seconds after
-    the rule allows it (`retention_lag`)."""
-    lag = retention_lag(lag_s)
+    the rule allows it (`checked_lag`)."""
+    lag = checked_lag(lag_s)
     s = f.scenario
     horizon = max(f.run_end_s, f.verdict_s, f.training_end_s)
     ends = {e.step: e.end_s for e in f.evaluations}

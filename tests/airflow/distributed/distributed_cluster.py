@@ -130,17 +130,6 @@ def assert_evaluations_on_every_worker(
     ]
 
 
-def slurm_jobs(slurm: SlurmCluster, name: str) -> list[tuple[str, str]]:
-    """(job id, state) of every job named `name` Slurm knows (finished ones included)."""
-    out = slurm.client("squeue", "-h", "--states=all", "--name", name, "-o", "%i|%T")
-    found = []
-    for line in out.splitlines():
-        job_id, _, state = line.partition("|")
-        if job_id.strip():
-            found.append((job_id.strip(), state.strip()))
-    return found
-
-
 def run_jobs(slurm: SlurmCluster, dag_id: str, run_id: str) -> dict[str, list[tuple[str, str]]]:
     """label (``train``, ``eval-12``) -> (job id, state) of every job of one DAG run that
     Slurm knows (finished ones included), told by the run's part of `job_name`."""

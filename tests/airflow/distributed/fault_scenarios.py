@@ -8,8 +8,8 @@ The hook point is the training's job creation (``sbatch`` on Slurm, the JobSet c
 the training task is held in its worker right after the cluster accepted the job, before
 Airflow recorded it, and the job is held pending (Slurm's hold; on GKE its pod is not started).
 
-Two faults share each rerun, so that the GKE path's faults cost no more suite time than the
-Slurm path's did alone (a rerun is a whole run: minutes):
+Two faults share each rerun (a rerun is a whole run: minutes), so that the GKE path's faults
+cost about the suite time that sharing saved on the Slurm path:
 
 - `worker_killed_then_triggerer_restarted`: the test SIGKILLs the held task's worker's whole
   namespace (a host lost); the scheduler fails the task once its heartbeat stops, and its
@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from rcpflow.files import logtext
 from rcpflow.files.layout import RunLayout
@@ -44,35 +44,6 @@ EVALUATE = "evaluation.checkpoint.evaluate"
 SEED = 1
 
 TaskInstances = list[dict[str, Any]]
-
-
-class FaultTarget(Protocol):
-    """A backend's side of the scenarios, on its distributed Airflow (`airflow`)."""
-
-    @property
-    def airflow(self) -> Any: ...
-
-    def rerun(self, name: str) -> tuple[str, dict[str, Any]]:
-        """The run id and conf of seed SEED's undisturbed run, in a run folder of its own."""
-
-    def arm(self, run_id: str) -> None:
-        """Hold the next job creation (the run's training) in its task, and its job pending."""
-
-    def held(self) -> tuple[str, str]:
-        """Once a task is held at the hook point: (its worker's hostname, its job's id)."""
-
-    def let_task_go(self) -> None:
-        """Let the held task leave the hook point (nothing if its worker was killed)."""
-
-    def let_job_run(self, run_id: str, job: str) -> None:
-        """Let the held job of `run_id` run."""
-
-    def training_ended(self, run_id: str) -> bool:
-        """Whether the run's training job has ended (asserted: with success)."""
-
-    def assert_undisturbed(self, run_id: str, conf: dict[str, Any], state: str) -> str:
-        """The run passed as the undisturbed one did, with one cluster job per job name, each
-        ended and none left; the training job's id."""
 
 
 def deterministic_record(run_dir: str | Path, seed: int) -> dict[str, Any]:
@@ -109,10 +80,11 @@ def wait_for_file(path: Path, airflow: Any, timeout_s: float) -> str:
 
 
 @dataclass(frozen=True)
-class HookedFaults:
-    """What both backends' `FaultTarget` share: the hook's folder (the files ``armed``,
-    ``submitted`` and ``release``: the conftest's SBATCH_HOOK, the GKE module's CREATE_HOOK)
-    and the reruns of seed SEED's undisturbed run."""
+class FaultTarget:
+    """A backend's side of the scenarios, on its distributed Airflow: the hook's folder (the
+    files ``armed``, ``submitted`` and ``release``: the conftest's SBATCH_HOOK, the GKE
+    module's CREATE_HOOK) and the reruns of seed SEED's undisturbed run are shared; a backend
+    (`SlurmFaults`, `GkeFaults`) supplies the methods that raise NotImplementedError here."""
 
     airflow: Any
     hooks: Path
@@ -121,18 +93,22 @@ class HookedFaults:
     faults_root: str  # each rerun's run folder goes under it
 
     def rerun(self, name: str) -> tuple[str, dict[str, Any]]:
+        """The run id and conf of seed SEED's undisturbed run, in a run folder of its own."""
         conf = dict(self.airflow.dag_run(RUN_DAG_ID, self.undisturbed_run_id)["conf"])
         conf["run_dir"] = f"{self.faults_root}/{name}"
         return f"fault__{name}", conf
 
     def arm(self, run_id: str) -> None:
-        (self.hooks / "armed").touch()  # the next job created is this run's training
+        """Hold the next job creation (the run's training) in its task, and its job pending."""
+        (self.hooks / "armed").touch()
 
     def held(self) -> tuple[str, str]:
+        """Once a task is held at the hook point: (its worker's hostname, its job's id)."""
         host, job = wait_for_file(self.hooks / "submitted", self.airflow, 600).split()
         return host, job
 
     def let_task_go(self) -> None:
+        """Let the held task leave the hook point (nothing if its worker was killed)."""
         (self.hooks / "release").touch()
 
     def assert_same_record(self, conf: dict[str, Any]) -> None:
@@ -140,6 +116,19 @@ class HookedFaults:
         assert deterministic_record(conf["run_dir"], SEED) == deterministic_record(
             self.undisturbed_dir, SEED
         )
+
+    def let_job_run(self, run_id: str, job: str) -> None:
+        """Let the held job of `run_id` run."""
+        raise NotImplementedError
+
+    def training_ended(self, run_id: str) -> bool:
+        """Whether the run's training job has ended (asserted: with success)."""
+        raise NotImplementedError
+
+    def assert_undisturbed(self, run_id: str, conf: dict[str, Any], state: str) -> str:
+        """The run passed as the undisturbed one did, with one cluster job per job name, each
+        ended and none left; the training job's id."""
+        raise NotImplementedError
 
 
 def wait_for_tis(

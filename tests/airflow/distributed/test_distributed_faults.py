@@ -21,7 +21,7 @@ from distributed_cluster import Cluster, Submission, run_jobs
 from fault_scenarios import (
     EVALUATE,
     SEED,
-    HookedFaults,
+    FaultTarget,
     scheduler_killed_and_broker_restarted,
     worker_killed_then_triggerer_restarted,
 )
@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(45 * 60)]
 
 
 @dataclass(frozen=True)
-class SlurmFaults(HookedFaults):
+class SlurmFaults(FaultTarget):
     """The Slurm path's side of `fault_scenarios.FaultTarget`."""
 
     slurm: SlurmCluster

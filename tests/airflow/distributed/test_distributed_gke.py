@@ -45,7 +45,7 @@ from distributed_cluster import (
 from fault_scenarios import (
     EVALUATE,
     SEED,
-    HookedFaults,
+    FaultTarget,
     scheduler_killed_and_broker_restarted,
     worker_killed_then_triggerer_restarted,
 )
@@ -242,7 +242,7 @@ def test_a_three_seed_gke_submission_under_celery_on_gcs_passes_every_checker(
 
 
 @dataclass(frozen=True)
-class GkeFaults(HookedFaults):
+class GkeFaults(FaultTarget):
     """The GKE path's side of `fault_scenarios.FaultTarget`: a job is a JobSet, known by its
     name; its pods are the runner's."""
 

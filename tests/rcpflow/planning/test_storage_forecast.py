@@ -10,7 +10,7 @@ from rcpflow_cli import run_cli
 from rcpflow.planning.forecast import ForecastUsageError, Scenario, simulate
 from rcpflow.planning.storage_forecast import (
     CheckpointSizes,
-    retention_lag,
+    checked_lag,
     sizes_from_model,
     storage,
 )
@@ -92,7 +92,7 @@ def test_a_bad_retention_lag_is_refused(lag: float) -> None:
     f = simulate(_during())
     with pytest.raises(ForecastUsageError, match="--retention-lag-s"):
         storage(f, CheckpointSizes(1.0), retention=False, lag_s=lag)
-    assert retention_lag(1e7) == 1e7 and retention_lag(0.0) == 0.0
+    assert checked_lag(1e7) == 1e7 and checked_lag(0.0) == 0.0
 
 
 def test_sizes_from_the_model_and_bad_sizes() -> None:
