@@ -20,4 +20,6 @@ COMPLIANCE_TOOL = "compliance_checker"
 # The run DAG's task and group ids that running triggers keep in their kwargs (and Airflow keeps
 # in its task instances): the training task and the evaluation task of each checkpoint.
 TRAIN_TASK_ID = "train"
+# The run DAG's first task, whose output (the RunSpec) later tasks pull.
+PLAN_TASK_ID = "plan"
 EVALUATE_TASK_ID = "evaluate"

@@ -37,6 +37,7 @@ from rcpflow.files.layout import RunLayout
 from rcpflow.planning.forecast import Scenario, simulate
 from rcpflow.planning.rehearsal import load_profile
 from rcpflow.records.mllog import read_events, run_start_ms
+from rcpflow.verdict.retention_apply import retention_notes
 from tasks.deployment import ENV_VAR, REPO_ROOT
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
@@ -68,10 +69,12 @@ class SeedRun:
     above: int  # evaluate tasks above the passing step
     # What the forecast's load model is calibrated from, in s after the trigger: every task
     # instance of the run (TASK_FIELDS, dates as offsets), each weight update [step, t] and each
-    # summary's [step, eval_start, eval_stop]
+    # summary's [step, eval_start, eval_stop]; with retention, each checkpoint's deletion as
+    # the run's retention record has it, [step, t]
     tasks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     updates: list[list[float]] = dataclasses.field(default_factory=list)
     evaluations: list[list[float]] = dataclasses.field(default_factory=list)
+    deletions: list[list[float]] = dataclasses.field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -258,6 +261,11 @@ def seed_run(run_dir: str, seed: int, trigger_ms: int, tis: list[dict[str, Any]]
         evaluations=[
             [k, (v.eval_start_ms - trigger_ms) / 1000, (v.eval_stop_ms - trigger_ms) / 1000]
             for k, v in sorted(summaries.items())
+        ],
+        deletions=[
+            [n.step, (n.when_ms - trigger_ms) / 1000]
+            for n in retention_notes(run_dir)
+            if n.part == "checkpoint" and n.state == "gone" and n.when_ms is not None
         ],
     )
 

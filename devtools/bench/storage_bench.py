@@ -16,14 +16,16 @@ the same run.
 
 writes the section between ``<!-- storage-bench:start -->`` and ``<!-- storage-bench:end -->``.
 
-    python -m devtools.bench.storage_bench --rehearsal [--scale 0.01] [--out BENCHMARKS.md]
+    python -m devtools.bench.storage_bench --rehearsal [--out BENCHMARKS.md]
 
 measures the same on the real thing instead: the three-seed rehearsal submission under the real
 scheduler (`devtools.bench.proportions_bench.run_proportion`), per schedule and W once without
 retention and once with the deployment's ``[retention]`` (keep passing, while training), each
-seed's ``checkpoints/`` sampled every 0.5 s through the run; beside it the storage forecast of
-the same seeds (their passing steps, the row's measured median task start; with retention once
-with the row's measured retention lag, `retention_lag`, and once with none); into the section
+at its time scale (`REHEARSAL_ROWS`), each seed's ``checkpoints/`` sampled every 0.5 s through
+the run; beside it the storage forecast of the same seeds (their passing steps, the row's
+measured median task start; with retention once with the row's measured retention lag,
+`retention_lag`, and once with none) and what a slot in the eval window is held for
+(`slot_seconds`, against W steps: whether W slots keep pace); into the section
 between ``<!-- storage-rehearsal:start -->`` and ``<!-- storage-rehearsal:end -->``
 (``--rehearsal-from FILE``: from the measurements a run saved).
 """
@@ -62,10 +64,15 @@ from rcpflow.verdict.retention_apply import apply_run
 START, END = "<!-- storage-bench:start -->", "<!-- storage-bench:end -->"
 REHEARSAL_START = "<!-- storage-rehearsal:start -->"
 REHEARSAL_END = "<!-- storage-rehearsal:end -->"
-# The rehearsal submission's configurations: during training, W short of keeping pace with
-# training (3) and W that keeps pace (10: 10 steps of 185 s >= an evaluation's 1700 s, at any
-# time scale).
-REHEARSAL_ROWS: tuple[tuple[Schedule, int], ...] = (("during_training", 3), ("during_training", 10))
+# The rehearsal submission's configurations and the time scale each runs at: during training, W
+# short of keeping pace with training (3: 3 steps of 185 s against an evaluation's 1700 s) at
+# 0.01, and W that keeps pace (10: 1850 s against 1700 s) at 0.1, where the DAG's own seconds
+# per evaluation (task starts, polls: they do not scale) fit in those 150 s of slack scaled
+# (15 s); at 0.01 they would not (1.5 s), and W=10 would fall behind as W=3 does.
+REHEARSAL_ROWS: tuple[tuple[Schedule, int, float], ...] = (
+    ("during_training", 3, 0.01),
+    ("during_training", 10, 0.1),
+)
 # The rehearsal profile's timings (rcpflow/planning/rehearsal.py): a step 185 s, an evaluation
 # 1700 s; the reference batch size's validation start 18, passing at 26 of 40 steps.
 STEP_S, EVAL_S, VAL_START, PASSING, MAX_STEPS = 185.0, 1700.0, 18, 26, 40
@@ -173,11 +180,12 @@ def section() -> str:
 
 @dataclass(frozen=True)
 class RehearsalRow:
-    """One configuration of the rehearsal submission, without retention and with it: each a
-    `ProportionRow` as `proportions_bench.saved_row` keeps it."""
+    """One configuration of the rehearsal submission at its time scale, without retention and
+    with it: each a `ProportionRow` as `proportions_bench.saved_row` keeps it."""
 
     schedule: Schedule
     window: int
+    scale: float
     without: dict[str, Any]
     kept: dict[str, Any]
 
@@ -218,45 +226,30 @@ def forecast_peak(
 
 
 def retention_lag(saved: dict[str, Any]) -> float | None:
-    """The median seconds from a step's evaluate task's end to the start of its
-    ``retention_after_step`` (the stop check and the retention task between them), over every
-    seed's steps that had both: what the DAG adds to the storage forecast's deletion at the
-    evaluation's end."""
+    """The median seconds from a step's evaluation's end (its summary's ``eval_stop``) to its
+    checkpoint's deletion (the run's retention record), over every seed's steps that had both:
+    what the DAG adds to the storage forecast's deletion at the evaluation's end (the trigger's
+    poll, the evaluate task's resume, the apply)."""
     lags = []
     for seed in saved["seeds"]:
-        ends: dict[int, float] = {}
-        starts: dict[int, float] = {}
-        for t in seed["tasks"]:
-            task = t["task_id"].rsplit(".", 1)[-1]
-            if task == "evaluate" and t["state"] == "success" and t["end_date"] is not None:
-                ends[t["map_index"]] = t["end_date"]
-            elif task == "retention_after_step" and t["start_date"] is not None:
-                starts[t["map_index"]] = t["start_date"]
-        lags += [starts[i] - ends[i] for i in ends if i in starts]
+        ends = {int(step): stop for step, _, stop in seed["evaluations"]}
+        lags += [t - ends[int(step)] for step, t in seed.get("deletions", ()) if int(step) in ends]
     return statistics.median(lags) if lags else None
 
 
-def rehearsal_rows(rows: Sequence[RehearsalRow], scale: float, max_steps: int) -> list[str]:
-    out = []
-    for r in rows:
-        written, peak_without, bytes_without = _peak(r.without)
-        _, peak_with, bytes_with = _peak(r.kept)
-        bound = r.window + 2
-        lag = retention_lag(r.kept)
-        f_without = forecast_peak(r.without, scale, max_steps, retention=False)
-        f_with = forecast_peak(r.kept, scale, max_steps, retention=True)
-        f_lagged = (
-            "none ran"
-            if lag is None
-            else _versus(peak_with, forecast_peak(r.kept, scale, max_steps, True, lag_s=lag))
-        )
-        out.append(
-            f"| {r.schedule} | {r.window} | {written} | {peak_without} | {peak_with} "
-            f"({'within' if peak_with <= bound else 'above'} W+2 = {bound}) | "
-            f"{bytes_with / bytes_without:.2f} | {f_lagged} | {_versus(peak_with, f_with)} | "
-            f"{_versus(peak_without, f_without)} |"
-        )
-    return out
+def slot_seconds(saved: dict[str, Any]) -> float | None:
+    """The median seconds a step holds its slot in the eval window: from its wait's end (let
+    go) to its evaluate task's end, over every seed's evaluate tasks that succeeded."""
+    held = []
+    for seed in saved["seeds"]:
+        ends: dict[tuple[str, int], float] = {}
+        for t in seed["tasks"]:
+            task = t["task_id"].rsplit(".", 1)[-1]
+            if task in ("wait", "evaluate") and t["state"] == "success" and t["end_date"]:
+                ends[task, t["map_index"]] = t["end_date"]
+        held += [end - ends["wait", i] for (task, i), end in ends.items() if task == "evaluate"
+                 and ("wait", i) in ends]  # fmt: skip
+    return statistics.median(held) if held else None
 
 
 def _versus(measured: int, forecast: int) -> str:
@@ -264,73 +257,112 @@ def _versus(measured: int, forecast: int) -> str:
     return f"{forecast} ({measured / forecast:.2f})"
 
 
-def rehearsal_section(rows: Sequence[RehearsalRow], scale: float, max_steps: int, when: str) -> str:
+def rehearsal_rows(rows: Sequence[RehearsalRow], max_steps: int) -> list[str]:
+    out = []
+    for r in rows:
+        written, peak_without, bytes_without = _peak(r.without)
+        _, peak_with, bytes_with = _peak(r.kept)
+        bound = r.window + 2
+        lag = retention_lag(r.kept)
+        f_without = forecast_peak(r.without, r.scale, max_steps, retention=False)
+        f_with = forecast_peak(r.kept, r.scale, max_steps, retention=True)
+        f_lagged = (
+            "none ran"
+            if lag is None
+            else _versus(
+                peak_with, forecast_peak(r.kept, r.scale, max_steps, True, lag_s=max(lag, 0.0))
+            )
+        )
+        out.append(
+            f"| {r.schedule} | {r.window} | {r.scale:g} ({STEP_S * r.scale:.2f} s, "
+            f"{EVAL_S * r.scale:.1f} s) | {written} | {peak_without} | {peak_with} "
+            f"({'within' if peak_with <= bound else 'above'} W+2 = {bound}) | "
+            f"{bytes_with / bytes_without:.2f} | {f_lagged} | {_versus(peak_with, f_with)} | "
+            f"{_versus(peak_without, f_without)} |"
+        )
+    return out
+
+
+def _seconds(value: float | None, what: str) -> str:
+    return f"{what} (none ran)" if value is None else f"{what} {value:.1f} s (median)"
+
+
+def rehearsal_section(rows: Sequence[RehearsalRow], max_steps: int, when: str) -> str:
     head = (
         "### Measured on the rehearsal submission (`python -m devtools.bench.storage_bench "
         "--rehearsal`)\n\n"
         "The three-seed submission (`mlperf_grpo_submission`) under the real scheduler with the "
-        f"rehearsal jobs at {scale:g} of their times (as in the proportions section: a step "
-        f"{STEP_S * scale:.2f} s, an evaluation {EVAL_S * scale:.1f} s; validation from step "
+        "rehearsal jobs at a fraction of their times (the row's time scale: a step "
+        f"{STEP_S:g} s and an evaluation {EVAL_S:g} s times it; validation from step "
         f"{VAL_START}, max_steps {max_steps}), once without retention and once with the "
-        "deployment's `[retention] keep = \"passing\", while_training = true` (the run DAG's "
-        "`retention_after_step` after each step's evaluation, its `retention` task once the run "
-        "is settled); each seed's `checkpoints/` sampled every 0.5 s through the run (step "
-        "folders and their bytes). The rehearsal trainer saves weights only (no full-state "
-        f"save), so the bound is W + 2. `eval_retries = {EVAL_RETRIES}` (a verdict lost to "
-        "Airflow's deferral race is retried, docs/slurm.md). Forecast: "
-        "`rcpflow.planning.storage_forecast.storage` "
-        "of each seed's run at its passing step, with the row's measured median task start "
-        "and the waits' 0.5 s poll; with retention twice: with the row's measured retention lag "
-        "(`--retention-lag-s`: the row's measured median path from an evaluate task's end to "
-        "its step's retention task, listed below; measured, not fitted to the peak) and with "
-        "none (each deletion at the evaluation's end); in brackets measured / forecast. Every "
-        f"number is the worst seed's.\n\n- Date: {when}; {platform.machine()}, nproc "
-        f"{os.cpu_count()}; load "
-        "average at each start: "
+        "deployment's `[retention] keep = \"passing\", while_training = true` (each step's "
+        "evaluate task deletes what its result lets go before it ends, so before its slot in "
+        "the eval window frees; the `retention` task once the run is settled); each seed's "
+        "`checkpoints/` sampled every 0.5 s through the run (step folders and their bytes). The "
+        "rehearsal trainer saves weights only (no full-state save), so the bound is W + 2: the "
+        "W checkpoints being evaluated, the newest waiting for a slot, the passing one. "
+        f"`eval_retries = {EVAL_RETRIES}` (a verdict lost to Airflow's deferral race is "
+        "retried, docs/slurm.md). Forecast: `rcpflow.planning.storage_forecast.storage` of each "
+        "seed's run at its passing step, with the row's measured median task start and the "
+        "waits' 0.5 s poll; with retention twice: with the row's measured retention lag "
+        "(`--retention-lag-s`: the median from an evaluation's end to its checkpoint's deletion "
+        "in the run's retention record, listed below; measured, not fitted to the peak) and "
+        "with none (each deletion at the evaluation's end); in brackets measured / forecast. "
+        f"Every number is the worst seed's.\n\n- Date: {when}; {platform.machine()}, nproc "
+        f"{os.cpu_count()}; load average at each start: "
         + "; ".join(
             f"{r.schedule} W={r.window}: {r.without['load']} (without), {r.kept['load']} (with)"
             for r in rows
         )
-        + "\n\n| schedule | W | checkpoints written | peak checkpoints without | peak "
-        "checkpoints with | peak bytes with / without | forecast peak with, measured lag | "
-        "forecast peak with, no lag | forecast peak without |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        + "\n\n| schedule | W | time scale (a step, an evaluation) | checkpoints written | peak "
+        "checkpoints without | peak checkpoints with | peak bytes with / without | forecast "
+        "peak with, measured lag | forecast peak with, no lag | forecast peak without |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
-    lags = []
+    lines = []
     for r in rows:
-        lag = retention_lag(r.kept)
+        slot = slot_seconds(r.kept)
         training = max(s["steps_trained"] for s in r.kept["seeds"]) - VAL_START + 1
-        forecast = max(f.steps_trained for f in forecasts(r.kept, scale, max_steps))
-        lags.append(
-            f"- {r.schedule} W={r.window}: an evaluate task's end to its step's retention "
-            + ("(none ran)" if lag is None else f"{lag:.1f} s (median)")
-            + f"; W steps take {r.window * STEP_S * scale:.1f} s, an evaluation "
-            f"{EVAL_S * scale:.1f} s; training wrote {training} checkpoints with retention on, "
-            f"the forecast's run {forecast - VAL_START + 1}."
+        forecast = max(f.steps_trained for f in forecasts(r.kept, r.scale, max_steps))
+        pace = (
+            ""
+            if slot is None
+            else f" ({'within' if slot <= r.window * STEP_S * r.scale else 'more than'} W steps)"
+        )
+        lines.append(
+            f"- {r.schedule} W={r.window} at {r.scale:g}: "
+            + _seconds(slot, "a slot held per evaluation (a wait's end to its evaluate task's end)")
+            + pace
+            + f", W steps {r.window * STEP_S * r.scale:.1f} s, an evaluation "
+            f"{EVAL_S * r.scale:.1f} s; "
+            + _seconds(retention_lag(r.kept), "an evaluation's end to its checkpoint's deletion")
+            + f"; training wrote {training} checkpoints with retention on, the forecast's run "
+            f"{forecast - VAL_START + 1}."
         )
     tail = (
-        "\nWhere the bound is not met: a checkpoint goes when its evaluation has ended and the "
-        "DAG's stop check and retention task have started after it; the bound W + 2 holds "
-        "when that whole path takes at most W steps. At these scaled times the path's fixed "
-        "seconds (task starts, measured below) are several steps; at the benchmark's times "
-        f"(a step {STEP_S:g} s, an evaluation {EVAL_S:g} s) the same seconds are a fraction "
-        "of one (the replay above). With no lag the forecast deletes at the evaluation's end, "
-        "so it predicts fewer checkpoints than this DAG keeps at these times; with the row's "
-        "measured lag it deletes at that path's median end; its peak is then at most the "
-        "checkpoints its run writes (below, beside the measured run's).\n"
+        "\nWhen the bound holds: a checkpoint evaluated below the target is deleted inside its "
+        "evaluate task, before its slot frees, so a run keeps the W being evaluated and those "
+        "waiting for a slot; the waiting stay few when W slots keep pace with training: a slot "
+        "held per evaluation (the evaluation, the evaluate task's start, the trigger's poll, "
+        "the task's resume) within W steps. The DAG's own seconds do not scale with the jobs: "
+        "at 0.01 of the times they are more than the W steps of slack, at 0.1 a fraction of "
+        f"them, at the benchmark's (a step {STEP_S:g} s, an evaluation {EVAL_S:g} s) a "
+        "fraction of one step (the replay above). Where W slots fall behind, the checkpoints "
+        "waiting for one pile up and the rule keeps them (they may yet be needed).\n"
     )
-    return "\n".join([head, *rehearsal_rows(rows, scale, max_steps), tail, *lags])
+    return "\n".join([head, *rehearsal_rows(rows, max_steps), tail, *lines])
 
 
 def run_rehearsal(
-    scale: float, max_steps: int, saved: Path, only: Sequence[str] | None = None
+    max_steps: int, saved: Path, only: Sequence[str] | None = None
 ) -> list[RehearsalRow]:
     """Each `REHEARSAL_ROWS` configuration (or those of `only`, ``schedule:W``) without and
     with retention, saved to `saved` as it goes; with `only`, the rows `saved` holds of the
     others are kept (a row that could not run on a loaded machine is run again alone)."""
     earlier = [RehearsalRow(**r) for r in json.loads(saved.read_text())] if saved.exists() else []
     rows = [r for r in earlier if only is not None and f"{r.schedule}:{r.window}" not in only]
-    for schedule, window in REHEARSAL_ROWS:
+    order = [(s, w) for s, w, _ in REHEARSAL_ROWS]
+    for schedule, window, scale in REHEARSAL_ROWS:
         if only is not None and f"{schedule}:{window}" not in only:
             continue
         pair = [
@@ -346,8 +378,8 @@ def run_rehearsal(
             )
             for retention in (False, True)
         ]
-        rows.append(RehearsalRow(schedule, window, *pair))
-        rows.sort(key=lambda r: REHEARSAL_ROWS.index((r.schedule, r.window)))
+        rows.append(RehearsalRow(schedule, window, scale, *pair))
+        rows.sort(key=lambda r: order.index((r.schedule, r.window)))
         saved.write_text(json.dumps([r.__dict__ for r in rows], indent=1))
     return rows
 
@@ -357,12 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="BENCHMARKS.md")
     p.add_argument("--rehearsal", action="store_true", help="measure the rehearsal submission")
     p.add_argument("--rehearsal-from", type=Path, default=None, help="its saved measurements")
-    p.add_argument("--scale", type=float, default=0.01)
     p.add_argument("--max-steps", type=int, default=60)
     p.add_argument(
         "--only",
         nargs="*",
-        choices=[f"{s}:{w}" for s, w in REHEARSAL_ROWS],
+        choices=[f"{s}:{w}" for s, w, _ in REHEARSAL_ROWS],
         default=None,
         help="with --rehearsal: these configurations, the others kept from the saved file",
     )
@@ -376,10 +407,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             WORKDIR.mkdir(parents=True, exist_ok=True)
             saved = WORKDIR / "storage_rehearsal.json"
-            rows = run_rehearsal(args.scale, args.max_steps, saved, args.only)
+            rows = run_rehearsal(args.max_steps, saved, args.only)
             stamp = datetime.datetime.now(datetime.UTC).timestamp()
         when = datetime.datetime.fromtimestamp(stamp, datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-        body = rehearsal_section(rows, args.scale, args.max_steps, when)
+        body = rehearsal_section(rows, args.max_steps, when)
         print(body)
         write_section(args.out, body, REHEARSAL_START, REHEARSAL_END)
         return 0

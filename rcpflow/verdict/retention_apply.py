@@ -319,14 +319,16 @@ def apply_run(
     policy: RetentionPolicy = DEFAULT_POLICY,
     settled: bool = False,
     trees: Sequence[str] = (),
+    patience_s: float = 0.0,
 ) -> dict[str, object]:
     """Finish an unfinished apply, else plan, record the intent, delete, mark done; the apply
     as recorded. An unfinished apply keeps the trees it was planned with. One apply per run
-    folder at a time (`rcpflow.verdict.retention_lock`): RetentionBusy when another holds it."""
+    folder at a time (`rcpflow.verdict.retention_lock`): RetentionBusy when another holds it
+    (longer than `patience_s`)."""
     root = RunLayout(run_dir).root
     if not is_gcs(root) and not os.path.isdir(root):
         raise RetentionError(f"{root}: no run folder")
-    with holding(run_dir):
+    with holding(run_dir, patience_s):
         return _apply_held(run_dir, policy, settled, trees)
 
 

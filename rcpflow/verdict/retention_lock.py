@@ -1,8 +1,9 @@
 """One retention apply per run folder at a time: an exclusive lock held for the whole apply.
 
 `rcpflow retention apply` and the run DAG's retention tasks both take it (`apply_run` does), so
-two applies never interleave their plans, deletes and record writes. It is never waited for: a
-second apply gets `RetentionBusy`, one line naming the lock and its holder.
+two applies never interleave their plans, deletes and record writes. A second apply gets
+`RetentionBusy`, one line naming the lock and its holder, at once or, with a patience (the run
+DAG's evaluate tasks, whose applies follow one another), once the lock stayed held that long.
 
 - Local disk and a Slurm cluster's shared folder: ``flock`` on ``<run_dir>/.retention.lock``
   (`RunLayout.retention_lock`), taken without blocking. The kernel drops it when its holder
@@ -84,13 +85,25 @@ def _gcs(path: str) -> Iterator[None]:
         store.delete_generation(path, generation)
 
 
+# How often a patient apply tries a held lock again.
+RETRY_S = 0.1
+
+
 @contextlib.contextmanager
-def holding(run_dir: str) -> Iterator[None]:
-    """Hold the run folder's retention lock for the block; RetentionBusy when another holds it."""
+def holding(run_dir: str, patience_s: float = 0.0) -> Iterator[None]:
+    """Hold the run folder's retention lock for the block; RetentionBusy when another holds it
+    (for longer than `patience_s`: tried again every `RETRY_S` until then)."""
     path = RunLayout(run_dir).retention_lock
-    if is_gcs(path):
-        with _gcs(path):
-            yield
-    else:
-        with _local(path):
-            yield
+    take = _gcs if is_gcs(path) else _local
+    deadline = time.monotonic() + patience_s
+    while True:
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(take(path))
+            except RetentionBusy:
+                if time.monotonic() >= deadline:
+                    raise
+            else:
+                yield
+                return
+        time.sleep(RETRY_S)

@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator
 from tasks.backend_api.foreign_result import import_eval_result, record_eval_start
 from tasks.backend_api.lifecycle_names import eval_label
 from tasks.jobs.values import evaluate_values
+from tasks.run.retention import after_evaluation
 from tasks.run.stages import (
     EvalTarget,
     cancel_above,
@@ -136,7 +137,9 @@ class EvaluateCheckpoint(BaseOperator):
 
 class EvaluateStep(EvaluateCheckpoint):
     """`EvaluateCheckpoint` for the checkpoint of a planned `step` (evaluation during
-    training: the step's wait saw its row committed), read from the manifest."""
+    training: the step's wait saw its row committed), read from the manifest. With ``[retention]
+    while_training``, what the collected result lets go is deleted before the task ends, so
+    before the step's slot in the eval window frees (`tasks.run.retention.after_evaluation`)."""
 
     def __init__(self, *, step: int, **kwargs: Any) -> None:
         super().__init__(row={}, **kwargs)
@@ -144,3 +147,10 @@ class EvaluateStep(EvaluateCheckpoint):
 
     def target(self) -> EvalTarget:
         return step_target(self.run_dir, self.step)
+
+    def collected(
+        self, context: Context, target: EvalTarget, *, stop_higher: bool = True
+    ) -> dict[str, Any]:
+        result = super().collected(context, target, stop_higher=stop_higher)
+        after_evaluation(context, self.run_dir, self.step)
+        return result

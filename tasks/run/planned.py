@@ -7,7 +7,8 @@ the run's eval window has room for it, or ends skipped when it never will be or 
 already passed; the backend's ``evaluate`` (whose pass stops the evaluations of higher steps
 still running: `tasks.run.evaluate_operator`, the one caller of `cancel_above`);
 ``stop_if_decided``: during training, the stop request is written when the summaries decide
-the run; with ``[retention] while_training``, ``retention_after_step`` (`tasks.run.retention`).
+the run. (With ``[retention] while_training`` the evaluate task itself deletes what its result
+lets go: `tasks.run.retention`.)
 ``finalize`` and ``check`` follow training and every step.
 """
 
@@ -24,7 +25,6 @@ from rcpflow.verdict.stop_request import request_stop
 from tasks.names import TRAIN_TASK_ID
 from tasks.run.evaluation_group import RCP_VIEW_DOC, check, finalize
 from tasks.run.operators import WaitForCheckpointOperator
-from tasks.run.retention import retention_after_step
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
@@ -115,8 +115,6 @@ def evaluation_over_steps(
             evaluate = backend.evaluate_checkpoint(run_dir, step)
             stop = stop_if_decided(run_dir=run_dir, step=step, schedule=schedule)
             wait >> evaluate >> stop
-            if deployment.retention.while_training:
-                stop >> retention_after_step(spec=spec, step=step)
 
         [checkpoint.expand(step=steps), train] >> finalize(run_dir) >> check(run_dir)
     return group

@@ -8,21 +8,25 @@ evaluation of the run done (so, with ``settled``, the unevaluated checkpoints ab
 step go too). A run whose check failed keeps everything for the person looking into it. The
 apply's record (``retention.json``) is what `rcpflow status` and the RCP view show.
 
-With ``[retention] while_training = true`` the evaluation group also runs
-`retention_after_step` after each step's evaluation (`tasks.run.planned`), one at a time per
-run (the record is one file): the evaluated checkpoints below the target go while training
-runs (the newest full state stays), for a trainer whose resume tolerates it. Both take the run
-folder's retention lock (`rcpflow.verdict.retention_lock`): while a person's ``rcpflow retention
-apply`` holds it, the final task fails naming it, and the after-step one leaves the work to it.
-The after-step task is opportunistic: a run folder it cannot plan is logged, never fails the
-step (the final task names it and fails), so that retention never stands between an evaluation
-and the verdict.
+With ``[retention] while_training = true`` each step's evaluate task also applies the rule
+once its summary is collected (`after_evaluation`, called by `tasks.run.evaluate_operator`'s
+`EvaluateStep`): the evaluated checkpoints below the target go while training runs (the newest
+full state stays), for a trainer whose resume tolerates it. It runs inside the evaluate task so
+that a checkpoint decided below the target is gone before its evaluation's slot in the eval
+window frees: a run then keeps at most the W checkpoints being evaluated and those waiting for
+a slot (docs/retention.md), with no task start of the DAG's between an evaluation's end and its
+deletion. The applies of one run take the run folder's retention lock
+(`rcpflow.verdict.retention_lock`) one after another (`LOCK_PATIENCE_S`); while a person's
+``rcpflow retention apply`` holds it longer, the final task fails naming it, and an evaluate
+task leaves the work to it. The evaluate task's apply is opportunistic: whatever stops it is
+logged, never fails the evaluation (the final task repeats the apply and fails naming it), so
+that retention never stands between an evaluation and the verdict.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import Param, get_current_context, task
 
@@ -37,12 +41,21 @@ from tasks.deployment import (
     load_deployment,
 )
 from tasks.jobs.templates import TrainResult
+from tasks.names import PLAN_TASK_ID
 from tasks.run.spec import ParamError, RunSpec, XComValue
 from tasks.run.train_result import checkpoint_root
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 log = logging.getLogger(__name__)
 
 RETENTION_PARAM = "retention"
+# How long an evaluate task's apply waits for the run folder's retention lock: another evaluate
+# task's apply holds it for one apply (a listing of the run's checkpoint tree: milliseconds on
+# a local disk, seconds on a large gs:// tree); held longer, it is a person's apply, whose work
+# the final task finishes.
+LOCK_PATIENCE_S = 30.0
 
 
 class RetentionTaskError(RuntimeError):
@@ -97,15 +110,23 @@ def apply_retention(
     result: TrainResult,
     *,
     settled: bool,
+    patience_s: float = 0.0,
 ) -> dict[str, Any] | None:
-    """Apply the rule to the run with `choice` (None when off); what was deleted and kept."""
+    """Apply the rule to the run with `choice` (None when off); what was deleted and kept
+    (the lock waited for `patience_s` when another apply holds it)."""
     if choice == "off":
         log.info("retention off: every checkpoint stays")
         return None
     policy = RetentionPolicy(choice, settings.last_k, settings.while_training)
     trees = deletable_trees(run_dir, seed, settings, result)
     try:
-        applied = apply_run(run_dir, policy, settled=settled and settings.settled, trees=trees)
+        applied = apply_run(
+            run_dir,
+            policy,
+            settled=settled and settings.settled,
+            trees=trees,
+            patience_s=patience_s,
+        )
     except (RetentionError, RetentionBusy) as exc:  # RetentionBusy: a person's apply runs
         raise RetentionTaskError(str(exc)) from None
     parts = cast(list[dict[str, Any]], applied["parts"])
@@ -138,15 +159,56 @@ def _apply_for_task(spec: XComValue, *, settled: bool) -> dict[str, Any] | None:
     )
 
 
-@task(max_active_tis_per_dagrun=1, map_index_template="step {{ task.op_kwargs['step'] }}")
-def retention_after_step(spec: XComValue, step: XComValue) -> dict[str, Any] | None:
+def retain_after_evaluation(
+    run_dir: str,
+    seed: int,
+    step: int,
+    choice: object,
+    settings: RetentionSettings,
+    result: TrainResult,
+) -> dict[str, Any] | None:
     """After `step`'s evaluation (``[retention] while_training``): what the rule lets go now,
-    deleted; the verdict's settled deletions wait for the final ``retention`` task."""
-    try:
-        return _apply_for_task(spec, settled=False)
-    except RetentionTaskError as exc:
-        log.warning("retention after step %s: %s (the final retention task tries again)", step, exc)
+    deleted (the verdict's settled deletions wait for the final ``retention`` task); None when
+    off or when it could not apply, which it logs: it never raises."""
+    if not settings.while_training:
         return None
+    try:
+        return apply_retention(
+            run_dir,
+            seed,
+            retention_choice(choice),
+            settings,
+            result,
+            settled=False,
+            patience_s=LOCK_PATIENCE_S,
+        )
+    except Exception as exc:
+        # The step's summary is persisted and collected: nothing retention meets (a bad Param,
+        # a busy lock, an unreadable tree, a storage error) may fail its evaluation. The final
+        # task applies again and fails naming it.
+        log.warning(
+            "retention after step %s: %s (the final retention task tries again)",
+            step,
+            str(exc) or type(exc).__name__,
+        )
+        return None
+
+
+def after_evaluation(context: Context, run_dir: str, step: int) -> dict[str, Any] | None:
+    """`retain_after_evaluation` for the running evaluate task of `step` (its deployment, the
+    run's ``retention`` Param and seed)."""
+    deployment = load_deployment()
+    if not deployment.retention.while_training:
+        return None
+    seed = RunSpec.from_dict(context["ti"].xcom_pull(task_ids=PLAN_TASK_ID)).seed
+    return retain_after_evaluation(
+        run_dir,
+        seed,
+        step,
+        context["params"].get(RETENTION_PARAM, deployment.retention.keep),
+        deployment.retention,
+        deployment.jobs.train.result,
+    )
 
 
 @task

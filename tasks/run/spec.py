@@ -29,6 +29,7 @@ from rcpflow.verdict.schedule import (
 from rcpflow.verdict.schedule_record import ScheduleRecord, record_schedule
 from tasks.backend_api.protocol import FormDefaults
 from tasks.deployment import MAX_EVAL_WINDOW, Deployment, EvalSchedule, load_deployment
+from tasks.names import PLAN_TASK_ID
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +265,7 @@ class RunNotFound(ValueError):
     """The run_dir Param of a deferred evaluation names a folder without a manifest."""
 
 
-@task(task_id="plan", multiple_outputs=True)
+@task(task_id=PLAN_TASK_ID, multiple_outputs=True)
 def plan_run() -> dict[str, Any]:
     """First task of a run: the validated RunSpec (fails naming the Param, before any job);
     records the run's evaluation schedule in its folder (`rcpflow.verdict.schedule_record`)."""

@@ -58,12 +58,12 @@ def test_the_sampler_counts_step_folders_and_remembers_each_one_written(tmp_path
 
 
 def _retention_tasks() -> list[dict]:
-    """Step 18's evaluate ended at 100 s, its retention_after_step started at 104 s."""
+    """Step 18's wait ended at 58 s, its evaluate task ended at 100 s (a slot held 42 s)."""
     return [
+        {"task_id": "evaluation.checkpoint.wait", "map_index": 0, "state": "success",
+         "start_date": 10.0, "end_date": 58.0},
         {"task_id": "evaluation.checkpoint.evaluate", "map_index": 0, "state": "success",
          "start_date": 60.0, "end_date": 100.0},
-        {"task_id": "evaluation.checkpoint.retention_after_step", "map_index": 0,
-         "state": "success", "start_date": 104.0, "end_date": 105.0},
     ]  # fmt: skip
 
 
@@ -71,14 +71,16 @@ def _saved(
     schedule: str, window: int, peaks: list[tuple[int, int]], load: str, retention: bool = True
 ) -> dict:
     """A configuration as proportions_bench.saved_row keeps it: seeds passing at 20, 23, 19;
-    without `retention` no retention task ran."""
+    step 18's evaluation ended at 95 s and, with `retention`, its checkpoint went at 99 s."""
     seeds = [
         {
             "seed": s,
             "passing_step": p,
             "task_start_s": [2.0, 3.0],
             "steps_trained": 60,
-            "tasks": _retention_tasks() if retention else _retention_tasks()[:1],
+            "tasks": _retention_tasks(),
+            "evaluations": [[18, 62.0, 95.0]],
+            "deletions": [[18, 99.0], [40, 300.0]] if retention else [],
         }
         for s, p in ((1, 20), (2, 23), (3, 19))
     ]
@@ -96,12 +98,14 @@ def test_the_rehearsal_section_shows_the_worst_seeds_peaks_and_the_forecast(
         {
             "schedule": "during_training",
             "window": 10,
+            "scale": 0.01,
             "without": _saved("during_training", 10, [(40, 4000), (43, 4300), (39, 3900)], "1"),
             "kept": _saved("during_training", 10, [(9, 900), (12, 1200), (8, 800)], "2"),
         },
         {
             "schedule": "during_training",
             "window": 3,
+            "scale": 0.1,
             "without": _saved("during_training", 3, [(43, 4300)] * 3, "3"),
             "kept": _saved("during_training", 3, [(43, 4300)] * 3, "4", retention=False),
         },
@@ -115,15 +119,27 @@ def test_the_rehearsal_section_shows_the_worst_seeds_peaks_and_the_forecast(
     assert storage_bench.REHEARSAL_START in text and storage_bench.REHEARSAL_END in text
     (row,) = [line for line in text.splitlines() if line.startswith("| during_training | 10 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2:6] == ["43", "43", "12 (within W+2 = 12)", f"{1200 / 4300:.2f}"]
+    assert cells[2:7] == [
+        "0.01 (1.85 s, 17.0 s)", "43", "43", "12 (within W+2 = 12)", f"{1200 / 4300:.2f}"
+    ]  # fmt: skip
     # the forecast's peaks: with retention below the written checkpoints, without all of them;
-    # the row's measured lag (4 s, two steps of 1.85 s) keeps checkpoints longer: more of them
-    lagged, at_once, without_forecast = (int(c.split()[0]) for c in cells[6:9])
+    # the row's measured lag (4 s from step 18's evaluation's end to its deletion; the deletion
+    # of 40, never evaluated, is no lag) keeps checkpoints longer: more of them
+    lagged, at_once, without_forecast = (int(c.split()[0]) for c in cells[7:10])
     assert at_once < lagged < without_forecast
-    assert cells[6] == f"{lagged} ({12 / lagged:.2f})"  # measured / forecast
+    assert cells[7] == f"{lagged} ({12 / lagged:.2f})"  # measured / forecast
     assert "1 (without), 2 (with)" in text
-    assert "an evaluate task's end to its step's retention 4.0 s (median)" in text
-    assert "the row's measured median path from an evaluate task's end" in text
+    assert (
+        "- during_training W=10 at 0.01: a slot held per evaluation (a wait's end to its "
+        "evaluate task's end) 42.0 s (median) (more than W steps), W steps 18.5 s, an "
+        "evaluation 17.0 s; an evaluation's end to its checkpoint's deletion 4.0 s (median)"
+    ) in text
+    assert "the median from an evaluation's end to its checkpoint's deletion" in text
     (row,) = [line for line in text.splitlines() if line.startswith("| during_training | 3 |")]
-    assert [c.strip() for c in row.strip("|").split("|")][6] == "none ran"
-    assert "during_training W=3: an evaluate task's end to its step's retention (none ran)" in text
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "0.1 (18.50 s, 170.0 s)" and cells[7] == "none ran"
+    assert (
+        "W=3 at 0.1: a slot held per evaluation (a wait's end to its evaluate task's end) "
+        "42.0 s (median) (within W steps)"
+    ) in text
+    assert "an evaluation's end to its checkpoint's deletion (none ran)" in text

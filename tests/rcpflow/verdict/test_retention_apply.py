@@ -15,9 +15,9 @@ from rcpflow_cli import assert_one_invalid_line, cli_env_without_gcs_credentials
 from devtools.synthetic_run import SyntheticRun, make_run, write_eval
 from rcpflow.files.storage import Storage, split_gcs, storage_for
 from rcpflow.records.evaluating import held
-from rcpflow.verdict import retention_apply
+from rcpflow.verdict import retention_apply, retention_lock
 from rcpflow.verdict.retention_apply import apply_run, plan_run, read_record
-from rcpflow.verdict.retention_lock import RetentionBusy
+from rcpflow.verdict.retention_lock import RetentionBusy, holding
 
 
 @pytest.fixture
@@ -322,6 +322,29 @@ def test_a_second_apply_while_one_holds_the_run_folder_is_refused(
     }
     monkeypatch.setattr(retention_apply, "after_delete", None)
     assert run_cli("retention", "apply", run.run_dir).returncode == 0  # released at its end
+
+
+def test_a_patient_apply_waits_for_the_lock_and_gives_up_after_its_patience(
+    tmp_path: Path, monkeypatch
+) -> None:
+    run = _run(tmp_path)
+    other = holding(run.run_dir)  # another evaluate task's apply, mid-way
+    other.__enter__()
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the patient apply waits: the other one ends meanwhile
+        waits.append(seconds)
+        if len(waits) == 2:
+            other.__exit__(None, None, None)
+
+    monkeypatch.setattr(retention_lock.time, "sleep", sleep)
+    done = apply_run(run.run_dir, patience_s=3600)
+    assert len(waits) == 2 and done["done_ms"] is not None
+    assert not Path(run.layout.checkpoint(18)).exists()
+    monkeypatch.undo()
+    with holding(run.run_dir), pytest.raises(RetentionBusy, match="another retention apply"):
+        apply_run(run.run_dir, patience_s=0.3)  # held for longer than its patience
+    assert len(read_record(run.run_dir)["applies"]) == 1  # type: ignore[index]
 
 
 def test_an_apply_killed_mid_way_leaves_no_lock(tmp_path: Path, monkeypatch) -> None:

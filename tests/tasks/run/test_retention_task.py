@@ -13,9 +13,11 @@ from rcpflow.verdict.retention_apply import read_record
 from rcpflow.verdict.retention_lock import holding
 from tasks.deployment import DeploymentError, RetentionSettings, parse_deployment
 from tasks.jobs.templates import TrainResult
+from tasks.run import retention
 from tasks.run.retention import (
     RetentionTaskError,
     apply_retention,
+    retain_after_evaluation,
     retention_choice,
     retention_params,
 )
@@ -110,3 +112,43 @@ def test_the_task_fails_naming_an_apply_that_holds_the_run_folder(tmp_path: Path
     assert all(Path(run.layout.checkpoint(s)).is_dir() for s in range(18, 23))
     done = apply_retention(run.run_dir, 1, "passing", settings, OWN, settled=True)
     assert done is not None and done["kept"] == ["step 20"]
+
+
+def _left(run) -> list[str]:
+    return sorted(p.name for p in Path(run.layout.checkpoints_dir).iterdir())
+
+
+def test_after_an_evaluation_the_evaluated_below_the_target_go_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    run = _run(tmp_path)
+    off = RetentionSettings(keep="passing")  # while_training off: the final task alone
+    assert retain_after_evaluation(run.run_dir, 1, 19, "passing", off, OWN) is None
+    assert read_record(run.run_dir) is None
+    during = RetentionSettings(keep="passing", while_training=True)
+    assert retain_after_evaluation(run.run_dir, 1, 19, "off", during, OWN) is None
+    done = retain_after_evaluation(run.run_dir, 1, 19, "passing", during, OWN)
+    # never settled: 21 and 22 (not evaluated) stay, whatever the deployment's `settled`
+    assert done is not None and done["deleted"] == ["step 18", "step 19"]
+    assert _left(run) == ["20", "21", "22"]
+
+
+def test_after_an_evaluation_nothing_it_meets_fails_the_evaluation(
+    tmp_path: Path, monkeypatch, caplog
+) -> None:
+    run = _run(tmp_path)
+    during = RetentionSettings(keep="passing", while_training=True)
+    assert retain_after_evaluation(run.run_dir, 1, 19, "all", during, OWN) is None
+    assert "retention after step 19: retention: 'all' is not one of" in caplog.text
+    monkeypatch.setattr(retention, "LOCK_PATIENCE_S", 0.2)
+    with holding(run.run_dir):  # a person's apply, for longer than the patience
+        assert retain_after_evaluation(run.run_dir, 1, 19, "passing", during, OWN) is None
+    assert "another retention apply holds the run folder" in caplog.text
+
+    def unreadable(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", run.layout.checkpoints_dir)
+
+    monkeypatch.setattr(retention, "apply_run", unreadable)
+    assert retain_after_evaluation(run.run_dir, 1, 19, "passing", during, OWN) is None
+    assert "Permission denied" in caplog.text
+    assert read_record(run.run_dir) is None and len(_left(run)) == 5
