@@ -117,6 +117,19 @@ def saved_row(row: ProportionRow) -> dict[str, Any]:
     return {**row._asdict(), "seeds": [dataclasses.asdict(s) for s in row.seeds]}
 
 
+def loaded_row(saved: dict[str, Any]) -> ProportionRow:
+    """A row as `saved_row` kept it, read back."""
+    return ProportionRow(
+        saved["schedule"],
+        saved["window"],
+        tuple(SeedRun(**s) for s in saved["seeds"]),
+        saved["load"],
+        tuple((t, avg, int(n)) for t, avg, n in saved.get("samples", ())),
+        tuple(saved.get("submission_tasks", ())),
+        tuple(tuple(x) for x in saved.get("storage", ())),
+    )
+
+
 # The deployment's [retention] of a configuration with retention: what the run DAG may delete
 # as soon as it may (after each step's evaluation while training runs, the rest once settled).
 RETENTION_TABLE = '\n[retention]\nkeep = "passing"\nwhile_training = true\n'
@@ -672,18 +685,7 @@ def run_proportions(args: argparse.Namespace) -> str:
         when = datetime.datetime.fromtimestamp(saved_at, datetime.UTC).strftime(
             "measurements saved %Y-%m-%d %H:%M UTC"
         )
-        rows = [
-            ProportionRow(
-                r["schedule"],
-                r["window"],
-                tuple(SeedRun(**s) for s in r["seeds"]),
-                r["load"],
-                tuple((t, avg, int(n)) for t, avg, n in r.get("samples", ())),
-                tuple(r.get("submission_tasks", ())),
-                tuple(tuple(x) for x in r.get("storage", ())),
-            )
-            for r in json.loads(args.proportions_from.read_text())
-        ]
+        rows = [loaded_row(r) for r in json.loads(args.proportions_from.read_text())]
     else:
         rows = []
         for s, w in configs:

@@ -47,8 +47,10 @@ from typing import Any
 
 from devtools.bench.proportions_bench import (
     EVAL_RETRIES,
-    POLL_S,
+    Models,
     checkpoints_on_storage,
+    loaded_row,
+    machine,
     rehearsal_scenario,
     run_proportion,
     saved_row,
@@ -198,30 +200,43 @@ def _peak(saved: dict[str, Any]) -> tuple[int, int, int]:
     )  # fmt: skip
 
 
-def forecasts(saved: dict[str, Any], scale: float, max_steps: int) -> list[Forecast]:
-    """The forecast of each seed's run at its passing step, with the row's measured median task
-    start and the waits' poll."""
-    starts = [t for s in saved["seeds"] for t in s["task_start_s"]]
-    start = statistics.median(starts) if starts else 0.0
+def calibrated(rows: Sequence[RehearsalRow]) -> Models:
+    """The forecast's machine model, calibrated once, on the first configuration's run without
+    retention (as the proportions section calibrates on its first row), for every row."""
+    return Models.measured(loaded_row(rows[0].without), rows[0].scale)
+
+
+def forecasts(
+    saved: dict[str, Any], models: Models, scale: float, max_steps: int
+) -> list[Forecast]:
+    """The forecast of each seed's run at its passing step, with the machine model `models`
+    on the row's measured background (`proportions_bench.machine`)."""
+    row = loaded_row(saved)
+    overheads = machine(row, models)
     return [
         simulate(
             rehearsal_scenario(
-                saved["schedule"], saved["window"], seed["passing_step"], scale=scale,
-                max_steps=max_steps, task_start_seconds=start, poll_seconds=POLL_S,
+                row.schedule, row.window, seed.passing_step, scale=scale, max_steps=max_steps,
+                **overheads,
             )
         )
-        for seed in saved["seeds"]
+        for seed in row.seeds
     ]  # fmt: skip
 
 
 def forecast_peak(
-    saved: dict[str, Any], scale: float, max_steps: int, retention: bool, lag_s: float = 0.0
+    saved: dict[str, Any],
+    models: Models,
+    scale: float,
+    max_steps: int,
+    retention: bool,
+    lag_s: float = 0.0,
 ) -> int:
     """The storage forecast's peak checkpoints of the row's worst seed (`forecasts`), with
     retention each deletion `lag_s` after the rule allows it."""
     return max(
         storage(f, CheckpointSizes(1.0), retention, lag_s).peak_checkpoints
-        for f in forecasts(saved, scale, max_steps)
+        for f in forecasts(saved, models, scale, max_steps)
     )
 
 
@@ -257,27 +272,20 @@ def _versus(measured: int, forecast: int) -> str:
     return f"{forecast} ({measured / forecast:.2f})"
 
 
-def rehearsal_rows(rows: Sequence[RehearsalRow], max_steps: int) -> list[str]:
+def rehearsal_rows(rows: Sequence[RehearsalRow], models: Models, max_steps: int) -> list[str]:
     out = []
     for r in rows:
         written, peak_without, bytes_without = _peak(r.without)
         _, peak_with, bytes_with = _peak(r.kept)
         bound = r.window + 2
-        lag = retention_lag(r.kept)
-        f_without = forecast_peak(r.without, r.scale, max_steps, retention=False)
-        f_with = forecast_peak(r.kept, r.scale, max_steps, retention=True)
-        f_lagged = (
-            "none ran"
-            if lag is None
-            else _versus(
-                peak_with, forecast_peak(r.kept, r.scale, max_steps, True, lag_s=max(lag, 0.0))
-            )
-        )
+        lag = max(retention_lag(r.kept) or 0.0, 0.0)
+        f_without = forecast_peak(r.without, models, r.scale, max_steps, retention=False)
+        f_with = forecast_peak(r.kept, models, r.scale, max_steps, True, lag_s=lag)
         out.append(
             f"| {r.schedule} | {r.window} | {r.scale:g} ({STEP_S * r.scale:.2f} s, "
             f"{EVAL_S * r.scale:.1f} s) | {written} | {peak_without} | {peak_with} "
             f"({'within' if peak_with <= bound else 'above'} W+2 = {bound}) | "
-            f"{bytes_with / bytes_without:.2f} | {f_lagged} | {_versus(peak_with, f_with)} | "
+            f"{bytes_with / bytes_without:.2f} | {_versus(peak_with, f_with)} | "
             f"{_versus(peak_without, f_without)} |"
         )
     return out
@@ -303,11 +311,13 @@ def rehearsal_section(rows: Sequence[RehearsalRow], max_steps: int, when: str) -
         "W checkpoints being evaluated, the newest waiting for a slot, the passing one. "
         f"`eval_retries = {EVAL_RETRIES}` (a verdict lost to Airflow's deferral race is "
         "retried, docs/slurm.md). Forecast: `rcpflow.planning.storage_forecast.storage` of each "
-        "seed's run at its passing step, with the row's measured median task start and the "
-        "waits' 0.5 s poll; with retention twice: with the row's measured retention lag "
-        "(`--retention-lag-s`: the median from an evaluation's end to its checkpoint's deletion "
-        "in the run's retention record, listed below; measured, not fitted to the peak) and "
-        "with none (each deletion at the evaluation's end); in brackets measured / forecast. "
+        "seed's run at its passing step, its times from `rcpflow.planning.forecast` with the "
+        "machine model calibrated once, on the first configuration's run without retention "
+        "(as in the proportions section, `devtools.bench.load_calibration`), on each run's "
+        "measured background; with retention each deletion the row's measured retention lag "
+        "later (`--retention-lag-s`: the median from an evaluation's end to its checkpoint's "
+        "deletion in the run's retention record, listed below); in brackets measured / "
+        "forecast. Nothing is fitted to a peak. "
         f"Every number is the worst seed's.\n\n- Date: {when}; {platform.machine()}, nproc "
         f"{os.cpu_count()}; load average at each start: "
         + "; ".join(
@@ -316,14 +326,15 @@ def rehearsal_section(rows: Sequence[RehearsalRow], max_steps: int, when: str) -
         )
         + "\n\n| schedule | W | time scale (a step, an evaluation) | checkpoints written | peak "
         "checkpoints without | peak checkpoints with | peak bytes with / without | forecast "
-        "peak with, measured lag | forecast peak with, no lag | forecast peak without |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "peak with | forecast peak without |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
+    models = calibrated(rows)
     lines = []
     for r in rows:
         slot = slot_seconds(r.kept)
         training = max(s["steps_trained"] for s in r.kept["seeds"]) - VAL_START + 1
-        forecast = max(f.steps_trained for f in forecasts(r.kept, r.scale, max_steps))
+        forecast = max(f.steps_trained for f in forecasts(r.kept, models, r.scale, max_steps))
         pace = (
             ""
             if slot is None
@@ -341,16 +352,21 @@ def rehearsal_section(rows: Sequence[RehearsalRow], max_steps: int, when: str) -
         )
     tail = (
         "\nWhen the bound holds: a checkpoint evaluated below the target is deleted inside its "
-        "evaluate task, before its slot frees, so a run keeps the W being evaluated and those "
-        "waiting for a slot; the waiting stay few when W slots keep pace with training: a slot "
-        "held per evaluation (the evaluation, the evaluate task's start, the trigger's poll, "
-        "the task's resume) within W steps. The DAG's own seconds do not scale with the jobs: "
-        "at 0.01 of the times they are more than the W steps of slack, at 0.1 a fraction of "
-        f"them, at the benchmark's (a step {STEP_S:g} s, an evaluation {EVAL_S:g} s) a "
-        "fraction of one step (the replay above). Where W slots fall behind, the checkpoints "
-        "waiting for one pile up and the rule keeps them (they may yet be needed).\n"
+        "evaluate task, before its slot frees, so before the verdict a run keeps the W being "
+        "evaluated and those waiting for a slot, and the waiting stay few when W slots keep "
+        "pace with training: a slot held per evaluation (the evaluation, the evaluate task's "
+        "start, the trigger's poll, the task's resume) within W steps. At the verdict the "
+        "passing checkpoint stays and the evaluations above it are stopped: their checkpoints "
+        "have no summary, so they stay until the run is settled (training ended, the final "
+        "`retention` task), with the one or two that training writes before it sees the stop "
+        "request: W + 2 again (the storage forecast models both). The DAG's own seconds do not "
+        "scale with the jobs: at 0.01 of the times they are more than the W steps of slack, at "
+        f"0.1 a fraction of them, at the benchmark's (a step {STEP_S:g} s, an evaluation "
+        f"{EVAL_S:g} s) a fraction of one step (the replay above). Where W slots fall behind, "
+        "the checkpoints waiting for one pile up and the rule keeps them (they may yet be "
+        "needed).\n"
     )
-    return "\n".join([head, *rehearsal_rows(rows, max_steps), tail, *lines])
+    return "\n".join([head, *rehearsal_rows(rows, models, max_steps), tail, *lines])
 
 
 def run_rehearsal(

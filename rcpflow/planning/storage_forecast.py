@@ -6,14 +6,16 @@ checkpoints on storage, the bytes written, and the storage-hours (TB x hours up 
 end, the last job's). Without retention nothing is deleted (rcpflow's default). With it, the rule
 of `rcpflow.verdict.retention` as the run DAG would apply it as soon as it may, with
 ``--while-training --settled``: a checkpoint below the passing step goes when its evaluation
-ends, the passing one stays, one above it goes at the verdict (or when written, if later, or
-when an evaluation left running ends); a full state's ``train_state/`` goes when a newer full
-state is written or training ends. With no retention lag that is the least storage the rule
+ends, the passing one stays, one above it whose evaluation ran out (persisting its summary) goes
+at the verdict (or when that evaluation ends, if later), one above it without a summary (its
+evaluation stopped at the verdict, or never started) when the run is settled: training ended
+and no evaluation running (or when written, if later); a full state's ``train_state/`` goes
+when a newer full state is written or training ends. With no retention lag that is the least storage the rule
 allows; the defaults (nothing deleted while training runs) keep more. A retention lag
 (``--retention-lag-s``, 0 to `SECONDS_MAX`) puts each of those deletions that many seconds after
 the moment the rule allows it: the run DAG's path from an evaluation's end (or the verdict) to
-the retention task that deletes (the step's stop check, then ``retention_after_step``, each a
-task start; docs/retention.md, "The storage forecast"). A deletion that would fall after the run's
+the deletion (the trigger's poll, the evaluate task's resume, which deletes before it ends;
+docs/retention.md, "The storage forecast"). A deletion that would fall after the run's
 end is not counted (the storage stays to the end).
 """
 
@@ -95,6 +97,10 @@ def storage(
     s = f.scenario
     horizon = max(f.run_end_s, f.verdict_s, f.training_end_s)
     ends = {e.step: e.end_s for e in f.evaluations}
+    # above the passing step, the evaluations that ran out and persisted their summaries
+    summarized = {
+        e.step for e in f.evaluations if e.step > s.passing_step and e.outcome == "wasted"
+    }
     first, last, p = s.val_start_at, f.steps_trained, s.passing_step
     full = [k for k in range(first, last + 1) if (k - first) % sizes.full_every == 0]
     # (time, order, TB, checkpoints): at one time writes come first (the peak counts both)
@@ -105,8 +111,13 @@ def storage(
         gone = math.inf
         if retention and k < p:
             gone = ends[k]
+        elif retention and k in summarized:
+            gone = max(written, f.verdict_s, ends[k])
         elif retention and k > p:
-            gone = max(written, f.verdict_s, ends.get(k, 0.0))
+            # no summary (stopped at the verdict, or never evaluated): "maybe being evaluated"
+            # until the run is settled, once training has ended and no evaluation runs (the
+            # run DAG's final retention task)
+            gone = max(written, f.run_end_s)
         if k in full and sizes.full_state_tb:
             later = [j for j in full if j > k]
             # the newest full state while training: kept whole (a resume needs it)

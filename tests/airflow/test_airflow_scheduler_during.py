@@ -9,7 +9,10 @@ While training runs, the planned steps' waits
 are deferred (on the triggerer: more of them than the scheduler has worker slots); once a
 checkpoint passes and every lower one is below target the DAG writes the stop request and the
 trainer ends before max_steps. A failed evaluation of a low step decides nothing: training
-runs to max_steps and the run fails without run_stop.
+runs to max_steps and the run fails without run_stop. Retention is on while training
+(``[retention] keep = "passing", while_training = true``): each checkpoint evaluated below the
+target is deleted by its own evaluate task, before that task ends (so before its slot in the eval
+window frees), and a failed evaluation's checkpoint stays.
 """
 
 from __future__ import annotations
@@ -24,10 +27,12 @@ from typing import Any
 import pytest
 from airflow_harness import PYTHON, ScheduledRun, failures, write_deployment
 
+from devtools.bench.run_verdicts import iso_ms
 from devtools.servers.airflow_server import LocalAirflow
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events
+from rcpflow.verdict.retention_apply import read_record
 from tasks.results.verdicts import read_verdict
 
 PARALLELISM = 4
@@ -118,6 +123,8 @@ def server(
         eval_window=2,
         checkpoint_poll_seconds=1.0,
     )
+    with deployment.open("a") as f:
+        f.write('\n[retention]\nkeep = "passing"\nwhile_training = true\n')
     env = {"RCPFLOW_DEPLOYMENT": str(deployment)}
     with start_airflow(folder / "airflow", env, parallelism=PARALLELISM) as server:
         yield server
@@ -179,6 +186,36 @@ def test_training_stops_at_the_verdict(server: LocalAirflow, run_dir: Path) -> N
             assert states[(EVALUATE, index)] == "skipped"
     verdict = read_verdict(str(run_dir), "compliance_checker")
     assert verdict is not None and verdict.ok, verdict
+    assert_deleted_inside_their_evaluate_tasks(layout, tis, passed)
+
+
+def assert_deleted_inside_their_evaluate_tasks(
+    layout: RunLayout, tis: list[dict[str, Any]], passed: int
+) -> None:
+    """Every step below `passed` went in an apply made while training ran (not settled),
+    before its evaluate task ended; only the passing checkpoint is left after the final task."""
+    record = read_record(layout.root)
+    assert record is not None
+    *during, final = record["applies"]  # type: ignore[misc]
+    assert during and not any(a["settled"] for a in during) and final["settled"] is True
+    deleted = {
+        p["step"]: p["outcome_ms"]
+        for a in during
+        for p in a["parts"]
+        if p["part"] == "checkpoint" and p.get("outcome") == "deleted"
+    }
+    below = range(VAL_START, passed)
+    assert set(below) <= set(deleted) and passed not in deleted, deleted
+    ended = {
+        VAL_START + t["map_index"]: iso_ms(t["end_date"])
+        for t in tis
+        if t["task_id"] == EVALUATE and t["state"] == "success"
+    }
+    for step in below:
+        assert deleted[step] <= ended[step], (step, deleted[step], ended[step])
+    steps = range(VAL_START, RUN["max_steps"] + 1)
+    left = [s for s in steps if os.path.exists(layout.checkpoint(s))]
+    assert left == [passed]
 
 
 @pytest.mark.slow
@@ -201,3 +238,6 @@ def test_a_failed_low_evaluation_does_not_stop_training(
     assert [r.step for r in load(layout.manifest).rows] == list(range(7, 17))
     assert "run_stop" not in [e.key for e in read_events(layout.mllog(1))]
     assert states[("train.check_outputs", -1)] == "success"
+    # the failed evaluation's checkpoint stays; the final retention task never ran
+    assert os.path.isdir(layout.checkpoint(7))
+    assert states[("retention", -1)] == "upstream_failed"

@@ -3,8 +3,14 @@ the peaks it samples agree with the storage forecast and retention lowers them."
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
+import pytest
+from measured_rows import row
+
+from devtools.bench import proportions_bench as pb
 from devtools.bench import storage_bench
 from devtools.bench.storage_bench import replay
 from rcpflow.planning.forecast import Scenario, simulate
@@ -57,57 +63,47 @@ def test_the_sampler_counts_step_folders_and_remembers_each_one_written(tmp_path
     assert sampler.storage() == ((1, 3, 2, 200),)
 
 
-def _retention_tasks() -> list[dict]:
-    """Step 18's wait ended at 58 s, its evaluate task ended at 100 s (a slot held 42 s)."""
-    return [
-        {"task_id": "evaluation.checkpoint.wait", "map_index": 0, "state": "success",
-         "start_date": 10.0, "end_date": 58.0},
-        {"task_id": "evaluation.checkpoint.evaluate", "map_index": 0, "state": "success",
-         "start_date": 60.0, "end_date": 100.0},
-    ]  # fmt: skip
-
-
-def _saved(
-    schedule: str, window: int, peaks: list[tuple[int, int]], load: str, retention: bool = True
-) -> dict:
-    """A configuration as proportions_bench.saved_row keeps it: seeds passing at 20, 23, 19;
-    step 18's evaluation ended at 95 s and, with `retention`, its checkpoint went at 99 s."""
-    seeds = [
-        {
-            "seed": s,
-            "passing_step": p,
-            "task_start_s": [2.0, 3.0],
-            "steps_trained": 60,
-            "tasks": _retention_tasks(),
-            "evaluations": [[18, 62.0, 95.0]],
-            "deletions": [[18, 99.0], [40, 300.0]] if retention else [],
-        }
-        for s, p in ((1, 20), (2, 23), (3, 19))
-    ]
-    storage = [[s, 43, count, size] for s, (count, size) in zip((1, 2, 3), peaks, strict=True)]
-    return {"schedule": schedule, "window": window, "seeds": seeds, "storage": storage,
-            "load": load}  # fmt: skip
+def _saved(window: int, peaks: list[tuple[int, int]], load: str, retention: bool) -> dict:
+    """A during-training configuration as proportions_bench.saved_row keeps it (three seeds
+    passing at 19, `measured_rows.row`), each seed's (peak checkpoints, bytes) in `peaks`; with
+    `retention`, each evaluated step's checkpoint deleted 0.4 s after its evaluation's end
+    and step 40 (never evaluated) at 300 s."""
+    measured = row(window, (2, 2))
+    seeds = tuple(
+        dataclasses.replace(
+            s,
+            deletions=[[e[0], e[2] + 0.4] for e in s.evaluations] + [[40, 300.0]]
+            if retention
+            else [],
+        )
+        for s in measured.seeds
+    )
+    storage = tuple(
+        (s.seed, 43, count, size) for s, (count, size) in zip(seeds, peaks, strict=True)
+    )
+    return pb.saved_row(
+        measured._replace(schedule="during_training", seeds=seeds, load=load, storage=storage)
+    )
 
 
 def test_the_rehearsal_section_shows_the_worst_seeds_peaks_and_the_forecast(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
-
+    monkeypatch.setattr(pb.os, "cpu_count", lambda: 2)
     rows = [
         {
             "schedule": "during_training",
             "window": 10,
             "scale": 0.01,
-            "without": _saved("during_training", 10, [(40, 4000), (43, 4300), (39, 3900)], "1"),
-            "kept": _saved("during_training", 10, [(9, 900), (12, 1200), (8, 800)], "2"),
+            "without": _saved(10, [(40, 4000), (43, 4300), (39, 3900)], "1", retention=False),
+            "kept": _saved(10, [(9, 900), (12, 1200), (8, 800)], "2", retention=True),
         },
         {
             "schedule": "during_training",
             "window": 3,
             "scale": 0.1,
-            "without": _saved("during_training", 3, [(43, 4300)] * 3, "3"),
-            "kept": _saved("during_training", 3, [(43, 4300)] * 3, "4", retention=False),
+            "without": _saved(3, [(43, 4300)] * 3, "3", retention=False),
+            "kept": _saved(3, [(43, 4300)] * 3, "4", retention=False),
         },
     ]
     saved = tmp_path / "storage_rehearsal.json"
@@ -117,29 +113,31 @@ def test_the_rehearsal_section_shows_the_worst_seeds_peaks_and_the_forecast(
     assert storage_bench.main(["--out", str(out), "--rehearsal-from", str(saved)]) == 0
     text = out.read_text()
     assert storage_bench.REHEARSAL_START in text and storage_bench.REHEARSAL_END in text
-    (row,) = [line for line in text.splitlines() if line.startswith("| during_training | 10 |")]
-    cells = [c.strip() for c in row.strip("|").split("|")]
+    (line,) = [x for x in text.splitlines() if x.startswith("| during_training | 10 |")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[2:7] == [
         "0.01 (1.85 s, 17.0 s)", "43", "43", "12 (within W+2 = 12)", f"{1200 / 4300:.2f}"
     ]  # fmt: skip
-    # the forecast's peaks: with retention below the written checkpoints, without all of them;
-    # the row's measured lag (4 s from step 18's evaluation's end to its deletion; the deletion
-    # of 40, never evaluated, is no lag) keeps checkpoints longer: more of them
-    lagged, at_once, without_forecast = (int(c.split()[0]) for c in cells[7:10])
-    assert at_once < lagged < without_forecast
-    assert cells[7] == f"{lagged} ({12 / lagged:.2f})"  # measured / forecast
+    # the forecast's peaks: with retention fewer than without; measured / forecast in brackets
+    kept, without = (int(c.split()[0]) for c in cells[7:9])
+    assert kept < without
+    assert cells[7:9] == [f"{kept} ({12 / kept:.2f})", f"{without} ({43 / without:.2f})"]
     assert "1 (without), 2 (with)" in text
+    # a slot: the wait's end to the evaluate task's end, the median of every evaluation
+    seed = rows[0]["kept"]["seeds"][0]
+    slots = sorted(
+        e["end_date"] - w["end_date"]
+        for w, e in zip(seed["tasks"][::2], seed["tasks"][1::2], strict=True)
+    )
     assert (
         "- during_training W=10 at 0.01: a slot held per evaluation (a wait's end to its "
-        "evaluate task's end) 42.0 s (median) (more than W steps), W steps 18.5 s, an "
-        "evaluation 17.0 s; an evaluation's end to its checkpoint's deletion 4.0 s (median)"
+        f"evaluate task's end) {sum(slots) / 2:.1f} s (median) (more than W steps), W steps "
+        "18.5 s, an evaluation 17.0 s; an evaluation's end to its checkpoint's deletion 0.4 s "
+        "(median)"
     ) in text
     assert "the median from an evaluation's end to its checkpoint's deletion" in text
-    (row,) = [line for line in text.splitlines() if line.startswith("| during_training | 3 |")]
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2] == "0.1 (18.50 s, 170.0 s)" and cells[7] == "none ran"
-    assert (
-        "W=3 at 0.1: a slot held per evaluation (a wait's end to its evaluate task's end) "
-        "42.0 s (median) (within W steps)"
-    ) in text
+    (line,) = [x for x in text.splitlines() if x.startswith("| during_training | 3 |")]
+    assert [c.strip() for c in line.strip("|").split("|")][2] == "0.1 (18.50 s, 170.0 s)"
+    assert "W=3 at 0.1: a slot held per evaluation" in text
     assert "an evaluation's end to its checkpoint's deletion (none ran)" in text
+    assert "machine model calibrated once, on the first configuration's run" in text

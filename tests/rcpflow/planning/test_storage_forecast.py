@@ -37,6 +37,19 @@ def test_during_training_retention_lowers_the_peak_and_the_storage_hours() -> No
     assert kept.tb_hours == pytest.approx(2 / 3600)
 
 
+def test_checkpoints_without_a_summary_above_the_pass_stay_until_the_run_is_settled() -> None:
+    # W = 3, evaluations of 2.5 s: step 1 [1, 3.5], step 2 [2, 4.5] passes; steps 3 and 4
+    # stopped at the verdict (4.5), step 5 written at 5 (training ends the step it is in)
+    f = simulate(_during(eval_seconds=2.5, window=3))
+    assert (f.verdict_s, f.steps_trained, f.run_end_s) == (4.5, 5, 5.0)
+    assert [(e.step, e.outcome) for e in f.evaluations][2:] == [(3, "cancelled"), (4, "cancelled")]
+    kept = storage(f, CheckpointSizes(1.0), retention=True)
+    # 3 and 4 have no summary: kept past the verdict until training's end (5), when 5 is on
+    # storage too: 2, 3, 4, 5 at once
+    assert kept.peak_checkpoints == 4
+    assert kept.tb_hours == pytest.approx((1 + 2 + 1.5 + 1 + 3) / 3600)
+
+
 def test_after_training_every_checkpoint_is_on_storage_when_training_ends() -> None:
     f = simulate(_during(schedule="after_training", max_steps=4))
     kept = storage(f, CheckpointSizes(1.0), retention=True)
