@@ -3,20 +3,20 @@
 From a `rcpflow.planning.forecast.Forecast` (when each checkpoint is written, when each
 evaluation ends, the verdict, training's end) and the checkpoint sizes: the peak bytes and
 checkpoints on storage, the bytes written, and the storage-hours (TB x hours up to the run's
-end, the last job's). Without retention nothing is deleted (rcpflow's default). With it, the rule
-of `rcpflow.verdict.retention` as the run DAG would apply it as soon as it may, with
+end, the last job's). Without retention nothing is deleted (rcpflow's default). With it, the
+rule of `rcpflow.verdict.retention` as the run DAG would apply it as soon as it may, with
 ``--while-training --settled``: a checkpoint below the passing step goes when its evaluation
 ends, the passing one stays, one above it whose evaluation ran out (persisting its summary) goes
 at the verdict (or when that evaluation ends, if later), one above it without a summary (its
-evaluation stopped at the verdict, or never started) when the run is settled: training ended
-and no evaluation running (or when written, if later); a full state's ``train_state/`` goes
-when a newer full state is written or training ends. With no retention lag that is the least storage the rule
-allows; the defaults (nothing deleted while training runs) keep more. A retention lag
+evaluation stopped at the verdict, or never started) when the run is settled: training ended and
+no evaluation running (or when written, if later); a full state's ``train_state/`` goes when a
+newer full state is written or training ends. With no retention lag that is the least storage
+the rule allows; the defaults (nothing deleted while training runs) keep more. A retention lag
 (``--retention-lag-s``, 0 to `SECONDS_MAX`) puts each of those deletions that many seconds after
 the moment the rule allows it: the run DAG's path from an evaluation's end (or the verdict) to
 the deletion (the trigger's poll, the evaluate task's resume, which deletes before it ends;
-docs/retention.md, "The storage forecast"). A deletion that would fall after the run's
-end is not counted (the storage stays to the end).
+docs/retention.md, "The storage forecast"). A deletion that would fall after the run's end is
+not counted (the storage stays to the end).
 """
 
 from __future__ import annotations
