@@ -11,9 +11,11 @@ docs/tpu_jobs.md (0 done, 2 bad flags, 1 a run folder that cannot be resumed, 14
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -251,8 +253,9 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
 def _drop_closed_loop_callbacks() -> None:
     """A restore that fails part-way (a corrupt checkpoint) leaves tensorstore reads in flight;
     as they finish they call back into the asyncio loop Orbax has already closed, and Python
-    prints each as an unraisable RuntimeError traceback. They say nothing the one-line error
-    does not; every other unraisable exception is still reported."""
+    prints each as an unraisable RuntimeError traceback; the reads' own failures asyncio logs
+    (`AbandonedRestoreReads`). They say nothing the one-line error does not; every other
+    unraisable exception and asyncio record is still reported."""
     previous = sys.unraisablehook
 
     def hook(unraisable: sys.UnraisableHookArgs) -> None:
@@ -262,6 +265,26 @@ def _drop_closed_loop_callbacks() -> None:
         previous(unraisable)
 
     sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(AbandonedRestoreReads())
+
+
+class AbandonedRestoreReads(logging.Filter):
+    """The same reads seen from the other side: a restore that fails part-way gathers several
+    Orbax deserializations, raises the first failure (the one-line error) and abandons the
+    others; asyncio logs each abandoned failure with its traceback ("Task exception was never
+    retrieved") when its task is collected. Only those raised inside Orbax's checkpoint code are
+    dropped; every other asyncio record is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("Task exception was never retrieved"):
+            return True
+        tb = record.exc_info[2] if record.exc_info else None
+        frames = traceback.extract_tb(tb) if tb is not None else []
+        return not any(ORBAX_CHECKPOINT_CODE in f.filename for f in frames)
+
+
+# Where Orbax's checkpoint code lives in a traceback's file names.
+ORBAX_CHECKPOINT_CODE = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -206,3 +207,30 @@ def test_a_stop_request_ends_training_after_the_current_step(
     last = 4 if seed_of_request == 1 else 8
     assert result.last_step == last and len(result.mean_rewards) == last
     check_run(run_dir, 1, list(range(2, last + 1)))  # complete checkpoints, rows, block_stop
+
+
+def _abandoned(filename: str) -> logging.LogRecord:
+    """asyncio's record of a task whose exception nobody retrieved, raised in code at
+    `filename`."""
+    code = compile("def read():\n    raise ValueError('DATA_LOSS')\n", filename, "exec")
+    scope: dict[str, Any] = {}
+    exec(code, scope)
+    try:
+        scope["read"]()
+    except ValueError as e:
+        exc_info = (ValueError, e, e.__traceback__)
+    return logging.LogRecord(
+        "asyncio", logging.ERROR, "base_events.py", 1,
+        "Task exception was never retrieved\nfuture: <Task finished>", None, exc_info,
+    )  # fmt: skip
+
+
+def test_only_abandoned_orbax_reads_are_dropped_from_asyncio_s_log() -> None:
+    from tpu_jobs.toy.train import AbandonedRestoreReads
+
+    quiet = AbandonedRestoreReads()
+    orbax = os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py")
+    assert not quiet.filter(_abandoned(orbax))
+    assert quiet.filter(_abandoned(os.path.join(os.sep, "work", "mine.py")))  # not Orbax's
+    other = logging.LogRecord("asyncio", logging.ERROR, "x.py", 1, "Executing <Task>", None, None)
+    assert quiet.filter(other)
