@@ -200,7 +200,12 @@ def after_evaluation(context: Context, run_dir: str, step: int) -> dict[str, Any
     deployment = load_deployment()
     if not deployment.retention.while_training:
         return None
-    seed = RunSpec.from_dict(context["ti"].xcom_pull(task_ids=PLAN_TASK_ID)).seed
+    try:
+        seed = RunSpec.from_dict(context["ti"].xcom_pull(task_ids=PLAN_TASK_ID)).seed
+    except Exception as exc:  # as in retain_after_evaluation: never fails the evaluation
+        log.warning("retention after step %s: the run's seed: %s (the final task tries again)",
+                    step, str(exc) or type(exc).__name__)  # fmt: skip
+        return None
     return retain_after_evaluation(
         run_dir,
         seed,
