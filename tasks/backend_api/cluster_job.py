@@ -21,6 +21,7 @@ from tasks.backend_api.lifecycle_names import (
     WATCHING,
     event_phase,
 )
+from tasks.backend_api.task_end import TaskEndSpec
 from tasks.backend_api.watch_trigger import WatchTrigger
 
 if TYPE_CHECKING:
@@ -72,6 +73,12 @@ class ClusterJobOperator(BaseOperator):
     def stopped(self, ref: Mapping[str, Any], event: Mapping[str, Any]) -> Any:
         """The task's return value when the job was cancelled after the stop request."""
         return dict(ref)
+
+    def task_end_spec(self, context: Context, ref: Mapping[str, Any]) -> TaskEndSpec | None:
+        """What ends this task on the triggerer once its job has ended (`task_end`; a backend's
+        trigger that says how its job ended takes it): by default the job's end alone (its
+        record); None: the task resumes on a worker."""
+        return TaskEndSpec("job")
 
     def defer_timeout(self, trigger: WatchTrigger) -> timedelta | None:
         """Airflow's deferral timeout, an outer net behind the trigger's own bounds."""

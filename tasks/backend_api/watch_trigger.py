@@ -37,6 +37,7 @@ from tasks.backend_api.lifecycle_names import (
     UNREACHABLE,
     WATCHING,
 )
+from tasks.backend_api.task_end import JobOutcome, TaskEndSpec, end_task
 
 _now = time.time
 _sleep = asyncio.sleep
@@ -78,6 +79,9 @@ class WatchTrigger(BaseTrigger):
     stop_grace_s: float = STOP_GRACE.total_seconds()
     stop_seen: float | None = None
     outage_since: float | None = None
+    # What ends the task once the job has ended (`task_end.TaskEndSpec.kwargs`), on the
+    # triggerer, so that no worker resumes it (`task_end`); None: the task resumes with the event.
+    task_end: dict[str, Any] | None = None
     _line: str = field(default="", init=False)  # the last state line logged (`log_state`)
     # Said in the log and the outage message: what failed to answer.
     cluster_word: ClassVar[str] = "cluster"
@@ -135,11 +139,32 @@ class WatchTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = _now()
         async for event in self._watch():
+            ending = await self.end_of_task(event)
+            if ending is not None:  # no worker resumes the task: nothing to settle
+                yield ending
+                return
             wait = self.settle_s - (_now() - started)
             if wait > 0:
                 await _sleep(wait)
             yield event
             return
+
+    async def end_of_task(self, event: TriggerEvent) -> TriggerEvent | None:
+        """The event that ends the task on the triggerer after `event` (`task_end`), or None:
+        the task resumes with `event` (it watches on, this backend does not say how its job
+        ended, no `task_end` was given, or no triggerer runs this trigger: ``dag.test()``)."""
+        spec = TaskEndSpec.from_kwargs(self.task_end)
+        if spec is None or self.task_instance is None:
+            return None
+        outcome = self.job_outcome(event.payload)
+        if outcome is None:
+            return None
+        end = await asyncio.to_thread(end_task, spec, outcome)
+        if end.state == "failed":
+            self.log.error("%s", end.line)
+        else:
+            self.log.info("%s", end.line)
+        return end.event()
 
     async def _watch(self) -> AsyncIterator[TriggerEvent]:
         where = self.where()
@@ -221,6 +246,11 @@ class WatchTrigger(BaseTrigger):
     async def cancel(self) -> None:
         """Cancel the job on the cluster (a stop request's grace has passed)."""
         raise NotImplementedError
+
+    def job_outcome(self, payload: Any) -> JobOutcome | None:
+        """How the job ended, from this trigger's final event `payload`; None when the task must
+        resume with it (a `WATCHING` event; a backend that does not say)."""
+        return None
 
     def event(self, phase: str, *, reason: str = "", message: str = "") -> dict[str, Any]:
         """An event's payload; `WATCHING` carries the kwargs to defer again with."""

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tasks.backend_api.job_state import JobState
+from tasks.backend_api.lifecycle_names import eval_label
 
 # Where the jobs' folders are by default: this machine's temp folder (see the module doc).
 DEFAULT_JOBS_ROOT = Path(tempfile.gettempdir()) / "rcpflow-jobs"
@@ -216,6 +217,21 @@ def cancel_running(folder: Path, grace_s: float = CANCEL_GRACE_S) -> bool:
     """Cancel the job recorded in `folder` if it still runs; whether one did."""
     job = running_job(folder)
     return job is not None and cancel(job, grace_s)
+
+
+def step_cancel_args(root: str | Path, dag_id: str, run_id: str, run_dir: str) -> dict[str, str]:
+    """What `cancel_step` needs to find the evaluation jobs of one DAG run on one run folder
+    (JSON: a trigger's kwargs carry it)."""
+    return {"root": str(root), "dag_id": dag_id, "run_id": run_id, "run_dir": run_dir}
+
+
+def cancel_step(args: Mapping[str, str], step: int) -> bool:
+    """Cancel the evaluation job of `step` of the DAG run of `args` (`step_cancel_args`) if it
+    still runs; whether one did."""
+    label = eval_label(step)
+    return cancel_running(
+        job_folder(args["root"], args["dag_id"], args["run_id"], args["run_dir"], label)
+    )
 
 
 def _group_lives(pgid: int) -> bool:

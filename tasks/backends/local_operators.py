@@ -29,7 +29,8 @@ from airflow.sdk.exceptions import AirflowException
 from tasks.backend_api.cluster_job import ClusterJobOperator, argv_of
 from tasks.backend_api.job_inputs import cluster_job_env, train_inputs
 from tasks.backend_api.job_state import JobState
-from tasks.backend_api.lifecycle_names import WATCHING, eval_label
+from tasks.backend_api.lifecycle_names import STOPPED, WATCHING
+from tasks.backend_api.task_end import JobOutcome, TaskEndSpec
 from tasks.backend_api.teardown import CancelRecordedJobs
 from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
 from tasks.backends import local_adapter as adapter
@@ -93,6 +94,16 @@ class LocalJobTrigger(WatchTrigger):
 
     async def cancel(self) -> None:
         await asyncio.to_thread(adapter.cancel, self.local_job)
+
+    def job_outcome(self, payload: Any) -> JobOutcome | None:
+        name = self.where()
+        if payload["phase"] == STOPPED:
+            return JobOutcome(self.job, "stopped", f"{name} cancelled: {payload['message']}")
+        if payload["phase"] != FINISHED:
+            return None
+        if payload["exit_code"] == 0:
+            return JobOutcome(self.job, "succeeded", f"{name}: finished")
+        return JobOutcome(self.job, "failed", f"{name} {payload['message']}")
 
     def event(
         self, phase: str, *, reason: str = "", message: str = "", exit_code: int | None = None
@@ -190,13 +201,14 @@ class LocalJobOperator(ClusterJobOperator):
         else:
             self.log.info("%s: started %s (pid %d)", name, subprocess.list2cmdline(argv), job.pid)
             self.after_start(context, job)
-        self.watch(ref, self.job_trigger(ref))
+        self.watch(ref, self.job_trigger(ref, self.task_end_spec(context, ref)))
 
-    def job_trigger(self, ref: Mapping[str, Any]) -> LocalJobTrigger:
+    def job_trigger(self, ref: Mapping[str, Any], end: TaskEndSpec | None) -> LocalJobTrigger:
         return LocalJobTrigger(
             job=dict(ref),
             poll_interval_s=self.poll_interval_s,
             settle_s=settle_default() if self.settle_s is None else self.settle_s,
+            task_end=None if end is None else end.kwargs(),
             **self.stop_kwargs(),
         )
 
@@ -301,9 +313,13 @@ class LocalEvaluateOperator(EvaluateCheckpoint, LocalJobOperator):
             adapter.cancel(job)
             raise
 
+    def step_cancel(self, dag_id: str, run_id: str) -> tuple[str, dict[str, Any]]:
+        return "local", adapter.step_cancel_args(self.jobs_root, dag_id, run_id, self.run_dir)
+
     def cancel_step(self, dag_id: str, run_id: str, step: int) -> bool:
-        folder = adapter.job_folder(self.jobs_root, dag_id, run_id, self.run_dir, eval_label(step))
-        return adapter.cancel_running(folder)
+        return adapter.cancel_step(
+            adapter.step_cancel_args(self.jobs_root, dag_id, run_id, self.run_dir), step
+        )
 
 
 class LocalEvaluateStepOperator(EvaluateStep, LocalEvaluateOperator):

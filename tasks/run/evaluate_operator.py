@@ -17,8 +17,10 @@ from airflow.sdk import BaseOperator
 
 from tasks.backend_api.foreign_result import import_eval_result, record_eval_start
 from tasks.backend_api.lifecycle_names import eval_label
+from tasks.backend_api.task_end import TaskEndSpec
 from tasks.jobs.values import evaluate_values
-from tasks.run.retention import after_evaluation
+from tasks.run.evaluation_end import evaluation_end_args
+from tasks.run.retention import after_evaluation, retention_args
 from tasks.run.stages import (
     EvalTarget,
     cancel_above,
@@ -88,6 +90,36 @@ class EvaluateCheckpoint(BaseOperator):
         """Stop the evaluation job of `step` in that DAG run if one runs; whether one did."""
         raise NotImplementedError
 
+    def step_cancel(self, dag_id: str, run_id: str) -> tuple[str, dict[str, Any]] | None:
+        """`cancel_step` for the triggerer: a name of `tasks.run.evaluation_end.STEP_CANCELS`
+        and its JSON args; None: this backend's evaluate tasks resume on a worker."""
+        return None
+
+    def task_end_spec(self, context: Context, ref: Mapping[str, Any]) -> TaskEndSpec | None:
+        """The evaluation's end on the triggerer (`tasks.run.evaluation_end`); None when a
+        foreign result is imported (that needs a worker) or the backend has no `step_cancel`."""
+        dag_run = context["dag_run"]
+        cancel = self.step_cancel(dag_run.dag_id, dag_run.run_id)
+        if self.eval_job.result.imported or cancel is None:
+            return None
+        args = evaluation_end_args(
+            ref,
+            self.run_dir,
+            row=self.end_row(),
+            step=self._target.step,
+            cancel=cancel,
+            retention=self.end_retention(context),
+        )
+        return TaskEndSpec("evaluation", args)
+
+    def end_row(self) -> Mapping[str, Any] | None:
+        """The manifest row the end re-reads and compares (None: the planned step's row)."""
+        return dict(self.row)
+
+    def end_retention(self, context: Context) -> dict[str, Any] | None:
+        """What retention applies after the evaluation (`retention_args`): none here."""
+        return None
+
     def execute(self, context: Context) -> Any:
         target = self._target = self.target()
         skip_if_decided(target)
@@ -147,6 +179,12 @@ class EvaluateStep(EvaluateCheckpoint):
 
     def target(self) -> EvalTarget:
         return step_target(self.run_dir, self.step)
+
+    def end_row(self) -> Mapping[str, Any] | None:
+        return None
+
+    def end_retention(self, context: Context) -> dict[str, Any] | None:
+        return retention_args(context)
 
     def collected(
         self, context: Context, target: EvalTarget, *, stop_higher: bool = True

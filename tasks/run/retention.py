@@ -25,7 +25,9 @@ that retention never stands between an evaluation and the verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import Param, get_current_context, task
@@ -194,26 +196,46 @@ def retain_after_evaluation(
         return None
 
 
-def after_evaluation(context: Context, run_dir: str, step: int) -> dict[str, Any] | None:
-    """`retain_after_evaluation` for the running evaluate task of `step` (its deployment, the
-    run's ``retention`` Param and seed)."""
+def retention_args(context: Context) -> dict[str, Any] | None:
+    """What `retain_after_evaluation` needs for the running evaluate task, as JSON (its
+    deployment's ``[retention]``, the run's ``retention`` Param and seed; `retain` takes it, on a
+    worker or on the triggerer, which loads no deployment); None when ``while_training`` is off
+    or the run's seed cannot be read (logged: the final task applies)."""
     deployment = load_deployment()
-    if not deployment.retention.while_training:
+    settings = deployment.retention
+    if not settings.while_training:
         return None
     try:
         seed = RunSpec.from_dict(context["ti"].xcom_pull(task_ids=PLAN_TASK_ID)).seed
     except Exception as exc:  # as in retain_after_evaluation: never fails the evaluation
-        log.warning("retention after step %s: the run's seed: %s (the final task tries again)",
-                    step, str(exc) or type(exc).__name__)  # fmt: skip
+        log.warning("retention after an evaluation: the run's seed: %s (the final task tries "
+                    "again)", str(exc) or type(exc).__name__)  # fmt: skip
+        return None
+    return {
+        "seed": seed,
+        "choice": context["params"].get(RETENTION_PARAM, settings.keep),
+        "settings": dataclasses.asdict(settings),
+        "train_result": dataclasses.asdict(deployment.jobs.train.result),
+    }
+
+
+def retain(run_dir: str, step: int, args: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """`retain_after_evaluation` with `retention_args`'s JSON (nothing when None)."""
+    if args is None:
         return None
     return retain_after_evaluation(
         run_dir,
-        seed,
+        int(args["seed"]),
         step,
-        context["params"].get(RETENTION_PARAM, deployment.retention.keep),
-        deployment.retention,
-        deployment.jobs.train.result,
+        args["choice"],
+        RetentionSettings(**args["settings"]),
+        TrainResult(**args["train_result"]),
     )
+
+
+def after_evaluation(context: Context, run_dir: str, step: int) -> dict[str, Any] | None:
+    """`retain_after_evaluation` for the running evaluate task of `step`."""
+    return retain(run_dir, step, retention_args(context))
 
 
 @task
