@@ -442,7 +442,7 @@ def test_grid_labels_every_evaluate_instance_by_its_step(
 
     # the grid's list of the mapped evaluate instances: those that ran are labelled "step N";
     # those above the pass were skipped by the scheduler without a task process, and Airflow 3.3
-    # renders no label for an instance that never ran (README, "Labels"): the bare map index
+    # renders no label for an instance that never ran (docs/ui.md, "Labels"): the bare map index
     evaluate = "evaluation.checkpoint.evaluate"
     # what the grid renders, from the REST API it reads
     tis = [t for t in airflow.task_instances("mlperf_grpo_run", RUN_ID) if t["task_id"] == evaluate]

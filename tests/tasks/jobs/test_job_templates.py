@@ -120,9 +120,9 @@ def test_result_formats_are_rcpflow_eval_imports_own() -> None:
     assert set(typing.get_args(ResultFormat)) == {"rcpflow", "tunix-tree", *SOURCE_FORMATS}
 
 
-def test_the_readme_worked_deployment_file_parses(tmp_path: Path) -> None:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Bring your own trainer and evaluator", 1)[1]
+def test_the_documented_worked_deployment_file_parses(tmp_path: Path) -> None:
+    page = (REPO / "docs" / "bring-your-own-trainer.md").read_text()
+    section = page.split("# Bring your own trainer and evaluator", 1)[1]
     text = section.split("```toml\n", 1)[1].split("```", 1)[0]
     d = _parse(text, tmp_path)
     assert d.jobs.train.command[1] == "/opt/my_trainer/train.py"
