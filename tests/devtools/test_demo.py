@@ -3,6 +3,7 @@ from rcpflow (not typed again), and the entry point that `make demo` runs."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -11,8 +12,9 @@ from pathlib import Path
 import pytest
 from repo_paths import REPO
 
-from devtools.demo import HOME, demo_conf, main
+from devtools.demo import HOME, NAME, STORAGE_ROOT, demo_conf, main
 from rcpflow import recipe
+from rcpflow.records.mllog import read_events
 from tasks.deployment import DEFAULT_TOML, parse_deployment
 from tasks.submission.spec import submission_params, submission_spec
 
@@ -60,3 +62,33 @@ def test_a_request_the_demo_cannot_run_is_one_line_and_exit_2_before_anything_st
         signal.signal(signal.SIGTERM, sigterm)
     assert capsys.readouterr().err.startswith(said)
     assert HOME.exists() == home_before  # no Airflow home made, no cluster started
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_the_demo_passes_every_checker_with_the_embedded_default() -> None:
+    """`make demo` as a new user runs it: the three-seed submission on the embedded default
+    (local backend, LocalExecutor on SQLite, the default deployment's eval_retries), in the
+    demo's own folders. It failed 4 runs in 6 when Airflow's deferral race took a decided
+    evaluation (tests/airflow/test_airflow_deferral_race.py forces that order)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "RCPFLOW_"))}
+    argv = ["--trainer", "toy", "--backend", "local", "--executor", "local"]  # as the Makefile
+    done = subprocess.run(
+        [sys.executable, "-m", "devtools.demo", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+        check=False,
+    )
+    tail = done.stdout[-6000:] + done.stderr[-3000:]
+    assert done.returncode == 0, tail
+    assert "**Verdict: PASS**" in done.stdout, tail
+    for checker in ("rcp_checker", "package_checker", "result_summarizer"):
+        assert f"- {checker}: PASS" in done.stdout, tail
+    for seed in (1, 2, 3):
+        log = STORAGE_ROOT / NAME / "runs" / f"seed_{seed}" / "mllog" / f"seed_{seed}.out"
+        stops = [e for e in read_events(str(log)) if e.key == "run_stop"]
+        assert [s.metadata["status"] for s in stops] == ["success"], (seed, tail)
+    assert "Airflow stopped" in done.stdout, tail
