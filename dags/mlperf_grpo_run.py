@@ -19,7 +19,7 @@ from airflow.sdk import dag
 from tasks.backends.registry import backend_for, form_defaults
 from tasks.deployment import load_deployment
 from tasks.names import RUN_DAG_ID
-from tasks.run.planned import evaluation_over_steps
+from tasks.run.evaluation_over_steps import evaluation_over_steps
 from tasks.run.retention import retention, retention_params
 from tasks.run.spec import plan_run, run_params
 from tasks.run.train_group import train_group

@@ -13,8 +13,7 @@ from airflow.sdk import dag
 
 from tasks.deployment import load_deployment
 from tasks.names import SUBMISSION_DAG_ID
-from tasks.submission.spec import plan_submission, submission_params
-from tasks.submission.tasks import (
+from tasks.submission.seed_runs_and_checks import (
     package,
     package_check,
     rcp_check,
@@ -23,6 +22,7 @@ from tasks.submission.tasks import (
     seed_runs,
     seed_triggers,
 )
+from tasks.submission.spec import plan_submission, submission_params
 
 DEPLOYMENT = load_deployment()
 

@@ -147,7 +147,8 @@ class Deployment:
     eval_window: int = 1
     # after_training: evaluate the manifest's rows once training has ended; during_training:
     # evaluate each planned step as soon as its checkpoint is committed, and ask the trainer
-    # to stop once the verdict is decided (tasks.run.planned). The default of the runs' Param.
+    # to stop once the verdict is decided (tasks.run.evaluation_over_steps). The default of the
+    # runs' Param.
     eval_schedule: EvalSchedule = DEFAULT_SCHEDULE
     # How often a waiting step reads the run's files and task states.
     checkpoint_poll_seconds: float = 5.0

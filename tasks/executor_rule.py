@@ -1,11 +1,13 @@
-"""Which Airflow executors the local backend can run under.
+"""Which Airflow executors a backend whose jobs run on the worker (`Backend.jobs_run_on_worker`:
+the local backend) can run under.
 
 The local backend runs its jobs as processes of the worker that runs the task, and stops a
 running evaluation by the PID another task recorded, so every task of a run must run on one
 host: under the LocalExecutor (or the SequentialExecutor), never under a distributed one
 (Celery, Kubernetes, Edge), where a job would start on whichever worker took the task and a
 stop would signal a PID on another machine. Such a deployment is refused in one line when the
-run DAG chooses its backend (`LocalBackend`); the cluster backends (slurm, gke) run anywhere.
+run DAG chooses its backend (`tasks.backend_api.protocol.backend_for`); the cluster backends
+(slurm, gke) run anywhere.
 Why and how to deploy: docs/deploy.md.
 """
 
@@ -15,8 +17,6 @@ from tasks.deployment import BackendName, Deployment, DeploymentError
 
 # Executors whose tasks all run on the scheduler's own host.
 SINGLE_HOST_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor"})
-# The backends whose jobs run as processes of the worker.
-WORKER_BACKENDS = frozenset({"local"})
 
 
 def executor_classes(executor: str) -> list[str]:
@@ -27,10 +27,8 @@ def executor_classes(executor: str) -> list[str]:
 
 
 def executor_refusal(executor: str, backend: BackendName, source: str) -> str | None:
-    """The one line refusing `backend` under `executor` (``[core] executor``), None if it may
-    run there."""
-    if backend not in WORKER_BACKENDS:
-        return None
+    """The one line refusing `backend`, whose jobs run as processes of the worker, under
+    `executor` (``[core] executor``), None if it may run there."""
     distributed = [c for c in executor_classes(executor) if c not in SINGLE_HOST_EXECUTORS]
     if not distributed:
         return None
@@ -43,7 +41,7 @@ def executor_refusal(executor: str, backend: BackendName, source: str) -> str | 
 
 def refuse_distributed_executor(deployment: Deployment) -> None:
     """Raise DeploymentError when Airflow's configured executor cannot run the deployment's
-    backend (`executor_refusal`)."""
+    backend, whose jobs run on the worker (`executor_refusal`)."""
     from airflow.configuration import conf
 
     refusal = executor_refusal(conf.get("core", "executor"), deployment.backend, deployment.source)

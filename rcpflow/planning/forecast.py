@@ -1,6 +1,6 @@
 """Time to verdict and chip-hours of a run, by an event simulation of the rules the run DAG
-follows (`tasks.run.evaluation_group`, `tasks.run.planned`, `tasks.run.stages`); its command line,
-``rcpflow forecast``, is `rcpflow.cli.forecast`.
+follows (`tasks.run.evaluation_group`, `tasks.run.evaluation_over_steps`, `tasks.run.stages`);
+its command line, ``rcpflow forecast``, is `rcpflow.cli.forecast`.
 
 Time 0 is ``run_start`` (the training job starts). Step k's update and checkpoint are done at
 ``k * step_seconds``; an evaluation takes ``eval_seconds`` on ``eval_chips``.

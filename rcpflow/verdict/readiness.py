@@ -1,7 +1,7 @@
 """May the checkpoint of step N be evaluated now? One answer, from one snapshot of the run: go
 now, wait, or skip (with the sentence the task logs). The waits of deferred evaluation
-(`tasks.run.triggers`, on the triggerer) and their operator (`tasks.run.operators`, on a worker)
-read the snapshot and call `readiness`; neither holds a rule of its own (docs/run-folder.md,
+(`tasks.run.triggers`, on the triggerer) and their operator (`tasks.run.checkpoint_wait`, on a
+worker) read the snapshot and call `readiness`; neither holds a rule of its own (docs/run-folder.md,
 "The wait").
 
 The rules, in order:

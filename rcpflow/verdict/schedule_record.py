@@ -2,9 +2,9 @@
 ``eval_window`` Params): ``<run_dir>/eval_schedule.json``. The schedules themselves and what the
 rules say about each are `rcpflow.verdict.schedule`'s.
 
-Both schedules have one wiring (`tasks.run.planned`): a ``checkpoint`` group per planned step
-whose ``wait`` lets its step go when the checkpoint can be evaluated and the run's window has
-room. ``after_training`` (the default) lets every step go once training has halted;
+Both schedules have one wiring (`tasks.run.evaluation_over_steps`): a ``checkpoint`` group per
+planned step whose ``wait`` lets its step go when the checkpoint can be evaluated and the run's
+window has room. ``after_training`` (the default) lets every step go once training has halted;
 ``during_training`` as soon as its checkpoint is committed, and asks the trainer to stop at the
 verdict. The run DAG's plan writes the record (`record_schedule`), so the report and the RCP
 view can say which one a run used (`read_schedule`); the MLLOG is the same either way.

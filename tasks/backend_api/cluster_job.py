@@ -19,7 +19,6 @@ from tasks.backend_api.lifecycle_names import (
     STOP_GRACE,
     STOPPED,
     WATCHING,
-    event_phase,
 )
 from tasks.backend_api.task_end import TaskEndSpec
 from tasks.backend_api.watch_trigger import WatchTrigger
@@ -108,7 +107,7 @@ class ClusterJobOperator(BaseOperator):
     def execute_complete(self, context: Context, event: Mapping[str, Any]) -> Any:
         ref = self.job_ref(event)
         self._owned = ref
-        where, phase = self.where(ref), event_phase(event["phase"])
+        where, phase = self.where(ref), event["phase"]
         if phase == WATCHING:
             if event["message"]:
                 self.log.warning("%s: %s", where, event["message"])

@@ -1,43 +1,33 @@
 """Names of the cluster-job lifecycle that outlive a process, in one home: the XCom key of a run
-task's job record (and the keys of earlier releases, still read), the events a watch trigger
-ends with (and the spellings of earlier releases, still understood), the classpaths under which
-earlier releases stored their triggers in Airflow's database, and the grace after a stop
-request, and the label of a step's evaluation job. Airflow (or the cluster) stores each of
-them: renaming one strands a running task, so `tests/tasks/backend_api/test_lifecycle.py`
-pins every value; none follows a module move."""
+task's job record, the events a watch trigger ends with, the classpaths under which the
+triggers are stored in Airflow's database, the grace after a stop request, and the label of a
+step's evaluation job. Airflow (or the cluster) stores each of them: renaming one strands a
+running task, so `tests/tasks/backend_api/test_lifecycle.py` pins every value; none follows a
+module move. (rcpflow has had no release: the names of earlier versions are not read.)"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import timedelta
 
 # XCom key of the record a run task keeps of its cluster job: the backend's reference to it
 # plus `RECORD_DECISION` (None until the task decided; see `teardown.should_cancel`) and "why".
 JOB_RECORD_KEY = "cluster_job"
 RECORD_DECISION = "cancel"
-# Record keys of earlier releases, each with the name its decision had there: a task deferred
-# before an upgrade resumes after it with a record under one of these.
-LEGACY_RECORD_KEYS: Mapping[str, str] = {"jobset_ref": "delete", "slurm_job": "cancel"}
 
 # The phases of a watch trigger's event that the lifecycle itself handles; any other phase is
 # the backend's job state (a JobSet's ``Succeeded``/``Failed``, a Slurm job's ``finished``).
 WATCHING = "watching"  # defer again with the event's ``kwargs``
 STOPPED = "stopped"  # the job was cancelled `STOP_GRACE` after the run's stop request
 ERROR = "error"  # the watch cannot go on (its reason says why)
-# The same phases as earlier releases spelled them (GKE's), understood when an event stored
-# before an upgrade resumes its task after it.
-LEGACY_EVENT_NAMES: Mapping[str, str] = {"Watching": WATCHING, "Stopped": STOPPED}
 # Reasons of a watching event.
 UNREACHABLE = "Unreachable"  # the cluster has failed every read for the outage budget
 STATE_CHANGED = "StateChanged"  # the watch's state changed: the next defer persists it
 STOP_REQUEST = "StopRequest"  # reason of a stopped event
 
-# Classpaths of the watch triggers, as they are stored with a deferred task: the current ones
-# and those of earlier releases (each kept importable by a shim: `plugins/jobset.py`).
+# Classpaths of the watch triggers, as they are stored with a deferred task.
 JOBSET_TRIGGER = "tasks.backends.gke.triggers.JobSetTrigger"
 SLURM_TRIGGER = "tasks.backends.slurm.triggers.SlurmJobTrigger"
 LOCAL_TRIGGER = "tasks.backends.local_operators.LocalJobTrigger"
-LEGACY_TRIGGER_CLASSPATHS: Mapping[str, str] = {"plugins.jobset.JobSetTrigger": JOBSET_TRIGGER}
 
 # How long a job may still run after the run's stop request before it is cancelled: the
 # trainer reads the request itself and ends at its next step; this is the net behind it.
@@ -53,8 +43,3 @@ def eval_label(step: int) -> str:
     """The job label of `step`'s evaluation in its DAG run: a backend names its job by it, and
     a retry finds the job an earlier try started by that name."""
     return f"eval-{step}"
-
-
-def event_phase(phase: str) -> str:
-    """`phase` of an event as this release names it (`LEGACY_EVENT_NAMES`)."""
-    return LEGACY_EVENT_NAMES.get(phase, phase)

@@ -22,6 +22,7 @@ from tasks.deployment import (
     DeploymentError,
     EvalSchedule,
 )
+from tasks.executor_rule import refuse_distributed_executor
 
 if TYPE_CHECKING:
     from airflow.sdk import XComArg
@@ -78,12 +79,6 @@ class Backend(Protocol):
         the same steps; the step's ``wait`` holds it back to the run's eval window (a Param),
         so its own limit is only a ceiling (`tasks.deployment.MAX_EVAL_WINDOW`); what the
         step's ``after_evaluation`` waits for."""
-        ...
-
-    def cancel_evaluation(self, run_dir: str, step: int) -> bool:
-        """Stop the evaluation job of `step` of the run in `run_dir` if one is running (called
-        from a task of the same DAG run once a lower step passed); True when one was stopped.
-        The job's task then ends skipped, naming the step that passed."""
         ...
 
 
@@ -162,7 +157,10 @@ def form_defaults(deployment: Deployment) -> FormDefaults:
 
 def backend_for(deployment: Deployment) -> Backend:
     """The backend the deployment names, built from its settings, once its ``[jobs]`` keys are
-    ones that backend runs."""
+    ones that backend runs and, for one whose jobs run on the worker, Airflow's executor keeps
+    a run's tasks on one host (`tasks.executor_rule`)."""
     cls = _chosen(deployment)
     _check_job_keys(deployment, cls)
+    if cls.jobs_run_on_worker:
+        refuse_distributed_executor(deployment)
     return cls(deployment)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
-from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, LEGACY_RECORD_KEYS, RECORD_DECISION
+from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, RECORD_DECISION
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -33,22 +33,10 @@ def _records(found: object) -> list[dict[str, Any]]:
 
 
 def recorded_jobs(context: Context, run_task_id: str, *, mapped: bool) -> list[dict[str, Any]]:
-    """The records of `run_task_id` (this map index's, or every instance's when `mapped`), in
-    this release's form: a record an earlier release kept under a legacy key (a task deferred
-    across the upgrade) has its decision renamed to `RECORD_DECISION`."""
+    """The records of `run_task_id` (this map index's, or every instance's when `mapped`)."""
     ti = context["ti"]
     where: dict[str, Any] = {} if mapped else {"map_indexes": ti.map_index}
-    found = _records(ti.xcom_pull(task_ids=run_task_id, key=JOB_RECORD_KEY, **where))
-    if found:
-        return found
-    for key, decision in LEGACY_RECORD_KEYS.items():
-        legacy = _records(ti.xcom_pull(task_ids=run_task_id, key=key, **where))
-        if legacy:
-            return [
-                {**{k: v for k, v in r.items() if k != decision}, RECORD_DECISION: r.get(decision)}
-                for r in legacy
-            ]
-    return []
+    return _records(ti.xcom_pull(task_ids=run_task_id, key=JOB_RECORD_KEY, **where))
 
 
 class CancelRecordedJobs(BaseOperator):

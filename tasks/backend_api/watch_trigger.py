@@ -12,7 +12,7 @@ starts the grace again from the next sighting (at most one grace more), and any 
 A cluster that does not answer never fails the task: failed reads are retried, the wait
 doubling from the poll interval up to the backend's backoff ceiling, and after the outage
 budget of failed reads the trigger ends with a `WATCHING` event (reason `UNREACHABLE`, the task
-log says so) and the next one goes on. The loop's clock is `wall_clock`/`pause` (wall time: it
+log says so) and the next one goes on. The loop's clock is `wall_clock` (wall time: it
 must mean the same in another triggerer process); a test replaces `_now` and `_sleep` here with
 a simulated clock to run a long outage in no time."""
 
@@ -61,11 +61,6 @@ def wall_clock() -> float:
     return _now()
 
 
-async def pause(seconds: float) -> None:
-    """Sleep on the watch's clock."""
-    await _sleep(seconds)
-
-
 @dataclass(kw_only=True, eq=False, repr=False)
 class WatchTrigger(BaseTrigger):
     """Base of a watch trigger; a subclass is a dataclass too (``kw_only=True, eq=False,
@@ -75,6 +70,10 @@ class WatchTrigger(BaseTrigger):
     `stop_seen` and `outage_since` are the loop's clocks (`run`)."""
 
     poll_interval_s: float
+    # Seconds of failed reads after which the trigger re-defers (`UNREACHABLE`), and the longest
+    # wait between failed reads (a backend's subclass gives its own defaults).
+    outage_budget_s: float = 600.0
+    backoff_max_s: float = 120.0
     stop_run_dir: str | None = None
     stop_grace_s: float = STOP_GRACE.total_seconds()
     stop_seen: float | None = None
@@ -89,9 +88,6 @@ class WatchTrigger(BaseTrigger):
     # end within seconds (then a field of the subclass defaulting to `settle_default()`; not
     # a field here, so that it is no kwarg of a trigger that does not settle).
     settle_s = 0.0
-    # The kwargs holding the outage budget and the backoff ceiling (seconds), by the names each
-    # backend's triggers were stored with.
-    outage_kwargs: ClassVar[tuple[str, str]]
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -127,14 +123,6 @@ class WatchTrigger(BaseTrigger):
         if state.line != self._line:
             self.log.info("%s: %s", where, state.line)
             self._line = state.line
-
-    def outage_budget(self) -> float:
-        """Seconds of failed reads after which the trigger re-defers (`UNREACHABLE`)."""
-        return float(getattr(self, self.outage_kwargs[0]))
-
-    def backoff_ceiling(self) -> float:
-        """The longest wait between failed reads."""
-        return float(getattr(self, self.outage_kwargs[1]))
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         started = _now()
@@ -182,7 +170,7 @@ class WatchTrigger(BaseTrigger):
                 failing_since = now if failing_since is None else failing_since
                 if self.outage_since is None:
                     self.outage_since = failing_since
-                down_s, budget_s = now - failing_since, self.outage_budget()
+                down_s, budget_s = now - failing_since, self.outage_budget_s
                 self.log.warning(
                     "%s: read %d failed (%s failing for %.0fs; the watch goes on): %r",
                     where, errors, self.cluster_word, now - self.outage_since, exc,
@@ -195,7 +183,7 @@ class WatchTrigger(BaseTrigger):
                     )
                     yield TriggerEvent(self.event(WATCHING, reason=UNREACHABLE, message=message))
                     return
-                backoff = min(self.backoff_ceiling(), self.poll_interval_s * 2 ** (errors - 1))
+                backoff = min(self.backoff_max_s, self.poll_interval_s * 2 ** (errors - 1))
                 # The last wait ends at the budget, so re-deferring is neither early nor late.
                 await _sleep(min(backoff, budget_s - down_s))
                 continue

@@ -13,14 +13,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import get_current_context
-
 from tasks.backend_api.evaluate_nodes import evaluate_rows, evaluate_step
 from tasks.backend_api.job_inputs import job_env
-from tasks.backend_api.lifecycle_names import TRAIN_LABEL, eval_label
+from tasks.backend_api.lifecycle_names import TRAIN_LABEL
 from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.backend_api.teardown import with_cleanup
-from tasks.backends import local_adapter
 from tasks.backends.local_adapter import DEFAULT_JOBS_ROOT
 from tasks.backends.local_operators import (
     CancelLocalJobsOperator,
@@ -29,7 +26,6 @@ from tasks.backends.local_operators import (
     LocalTrainOperator,
 )
 from tasks.deployment import MAX_EVAL_WINDOW, BackendName, Deployment
-from tasks.executor_rule import refuse_distributed_executor
 from tasks.jobs.templates import EvaluateJob, TrainJob
 from tasks.names import EVALUATE_TASK_ID
 from tasks.run.evaluation_group import RCP_VIEW_DOC
@@ -59,7 +55,6 @@ class LocalBackend:
     form_defaults: ClassVar[FormDefaults] = FormDefaults(division="open", max_steps=40)
 
     def __init__(self, deployment: Deployment, jobs_root: str = str(DEFAULT_JOBS_ROOT)) -> None:
-        refuse_distributed_executor(deployment)  # its jobs run on the worker's own host
         self.deployment = deployment
         self.train: TrainJob = deployment.jobs.train
         self.evaluate_job: EvaluateJob = deployment.jobs.evaluate
@@ -104,12 +99,3 @@ class LocalBackend:
             LocalEvaluateStepOperator, run_dir, step, self._evaluate_kwargs(MAX_EVAL_WINDOW),
             lambda task_id: CancelLocalJobsOperator(run_task_id=task_id),
         )  # fmt: skip
-
-    def cancel_evaluation(self, run_dir: str, step: int) -> bool:
-        """Stop the step's evaluation job of this DAG run; False when none was running."""
-        context = get_current_context()
-        return local_adapter.cancel_running(
-            local_adapter.job_folder(
-                self.jobs_root, context["dag"].dag_id, context["run_id"], run_dir, eval_label(step)
-            )
-        )

@@ -62,7 +62,6 @@ class LocalJobTrigger(WatchTrigger):
     output_offset: int = 0
     settle_s: float = field(default_factory=settle_default)
     cluster_word = "machine"
-    outage_kwargs = ("outage_budget_s", "backoff_max_s")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -155,8 +155,8 @@ def test_the_form_defaults_table_is_bounded_by_the_same_limit(tmp_path: Path) ->
         ),
         (
             'backend = "gke"\n[gke]\nproject_id = "p"\ncluster_name = "c"\nimage = "i:1"\n'
-            "api_error_budget_s = {}\n",
-            "gke.api_error_budget_s",
+            "outage_budget_s = {}\n",
+            "gke.outage_budget_s",
         ),
     ],
 )

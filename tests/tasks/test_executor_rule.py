@@ -42,11 +42,6 @@ def test_the_local_backend_runs_under_a_single_host_executor(executor: str) -> N
     assert executor_refusal(executor, "local", "f.toml") is None
 
 
-@pytest.mark.parametrize("backend", ["slurm", "gke"])
-def test_cluster_backends_run_under_any_executor(backend: str) -> None:
-    assert executor_refusal("CeleryExecutor", backend, "f.toml") is None
-
-
 def test_the_run_dags_backend_is_refused_where_it_is_chosen(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,13 +13,12 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import TaskGroup, XComArg, get_current_context
+from airflow.sdk import TaskGroup, XComArg
 
 from tasks.backend_api.evaluate_nodes import evaluate_rows, evaluate_step
 from tasks.backend_api.lifecycle_names import STOP_GRACE, TRAIN_LABEL
 from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.backend_api.teardown import with_cleanup
-from tasks.backends.gke.adapter import cancel_step_jobset, jobset_hook
 from tasks.backends.gke.evaluate_operators import EvaluateJobSetOperator, EvaluateStepJobSetOperator
 from tasks.backends.gke.operators import (
     DeleteEvalJobSetsOperator,
@@ -108,15 +107,6 @@ class GkeBackend:
             retries=settings.run_retries, stop_run_dir=run_dir_of(spec),
             queue=self.queue,
         )  # fmt: skip
-
-    def cancel_evaluation(self, run_dir: str, step: int) -> bool:
-        """Delete the step's evaluate JobSet of this DAG run if it still runs
-        (`cancel_step_jobset`); False when there was none running."""
-        context = get_current_context()
-        hook = jobset_hook(self.settings.cluster)
-        return cancel_step_jobset(
-            hook, self.settings.namespace, context["dag"].dag_id, context["run_id"], step
-        )
 
     def _evaluate_kwargs(self) -> dict[str, Any]:
         """What every ``evaluate`` JobSet operator is given: the job, the eval window, the

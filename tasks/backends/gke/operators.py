@@ -143,8 +143,8 @@ class RunJobSetOperator(ClusterJobOperator):
             max_suspended_s=s.max_suspended_minutes * 60.0,
             max_running_s=None if self.job_timeout is None else self.job_timeout.total_seconds(),
             poll_interval_s=s.poll_interval_s,
-            api_error_budget_s=s.outage_budget_s,  # the trigger's kwargs keep their names
-            api_backoff_max_s=s.backoff_max_s,
+            outage_budget_s=s.outage_budget_s,
+            backoff_max_s=s.backoff_max_s,
             **self.stop_kwargs(),
         )
         self.watch(ref, trigger)

@@ -45,8 +45,6 @@ TPU_ACCELERATORS: dict[str, tuple[int, tuple[int, ...]]] = {
 # Kubernetes object names (namespace, service account) are DNS-1123 labels; a PriorityClass
 # name is a DNS-1123 subdomain; a label value (the Kueue queue name) is at most 63 characters.
 # Every pattern is matched whole (fullmatch: `$` alone lets a trailing newline pass).
-# Keys of earlier releases' [gke] table, still read as their new names (`GkeSettings`).
-DEPRECATED_KEYS = {"api_error_budget_s": "outage_budget_s", "api_backoff_max_s": "backoff_max_s"}
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -141,10 +139,6 @@ class TpuJobShape:
         return self.chips_per_slice // self.chips_per_host
 
     @property
-    def total_chips(self) -> int:
-        return self.chips_per_slice * self.slices
-
-    @property
     def multi_host(self) -> bool:
         """More than one host per slice: the pods of a slice form one system."""
         return self.hosts_per_slice > 1
@@ -217,11 +211,9 @@ class GkeSettings:
     Watching (the same three keys as ``[slurm]``): the JobSet is read every `poll_interval_s`;
     API errors are retried with exponential backoff up to `backoff_max_s` between reads. An
     outage never fails the task: after `outage_budget_s` of failed reads the watch says so in
-    the task log and goes on from a fresh lookup of the cluster's endpoint. Earlier releases
-    named the two `api_backoff_max_s` and `api_error_budget_s` (`DEPRECATED_KEYS`: still read,
-    with a deprecation line in the log). `run_retries` (training; evaluation uses
-    the deployment's eval_retries) are for an error of the task itself, and a retry adopts the
-    JobSet that is still running.
+    the task log and goes on from a fresh lookup of the cluster's endpoint. `run_retries`
+    (training; evaluation uses the deployment's eval_retries) are for an error of the task
+    itself, and a retry adopts the JobSet that is still running.
     Pods: `node_selector` adds node labels to the TPU ones, `tolerations` and `volumes` are
     core/v1 Toleration and Volume objects (TOML tables, Kubernetes' field names) added to every
     pod, `volume_mounts` (VolumeMount objects) mount them in the job's container, and
@@ -243,8 +235,6 @@ class GkeSettings:
     poll_interval_s: float = 30.0
     outage_budget_s: float = 1200.0
     backoff_max_s: float = 120.0
-    api_error_budget_s: float | None = None  # deprecated: outage_budget_s
-    api_backoff_max_s: float | None = None  # deprecated: backoff_max_s
     run_retries: int = 2
     fail_exit_codes: tuple[int, ...] = DEFAULT_FAIL_EXIT_CODES
     queue_name: str | None = None
@@ -260,7 +250,6 @@ class GkeSettings:
     evaluate: TpuJobShape = field(default_factory=default_eval_shape)
 
     def __post_init__(self) -> None:
-        self._read_deprecated_keys()
         if self.project_id is not None:
             _non_empty(self.project_id, "project_id")
         if self.kubernetes_conn_id is not None:
@@ -332,20 +321,6 @@ class GkeSettings:
                 "priority_class", f"{self.priority_class!r} is not a PriorityClass name"
             )
         self._check_proven_shapes()
-
-    def _read_deprecated_keys(self) -> None:
-        """A key of an earlier release's ``[gke]`` table is read as its new name, saying so."""
-        for old, new in DEPRECATED_KEYS.items():
-            value = getattr(self, old)
-            if value is None:
-                continue
-            if value <= 0:
-                raise SettingError(old, f"must be > 0, got {value}")
-            if getattr(self, new) != getattr(GkeSettings, new):
-                raise SettingError(old, f"is the deprecated name of {new}: give only {new}")
-            log.warning("gke.%s is deprecated: read as gke.%s; rename the key", old, new)
-            object.__setattr__(self, new, value)
-            object.__setattr__(self, old, None)
 
     def _check_pod_extras(self) -> None:
         taken = sorted(set(self.node_selector) & set(TPU_NODE_LABELS))

@@ -12,7 +12,7 @@ stop request seen, API failing since) with the JobSet's UID, and every change of
 trigger with a ``watching`` event whose ``kwargs`` the operator defers again with: a triggerer
 restart resumes from the last change, with every clock where it was. API trouble (apiserver
 restarts, a control-plane upgrade, network loss) never fails the task: after
-`api_error_budget_s` of failed reads the trigger re-defers the same way (the task log says
+`outage_budget_s` of failed reads the trigger re-defers the same way (the task log says
 so) and goes on. Time spent suspended (waiting for Kueue to admit the JobSet) is bounded on its
 own and does not count against the job's running time.
 """
@@ -67,8 +67,8 @@ class JobSetTrigger(WatchTrigger):
 
     A JobSet that disappears is Failed (reason NotFound); one whose UID is not `uid` (deleted
     and created again under the same name) is ``error`` with reason Replaced. Failed reads are
-    retried, the wait doubling from `poll_interval_s` up to `api_backoff_max_s`; after
-    `api_error_budget_s` of them without a good read: watching. A malformed status is
+    retried, the wait doubling from `poll_interval_s` up to `backoff_max_s`; after
+    `outage_budget_s` of them without a good read: watching. A malformed status is
     ``error``. Suspended for `max_suspended_s` in a row: Failed (reason SuspendedTooLong);
     running (not suspended) for `max_running_s` in all: Failed (reason RunningTooLong). None:
     no bound.
@@ -87,8 +87,8 @@ class JobSetTrigger(WatchTrigger):
     cluster: Mapping[str, Any]
     uid: str | None = None
     poll_interval_s: float = 30.0
-    api_error_budget_s: float = 1200.0
-    api_backoff_max_s: float = 120.0
+    outage_budget_s: float = 1200.0
+    backoff_max_s: float = 120.0
     max_suspended_s: float | None = None
     max_running_s: float | None = None
     running_s: float = 0.0
@@ -102,7 +102,6 @@ class JobSetTrigger(WatchTrigger):
         self.cluster = dict(self.cluster)
 
     cluster_word = "Kubernetes API"
-    outage_kwargs = ("api_error_budget_s", "api_backoff_max_s")
 
     def running_time(self, now: float) -> float:
         """Seconds the JobSet has run (not suspended) up to `now`."""

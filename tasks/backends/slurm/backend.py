@@ -6,13 +6,12 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.sdk import TaskGroup, get_current_context, task
+from airflow.sdk import TaskGroup, task
 
 from tasks.backend_api.evaluate_nodes import evaluate_rows, evaluate_step
 from tasks.backend_api.lifecycle_names import TRAIN_LABEL
 from tasks.backend_api.protocol import FormDefaults, JobKeys, register
 from tasks.backend_api.teardown import with_cleanup
-from tasks.backends.slurm.adapter import cancel_step_job
 from tasks.backends.slurm.evaluate_operators import SlurmEvaluateOperator, SlurmEvaluateStepOperator
 from tasks.backends.slurm.in_allocation import check_in_allocation, in_allocation_fields
 from tasks.backends.slurm.operators import CancelSlurmJobsOperator, SlurmJobOperator
@@ -104,9 +103,3 @@ class SlurmBackend:
         return CancelSlurmJobsOperator(
             run_task_id=task_id, settings=self.settings, mapped=mapped, **self.queue
         )
-
-    def cancel_evaluation(self, run_dir: str, step: int) -> bool:
-        """scancel the step's evaluation job of this DAG run (named as `job_name` names it);
-        False when none was running."""
-        context = get_current_context()
-        return cancel_step_job(self.settings, context["dag"].dag_id, context["run_id"], step)

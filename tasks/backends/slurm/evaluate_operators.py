@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tasks.backend_api.lifecycle_names import TRAIN_LABEL, WATCHING, event_phase
+from tasks.backend_api.lifecycle_names import TRAIN_LABEL, WATCHING
 from tasks.backends.slurm.adapter import cancel_step_job, hook_for, job_name, job_ref, running_job
 from tasks.backends.slurm.operators import SlurmJobOperator
 from tasks.backends.slurm.triggers import FINISHED, SlurmJobTrigger
@@ -66,7 +66,7 @@ class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
         self.defer(trigger=self.job_trigger(job_ref(job)), method_name="after_training")
 
     def after_training(self, context: Context, event: Mapping[str, Any]) -> Any:
-        if event_phase(event["phase"]) == WATCHING:
+        if event["phase"] == WATCHING:
             self.defer(trigger=SlurmJobTrigger(**event["kwargs"]), method_name="after_training")
         if event["phase"] != FINISHED:
             self.log.warning("the training's job: %s; going on", event["message"])

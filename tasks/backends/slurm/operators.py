@@ -142,7 +142,7 @@ class SlurmJobOperator(ClusterJobOperator):
             job=dict(ref),
             poll_interval_s=s.poll_interval_s,
             backoff_max_s=s.backoff_max_s,
-            outage_report_s=s.outage_budget_s,
+            outage_budget_s=s.outage_budget_s,
             **kwargs,
         )
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -374,8 +374,3 @@ def render_script(job: BatchJob) -> str:
         lines += _in_allocation_lines(job, job.then_evaluate)
     lines.append('exit "$rcpflow_rc"')
     return "\n".join(lines) + "\n"
-
-
-def quoted_argv(argv: Sequence[str]) -> str:
-    """`argv` as one shell command line (for a log line or an SSH command)."""
-    return shlex.join(argv)

@@ -7,7 +7,7 @@ clocks: stop request seen, cluster failing since, output read up to), and every 
 clocks ends it with a ``watching`` event whose kwargs the operator defers again with, so that a
 triggerer restart goes on where it was. A cluster that does not answer (slurmctld restarting,
 the SSH link down, slurmrestd away) never fails the task: the watch backs off, says so in the
-task log every `outage_report_s`, and goes on. Every cluster call goes through
+task log every `outage_budget_s`, and goes on. Every cluster call goes through
 `tasks.backends.slurm.hooks.AsyncSlurmHook`, imported when the trigger runs.
 """
 
@@ -56,12 +56,11 @@ class SlurmJobTrigger(WatchTrigger):
     budget: Mapping[str, int] | None = None
     poll_interval_s: float = 15.0
     backoff_max_s: float = 120.0
-    outage_report_s: float = 600.0
+    outage_budget_s: float = 600.0
     output_offset: int = 0
     stdout_path: str = ""
     settle_s: float = field(default_factory=settle_default)
     _hook: AsyncSlurmHook | None = field(default=None, init=False)
-    outage_kwargs = ("outage_report_s", "backoff_max_s")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,12 +1,9 @@
 """The cluster-job lifecycle every backend drives (tasks.backend_api.cluster_job, watch_trigger,
-teardown, lifecycle_names): the names Airflow stores pinned, every trigger classpath of an
-earlier release resolving to the trigger that runs now, records and events of an earlier
-release still understood, and every backend's operators and triggers deriving from it."""
+teardown, lifecycle_names, task_end): the names Airflow stores pinned, records read under one
+key, and every backend's operators and triggers deriving from it."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,21 +19,24 @@ def test_names_that_outlive_a_process_keep_their_values() -> None:
     """Airflow's database (XComs, the trigger table, a task's next_kwargs) and the cluster (job
     names) hold these: a new value strands what an earlier release started."""
     assert names.JOB_RECORD_KEY == "cluster_job" and names.RECORD_DECISION == "cancel"
-    assert dict(names.LEGACY_RECORD_KEYS) == {"jobset_ref": "delete", "slurm_job": "cancel"}
     assert (names.WATCHING, names.STOPPED, names.ERROR) == ("watching", "stopped", "error")
-    assert dict(names.LEGACY_EVENT_NAMES) == {"Watching": "watching", "Stopped": "stopped"}
     assert (names.UNREACHABLE, names.STATE_CHANGED, names.STOP_REQUEST) == (
         "Unreachable", "StateChanged", "StopRequest",
     )  # fmt: skip
     assert names.JOBSET_TRIGGER == "tasks.backends.gke.triggers.JobSetTrigger"
     assert names.SLURM_TRIGGER == "tasks.backends.slurm.triggers.SlurmJobTrigger"
     assert names.LOCAL_TRIGGER == "tasks.backends.local_operators.LocalJobTrigger"
-    assert dict(names.LEGACY_TRIGGER_CLASSPATHS) == {
-        "plugins.jobset.JobSetTrigger": names.JOBSET_TRIGGER
-    }
     assert names.STOP_GRACE.total_seconds() == 600.0
     assert names.eval_label(18) == "eval-18"
-    assert names.event_phase("Watching") == "watching" and names.event_phase("x") == "x"
+    from tasks.backend_api.task_end import TASK_ENDS
+    from tasks.run.evaluation_end import STEP_CANCELS
+
+    # what ends a task on the triggerer, by the name its trigger's kwargs give
+    assert dict(TASK_ENDS) == {
+        "job": "tasks.backend_api.task_end:_end_job",
+        "evaluation": "tasks.run.evaluation_end:end_evaluation",
+    }
+    assert dict(STEP_CANCELS) == {"local": "tasks.backends.local_adapter:cancel_step"}
 
 
 @pytest.mark.parametrize(
@@ -58,35 +58,6 @@ def _jobset_trigger(cls: Any) -> Any:
     return cls(name="js", namespace="default", cluster=cluster, poll_interval_s=0.0)
 
 
-@pytest.mark.parametrize(("old", "new"), sorted(names.LEGACY_TRIGGER_CLASSPATHS.items()))
-def test_an_old_trigger_classpath_deserialises_and_runs_the_new_trigger(
-    old: str, new: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A trigger row an earlier release stored: its classpath and JSON kwargs make the trigger
-    of this release, which runs the shared watch loop."""
-    from tasks.backends.gke.status import JobSetGone
-
-    current = import_string(new)
-    assert import_string(old) is current
-    classpath, kwargs = _jobset_trigger(current).serialize()
-    assert classpath == new
-    restored = import_string(old)(**json.loads(json.dumps(kwargs)))
-    assert restored.serialize() == (new, kwargs)
-
-    async def gone(self: Any) -> dict[str, Any]:
-        raise JobSetGone("JobSet default/js not found")
-
-    monkeypatch.setattr(current, "read_jobset", gone)
-
-    async def first() -> dict[str, Any]:
-        async for event in restored.run():
-            return dict(event.payload)
-        raise AssertionError("no event")
-
-    event = asyncio.run(asyncio.wait_for(first(), 30))
-    assert (event["phase"], event["reason"]) == ("Failed", "NotFound")
-
-
 class _TI:
     """XComs of other task instances by key (`xcoms`), and what was pulled."""
 
@@ -98,21 +69,17 @@ class _TI:
         return self.xcoms.get(key)
 
 
-def test_records_of_an_earlier_release_are_read_with_this_releases_decision() -> None:
-    gke = {"name": "js", "namespace": "ns", "delete": False, "why": "adopted"}
-    ti = _TI({"jobset_ref": gke})
-    assert recorded_jobs({"ti": ti}, "run", mapped=False) == [  # type: ignore[typeddict-item]
-        {"name": "js", "namespace": "ns", "cancel": False, "why": "adopted"}
-    ]
+def test_the_records_are_read_under_one_key_for_one_instance_or_every_instance() -> None:
+    gke = {"name": "js", "namespace": "ns", "cancel": False, "why": "adopted"}
+    ti = _TI({"cluster_job": gke})
+    assert recorded_jobs({"ti": ti}, "run", mapped=False) == [gke]  # type: ignore[typeddict-item]
     assert ti.pulls[0] == ("cluster_job", {"map_indexes": 2})
     slurm = [{"job_id": "7", "name": "n", "submit_time": 1, "cancel": None, "why": "running"}]
-    ti = _TI({"slurm_job": slurm})
+    ti = _TI({"cluster_job": slurm})
     assert recorded_jobs({"ti": ti}, "run", mapped=True) == slurm  # type: ignore[typeddict-item]
     assert ti.pulls[0] == ("cluster_job", {})  # every instance of a mapped task
-    # this release's key first: a legacy record of an older try never overrides it
-    new = {"name": "js", "namespace": "ns", "cancel": True, "why": "succeeded"}
-    ti = _TI({"cluster_job": new, "jobset_ref": gke})
-    assert recorded_jobs({"ti": ti}, "run", mapped=False) == [new]  # type: ignore[typeddict-item]
+    # a key of an unreleased earlier version is not read
+    assert recorded_jobs({"ti": _TI({"jobset_ref": gke})}, "run", mapped=False) == []  # type: ignore[typeddict-item]
 
 
 class _SlurmHook:
@@ -126,7 +93,7 @@ class _SlurmHook:
         self.cancelled.append(job_id)
 
 
-def test_the_slurm_teardown_cancels_a_job_an_earlier_release_recorded(
+def test_the_slurm_teardown_cancels_a_recorded_job_only_when_its_task_decided_so(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     from tasks.backends.slurm import operators
@@ -135,15 +102,15 @@ def test_the_slurm_teardown_cancels_a_job_an_earlier_release_recorded(
     hook = _SlurmHook()
     monkeypatch.setattr(operators, "hook_for", lambda settings: hook)
     settings = SlurmSettings(working_dir=str(tmp_path), log_dir=str(tmp_path))
-    legacy = {"job_id": "41", "name": "rcpflow-train-x", "submit_time": 5, "cancel": None,
+    recorded = {"job_id": "41", "name": "rcpflow-train-x", "submit_time": 5, "cancel": None,
               "why": "running"}  # fmt: skip
     teardown = operators.CancelSlurmJobsOperator(
         task_id="cleanup", run_task_id="run", settings=settings
     )
-    done = teardown.execute({"ti": _TI({"slurm_job": legacy})})  # type: ignore[arg-type]
+    done = teardown.execute({"ti": _TI({"cluster_job": recorded})})  # type: ignore[arg-type]
     assert done == [{"job_id": "41", "name": "rcpflow-train-x"}] and hook.cancelled == ["41"]
-    left = {**legacy, "cancel": False, "why": "a watch error"}
-    assert teardown.execute({"ti": _TI({"slurm_job": left})}) == []  # type: ignore[arg-type]
+    left = {**recorded, "cancel": False, "why": "a watch error"}
+    assert teardown.execute({"ti": _TI({"cluster_job": left})}) == []  # type: ignore[arg-type]
     assert hook.cancelled == ["41"]
 
 
@@ -165,18 +132,16 @@ class _PushTI:
         self.pushed[key] = value
 
 
-def test_events_an_earlier_release_stored_are_understood() -> None:
-    """A task resumed after an upgrade with an event its trigger fired before it: GKE's
-    ``Watching`` defers again with its kwargs, ``Stopped`` ends the task as a stop."""
+def test_a_watching_event_defers_again_and_a_stopped_one_ends_the_task_as_a_stop() -> None:
     op = _gke_op()
     kwargs = _jobset_trigger(import_string(names.JOBSET_TRIGGER)).kwargs()
     base = {"name": "js", "namespace": "default", "reason": "", "message": "", "progress": "p",
             "pods": [], "kwargs": None}  # fmt: skip
     ti = _PushTI()
     with pytest.raises(TaskDeferred) as deferred:
-        op.execute_complete({"ti": ti}, {**base, "phase": "Watching", "kwargs": kwargs})
+        op.execute_complete({"ti": ti}, {**base, "phase": names.WATCHING, "kwargs": kwargs})
     assert deferred.value.trigger.kwargs() == kwargs
-    result = op.execute_complete({"ti": ti}, {**base, "phase": "Stopped"})
+    result = op.execute_complete({"ti": ti}, {**base, "phase": names.STOPPED})
     assert result["phase"] == "Stopped"
     assert ti.pushed[names.JOB_RECORD_KEY]["cancel"] is True
 

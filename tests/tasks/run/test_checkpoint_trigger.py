@@ -293,7 +293,7 @@ def test_required_params_get_nullable_copies_for_the_triggerer() -> None:
     from airflow.sdk.definitions.param import process_params
     from airflow.serialization.serialized_objects import DagSerialization
 
-    from tasks.run.planned import nullable_required_params
+    from tasks.run.evaluation_over_steps import nullable_required_params
 
     def dag_params() -> dict[str, Param]:
         return {"run_dir": Param(type="string", minLength=1), "seed": Param(1, type="integer")}

@@ -239,7 +239,6 @@ import sys
 import airflow.sdk  # what every DAG file pays anyway
 before = set(sys.modules)
 import tasks.backends.registry  # every backend, as the DAG files import them
-import plugins.jobset
 import plugins.rcpflow_plugin
 new = sorted(set(sys.modules) - before)
 heavy = [m for m in new if m.split(".")[0] in ("kubernetes", "kubernetes_asyncio", "jax", "google")

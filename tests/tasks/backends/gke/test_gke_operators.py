@@ -98,7 +98,7 @@ def _trigger(**overrides: Any):
         "namespace": "default",
         "cluster": cluster_kwargs(SETTINGS.cluster),
         "poll_interval_s": 0.0,
-        "api_error_budget_s": 60.0,
+        "outage_budget_s": 60.0,
         "running_since": 0.0,  # seen running at the start, as the operator's read-back says
     }
     kwargs.update(overrides)
@@ -197,7 +197,7 @@ def test_trigger_rides_out_a_few_read_errors(monkeypatch, recorded_status, sim_c
             recorded_status("status_succeeded.json"),
         ],
     )
-    [event] = _events(_trigger(poll_interval_s=30.0, api_error_budget_s=1200.0))
+    [event] = _events(_trigger(poll_interval_s=30.0, outage_budget_s=1200.0))
     assert event["phase"] == "Succeeded" and len(reads) == 5
     # backoff doubles from the poll interval and starts afresh after a good read
     assert sim_clock.sleeps == [30.0, 60.0, 30.0, 30.0]
@@ -207,7 +207,7 @@ def test_an_outage_longer_than_the_budget_defers_again_and_never_fails(
     monkeypatch, sim_clock
 ) -> None:
     reads = _scripted(monkeypatch, [PermissionError("403 Forbidden")])
-    trigger = _trigger(poll_interval_s=10.0, api_error_budget_s=300.0)
+    trigger = _trigger(poll_interval_s=10.0, outage_budget_s=300.0)
     [event] = _events(trigger)
     assert (event["phase"], event["reason"]) == ("watching", "Unreachable")
     assert sim_clock.now == 300.0  # at the budget, not before and not a backoff later
@@ -262,16 +262,6 @@ def test_trigger_serializes_to_an_importable_classpath() -> None:
         "use_internal_ip", "use_dns_endpoint", "kubernetes_conn_id",
     }  # fmt: skip
     assert not {"cluster_url", "ssl_ca_cert"} & set(kwargs)
-
-
-def test_the_classpath_of_earlier_releases_still_resolves() -> None:
-    # A task deferred before the move has "plugins.jobset.JobSetTrigger" in the trigger table.
-    from tasks.backends.gke.triggers import JobSetTrigger
-
-    old = _resolve("plugins.jobset.JobSetTrigger")
-    assert old is JobSetTrigger
-    _classpath, kwargs = _trigger().serialize()
-    assert old(**kwargs).serialize() == _trigger().serialize()
 
 
 def _resolve(classpath: str) -> Any:
@@ -341,7 +331,7 @@ def test_cleanup_without_a_recorded_jobset_does_nothing(fake_gke) -> None:
     op = DeleteJobSetOperator(task_id="cleanup", run_task_id="g.run", cluster=SETTINGS.cluster)
     ti = FakeTI(map_index=3)
     assert op.execute({"ti": ti}) is None
-    assert ti.pulls == [("g.run", k, 3) for k in ("cluster_job", "jobset_ref", "slurm_job")]
+    assert ti.pulls == [("g.run", "cluster_job", 3)]
     assert fake_gke.requests == []
 
 

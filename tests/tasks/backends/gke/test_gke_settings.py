@@ -24,9 +24,9 @@ def test_defaults_are_the_benchmark_shapes() -> None:
     assert settings.outage_budget_s >= 20 * 60
     assert settings.ttl_after_finished_s >= 100 * settings.poll_interval_s
     assert settings.fail_exit_codes == (2, 5)  # docs/exit-codes.md: the user errors
-    assert (train.total_chips, train.hosts_per_slice) == (128, 32)
+    assert (train.chips_per_slice * train.slices, train.hosts_per_slice) == (128, 32)
     assert (evaluate.topology, evaluate.slices, evaluate.hosts_per_slice) == ("2x2x1", 16, 1)
-    assert evaluate.total_chips == 64
+    assert evaluate.chips_per_slice * evaluate.slices == 64
     assert settings.shape("train") is train and settings.shape("evaluate") is evaluate
 
 
@@ -53,7 +53,7 @@ def test_a_table_overrides_and_keeps_the_rest() -> None:
         "4x4x16",
         1,
     )
-    assert settings.train.total_chips == 256
+    assert settings.train.chips_per_slice * settings.train.slices == 256
     assert settings.train.termination_grace_period_s == 600  # kept from the default shape
     assert settings.evaluate.accelerator == "tpu-v6e-slice"
     assert settings.evaluate.slices == 16  # kept from the default evaluation shape
@@ -103,7 +103,6 @@ def test_a_table_overrides_and_keeps_the_rest() -> None:
             "gke.ttl_after_finished_s: 1000 s is too close",
         ),
         ({"outage_budget_s": 0}, "gke.outage_budget_s: must be > 0"),
-        ({"api_error_budget_s": 0}, "gke.api_error_budget_s: must be > 0"),  # deprecated
         ({"run_retries": -1}, "gke.run_retries: must be >= 0"),
         ({"kubernetes_conn_id": " "}, "gke.kubernetes_conn_id: must be a non-empty string"),
         (
@@ -145,7 +144,12 @@ def test_the_example_gke_deployment_renders_a_strictly_valid_jobset(strict_jobse
     assert deployment.backend == "gke"
     gke = deployment.table("gke", GkeSettings)
     assert gke is not None
-    assert (gke.train.total_chips, gke.evaluate.total_chips, gke.evaluate.slices) == (128, 64, 16)
+    train, evaluate = gke.train, gke.evaluate
+    assert (train.chips_per_slice * train.slices, evaluate.chips_per_slice * evaluate.slices) == (
+        128,
+        64,
+    )
+    assert evaluate.slices == 16
     jobset = render_jobset(
         gke,
         role="train",
@@ -173,28 +177,15 @@ def test_the_example_gke_deployment_renders_a_strictly_valid_jobset(strict_jobse
     assert gke.outage_budget_s >= 20 * 60
 
 
-def test_the_watch_keys_of_earlier_releases_are_read_with_a_deprecation_line(caplog) -> None:
-    """``[gke]`` named the outage budget and the backoff ceiling `api_error_budget_s` and
-    `api_backoff_max_s`; ``[slurm]`` and this release name them `outage_budget_s` and
-    `backoff_max_s`. A deployment file of an earlier release still works, and says so."""
-    from tasks.backends.gke.settings import DEPRECATED_KEYS
+def test_the_watch_keys_are_named_as_on_slurm_and_an_older_name_is_refused() -> None:
+    """``[gke]`` and ``[slurm]`` name the outage budget and the backoff ceiling alike; the
+    names of an unreleased earlier version are refused, naming the key."""
     from tasks.backends.slurm.settings import SlurmSettings
 
-    assert DEPRECATED_KEYS == {
-        "api_error_budget_s": "outage_budget_s", "api_backoff_max_s": "backoff_max_s",
-    }  # fmt: skip
+    gke = {f.name for f in dataclasses.fields(GkeSettings)}
     slurm = {f.name for f in dataclasses.fields(SlurmSettings)}
-    assert set(DEPRECATED_KEYS.values()) | {"poll_interval_s"} <= slurm
-    with caplog.at_level("WARNING", logger="tasks.backends.gke.settings"):
-        old = read_table(GkeSettings, {"api_error_budget_s": 300, "api_backoff_max_s": 7}, "gke")
-    assert (old.outage_budget_s, old.backoff_max_s) == (300, 7)
-    assert (old.api_error_budget_s, old.api_backoff_max_s) == (None, None)
-    lines = [r.getMessage() for r in caplog.records]
-    assert "gke.api_error_budget_s is deprecated: read as gke.outage_budget_s; rename the key" in (
-        lines
-    )
-    assert any("gke.api_backoff_max_s is deprecated" in line for line in lines)
+    assert {"outage_budget_s", "backoff_max_s", "poll_interval_s"} <= gke & slurm
     new = read_table(GkeSettings, {"outage_budget_s": 300, "backoff_max_s": 7}, "gke")
     assert (new.outage_budget_s, new.backoff_max_s) == (300, 7)
-    with pytest.raises(SettingError, match="deprecated name of backoff_max_s: give only"):
-        read_table(GkeSettings, {"api_backoff_max_s": 7, "backoff_max_s": 9}, "gke")
+    with pytest.raises(SettingError, match=r"gke: unknown key\(s\) api_error_budget_s"):
+        read_table(GkeSettings, {"api_error_budget_s": 300}, "gke")

@@ -129,7 +129,7 @@ def _kwargs(created: _Created, **extra: Any) -> dict[str, Any]:
         "cluster": cluster_kwargs(s.cluster),
         "uid": created.uid,
         "poll_interval_s": 0.5,
-        "api_backoff_max_s": 2.0,
+        "backoff_max_s": 2.0,
         **extra,
     }
 
@@ -226,7 +226,7 @@ def test_the_trigger_watches_through_a_minutes_long_api_server_outage(
     driver.start()
     try:
         events = _trigger_events(
-            _kwargs(created, api_error_budget_s=40.0), timeout_s=LONG_OUTAGE_S + 180
+            _kwargs(created, outage_budget_s=40.0), timeout_s=LONG_OUTAGE_S + 180
         )
     finally:
         driver.join()

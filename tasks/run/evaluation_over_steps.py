@@ -23,8 +23,8 @@ from airflow.sdk.definitions.xcom_arg import PlainXComArg
 
 from rcpflow.verdict.stop_request import request_stop
 from tasks.names import TRAIN_TASK_ID
+from tasks.run.checkpoint_wait import WaitForCheckpointOperator
 from tasks.run.evaluation_group import RCP_VIEW_DOC, check, finalize
-from tasks.run.operators import WaitForCheckpointOperator
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
