@@ -12,7 +12,10 @@ worker start.
 
 How: the operator names what ends its task (`TaskEndSpec`: a name of `TASK_ENDS` and JSON
 arguments) in its trigger's kwargs; once the job has ended the trigger calls that function in
-a thread (`end_task`), with the job's outcome (`JobOutcome`), and yields its `TaskEnd`. The
+a thread (`end_task`), with the job's outcome (`JobOutcome`), and yields its `TaskEnd`; where
+the outcome needs a worker (a restart to submit, a failure the backend fails without retries,
+an error of the watch) the function gives None and the task resumes with the event as before.
+The
 functions are found by name in `TASK_ENDS` (the names live in Airflow's database with the
 trigger's kwargs: pinned by `tests/tasks/backend_api/test_lifecycle.py`), never by a path read
 from the kwargs. A trigger run outside a triggerer (``dag.test()``, which resumes every
@@ -36,9 +39,10 @@ from airflow.triggers.base import (
 
 from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, RECORD_DECISION
 
-# How a job ended, in the lifecycle's terms: it exited 0; it failed (or was lost); it was
-# cancelled after the run's stop request.
-JobEnded = Literal["succeeded", "failed", "stopped"]
+# How a job ended, in the lifecycle's terms: it succeeded; it failed (a retry of the task may
+# run it again); it was cancelled after the run's stop request; anything else, which the
+# backend's operator decides on a worker (a restart, a failure without retries, a watch error).
+JobEnded = Literal["succeeded", "failed", "stopped", "other"]
 TaskState = Literal["success", "skipped", "failed"]
 
 
@@ -71,12 +75,15 @@ def job_record(ref: Mapping[str, Any], cancel: bool | None, why: str) -> dict[st
     return {**ref, RECORD_DECISION: cancel, "why": why}
 
 
-def end_job(outcome: JobOutcome) -> TaskEnd:
+def end_job(outcome: JobOutcome) -> TaskEnd | None:
     """The end of a task that runs one job and has nothing to do after it: success when it
     succeeded or was stopped after the run's stop request (what it committed before is what
-    the run has), else failed with the job's line. Its XCom is the job's record."""
+    the run has), failed with the job's line when it failed; None for any other outcome. Its
+    XCom is the job's record (the teardown removes what is left of an ended job)."""
+    if outcome.ended == "other":
+        return None
     if outcome.ended == "succeeded":
-        record = job_record(outcome.ref, False, "succeeded")
+        record = job_record(outcome.ref, True, "succeeded")
     elif outcome.ended == "stopped":
         record = job_record(outcome.ref, True, "stopped after the run's stop request")
     else:
@@ -85,7 +92,7 @@ def end_job(outcome: JobOutcome) -> TaskEnd:
     return TaskEnd("success", outcome.line, {JOB_RECORD_KEY: record, "return_value": record})
 
 
-def _end_job(args: Mapping[str, Any], outcome: JobOutcome) -> TaskEnd:
+def _end_job(args: Mapping[str, Any], outcome: JobOutcome) -> TaskEnd | None:
     return end_job(outcome)
 
 
@@ -116,17 +123,18 @@ class TaskEndSpec:
         return cls(str(value["name"]), dict(value.get("args") or {}))
 
 
-def task_end_function(name: str) -> Callable[[Mapping[str, Any], JobOutcome], TaskEnd]:
+def task_end_function(name: str) -> Callable[[Mapping[str, Any], JobOutcome], TaskEnd | None]:
     """The function `TASK_ENDS` names `name`; KeyError for any other name."""
     module, _, function = TASK_ENDS[name].partition(":")
-    found: Callable[[Mapping[str, Any], JobOutcome], TaskEnd]
+    found: Callable[[Mapping[str, Any], JobOutcome], TaskEnd | None]
     found = getattr(importlib.import_module(module), function)
     return found
 
 
-def end_task(spec: TaskEndSpec, outcome: JobOutcome) -> TaskEnd:
-    """How the task of `spec` ends after `outcome` (synchronous: a trigger calls it in a thread).
-    Anything it raises fails the task with that one line (its retries apply)."""
+def end_task(spec: TaskEndSpec, outcome: JobOutcome) -> TaskEnd | None:
+    """How the task of `spec` ends after `outcome` (synchronous: a trigger calls it in a
+    thread); None: it resumes on a worker. Anything it raises fails the task with that one line
+    (its retries apply)."""
     try:
         return task_end_function(spec.name)(spec.args, outcome)
     except Exception as exc:

@@ -148,6 +148,8 @@ class WatchTrigger(BaseTrigger):
         if outcome is None:
             return None
         end = await asyncio.to_thread(end_task, spec, outcome)
+        if end is None:
+            return None
         if end.state == "failed":
             self.log.error("%s", end.line)
         else:

@@ -7,8 +7,9 @@ backend stops the evaluation of a higher step (a name of `STEP_CANCELS` and its 
 and the run's retention after the step (`tasks.run.retention.retention_args`, resolved on the
 worker: the triggerer loads no deployment).
 
-- the job failed: skipped when a lower step passed meanwhile (the failure is moot), else
-  failed with the job's line;
+- the job did not succeed: skipped when a lower step passed meanwhile (the failure is moot),
+  else failed with the job's line, or, for an outcome the backend decides on a worker (a
+  restart, a failure without retries), resumed there (None);
 - it succeeded: the summary collected and checked (`collect`; an invalid one fails the task),
   a pass stops the higher steps' evaluations (`cancel_above`), retention applies while
   training (`retain_after_evaluation`, never failing the task); success with the collected
@@ -41,6 +42,8 @@ from tasks.run.stages import (
 # one was running). Names live in Airflow's database: tests/tasks/backend_api/test_lifecycle.py.
 STEP_CANCELS: Mapping[str, str] = {
     "local": "tasks.backends.local_adapter:cancel_step",
+    "slurm": "tasks.backends.slurm.adapter:cancel_step",
+    "gke": "tasks.backends.gke.adapter:cancel_step",
 }
 
 
@@ -78,7 +81,7 @@ def _target(args: Mapping[str, Any]) -> EvalTarget:
     return step_target(args["run_dir"], int(args["step"]))
 
 
-def end_evaluation(args: Mapping[str, Any], outcome: JobOutcome) -> TaskEnd:
+def end_evaluation(args: Mapping[str, Any], outcome: JobOutcome) -> TaskEnd | None:
     """How an evaluate task ends after its job's `outcome` (the module doc)."""
     ref = outcome.ref
     try:
@@ -91,6 +94,8 @@ def end_evaluation(args: Mapping[str, Any], outcome: JobOutcome) -> TaskEnd:
         except AirflowSkipException as skip:
             record = job_record(ref, True, str(skip))
             return TaskEnd("skipped", str(skip), {JOB_RECORD_KEY: record})
+        if outcome.ended != "failed":
+            return None
         record = job_record(ref, True, f"failed: {outcome.line}")
         return TaskEnd("failed", outcome.line, {JOB_RECORD_KEY: record})
     try:
@@ -101,5 +106,5 @@ def end_evaluation(args: Mapping[str, Any], outcome: JobOutcome) -> TaskEnd:
         cancel = args["cancel"]
         cancel_above(target.run_dir, target.step, step_cancel(cancel["name"], cancel["args"]))
     retain(target.run_dir, target.step, args.get("retention"))
-    xcoms = {JOB_RECORD_KEY: job_record(ref, False, "succeeded"), "return_value": result}
+    xcoms = {JOB_RECORD_KEY: job_record(ref, True, "succeeded"), "return_value": result}
     return TaskEnd("success", outcome.line, xcoms)

@@ -96,6 +96,27 @@ def api_message(exc: Exception) -> str:
         return str(getattr(exc, "reason", exc))
 
 
+def step_cancel_args(
+    cluster: GkeCluster, namespace: str, dag_id: str, run_id: str
+) -> dict[str, Any]:
+    """What `cancel_step` needs to find the evaluation JobSets of one DAG run (JSON: a
+    trigger's kwargs carry it; the cluster by name, its endpoint looked up when used)."""
+    from tasks.backends.gke.triggers import cluster_kwargs
+
+    return {
+        "cluster": cluster_kwargs(cluster), "namespace": namespace, "dag_id": dag_id,
+        "run_id": run_id,
+    }  # fmt: skip
+
+
+def cancel_step(args: Mapping[str, Any], step: int) -> bool:
+    """`cancel_step_jobset` from `step_cancel_args`'s JSON (on the triggerer, in a thread)."""
+    from tasks.backends.gke.triggers import cluster_from_kwargs
+
+    hook = jobset_hook(cluster_from_kwargs(args["cluster"]))
+    return cancel_step_jobset(hook, args["namespace"], args["dag_id"], args["run_id"], step)
+
+
 def cancel_step_jobset(
     hook: JobSetHook, namespace: str, dag_id: str, run_id: str, step: int
 ) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tasks.backends.gke.adapter import cancel_step_jobset, jobset_hook
+from tasks.backends.gke.adapter import cancel_step_jobset, jobset_hook, step_cancel_args
 from tasks.backends.gke.operators import RunJobSetOperator
 from tasks.backends.gke.render import render_jobset
 from tasks.jobs.templates import EvaluateJob
@@ -32,6 +32,9 @@ class EvaluateJobSetOperator(EvaluateCheckpoint, RunJobSetOperator):
     def cancel_step(self, dag_id: str, run_id: str, step: int) -> bool:
         hook = jobset_hook(self.cluster)
         return cancel_step_jobset(hook, self.settings.namespace, dag_id, run_id, step)
+
+    def step_cancel(self, dag_id: str, run_id: str) -> tuple[str, dict[str, Any]]:
+        return "gke", step_cancel_args(self.cluster, self.settings.namespace, dag_id, run_id)
 
     def render(self, context: Context) -> dict[str, Any]:
         dag_run = context["dag_run"]

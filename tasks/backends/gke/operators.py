@@ -130,6 +130,7 @@ class RunJobSetOperator(ClusterJobOperator):
             self.record(context, ref, False, f"not created or adopted: {exc}")
             raise
         now = wall_clock()
+        end = self.task_end_spec(context, ref)
         self.log.info("%s submitted; waiting for it to finish", _where(ref))
         s = self.settings
         trigger = JobSetTrigger(
@@ -145,6 +146,7 @@ class RunJobSetOperator(ClusterJobOperator):
             poll_interval_s=s.poll_interval_s,
             outage_budget_s=s.outage_budget_s,
             backoff_max_s=s.backoff_max_s,
+            task_end=None if end is None else end.kwargs(),
             **self.stop_kwargs(),
         )
         self.watch(ref, trigger)

@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tasks.backend_api.lifecycle_names import ERROR, WATCHING
+from tasks.backend_api.lifecycle_names import ERROR, STOPPED, WATCHING
+from tasks.backend_api.task_end import JobOutcome
 from tasks.backend_api.watch_trigger import WatchTrigger
 from tasks.backends.gke.settings import GkeCluster
 from tasks.backends.gke.status import (
@@ -129,6 +130,19 @@ class JobSetTrigger(WatchTrigger):
 
     def event(self, phase: str, *, reason: str = "", message: str = "") -> dict[str, Any]:
         return self._event(phase, reason=reason, message=message, progress=self._line)
+
+    def job_outcome(self, payload: Any) -> JobOutcome | None:
+        ref = {"name": self.name, "namespace": self.namespace}
+        where = self.where()
+        if payload["phase"] == "Succeeded":
+            return JobOutcome(ref, "succeeded", f"{where} succeeded [{payload['progress']}]")
+        if payload["phase"] == STOPPED:
+            return JobOutcome(ref, "stopped", f"{where} cancelled: {payload['message']}")
+        if payload["phase"] == WATCHING:
+            return None
+        # a Failed JobSet fails its task without retries, a watch error with them: a worker's
+        line = f"{where} {payload['phase']} ({payload['reason']}): {payload['message']}"
+        return JobOutcome(ref, "other", line)
 
     async def observe(
         self, jobset: dict[str, Any], where: str, now: float

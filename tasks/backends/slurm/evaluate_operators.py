@@ -10,7 +10,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tasks.backend_api.lifecycle_names import TRAIN_LABEL, WATCHING
-from tasks.backends.slurm.adapter import cancel_step_job, hook_for, job_name, job_ref, running_job
+from tasks.backends.slurm.adapter import (
+    cancel_step_job,
+    hook_for,
+    job_name,
+    job_ref,
+    running_job,
+    step_cancel_args,
+)
 from tasks.backends.slurm.operators import SlurmJobOperator
 from tasks.backends.slurm.triggers import FINISHED, SlurmJobTrigger
 from tasks.jobs.templates import EvaluateJob
@@ -44,6 +51,9 @@ class SlurmEvaluateOperator(EvaluateCheckpoint, SlurmJobOperator):
 
     def cancel_step(self, dag_id: str, run_id: str, step: int) -> bool:
         return cancel_step_job(self.settings, dag_id, run_id, step)
+
+    def step_cancel(self, dag_id: str, run_id: str) -> tuple[str, dict[str, Any]]:
+        return "slurm", step_cancel_args(self.settings, dag_id, run_id)
 
     def before_job(self, context: Context, target: EvalTarget) -> None:
         """Under `eval_in_training_allocation` the training's job evaluates in its own

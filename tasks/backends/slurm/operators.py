@@ -37,6 +37,7 @@ from tasks.backends.slurm.triggers import (
     REUSED,
     SlurmJobTrigger,
     connection_kwargs,
+    contract_kwargs,
     event_payload,
 )
 from tasks.jobs.command import Role
@@ -132,7 +133,15 @@ class SlurmJobOperator(ClusterJobOperator):
     def _watch(self, context: Context, job: SubmittedJob, budget: Mapping[str, int]) -> None:
         ref = job_ref(job)
         self.record(context, ref, None, "running")
-        self.watch(ref, self.job_trigger(ref, budget=dict(budget), **self.stop_kwargs()))
+        end = self.task_end_spec(context, ref)
+        trigger = self.job_trigger(
+            ref,
+            budget=dict(budget),
+            contract=contract_kwargs(self.settings, self.shape),
+            task_end=None if end is None else end.kwargs(),
+            **self.stop_kwargs(),
+        )
+        self.watch(ref, trigger)
 
     def job_trigger(self, ref: Mapping[str, Any], **kwargs: Any) -> SlurmJobTrigger:
         """The trigger that watches the job of `ref` with these settings."""

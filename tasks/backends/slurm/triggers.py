@@ -17,13 +17,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tasks.backend_api.lifecycle_names import ERROR, WATCHING
+from tasks.backend_api.lifecycle_names import ERROR, STOPPED, WATCHING
+from tasks.backend_api.task_end import JobEnded, JobOutcome
 from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
 from tasks.backends.slurm.adapter import job_state
 
 if TYPE_CHECKING:
     from tasks.backends.slurm.hooks import AsyncSlurmHook, JobInfo
-    from tasks.backends.slurm.settings import SlurmSettings
+    from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings
 
 # The phase of the event of a job that ended (`info`: the job as Slurm reported it last).
 FINISHED = "finished"
@@ -40,6 +41,24 @@ _CONNECTION_FIELDS = (
 def connection_kwargs(settings: SlurmSettings) -> dict[str, Any]:
     """How the trigger reaches the cluster (JSON): the settings' transport fields."""
     return {name: getattr(settings, name) for name in _CONNECTION_FIELDS}
+
+
+def settings_from_connection(connection: Mapping[str, Any]) -> SlurmSettings:
+    """Settings enough to reach the cluster from `connection_kwargs`'s JSON (its hooks)."""
+    from tasks.backends.slurm.settings import SlurmSettings as Settings
+
+    fields = {"log_dir": "/", **connection}
+    fields["export_env"] = tuple(fields.get("export_env", ()))
+    return Settings(working_dir="/", **fields)
+
+
+def contract_kwargs(settings: SlurmSettings, shape: SlurmJobShape) -> dict[str, Any]:
+    """The exit-code contract of a job of `shape` (JSON, `SlurmJobTrigger.contract`)."""
+    return {
+        "fail_exit_codes": list(settings.fail_exit_codes),
+        "signal_grace_s": shape.signal_grace_s,
+        "time_limit_s": shape.time_limit_s,
+    }
 
 
 @dataclass(kw_only=True, eq=False, repr=False)
@@ -60,6 +79,9 @@ class SlurmJobTrigger(WatchTrigger):
     output_offset: int = 0
     stdout_path: str = ""
     settle_s: float = field(default_factory=settle_default)
+    # The exit-code contract of the job's shape (`contract_kwargs`): with it the trigger says
+    # how the job ended (`job_outcome`), so a task can end on the triggerer.
+    contract: Mapping[str, Any] | None = None
     _hook: AsyncSlurmHook | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -71,13 +93,29 @@ class SlurmJobTrigger(WatchTrigger):
     def hook(self) -> AsyncSlurmHook:
         if self._hook is None:
             from tasks.backends.slurm.hooks import AsyncSlurmHook, slurm_hook
-            from tasks.backends.slurm.settings import SlurmSettings
 
-            connection = {"log_dir": "/", **self.connection}
-            connection["export_env"] = tuple(connection.get("export_env", ()))
-            settings = SlurmSettings(working_dir="/", **connection)
-            self._hook = AsyncSlurmHook(slurm_hook(settings))
+            self._hook = AsyncSlurmHook(slurm_hook(settings_from_connection(self.connection)))
         return self._hook
+
+    def job_outcome(self, payload: Any) -> JobOutcome | None:
+        where = self.where()
+        if payload["phase"] == STOPPED:
+            return JobOutcome(self.job, "stopped", f"{where} cancelled: {payload['message']}")
+        if payload["phase"] != FINISHED or self.contract is None:
+            return None
+        from tasks.backends.slurm.hooks import JobInfo
+        from tasks.backends.slurm.outcome import decide
+
+        c = self.contract
+        outcome = decide(
+            JobInfo(**payload["info"]),
+            tuple(c["fail_exit_codes"]),
+            int(c["signal_grace_s"]),
+            int(c["time_limit_s"]),
+        )
+        # a restart is submitted, a failure failed without retries, by the operator on a worker
+        ended: JobEnded = "succeeded" if outcome.decision == "succeeded" else "other"
+        return JobOutcome(self.job, ended, f"{where} ended: {outcome.why}")
 
     def where(self) -> str:
         return f"Slurm job {self.job['job_id']} ({self.job['name']})"

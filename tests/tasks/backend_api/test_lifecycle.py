@@ -36,7 +36,11 @@ def test_names_that_outlive_a_process_keep_their_values() -> None:
         "job": "tasks.backend_api.task_end:_end_job",
         "evaluation": "tasks.run.evaluation_end:end_evaluation",
     }
-    assert dict(STEP_CANCELS) == {"local": "tasks.backends.local_adapter:cancel_step"}
+    assert dict(STEP_CANCELS) == {
+        "local": "tasks.backends.local_adapter:cancel_step",
+        "slurm": "tasks.backends.slurm.adapter:cancel_step",
+        "gke": "tasks.backends.gke.adapter:cancel_step",
+    }
 
 
 @pytest.mark.parametrize(

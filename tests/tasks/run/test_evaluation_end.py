@@ -16,7 +16,7 @@ import pytest
 from devtools.synthetic_run import SyntheticRun, make_run, rows_of, write_eval
 from rcpflow.files.layout import RunLayout
 from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY
-from tasks.backend_api.task_end import JobOutcome, TaskEndSpec, end_task
+from tasks.backend_api.task_end import JobOutcome, TaskEnd, TaskEndSpec, end_task
 from tasks.deployment import RetentionSettings
 from tasks.jobs.templates import TrainResult
 from tasks.run import evaluation_end
@@ -52,8 +52,10 @@ def _args(run: SyntheticRun, step: int, *, planned: bool = False, **kw: Any) -> 
     )
 
 
-def _end(args: Mapping[str, Any], outcome: JobOutcome = OK):
-    return end_task(TaskEndSpec("evaluation", args), outcome)
+def _end(args: Mapping[str, Any], outcome: JobOutcome = OK) -> TaskEnd:
+    end = end_task(TaskEndSpec("evaluation", args), outcome)
+    assert end is not None
+    return end
 
 
 def test_a_pass_collects_the_summary_and_stops_only_the_higher_steps(
@@ -64,7 +66,7 @@ def test_a_pass_collects_the_summary_and_stops_only_the_higher_steps(
     assert end.state == "success", end.line
     result = end.xcoms["return_value"]
     assert result["target_reached"] is True and result["step"] == 19
-    assert end.xcoms[JOB_RECORD_KEY] == {**REF, "cancel": False, "why": "succeeded"}
+    assert end.xcoms[JOB_RECORD_KEY] == {**REF, "cancel": True, "why": "succeeded"}
     assert cancelled == [({"k": 1}, 20), ({"k": 1}, 21), ({"k": 1}, 22)]
 
 
@@ -96,6 +98,18 @@ def test_a_failed_job_fails_the_task_unless_a_lower_step_passed(tmp_path: Path) 
     moot = _end(_args(run, 20), FAILED)
     assert moot.state == "skipped" and "19" in moot.line
     assert moot.xcoms[JOB_RECORD_KEY]["cancel"] is True
+
+
+def test_an_outcome_for_a_worker_resumes_the_task_unless_a_lower_step_passed(
+    tmp_path: Path,
+) -> None:
+    """A Slurm job to restart or a Failed JobSet is the backend's to decide on a worker; once a
+    lower step passed, it is moot and the task ends skipped on the triggerer."""
+    run = make_run(str(tmp_path / "run"), max_steps=22, accuracies={18: 0.5})
+    other = JobOutcome(REF, "other", "Slurm job 7 ended: TIMEOUT")
+    assert end_task(TaskEndSpec("evaluation", _args(run, 20)), other) is None
+    write_eval(run, 19, 0.8)
+    assert _end(_args(run, 20), other).state == "skipped"
 
 
 def test_a_manifest_row_changed_since_it_was_loaded_fails_the_task(tmp_path: Path) -> None:
