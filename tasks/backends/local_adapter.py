@@ -22,6 +22,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,8 @@ RECORD_NAME = "job.json"
 # (the trainer's: finish the step's checkpoint write) gets this much.
 CANCEL_GRACE_S = 10.0
 _TAIL_BYTES = 4000
+# How the wrapper's line about a program that could not start begins (`_WRAPPER`).
+_NOT_STARTED = "could not start "
 
 # Runs the job (argv[2:]) and records its exit code in argv[1]; a negative code is the signal
 # that ended it, 127 a job that could not start. It ignores a SIGTERM to its process group (the
@@ -142,9 +145,14 @@ def state(job: LocalJob) -> JobState:
     if _alive(job):  # first: a wrapper that ends now has written its code before it ended
         return RUNNING
     try:
-        return ended(int(Path(job.exit_path).read_text()))
+        code = int(Path(job.exit_path).read_text())
     except (OSError, ValueError):
         return ended(None)
+    if code == 127:  # the wrapper's own line says which program could not start, and why
+        last = output_tail(job).strip().splitlines()[-1:]
+        if last and last[0].startswith(_NOT_STARTED):
+            return JobState(ended=True, line=last[0], exit_code=code)
+    return ended(code)
 
 
 def start(
@@ -217,6 +225,19 @@ def cancel_running(folder: Path, grace_s: float = CANCEL_GRACE_S) -> bool:
     """Cancel the job recorded in `folder` if it still runs; whether one did."""
     job = running_job(folder)
     return job is not None and cancel(job, grace_s)
+
+
+def remove_folder(job: LocalJob) -> bool:
+    """Remove the folder of `job` once it has ended (its record, exit code and output: the
+    task log has the output), and its DAG run's folder when nothing else is left in it; a
+    job that still runs keeps it. Whether the folder went."""
+    if _alive(job):
+        return False
+    folder = Path(job.output).parent
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        folder.parent.rmdir()  # only when empty: another job of the DAG run may be in it
+    return not folder.exists()
 
 
 def step_cancel_args(root: str | Path, dag_id: str, run_id: str, run_dir: str) -> dict[str, str]:

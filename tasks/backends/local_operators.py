@@ -31,7 +31,7 @@ from tasks.backend_api.job_inputs import cluster_job_env, train_inputs
 from tasks.backend_api.job_state import JobState
 from tasks.backend_api.lifecycle_names import STOPPED, WATCHING
 from tasks.backend_api.task_end import JobOutcome, TaskEndSpec
-from tasks.backend_api.teardown import CancelRecordedJobs
+from tasks.backend_api.teardown import CancelRecordedJobs, recorded_jobs
 from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
 from tasks.backends import local_adapter as adapter
 from tasks.backends.local_adapter import DEFAULT_JOBS_ROOT, LocalJob
@@ -102,7 +102,7 @@ class LocalJobTrigger(WatchTrigger):
             return None
         if payload["exit_code"] == 0:
             return JobOutcome(self.job, "succeeded", f"{name}: finished")
-        return JobOutcome(self.job, "failed", f"{name} {payload['message']}")
+        return JobOutcome(self.job, "failed", f"{name}: {payload['message']}")
 
     def event(
         self, phase: str, *, reason: str = "", message: str = "", exit_code: int | None = None
@@ -228,6 +228,8 @@ class LocalJobOperator(ClusterJobOperator):
             self.log.info("%s: finished", job.name)
             return {"name": job.name, "pid": job.pid, "exit_code": 0}
         self.record(context, ref, True, f"failed: {event['message']}")
+        if event["exit_code"] == 127 and event["message"] != adapter.ended(127).line:
+            raise AirflowException(f"{job.name}: {event['message']}")  # the program, named
         raise AirflowException(
             f"{job.name} {event['message']}; last output lines:\n{adapter.output_tail(job)}"
         )
@@ -264,8 +266,15 @@ class LocalTrainOperator(LocalJobOperator):
 
 class CancelLocalJobsOperator(CancelRecordedJobs):
     """Teardown: cancel the local jobs that (every instance of) the task `run_task_id` recorded
-    and left running; one that ended already is left alone. Returns those cancelled
-    (``{"name", "pid"}``)."""
+    and left running; one that ended already is left alone. Then the folders of those that
+    have ended go (`local_adapter.remove_folder`: the system temp folder does not fill up with
+    a job's files per task). Returns those cancelled (``{"name", "pid"}``)."""
+
+    def execute(self, context: Context) -> Any:
+        done = super().execute(context)
+        for ref in recorded_jobs(context, self.run_task_id, mapped=self.mapped):
+            adapter.remove_folder(LocalJob.from_ref(ref))
+        return done
 
     def cancel_job(self, ref: Mapping[str, Any], why: str) -> dict[str, Any] | None:
         job = LocalJob.from_ref(ref)

@@ -83,6 +83,9 @@ def test_a_job_runs_detached_and_its_exit_status_and_output_outlive_it(tmp_path:
     missing = adapter.start(tmp_path / "m", "missing", ["/nonexistent/python"])
     assert ended(missing).exit_code == 127
     assert "could not start '/nonexistent/python'" in adapter.output_tail(missing)
+    # one line naming the program, for the task's error (no output tail after it)
+    line = adapter.state(missing).line
+    assert line.startswith("could not start '/nonexistent/python': ") and "\n" not in line
 
 
 @pytest.mark.timeout(60)
@@ -282,5 +285,31 @@ def test_a_retry_adopts_the_running_job_and_on_kill_and_the_teardown_cancel_it(
     done = teardown.execute(_context(_TI({JOB_RECORD_KEY: recorded})))
     assert done == [{"name": "train seed 1", "pid": recorded["pid"]}]
     assert adapter.state(LocalJob.from_ref(recorded)).ended
-    # a job that ended is left alone
+    # the ended job's folder goes with the teardown (the temp folder does not fill up) ...
+    folder = Path(recorded["output"]).parent
+    assert not folder.exists()
+    # ... and a job that ended is left alone
     assert teardown.execute(_context(_TI({JOB_RECORD_KEY: recorded}))) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_program_that_cannot_start_fails_its_task_in_one_line_naming_it(tmp_path: Path) -> None:
+    """On a worker (``dag.test()``) and on the triggerer alike: no output tail after it."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from tasks.backends.local_operators import FINISHED, LocalJobOperator, LocalJobTrigger
+
+    job = adapter.start(tmp_path / "m", "evaluate step 18", ["/nonexistent/evaluator"])
+    state = ended(job)
+    pushed: dict[str, object] = {}
+    ti = type("TI", (), {"xcom_push": lambda self, key, value: pushed.update({key: value})})()
+    op = LocalJobOperator(task_id="t", role="evaluate", job="eval-18", argv=["x"])
+    trigger = LocalJobTrigger(job=job.ref(), poll_interval_s=1.0)
+    event = trigger.event(FINISHED, message=state.line, exit_code=state.exit_code)
+    with pytest.raises(AirflowException) as raised:
+        op.job_ended({"ti": ti}, job.ref(), event)  # type: ignore[arg-type]
+    said = str(raised.value)
+    assert said.startswith("evaluate step 18: could not start '/nonexistent/evaluator': ")
+    assert "\n" not in said
+    outcome = trigger.job_outcome(event)
+    assert outcome is not None and outcome.ended == "failed" and outcome.line == said
