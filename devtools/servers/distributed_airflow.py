@@ -5,20 +5,21 @@ deployment shares.
 
 It is `LocalAirflow` (`devtools.servers.airflow_server`) with more components: its own
 `LocalPostgres` and `LocalRedis`, a second scheduler, and one ``airflow celery worker`` per
-`WorkerSpec`. Each worker runs in its own mount and PID namespace (``unshare``), as if on a
-host of its own: its ``/tmp`` is a private folder, into which only the `shared` folders that
-lie under ``/tmp`` are bound back (the run folders' storage, a cluster's shared file system, the
-deployment file's folder), and its AIRFLOW_HOME (logs folder included) is an empty folder of its
-own; what lies outside ``/tmp`` (the checkout, the DAG folder, the virtualenv: the image) it
-sees as it is, and it reaches PostgreSQL, Redis and the API server over TCP. Each worker has its
-own hostname, a loopback address of its own (127.0.0.2, 127.0.0.3: ``[core]
-hostname_callable`` reads it), where its own log server listens, so the API server fetches a
-task's log from the worker that ran it, as in production. Killing a worker (`kill`) SIGKILLs
-its namespace's first process, which takes every process of the namespace with it: a host lost.
-Each scheduler has a hostname of its own too (as on two hosts), which its Job row carries:
-`scheduler_of` names the one that queued a task instance. `answering_workers` asks the workers
-over the broker (Celery's ``inspect ping``, the Helm chart's worker liveness probe).
-Every component is stopped by the PID we hold (`LocalAirflow.stop`), then Redis and PostgreSQL.
+`WorkerSpec`. Each worker runs in its own mount and PID namespace (``unshare``), as if on a host
+of its own: its ``/tmp`` is a private folder, into which only the `shared` folders that lie
+under ``/tmp`` are bound back (the run folders' storage, a cluster's shared file system, the
+deployment file's folder, and what a worker's image holds: the checkout with its DAG folder and
+the virtualenv, `image_folders`, wherever the clone lives), and its AIRFLOW_HOME (logs folder
+included) is an empty folder of its own; what lies outside ``/tmp`` it sees as it is, and it
+reaches PostgreSQL, Redis and the API server over TCP. Each worker has its own hostname, a
+loopback address of its own (127.0.0.2, 127.0.0.3: ``[core] hostname_callable`` reads it), where
+its own log server listens, so the API server fetches a task's log from the worker that ran it,
+as in production. Killing a worker (`kill`) SIGKILLs its namespace's first process, which takes
+every process of the namespace with it: a host lost. Each scheduler has a hostname of its own
+too (as on two hosts), which its Job row carries: `scheduler_of` names the one that queued a
+task instance. `answering_workers` asks the workers over the broker (Celery's ``inspect ping``,
+the Helm chart's worker liveness probe). Every component is stopped by the PID we hold
+(`LocalAirflow.stop`), then Redis and PostgreSQL.
 Needs root (mounts), ``unshare`` (util-linux), ``redis-server`` and PostgreSQL's server.
 """
 
@@ -47,6 +48,7 @@ from devtools.servers.airflow_server import (
 from devtools.servers.postgres_server import LocalPostgres
 from devtools.servers.redis_server import LocalRedis
 from devtools.servers.redis_server import missing_binary as missing_redis
+from tasks.deployment import REPO_ROOT
 from tasks.jobs.processes import send_signal
 
 # The environment variable `component_hostname` reads; unset: the host's own loopback.
@@ -99,19 +101,35 @@ class DistributedConfig:
     settings: Mapping[str, str] = field(default_factory=dict)
 
 
+def image_folders() -> tuple[Path, ...]:
+    """What a worker's image holds, as this machine keeps it: the checkout (the DAG folder, the
+    code) and the interpreter's environment (the virtualenv, when it lies elsewhere)."""
+    found: list[Path] = []
+    for folder in (REPO_ROOT.resolve(), Path(sys.prefix).resolve()):
+        if not any(folder.is_relative_to(f) for f in found):
+            found.append(folder)
+    return tuple(found)
+
+
 def namespace_script(
     private: Path, shared: Sequence[Path], home: Path, host_home: Path, command: str
 ) -> str:
     """The shell script a worker's namespace runs: bind the shared folders into `private`,
-    give it an empty `home`, lay `private` over /tmp, then run `command`."""
+    give it an empty `home` (its own folder laid over the home's path where a shared folder
+    holds it, as a checkout under /tmp holds the demo's), lay `private` over /tmp, then run
+    `command`."""
     lines = ["set -e"]
-    for folder in shared:
-        if folder.is_relative_to(PRIVATE_ROOT):
-            target = private / folder.relative_to(PRIVATE_ROOT)
-            lines.append(f"mkdir -p {shlex.quote(str(target))}")
-            lines.append(f"mount --bind {shlex.quote(str(folder))} {shlex.quote(str(target))}")
+    bound = [folder for folder in shared if folder.is_relative_to(PRIVATE_ROOT)]
+    for folder in bound:
+        target = private / folder.relative_to(PRIVATE_ROOT)
+        lines.append(f"mkdir -p {shlex.quote(str(target))}")
+        lines.append(f"mount --bind {shlex.quote(str(folder))} {shlex.quote(str(target))}")
     if home.is_relative_to(PRIVATE_ROOT):  # an empty folder in its private /tmp
-        lines.append(f"mkdir -p {shlex.quote(str(private / home.relative_to(PRIVATE_ROOT)))}")
+        target = private / home.relative_to(PRIVATE_ROOT)
+        lines.append(f"mkdir -p {shlex.quote(str(target))}")
+        if any(home.is_relative_to(folder) for folder in bound):
+            lines.append(f"mkdir -p {shlex.quote(str(host_home))}")
+            lines.append(f"mount --bind {shlex.quote(str(host_home))} {shlex.quote(str(target))}")
     lines.append(f"mount --rbind {shlex.quote(str(private))} {PRIVATE_ROOT}")
     if not home.is_relative_to(PRIVATE_ROOT):
         # an empty folder of its own laid over the home's path, after /tmp: `private` may lie
@@ -200,9 +218,8 @@ class DistributedAirflow(LocalAirflow):
         # so the worker is its child, stopped by the SIGINT the whole group gets
         command = f"{shlex.join(log_server)} &\n{shlex.join(worker)}"
         root = self.worker_root(component)
-        script = namespace_script(
-            root / "tmp", self.distributed.shared, self.config.home, root / "home", command
-        )
+        shared = (*image_folders(), *self.distributed.shared)
+        script = namespace_script(root / "tmp", shared, self.config.home, root / "home", command)
         # --kill-child: the namespace's processes end with the one we hold, however it ends
         return [
             "unshare", "--mount", "--propagation", "private", "--pid", "--fork",

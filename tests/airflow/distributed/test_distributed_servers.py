@@ -51,6 +51,42 @@ def test_a_home_outside_tmp_gets_a_folder_of_its_own_laid_over_it() -> None:
     ]
 
 
+def test_a_checkout_under_tmp_is_bound_and_a_home_inside_it_is_a_folder_of_its_own() -> None:
+    """A fresh clone under /tmp (its .venv inside): a worker's private /tmp must not hide the
+    code and interpreter its image holds; the demo's home lies in the clone, and the worker
+    still gets an empty one of its own over it."""
+    script = namespace_script(
+        Path("/tmp/clone/.airflow/demo/workers/w1/tmp"),
+        (Path("/tmp/clone"),),
+        Path("/tmp/clone/.airflow/demo"),
+        Path("/tmp/clone/.airflow/demo/workers/w1/home"),
+        "x",
+    )
+    assert script.splitlines() == [
+        "set -e",
+        "mkdir -p /tmp/clone/.airflow/demo/workers/w1/tmp/clone",
+        "mount --bind /tmp/clone /tmp/clone/.airflow/demo/workers/w1/tmp/clone",
+        "mkdir -p /tmp/clone/.airflow/demo/workers/w1/tmp/clone/.airflow/demo",
+        "mkdir -p /tmp/clone/.airflow/demo/workers/w1/home",
+        "mount --bind /tmp/clone/.airflow/demo/workers/w1/home "
+        "/tmp/clone/.airflow/demo/workers/w1/tmp/clone/.airflow/demo",
+        "mount --rbind /tmp/clone/.airflow/demo/workers/w1/tmp /tmp",
+        "x",
+    ]
+
+
+def test_the_image_folders_are_the_checkout_and_the_interpreters_environment() -> None:
+    import sys
+
+    from devtools.servers.distributed_airflow import image_folders
+    from tasks.deployment import REPO_ROOT
+
+    folders = image_folders()
+    assert folders[0] == REPO_ROOT.resolve()
+    assert any(Path(sys.prefix).resolve().is_relative_to(f) for f in folders)
+    assert len(folders) == len(set(folders)) <= 2
+
+
 def test_the_private_redis_restarts_on_its_port_and_stops_by_pid() -> None:
     if missing_binary():
         pytest.skip("redis-server is not installed (make system-packages)")
