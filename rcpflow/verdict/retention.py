@@ -17,7 +17,7 @@ run_stop, a package, a pending re-evaluation), or one outside the run's checkpoi
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -165,7 +165,3 @@ def decide(facts: RunFacts, policy: RetentionPolicy = DEFAULT_POLICY) -> tuple[D
             why = "the newest full state (a resume needs it)"
             out.append(Decision(c.step, "train_state", state, False, why))
     return tuple(out)
-
-
-def going(decisions: Sequence[Decision]) -> list[Decision]:
-    return [d for d in decisions if d.goes]
