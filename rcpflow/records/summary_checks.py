@@ -257,8 +257,3 @@ def validity_problems(s: EvalSummary, row: ManifestRow) -> list[Problem]:
     seen = {str(p) for p in out}
     out += [p for p in consistency_problems(s) + row_problems(s, row) if str(p) not in seen]
     return out
-
-
-def summary_problems(summary: EvalSummary, row: ManifestRow) -> list[str]:
-    """Why `summary` cannot stand for `row`'s checkpoint, one line per problem; empty if valid."""
-    return [str(p) for p in validity_problems(summary, row)]

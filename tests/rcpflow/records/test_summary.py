@@ -24,7 +24,7 @@ from rcpflow.records.summary import (
 from rcpflow.records.summary_checks import (
     consistency_problems,
     recomputed_problems,
-    summary_problems,
+    validity_problems,
 )
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "tunix"
@@ -88,7 +88,7 @@ def test_errors_are_completed_attempts_and_missing_ones_are_failures():
     assert s.eval_accuracy == pytest.approx(249 / 251)
     assert s.status_counts == {"resolved": 249, "failed": 747, "error": 4}
     assert consistency_problems(s) == []  # incomplete, but it adds up
-    assert any(p.startswith("complete:") for p in summary_problems(s, _row()))
+    assert any(p.field == "complete" for p in validity_problems(s, _row()))
 
 
 def test_status_counts_use_the_evaluators_words():
@@ -103,17 +103,17 @@ def test_validity_against_row(tmp_path):
     at = dict(checkpoint=row, eval_start_ms=row.timestamp_ms + 1)
     at["eval_stop_ms"] = row.timestamp_ms + 2
     good = _build(attempts_for_accuracy(0.5), **at)
-    assert summary_problems(good, row) == []
+    assert validity_problems(good, row) == []
     other = dataclasses.replace(good, checkpoint_timestamp_ms=row.timestamp_ms + 1)
-    assert any("checkpoint_timestamp_ms" in p for p in summary_problems(other, row))
+    assert any(p.field == "checkpoint_timestamp_ms" for p in validity_problems(other, row))
     fatal = _build(attempts_for_accuracy(0.9), fatal_error="weights fingerprint mismatch", **at)
-    assert any("fatal" in p for p in summary_problems(fatal, row))
+    assert any("fatal" in str(p) for p in validity_problems(fatal, row))
     errored = _build([[AttemptResult("error")] * 4] * 251, **at)
-    assert any("errored" in p for p in summary_problems(errored, row))
+    assert any("errored" in str(p) for p in validity_problems(errored, row))
     early = dataclasses.replace(good, eval_start_ms=row.timestamp_ms - 1)
-    assert any(p.startswith("eval_start_ms:") for p in summary_problems(early, row))
+    assert any(p.field == "eval_start_ms" for p in validity_problems(early, row))
     target = dataclasses.replace(good, target_accuracy=0.5)
-    assert any(p.startswith("target_accuracy:") for p in summary_problems(target, row))
+    assert any(p.field == "target_accuracy" for p in validity_problems(target, row))
 
 
 def test_round_trip_and_strict_read(tmp_path):
@@ -141,7 +141,7 @@ def test_tunix_summary_is_read_with_eval_times_given():
     s = EvalSummary.from_json(text, where="tunix", eval_times=TIMES)
     assert (s.eval_start_ms, s.eval_stop_ms) == TIMES
     assert s.status_counts["ERROR"] == 3 and s.error_attempts == 3
-    assert summary_problems(s, _tunix_row(2)) == []
+    assert validity_problems(s, _tunix_row(2)) == []
     # rcp_logged and any field a later Tunix adds are accepted and not carried over
     d = json.loads(text) | {"rcp_logged": True, "tunix_version": "0.1.8"}
     again = EvalSummary.from_dict(d, where="tunix", eval_times=TIMES)
@@ -154,8 +154,8 @@ def test_tunix_smoke_summary_is_never_valid():
     s = EvalSummary.from_json(
         (FIXTURES / "summary_smoke.json").read_text(), where="smoke", eval_times=TIMES
     )
-    problems = summary_problems(s, _tunix_row(1))
-    assert [p for p in problems if p.startswith("instances:")] == [
+    problems = validity_problems(s, _tunix_row(1))
+    assert [str(p) for p in problems if p.field == "instances"] == [
         "instances: 64, the benchmark evaluates 251"
     ]
     assert s.target_reached  # Tunix said so; rcpflow never reads it
@@ -179,11 +179,11 @@ def test_a_summary_that_does_not_add_up_is_invalid(change, field):
     base = EvalSummary.from_json(
         (FIXTURES / "summary_full.json").read_text(), where="x", eval_times=TIMES
     )
-    problems = summary_problems(dataclasses.replace(base, **change), _tunix_row(2))
+    problems = validity_problems(dataclasses.replace(base, **change), _tunix_row(2))
     if field is None:
         assert problems == []
     else:
-        assert any(p.startswith(field) for p in problems), problems
+        assert any(p.field.startswith(field) for p in problems), problems
 
 
 def test_needs_four_attempts():
@@ -290,13 +290,13 @@ def one_broken_rule(draw):
 @given(valid_summaries())
 def test_property_built_summaries_are_consistent(s):
     assert consistency_problems(s) == []
-    assert summary_problems(s, _row()) == []
+    assert validity_problems(s, _row()) == []
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(one_broken_rule())
 def test_property_one_broken_rule_is_invalid_and_named(case):
     s, field = case
-    problems = summary_problems(s, _row())
+    problems = validity_problems(s, _row())
     assert problems, f"{field} broken but valid"
-    assert any(field in p.split(": ", 1)[0] for p in problems), (field, problems)
+    assert any(field in p.field for p in problems), (field, problems)

@@ -24,7 +24,7 @@ from rcpflow.records import evaluating, manifest
 from rcpflow.records.mllog import parse
 from rcpflow.records.passk import mean_pass_at_k
 from rcpflow.records.summary import read_summary
-from rcpflow.records.summary_checks import summary_problems
+from rcpflow.records.summary_checks import validity_problems
 from rcpflow.verdict import gate
 from tpu_jobs import task
 from tpu_jobs.eval import cli as eval_cli
@@ -133,7 +133,7 @@ def test_evaluate_step_writes_valid_summary_and_attempts_then_reuses(built_run, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = manifest.load(layout.manifest).row(3)
     summary = read_summary(layout.summary(3))
-    assert summary_problems(summary, row) == []
+    assert validity_problems(summary, row) == []
     assert summary.instances == 251 and summary.attempts_per_instance == 4
     assert summary.completed_attempts == 1004 and summary.fatal_error is None
     assert summary.eval_start_ms <= summary.eval_stop_ms
@@ -230,7 +230,7 @@ def test_corrupted_weights_give_fatal_summary_then_a_fixed_checkpoint_is_re_eval
     # A fatal summary is not reused: once the checkpoint is sound again it is evaluated.
     target.write_bytes(pristine)
     assert evaluate.main(["--run-dir", run_dir, "--step", "3"]) == 0
-    assert summary_problems(read_summary(layout.summary(3)), row) == []
+    assert validity_problems(read_summary(layout.summary(3)), row) == []
 
 
 def test_unknown_step_is_bad_input(built_run, tmp_path) -> None:
@@ -247,7 +247,7 @@ def test_standalone_with_rcp_logging_writes_eval_events(built_run, tmp_path) -> 
     summary = read_summary(str(out / "summary.json"))
     assert summary.checkpoint_step == 4 and summary.samples_count == 4 * GBS
     assert summary.checkpoint_timestamp_ms == row.timestamp_ms
-    assert summary_problems(summary, row) == []
+    assert validity_problems(summary, row) == []
     events = parse((out / "mllog" / "eval.out").read_text())
     assert [e.key for e in events] == ["eval_start", "tracked_stats", "eval_accuracy", "eval_stop"]
     accuracy = events[2]
@@ -328,7 +328,7 @@ def test_three_concurrent_shards_give_the_one_shard_result(built_run, tmp_path) 
 
     row = manifest.load(RunLayout(three).manifest).row(3)
     s1, s3 = (read_summary(RunLayout(d).summary(3)) for d in (one, three))
-    assert summary_problems(s3, row) == []
+    assert validity_problems(s3, row) == []
     assert without_wall_clock(s3) == without_wall_clock(s1)
     # Not a trivial agreement: the sampled attempts are a mix of right and wrong answers.
     assert 0 < s1.resolved_attempts < s1.expected_attempts

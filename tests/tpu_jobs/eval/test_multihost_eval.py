@@ -24,7 +24,7 @@ from trainer_runs import launch_job as _launch
 from rcpflow.files.layout import RunLayout
 from rcpflow.records import manifest
 from rcpflow.records.summary import read_summary
-from rcpflow.records.summary_checks import summary_problems
+from rcpflow.records.summary_checks import validity_problems
 from rcpflow.verdict import gate
 from tpu_jobs.eval import cli as eval_cli
 from tpu_jobs.eval.orchestration import ATTEMPTS_FILE
@@ -102,7 +102,7 @@ def test_two_processes_evaluate_exactly_as_one(trained: Path, tmp_path: Path) ->
             s.pop(key)
     assert summaries[0] == summaries[1]
     summary = read_summary(layouts[1].summary(STEP))
-    assert summary_problems(summary, _row(two)) == []
+    assert validity_problems(summary, _row(two)) == []
     assert summary.complete and summary.fatal_error is None
 
 

@@ -24,7 +24,7 @@ from rcpflow.files.storage import storage_for
 from rcpflow.records import manifest
 from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.records.summary import read_summary
-from rcpflow.records.summary_checks import summary_problems
+from rcpflow.records.summary_checks import validity_problems
 from tpu_jobs.rcp.checkpoint_restore import read_meta, restore_params
 from tpu_jobs.rcp.checkpoint_writer import CheckpointSaver
 from tpu_jobs.toy import grpo
@@ -91,7 +91,7 @@ def check_verdict(run_dir: str, rows: list[manifest.ManifestRow], verdict: dict)
     weight-update timestamp, one eval_accuracy per evaluated step, nothing fabricated."""
     summaries = {r.step: read_summary(RunLayout(run_dir).summary(r.step)) for r in rows}
     for row in rows:
-        assert summary_problems(summaries[row.step], row) == []
+        assert validity_problems(summaries[row.step], row) == []
     passing = [r for r in rows if summaries[r.step].eval_accuracy > r.target_accuracy]
     end = passing[0] if passing else rows[-1]
     assert verdict == {

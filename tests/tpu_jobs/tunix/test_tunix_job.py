@@ -24,7 +24,7 @@ from trainer_runs import rows_of
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.records.summary import read_summary
-from rcpflow.records.summary_checks import summary_problems
+from rcpflow.records.summary_checks import validity_problems
 from rcpflow.submission.checkers import compliance
 from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs.eval.orchestration import evaluate as evaluate_target
@@ -143,7 +143,7 @@ def test_short_run_evaluated_finalized_and_checked(tmp_path: Path) -> None:
     for row in rows:
         proc = run(["-m", "tpu_jobs.tunix_evaluate", "--run-dir", run_dir, "--step", str(row.step)])
         assert proc.returncode == 0, proc.stderr[-4000:]
-        assert summary_problems(read_summary(layout.summary(row.step)), row) == []
+        assert validity_problems(read_summary(layout.summary(row.step)), row) == []
     attempts = Path(layout.attempts_dir(2), "attempts.jsonl").read_bytes()
     # Deterministic: the standalone mode on the same checkpoint samples the same attempts.
     alone = tmp_path / "alone"
@@ -151,7 +151,7 @@ def test_short_run_evaluated_finalized_and_checked(tmp_path: Path) -> None:
                 "--output-dir", str(alone), "--rcp-logging"])  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert (alone / "attempts" / "attempts.jsonl").read_bytes() == attempts
-    assert summary_problems(read_summary(str(alone / "summary.json")), rows[0]) == []
+    assert validity_problems(read_summary(str(alone / "summary.json")), rows[0]) == []
 
     proc = run(["-m", "rcpflow", "finalize", run_dir], timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -187,7 +187,7 @@ def test_evaluation_refuses_weights_that_are_not_the_recorded_ones(tmp_path: Pat
     summary = evaluate_target(target, evaluate.TunixCheckpoints()).summary
     assert summary is not None
     assert summary.fatal_error is not None and "fingerprint" in summary.fatal_error
-    assert summary_problems(summary, row) != []
+    assert validity_problems(summary, row) != []
 
 
 # The Tunix job, SIGKILLed by itself right after the row of step KILL_AFTER is written (later
