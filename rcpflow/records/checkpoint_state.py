@@ -92,8 +92,3 @@ def run_snapshot(run_dir: str, seed: int) -> RunSnapshot:
         except ManifestError as exc:
             raise ProgressError(f"manifest: {exc}") from exc
     return RunSnapshot(rows, _block_stop_step(layout.mllog(seed)))
-
-
-def checkpoint_progress(run_dir: str, step: int, seed: int) -> CheckpointProgress:
-    """Where training stands for `step` of the run of `seed` in `run_dir`."""
-    return run_snapshot(run_dir, seed).progress(step)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from devtools.synthetic_run import T0, make_run, rows_of, write_eval
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
-from rcpflow.records.checkpoint_state import ProgressError, checkpoint_progress
+from rcpflow.records.checkpoint_state import ProgressError, run_snapshot
 from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.trainer.recorder import TrainingRecorder
 from rcpflow.verdict import stop_request
@@ -216,23 +216,23 @@ def test_the_recorder_honours_only_a_request_for_a_committed_checkpoint(tmp_path
     assert stop.time_ms == T0 + 60_000 + 19 * 1_000  # backdated to the last update
 
 
-def test_checkpoint_progress(tmp_path: Path) -> None:
+def test_progress_of_a_planned_step(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    assert checkpoint_progress(run_dir, 18, seed=1).state == "pending"  # nothing yet
+    assert run_snapshot(run_dir, seed=1).progress(18).state == "pending"  # nothing yet
     rec = recorder_at_step_19(run_dir)
-    committed = checkpoint_progress(run_dir, 18, seed=1)
+    committed = run_snapshot(run_dir, seed=1).progress(18)
     assert committed.state == "committed" and committed.row is not None
     assert committed.row.step == 18
-    assert checkpoint_progress(run_dir, 19, seed=1).state == "pending"
+    assert run_snapshot(run_dir, seed=1).progress(19).state == "pending"
     rec.on_checkpoint_committed(19, checkpoint(run_dir, 19))
     rec.on_train_end()  # stopped at step 19 of 24
-    assert checkpoint_progress(run_dir, 19, seed=1).state == "committed"
-    ended = checkpoint_progress(run_dir, 20, seed=1)
+    assert run_snapshot(run_dir, seed=1).progress(19).state == "committed"
+    ended = run_snapshot(run_dir, seed=1).progress(20)
     assert ended.state == "ended"
     assert "block_stop at step 19" in ended.detail
     Path(RunLayout(run_dir).manifest).write_text("not a row\n")
     with pytest.raises(ProgressError, match="manifest"):
-        checkpoint_progress(run_dir, 20, seed=1)
+        run_snapshot(run_dir, seed=1).progress(20)
 
 
 def test_an_earlier_attempts_block_stop_is_not_the_end(tmp_path: Path) -> None:
@@ -244,4 +244,4 @@ def test_an_earlier_attempts_block_stop_is_not_the_end(tmp_path: Path) -> None:
              "key": "run_start", "value": None, "metadata": {}}  # fmt: skip
     line = f":::MLLOG {json.dumps(event)}\n"
     log.write_text(log.read_text() + line)
-    assert checkpoint_progress(run.run_dir, 20, seed=1).state == "pending"
+    assert run_snapshot(run.run_dir, seed=1).progress(20).state == "pending"
