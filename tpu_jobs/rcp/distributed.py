@@ -51,10 +51,6 @@ class ProcessLayout:
     def multi_process(self) -> bool:
         return self.num_processes > 1
 
-    @property
-    def is_primary(self) -> bool:
-        return self.process_id == 0
-
 
 def layout_from_env(env: Mapping[str, str] | None = None) -> ProcessLayout:
     """The layout the environment describes: none of the variables set means one process."""

@@ -261,7 +261,7 @@ def test_no_layout_is_one_process() -> None:
             "RCPFLOW_PROCESS_ID": "3",
         }
     )
-    assert (three.num_processes, three.process_id, three.is_primary) == (32, 3, False)
+    assert (three.num_processes, three.process_id, three.multi_process) == (32, 3, True)
 
 
 def test_the_trainer_refuses_a_bad_layout_in_one_line(tmp_path: Path) -> None:
