@@ -9,7 +9,6 @@ docs/tpu_jobs.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -27,15 +26,6 @@ ANSWER_LENGTH = 1
 EVAL_SEED = 20_251  # fixed: the eval set is the same for every training seed
 
 _TRAIN_STREAM = 1  # separates training-prompt streams from the eval stream
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One eval instance: its index in the eval set, prompt tokens and the one correct answer."""
-
-    index: int
-    prompt: tuple[int, ...]
-    answer: tuple[int, ...]
 
 
 def answers(prompts: Any) -> Any:
@@ -89,16 +79,6 @@ def _eval_codes() -> frozenset[int]:
 def eval_prompts() -> np.ndarray:
     """The held-out prompts, ``(EVAL_SAMPLES, PROMPT_LENGTH)`` int32, read-only, fixed order."""
     return _eval_prompts()
-
-
-def eval_set() -> tuple[Instance, ...]:
-    """The 251 held-out instances in a fixed order (index = position in this tuple)."""
-    prompts = _eval_prompts()
-    correct = answers(prompts)
-    return tuple(
-        Instance(index=i, prompt=tuple(int(t) for t in p), answer=tuple(int(t) for t in a))
-        for i, (p, a) in enumerate(zip(prompts, correct, strict=True))
-    )
 
 
 def train_prompts(seed: int, step: int, num_prompts: int) -> np.ndarray:

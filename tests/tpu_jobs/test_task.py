@@ -11,17 +11,19 @@ from tpu_jobs import task
 
 
 def test_eval_set_has_251_distinct_instances_with_correct_answers() -> None:
-    instances = task.eval_set()
-    assert len(instances) == EVAL_SAMPLES == 251
-    assert [inst.index for inst in instances] == list(range(251))
-    assert len({inst.prompt for inst in instances}) == 251
-    for inst in instances:
-        assert len(inst.prompt) == task.PROMPT_LENGTH
-        assert inst.prompt[0] == task.BOS and inst.prompt[-1] == task.SEP
-        assert all(0 <= d <= 9 for d in inst.prompt[1:-1])
+    prompts = task.eval_prompts()
+    assert prompts.shape == (EVAL_SAMPLES, task.PROMPT_LENGTH) and EVAL_SAMPLES == 251
+    assert prompts.dtype == np.int32
+    assert len({tuple(p) for p in prompts.tolist()}) == 251
+    correct = np.asarray(task.answers(prompts))
+    assert correct.shape == (251, task.ANSWER_LENGTH)
+    for prompt, answer in zip(prompts.tolist(), correct.tolist(), strict=True):
+        assert prompt[0] == task.BOS and prompt[-1] == task.SEP
+        assert all(0 <= d <= 9 for d in prompt[1:-1])
         # Independent restatement of the rule: successor of the last digit.
-        assert inst.answer == ((inst.prompt[-2] + 1) % 10,)
-    np.testing.assert_array_equal(task.eval_prompts(), [inst.prompt for inst in instances])
+        assert answer == [(prompt[-2] + 1) % 10]
+    # the order is fixed (an instance's index is its row): every call gives the same rows
+    np.testing.assert_array_equal(task.eval_prompts(), prompts)
 
 
 def test_eval_set_is_fixed_and_read_only() -> None:
