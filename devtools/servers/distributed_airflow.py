@@ -1,6 +1,6 @@
 """A distributed Airflow on loopback, as Cloud Composer and the Helm chart run it: the
-CeleryExecutor over a Redis broker, PostgreSQL metadata, two schedulers, a dag-processor, a
-triggerer, the API server, and Celery workers that share nothing with the rest but what a real
+CeleryExecutor over a Redis broker, PostgreSQL metadata, two schedulers, a dag-processor, two
+triggerers, the API server, and Celery workers that share nothing with the rest but what a real
 deployment shares.
 
 It is `LocalAirflow` (`devtools.servers.airflow_server`) with more components: its own
@@ -57,6 +57,12 @@ PRIVATE_ROOT = Path("/tmp")  # what each worker gets a private copy of
 SCHEDULERS = ("scheduler", "scheduler-2")
 # Each scheduler's hostname (nothing connects to it: it tells their Job rows apart).
 SCHEDULER_HOSTS = {SCHEDULERS[0]: HOST, SCHEDULERS[1]: "127.0.0.4"}
+# Two triggerers, as Composer and the Helm chart run them for availability: triggers move to the
+# other when one is lost. Each has its own hostname (its Job row's: `triggerer_of`), where a log
+# server of its own serves what it wrote of a deferred task (the API fetches it from there).
+TRIGGERERS = ("triggerer", "triggerer-2")
+TRIGGERER_HOSTS = {TRIGGERERS[0]: HOST, TRIGGERERS[1]: "127.0.0.5"}
+TRIGGERER_LOG_SERVER = "log-server-2"
 CELERY_APP = "airflow.providers.celery.executors.celery_executor.app"
 # A worker announces itself in its log with this once it consumes its queues (Celery's banner).
 _READY = b" ready."
@@ -147,7 +153,13 @@ class DistributedAirflow(LocalAirflow):
         super().__init__(config.airflow)
         self.distributed = config
         self.workers = {w.name: w for w in config.workers}
-        self.components = (*COMPONENTS, SCHEDULERS[1], *self.workers)
+        self.components = (
+            *COMPONENTS,
+            SCHEDULERS[1],
+            TRIGGERERS[1],
+            TRIGGERER_LOG_SERVER,
+            *self.workers,
+        )
         self.postgres = LocalPostgres("airflow")
         self.redis = LocalRedis()
         self._check_layout()
@@ -192,6 +204,8 @@ class DistributedAirflow(LocalAirflow):
     def launch(self, name: str, env: Mapping[str, str]) -> None:
         if name in SCHEDULER_HOSTS:
             env = {**env, HOSTNAME_VAR: SCHEDULER_HOSTS[name]}
+        if name in TRIGGERER_HOSTS:
+            env = {**env, HOSTNAME_VAR: TRIGGERER_HOSTS[name]}
         spec = self.workers.get(name)
         if spec is not None:
             env = {**env, **spec.env, HOSTNAME_VAR: spec.host}
@@ -202,6 +216,14 @@ class DistributedAirflow(LocalAirflow):
     def _command(self, component: str) -> list[str]:
         if component in SCHEDULERS:
             return [self._airflow, "scheduler", "--skip-serve-logs"]
+        if component in TRIGGERERS:
+            return [self._airflow, "triggerer", "--skip-serve-logs"]
+        if component == TRIGGERER_LOG_SERVER:
+            return [
+                sys.executable, "-m", "uvicorn", LOG_SERVER_APP, "--factory",
+                "--host", TRIGGERER_HOSTS[TRIGGERERS[1]], "--port", str(self.config.log_port),
+                "--no-access-log",
+            ]  # fmt: skip
         spec = self.workers.get(component)
         if spec is None:
             return super()._command(component)
@@ -238,6 +260,24 @@ class DistributedAirflow(LocalAirflow):
                     return
             time.sleep(0.5)
         raise AirflowServerError(f"Celery worker {name} not ready after {timeout_s}s")
+
+    def triggerer_of(self, job_id: int) -> str:
+        """The triggerer (its component name) that runs as the TriggererJob `job_id` (a task
+        instance's ``triggerer_job``), told by the Job row's hostname."""
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(self.postgres.sqlalchemy_url())
+        try:
+            with engine.connect() as conn:
+                hostname = conn.execute(
+                    sqlalchemy.text("SELECT hostname FROM job WHERE id = :id"), {"id": job_id}
+                ).scalar()
+        finally:
+            engine.dispose()
+        names = [n for n, host in TRIGGERER_HOSTS.items() if host == hostname]
+        if not names:
+            raise AirflowServerError(f"triggerer job {job_id} is no triggerer of ours ({hostname})")
+        return names[0]
 
     def scheduler_of(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
         """The scheduler (its component name) that queued the task instance: its

@@ -23,7 +23,7 @@ from fault_scenarios import (
     SEED,
     FaultTarget,
     scheduler_killed_and_broker_restarted,
-    worker_killed_then_triggerer_restarted,
+    worker_killed_then_triggerer_lost,
 )
 
 from devtools.servers.slurm_cluster import SlurmCluster
@@ -83,10 +83,10 @@ class SlurmFaults(FaultTarget):
         return job
 
 
-def test_a_worker_killed_while_its_task_submits_then_the_triggerer_restarted_during_the_waits(
+def test_a_worker_killed_while_its_task_submits_then_the_triggerer_lost_during_the_waits(
     cluster: Cluster, submission: Submission
 ) -> None:
-    worker_killed_then_triggerer_restarted(SlurmFaults.of(cluster, submission), "worker_triggerer")
+    worker_killed_then_triggerer_lost(SlurmFaults.of(cluster, submission), "worker_triggerer")
 
 
 def test_a_scheduler_killed_and_the_broker_restarted_while_a_task_runs(

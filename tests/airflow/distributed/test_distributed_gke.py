@@ -47,7 +47,7 @@ from fault_scenarios import (
     SEED,
     FaultTarget,
     scheduler_killed_and_broker_restarted,
-    worker_killed_then_triggerer_restarted,
+    worker_killed_then_triggerer_lost,
 )
 from k8s_planes import Planes
 from k8s_real import (
@@ -319,10 +319,10 @@ class GkeFaults(FaultTarget):
 
 @pytest.mark.slow
 @pytest.mark.timeout(40 * 60)
-def test_a_worker_killed_while_its_task_creates_a_jobset_then_the_triggerer_restarted(
+def test_a_worker_killed_while_its_task_creates_a_jobset_then_the_triggerer_lost(
     gke: GkeDeployment, gke_submission: GkeSubmission
 ) -> None:
-    worker_killed_then_triggerer_restarted(GkeFaults.of(gke, gke_submission), "worker_triggerer")
+    worker_killed_then_triggerer_lost(GkeFaults.of(gke, gke_submission), "worker_triggerer")
 
 
 @pytest.mark.slow

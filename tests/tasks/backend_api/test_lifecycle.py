@@ -163,3 +163,18 @@ def test_on_kill_cancels_only_what_the_task_owns(monkeypatch: pytest.MonkeyPatch
         op.watch({"name": "js", "namespace": "ns"}, _jobset_trigger(operators.JobSetTrigger))
     op.on_kill()
     assert deleted == [("ns", "js")]
+
+
+@pytest.mark.parametrize(
+    "classpath", [names.JOBSET_TRIGGER, names.SLURM_TRIGGER, names.LOCAL_TRIGGER]
+)
+def test_a_watch_moved_or_stopped_on_its_triggerer_cancels_no_job(classpath: str) -> None:
+    """A trigger is cancelled when its triggerer stops or hands it to another (two triggerers,
+    apache/airflow#73454 reports ``on_kill`` called on a reassignment): a watch owns no job,
+    so neither ``cleanup`` nor ``on_kill`` cancels one. The job is cancelled only by the watch
+    itself (a stop request's grace), by its operator's ``on_kill`` on a worker, or by the
+    teardown (tests/airflow/distributed: the triggerer-lost fault)."""
+    from airflow.triggers.base import BaseTrigger
+
+    cls = import_string(classpath)
+    assert cls.on_kill is BaseTrigger.on_kill and cls.cleanup is BaseTrigger.cleanup
