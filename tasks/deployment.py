@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from rcpflow.recipe import MAX_STEPS_LIMIT, Division
-from rcpflow.verdict.retention import KEEPS, Keep
+from rcpflow.retention.rule import KEEPS, Keep
 
 # When a run's checkpoints are evaluated (README: "Evaluation schedule"); the MLLOG is the same.
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, EvalSchedule

@@ -248,12 +248,14 @@ def test_relative_imports_resolve(tmp_path: Path) -> None:
 
 # The levels of rcpflow/, lowest first (a module matches its longest listed prefix; a module may
 # import its own level or a lower one). The recipe and the file layer know nothing of records;
-# records know no verdict; the verdict knows no trainer, submission or CLI; the CLI is on top.
+# records know no verdict; the verdict knows no retention, trainer, submission or CLI (retention
+# acts on a verdict); the CLI is on top.
 RCPFLOW_LEVELS: tuple[tuple[str, ...], ...] = (
     ("rcpflow.recipe",),
     ("rcpflow.files",),
     ("rcpflow.records",),
     ("rcpflow.verdict", "rcpflow.submission", "rcpflow.planning"),
+    ("rcpflow.retention",),
     ("rcpflow.trainer",),
     ("rcpflow.recorder", "rcpflow.cli"),
     ("rcpflow.__main__",),

@@ -37,7 +37,7 @@ from rcpflow.files.layout import RunLayout
 from rcpflow.planning.forecast import Scenario, simulate
 from rcpflow.planning.rehearsal import load_profile
 from rcpflow.records.mllog import read_events, run_start_ms
-from rcpflow.verdict.retention_apply import retention_notes
+from rcpflow.retention.apply import retention_notes
 from tasks.deployment import ENV_VAR, REPO_ROOT
 from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 

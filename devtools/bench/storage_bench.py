@@ -5,7 +5,7 @@ written, when each evaluation ends, the verdict, training's end) on a run folder
 own writers (`devtools.synthetic_run`): at each event's time the checkpoint's files are written
 (weights, and every `FULL_EVERY`-th a ``train_state/`` as a full-state save), the evaluation's
 summary persisted (below the target before the passing step, above it at it), training's
-``block_stop`` logged; with retention, `rcpflow.verdict.retention_apply.apply_run` runs after
+``block_stop`` logged; with retention, `rcpflow.retention.apply.apply_run` runs after
 every event as the run DAG would run it at its earliest (``keep passing``, ``while_training``,
 ``settled`` once the verdict is in and no evaluation is left). The bytes and checkpoint folders
 under the run's ``checkpoints/`` are sampled after every write and every apply (no clock: the
@@ -60,8 +60,8 @@ from rcpflow.files.layout import CHECKPOINT_STATE_DIR
 from rcpflow.files.markdown_sections import write_section
 from rcpflow.planning.forecast import Forecast, Scenario, Schedule, simulate
 from rcpflow.planning.storage_forecast import TB, CheckpointSizes, storage
-from rcpflow.verdict.retention import RetentionPolicy
-from rcpflow.verdict.retention_apply import apply_run
+from rcpflow.retention.apply import apply_run
+from rcpflow.retention.rule import RetentionPolicy
 
 START, END = "<!-- storage-bench:start -->", "<!-- storage-bench:end -->"
 REHEARSAL_START = "<!-- storage-rehearsal:start -->"

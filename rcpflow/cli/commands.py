@@ -20,7 +20,7 @@ from rcpflow.verdict.eval_import import RESULT_FORMATS, RESULT_TREE
 from rcpflow.verdict.schedule import SCHEDULES
 
 if TYPE_CHECKING:
-    from rcpflow.verdict.retention import RetentionPolicy
+    from rcpflow.retention.rule import RetentionPolicy
 
 # The exit codes of the rcpflow CLI (docs/exit-codes.md, "The `rcpflow` CLI"): not the job
 # contract of rcpflow.trainer.job_exit, hence their own prefix.
@@ -388,7 +388,7 @@ def _forecast(args: argparse.Namespace) -> int:
 
 
 def _policy(args: argparse.Namespace) -> RetentionPolicy:
-    from rcpflow.verdict.retention import RetentionPolicy
+    from rcpflow.retention.rule import RetentionPolicy
 
     return RetentionPolicy(args.keep, args.last_k, args.while_training)
 
@@ -400,7 +400,7 @@ def _size(n: int) -> str:
 def _retention_plan(args: argparse.Namespace) -> int:
     """what retention would delete now (with sizes) and why each kept checkpoint is kept; deletes
     nothing; exit 0, 1 when the run folder cannot be planned"""
-    from rcpflow.verdict.retention_apply import plan_run
+    from rcpflow.retention.apply import plan_run
 
     planned = plan_run(args.run_dir, _policy(args), args.settled, args.tree)
     total = 0
@@ -420,8 +420,8 @@ def _retention_apply(args: argparse.Namespace) -> int:
     """delete what retention plans (or finish an interrupted apply), recording it in the run
     folder's retention.json; safe to rerun; one apply per run folder at a time; exit 0, 1 when
     the run folder cannot be planned or another apply holds it"""
-    from rcpflow.verdict.retention_apply import apply_run
-    from rcpflow.verdict.retention_lock import RetentionBusy
+    from rcpflow.retention.apply import apply_run
+    from rcpflow.retention.lock import RetentionBusy
 
     try:
         applied = apply_run(args.run_dir, _policy(args), args.settled, args.tree)
@@ -434,7 +434,7 @@ def _retention_apply(args: argparse.Namespace) -> int:
 
 
 def _retention_arguments(parser: argparse.ArgumentParser) -> None:
-    from rcpflow.verdict.retention import KEEPS
+    from rcpflow.retention.rule import KEEPS
 
     parser.add_argument(
         "--keep", choices=KEEPS, default="passing", help="which evaluated checkpoints stay"

@@ -1,7 +1,7 @@
 """Where a run stands, for a submitter (`rcpflow status`) and a UI: per manifest row its
 checkpoint, its summary (valid, pass@4, or why not), the gate's decision, what finalize would
 write now, checkpoint folders without a row, and what `rcpflow retention apply` kept and deleted
-and why (from its record, `rcpflow.verdict.retention_apply`). Reads only; the same checks as the
+and why (from its record, `rcpflow.retention.apply`). Reads only; the same checks as the
 gate and finalize (`rcpflow.verdict.verify`), each summary read once (linear in the rows).
 
 It degrades per step, never per run: a file of one step that cannot be read (an attempts path
@@ -27,10 +27,10 @@ from rcpflow.files.usererrors import USER_ERRORS, describe
 from rcpflow.records.decided import written_run_stop
 from rcpflow.records.manifest import ManifestError, ManifestRow, load
 from rcpflow.records.mllog import MLLogError
+from rcpflow.retention.apply import RetentionNote, retention_notes
 from rcpflow.trainer.recorder import checkpoint_present
 from rcpflow.verdict.finalize import FinalizeInputError, Status, finalize
 from rcpflow.verdict.gate import passes
-from rcpflow.verdict.retention_apply import RetentionNote, retention_notes
 from rcpflow.verdict.verify import StepEvaluation, SummaryState, evaluate_step, reading_once
 
 UNRECORDED = "unrecorded (no timestamp; not evaluable)"

@@ -27,7 +27,7 @@ MANIFEST_NAME = "eval_checkpoints.jsonl"
 MLLOG_DIR = "mllog"
 CHECKPOINTS_DIR = "checkpoints"
 # The full training state inside a checkpoint folder (the rest is weights): the trainer writes
-# it (tpu_jobs.rcp.checkpoint_format), retention may delete it alone (rcpflow.verdict.retention).
+# it (tpu_jobs.rcp.checkpoint_format), retention may delete it alone (rcpflow.retention.rule).
 CHECKPOINT_STATE_DIR = "train_state"
 CHECKS_DIR = "checks"
 
@@ -150,12 +150,12 @@ class RunLayout:
 
     @property
     def retention(self) -> str:
-        """What retention deleted, when and why (`rcpflow.verdict.retention_apply`)."""
+        """What retention deleted, when and why (`rcpflow.retention.apply`)."""
         return join(self.root, "retention.json")
 
     @property
     def retention_lock(self) -> str:
-        """Held by the one retention apply running on the run (`rcpflow.verdict.retention_lock`)."""
+        """Held by the one retention apply running on the run (`rcpflow.retention.lock`)."""
         return join(self.root, ".retention.lock")
 
     def evaluating(self, step: int) -> str:

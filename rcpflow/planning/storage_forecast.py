@@ -4,7 +4,7 @@ From a `rcpflow.planning.forecast.Forecast` (when each checkpoint is written, wh
 evaluation ends, the verdict, training's end) and the checkpoint sizes: the peak bytes and
 checkpoints on storage, the bytes written, and the storage-hours (TB x hours up to the run's
 end, the last job's). Without retention nothing is deleted (rcpflow's default). With it, the
-rule of `rcpflow.verdict.retention` as the run DAG would apply it as soon as it may, with
+rule of `rcpflow.retention.rule` as the run DAG would apply it as soon as it may, with
 ``--while-training --settled``: a checkpoint below the passing step goes when its evaluation
 ends, the passing one stays, one above it whose evaluation ran out (persisting its summary) goes
 at the verdict (or when that evaluation ends, if later), one above it without a summary (its

@@ -1,5 +1,5 @@
 """``eval/step_<n>/evaluating.json``: an evaluation of that checkpoint is running, so retention
-keeps the checkpoint (`rcpflow.verdict.retention`).
+keeps the checkpoint (`rcpflow.retention.rule`).
 
 rcpflow's evaluator (`tpu_jobs.eval.cli.run_step`) holds it around its evaluation (`held`):
 written before the checkpoint is read, removed once the summary is persisted, or the evaluation

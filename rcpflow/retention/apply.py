@@ -1,4 +1,4 @@
-"""`rcpflow retention plan|apply`: the retention rule (`rcpflow.verdict.retention`) on a run folder.
+"""`rcpflow retention plan|apply`: the retention rule (`rcpflow.retention.rule`) on a run folder.
 
 `plan_run` reads the facts (the manifest, each summary once, the verdict from them, whether the
 MLLOG's training has ended, which checkpoints hold a full state) and sizes what would go, by
@@ -10,7 +10,7 @@ records its newest file time (local) or object generation (``gs://``); a newer o
 and every ``gs://`` delete carries the listed generation as a precondition (sent in batches of
 up to 100; an object a batch fails to delete is named in the record, the part kept), and a part
 whose checkpoint an evaluation began to read since the plan (`rcpflow.records.evaluating`) is
-kept. One apply per run folder at a time (`rcpflow.verdict.retention_lock`).
+kept. One apply per run folder at a time (`rcpflow.retention.lock`).
 
 A foreign trainer's tree (NeMo-RL's ``step_<N>/``, Tunix's) outside the run's ``checkpoints/``
 is deleted from only when the caller names it (`trees`: the deployment allows it); what goes is
@@ -38,9 +38,8 @@ from rcpflow.files.storage import (
 from rcpflow.records.checkpoint_state import run_snapshot
 from rcpflow.records.evaluating import running
 from rcpflow.records.manifest import ManifestError, load
-from rcpflow.verdict.finalize import FinalizeInputError, decide
-from rcpflow.verdict.gate import passes
-from rcpflow.verdict.retention import (
+from rcpflow.retention.lock import holding
+from rcpflow.retention.rule import (
     DEFAULT_POLICY,
     CheckpointFacts,
     Decision,
@@ -48,8 +47,9 @@ from rcpflow.verdict.retention import (
     RetentionPolicy,
     RunFacts,
 )
-from rcpflow.verdict.retention import decide as decide_retention
-from rcpflow.verdict.retention_lock import holding
+from rcpflow.retention.rule import decide as decide_retention
+from rcpflow.verdict.finalize import FinalizeInputError, decide
+from rcpflow.verdict.gate import passes
 from rcpflow.verdict.verify import evaluate_step, reading_once
 
 RECORD_FORMAT = 1
@@ -323,7 +323,7 @@ def apply_run(
 ) -> dict[str, object]:
     """Finish an unfinished apply, else plan, record the intent, delete, mark done; the apply
     as recorded. An unfinished apply keeps the trees it was planned with. One apply per run
-    folder at a time (`rcpflow.verdict.retention_lock`): RetentionBusy when another holds it
+    folder at a time (`rcpflow.retention.lock`): RetentionBusy when another holds it
     (longer than `patience_s`)."""
     root = RunLayout(run_dir).root
     if not is_gcs(root) and not os.path.isdir(root):

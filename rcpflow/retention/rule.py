@@ -1,6 +1,6 @@
 """The retention rule: which of a run's checkpoints the verdict can still need, and why.
 
-Pure: it decides from facts the caller read (`rcpflow.verdict.retention_apply` reads them from the
+Pure: it decides from facts the caller read (`rcpflow.retention.apply` reads them from the
 run folder). One decision per checkpoint, kept or gone, with one named reason. A checkpoint may go
 when no verdict can need it any more: its valid summary is persisted and below the target, or it
 lies above the run's passing step once the verdict is decided, and the policy does not keep it;

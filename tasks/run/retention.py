@@ -1,5 +1,5 @@
 """The run DAG's ``retention`` task: the checkpoints no verdict needs any more, deleted once the
-run is decided (`rcpflow.verdict.retention_apply`, the rule of `rcpflow.verdict.retention`).
+run is decided (`rcpflow.retention.apply`, the rule of `rcpflow.retention.rule`).
 
 Off unless the deployment's ``[retention]`` table (`tasks.deployment.RetentionSettings`) or the
 run's ``retention`` Param says which evaluated checkpoints stay. The task follows ``check``:
@@ -16,7 +16,7 @@ that a checkpoint decided below the target is gone before its evaluation's slot 
 window frees: a run then keeps at most the W checkpoints being evaluated and those waiting for
 a slot (docs/retention.md), with no task start of the DAG's between an evaluation's end and its
 deletion. The applies of one run take the run folder's retention lock
-(`rcpflow.verdict.retention_lock`) one after another (`LOCK_PATIENCE_S`); while a person's
+(`rcpflow.retention.lock`) one after another (`LOCK_PATIENCE_S`); while a person's
 ``rcpflow retention apply`` holds it longer, the final task fails naming it, and an evaluate
 task leaves the work to it. The evaluate task's apply is opportunistic: whatever stops it is
 logged, never fails the evaluation (the final task repeats the apply and fails naming it), so
@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 from airflow.sdk import Param, get_current_context, task
 
-from rcpflow.verdict.retention import RetentionPolicy
-from rcpflow.verdict.retention_apply import RetentionError, apply_run
-from rcpflow.verdict.retention_lock import RetentionBusy
+from rcpflow.retention.apply import RetentionError, apply_run
+from rcpflow.retention.lock import RetentionBusy
+from rcpflow.retention.rule import RetentionPolicy
 from tasks.deployment import (
     RETENTION_CHOICES,
     Deployment,

@@ -26,7 +26,7 @@ from foreign_runs import (
     run_foreign_dag,
 )
 
-from rcpflow.verdict.retention_apply import read_record
+from rcpflow.retention.apply import read_record
 
 FIRST, LAST = FOREIGN_RUN["val_start_at"], FOREIGN_RUN["max_steps"]
 

@@ -32,7 +32,7 @@ from devtools.servers.airflow_server import LocalAirflow
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
 from rcpflow.records.mllog import read_events
-from rcpflow.verdict.retention_apply import read_record
+from rcpflow.retention.apply import read_record
 from tasks.results.verdicts import read_verdict
 
 PARALLELISM = 4

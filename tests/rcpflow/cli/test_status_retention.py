@@ -11,8 +11,8 @@ from rcpflow_cli import run_cli
 from devtools.synthetic_run import make_run
 from rcpflow.cli.status import run_status
 from rcpflow.records import summary
+from rcpflow.retention.apply import apply_run
 from rcpflow.verdict import verify
-from rcpflow.verdict.retention_apply import apply_run
 
 
 def test_status_shows_kept_and_gone_and_reads_each_summary_once(tmp_path, monkeypatch):

@@ -15,9 +15,10 @@ from rcpflow_cli import assert_one_invalid_line, cli_env_without_gcs_credentials
 from devtools.synthetic_run import SyntheticRun, make_run, write_eval
 from rcpflow.files.storage import Storage, split_gcs, storage_for
 from rcpflow.records.evaluating import held
-from rcpflow.verdict import retention_apply, retention_lock
-from rcpflow.verdict.retention_apply import apply_run, plan_run, read_record
-from rcpflow.verdict.retention_lock import RetentionBusy, holding
+from rcpflow.retention import apply as retention_apply
+from rcpflow.retention import lock as retention_lock
+from rcpflow.retention.apply import apply_run, plan_run, read_record
+from rcpflow.retention.lock import RetentionBusy, holding
 
 
 @pytest.fixture

@@ -8,14 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nemo_runs import train_nemo
+from nemo_runs import evaluate_nemo, train_nemo
 from rcpflow_cli import run_cli
-from test_nemo_rl_eval import evaluate
 
 from rcpflow.files.layout import RunLayout
+from rcpflow.retention.apply import apply_run, plan_run
 from rcpflow.trainer.nemo_rl_import import import_checkpoint_tree
 from rcpflow.verdict.eval_import import import_eval
-from rcpflow.verdict.retention_apply import apply_run, plan_run
 
 
 def _goes(run_dir: str, **kw) -> dict[int, str]:
@@ -32,7 +31,7 @@ def test_a_nemo_rl_tree_is_deleted_from_only_when_named_and_only_as_verified(tmp
     assert not str(ckpt).startswith(RunLayout(run_dir).checkpoints_dir)  # outside the run
     import_checkpoint_tree(run_dir, str(ckpt), val_start_at=2)
     for step, accuracy in ((2, "0.5"), (3, "0.5"), (4, "0.8")):
-        log = evaluate(tmp_path, monkeypatch, ckpt, step, "--accuracy", accuracy)
+        log = evaluate_nemo(tmp_path, monkeypatch, ckpt, step, "--accuracy", accuracy)
         import_eval(run_dir, step, str(log), fmt="nemo-rl-mllog")
     # step 3's summary no longer matches its checkpoint's row: not verified, so not deletable,
     # and the verdict is not decided at step 4 either

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rcpflow.verdict.retention import (
+from rcpflow.retention.rule import (
     DEFAULT_POLICY,
     CheckpointFacts,
     RetentionPolicy,

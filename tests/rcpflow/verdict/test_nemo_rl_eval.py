@@ -7,12 +7,11 @@ official checker verdict on the result."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from foreign import nemo_evaluator
-from nemo_runs import train_nemo
+from nemo_runs import evaluate_nemo, train_nemo, view_of
 from rcpflow_cli import assert_one_invalid_line, run_cli
 
 from rcpflow.cli.status import NOT_RECOMPUTED, render_table, run_status
@@ -32,32 +31,9 @@ def trained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **over: object) -> 
     return str(run_dir), ckpt
 
 
-def view_of(ckpt: Path, view: Path, *steps: int) -> Path:
-    """`view` holding links to `ckpt`'s step_<N>/ of `steps` only (as NeMo-RL's driver builds
-    one for its evaluator)."""
-    view.mkdir(parents=True, exist_ok=True)
-    for step in steps:
-        if not (view / f"step_{step}").exists():
-            os.symlink(ckpt / f"step_{step}", view / f"step_{step}")
-    return view
-
-
-def evaluate(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ckpt: Path, step: int, *extra: str
-) -> Path:
-    """NeMo-RL's evaluator on a view holding only step_<step>, its MLLOG a scratch file."""
-    work = tmp_path / "nemo_eval" / f"step_{step}"
-    view = view_of(ckpt, work / "view", step)
-    log = work / "mllog.log"
-    monkeypatch.setenv("MLPERF_MLLOG_FILE", str(log))
-    argv = ["--checkpoint-root", str(view), "--log-dir", str(work), *extra]
-    assert nemo_evaluator.main(argv) == 0
-    return log
-
-
 def test_the_logged_accuracy_is_imported_with_its_eval_times(tmp_path, monkeypatch):
     run_dir, ckpt = trained(tmp_path, monkeypatch)
-    log = evaluate(tmp_path, monkeypatch, ckpt, 3)
+    log = evaluate_nemo(tmp_path, monkeypatch, ckpt, 3)
     events = read_events(str(log))
     assert [e.key for e in events] == ["eval_start", "eval_accuracy", "eval_stop", "run_stop"]
     imported = import_eval(run_dir, 3, str(log), fmt="nemo-rl-mllog")
@@ -80,7 +56,7 @@ def test_the_logged_accuracy_is_imported_with_its_eval_times(tmp_path, monkeypat
 
 def test_another_samples_count_none_or_outside_0_1_is_refused_named(tmp_path, monkeypatch):
     run_dir, ckpt = trained(tmp_path, monkeypatch)
-    log3 = evaluate(tmp_path, monkeypatch, ckpt, 3)
+    log3 = evaluate_nemo(tmp_path, monkeypatch, ckpt, 3)
     with pytest.raises(EvalImportError, match=r"step 2: no eval_accuracy with samples_count 32 "
                        r"\(only samples_count 48\)"):  # fmt: skip
         import_eval(run_dir, 2, str(log3), fmt="nemo-rl-mllog")
@@ -88,7 +64,7 @@ def test_another_samples_count_none_or_outside_0_1_is_refused_named(tmp_path, mo
     empty.write_text("")
     with pytest.raises(EvalImportError, match="none at all"):
         import_eval(run_dir, 2, str(empty), fmt="nemo-rl-mllog")
-    log4 = evaluate(tmp_path, monkeypatch, ckpt, 4, "--accuracy", "1.5")
+    log4 = evaluate_nemo(tmp_path, monkeypatch, ckpt, 4, "--accuracy", "1.5")
     with pytest.raises(EvalImportError, match=r"eval_accuracy \(line 2\) value 1.5 is not"):
         import_eval(run_dir, 4, str(log4), fmt="nemo-rl-mllog")
     assert not Path(RunLayout(run_dir).summary(2)).exists()
@@ -100,7 +76,7 @@ def test_another_samples_count_none_or_outside_0_1_is_refused_named(tmp_path, mo
 def _decided(tmp_path, monkeypatch, accuracies: dict[int, str]) -> tuple[str, Path]:
     run_dir, ckpt = trained(tmp_path, monkeypatch)
     for step, acc in accuracies.items():
-        log = evaluate(tmp_path, monkeypatch, ckpt, step, "--accuracy", acc)
+        log = evaluate_nemo(tmp_path, monkeypatch, ckpt, step, "--accuracy", acc)
         p = run_cli("eval", "import", run_dir, "--step", str(step), str(log),
                     "--format", "nemo-rl-mllog")  # fmt: skip
         assert p.returncode == 0, p.stderr
@@ -163,7 +139,7 @@ def test_a_random_logged_seed_finalizes_its_own_log(tmp_path, monkeypatch):
     # NeMo-RL's launcher draws the seed: seed_1.out states 2115446333; finalize reads seed_1.out.
     run_dir, ckpt = trained(tmp_path, monkeypatch, logged_seed=2115446333)
     for step, acc in {2: "0.5", 3: "0.75"}.items():
-        log = evaluate(tmp_path, monkeypatch, ckpt, step, "--accuracy", acc)
+        log = evaluate_nemo(tmp_path, monkeypatch, ckpt, step, "--accuracy", acc)
         import_eval(run_dir, step, str(log), fmt="nemo-rl-mllog")
     result = finalize(run_dir)
     assert (result.status, result.step) == ("success", 3)
@@ -173,7 +149,7 @@ def test_a_random_logged_seed_finalizes_its_own_log(tmp_path, monkeypatch):
 
 def test_the_summary_claims_the_logs_eval_samples_and_finalize_refuses_256(tmp_path, monkeypatch):
     run_dir, ckpt = trained(tmp_path, monkeypatch)
-    log = evaluate(tmp_path, monkeypatch, ckpt, 2, "--accuracy", str(184 / 256))
+    log = evaluate_nemo(tmp_path, monkeypatch, ckpt, 2, "--accuracy", str(184 / 256))
     training = Path(RunLayout(run_dir).mllog(1))
     text = training.read_text()
     training.write_text(

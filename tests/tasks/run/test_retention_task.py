@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from devtools.synthetic_run import make_run, write_eval
-from rcpflow.verdict.retention_apply import read_record
-from rcpflow.verdict.retention_lock import holding
+from rcpflow.retention.apply import read_record
+from rcpflow.retention.lock import holding
 from tasks.deployment import DeploymentError, RetentionSettings, parse_deployment
 from tasks.jobs.templates import TrainResult
 from tasks.run import retention
