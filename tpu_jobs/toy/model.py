@@ -34,6 +34,9 @@ MODEL_CONFIG_KEY = "model_config"
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The policy's size (recorded in every checkpoint under `MODEL_CONFIG_KEY`, so the evaluator
+    rebuilds the model); Tunix's and MaxText's jobs name theirs `ModelConfig` too."""
+
     vocab_size: int = 16
     d_model: int = 64
     # 8 heads of 8 dims: on the toy task GRPO crossed pass@4 0.69 in 17-25 steps over seeds

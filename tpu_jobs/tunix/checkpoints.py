@@ -80,7 +80,7 @@ class CheckpointRecord:
     timestamp_ms: int
     weights_fingerprint: str
     run: Mapping[str, Any]  # seed, global_batch_size, val_start_at, max_steps
-    policy: Mapping[str, int]  # `tpu_jobs.tunix.policy.PolicyConfig` fields
+    policy: Mapping[str, int]  # `tpu_jobs.tunix.policy.ModelConfig` fields
 
     def to_json(self) -> dict[str, Any]:
         return {"format": RECORD_FORMAT, **asdict(self)}

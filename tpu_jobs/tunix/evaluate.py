@@ -34,7 +34,7 @@ BATCH_ROWS = 1024  # >= 251 x 4, a multiple of the mesh's devices: one sampler c
 
 
 @cache
-def _sampler(config: policy.PolicyConfig) -> Any:
+def _sampler(config: policy.ModelConfig) -> Any:
     """The jitted sampler for one policy size (nnx graph definitions are not hashable, so the
     structure is closed over instead of passed as a static argument)."""
     graphdef, _ = nnx.split(policy.abstract(config))
@@ -56,7 +56,7 @@ def _sampler(config: policy.PolicyConfig) -> Any:
 
 def load_policy(
     path: str, expected: str | None
-) -> tuple[policy.PolicyConfig, Any, checkpoints.CheckpointRecord]:
+) -> tuple[policy.ModelConfig, Any, checkpoints.CheckpointRecord]:
     """(policy size, nnx state, record) of a committed Tunix step, its weights verified."""
     _, record = checkpoints.read_record(path)
     if expected is not None and expected != record.weights_fingerprint:
@@ -71,13 +71,13 @@ def load_policy(
             f"{path}: restored weights have fingerprint {got}, recorded at save "
             f"{record.weights_fingerprint}: corrupted or not this checkpoint; refusing to score"
         )
-    config = policy.PolicyConfig.from_json(record.policy, where=path)
+    config = policy.ModelConfig.from_json(record.policy, where=path)
     _, state = nnx.split(policy.abstract(config))
     state.replace_by_pure_dict(jax.tree.map(jnp.asarray, params))
     return config, state, record
 
 
-def run_attempts(config: policy.PolicyConfig, state: Any, instances: Sequence[int]) -> list[Record]:
+def run_attempts(config: policy.ModelConfig, state: Any, instances: Sequence[int]) -> list[Record]:
     """4 attempts at each of `instances`, in one sampler call of `BATCH_ROWS` rows."""
     rows = attempt_rows(instances)
     if not rows:

@@ -25,8 +25,10 @@ from tpu_jobs import task
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
-    """The sizes that vary; everything else of the Qwen3 config is fixed below."""
+class ModelConfig:
+    """The policy's size, as the toy's and MaxText's `ModelConfig` are theirs (recorded in every
+    checkpoint, so the evaluator rebuilds the model): the sizes that vary; everything else of
+    Tunix's `qwen3.ModelConfig` is fixed in `qwen3`."""
 
     num_layers: int = 2
     embed_dim: int = 64
@@ -52,7 +54,7 @@ class PolicyConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d: Any, where: str) -> PolicyConfig:
+    def from_json(cls, d: Any, where: str) -> ModelConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         if not isinstance(d, dict) or set(d) != names:
             raise ValueError(f"{where}: policy config must have exactly {sorted(names)}, got {d!r}")
@@ -65,13 +67,13 @@ def mesh() -> jax.sharding.Mesh:
     return jax.sharding.Mesh(devices.reshape(devices.size, 1), ("fsdp", "tp"))
 
 
-def build(config: PolicyConfig, seed: int) -> qwen3.Qwen3:
+def build(config: ModelConfig, seed: int) -> qwen3.Qwen3:
     model = qwen3.Qwen3(config.qwen3(), rngs=nnx.Rngs(params=seed))
     model.lm_head.w[...] = jnp.zeros_like(model.lm_head.w[...])
     return model
 
 
-def abstract(config: PolicyConfig) -> qwen3.Qwen3:
+def abstract(config: ModelConfig) -> qwen3.Qwen3:
     """The model's structure without weights (to restore a checkpoint into)."""
     return nnx.eval_shape(lambda: qwen3.Qwen3(config.qwen3(), rngs=nnx.Rngs(params=0)))
 

@@ -41,7 +41,7 @@ class StepRecording:
         val_start_at: int,
         checkpoint_root: str,
         identity: RunIdentity,
-        policy_config: policy.PolicyConfig,
+        policy_config: policy.ModelConfig,
         last_step: int,
         primary: bool = True,
     ) -> None:

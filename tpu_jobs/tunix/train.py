@@ -42,11 +42,11 @@ PROG = "python -m tpu_jobs.tunix_train"
 
 @dataclass(frozen=True)
 class TrainConfig(RunConfig):
-    # Measured on CPU (gbs 256, PolicyConfig(), seeds 0-2): pass@4 > 0.69 after ~20 updates.
+    # Measured on CPU (gbs 256, ModelConfig(), seeds 0-2): pass@4 > 0.69 after ~20 updates.
     OPEN_LEARNING_RATE: ClassVar[float] = 3e-3
 
     max_steps: int = 60
-    policy: policy.PolicyConfig = field(default_factory=policy.PolicyConfig)
+    policy: policy.ModelConfig = field(default_factory=policy.ModelConfig)
 
 
 def run_identity(config: TrainConfig, hp: recipe.Hyperparameters, val_start: int) -> RunIdentity:
