@@ -16,7 +16,6 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, cast
 
 import jax
@@ -225,8 +224,10 @@ def next_token_logits(graphdef: Any, state: Any, prompts: jax.Array) -> jax.Arra
     return cast(jax.Array, logits[:, used - 1, :].astype(jnp.float32))
 
 
-@cache
 def _sampler(graphdef: Any) -> Callable[..., jax.Array]:
+    """The jitted sampler of one model (an NNX graph definition is not hashable: it is closed
+    over, not passed as a static argument)."""
+
     def sample(
         state: Any, prompts: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array
     ) -> jax.Array:
