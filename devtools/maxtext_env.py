@@ -12,8 +12,8 @@ is importable there (``PYTHONPATH``), so ``python -m tpu_jobs.maxtext.train`` an
 recording library run without Airflow. Cost and facts: docs/maxtext.md.
 
 ``python -m devtools.maxtext_env`` builds the environment (if missing), writes its Python
-wrapper (`wrapper_path`: a script that runs the venv's Python in the root, in the caller's
-folder) and prints the wrapper's path.
+wrapper (`wrapper_path`, ``.cache/maxtext-env/python``: a script that runs the venv's Python in
+the root, in the caller's folder) and prints the wrapper's path.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def root_dir(cache: Path | None = None) -> Path:
 
 
 def wrapper_path(cache: Path | None = None) -> Path:
-    """The Python wrapper of the current environment (beside its root)."""
-    root = root_dir(cache)
-    return root.with_name(root.name + ".python")
+    """Where `write_wrapper` puts the Python wrapper of the current environment: one path
+    whatever the key (docker/deployment.maxtext.toml names it as its ``python``)."""
+    return (cache or _REPO / ".cache") / "maxtext-env" / "python"
 
 
 def is_built(cache: Path | None = None) -> bool:
@@ -272,9 +272,12 @@ _HERE = "@PWD@"  # the caller's folder, in `wrapper_script`
 
 
 def write_wrapper(cache: Path | None = None) -> Path:
+    """Write (atomically) the wrapper of the current environment at `wrapper_path`."""
     path = wrapper_path(cache)
-    path.write_text(wrapper_script(cache))
-    path.chmod(0o755)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(wrapper_script(cache))
+    tmp.chmod(0o755)
+    tmp.replace(path)
     return path
 
 
