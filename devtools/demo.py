@@ -64,6 +64,7 @@ DEPLOYMENTS: dict[str, Path | None] = {
     "toy": None,
     "tunix": REPO_ROOT / "docker" / "deployment.tunix.toml",
     "rehearsal": REPO_ROOT / "docker" / "deployment.rehearsal.toml",
+    "maxtext": REPO_ROOT / "docker" / "deployment.maxtext.toml",
 }
 
 
