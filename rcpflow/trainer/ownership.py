@@ -432,6 +432,21 @@ def check_or_refresh(layout: RunLayout, owner: str | None) -> None:
         )
 
 
+def live_holder(run_dir: str) -> Holder | None:
+    """Who holds the run now: the holder of a lease that stands (fresh heartbeat, process not
+    known to be gone), else None (no lease, a stale one, an unreadable one: it holds nothing)."""
+    path = lease_path(run_dir)
+    data = _read(path)
+    if data is None:
+        return None
+    try:
+        held = Holder.from_json(data, path)
+    except ValueError:
+        return None
+    me = Holder(socket.gethostname(), os.getpid(), "", None, 0, 0)
+    return held if _why_free(held, me, timeout_from_env(), now_ms()) is None else None
+
+
 def _read(path: str) -> bytes | None:
     """The lease's bytes, None when there is none; locally never through a link."""
     if path.startswith("gs://"):

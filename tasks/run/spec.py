@@ -20,6 +20,7 @@ from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
 from rcpflow.recipe import DIVISIONS, Division
+from rcpflow.trainer.ownership import airflow_owner, lease_path, live_holder
 from rcpflow.verdict.schedule import (
     DEFAULT_SCHEDULE,
     RULES_WORDING,
@@ -265,12 +266,36 @@ class RunNotFound(ValueError):
     """The run_dir Param of a deferred evaluation names a folder without a manifest."""
 
 
+class RunFolderBusy(ValueError):
+    """The run_dir Param names a folder another DAG run's (or another program's) training holds
+    now; the message names the holder and its lease."""
+
+
+def refuse_a_live_run(run_dir: str, dag_id: str, run_id: str) -> None:
+    """RunFolderBusy when a training of anyone but this DAG run holds `run_dir` now (its lease,
+    `rcpflow.trainer.ownership.live_holder`): a second DAG run on a live run folder starts no
+    job there (neither training, refused by the lease anyway, nor an evaluation of the live
+    run's checkpoints) and writes nothing into it. A retry of this DAG run's own training
+    (its owner identity) is this run."""
+    holder = live_holder(run_dir)
+    ours = airflow_owner(dag_id, run_id, "")
+    if holder is None or (holder.owner or "").startswith(ours):
+        return
+    raise RunFolderBusy(
+        f"run_dir: {run_dir} is being trained by {holder.describe()} "
+        f"({lease_path(run_dir)}); this DAG run starts nothing there"
+    )
+
+
 @task(task_id=PLAN_TASK_ID, multiple_outputs=True)
 def plan_run() -> dict[str, Any]:
     """First task of a run: the validated RunSpec (fails naming the Param, before any job);
     records the run's evaluation schedule in its folder (`rcpflow.verdict.schedule_record`)."""
-    spec = run_spec(get_current_context()["params"])
+    context = get_current_context()
+    spec = run_spec(context["params"])
     check_under_root("run_dir", spec.run_dir, load_deployment())
+    dag_run = context["dag_run"]
+    refuse_a_live_run(spec.run_dir, dag_run.dag_id, dag_run.run_id)
     log.info("run spec: %s", spec)
     record_schedule(spec.run_dir, spec.schedule_record)
     log.info("%s", spec.schedule_record.statement())
@@ -290,8 +315,11 @@ def run_dir_of(plan: XComArg) -> XComArg:
 @task
 def existing_run() -> str:
     """First task of a deferred evaluation: the run_dir Param, checked to hold a manifest."""
-    run_dir = check_path("run_dir", get_current_context()["params"]["run_dir"])
+    context = get_current_context()
+    run_dir = check_path("run_dir", context["params"]["run_dir"])
     check_under_root("run_dir", run_dir, load_deployment())
+    dag_run = context["dag_run"]
+    refuse_a_live_run(run_dir, dag_run.dag_id, dag_run.run_id)
     manifest = RunLayout(run_dir).manifest
     if not storage_for(manifest).exists(manifest):
         raise RunNotFound(f"run_dir: {run_dir} has no manifest at {manifest}; nothing to evaluate")

@@ -70,3 +70,30 @@ def test_run_dag_trains_evaluates_until_the_target_and_checks(
     verdict = read_verdict(str(run_dir), "compliance_checker")
     assert verdict is not None and verdict.ok, verdict
     assert result.states[("evaluation.check", -1)] == "success"
+
+
+@pytest.mark.timeout(300)
+def test_a_second_dag_run_on_a_live_run_folder_starts_nothing_there(
+    airflow_db: str, tmp_path: Path, run_dir: Path, recording: Recording
+) -> None:
+    """Another DAG run's training holds the folder (its lease): this run's plan refuses it in
+    one line naming the holder; no job starts (neither a training, which the lease would refuse
+    anyway, nor an evaluation of the live run's checkpoints) and nothing is written there."""
+    from rcpflow.trainer import ownership
+
+    deployment = write_deployment(tmp_path / "deployment.toml", python=str(recording.python))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    live = ownership.airflow_owner("mlperf_grpo_run", "the_live_run", "train.train_job")
+    ownership.hold(str(run_dir), live, timeout_s=600)
+    before = sorted(p.name for p in run_dir.iterdir())
+
+    result = run_dag_test(
+        "mlperf_grpo_run", {**CONVERGING_RUN, "run_dir": str(run_dir)}, deployment
+    )
+
+    assert result.state == "failed"
+    assert result.states[("plan", -1)] == "failed"
+    ran = {t: s for (t, _), s in result.states.items() if s not in ("upstream_failed", "skipped")}
+    assert ran == {"plan": "failed", "train.cleanup": "success"}, ran  # a teardown, no record
+    assert launched_jobs(recording.record) == []
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # the lease alone
