@@ -48,7 +48,7 @@ system-packages:
 	@if [ "$$(id -u)" = 0 ]; then $(PY) -m devtools.servers.slurm_root; fi
 	@# MaxText's job environment: a Python 3.13 venv in a Debian 13 root under .cache/ (built once,
 	@# ~2 min; needs root; docs/maxtext.md), and its Python wrapper .cache/maxtext-env/python.
-	@if [ "$$(id -u)" = 0 ]; then $(PY) -m devtools.maxtext_env; fi
+	@if [ "$$(id -u)" = 0 ]; then $(PY) -m devtools.servers.maxtext_env; fi
 
 # Lint, formatting and types: the same checks as .pre-commit-config.yaml.
 check: setup

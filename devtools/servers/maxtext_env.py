@@ -11,7 +11,7 @@ into a venv at `VENV` inside a minbase trixie root beside the one
 is importable there (``PYTHONPATH``), so ``python -m tpu_jobs.maxtext.train`` and rcpflow's
 recording library run without Airflow. Cost and facts: docs/maxtext.md.
 
-``python -m devtools.maxtext_env`` builds the environment (if missing), writes its Python
+``python -m devtools.servers.maxtext_env`` builds the environment (if missing), writes its Python
 wrapper (`wrapper_path`, ``.cache/maxtext-env/python``: a script that runs the venv's Python in
 the root, in the caller's folder) and prints the wrapper's path.
 """
@@ -35,7 +35,7 @@ from devtools.servers.slurm_root import MIRROR, SUITE
 
 # Debian's Python 3.13 (and what pip needs to trust the host's certificate authorities).
 DEBIAN_PACKAGES = ("python3.13", "python3.13-venv", "ca-certificates")
-CONSTRAINTS = Path(__file__).resolve().parents[1] / "docker" / "constraints.maxtext.txt"
+CONSTRAINTS = Path(__file__).resolve().parents[2] / "docker" / "constraints.maxtext.txt"
 VENV = "/opt/maxtext"  # inside the root
 PYTHON = f"{VENV}/bin/python"
 MARKER = ".rcpflow-maxtext-env"
@@ -44,17 +44,23 @@ INSTALL_TIMEOUT_S = 1800.0
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
 # Host configuration pip reads, copied in for the install only (a cached root keeps none).
 HOST_INSTALL_FILES = ("/etc/resolv.conf", "/etc/pip.conf")
-_REPO = Path(__file__).resolve().parents[1]
+_REPO = Path(__file__).resolve().parents[2]
 
 
 class MaxTextEnvError(RuntimeError):
     """The environment could not be built or entered; the message names the step and its log."""
 
 
+def pins() -> list[str]:
+    """The pinned packages (``name==version`` lines of `CONSTRAINTS`, comments left out)."""
+    lines = (line.split("#", 1)[0].strip() for line in CONSTRAINTS.read_text().splitlines())
+    return sorted(line for line in lines if line)
+
+
 def cache_key() -> str:
     """What the environment is made of: the suite, the mirror, the Debian packages and the
-    pinned Python packages (the constraints file's text)."""
-    text = " ".join((SUITE, MIRROR, *DEBIAN_PACKAGES, VENV)) + "\n" + CONSTRAINTS.read_text()
+    pinned Python packages (a comment of the constraints file changes nothing)."""
+    text = " ".join((SUITE, MIRROR, *DEBIAN_PACKAGES, VENV, *pins()))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -262,7 +268,7 @@ def wrapper_script(cache: Path | None = None) -> str:
     inside = job_argv([], cwd=_HERE)
     return (
         "#!/bin/sh\n"
-        f"# MaxText's job Python (devtools/maxtext_env.py): {PYTHON} in {root}\n"
+        f"# MaxText's job Python (devtools/servers/maxtext_env.py): {PYTHON} in {root}\n"
         f'if [ -e /{MARKER} ]; then exec {shell(inside)} "$@"; fi\n'
         f'exec {shell(slurm_root.enter_argv(root, inside))} "$@"\n'
     )
@@ -283,7 +289,7 @@ def write_wrapper(cache: Path | None = None) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m devtools.maxtext_env",
+        prog="python -m devtools.servers.maxtext_env",
         description="Build (once) MaxText's Python 3.13 job environment and print its wrapper.",
     )
     parser.parse_args(argv)

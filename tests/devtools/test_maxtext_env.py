@@ -1,6 +1,6 @@
-"""MaxText's job environment (`devtools.maxtext_env`): its cache key follows the package lists;
-its Python (3.13, in the Debian 13 root) runs in the caller's folder with the repository
-importable, keeps the PID the harness holds, and leaves no mount on the host."""
+"""MaxText's job environment (`devtools.servers.maxtext_env`): its cache key follows the
+package lists; its Python (3.13, in the Debian 13 root) runs in the caller's folder with the
+repository importable, keeps the PID the harness holds, and leaves no mount on the host."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import maxtext_env
+from devtools.servers import maxtext_env
 
 
 def test_the_cache_key_follows_the_pinned_packages(

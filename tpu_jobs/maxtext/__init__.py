@@ -7,5 +7,5 @@ bf16 rounding), `model` (MaxText's trainer and model driven from Python: setup, 
 next-token logits), `train` (``python -m tpu_jobs.maxtext.train``), `evaluate`
 (``python -m tpu_jobs.maxtext.evaluate``: MaxText's converter, restore, pass@k). `config`,
 `checkpoints` and `layout` need only JAX; the others need MaxText 0.2.5 (Python >= 3.12, its
-own environment: devtools/maxtext_env.py, docker/Dockerfile.maxtext).
+own environment: devtools/servers/maxtext_env.py, docker/Dockerfile.maxtext).
 """

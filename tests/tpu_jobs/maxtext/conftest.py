@@ -1,15 +1,15 @@
 """MaxText's environment for the MaxText job tests (`maxtext`): the Python 3.13 venv in a
-Debian 13 root that `devtools.maxtext_env` builds and caches (``make system-packages`` builds it
-first; a session that finds it missing builds it here, about 2 minutes). Skipped, with the
-reason, only where it can be neither built nor entered (not root, no debootstrap); in CI (root)
-every test runs."""
+Debian 13 root that `devtools.servers.maxtext_env` builds and caches (``make system-packages``
+builds it first; a session that finds it missing builds it here, about 2 minutes). Skipped,
+with the reason, only where it can be neither built nor entered (not root, no debootstrap); in
+CI (root) every test runs."""
 
 from __future__ import annotations
 
 import pytest
 from maxtext_harness import MaxTextEnv
 
-from devtools import maxtext_env
+from devtools.servers import maxtext_env
 
 
 @pytest.fixture(scope="session")
@@ -17,8 +17,8 @@ def maxtext() -> MaxTextEnv:
     missing = maxtext_env.missing_tools()
     if missing:
         pytest.skip(
-            "MaxText's environment (devtools/maxtext_env.py, a Debian 13 root) cannot be built "
-            f"or entered here: missing {', '.join(missing)}"
+            "MaxText's environment (devtools/servers/maxtext_env.py, a Debian 13 root) cannot be "
+            f"built or entered here: missing {', '.join(missing)}"
         )
     maxtext_env.ensure_env()
     return MaxTextEnv()

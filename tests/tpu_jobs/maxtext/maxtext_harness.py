@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools import maxtext_env
+from devtools.servers import maxtext_env
 
 REPO = Path(__file__).resolve().parents[3]
 IN_ENV = Path(__file__).resolve().parent / "in_env.py"
