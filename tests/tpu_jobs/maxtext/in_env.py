@@ -122,7 +122,7 @@ def train_stop(run_dir: str, max_steps: int) -> dict[str, Any]:
             layout_ = RunLayout(run_dir)
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                rows = {r.step: r for r in manifest.load(layout_.manifest).rows}
+                rows = {r.step: r for r in manifest.read_rows(layout_.manifest)}
                 if 3 in rows:
                     break
                 time.sleep(0.01)
