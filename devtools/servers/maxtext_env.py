@@ -81,7 +81,10 @@ def is_built(cache: Path | None = None) -> bool:
 
 def missing_tools(cache: Path | None = None) -> list[str]:
     """Why the environment cannot be built (when not built yet) or entered here; [] if it can."""
-    return slurm_root.missing_tools(None) if not is_built(cache) else _enter_missing()
+    missing = _enter_missing()
+    if not is_built(cache) and slurm_root._find("debootstrap") is None:
+        missing.insert(0, "debootstrap")
+    return missing
 
 
 def _enter_missing() -> list[str]:
@@ -152,13 +155,9 @@ def ensure_env(cache: Path | None = None) -> Path:
     with slurm_root._lock(root.with_name(root.name + ".lock")):
         if is_built(cache):
             return root
-        missing = slurm_root.missing_tools(None) if not is_built(cache) else []
-        missing = [m for m in missing if m in ("debootstrap", "root (chroot and mount need it)")]
-        missing += _enter_missing()
+        missing = missing_tools(cache)
         if missing:
-            raise MaxTextEnvError(
-                f"cannot build {root}: missing {', '.join(dict.fromkeys(missing))}"
-            )
+            raise MaxTextEnvError(f"cannot build {root}: missing {', '.join(missing)}")
         partial = root.with_name(root.name + ".partial")
         log = root.with_name(root.name + ".log")
         shutil.rmtree(partial, ignore_errors=True)

@@ -127,7 +127,9 @@ def train_overrides(
         **model.overrides(),
         **_QUIET,
         **output_of(run_dir),
-        "steps": hp.max_steps,
+        # MaxText counts its checkpoint k as k + 1 steps done (its loop's steps start at 0); this
+        # job's checkpoint k holds k updates, so MaxText's bound is one above max_steps.
+        "steps": hp.max_steps + 1,
         "per_device_batch_size": hp.global_batch_size,
         "init_weights_seed": seed,
         "opt_type": "adamw",
@@ -142,7 +144,7 @@ def train_overrides(
         "lr_schedule_type": "wsd",
         "warmup_steps_fraction": 0.0,
         "wsd_decay_steps_fraction": 0.0,
-        "learning_rate_schedule_steps": hp.max_steps,
+        "learning_rate_schedule_steps": hp.max_steps + 1,
         "scan_layers": True,
         "param_scan_axis": PARAM_SCAN_AXIS,
         "enable_checkpointing": True,

@@ -112,13 +112,18 @@ def train(cfg: TrainConfig) -> TrainResult:
             committed=committed.__getitem__,
         )
     ended = resumed is not None and resumed.finished
+    newest = max(committed, default=0)
     recorder.on_init_start()
+    if ended or newest == hp.max_steps:  # nothing left to train: no MaxText, only the end
+        recorder.on_train_end()
+        say({"event": "nothing_to_train", "step": newest})
+        return TrainResult(first_step=newest + 1, last_step=newest, resumed_from=newest)
     trainer = model.build_trainer(config.train_overrides(cfg.model, hp, cfg.seed, cfg.run_dir))
     restored = trainer.restored_step
-    if restored != max(committed, default=0):
+    if restored != newest:
         raise CheckpointError(
             f"MaxText restored step {restored}, the newest committed checkpoint of this run is "
-            f"step {max(committed, default=0)}"
+            f"step {newest}"
         )
     say(
         {
@@ -138,12 +143,12 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     watch = CommitWatch(checkpoints_dir, on_commit)
     last = restored
-    stopped_before = restored < hp.max_steps and not ended and recorder.stop_requested()
+    stopped_before = recorder.stop_requested()
     if stopped_before:  # the request came before the crash this run resumes from
         say({"event": "stop_requested", "step": restored})
     try:
         with termination.deferred() as sigterm:
-            first = hp.max_steps + 1 if ended or stopped_before else restored + 1
+            first = hp.max_steps + 1 if stopped_before else restored + 1
             for step in range(first, hp.max_steps + 1):
                 started = time.perf_counter()
                 metrics = trainer.step(model.train_batch(cfg.seed, step, hp.global_batch_size))

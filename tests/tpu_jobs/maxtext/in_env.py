@@ -9,6 +9,8 @@ object on its last line. Never imported by the tests (they run Python 3.11 witho
   check, and that check refusing a record whose bf16 fingerprint is another step's.
 - ``train-stop RUN_DIR MAX_STEPS``: the trainer in process, a stop request for step 3 written
   while update 4 is recorded (as the orchestrator writes it once step 3 has passed).
+- ``train-crash RUN_DIR MAX_STEPS``: the trainer in process, dying while update 4 is recorded
+  (after step 3's row): what is left is what a preempted job leaves.
 """
 
 from __future__ import annotations
@@ -112,37 +114,68 @@ def convert(run_dir: str, step: int) -> dict[str, Any]:
     }
 
 
-def train_stop(run_dir: str, max_steps: int) -> dict[str, Any]:
-    """Update 4 is being recorded when the request for step 3 (committed, with its row) is
-    written; training must end after update 4."""
+def _wait_for_row(run_dir: str, step: int) -> manifest.ManifestRow:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        rows = {r.step: r for r in manifest.read_rows(RunLayout(run_dir).manifest)}
+        if step in rows:
+            return rows[step]
+        time.sleep(0.01)
+    raise AssertionError(f"step {step}: no row within 120 s")
+
+
+def _at_update_4(act: Any) -> None:
     original = TrainingRecorder.on_update
 
     def on_update(self: TrainingRecorder, step: int, timestamp_ms: int | None = None) -> int:
         if step == 4:
-            layout_ = RunLayout(run_dir)
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                rows = {r.step: r for r in manifest.read_rows(layout_.manifest)}
-                if 3 in rows:
-                    break
-                time.sleep(0.01)
-            start = run_start_ms(read_events(layout_.mllog(0)))
-            run = stop_request.RunIdentity(0, GBS, 2, max_steps, start)
-            request = stop_request.StopRequest(run, 3, rows[3].timestamp_ms, reason="test")
-            storage_for(layout_.stop_request).write_atomic(layout_.stop_request, request.to_json())
+            act()
         return original(self, step, timestamp_ms)
 
     TrainingRecorder.on_update = on_update  # type: ignore[method-assign]
+
+
+def _train(run_dir: str, max_steps: int) -> dict[str, Any]:
     cfg = train.TrainConfig(
         run_dir=run_dir, seed=0, global_batch_size=GBS, max_steps=max_steps, val_start_at=2
     )
-    result = train.train(cfg)
-    return dataclasses.asdict(result)
+    return dataclasses.asdict(train.train(cfg))
+
+
+def train_stop(run_dir: str, max_steps: int) -> dict[str, Any]:
+    """Update 4 is being recorded when the request for step 3 (committed, with its row) is
+    written; training must end after update 4."""
+
+    def request() -> None:
+        row = _wait_for_row(run_dir, 3)
+        layout_ = RunLayout(run_dir)
+        start = run_start_ms(read_events(layout_.mllog(0)))
+        run = stop_request.RunIdentity(0, GBS, 2, max_steps, start)
+        made = stop_request.StopRequest(run, 3, row.timestamp_ms, reason="test")
+        storage_for(layout_.stop_request).write_atomic(layout_.stop_request, made.to_json())
+
+    _at_update_4(request)
+    return _train(run_dir, max_steps)
+
+
+def train_crash(run_dir: str, max_steps: int) -> dict[str, Any]:
+    def die() -> None:
+        _wait_for_row(run_dir, 3)
+        raise RuntimeError("simulated preemption while update 4 is recorded")
+
+    _at_update_4(die)
+    try:
+        _train(run_dir, max_steps)
+    except RuntimeError as e:
+        return {"died": str(e)}
+    raise AssertionError("training did not die")
 
 
 def main(argv: list[str]) -> int:
     command, run_dir, number = argv[0], argv[1], int(argv[2])
-    done = {"convert": convert, "train-stop": train_stop}[command](run_dir, number)
+    done = {"convert": convert, "train-stop": train_stop, "train-crash": train_crash}[command](
+        run_dir, number
+    )
     print(json.dumps(done, default=str))
     return 0
 

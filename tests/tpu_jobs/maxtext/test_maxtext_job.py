@@ -172,3 +172,31 @@ def test_a_stop_request_ends_maxtext_training_after_the_current_update(
     layout = RunLayout(str(run_dir))
     check = compliance(layout.mllog(SEED), division="open", log_dir=str(tmp_path / "checks"))
     assert check.ok, check
+
+
+@pytest.mark.slow
+def test_a_rerun_resumes_from_the_newest_checkpoint_maxtext_restores(
+    maxtext: MaxTextEnv, tmp_path: Path
+) -> None:
+    """The job dies while update 4 (of 6) is recorded, after step 3's row; the rerun with the
+    same flags has MaxText restore step 3, trains 4..6 into the same log (one run_start) and
+    rows; a third run finds the log ended and trains nothing."""
+    run_dir = tmp_path / "run"
+    died = maxtext.helper("train-crash", run_dir, 6)
+    assert "simulated preemption" in died["died"]
+    before = manifest.read_rows(RunLayout(str(run_dir)).manifest)
+    assert [r.step for r in before] == [2, 3]
+    flags = ["--run-dir", str(run_dir), "--seed", str(SEED), "--global-batch-size", str(GBS),
+             "--val-start-at", str(VAL_START), "--max-steps", "6"]  # fmt: skip
+    proc = maxtext.run(["-m", "tpu_jobs.maxtext.train", *flags], binds=[str(tmp_path)])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    out = printed(proc.stdout)
+    assert [o["step"] for o in out if "timestamp_ms" in o] == [4, 5, 6]
+    [done] = [o for o in out if o.get("event") == "done"]
+    assert done["resumed_from"] == 3
+    rows = check_rows(run_dir, 6)
+    assert manifest.read_rows(RunLayout(str(run_dir)).manifest)[:2] == before  # kept as written
+    again = maxtext.run(["-m", "tpu_jobs.maxtext.train", *flags], binds=[str(tmp_path)])
+    assert again.returncode == 0, (again.stdout + again.stderr)[-6000:]
+    assert {"event": "nothing_to_train", "step": 6} in printed(again.stdout)
+    assert check_rows(run_dir, 6) == rows

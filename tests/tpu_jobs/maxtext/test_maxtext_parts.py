@@ -93,7 +93,7 @@ def test_the_run_is_maxtexts_adamw_at_the_recipes_constant_rate_on_scanned_layer
     # WSD with neither warmup nor decay: the stable phase, a constant rate, on every step.
     assert settings["lr_schedule_type"] == "wsd" and settings["warmup_steps_fraction"] == 0
     assert settings["wsd_decay_steps_fraction"] == 0
-    assert settings["learning_rate_schedule_steps"] == settings["steps"] == 40
+    assert settings["learning_rate_schedule_steps"] == settings["steps"] == 41
     assert settings["scan_layers"] is True and settings["param_scan_axis"] == 1
     assert settings["per_device_batch_size"] == 256 and settings["vocab_size"] == 16
     restore = config.restore_overrides(config.ModelConfig(num_layers=3), "/x/0/items")
