@@ -7,6 +7,7 @@ is the teardown every backend subclasses with its cancel call (and its `log_name
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,9 +28,24 @@ def should_cancel(recorded: Mapping[str, Any]) -> tuple[bool, str]:
 
 
 def _records(found: object) -> list[dict[str, Any]]:
+    found = _decoded(found)
     if isinstance(found, dict):
         return [found]
-    return [dict(r) for r in found or [] if r] if isinstance(found, list | tuple) else []
+    if not isinstance(found, list | tuple):
+        return []
+    return [dict(r) for r in map(_decoded, found) if isinstance(r, dict) and r]
+
+
+def _decoded(value: object) -> object:
+    """A record as it was pushed. Airflow 3.3.2 stores the XComs of a task its trigger ended
+    (`task_end`) JSON-encoded twice (`XComModel.set` serializes the value, then the JSON column
+    again), so they are read back as the JSON text of the record."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
 
 
 def recorded_jobs(context: Context, run_task_id: str, *, mapped: bool) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from repo_paths import REPO
 from devtools.servers.airflow_server import LocalAirflow
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.mllog import read_events
+from tasks.backends.local_adapter import DEFAULT_JOBS_ROOT, job_folder
 from tasks.deployment import DEFAULT_TOML
 from tasks.names import RUN_DAG_ID
 from tasks.results.verdicts import read_verdict
@@ -77,6 +78,11 @@ def test_a_run_is_decided_when_every_trigger_fires_before_its_deferring_try_ende
     assert verdict is not None and verdict.ok
     evaluated = [t for t in run.tis if t["task_id"] == HELD[1] and t["state"] == "success"]
     assert len(evaluated) == len([h for h in holds if h["task_id"] == HELD[1]])
+    # the teardowns read the records the triggerer pushed with each task's end: every job's
+    # folder of the run is gone (an unread record leaves it: it did on Airflow 3.3.2, which
+    # stores those XComs JSON-encoded twice)
+    jobs = job_folder(DEFAULT_JOBS_ROOT, RUN_DAG_ID, run.run_id, str(run_dir), "train").parent
+    assert not jobs.exists(), sorted(p.name for p in jobs.iterdir())
     # no try was resumed on a worker or retried: each task that ran, ran once
     ran = [t for t in run.tis if t["task_id"] in HELD and t["state"] == "success"]
     assert ran and all(t["try_number"] == 1 for t in ran), ran

@@ -4,6 +4,7 @@ key, and every backend's operators and triggers deriving from it."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -82,6 +83,12 @@ def test_the_records_are_read_under_one_key_for_one_instance_or_every_instance()
     ti = _TI({"cluster_job": slurm})
     assert recorded_jobs({"ti": ti}, "run", mapped=True) == slurm  # type: ignore[typeddict-item]
     assert ti.pulls[0] == ("cluster_job", {})  # every instance of a mapped task
+    # a record the triggerer pushed with the task's end: Airflow 3.3.2 stores it JSON-encoded
+    # twice, so it is read back as its JSON text
+    ti = _TI({"cluster_job": [json.dumps(gke), slurm[0]]})
+    assert recorded_jobs({"ti": ti}, "run", mapped=True) == [gke, slurm[0]]  # type: ignore[typeddict-item]
+    ti = _TI({"cluster_job": json.dumps(gke)})
+    assert recorded_jobs({"ti": ti}, "run", mapped=False) == [gke]  # type: ignore[typeddict-item]
     # a key of an unreleased earlier version is not read
     assert recorded_jobs({"ti": _TI({"jobset_ref": gke})}, "run", mapped=False) == []  # type: ignore[typeddict-item]
 
