@@ -30,7 +30,9 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     # the demo, the local servers and the benches of both sides; no DAG or plugin module
     "devtools": frozenset({"tasks", "tpu_jobs", "rcpflow"}),
 }
-_ACCELERATOR = frozenset({"jax", "jaxlib", "flax", "optax", "orbax", "tensorstore", "tunix"})
+_ACCELERATOR = frozenset(
+    {"jax", "jaxlib", "flax", "optax", "orbax", "tensorstore", "tunix", "maxtext"}
+)
 # Third-party packages a layer must never import, anywhere in its code.
 FORBIDDEN: Mapping[str, frozenset[str]] = {
     "rcpflow": _ACCELERATOR | {"airflow", "kubernetes", "kubernetes_asyncio"},
@@ -500,6 +502,9 @@ TPU_JOBS_ALLOWED: Mapping[str, frozenset[str]] = {
     "tpu_jobs.eval": frozenset({"tpu_jobs.rcp"}) | _SHARED_LEAVES,
     "tpu_jobs.toy": frozenset({"tpu_jobs.rcp", "tpu_jobs.eval"}) | _SHARED_LEAVES,
     "tpu_jobs.tunix": frozenset({"tpu_jobs.rcp", "tpu_jobs.eval"}) | _SHARED_LEAVES,
+    # MaxText's jobs run in an environment of their own (Python 3.13): the recording library
+    # and the evaluation's scoring, never the toy's or Tunix's
+    "tpu_jobs.maxtext": frozenset({"tpu_jobs.rcp", "tpu_jobs.eval"}) | _SHARED_LEAVES,
     # the rehearsal jobs run in a CPU image without JAX: rcpflow and the standard library only
     "tpu_jobs.rehearsal": frozenset(),
     **{

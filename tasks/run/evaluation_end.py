@@ -42,7 +42,7 @@ from tasks.run.stages import (
 # one was running). Names live in Airflow's database: tests/tasks/backend_api/test_lifecycle.py.
 STEP_CANCELS: Mapping[str, str] = {
     "local": "tasks.backends.local_adapter:cancel_step",
-    "slurm": "tasks.backends.slurm.adapter:cancel_step",
+    "slurm": "tasks.backends.slurm.triggers:cancel_step",
     "gke": "tasks.backends.gke.adapter:cancel_step",
 }
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from tasks.backend_api.job_state import JobState
@@ -100,22 +99,6 @@ def submit_or_adopt(
         submitted.job_id, job.name, shape.nodes, shape.ntasks_per_node, shape.time_limit,
     )  # fmt: skip
     return submitted
-
-
-def step_cancel_args(settings: SlurmSettings, dag_id: str, run_id: str) -> dict[str, Any]:
-    """What `cancel_step` needs to find the evaluation jobs of one DAG run (JSON: a trigger's
-    kwargs carry it; the cluster by its connection fields)."""
-    from tasks.backends.slurm.triggers import connection_kwargs
-
-    return {"connection": connection_kwargs(settings), "dag_id": dag_id, "run_id": run_id}
-
-
-def cancel_step(args: Mapping[str, Any], step: int) -> bool:
-    """`cancel_step_job` from `step_cancel_args`'s JSON (on the triggerer, in a thread)."""
-    from tasks.backends.slurm.triggers import settings_from_connection
-
-    settings = settings_from_connection(args["connection"])
-    return cancel_step_job(settings, args["dag_id"], args["run_id"], step)
 
 
 def cancel_step_job(settings: SlurmSettings, dag_id: str, run_id: str, step: int) -> bool:

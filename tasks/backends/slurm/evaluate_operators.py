@@ -16,10 +16,9 @@ from tasks.backends.slurm.adapter import (
     job_name,
     job_ref,
     running_job,
-    step_cancel_args,
 )
 from tasks.backends.slurm.operators import SlurmJobOperator
-from tasks.backends.slurm.triggers import FINISHED, SlurmJobTrigger
+from tasks.backends.slurm.triggers import FINISHED, SlurmJobTrigger, step_cancel_args
 from tasks.jobs.templates import EvaluateJob
 from tasks.run.evaluate_operator import EvaluateCheckpoint, EvaluateStep
 from tasks.run.stages import EvalTarget, skip_if_decided

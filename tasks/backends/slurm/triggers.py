@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from tasks.backend_api.lifecycle_names import ERROR, STOPPED, WATCHING
 from tasks.backend_api.task_end import JobEnded, JobOutcome
 from tasks.backend_api.watch_trigger import WatchTrigger, settle_default
-from tasks.backends.slurm.adapter import job_state
+from tasks.backends.slurm.adapter import cancel_step_job, job_state
 
 if TYPE_CHECKING:
     from tasks.backends.slurm.hooks import AsyncSlurmHook, JobInfo
@@ -50,6 +50,18 @@ def settings_from_connection(connection: Mapping[str, Any]) -> SlurmSettings:
     fields = {"log_dir": "/", **connection}
     fields["export_env"] = tuple(fields.get("export_env", ()))
     return Settings(working_dir="/", **fields)
+
+
+def step_cancel_args(settings: SlurmSettings, dag_id: str, run_id: str) -> dict[str, Any]:
+    """What `cancel_step` needs to find the evaluation jobs of one DAG run (JSON: a trigger's
+    kwargs carry it; the cluster by its connection fields)."""
+    return {"connection": connection_kwargs(settings), "dag_id": dag_id, "run_id": run_id}
+
+
+def cancel_step(args: Mapping[str, Any], step: int) -> bool:
+    """`adapter.cancel_step_job` from `step_cancel_args`'s JSON (on the triggerer, in a thread)."""
+    settings = settings_from_connection(args["connection"])
+    return cancel_step_job(settings, args["dag_id"], args["run_id"], step)
 
 
 def contract_kwargs(settings: SlurmSettings, shape: SlurmJobShape) -> dict[str, Any]:

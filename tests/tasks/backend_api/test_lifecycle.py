@@ -39,7 +39,7 @@ def test_names_that_outlive_a_process_keep_their_values() -> None:
     }
     assert dict(STEP_CANCELS) == {
         "local": "tasks.backends.local_adapter:cancel_step",
-        "slurm": "tasks.backends.slurm.adapter:cancel_step",
+        "slurm": "tasks.backends.slurm.triggers:cancel_step",
         "gke": "tasks.backends.gke.adapter:cancel_step",
     }
 
