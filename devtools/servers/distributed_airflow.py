@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from devtools.servers.airflow_server import (
     COMPONENTS,
@@ -264,16 +265,7 @@ class DistributedAirflow(LocalAirflow):
     def triggerer_of(self, job_id: int) -> str:
         """The triggerer (its component name) that runs as the TriggererJob `job_id` (a task
         instance's ``triggerer_job``), told by the Job row's hostname."""
-        import sqlalchemy
-
-        engine = sqlalchemy.create_engine(self.postgres.sqlalchemy_url())
-        try:
-            with engine.connect() as conn:
-                hostname = conn.execute(
-                    sqlalchemy.text("SELECT hostname FROM job WHERE id = :id"), {"id": job_id}
-                ).scalar()
-        finally:
-            engine.dispose()
+        hostname = self._job_hostname("SELECT hostname FROM job WHERE id = :id", {"id": job_id})
         names = [n for n, host in TRIGGERER_HOSTS.items() if host == hostname]
         if not names:
             raise AirflowServerError(f"triggerer job {job_id} is no triggerer of ours ({hostname})")
@@ -283,24 +275,28 @@ class DistributedAirflow(LocalAirflow):
         """The scheduler (its component name) that queued the task instance: its
         ``queued_by_job_id``, which the REST API does not show, read from the metadata database
         and told by the Job row's hostname."""
-        import sqlalchemy  # Airflow's own dependency; only this developer tool reads the rows
-
-        query = sqlalchemy.text(
+        hostname = self._job_hostname(
             "SELECT job.hostname FROM task_instance ti JOIN job ON job.id = ti.queued_by_job_id"
             " WHERE ti.dag_id = :dag_id AND ti.run_id = :run_id AND ti.task_id = :task_id"
-            " AND ti.map_index = :map_index"
+            " AND ti.map_index = :map_index",
+            {"dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index},
         )
-        engine = sqlalchemy.create_engine(self.postgres.sqlalchemy_url())
-        try:
-            with engine.connect() as conn:
-                key = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id}
-                hostname = conn.execute(query, {**key, "map_index": map_index}).scalar()
-        finally:
-            engine.dispose()
         names = [n for n, host in SCHEDULER_HOSTS.items() if host == hostname]
         if not names:
             raise AirflowServerError(f"{dag_id} {run_id} {task_id}: queued by no scheduler of ours")
         return names[0]
+
+    def _job_hostname(self, query: str, params: Mapping[str, Any]) -> str | None:
+        """The one hostname `query` reads from the metadata database (a Job row's)."""
+        import sqlalchemy  # Airflow's own dependency; only this developer tool reads the rows
+
+        engine = sqlalchemy.create_engine(self.postgres.sqlalchemy_url())
+        try:
+            with engine.connect() as conn:
+                found = conn.execute(sqlalchemy.text(query), dict(params)).scalar()
+        finally:
+            engine.dispose()
+        return None if found is None else str(found)
 
     def answering_workers(self, timeout_s: float = 5.0) -> set[str]:
         """The workers (component names) that answer Celery's ping over the broker now."""
