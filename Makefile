@@ -60,7 +60,7 @@ check: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow"
 
-demo: setup $(if $(filter slurm,$(BACKEND))$(filter celery,$(EXECUTOR)),system-packages)  # EXECUTOR=celery: a distributed Airflow (Celery workers; with BACKEND=slurm); BACKEND=slurm: the toy jobs on a private Slurm (docs/slurm.md); TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml); TRAINER=rehearsal: the rehearsal jobs (docker/deployment.rehearsal.toml)
+demo: setup $(if $(filter slurm,$(BACKEND))$(filter celery,$(EXECUTOR))$(filter maxtext,$(TRAINER)),system-packages)  # EXECUTOR=celery: a distributed Airflow (Celery workers; with BACKEND=slurm); BACKEND=slurm: the toy jobs on a private Slurm (docs/slurm.md); TRAINER=tunix: Tunix's GRPO trainer and evaluator (docker/deployment.tunix.toml); TRAINER=rehearsal: the rehearsal jobs (docker/deployment.rehearsal.toml); TRAINER=maxtext: MaxText's jobs in their own environment (docker/deployment.maxtext.toml, docs/maxtext.md)
 	$(PY) -m devtools.demo --trainer $(or $(TRAINER),toy) --backend $(or $(BACKEND),local) --executor $(or $(EXECUTOR),local)
 
 ui: setup  # the finished demo's Airflow on 127.0.0.1 again (address and login printed), until Ctrl-C
