@@ -7,7 +7,9 @@ sighting of the stop request (`stop_seen`). A trainer honours the request within
 its job may end seconds after the sighting, and a re-defer just before a job's end is what
 Airflow's deferral race takes the task for (docs/slurm.md); a triggerer restart in the grace
 starts the grace again from the next sighting (at most one grace more), and any later
-`WATCHING` event carries it.
+`WATCHING` event carries it. Once the job has ended, a trigger given a `task_end` ends its task
+itself where the backend's `job_outcome` says the outcome is final (`end_of_task`,
+`tasks.backend_api.task_end`): no worker resumes it, so that race cannot take it.
 
 A cluster that does not answer never fails the task: failed reads are retried, the wait
 doubling from the poll interval up to the backend's backoff ceiling, and after the outage
