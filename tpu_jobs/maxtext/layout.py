@@ -25,7 +25,7 @@ import jax.numpy as jnp
 PARAM_SCAN_AXIS = 1
 DECODER = "decoder"
 # MaxText's scanned layer groups (``layers``; DeepSeek's ``dense_layers`` and ``moe_layers``).
-_UNSCANNED = re.compile(r"^(layers|dense_layers|moe_layers)_(\d+)$")
+_UNSCANNED = re.compile(r"(layers|dense_layers|moe_layers)_(\d+)")
 
 Tree = Mapping[str, Any]
 
@@ -47,7 +47,7 @@ def restack(unscanned: Tree, axis: int = PARAM_SCAN_AXIS) -> dict[str, Any]:
     decoder = dict(unscanned[DECODER])
     groups: dict[str, dict[int, Any]] = {}
     for name in list(decoder):
-        match = _UNSCANNED.match(name)
+        match = _UNSCANNED.fullmatch(name)
         if match:
             groups.setdefault(match[1], {})[int(match[2])] = decoder.pop(name)
     if not groups:
