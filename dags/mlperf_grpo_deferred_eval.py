@@ -9,14 +9,14 @@ tree), so only the steps they leave undecided are evaluated.
 
 from airflow.sdk import Param, dag
 
-from tasks.backends.registry import backend_for
 from tasks.deployment import load_deployment
 from tasks.names import DEFERRED_EVAL_DAG_ID
 from tasks.run.evaluation_group import evaluation_group
+from tasks.run.job_nodes import nodes_for
 from tasks.run.results_tree_import import import_eval_tree, tree_params
 from tasks.run.spec import existing_run
 
-BACKEND = backend_for(load_deployment())
+NODES = nodes_for(load_deployment())
 
 
 @dag(
@@ -32,12 +32,12 @@ BACKEND = backend_for(load_deployment())
         ),
         **tree_params(),
     },
-    tags=["mlperf", "qwen35_397b_grpo", BACKEND.name],
+    tags=["mlperf", "qwen35_397b_grpo", NODES.driver.name],
     doc_md=__doc__,
 )
 def mlperf_grpo_deferred_eval() -> None:
     run_dir = existing_run()
-    import_eval_tree(run_dir) >> evaluation_group(BACKEND, run_dir)
+    import_eval_tree(run_dir) >> evaluation_group(NODES, run_dir)
 
 
 mlperf_grpo_deferred_eval()

@@ -16,16 +16,17 @@ or by hand. Per-step instances are labelled ``step N`` once they ran; the RCP ta
 
 from airflow.sdk import dag
 
-from tasks.backends.registry import backend_for, form_defaults
+from tasks.backends.registry import form_defaults
 from tasks.deployment import load_deployment
 from tasks.names import RUN_DAG_ID
 from tasks.run.evaluation_over_steps import evaluation_over_steps
+from tasks.run.job_nodes import nodes_for
 from tasks.run.retention import retention, retention_params
 from tasks.run.spec import plan_run, run_params
 from tasks.run.train_group import train_group
 
 DEPLOYMENT = load_deployment()
-BACKEND = backend_for(DEPLOYMENT)
+NODES = nodes_for(DEPLOYMENT)
 
 
 @dag(
@@ -33,12 +34,12 @@ BACKEND = backend_for(DEPLOYMENT)
     schedule=None,
     catchup=False,
     params={**run_params(form_defaults(DEPLOYMENT)), **retention_params(DEPLOYMENT)},
-    tags=["mlperf", "qwen35_397b_grpo", BACKEND.name],
+    tags=["mlperf", "qwen35_397b_grpo", NODES.driver.name],
     doc_md=__doc__,
 )
 def mlperf_grpo_run() -> None:
     spec = plan_run()
-    evaluation_over_steps(BACKEND, DEPLOYMENT, spec, train_group(BACKEND, spec)) >> retention(spec)
+    evaluation_over_steps(NODES, DEPLOYMENT, spec, train_group(NODES, spec)) >> retention(spec)
 
 
 mlperf_grpo_run()

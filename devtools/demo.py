@@ -181,22 +181,19 @@ def _new_log_lines(progress: Progress, path: Path) -> list[str]:
 
 
 def _training_lines(progress: Progress, seed: int) -> list[str]:
-    """The trainer's own output lines, from the train task's log files (local: the job's
-    lines; slurm: the job's output as the watch shows it, ``Slurm job N (name) | ...``)."""
+    """The trainer's own output lines, from the train job's task log files (the job's output
+    as the watch shows it: ``<the job> | <line>``)."""
     folder = HOME / "logs" / f"dag_id={RUN_DAG_ID}" / f"run_id={NAME}__seed_{seed}"
     lines = []
-    for pattern, marker in (
-        ("task_id=train.train_job/**/*.log", f"train seed {seed} | "),
-        ("task_id=train.job.run/**/*.log", ") | "),
-    ):
-        for path in sorted(folder.glob(pattern)):
-            for raw in _new_log_lines(progress, path):
-                try:
-                    event = str(json.loads(raw).get("event", ""))
-                except ValueError:
-                    event = raw
-                if marker in event:
-                    lines.append(event.split(marker, 1)[1])
+    marker = " | "
+    for path in sorted(folder.glob("task_id=train.job.run/**/*.log")):
+        for raw in _new_log_lines(progress, path):
+            try:
+                event = str(json.loads(raw).get("event", ""))
+            except ValueError:
+                event = raw
+            if marker in event:
+                lines.append(event.split(marker, 1)[1])
     return lines
 
 
@@ -205,7 +202,7 @@ def follow_slurm(progress: Progress, seeds: Sequence[int]) -> None:
     (one squeue call)."""
     import subprocess
 
-    from tasks.backends.slurm.operators import job_name
+    from tasks.backends.slurm.adapter import job_name
 
     names = {}
     for seed in seeds:

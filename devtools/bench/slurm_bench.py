@@ -174,7 +174,7 @@ def run_config(
     max_steps: int,
     scale: float,
 ) -> Row:
-    from tasks.backends.slurm.operators import job_name
+    from tasks.backends.slurm.adapter import job_name
 
     folder = WORKDIR / f"{schedule}_w{window}{'_in_allocation' if in_allocation else ''}"
     shutil.rmtree(folder, ignore_errors=True)

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
-from airflow.sdk import Context, XComArg
-from airflow.sdk.definitions.xcom_arg import PlainXComArg
+from airflow.sdk import Context
 
 from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
 from tasks.jobs.templates import EvaluateJob, TrainJob
@@ -25,7 +24,6 @@ __all__ = [
     "run_env",
     "train_argv",
     "train_inputs",
-    "train_inputs_of",
     "with_run_env",
     "with_run_owner",
 ]
@@ -95,10 +93,3 @@ def cluster_job_env(
         dag_run = context["dag_run"]
         out = with_run_owner(out, dag_run.dag_id, dag_run.run_id, context["ti"].task_id)
     return out
-
-
-def train_inputs_of(inputs: XComArg) -> tuple[XComArg, XComArg]:
-    """The ``argv`` and ``env`` outputs of a task returning `train_inputs` (multiple_outputs)."""
-    if not isinstance(inputs, PlainXComArg):
-        raise TypeError(f"expected the output of a train_inputs task, got {inputs!r}")
-    return inputs["argv"], inputs["env"]

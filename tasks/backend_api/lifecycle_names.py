@@ -14,20 +14,19 @@ from datetime import timedelta
 JOB_RECORD_KEY = "cluster_job"
 RECORD_DECISION = "cancel"
 
-# The phases of a watch trigger's event that the lifecycle itself handles; any other phase is
-# the backend's job state (a JobSet's ``Succeeded``/``Failed``, a Slurm job's ``finished``).
+# The phases of the watch trigger's event (one format for every driver:
+# `watch_trigger.WatchTrigger.event`).
 WATCHING = "watching"  # defer again with the event's ``kwargs``
 STOPPED = "stopped"  # the job was cancelled `STOP_GRACE` after the run's stop request
-ERROR = "error"  # the watch cannot go on (its reason says why)
+ENDED = "ended"  # the job ended: the event's ``state`` says how (`job_state.JobState`)
 # Reasons of a watching event.
 UNREACHABLE = "Unreachable"  # the cluster has failed every read for the outage budget
 STATE_CHANGED = "StateChanged"  # the watch's state changed: the next defer persists it
 STOP_REQUEST = "StopRequest"  # reason of a stopped event
 
-# Classpaths of the watch triggers, as they are stored with a deferred task.
-JOBSET_TRIGGER = "tasks.backends.gke.triggers.JobSetTrigger"
-SLURM_TRIGGER = "tasks.backends.slurm.triggers.SlurmJobTrigger"
-LOCAL_TRIGGER = "tasks.backends.local_operators.LocalJobTrigger"
+# The classpath of the watch trigger, as it is stored with a deferred task (it names its
+# driver by the driver's registered name, `protocol.register`).
+WATCH_TRIGGER = "tasks.backend_api.watch_trigger.WatchTrigger"
 
 # How long a job may still run after the run's stop request before it is cancelled: the
 # trainer reads the request itself and ends at its next step; this is the net behind it.

@@ -3,13 +3,13 @@ running training because the cluster did not answer; cancel what a verdict made 
 up in a teardown). The run task records which cluster job it is about to start, before starting
 it, and then what became of it (`lifecycle_names.JOB_RECORD_KEY`): the backend's reference plus
 ``{"cancel", "why"}``, `cancel` None (pending) until the task itself decided. `CancelRecordedJobs`
-is the teardown every backend subclasses with its cancel call (and its `log_name`)."""
+is the one teardown, for every driver."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
@@ -18,6 +18,8 @@ from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, RECORD_DECISION
 if TYPE_CHECKING:
     from airflow.sdk import Context
     from airflow.sdk.types import Operator
+
+    from tasks.backend_api.protocol import JobDriver
 
 
 def should_cancel(recorded: Mapping[str, Any]) -> tuple[bool, str]:
@@ -57,45 +59,37 @@ def recorded_jobs(context: Context, run_task_id: str, *, mapped: bool) -> list[d
 
 class CancelRecordedJobs(BaseOperator):
     """Teardown: cancel the jobs that the task `run_task_id` recorded (this map index's, or
-    every instance's when `mapped`) when `should_cancel` says so; the backend's `cancel_job`
-    cancels one. Nothing recorded: logged, success."""
+    every instance's when `mapped`) through `driver` when `should_cancel` says so, then let the
+    driver remove what the ended ones left (`JobDriver.remove`). Nothing recorded: logged,
+    success. Returns ``{"job", "cancelled"}`` per job it cancelled or left."""
 
     ui_color = "#fce8e6"
-    # How the log names the job of a record: the run task's `ClusterJobOperator.log_name`.
-    log_name: ClassVar[str] = "{name}"
 
-    def __init__(self, *, run_task_id: str, mapped: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *, driver: JobDriver, run_task_id: str, mapped: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**{"task_id": "cleanup", **kwargs})
+        self.driver = driver
         self.run_task_id = run_task_id
         self.mapped = mapped
-
-    def where(self, ref: Mapping[str, Any]) -> str:
-        """The job of `ref` as the log names it (`log_name`)."""
-        return self.log_name.format_map(ref)
-
-    def cancel_job(self, ref: Mapping[str, Any], why: str) -> dict[str, Any] | None:
-        """Cancel the job of `ref` (its task decided so, `why`); what the teardown returns for
-        it, None for nothing."""
-        raise NotImplementedError
-
-    def left(self, ref: Mapping[str, Any]) -> dict[str, Any] | None:
-        """What the teardown returns for a job it leaves as it is (None: nothing)."""
-        return None
 
     def execute(self, context: Context) -> Any:
         refs = recorded_jobs(context, self.run_task_id, mapped=self.mapped)
         if not refs:
             self.log.info("%s recorded no job: nothing to cancel", self.run_task_id)
         done = []
-        for ref in refs:
-            wanted, why = should_cancel(ref)
+        for record in refs:
+            ref = {k: v for k, v in record.items() if k not in (RECORD_DECISION, "why")}
+            where = self.driver.describe(ref)
+            wanted, why = should_cancel(record)
+            cancelled = False
             if wanted:
-                result = self.cancel_job(ref, why)
+                cancelled = self.driver.cancel(ref)
+                self.log.info("%s %s (%s)", where, "cancelled" if cancelled else "had ended", why)
             else:
-                self.log.warning("%s is left as it is: %s", self.where(ref), why)
-                result = self.left(ref)
-            if result is not None:
-                done.append(result)
+                self.log.warning("%s is left as it is: %s", where, why)
+            self.driver.remove(ref)  # what an ended job left (a running one keeps it)
+            done.append({"job": where, "cancelled": cancelled})
         return done
 
 

@@ -1,3 +1,3 @@
-"""Backends: where the jobs run. Each is a module (`local`) or a package (`gke`, `slurm`) laid out
-like an Airflow provider package, registered with `tasks.backend_api.protocol.register`;
-`registry` imports them all."""
+"""Backends: where the jobs run. Each is a package (`local`, `gke`, `slurm`) laid out like an
+Airflow provider package around its driver (`tasks.backend_api.protocol.JobDriver`), registered
+with `tasks.backend_api.protocol.register`; `registry` imports them all."""

@@ -2,10 +2,11 @@
 ``evaluation`` in `tasks.backend_api.task_end.TASK_ENDS`; why there: that module's doc): the
 same steps of `tasks.run.stages` as the evaluate operator's resume on a worker
 (`tasks.run.evaluate_operator`), from what the operator put in the trigger's kwargs
-(`evaluation_end_args`): the checkpoint (its manifest row, or its planned step), how the
-backend stops the evaluation of a higher step (a name of `STEP_CANCELS` and its JSON args),
-and the run's retention after the step (`tasks.run.retention.retention_args`, resolved on the
-worker: the triggerer loads no deployment).
+(`evaluation_end_args`): the checkpoint (its manifest row, or its planned step), the driver
+that stops the evaluation of a higher step (its registered name and JSON args, with the DAG
+run: `JobDriver.cancel_step`), and the run's retention after the step
+(`tasks.run.retention.retention_args`, resolved on the worker: the triggerer loads no
+deployment).
 
 - the job did not succeed: skipped when a lower step passed meanwhile (the failure is moot),
   else failed with the job's line, or, for an outcome the backend decides on a worker (a
@@ -18,7 +19,6 @@ worker: the triggerer loads no deployment).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,6 +26,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY
 from tasks.backend_api.task_end import JobOutcome, TaskEnd, job_record
+from tasks.backend_api.watch_trigger import load_driver
 from tasks.jobs.result import EvaluationError
 from tasks.run.retention import retain
 from tasks.run.stages import (
@@ -37,22 +38,12 @@ from tasks.run.stages import (
     step_target,
 )
 
-# How a backend stops the evaluation job of another step of the same DAG run, by the name an
-# evaluate task's trigger kwargs give: "module:function", each ``(args, step) -> bool`` (whether
-# one was running). Names live in Airflow's database: tests/tasks/backend_api/test_lifecycle.py.
-STEP_CANCELS: Mapping[str, str] = {
-    "local": "tasks.backends.local_adapter:cancel_step",
-    "slurm": "tasks.backends.slurm.triggers:cancel_step",
-    "gke": "tasks.backends.gke.adapter:cancel_step",
-}
 
-
-def step_cancel(name: str, args: Mapping[str, Any]) -> Callable[[str, int], bool]:
-    """`cancel_above`'s canceller from `STEP_CANCELS[name]` and its `args`."""
-    module, _, function = STEP_CANCELS[name].partition(":")
-    cancel: Callable[[Mapping[str, Any], int], bool]
-    cancel = getattr(importlib.import_module(module), function)
-    return lambda run_dir, step: cancel(args, step)
+def step_cancel(cancel: Mapping[str, Any]) -> Callable[[str, int], bool]:
+    """`cancel_above`'s canceller: the driver `cancel` names (`evaluation_end_args`)."""
+    driver = load_driver(cancel["driver"], cancel["args"])
+    dag_id, run_id = str(cancel["dag_id"]), str(cancel["run_id"])
+    return lambda run_dir, step: driver.cancel_step(dag_id, run_id, run_dir, step)
 
 
 def evaluation_end_args(
@@ -61,16 +52,22 @@ def evaluation_end_args(
     *,
     row: Mapping[str, Any] | None,
     step: int,
-    cancel: tuple[str, Mapping[str, Any]],
+    cancel: tuple[str, Mapping[str, Any], str, str],
     retention: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
-    """The JSON args of `end_evaluation` (see the module doc); `row` None: the planned `step`."""
+    """The JSON args of `end_evaluation` (see the module doc); `row` None: the planned `step`;
+    `cancel`: the driver's name and args, the DAG run's id and run id."""
     return {
         "ref": dict(ref),
         "run_dir": run_dir,
         "row": None if row is None else dict(row),
         "step": step,
-        "cancel": {"name": cancel[0], "args": dict(cancel[1])},
+        "cancel": {
+            "driver": cancel[0],
+            "args": dict(cancel[1]),
+            "dag_id": cancel[2],
+            "run_id": cancel[3],
+        },
         "retention": None if retention is None else dict(retention),
     }
 
@@ -103,8 +100,7 @@ def end_evaluation(args: Mapping[str, Any], outcome: JobOutcome) -> TaskEnd | No
     except EvaluationError as exc:
         return TaskEnd("failed", str(exc), {JOB_RECORD_KEY: job_record(ref, False, str(exc))})
     if result["target_reached"]:
-        cancel = args["cancel"]
-        cancel_above(target.run_dir, target.step, step_cancel(cancel["name"], cancel["args"]))
+        cancel_above(target.run_dir, target.step, step_cancel(args["cancel"]))
     retain(target.run_dir, target.step, args.get("retention"))
     xcoms = {JOB_RECORD_KEY: job_record(ref, True, "succeeded"), "return_value": result}
     return TaskEnd("success", outcome.line, xcoms)

@@ -1,5 +1,5 @@
 """The ``evaluation`` TaskGroup, shared by the run DAG and the deferred-eval DAG:
-``load_manifest`` -> the backend's ``evaluate``, mapped over the rows (labelled ``step N``; each
+``load_manifest`` -> the job nodes' ``evaluate``, mapped over the rows (labelled ``step N``; each
 instance behind the steps of `tasks.run.stages`) -> ``finalize`` -> ``check``."""
 
 from __future__ import annotations
@@ -14,16 +14,8 @@ from tasks.results.verdicts import verdict_path
 from tasks.run.spec import XComValue
 from tasks.run.stages import check_run, finalize_run, load_rows
 
-# The task documentation of every per-step instance: where its step is when the grid shows a
-# bare map index (docs/airflow.md: rendered_map_index).
-RCP_VIEW_DOC = """Each instance is one checkpoint, labelled `step N` once it has run. Instances that
-never ran a task process show their bare map index instead (not yet started, a `wait` that
-lives on the triggerer only, or skipped after a lower step passed): Airflow 3.3 renders the
-label only in a task process. The run's checkpoint table, with every step's state and summary,
-is the RCP tab of this DAG run (`/rcp/dag-run/<dag_id>/<run_id>`)."""
-
 if TYPE_CHECKING:
-    from tasks.backend_api.protocol import Backend
+    from tasks.run.job_nodes import JobNodes
 
 
 @task
@@ -46,9 +38,9 @@ def check(run_dir: XComValue) -> dict[str, Any]:
     return result
 
 
-def evaluation_group(backend: Backend, run_dir: str | XComArg) -> TaskGroup:
+def evaluation_group(nodes: JobNodes, run_dir: str | XComArg) -> TaskGroup:
     """TaskGroup ``evaluation`` over the run at `run_dir` (a value or an XComArg)."""
     with TaskGroup(group_id="evaluation") as group:
         rows = load_manifest(run_dir)
-        backend.evaluate(run_dir, rows) >> finalize(run_dir) >> check(run_dir)
+        nodes.evaluate(run_dir, rows) >> finalize(run_dir) >> check(run_dir)
     return group

@@ -4,7 +4,7 @@ It maps a task group ``checkpoint`` over the planned steps (``val_start_at..max_
 starts alongside training. Per step: ``wait`` (on the triggerer, no task process) until the
 checkpoint can be evaluated (committed; under ``after_training`` also training halted) and
 the run's eval window has room for it, or ends skipped when it never will be or a lower step
-already passed; the backend's ``evaluate`` (whose pass stops the evaluations of higher steps
+already passed; the job nodes' ``evaluate`` (whose pass stops the evaluations of higher steps
 still running: `tasks.run.evaluate_operator`, the one caller of `cancel_above`);
 ``stop_if_decided``: during training, the stop request is written when the summaries decide
 the run. (With ``[retention] while_training`` the evaluate task itself deletes what its result
@@ -24,13 +24,13 @@ from airflow.sdk.definitions.xcom_arg import PlainXComArg
 from rcpflow.verdict.stop_request import request_stop
 from tasks.names import TRAIN_TASK_ID
 from tasks.run.checkpoint_wait import WaitForCheckpointOperator
-from tasks.run.evaluation_group import RCP_VIEW_DOC, check, finalize
+from tasks.run.evaluation_group import check, finalize
+from tasks.run.job_nodes import RCP_VIEW_DOC, JobNodes
 from tasks.run.spec import RunSpec, XComValue
 
 if TYPE_CHECKING:
     from airflow.sdk.definitions.param import ParamsDict
 
-    from tasks.backend_api.protocol import Backend
     from tasks.deployment import Deployment
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def nullable_required_params(params: ParamsDict) -> dict[str, Param]:
 
 
 def evaluation_over_steps(
-    backend: Backend, deployment: Deployment, spec: XComArg, train: TaskGroup
+    nodes: JobNodes, deployment: Deployment, spec: XComArg, train: TaskGroup
 ) -> TaskGroup:
     """TaskGroup ``evaluation`` for the RunSpec dict `spec` resolves to, alongside `train`."""
     if not isinstance(spec, PlainXComArg):
@@ -112,7 +112,7 @@ def evaluation_over_steps(
                 params=wait_params,
                 doc_md=RCP_VIEW_DOC,
             )
-            evaluate = backend.evaluate_checkpoint(run_dir, step)
+            evaluate = nodes.evaluate_checkpoint(run_dir, step)
             stop = stop_if_decided(run_dir=run_dir, step=step, schedule=schedule)
             wait >> evaluate >> stop
 

@@ -23,7 +23,7 @@ from rcpflow.files.layout import join
 from rcpflow.recipe import Division
 from rcpflow.submission.package import SystemDescription, local_system
 from rcpflow.verdict.schedule import DEFAULT_SCHEDULE, closed_division_warning
-from tasks.backends.registry import backend_type, form_defaults, registered
+from tasks.backends.registry import driver_type, form_defaults, registered
 from tasks.deployment import BackendName, Deployment, EvalSchedule, load_deployment
 from tasks.run.spec import (
     ParamError,
@@ -200,7 +200,7 @@ def submission_spec(
     unknown = sorted(set(system) - set(_system_fields()))
     if unknown:
         raise ParamError(f"system: unknown field(s) {', '.join(unknown)}")
-    if not backend_type(backend).jobs_run_on_worker and "system_name" not in system:
+    if not driver_type(backend).jobs_run_on_worker and "system_name" not in system:
         raise ParamError(
             f"system: on {backend} the defaults would describe the Airflow worker, not the "
             "accelerator system; set at least system_name and the accelerator fields"
@@ -229,7 +229,7 @@ def system_description(spec: SubmissionSpec) -> SystemDescription:
     """The system the runs ran on: this machine's, with the Params' fields set, when the jobs
     run on the worker; otherwise only what the Params say."""
     try:
-        if backend_type(spec.backend).jobs_run_on_worker:
+        if driver_type(spec.backend).jobs_run_on_worker:
             return local_system(**spec.system, division=spec.division)
         return SystemDescription(**spec.system, division=spec.division)
     except ValueError as exc:

@@ -1,8 +1,8 @@
-"""The GKE adapter of the cluster-job lifecycle (`tasks.backend_api.cluster_job`): the cluster
-calls of a JobSet's life, each through `tasks.backends.gke.hooks.JobSetHook` (imported in the
-function: DAG parsing stays cheap): create it after checking the cluster's JobSet CRD has every
-field of it, or adopt the identical one an earlier try created (`create_or_adopt`); delete
-one step's evaluation JobSet when it still runs (`cancel_step_jobset`)."""
+"""The cluster calls of a JobSet's life that the GKE driver (`tasks.backends.gke.driver`) makes
+on the worker, each through `tasks.backends.gke.hooks.JobSetHook` (imported in the function: DAG
+parsing stays cheap): create it after checking the cluster's JobSet CRD has every field of it,
+or adopt the identical one an earlier try created (`create_or_adopt`); delete one step's
+evaluation JobSet when it still runs (`cancel_step_jobset`)."""
 
 from __future__ import annotations
 
@@ -94,27 +94,6 @@ def api_message(exc: Exception) -> str:
         return str(json.loads(body or "")["message"])
     except (TypeError, ValueError, KeyError):
         return str(getattr(exc, "reason", exc))
-
-
-def step_cancel_args(
-    cluster: GkeCluster, namespace: str, dag_id: str, run_id: str
-) -> dict[str, Any]:
-    """What `cancel_step` needs to find the evaluation JobSets of one DAG run (JSON: a
-    trigger's kwargs carry it; the cluster by name, its endpoint looked up when used)."""
-    from tasks.backends.gke.triggers import cluster_kwargs
-
-    return {
-        "cluster": cluster_kwargs(cluster), "namespace": namespace, "dag_id": dag_id,
-        "run_id": run_id,
-    }  # fmt: skip
-
-
-def cancel_step(args: Mapping[str, Any], step: int) -> bool:
-    """`cancel_step_jobset` from `step_cancel_args`'s JSON (on the triggerer, in a thread)."""
-    from tasks.backends.gke.triggers import cluster_from_kwargs
-
-    hook = jobset_hook(cluster_from_kwargs(args["cluster"]))
-    return cancel_step_jobset(hook, args["namespace"], args["dag_id"], args["run_id"], step)
 
 
 def cancel_step_jobset(

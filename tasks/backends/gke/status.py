@@ -18,8 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tasks.backend_api.job_state import JobState
-
 Phase = Literal["Running", "Succeeded", "Failed"]
 
 _TERMINAL_STATES = ("Completed", "Failed")
@@ -59,10 +57,6 @@ class JobSetStatus:
         if self.progress:
             text += f" [{self.progress}]"
         return text
-
-    def job_state(self) -> JobState:
-        """In the lifecycle's terms (a JobSet's exit codes are its pods', not read here)."""
-        return JobState(ended=self.terminal, line=self.describe())
 
 
 def interpret_status(jobset: Mapping[str, Any]) -> JobSetStatus:

@@ -1,8 +1,8 @@
-"""The Slurm adapter of the cluster-job lifecycle (`tasks.backend_api.cluster_job`): the
-cluster calls of a Slurm job's life, each through `tasks.backends.slurm.hooks` (imported in the
-function: DAG parsing stays cheap): the job's name in a DAG run (`job_name`, the same on every
-try), the running job of a name an earlier try left (`running_job`), submit or adopt
-(`submit_or_adopt`), and scancel one step's evaluation job (`cancel_step_job`). Only jobs of
+"""The cluster calls of a Slurm job's life that the driver (`tasks.backends.slurm.driver`)
+makes, each through `tasks.backends.slurm.hooks` (imported in the function: DAG parsing stays
+cheap): the job's name in a DAG run (`job_name`, the same on every try, and its role back:
+`role_of`), the running jobs of a name an earlier try left (`running_job`), and submit or
+adopt (`submit_or_adopt`). Only jobs of
 the submitting account carrying rcpflow's comment are adopted, waited for or cancelled
 (`hooks._OwnJobs.refusal`); another's job of the same name is named in the log and left
 alone."""
@@ -13,8 +13,7 @@ import hashlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from tasks.backend_api.job_state import JobState
-from tasks.backend_api.lifecycle_names import eval_label
+from tasks.backend_api.lifecycle_names import TRAIN_LABEL
 
 _LOG = logging.getLogger(__name__)
 
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
     from tasks.backends.slurm.hooks import AnyHook, JobInfo, SubmittedJob
     from tasks.backends.slurm.script import BatchJob
     from tasks.backends.slurm.settings import SlurmSettings
+    from tasks.jobs.command import Role
 
 
 def job_name(dag_id: str, run_id: str, label: str) -> str:
@@ -29,6 +29,11 @@ def job_name(dag_id: str, run_id: str, label: str) -> str:
     try (a retry adopts the job), different for every DAG run."""
     digest = hashlib.sha256(f"{dag_id}\0{run_id}".encode()).hexdigest()[:16]
     return f"rcpflow-{label}-{digest}"
+
+
+def role_of(name: str) -> Role:
+    """The role of the job named `name` by `job_name` (its label: ``train`` or ``eval-N``)."""
+    return "train" if name.startswith(f"rcpflow-{TRAIN_LABEL}-") else "evaluate"
 
 
 def hook_for(settings: SlurmSettings) -> AnyHook:
@@ -61,12 +66,11 @@ def running_job(hook: AnyHook, name: str, log: Any = None) -> JobInfo | None:
     return running[-1] if running else None
 
 
-def job_state(info: JobInfo) -> JobState:
-    """A job as Slurm reported it, in the lifecycle's terms."""
-    line = f"{info.state} on {info.nodes or '(no nodes yet)'}" + (
+def state_line(info: JobInfo) -> str:
+    """A running job as the task log states it."""
+    return f"{info.state} on {info.nodes or '(no nodes yet)'}" + (
         f", Slurm restart {info.restarts}" if info.restarts else ""
     )
-    return JobState(ended=info.finished, line=line, exit_code=info.exit_code)
 
 
 def job_ref(job: SubmittedJob | JobInfo) -> dict[str, Any]:
@@ -99,12 +103,3 @@ def submit_or_adopt(
         submitted.job_id, job.name, shape.nodes, shape.ntasks_per_node, shape.time_limit,
     )  # fmt: skip
     return submitted
-
-
-def cancel_step_job(settings: SlurmSettings, dag_id: str, run_id: str, step: int) -> bool:
-    """scancel the running evaluation job of `step` in that DAG run; False when none runs."""
-    hook = hook_for(settings)
-    running = running_jobs(hook, job_name(dag_id, run_id, eval_label(step)))
-    for job in running:
-        hook.cancel(job.job_id)
-    return bool(running)

@@ -1,7 +1,6 @@
-"""The local adapter of the cluster-job lifecycle (`tasks.backend_api.cluster_job`): a job is a
-process group on this machine, found by its run's identity, read by its exit status, cancelled
-by signal. No Airflow here: the operators and trigger of `tasks.backends.local_operators` call
-these functions.
+"""The process calls of the local driver (`tasks.backends.local.driver`): a job is a process
+group on this machine, found by its run's identity, read by its exit status, cancelled by
+signal. No Airflow here.
 
 A job starts detached (its own session: it outlives the task process that started it, so a
 task can defer while it runs and a retry adopts it) under a tiny wrapper (`_WRAPPER`) that
@@ -33,7 +32,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tasks.backend_api.job_state import JobState
-from tasks.backend_api.lifecycle_names import eval_label
 
 # Where the jobs' folders are by default: this machine's temp folder (see the module doc).
 DEFAULT_JOBS_ROOT = Path(tempfile.gettempdir()) / "rcpflow-jobs"
@@ -93,17 +91,18 @@ class LocalJob:
 
 def ended(exit_code: int | None) -> JobState:
     """A job that has ended with `exit_code` (None: without the wrapper recording a code,
-    killed with it or lost in a reboot)."""
+    killed with it or lost in a reboot): succeeded on 0, else failed (a retry of the task
+    starts it again)."""
     if exit_code is None:
         line = "ended without an exit status (killed)"
     elif exit_code < 0:
         line = f"ended by signal {signal.Signals(-exit_code).name}"
     else:
         line = f"exited with status {exit_code}"
-    return JobState(ended=True, line=line, exit_code=exit_code)
+    return JobState(line, "succeeded" if exit_code == 0 else "failed", exit_code)
 
 
-RUNNING = JobState(ended=False, line="running")
+RUNNING = JobState("running")
 
 
 def job_folder(root: str | Path, dag_id: str, run_id: str, run_dir: str, label: str) -> Path:
@@ -151,7 +150,7 @@ def state(job: LocalJob) -> JobState:
     if code == 127:  # the wrapper's own line says which program could not start, and why
         last = output_tail(job).strip().splitlines()[-1:]
         if last and last[0].startswith(_NOT_STARTED):
-            return JobState(ended=True, line=last[0], exit_code=code)
+            return JobState(last[0], "failed", code)
     return ended(code)
 
 
@@ -240,21 +239,6 @@ def remove_folder(job: LocalJob) -> bool:
     return not folder.exists()
 
 
-def step_cancel_args(root: str | Path, dag_id: str, run_id: str, run_dir: str) -> dict[str, str]:
-    """What `cancel_step` needs to find the evaluation jobs of one DAG run on one run folder
-    (JSON: a trigger's kwargs carry it)."""
-    return {"root": str(root), "dag_id": dag_id, "run_id": run_id, "run_dir": run_dir}
-
-
-def cancel_step(args: Mapping[str, str], step: int) -> bool:
-    """Cancel the evaluation job of `step` of the DAG run of `args` (`step_cancel_args`) if it
-    still runs; whether one did."""
-    label = eval_label(step)
-    return cancel_running(
-        job_folder(args["root"], args["dag_id"], args["run_id"], args["run_dir"], label)
-    )
-
-
 def _group_lives(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -284,3 +268,9 @@ def output_tail(job: LocalJob) -> str:
             return f.read().decode(errors="replace")
     except OSError as exc:
         return f"(output {job.output} not read: {exc})"
+
+
+def could_not_start(state: JobState) -> bool:
+    """The job's program could not start, and `state`'s line names it and why (its output
+    has nothing more to say)."""
+    return state.line.startswith(_NOT_STARTED)

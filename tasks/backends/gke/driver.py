@@ -1,0 +1,277 @@
+"""The GKE driver (`GkeDriver`): jobs as JobSets on TPU slices under the one lifecycle of
+`tasks.backend_api`; every cluster call goes through `tasks.backends.gke.hooks` (the worker's
+in `.adapter`, the triggerer's through `AsyncJobSetHook`, imported on a watch's first read so
+that importing this module stays cheap; the endpoint is looked up through the Google connection
+then and after a failed read, never kept in a trigger's kwargs).
+
+The JobSet is rendered as it is created (the object carries env values: no XCom, template
+field or log line ever holds it), checked against the cluster's JobSet CRD
+(`tasks.backends.gke.crd`) and created with strict field validation; an existing one (a retry)
+is adopted only when it was rendered from the same spec. Restarts are the JobSet's
+failurePolicy (docs/exit-codes.md), so a Failed JobSet fails its task without retries. The
+watch's memo holds the JobSet's UID (one replaced under the same name is never the task's)
+and its clocks (running since, suspended since, running time so far): time spent suspended,
+waiting for Kueue to admit it, is bounded on its own and does not count against the job's
+running time (`read`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tasks.backend_api.job_state import JobState
+from tasks.backend_api.protocol import FormDefaults, JobKeys, JobRequest, Submitted, register
+from tasks.backend_api.watch_trigger import wall_clock
+from tasks.backends.gke.adapter import cancel_step_jobset, check_api, create_or_adopt, jobset_hook
+from tasks.backends.gke.render import jobset_ref, render_jobset
+from tasks.backends.gke.settings import TABLE, GkeCluster, GkeSettings, check_evaluate_job
+from tasks.backends.gke.status import (
+    JobSetGone,
+    JobSetStatusError,
+    failed_pods,
+    interpret_status,
+)
+from tasks.deployment import BackendName, Deployment
+
+if TYPE_CHECKING:
+    from tasks.backends.gke.hooks import AsyncJobSetHook
+    from tasks.jobs.command import Role
+    from tasks.jobs.templates import EvaluateJob, SecretKeyRef, TrainJob
+
+# Reasons of a JobSet the watch gave up on (the cluster has not failed it).
+SUSPENDED_TOO_LONG = "SuspendedTooLong"
+RUNNING_TOO_LONG = "RunningTooLong"
+# Reason of a JobSet that is another object now than the one created (`JobState.reason`).
+REPLACED = "Replaced"
+# The cluster calls of the triggerer, imported on a watch's first read (`GkeDriver._hook`).
+HOOKS_MODULE = "tasks.backends.gke.hooks"
+# Airflow's deferral timeout is an outer net behind the watch's own bounds: this much later.
+_DEFER_SLACK = timedelta(minutes=10)
+
+
+def cluster_kwargs(cluster: GkeCluster) -> dict[str, Any]:
+    """`cluster` as JSON: every field (`cluster_from_kwargs` is the inverse)."""
+    kwargs = dataclasses.asdict(cluster)
+    kwargs["impersonation_chain"] = list(cluster.impersonation_chain)
+    return kwargs
+
+
+def cluster_from_kwargs(kwargs: Mapping[str, Any]) -> GkeCluster:
+    """The cluster `cluster_kwargs` wrote."""
+    return GkeCluster(**{**kwargs, "impersonation_chain": tuple(kwargs["impersonation_chain"])})
+
+
+@register
+class GkeDriver:
+    """JobSets on the cluster of `settings` (see the module doc); `images` and `secret_envs`:
+    the deployment's per role."""
+
+    name: ClassVar[BackendName] = "gke"
+    # Images and Secret envs are the JobSet's own.
+    job_keys: ClassVar[JobKeys] = JobKeys(image=True, secret_env=True)
+    jobs_run_on_worker: ClassVar[bool] = False
+    # TPU jobs run the benchmark itself: the closed division's rules.
+    form_defaults: ClassVar[FormDefaults] = FormDefaults(division="closed", max_steps=60)
+    cluster_word: ClassVar[str] = "Kubernetes API"
+    quick_jobs: ClassVar[bool] = False
+    python: str = "python"
+
+    def __init__(
+        self,
+        settings: GkeSettings,
+        images: Mapping[str, str | None] | None = None,
+        secret_envs: Mapping[str, Mapping[str, SecretKeyRef]] | None = None,
+        cluster: GkeCluster | None = None,
+    ) -> None:
+        self.settings = settings
+        self.cluster = cluster or settings.cluster
+        self.images = dict(images or {})
+        self.secret_envs = dict(secret_envs or {})
+        self.poll_interval_s = settings.poll_interval_s
+        self.outage_budget_s = settings.outage_budget_s
+        self.backoff_max_s = settings.backoff_max_s
+        self.run_retries = settings.run_retries
+        self._async_hook: AsyncJobSetHook | None = None
+
+    @classmethod
+    def from_deployment(cls, deployment: Deployment) -> GkeDriver:
+        settings = deployment.backend_table(TABLE, GkeSettings)
+        check_evaluate_job(settings, deployment.jobs.evaluate.command, deployment.source)
+        jobs = deployment.jobs
+        return cls(
+            settings,
+            images={"train": jobs.train.image, "evaluate": jobs.evaluate.image},
+            secret_envs={"train": jobs.train.secret_env, "evaluate": jobs.evaluate.secret_env},
+        )
+
+    def args(self) -> dict[str, Any]:
+        return {"cluster": cluster_kwargs(self.cluster), "namespace": self.settings.namespace}
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any]) -> GkeDriver:
+        settings = GkeSettings(namespace=str(args["namespace"]))
+        return cls(settings, cluster=cluster_from_kwargs(args["cluster"]))
+
+    def job_env(self, job: TrainJob | EvaluateJob) -> dict[str, str]:
+        return dict(job.env)
+
+    def train_extra(self, values: Mapping[str, str | int]) -> dict[str, Any] | None:
+        return None
+
+    def max_restarts(self, role: Role) -> int:
+        return 0  # the JobSet's failurePolicy restarts it, on the cluster
+
+    def defer_timeout(
+        self, job_timeout: timedelta | None, memo: Mapping[str, Any]
+    ) -> timedelta | None:
+        # The watch bounds running and suspended time itself (its clocks survive a triggerer
+        # restart); this net only catches a watch that never fires.
+        submitted_at = memo.get("submitted_at")
+        if job_timeout is None or submitted_at is None:
+            return None
+        total = job_timeout + timedelta(minutes=self.settings.max_suspended_minutes)
+        left = total + _DEFER_SLACK - timedelta(seconds=wall_clock() - float(submitted_at))
+        return max(left, timedelta(seconds=1))
+
+    # --- on the worker ----------------------------------------------------------------------
+
+    def submit_or_adopt(self, request: JobRequest, log: Any) -> Submitted:
+        jobset = render_jobset(
+            self.settings, role=request.role, dag_id=request.dag_id, run_id=request.run_id,
+            job=request.label, command=request.argv, image=self.images.get(request.role),
+            env=request.env, secret_env=self.secret_envs.get(request.role),
+        )  # fmt: skip
+        hook = jobset_hook(self.cluster)
+        check_api(hook, jobset)
+        existing = create_or_adopt(hook, jobset, log)
+        suspended = bool(existing.get("spec", {}).get("suspend")) or (
+            interpret_status(existing).suspended
+        )
+        now = wall_clock()
+        memo = {
+            "uid": existing.get("metadata", {}).get("uid"),
+            "running_since": None if suspended else now,
+            "suspended_since": now if suspended else None,
+            "running_s": 0.0,
+            "submitted_at": now,
+            "max_suspended_s": self.settings.max_suspended_minutes * 60.0,
+            "max_running_s": request.timeout_s,
+        }
+        ref = jobset_ref(jobset)
+        return Submitted(ref, memo, f"{self.describe(ref)} submitted; waiting for it to finish")
+
+    def restart(self, request: JobRequest, log: Any) -> Submitted:
+        raise NotImplementedError("a JobSet's restarts are its failurePolicy's, on the cluster")
+
+    def waits_for(self, request: JobRequest, log: Any) -> Submitted | None:
+        return None
+
+    def cancel(self, ref: Mapping[str, Any]) -> bool:
+        return jobset_hook(self.cluster).delete_jobset(ref["namespace"], ref["name"])
+
+    def cancel_step(self, dag_id: str, run_id: str, run_dir: str, step: int) -> bool:
+        hook = jobset_hook(self.cluster)
+        return cancel_step_jobset(hook, self.settings.namespace, dag_id, run_id, step)
+
+    def describe(self, ref: Mapping[str, Any]) -> str:
+        return f"JobSet {ref['namespace']}/{ref['name']}"
+
+    def output_tail(self, ref: Mapping[str, Any], state: JobState) -> str:
+        return ""  # its failed pods' reasons and exit codes are the state's detail
+
+    def remove(self, ref: Mapping[str, Any]) -> None:
+        """Nothing: deleting the JobSet removed its pods."""
+
+    # --- on the triggerer -------------------------------------------------------------------
+
+    async def _hook(self) -> AsyncJobSetHook:
+        """The hook of the cluster, its endpoint looked up on first use and after an error.
+        The first use in a triggerer imports the Kubernetes client and the providers (3.3 s
+        measured here): in a thread, so that no other watch of the loop waits for it."""
+        if self._async_hook is None:
+            hooks = await asyncio.to_thread(importlib.import_module, HOOKS_MODULE)
+            hook_type: type[AsyncJobSetHook] = hooks.AsyncJobSetHook
+            self._async_hook = await hook_type.for_cluster(self.cluster)
+        return self._async_hook
+
+    async def read(self, ref: Mapping[str, Any], memo: dict[str, Any], now: float) -> JobState:
+        try:
+            jobset = await (await self._hook()).get_jobset(ref["namespace"], ref["name"])
+        except JobSetGone as exc:
+            return JobState(f"is gone: {exc}", "fail_now", reason="NotFound")
+        except Exception:
+            self._async_hook = None  # the next read looks the endpoint up again
+            raise
+        uid = (jobset.get("metadata") or {}).get("uid")
+        if memo.get("uid") is not None and uid != memo["uid"]:
+            line = (
+                f"is another object now (uid {uid!r}, created as {memo['uid']!r}): it was "
+                "deleted and created again by someone else; rcpflow leaves it alone"
+            )
+            return JobState(line, "foreign", reason=REPLACED)
+        changed = memo.get("uid") is None and uid is not None
+        memo["uid"] = uid
+        try:
+            status = interpret_status(jobset)
+        except JobSetStatusError as exc:
+            return JobState(f"unreadable status: {exc}", "lost")
+        progress = f" [{status.progress}]" if status.progress else ""
+        if status.phase == "Succeeded":
+            return JobState(f"succeeded{progress}", "succeeded", reason=status.reason)
+        if status.phase == "Failed":
+            pods = await self._failed_pod_lines(ref)
+            line = f"failed ({status.reason}): {status.message}{progress}"
+            return JobState(line, "fail_now", reason=status.reason, detail=tuple(pods))
+        over, changed = _over_bound(memo, status.suspended, now, changed)
+        if over is not None:
+            reason, said = over
+            line = f"{reason}: {said}{': ' + status.message if status.suspended else ''}"
+            return JobState(f"{line}{progress}; a bound of the deployment", "fail_now",
+                            reason=reason)  # fmt: skip
+        return JobState(status.describe(), changed=changed)
+
+    async def _failed_pod_lines(self, ref: Mapping[str, Any]) -> list[str]:
+        # The reason and exit code of the failed pods make the task's error actionable; not
+        # being able to read them must not hide the failure itself.
+        try:
+            hook = await self._hook()
+            pods = await hook.list_jobset_pods(ref["namespace"], ref["name"])
+            return [f"failed pod {line}" for line in failed_pods(pods)]
+        except Exception as exc:
+            return [f"(could not read the JobSet's pods: {exc!r})"]
+
+
+def _over_bound(
+    memo: dict[str, Any], suspended: bool, now: float, changed: bool
+) -> tuple[tuple[str, str] | None, bool]:
+    """Move the watch's clocks (`memo`) to a read at `now`: the bound passed (its reason and
+    what it says), and whether a clock changed."""
+    running_since, running_s = memo.get("running_since"), float(memo.get("running_s", 0.0))
+    if suspended:
+        if running_since is not None:
+            memo["running_s"], memo["running_since"] = running_s + now - running_since, None
+            changed = True
+        if memo.get("suspended_since") is None:
+            memo["suspended_since"], changed = now, True
+        suspended_s, bound = now - memo["suspended_since"], memo.get("max_suspended_s")
+        if bound is not None and suspended_s >= bound:
+            said = f"suspended (not admitted) for {suspended_s:.0f}s, the bound is {bound:.0f}s"
+            return (SUSPENDED_TOO_LONG, said), changed
+        return None, changed
+    if memo.get("suspended_since") is not None:
+        memo["suspended_since"], changed = None, True
+    if running_since is None:
+        memo["running_since"], running_since, changed = now, now, True
+    ran, bound = running_s + now - running_since, memo.get("max_running_s")
+    if bound is not None and ran >= bound:
+        said = (
+            f"still running after {ran:.0f}s (not counting time suspended), the bound is "
+            f"{bound:.0f}s"
+        )
+        return (RUNNING_TOO_LONG, said), changed
+    return None, changed
