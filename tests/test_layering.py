@@ -286,17 +286,17 @@ def test_an_arrow_up_inside_rcpflow_is_found(tmp_path: Path) -> None:
 # ---- inside tasks/: lower modules never import higher ones ------------------------------------
 
 # The levels of tasks/, lowest first. A module may import modules of its own level or of a lower
-# one, never of a higher one; so the Backend protocol (tasks.backend_api.protocol) imports no
-# backend, the jobs and the deployment know no backend, and run steps no implementation. A
-# module matches the longest prefix listed.
+# one, never of a higher one; so the driver protocol and the one lifecycle (tasks.backend_api)
+# import no backend, a backend (a driver) never the run that calls it (tasks.run), and the jobs
+# and the deployment know no backend. A module matches the longest prefix listed.
 TASKS_LEVELS: tuple[tuple[str, ...], ...] = (
     ("tasks.settings", "tasks.names", "tasks.results"),
     ("tasks.jobs",),
     ("tasks.deployment", "tasks.executor_rule"),
     ("tasks.backend_api",),
-    ("tasks.run",),
     ("tasks.backends",),
     ("tasks.backends.registry",),
+    ("tasks.run",),
     ("tasks.views",),
     ("tasks.submission",),
 )  # fmt: skip
@@ -385,69 +385,21 @@ def test_inside_a_layer_no_arrow_points_up(layer: str, levels: tuple[tuple[str, 
     assert upward_arrows(all_imports(ROOT, [layer]), levels, layer) == []
 
 
-def test_the_shared_backend_api_is_below_every_backend() -> None:
-    """`tasks.backend_api` (the protocol and the cluster-job lifecycle) is a floor below
-    `tasks.run` and the backends: a backend builds on it, never the other way."""
-    api = tasks_level("tasks.backend_api.cluster_job")
-    assert api is not None
-    for backend in ("tasks.backends.gke.operators", "tasks.backends.slurm.triggers"):
-        level = tasks_level(backend)
-        assert level is not None and level > api, backend
-    imports = [i for i in all_imports(ROOT, ["tasks"]) if i.module.startswith("tasks.backend_api")]
-    assert [i.target for i in imports if i.target.startswith(("tasks.backends", "tasks.run"))] == []
-
-
-def off_lifecycle_classes(module_names: Iterable[str]) -> list[str]:
-    """The operator and trigger classes (subclasses of Airflow's BaseOperator / BaseTrigger)
-    that `module_names` define and that derive from none of the shared lifecycle's classes."""
-    import importlib
-
-    from airflow.sdk import BaseOperator
-    from airflow.triggers.base import BaseTrigger
-
-    from tasks.backend_api.cluster_job import ClusterJobOperator
-    from tasks.backend_api.teardown import CancelRecordedJobs
-    from tasks.backend_api.watch_trigger import WatchTrigger
-
-    shared = (ClusterJobOperator, CancelRecordedJobs, WatchTrigger)
-    found = []
-    for name in module_names:
-        module = importlib.import_module(name)
-        for value in vars(module).values():
-            if not isinstance(value, type) or value.__module__ != name:
-                continue
-            airflow_kind = issubclass(value, BaseOperator | BaseTrigger)
-            if airflow_kind and not issubclass(value, shared):
-                found.append(f"{name}.{value.__qualname__}")
-    return found
-
-
-def test_every_backends_operators_and_triggers_derive_from_the_shared_lifecycle() -> None:
-    """Every backend is an adapter of `tasks.backend_api`'s lifecycle: no module under
-    `tasks/backends/<name>/`, nor a backend's own modules beside them (the local backend's
-    `tasks/backends/local*.py`), defines an operator or trigger of its own making."""
-    packages = [p for p in (ROOT / "tasks" / "backends").iterdir() if (p / "__init__.py").exists()]
-    assert {p.name for p in packages} >= {"gke", "slurm"}
-    modules = project_modules(ROOT, ["tasks"])
-    names = [
-        m for p in packages for m in modules if m.startswith(f"tasks.backends.{p.name}.")
-    ] + [m for m in modules if m.startswith("tasks.backends.local")]  # fmt: skip
-    assert "tasks.backends.gke.operators" in names and "tasks.backends.slurm.triggers" in names
-    assert "tasks.backends.local_operators" in names
-    assert off_lifecycle_classes(names) == []
-
-
-def test_an_operator_off_the_lifecycle_is_found(tmp_path: Path, monkeypatch) -> None:
-    _tree(
-        tmp_path,
-        {
-            "offpkg/ops.py": "from airflow.sdk import BaseOperator\n"
-            "from tasks.backend_api.teardown import CancelRecordedJobs\n"
-            "class Own(BaseOperator): ...\nclass Shared(CancelRecordedJobs): ...\n",
-        },
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    assert off_lifecycle_classes(["offpkg.ops"]) == ["offpkg.ops.Own"]
+def test_the_lifecycle_is_below_every_backend_and_a_backend_below_the_run() -> None:
+    """`tasks.backend_api` (the driver protocol and the one lifecycle) is a floor below the
+    backends, and a backend (a driver) below `tasks.run`: the run calls the backend, never the
+    reverse; the lifecycle finds a driver by its registered name, never by an import."""
+    api, backend, run = (
+        tasks_level(m) for m in ("tasks.backend_api.job_operator", "tasks.backends.slurm.driver",
+                                 "tasks.run.job_nodes")
+    )  # fmt: skip
+    assert api is not None and backend is not None and run is not None
+    assert api < backend < run
+    imports = all_imports(ROOT, ["tasks"])
+    api_imports = [i.target for i in imports if i.module.startswith("tasks.backend_api")]
+    assert [t for t in api_imports if t.startswith(("tasks.backends", "tasks.run"))] == []
+    backend_imports = [i.target for i in imports if i.module.startswith("tasks.backends")]
+    assert [t for t in backend_imports if t.startswith("tasks.run")] == []
 
 
 @pytest.mark.parametrize(
@@ -458,14 +410,14 @@ def test_an_operator_off_the_lifecycle_is_found(tmp_path: Path, monkeypatch) -> 
                 "tasks/backend_api/protocol.py": "def f():\n    from tasks.backends import local\n",
                 "tasks/backends/local.py": "",
             },
-            "tasks.backend_api.protocol:2 imports tasks.backends.local (level 3 -> 5)",
+            "tasks.backend_api.protocol:2 imports tasks.backends.local (level 3 -> 4)",
         ),
         (
             {
                 "tasks/deployment.py": "from tasks.backends.gke.settings import GkeSettings\n",
                 "tasks/backends/gke/settings.py": "GkeSettings = 1\n",
             },
-            "tasks.deployment:1 imports tasks.backends.gke.settings (level 2 -> 5)",
+            "tasks.deployment:1 imports tasks.backends.gke.settings (level 2 -> 4)",
         ),
         (
             {

@@ -12,11 +12,8 @@ SOURCE_ROOTS = ("rcpflow", "tasks", "tpu_jobs", "devtools")
 # Packages without a mirrored test folder, and where their modules are tested instead.
 COVERED_ELSEWHERE = {
     "tasks/backends": (
-        "local.py runs every job of the end-to-end DAG tests (tests/airflow/), its adapter and "
-        "operators (local_adapter.py, local_operators.py) in tests/tasks/test_local_backend.py; "
-        "registry.py and "
-        "the backends' settings tables in tests/tasks/test_deployment_and_jobs.py; the GKE "
-        "backend in tests/tasks/backends/gke/"
+        "registry.py and the backends' settings tables in "
+        "tests/tasks/test_deployment_and_jobs.py; each backend in its own folder"
     ),
     "devtools/servers": (
         "each server is started by the tests that need it: airflow_server by tests/ui/ and "

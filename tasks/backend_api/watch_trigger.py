@@ -134,8 +134,11 @@ class WatchTrigger(BaseTrigger):
         return self._driver
 
     def where(self) -> str:
-        """The job as the log names it (the driver's `describe`, once the driver is built)."""
-        return self._driver.describe(self.ref) if self._driver is not None else str(self.ref)
+        """The job as the log names it (the driver's `describe`; `run` has built the driver
+        before it asks)."""
+        if self._driver is None:
+            self._driver = load_driver(self.driver, self.driver_args)
+        return self._driver.describe(self.ref)
 
     def event(
         self, phase: str, *, reason: str = "", message: str = "", state: JobState | None = None

@@ -65,13 +65,16 @@ T = TypeVar("T")
 
 
 def training_state(states: Mapping[str, Any]) -> TrainingState:
-    """The train group's progress from its tasks' states (task id -> state or None)."""
+    """The train group's progress from its tasks' states (task id -> state or None): failed,
+    succeeded (all), running (one is), else not started."""
     values = [None if s is None else str(s) for s in states.values()]
     if any(s in _FAILED for s in values):
         return "failed"
     if values and all(s == "success" for s in values):
         return "succeeded"
-    if all(s in _NOT_STARTED for s in values):
+    # none running: a group whose first task (the job's command) ended but whose job has not
+    # started is not running yet either (``dag.test()`` runs one task at a time)
+    if all(s in _NOT_STARTED or s == "success" for s in values):
         return "not_started"
     return "running"
 
@@ -381,7 +384,10 @@ class CheckpointTrigger(_CheckpointWait):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        end = await self.wait(self.target, self.start_grace_s, self.schedule)
+        # Run in line by ``dag.test()`` (no triggerer: no task instance), nothing else runs
+        # while it waits: a train group that has not started will not start meanwhile.
+        grace = 0.0 if self.task_instance is None else self.start_grace_s
+        end = await self.wait(self.target, grace, self.schedule)
         yield TriggerEvent({"state": end.outcome, "step": self.target.step, "detail": end.detail})
 
 

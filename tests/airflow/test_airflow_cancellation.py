@@ -2,9 +2,8 @@
 on the local backend) and their tasks end skipped naming the passing step; nothing at or below
 the passing step is ever stopped, whichever evaluation finishes first.
 
-The evaluations are the local backend's evaluate operator (`LocalEvaluateStepOperator`: the
-shared `EvaluateCheckpoint` in front of the cluster-job lifecycle) driven as a task runner
-would: execute until it defers, its trigger until it fires, then execute_complete. The jobs
+The evaluations are the one evaluate operator (`EvaluateOperator`) holding the local driver,
+driven as a task runner would: execute until it defers, its trigger until it fires, then execute_complete. The jobs
 are real processes (an interpreter wrapper that sleeps instead of evaluating); the decision
 comes from the summaries on storage.
 """
@@ -23,9 +22,11 @@ from airflow_harness import PYTHON, write_deployment
 from polling import wait_until
 
 from devtools.synthetic_run import make_run
+from tasks.backend_api import watch_trigger
 from tasks.backend_api.lifecycle_names import eval_label
-from tasks.backends import local_adapter
-from tasks.backends.local_operators import LocalEvaluateStepOperator
+from tasks.backends.local import processes as local_adapter
+from tasks.backends.local.driver import LocalDriver
+from tasks.run.evaluate_operator import EvaluateOperator
 from tasks.deployment import _load
 from tasks.run.stages import cancel_above
 
@@ -58,6 +59,11 @@ class _TI:
         pass
 
 
+@pytest.fixture(autouse=True)
+def _no_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(watch_trigger, "SETTLE_S", 0.0)  # no scheduler here to race
+
+
 CONTEXT: Any = {"ti": _TI(), "dag_run": SimpleNamespace(dag_id="d", run_id="r")}
 
 
@@ -69,9 +75,12 @@ class Evaluation(threading.Thread):
     def __init__(self, python: Path, jobs: Path, run_dir: str, step: int) -> None:
         super().__init__(daemon=True)
         deployment = _load(str(write_deployment(jobs.parent / "d.toml", str(python))))
-        self.op = LocalEvaluateStepOperator(
-            task_id="evaluate", run_dir=run_dir, step=step, eval_job=deployment.jobs.evaluate,
-            python=str(python), jobs_root=str(jobs), poll_interval_s=0.05, settle_s=0.0,
+        driver = LocalDriver(
+            python=str(python), base_env={}, jobs_root=str(jobs), poll_interval_s=0.05
+        )
+        self.op = EvaluateOperator(
+            task_id="evaluate", driver=driver, run_dir=run_dir, step=step,
+            eval_job=deployment.jobs.evaluate,
         )  # fmt: skip
         self.outcome: Any = None
         self.trigger: Any = None

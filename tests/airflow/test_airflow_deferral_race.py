@@ -27,13 +27,13 @@ from repo_paths import REPO
 from devtools.servers.airflow_server import LocalAirflow
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.mllog import read_events
-from tasks.backends.local_adapter import DEFAULT_JOBS_ROOT, job_folder
+from tasks.backends.local.processes import DEFAULT_JOBS_ROOT, job_folder
 from tasks.deployment import DEFAULT_TOML
 from tasks.names import RUN_DAG_ID
 from tasks.results.verdicts import read_verdict
 
 HOOK = Path(__file__).parent / "deferral_hold"
-HELD = ("train.train_job", "evaluation.checkpoint.evaluate")
+HELD = ("train.job.run", "evaluation.checkpoint.evaluate")
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ def test_run_dag_trains_evaluates_until_the_target_and_checks(
     result = run_dag_test("mlperf_grpo_run", conf, deployment)
 
     assert result.state == "success", failures(result)
-    assert result.states[("train.train_job", -1)] == "success"
+    assert result.states[("train.job.run", -1)] == "success"
     assert result.states[("train.check_outputs", -1)] == "success"
     layout = RunLayout(str(run_dir))
     rows = load(layout.manifest).rows
@@ -83,7 +83,7 @@ def test_a_second_dag_run_on_a_live_run_folder_starts_nothing_there(
 
     deployment = write_deployment(tmp_path / "deployment.toml", python=str(recording.python))
     run_dir.mkdir(parents=True, exist_ok=True)
-    live = ownership.airflow_owner("mlperf_grpo_run", "the_live_run", "train.train_job")
+    live = ownership.airflow_owner("mlperf_grpo_run", "the_live_run", "train.job.run")
     ownership.hold(str(run_dir), live, timeout_s=600)
     before = sorted(p.name for p in run_dir.iterdir())
 
@@ -94,6 +94,6 @@ def test_a_second_dag_run_on_a_live_run_folder_starts_nothing_there(
     assert result.state == "failed"
     assert result.states[("plan", -1)] == "failed"
     ran = {t: s for (t, _), s in result.states.items() if s not in ("upstream_failed", "skipped")}
-    assert ran == {"plan": "failed", "train.cleanup": "success"}, ran  # a teardown, no record
+    assert ran == {"plan": "failed", "train.job.cleanup": "success"}, ran  # a teardown, no record
     assert launched_jobs(recording.record) == []
     assert sorted(p.name for p in run_dir.iterdir()) == before  # the lease alone

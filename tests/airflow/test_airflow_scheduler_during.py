@@ -137,7 +137,7 @@ def follow(server: LocalAirflow, run_id: str, timeout_s: float) -> tuple[str, li
     while time.monotonic() < deadline:
         state = server.dag_run("mlperf_grpo_run", run_id)["state"]
         tis = server.task_instances("mlperf_grpo_run", run_id)
-        train = [t["state"] for t in tis if t["task_id"] == "train.train_job"]
+        train = [t["state"] for t in tis if t["task_id"] == "train.job.run"]
         if train in (["running"], ["deferred"]):  # the local job runs while its task waits
             seen.append({(t["task_id"], t["map_index"]): t["state"] for t in tis})
         if state in ("success", "failed"):

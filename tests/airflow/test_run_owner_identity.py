@@ -39,8 +39,8 @@ def test_the_local_trainer_is_given_the_dag_runs_task_as_its_owner(
 
     result = run_dag_test(RUN_DAG_ID, {**FAST_RUN, "run_dir": str(run_dir)}, deployment)
 
-    assert result.states[("train.train_job", -1)] == "failed", result.states
+    assert result.states[("train.job.run", -1)] == "failed", result.states
     with create_session() as session:
         run_ids = [r.run_id for r in session.query(DagRun).filter(DagRun.dag_id == RUN_DAG_ID)]
     owner = Path(f"{run_dir}.owner").read_text()
-    assert owner in {f"airflow:{RUN_DAG_ID}/{run_id}/train.train_job" for run_id in run_ids}
+    assert owner in {f"airflow:{RUN_DAG_ID}/{run_id}/train.job.run" for run_id in run_ids}

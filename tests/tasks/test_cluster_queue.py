@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from devtools import demo
-from tasks.backends.registry import backend_for
+from tasks.run.job_nodes import nodes_for
 from tasks.deployment import Deployment, parse_deployment
 from tasks.settings import SettingError
 
@@ -22,7 +22,7 @@ def _slurm(tmp_path: Path, head: str) -> Deployment:
 def _queues(deployment: Deployment) -> dict[str, str]:
     from airflow.sdk import DAG, TaskGroup, task
 
-    backend = backend_for(deployment)
+    nodes = nodes_for(deployment)
     with DAG("queues", schedule=None) as dag:
 
         @task
@@ -33,10 +33,10 @@ def _queues(deployment: Deployment) -> dict[str, str]:
         def rows() -> list[dict[str, object]]:
             return []
 
-        backend.train_job(spec())
-        backend.evaluate("/runs/x", rows())
+        nodes.train_job(spec())
+        nodes.evaluate("/runs/x", rows())
         with TaskGroup("checkpoint"):  # as the run DAG nests it (one task id each)
-            backend.evaluate_checkpoint("/runs/x", 18)
+            nodes.evaluate_checkpoint("/runs/x", 18)
     return {t.task_id: t.queue for t in dag.tasks}
 
 

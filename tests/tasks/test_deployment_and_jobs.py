@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.gke.backend import GkeBackend
+from tasks.backends.gke.driver import GkeDriver
 from tasks.backends.gke.settings import GkeSettings
-from tasks.backends.local import LocalBackend
-from tasks.backends.registry import backend_for, form_defaults, registered
+from tasks.backends.local.driver import LocalDriver
+from tasks.backends.registry import driver_for, form_defaults, registered
 from tasks.deployment import (
     REPO_ROOT,
     DeploymentError,
@@ -90,20 +90,20 @@ def test_bad_settings_name_the_file_and_the_key(tmp_path: Path, text: str, named
 
 def test_every_backend_name_has_a_backend_and_the_deployment_chooses_it(tmp_path: Path) -> None:
     backends = registered()
-    # The names are the registry's: every package or module under tasks/backends registers one.
+    # The names are the registry's: every package under tasks/backends registers its driver.
     assert set(backends) == {"local", "gke", "slurm"}
     assert all(cls.name == name for name, cls in backends.items())
-    local = backend_for(parse_deployment("", source="f.toml", base_dir=tmp_path))
-    assert isinstance(local, LocalBackend)
+    local = driver_for(parse_deployment("", source="f.toml", base_dir=tmp_path))
+    assert isinstance(local, LocalDriver)
     text = 'backend = "gke"\n[gke]\nimage = "i:1"\n'
-    gke = backend_for(parse_deployment(text, source="f.toml", base_dir=tmp_path))
-    assert isinstance(gke, GkeBackend) and gke.settings.image == "i:1"
+    gke = driver_for(parse_deployment(text, source="f.toml", base_dir=tmp_path))
+    assert isinstance(gke, GkeDriver) and gke.settings.image == "i:1"
 
 
 def test_the_gke_backend_needs_its_table(tmp_path: Path) -> None:
     deployment = parse_deployment('backend = "gke"\n', source="f.toml", base_dir=tmp_path)
     with pytest.raises(DeploymentError, match=r"^f.toml: backend 'gke' needs a \[gke\] table"):
-        backend_for(deployment)
+        driver_for(deployment)
 
 
 def _spec(**changes: object) -> RunSpec:
@@ -197,7 +197,7 @@ def test_a_backend_table_nobody_registered_says_what_to_import(tmp_path: Path) -
 def test_a_backend_nobody_registered_is_the_deployments_error(tmp_path: Path) -> None:
     deployment = parse_deployment('backend = "ray"\n', source="f.toml", base_dir=tmp_path)
     with pytest.raises(DeploymentError, match=r"^f.toml: backend: 'ray' is not a registered "):
-        backend_for(deployment)
+        driver_for(deployment)
     with pytest.raises(DeploymentError, match=r"\(gke, local, slurm\)$"):
         form_defaults(deployment)
 
@@ -240,5 +240,5 @@ def test_a_jobs_key_the_backend_does_not_run_is_refused(
         text += '[slurm]\nworking_dir = "/w"\nlog_dir = "/l"\n'
     deployment = parse_deployment(text, source="f.toml", base_dir=tmp_path)
     with pytest.raises(DeploymentError) as refused:
-        backend_for(deployment)
+        driver_for(deployment)
     assert str(refused.value) == refusal

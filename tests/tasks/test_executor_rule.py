@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.backends.local import LocalBackend
-from tasks.backends.registry import backend_for
+from tasks.backends.local.driver import LocalDriver
+from tasks.backends.registry import driver_for
 from tasks.deployment import DeploymentError, parse_deployment
 from tasks.executor_rule import executor_classes, executor_refusal
 
@@ -48,6 +48,6 @@ def test_the_run_dags_backend_is_refused_where_it_is_chosen(
     deployment = parse_deployment('backend = "local"\n', source="d.toml", base_dir=tmp_path)
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
     with pytest.raises(DeploymentError, match=r"^d\.toml: backend: 'local' runs jobs"):
-        backend_for(deployment)
+        driver_for(deployment)
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
-    assert isinstance(backend_for(deployment), LocalBackend)
+    assert isinstance(driver_for(deployment), LocalDriver)

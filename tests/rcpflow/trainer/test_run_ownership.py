@@ -259,12 +259,12 @@ def test_a_bad_lease_timeout_is_one_line_in_the_jobs_and_the_cli(
 def test_an_airflow_tasks_identity_is_the_same_for_every_try(monkeypatch):
     monkeypatch.delenv(ownership.OWNER_ENV, raising=False)
     for name, value in zip(
-        ownership._AIRFLOW_ENV, ("d", "manual__1", "train.train_job"), strict=True
+        ownership._AIRFLOW_ENV, ("d", "manual__1", "train.job.run"), strict=True
     ):
         monkeypatch.setenv(name, value)
     assert ownership.owner_from_env() == ownership.airflow_owner(
-        "d", "manual__1", "train.train_job"
+        "d", "manual__1", "train.job.run"
     )
-    assert ownership.owner_from_env() == "airflow:d/manual__1/train.train_job"
+    assert ownership.owner_from_env() == "airflow:d/manual__1/train.job.run"
     monkeypatch.setenv(ownership.OWNER_ENV, "given")
     assert ownership.owner_from_env() == "given"

@@ -42,20 +42,27 @@ def _timed(self):
             slow.append(f"{self!r} kept the loop busy {spent:.2f} s")
 asyncio.events.Handle._run = _timed
 """
-# A triggerer that starts (or restarts) a JobSet watch first: the trigger's module imported, its
-# cluster client not yet. Its first read must import the client off the loop.
+# A triggerer that starts (or restarts) a JobSet watch first: the trigger's module imported, the
+# GKE driver's and its cluster client not yet. Its first read must import both off the loop.
 FIRST_READ = """
 import asyncio, sys
-from tasks.backends.gke.settings import GkeSettings
-from tasks.backends.gke.triggers import JobSetTrigger, cluster_kwargs
-assert "tasks.backends.gke.hooks" not in sys.modules
-cluster = cluster_kwargs(GkeSettings(kubernetes_conn_id="k8s").cluster)
-trigger = JobSetTrigger(name="js", namespace="ns", cluster=cluster, poll_interval_s=1.0)
+from tasks.backend_api.watch_trigger import WatchTrigger
+assert "tasks.backends.gke.driver" not in sys.modules
+args = {"namespace": "ns", "cluster": {
+    "location": "l", "cluster_name": "c", "project_id": None, "gcp_conn_id": "g",
+    "impersonation_chain": [], "use_internal_ip": False, "use_dns_endpoint": False,
+    "kubernetes_conn_id": "k8s"}}
+trigger = WatchTrigger(driver="gke", driver_args=args, ref={"name": "js", "namespace": "ns"},
+                       poll_interval_s=1.0)
 async def ticks():
     for _ in range(40):  # another watch of the loop, polling while the client is imported
         await asyncio.sleep(0.05)
+async def first_read():
+    driver = await trigger.job_driver()
+    assert "tasks.backends.gke.hooks" not in sys.modules
+    await driver._hook()
 async def main():
-    await asyncio.gather(trigger.hook(), ticks())
+    await asyncio.gather(first_read(), ticks())
 asyncio.run(main())
 assert "tasks.backends.gke.hooks" in sys.modules
 print("SLOW", slow)
@@ -81,15 +88,15 @@ def _ti() -> Any:
 
 
 def _local(tmp_path: Path, n: int) -> list[Any]:
-    from tasks.backends import local_adapter
-    from tasks.backends.local_operators import LocalJobTrigger
+    from tasks.backend_api.watch_trigger import WatchTrigger
+    from tasks.backends.local import processes
 
     triggers = []
     for i in range(n):
-        job = local_adapter.start(tmp_path / f"j{i}", f"job {i}", [sys.executable, "-c", "0"])
-        trigger = LocalJobTrigger(
-            job=job.ref(), poll_interval_s=0.05, settle_s=0.0,
-            task_end=TaskEndSpec("job").kwargs(),
+        job = processes.start(tmp_path / f"j{i}", f"job {i}", [sys.executable, "-c", "0"])
+        trigger = WatchTrigger(
+            driver="local", driver_args={"jobs_root": str(tmp_path)}, ref=job.ref(),
+            poll_interval_s=0.05, task_end=TaskEndSpec("job").kwargs(),
         )  # fmt: skip
         trigger.task_instance = _ti()
         triggers.append(trigger)
@@ -97,40 +104,51 @@ def _local(tmp_path: Path, n: int) -> list[Any]:
 
 
 def _slurm() -> Any:
+    from tasks.backend_api.watch_trigger import WatchTrigger
+    from tasks.backends.slurm.driver import SlurmDriver
     from tasks.backends.slurm.hooks import JobInfo
-    from tasks.backends.slurm.triggers import SlurmJobTrigger
+    from tasks.backends.slurm.settings import SlurmSettings
 
     info = JobInfo(
         job_id="7", name="rcpflow-train-x", state="COMPLETED", reason="", exit_code=0,
         signal=None, submit_time=5, start_time=6, end_time=60, restarts=0, stdout_path="/o",
         nodes="n1", time_limit_s=900, source="squeue",
     )  # fmt: skip
-    contract = {"fail_exit_codes": [2, 5], "signal_grace_s": 30, "time_limit_s": 900}
-    trigger = SlurmJobTrigger(
-        connection={}, job={"job_id": "7", "name": "rcpflow-train-x", "submit_time": 5},
-        poll_interval_s=0.05, settle_s=0.0, contract=contract,
-        task_end=TaskEndSpec("job").kwargs(),
+    args = SlurmDriver(SlurmSettings(working_dir="/w", log_dir="/l")).args()
+    trigger = WatchTrigger(
+        driver="slurm", driver_args=args,
+        ref={"job_id": "7", "name": "rcpflow-train-x", "submit_time": 5},
+        poll_interval_s=0.05, settle_s=0.0, task_end=TaskEndSpec("job").kwargs(),
     )  # fmt: skip
-    trigger._hook = _FakeSlurm(info)  # type: ignore[assignment]
+    driver = SlurmDriver.from_args(args)  # as the trigger builds it (in a thread)
+    driver._async_hook = _FakeSlurm(info)  # type: ignore[assignment]
+    trigger._driver = driver
     trigger.task_instance = _ti()
     return trigger
 
 
+class _FakeJobSets:
+    def __init__(self, jobset: dict[str, Any]) -> None:
+        self.jobset = jobset
+
+    async def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.jobset
+
+
 def _jobset(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from tasks.backend_api.watch_trigger import WatchTrigger
+    from tasks.backends.gke.driver import GkeDriver
     from tasks.backends.gke.settings import GkeSettings
-    from tasks.backends.gke.triggers import JobSetTrigger, cluster_kwargs
 
     succeeded = json.loads((FIXTURES / "status_succeeded.json").read_text())
-
-    async def read(self: Any) -> dict[str, Any]:
-        return succeeded
-
-    monkeypatch.setattr(JobSetTrigger, "read_jobset", read)
-    cluster = cluster_kwargs(GkeSettings(use_dns_endpoint=True).cluster)
-    trigger = JobSetTrigger(
-        name="js", namespace="ns", cluster=cluster, poll_interval_s=0.05,
-        task_end=TaskEndSpec("job").kwargs(),
+    args = GkeDriver(GkeSettings(use_dns_endpoint=True, namespace="ns")).args()
+    trigger = WatchTrigger(
+        driver="gke", driver_args=args, ref={"name": "js", "namespace": "ns"},
+        poll_interval_s=0.05, task_end=TaskEndSpec("job").kwargs(),
     )  # fmt: skip
+    driver = GkeDriver.from_args(args)  # as the trigger builds it (in a thread)
+    driver._async_hook = _FakeJobSets(succeeded)  # type: ignore[assignment]
+    trigger._driver = driver
     trigger.task_instance = _ti()
     return trigger
 

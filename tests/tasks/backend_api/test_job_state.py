@@ -1,5 +1,6 @@
-"""`JobState` (tasks.backend_api.job_state): every backend's read of a job maps into the one
-type, and the watch loop says a state line in the task log once, when it changes."""
+"""`JobState` (tasks.backend_api.job_state): every driver's read of a job maps into the one type,
+which the watch trigger's event carries as JSON, and the watch says a state line in the task log
+once, when it changes."""
 
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from tasks.backend_api.job_state import JobState
-from tasks.backends import local_adapter
-from tasks.backends.gke.status import JobSetStatus
-from tasks.backends.gke.triggers import JobSetTrigger
-from tasks.backends.slurm.adapter import job_state
+from tasks.backend_api.job_state import OUTCOMES, JobState
+from tasks.backend_api.watch_trigger import WatchTrigger
+from tasks.backends.local import processes
+from tasks.backends.slurm.adapter import state_line
 from tasks.backends.slurm.job_info import JobInfo
 
 
@@ -21,39 +21,61 @@ def _slurm(state: str, exit_code: int | None, restarts: int = 0, nodes: str = "n
     )
 
 
+def test_an_event_carries_the_state_as_json_and_back() -> None:
+    state = JobState(
+        "failed (BackoffLimit)", "fail_now", 137, "BackoffLimit", ("failed pod p0",),
+        output=("a line",), changed=True,
+    )  # fmt: skip
+    as_json = state.as_json()
+    assert "output" not in as_json and "changed" not in as_json  # the task log had them
+    back = JobState.from_json(as_json)
+    assert back == JobState("failed (BackoffLimit)", "fail_now", 137, "BackoffLimit",
+                            ("failed pod p0",))  # fmt: skip
+    assert back.ended and not JobState("running").ended
+    assert set(OUTCOMES) >= {"succeeded", "failed", "fail_now", "restart", "foreign", "lost"}
+
+
+def test_an_outcome_nobody_wrote_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a job outcome: 'done'"):
+        JobState.from_json({"line": "x", "outcome": "done"})
+
+
 @pytest.mark.parametrize(
     ("read", "expected"),
     [
-        (JobSetStatus("Running", progress="1/2 ready"), JobState(False, "Running [1/2 ready]")),
-        (
-            JobSetStatus("Failed", reason="BackoffLimit", message="pod x"),
-            JobState(True, "Failed (BackoffLimit): pod x"),
-        ),
-        (JobSetStatus("Succeeded").job_state(), JobState(True, "Succeeded")),
-        (_slurm("RUNNING", None, restarts=1), JobState(False, "RUNNING on n1, Slurm restart 1")),
-        (_slurm("PENDING", None, nodes=""), JobState(False, "PENDING on (no nodes yet)")),
-        (_slurm("FAILED", 3), JobState(True, "FAILED on n1", exit_code=3)),
-        (local_adapter.RUNNING, JobState(False, "running")),
-        (local_adapter.ended(0), JobState(True, "exited with status 0", exit_code=0)),
-        (local_adapter.ended(-9), JobState(True, "ended by signal SIGKILL", exit_code=-9)),
+        (_slurm("RUNNING", None, restarts=1), "RUNNING on n1, Slurm restart 1"),
+        (_slurm("PENDING", None, nodes=""), "PENDING on (no nodes yet)"),
     ],
 )
-def test_every_backend_reads_into_the_one_job_state(read: object, expected: JobState) -> None:
-    if isinstance(read, JobSetStatus):
-        read = read.job_state()
-    elif isinstance(read, JobInfo):
-        read = job_state(read)
-    assert read == expected
+def test_a_running_slurm_job_is_said_in_one_line(read: JobInfo, expected: str) -> None:
+    assert state_line(read) == expected
 
 
-def test_the_watch_logs_a_state_line_once_until_it_changes(
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        (processes.RUNNING, JobState("running")),
+        (processes.ended(0), JobState("exited with status 0", "succeeded", 0)),
+        (processes.ended(3), JobState("exited with status 3", "failed", 3)),
+        (processes.ended(-9), JobState("ended by signal SIGKILL", "failed", -9)),
+        (processes.ended(None), JobState("ended without an exit status (killed)", "failed")),
+    ],
+)
+def test_a_local_job_ends_succeeded_on_0_else_failed(state: JobState, expected: JobState) -> None:
+    assert state == expected
+
+
+def test_the_watch_logs_a_state_line_once_until_it_changes_and_every_output_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     said: list[str] = []
     log = SimpleNamespace(info=lambda fmt, *args: said.append(fmt % args))
-    monkeypatch.setattr(JobSetTrigger, "log", property(lambda self: log))
-    trigger = JobSetTrigger(name="j", namespace="ns", cluster={})
+    monkeypatch.setattr(WatchTrigger, "log", property(lambda self: log))
+    trigger = WatchTrigger(driver="local", driver_args={"jobs_root": "/x"}, ref={"name": "j"}, poll_interval_s=1)
     for line in ("Running", "Running", "Failed", "Running"):
-        trigger.log_state("here", JobState(ended=False, line=line))
-    assert said == ["here: Running", "here: Failed", "here: Running"]
+        trigger.log_state("here", JobState(line, output=(f"out {line}",)))
+    assert said == [
+        "here | out Running", "here: Running", "here | out Running", "here | out Failed",
+        "here: Failed", "here | out Running", "here: Running",
+    ]  # fmt: skip
     assert "_line" not in trigger.kwargs()  # the trigger's own, never a kwarg

@@ -1,15 +1,13 @@
-"""The cluster-job lifecycle every backend drives (tasks.backend_api.cluster_job, watch_trigger,
-teardown, lifecycle_names, task_end): the names Airflow stores pinned, records read under one
-key, and every backend's operators and triggers deriving from it."""
+"""The job lifecycle every driver runs under (tasks.backend_api: job_operator, watch_trigger,
+teardown, lifecycle_names, task_end, protocol): the names Airflow stores pinned, records read
+under one key, and no backend holding a lifecycle class of its own."""
 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
 from airflow.sdk.module_loading import import_string
 
 from tasks.backend_api import lifecycle_names as names
@@ -18,49 +16,45 @@ from tasks.backend_api.teardown import recorded_jobs
 
 def test_names_that_outlive_a_process_keep_their_values() -> None:
     """Airflow's database (XComs, the trigger table, a task's next_kwargs) and the cluster (job
-    names) hold these: a new value strands what an earlier release started."""
+    names) hold these: a new value strands what an earlier release started. (rcpflow has had
+    no release: the per-backend trigger classpaths of earlier versions are gone.)"""
     assert names.JOB_RECORD_KEY == "cluster_job" and names.RECORD_DECISION == "cancel"
-    assert (names.WATCHING, names.STOPPED, names.ERROR) == ("watching", "stopped", "error")
+    assert (names.WATCHING, names.STOPPED, names.ENDED) == ("watching", "stopped", "ended")
     assert (names.UNREACHABLE, names.STATE_CHANGED, names.STOP_REQUEST) == (
         "Unreachable", "StateChanged", "StopRequest",
     )  # fmt: skip
-    assert names.JOBSET_TRIGGER == "tasks.backends.gke.triggers.JobSetTrigger"
-    assert names.SLURM_TRIGGER == "tasks.backends.slurm.triggers.SlurmJobTrigger"
-    assert names.LOCAL_TRIGGER == "tasks.backends.local_operators.LocalJobTrigger"
+    assert names.WATCH_TRIGGER == "tasks.backend_api.watch_trigger.WatchTrigger"
     assert names.STOP_GRACE.total_seconds() == 600.0
     assert names.eval_label(18) == "eval-18"
+    from tasks.backend_api.protocol import DRIVER_MODULES
     from tasks.backend_api.task_end import TASK_ENDS
-    from tasks.run.evaluation_end import STEP_CANCELS
 
     # what ends a task on the triggerer, by the name its trigger's kwargs give
     assert dict(TASK_ENDS) == {
         "job": "tasks.backend_api.task_end:_end_job",
         "evaluation": "tasks.run.evaluation_end:end_evaluation",
     }
-    assert dict(STEP_CANCELS) == {
-        "local": "tasks.backends.local_adapter:cancel_step",
-        "slurm": "tasks.backends.slurm.triggers:cancel_step",
-        "gke": "tasks.backends.gke.adapter:cancel_step",
+    # the drivers a trigger names, and the modules the triggerer imports for them
+    assert dict(DRIVER_MODULES) == {
+        "local": "tasks.backends.local.driver",
+        "slurm": "tasks.backends.slurm.driver",
+        "gke": "tasks.backends.gke.driver",
     }
 
 
-@pytest.mark.parametrize(
-    "classpath", [names.JOBSET_TRIGGER, names.SLURM_TRIGGER, names.LOCAL_TRIGGER]
-)
-def test_each_trigger_serializes_under_its_pinned_classpath(classpath: str) -> None:
+def test_the_trigger_serializes_under_its_pinned_classpath_and_each_driver_under_its_name() -> None:
+    from tasks.backend_api.protocol import DRIVER_MODULES, driver_type
     from tasks.backend_api.watch_trigger import WatchTrigger
 
-    cls = import_string(classpath)
-    assert issubclass(cls, WatchTrigger)
-    assert f"{cls.__module__}.{cls.__qualname__}" == classpath
-
-
-def _jobset_trigger(cls: Any) -> Any:
-    from tasks.backends.gke.settings import GkeSettings
-    from tasks.backends.gke.triggers import cluster_kwargs
-
-    cluster = cluster_kwargs(GkeSettings(use_dns_endpoint=True).cluster)
-    return cls(name="js", namespace="default", cluster=cluster, poll_interval_s=0.0)
+    cls = import_string(names.WATCH_TRIGGER)
+    assert cls is WatchTrigger
+    trigger = WatchTrigger(driver="local", driver_args={"jobs_root": "/x"}, ref={"name": "j"}, poll_interval_s=1)
+    assert trigger.serialize()[0] == names.WATCH_TRIGGER
+    for name, module in DRIVER_MODULES.items():
+        found = driver_type(name)
+        assert (found.name, found.__module__) == (name, module)
+    with pytest.raises(LookupError, match="'nosuch' is not registered"):
+        driver_type("nosuch")
 
 
 class _TI:
@@ -93,89 +87,7 @@ def test_the_records_are_read_under_one_key_for_one_instance_or_every_instance()
     assert recorded_jobs({"ti": _TI({"jobset_ref": gke})}, "run", mapped=False) == []  # type: ignore[typeddict-item]
 
 
-class _SlurmHook:
-    def __init__(self) -> None:
-        self.cancelled: list[str] = []
-
-    def job(self, job_id: str, expected: Any) -> Any:
-        return SimpleNamespace(finished=False, state="RUNNING")
-
-    def cancel(self, job_id: str) -> None:
-        self.cancelled.append(job_id)
-
-
-def test_the_slurm_teardown_cancels_a_recorded_job_only_when_its_task_decided_so(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
-) -> None:
-    from tasks.backends.slurm import operators
-    from tasks.backends.slurm.settings import SlurmSettings
-
-    hook = _SlurmHook()
-    monkeypatch.setattr(operators, "hook_for", lambda settings: hook)
-    settings = SlurmSettings(working_dir=str(tmp_path), log_dir=str(tmp_path))
-    recorded = {"job_id": "41", "name": "rcpflow-train-x", "submit_time": 5, "cancel": None,
-              "why": "running"}  # fmt: skip
-    teardown = operators.CancelSlurmJobsOperator(
-        task_id="cleanup", run_task_id="run", settings=settings
-    )
-    done = teardown.execute({"ti": _TI({"cluster_job": recorded})})  # type: ignore[arg-type]
-    assert done == [{"job_id": "41", "name": "rcpflow-train-x"}] and hook.cancelled == ["41"]
-    left = {**recorded, "cancel": False, "why": "a watch error"}
-    assert teardown.execute({"ti": _TI({"cluster_job": left})}) == []  # type: ignore[arg-type]
-    assert hook.cancelled == ["41"]
-
-
-def _gke_op() -> Any:
-    from tasks.backends.gke.operators import RunJobSetOperator
-    from tasks.backends.gke.settings import GkeSettings
-
-    return RunJobSetOperator(
-        task_id="run", settings=GkeSettings(use_dns_endpoint=True), role="train", job="train",
-        command=["python"],
-    )  # fmt: skip
-
-
-class _PushTI:
-    def __init__(self) -> None:
-        self.pushed: dict[str, Any] = {}
-
-    def xcom_push(self, key: str, value: Any) -> None:
-        self.pushed[key] = value
-
-
-def test_a_watching_event_defers_again_and_a_stopped_one_ends_the_task_as_a_stop() -> None:
-    op = _gke_op()
-    kwargs = _jobset_trigger(import_string(names.JOBSET_TRIGGER)).kwargs()
-    base = {"name": "js", "namespace": "default", "reason": "", "message": "", "progress": "p",
-            "pods": [], "kwargs": None}  # fmt: skip
-    ti = _PushTI()
-    with pytest.raises(TaskDeferred) as deferred:
-        op.execute_complete({"ti": ti}, {**base, "phase": names.WATCHING, "kwargs": kwargs})
-    assert deferred.value.trigger.kwargs() == kwargs
-    result = op.execute_complete({"ti": ti}, {**base, "phase": names.STOPPED})
-    assert result["phase"] == "Stopped"
-    assert ti.pushed[names.JOB_RECORD_KEY]["cancel"] is True
-
-
-def test_on_kill_cancels_only_what_the_task_owns(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tasks.backends.gke import operators
-
-    deleted: list[tuple[str, str]] = []
-    hook = SimpleNamespace(delete_jobset=lambda ns, name: deleted.append((ns, name)) or True)
-    monkeypatch.setattr(operators, "jobset_hook", lambda cluster: hook)
-    op = _gke_op()
-    op.on_kill()
-    assert deleted == []
-    with pytest.raises(TaskDeferred):
-        op.watch({"name": "js", "namespace": "ns"}, _jobset_trigger(operators.JobSetTrigger))
-    op.on_kill()
-    assert deleted == [("ns", "js")]
-
-
-@pytest.mark.parametrize(
-    "classpath", [names.JOBSET_TRIGGER, names.SLURM_TRIGGER, names.LOCAL_TRIGGER]
-)
-def test_a_watch_moved_or_stopped_on_its_triggerer_cancels_no_job(classpath: str) -> None:
+def test_a_watch_moved_or_stopped_on_its_triggerer_cancels_no_job() -> None:
     """A trigger is cancelled when its triggerer stops or hands it to another (two triggerers,
     apache/airflow#73454 reports ``on_kill`` called on a reassignment): a watch owns no job,
     so neither ``cleanup`` nor ``on_kill`` cancels one. The job is cancelled only by the watch
@@ -183,5 +95,25 @@ def test_a_watch_moved_or_stopped_on_its_triggerer_cancels_no_job(classpath: str
     teardown (tests/airflow/distributed: the triggerer-lost fault)."""
     from airflow.triggers.base import BaseTrigger
 
-    cls = import_string(classpath)
+    cls = import_string(names.WATCH_TRIGGER)
     assert cls.on_kill is BaseTrigger.on_kill and cls.cleanup is BaseTrigger.cleanup
+
+
+def test_no_backend_holds_a_lifecycle_class_of_its_own() -> None:
+    """A backend is a driver, composed into the one lifecycle: no class under tasks/backends
+    is an operator or a trigger (drivers are composed, not inherited)."""
+    import inspect
+    import pkgutil
+
+    from airflow.sdk import BaseOperator
+    from airflow.triggers.base import BaseTrigger
+
+    import tasks.backends
+
+    found = []
+    for info in pkgutil.walk_packages(tasks.backends.__path__, "tasks.backends."):
+        module = __import__(info.name, fromlist=["_"])
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if obj.__module__ == info.name and issubclass(obj, BaseOperator | BaseTrigger):
+                found.append(f"{info.name}.{obj.__name__}")
+    assert found == []

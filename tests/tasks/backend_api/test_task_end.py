@@ -5,12 +5,13 @@ kwargs may give (never a path), and a function that raises failing the task in o
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from airflow.triggers.base import TaskFailedEvent, TaskSkippedEvent, TaskSuccessEvent
 
 from tasks.backend_api import task_end
-from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY
+from tasks.backend_api.lifecycle_names import ENDED, JOB_RECORD_KEY, STOPPED, WATCHING
 from tasks.backend_api.task_end import JobOutcome, TaskEnd, TaskEndSpec, end_job, end_task
 
 REF = {"name": "train seed 1", "pid": 7}
@@ -74,55 +75,49 @@ def test_an_end_that_raises_fails_the_task_in_one_line(monkeypatch: pytest.Monke
     assert "\n" not in end.line and end.xcoms[JOB_RECORD_KEY]["cancel"] is True
 
 
-# --- each backend's trigger says how its job ended, and the watch ends the task with it -------
+# --- the one watch says how its job ended, and ends the task with it --------------------------
 
 
-def _slurm(**kwargs: object):
-    from tasks.backends.slurm.triggers import SlurmJobTrigger
+def _trigger(**kwargs: Any) -> Any:
+    from tasks.backend_api.watch_trigger import WatchTrigger
 
-    job = {"job_id": "7", "name": "rcpflow-eval-18-x", "submit_time": 5}
-    contract = {"fail_exit_codes": [2, 5], "signal_grace_s": 30, "time_limit_s": 900}
-    return SlurmJobTrigger(connection={}, job=job, **{"contract": contract, **kwargs})  # type: ignore[arg-type]
-
-
-def _slurm_finished(state: str, code: int | None) -> dict[str, object]:
-    from tasks.backends.slurm.hooks import JobInfo
-    from tasks.backends.slurm.triggers import FINISHED, event_payload
-
-    info = JobInfo(
-        job_id="7", name="rcpflow-eval-18-x", state=state, reason="", exit_code=code,
-        signal=None, submit_time=5, start_time=6, end_time=60, restarts=0, stdout_path="",
-        nodes="n1", time_limit_s=900, source="squeue",
-    )  # fmt: skip
-    return event_payload(FINISHED, _slurm().job, {"counted": 0, "uncounted": 0}, info=info)
+    ref = {"name": "train", "pid": 1, "start": 1, "output": "/x/o", "exit_path": "/x/e"}
+    args = {"jobs_root": "/nonexistent"}
+    return WatchTrigger(driver="local", driver_args=args, ref=ref, poll_interval_s=1.0, **kwargs)
 
 
-def test_a_slurm_job_that_completed_succeeds_and_every_other_end_is_the_operators() -> None:
-    ok = _slurm().job_outcome(_slurm_finished("COMPLETED", 0))
-    assert ok is not None and ok.ended == "succeeded"
-    assert ok.line == "Slurm job 7 (rcpflow-eval-18-x) ended: COMPLETED, exit code 0"
-    for state, code in (("FAILED", 2), ("FAILED", 1), ("TIMEOUT", None), ("CANCELLED", 0)):
-        other = _slurm().job_outcome(_slurm_finished(state, code))
-        assert other is not None and other.ended == "other", (state, code)
-    # without its contract (an evaluation waiting on the training's allocation) it says nothing
-    assert _slurm(contract=None).job_outcome(_slurm_finished("COMPLETED", 0)) is None
+def _ended(outcome: str, line: str = "exited with status 0") -> dict[str, Any]:
+    from tasks.backend_api.job_state import JobState
+
+    state = JobState(line, outcome, 0)  # type: ignore[arg-type]
+    return dict(_trigger().event(ENDED, state=state))
 
 
-def test_a_jobset_that_succeeded_succeeds_and_a_failed_one_is_the_operators() -> None:
-    from tasks.backends.gke.settings import GkeSettings
-    from tasks.backends.gke.triggers import JobSetTrigger, cluster_kwargs
+@pytest.mark.parametrize(
+    ("outcome", "ended"),
+    [
+        ("succeeded", "succeeded"),
+        ("failed", "failed"),
+        # a restart to submit, a failure without retries, a job left or not ours: a worker's
+        ("restart", "other"),
+        ("restart_uncounted", "other"),
+        ("fail_now", "other"),
+        ("cancelled", "other"),
+        ("lost", "other"),
+        ("foreign", "other"),
+    ],
+)
+def test_every_drivers_outcome_maps_to_one_end(outcome: str, ended: str) -> None:
+    found = _trigger().job_outcome(_ended(outcome))
+    assert found is not None and found.ended == ended
+    assert found.line == "train: exited with status 0"  # the driver's line, naming the job
 
-    cluster = cluster_kwargs(GkeSettings(use_dns_endpoint=True).cluster)
-    trigger = JobSetTrigger(name="js", namespace="ns", cluster=cluster, poll_interval_s=1.0)
-    base = {"name": "js", "namespace": "ns", "reason": "", "message": "", "progress": "1/1",
-            "pods": [], "kwargs": None}  # fmt: skip
-    ok = trigger.job_outcome({**base, "phase": "Succeeded"})
-    assert (
-        ok is not None and ok.ended == "succeeded" and ok.ref == {"name": "js", "namespace": "ns"}
-    )
-    failed = trigger.job_outcome({**base, "phase": "Failed", "reason": "FailedJobs"})
-    assert failed is not None and failed.ended == "other"
-    assert trigger.job_outcome({**base, "phase": "watching"}) is None
+
+def test_a_stop_ends_as_stopped_and_a_watching_event_resumes() -> None:
+    trigger = _trigger()
+    stopped = trigger.job_outcome(trigger.event(STOPPED, message="still running 600 s after"))
+    assert stopped is not None and stopped.ended == "stopped"
+    assert trigger.job_outcome(trigger.event(WATCHING)) is None
 
 
 def test_the_watch_ends_its_task_only_on_a_triggerer() -> None:
@@ -131,15 +126,14 @@ def test_the_watch_ends_its_task_only_on_a_triggerer() -> None:
 
     from airflow.triggers.base import TriggerEvent
 
-    from tasks.backends.local_operators import FINISHED, LocalJobTrigger
-
-    ref = {"name": "train seed 1", "pid": 1, "start": 1, "output": "/x/o", "exit_path": "/x/e"}
-    trigger = LocalJobTrigger(job=ref, poll_interval_s=1.0, task_end=TaskEndSpec("job").kwargs())
-    event = TriggerEvent(trigger.event(FINISHED, message="finished", exit_code=0))
+    trigger = _trigger(task_end=TaskEndSpec("job").kwargs())
+    event = TriggerEvent(_ended("succeeded"))
     assert asyncio.run(trigger.end_of_task(event)) is None
-    trigger.task_instance = SimpleNamespace(task_id="train.train_job")  # type: ignore[assignment]
+    trigger.task_instance = SimpleNamespace(task_id="train.job.run")
     ended = asyncio.run(trigger.end_of_task(event))
     assert isinstance(ended, TaskSuccessEvent)
     assert ended.xcoms is not None and ended.xcoms[JOB_RECORD_KEY]["why"] == "succeeded"
-    failed = TriggerEvent(trigger.event(FINISHED, message="exited with status 3", exit_code=3))
+    failed = TriggerEvent(_ended("failed", "exited with status 3"))
     assert isinstance(asyncio.run(trigger.end_of_task(failed)), TaskFailedEvent)
+    restart = TriggerEvent(_ended("restart", "preempted"))
+    assert asyncio.run(trigger.end_of_task(restart)) is None  # the operator restarts it

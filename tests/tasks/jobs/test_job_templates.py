@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from repo_paths import REPO
 
-from tasks.backends.local import LocalBackend
+from tasks.run.job_nodes import nodes_for
 from tasks.deployment import DeploymentError, parse_deployment
 from tasks.jobs.command import EVALUATE_JOB, TRAIN_JOB
 from tasks.jobs.templates import EvalResult
@@ -24,8 +24,8 @@ def test_without_a_jobs_table_the_jobs_are_the_toys(tmp_path: Path) -> None:
     assert d.jobs.evaluate.job_command == EVALUATE_JOB
     assert d.jobs.evaluate.result == EvalResult()  # rcpflow's own summary, not imported
     assert not d.jobs.evaluate.result.imported
-    backend = LocalBackend(d)
-    assert (backend.train, backend.evaluate_job) == (d.jobs.train, d.jobs.evaluate)
+    nodes = nodes_for(d)
+    assert nodes.deployment.jobs.train == d.jobs.train and nodes.driver.name == "local"
 
 
 def test_a_jobs_table_replaces_command_env_and_result(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ def first_event(
     return asyncio.run(asyncio.wait_for(first(), timeout=30))
 
 
-RUNNING = {"train.train_job": "running", "train.check_outputs": None}
+RUNNING = {"train.job.run": "running", "train.check_outputs": None}
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,7 @@ def test_waits_while_training_runs_then_sees_the_row(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
     # no files yet and training running: it keeps polling; once the group has succeeded
     # without any row it reports the end
-    done = {"train.train_job": "success", "train.check_outputs": "success"}
+    done = {"train.job.run": "success", "train.check_outputs": "success"}
     event = first_event(run_dir, 18, [RUNNING, RUNNING, RUNNING, done])
     assert event["state"] == "ended"
     assert "training finished without a checkpoint of step 18" in event["detail"]
@@ -104,7 +104,7 @@ def test_after_training_a_committed_step_waits_until_training_halts(tmp_path: Pa
     # during training the committed row is enough
     assert first_event(run.run_dir, 19, [RUNNING])["state"] == "committed"
     # after training it waits while the train group runs, and goes once it has succeeded
-    done = {"train.train_job": "success", "train.check_outputs": "success"}
+    done = {"train.job.run": "success", "train.check_outputs": "success"}
     script = [RUNNING, RUNNING, RUNNING, done]
     assert first_event(run.run_dir, 19, script, "after_training")["state"] == "committed"
     # ... or as soon as the trainer's block_stop is there (the train group still running)
@@ -156,9 +156,9 @@ def test_the_eval_window_lets_the_lowest_open_steps_go(
 
 def test_failed_and_not_started_training(tmp_path: Path) -> None:
     run_dir = str(tmp_path / "run")
-    failed = {"train.train_job": "failed", "train.check_outputs": "upstream_failed"}
+    failed = {"train.job.run": "failed", "train.check_outputs": "upstream_failed"}
     assert first_event(run_dir, 18, [failed])["state"] == "training_failed"
-    idle = {"train.train_job": "scheduled", "train.check_outputs": None}
+    idle = {"train.job.run": "scheduled", "train.check_outputs": None}
     assert first_event(run_dir, 18, [idle])["state"] == "not_started"
     assert first_event(run_dir, 18, [{}])["state"] == "error"  # no such group
 
@@ -242,7 +242,7 @@ def test_a_started_wait_skips_on_failed_training_and_fails_on_broken_files(
     tmp_path: Path,
 ) -> None:
     run_dir = str(tmp_path / "run")
-    failed = {"train.train_job": "failed", "train.check_outputs": "upstream_failed"}
+    failed = {"train.job.run": "failed", "train.check_outputs": "upstream_failed"}
     assert isinstance(started_event(run_dir, 18, [RUNNING, failed]), TaskSkippedEvent)
     run = make_run(str(tmp_path / "broken"), max_steps=24, last_step=20)
     Path(RunLayout(run.run_dir).manifest).write_text("{broken\n")

@@ -18,7 +18,7 @@ def test_a_folder_another_dag_runs_training_holds_is_refused_naming_it(tmp_path:
     run_dir = str(tmp_path / "run")
     os.makedirs(run_dir)
     refuse_a_live_run(run_dir, "mlperf_grpo_run", "second")  # no lease: nothing to refuse
-    live = ownership.airflow_owner("mlperf_grpo_run", "first", "train.train_job")
+    live = ownership.airflow_owner("mlperf_grpo_run", "first", "train.job.run")
     ownership.hold(run_dir, live, timeout_s=600)
     with pytest.raises(RunFolderBusy) as refused:
         refuse_a_live_run(run_dir, "mlperf_grpo_run", "second")

@@ -1,7 +1,8 @@
-"""The local backend as an adapter of the cluster-job lifecycle: a job is a detached process
-group whose exit status survives the process that started it (tasks.backends.local_adapter),
-watched by `LocalJobTrigger`, run by `LocalJobOperator`, cancelled by its teardown and by
-`on_kill` (tasks.backends.local_operators). Real processes throughout."""
+"""The local driver (tasks.backends.local): a job is a detached process group whose exit status
+survives the process that started it (`processes`), read, cancelled and described by
+`LocalDriver` under the one lifecycle (the watch trigger, the run operator, the teardown: what
+is specific to local jobs here; the shared steps in
+tests/tasks/backend_api/test_driver_lifecycle.py). Real processes throughout."""
 
 from __future__ import annotations
 
@@ -19,16 +20,14 @@ import pytest
 from airflow.sdk.exceptions import AirflowException, TaskDeferred
 from polling import wait_until
 
+from tasks.backend_api.job_operator import RunJobOperator
 from tasks.backend_api.job_state import JobState
-from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, LOCAL_TRIGGER
-from tasks.backends import local_adapter as adapter
-from tasks.backends.local_adapter import LocalJob
-from tasks.backends.local_operators import (
-    FINISHED,
-    CancelLocalJobsOperator,
-    LocalJobOperator,
-    LocalJobTrigger,
-)
+from tasks.backend_api.lifecycle_names import ENDED, JOB_RECORD_KEY, WATCH_TRIGGER
+from tasks.backend_api.teardown import CancelRecordedJobs
+from tasks.backend_api.watch_trigger import WatchTrigger
+from tasks.backends.local import processes as adapter
+from tasks.backends.local.driver import LocalDriver
+from tasks.backends.local.processes import LocalJob
 
 PY = sys.executable
 SLEEPER = [PY, "-c", "import time; print('sleeping', flush=True); time.sleep(120)"]
@@ -73,7 +72,7 @@ def test_a_job_runs_detached_and_its_exit_status_and_output_outlive_it(tmp_path:
     code = "import os, sys; print('step 1'); print('env', os.environ['X']); sys.exit(3)"
     job = adapter.start(tmp_path / "j", "bad job", [PY, "-c", code], {"X": "y"})
     assert os.getpgid(job.pid) == job.pid != os.getpgid(0)  # its own process group
-    assert ended(job) == JobState(ended=True, line="exited with status 3", exit_code=3)
+    assert ended(job) == JobState("exited with status 3", "failed", 3)
     assert output_of(job) == ["step 1", "env y"]
     assert "step 1" in adapter.output_tail(job)
     assert adapter.state(job).line == "exited with status 3"
@@ -147,7 +146,7 @@ def test_a_retry_adopts_the_job_of_a_worker_killed_right_after_starting_it(
     worker = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from tasks.backends.local_adapter import start
+        from tasks.backends.local.processes import start
         start(Path({str(folder)!r}), "train seed 1", {SLEEPER!r})
         os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -167,25 +166,37 @@ def test_a_retry_adopts_the_job_of_a_worker_killed_right_after_starting_it(
 # ---- the trigger and the operators ------------------------------------------------------------
 
 
-async def _events(trigger: LocalJobTrigger) -> list[dict[str, Any]]:
+def _driver(tmp_path: Path) -> LocalDriver:
+    return LocalDriver(python=PY, base_env={}, jobs_root=str(tmp_path / "jobs"),
+                       poll_interval_s=0.05)  # fmt: skip
+
+
+def _trigger(tmp_path: Path, job: LocalJob, **kwargs: Any) -> WatchTrigger:
+    d = _driver(tmp_path)
+    return WatchTrigger(driver=d.name, driver_args=d.args(), ref=job.ref(),
+                        poll_interval_s=d.poll_interval_s, **kwargs)  # fmt: skip
+
+
+async def _events(trigger: WatchTrigger) -> list[dict[str, Any]]:
     return [e.payload async for e in trigger.run()]
 
 
 @pytest.mark.timeout(60)
-def test_the_trigger_copies_the_output_and_ends_with_the_exit_status(
+def test_the_watch_copies_the_output_and_ends_with_the_exit_status(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = "import time; print('line 1', flush=True); time.sleep(0.5); print('line 2'); exit(4)"
     job = adapter.start(tmp_path / "j", "evaluate step 3", [PY, "-c", code])
-    trigger = LocalJobTrigger(job=job.ref(), poll_interval_s=0.05, settle_s=0.0)
+    trigger = _trigger(tmp_path, job)
     (event,) = asyncio.run(_events(trigger))
     logged = capsys.readouterr().out  # a trigger logs through structlog
-    assert (event["phase"], event["exit_code"]) == (FINISHED, 4)
-    assert event["message"] == "exited with status 4" and event["job"] == job.ref()
+    assert event["phase"] == ENDED and event["ref"] == job.ref()
+    assert event["state"] == {"line": "exited with status 4", "outcome": "failed",
+                              "exit_code": 4, "reason": "", "detail": []}  # fmt: skip
     assert "evaluate step 3 | line 1" in logged and "evaluate step 3 | line 2" in logged
-    assert trigger.output_offset == len(b"line 1\nline 2\n")  # kept in its kwargs
-    assert trigger.kwargs()["output_offset"] == trigger.output_offset
-    assert trigger.serialize()[0] == LOCAL_TRIGGER  # pinned: Airflow stores it
+    assert trigger.memo["output_offset"] == len(b"line 1\nline 2\n")  # kept in its kwargs
+    assert trigger.kwargs()["memo"] == trigger.memo
+    assert trigger.serialize()[0] == WATCH_TRIGGER  # pinned: Airflow stores it
 
 
 @pytest.mark.timeout(60)
@@ -198,19 +209,17 @@ def test_a_stop_request_seen_just_before_the_job_ends_ends_the_watch_once(tmp_pa
 
     run = make_run(str(tmp_path / "run"), last_step=20, accuracies={18: 0.3, 19: 0.8})
     assert request_stop(run.run_dir) is not None
-    job = adapter.start(tmp_path / "j", "train seed 1", [PY, "-c", "import time; time.sleep(1)"])
-    trigger = LocalJobTrigger(
-        job=job.ref(), poll_interval_s=0.05, settle_s=0.0, stop_run_dir=run.run_dir,
-        stop_grace_s=600.0,
-    )  # fmt: skip
+    job = adapter.start(tmp_path / "j", "train", [PY, "-c", "import time; time.sleep(1)"])
+    trigger = _trigger(tmp_path, job, stop_run_dir=run.run_dir, stop_grace_s=600.0)
     (event,) = asyncio.run(_events(trigger))
-    assert (event["phase"], event["exit_code"]) == (FINISHED, 0)
+    assert (event["phase"], event["state"]["exit_code"]) == (ENDED, 0)
     assert trigger.stop_seen is not None  # seen, in memory; a later re-defer would carry it
 
 
 class _TI:
-    task_id = "train.train_job"
+    task_id = "train.job.run"
     map_index = -1
+    try_number = 1
 
     def __init__(self, xcoms: dict[str, Any] | None = None) -> None:
         self.pushed: dict[str, Any] = {}
@@ -227,89 +236,73 @@ def _context(ti: _TI) -> Any:
     return {"ti": ti, "dag_run": SimpleNamespace(dag_id="d", run_id="r")}
 
 
-def _operator(tmp_path: Path, argv: list[str]) -> LocalJobOperator:
-    return LocalJobOperator(
-        task_id="train_job", role="train", job="train", name="train seed 1", argv=argv,
-        env={"A": "1"}, run_dir=str(tmp_path / "run"), jobs_root=str(tmp_path / "jobs"),
-        poll_interval_s=0.05, settle_s=0.0,
+def _operator(tmp_path: Path, argv: list[str]) -> RunJobOperator:
+    return RunJobOperator(
+        task_id="run", driver=_driver(tmp_path), role="train", label="train", argv=argv,
+        env={"A": "1"}, run_dir=str(tmp_path / "run"),
     )  # fmt: skip
 
 
 @pytest.mark.timeout(60)
-def test_the_operator_starts_records_defers_and_ends_by_the_exit_status(tmp_path: Path) -> None:
+def test_the_operator_starts_records_defers_and_ends_by_the_exit_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks.backend_api import watch_trigger
+
+    monkeypatch.setattr(watch_trigger, "SETTLE_S", 0.0)
     code = "import os; print('owner', os.environ['RCPFLOW_RUN_OWNER'], os.environ['A'])"
     op, ti = _operator(tmp_path, [PY, "-c", code]), _TI()
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(_context(ti))
     trigger = deferred.value.trigger
-    assert isinstance(trigger, LocalJobTrigger)
+    assert isinstance(trigger, WatchTrigger) and trigger.driver == "local"
     record = ti.pushed[JOB_RECORD_KEY]
     assert (record["cancel"], record["why"]) == (None, "running")  # the teardown's rule
     (event,) = asyncio.run(_events(trigger))
     assert op.execute_complete(_context(ti), event)["exit_code"] == 0
     assert ti.pushed[JOB_RECORD_KEY]["cancel"] is True
     job = LocalJob.from_ref(record)
-    assert output_of(job) == ["owner airflow:d/r/train.train_job 1"]
+    assert output_of(job) == ["owner airflow:d/r/train.job.run 1"]
     # a failing job fails the task (a retry starts it again), quoting its last output
     failing = _operator(tmp_path, [PY, "-c", "import sys; print('boom'); sys.exit(2)"])
     with pytest.raises(TaskDeferred) as deferred:
-        failing.execute(_context(ti))
+        failing.execute(_context(_TI()))
     (event,) = asyncio.run(_events(deferred.value.trigger))
-    with pytest.raises(AirflowException, match="train seed 1 exited with status 2") as failed:
+    with pytest.raises(AirflowException, match="train: exited with status 2") as failed:
         failing.execute_complete(_context(ti), event)
     assert "boom" in str(failed.value)
 
 
 @pytest.mark.timeout(60)
-def test_a_retry_adopts_the_running_job_and_on_kill_and_the_teardown_cancel_it(
-    tmp_path: Path,
-) -> None:
+def test_the_teardown_removes_the_folders_of_the_ended_jobs(tmp_path: Path) -> None:
+    """Marked failed while deferred: no process to call on_kill, the teardown cancels; then
+    the ended job's folder goes (the system temp folder does not fill up)."""
     first, ti = _operator(tmp_path, SLEEPER), _TI()
     with pytest.raises(TaskDeferred):
         first.execute(_context(ti))
-    job = LocalJob.from_ref(ti.pushed[JOB_RECORD_KEY])
-    retry = _operator(tmp_path, SLEEPER)
-    with pytest.raises(TaskDeferred) as deferred:
-        retry.execute(_context(ti))
-    assert deferred.value.trigger.job["pid"] == job.pid  # adopted, not started twice
-    wait_for(lambda: output_of(job) == ["sleeping"])  # (its wrapper now records a SIGTERM)
-    retry.on_kill()  # the task is killed: the job it owns goes with it
-    assert ended(job).exit_code == -signal.SIGTERM
-
-    # marked failed while deferred: no process to call on_kill, the teardown cancels
-    third = _operator(tmp_path, SLEEPER)
-    with pytest.raises(TaskDeferred):
-        third.execute(_context(ti))
     recorded = ti.pushed[JOB_RECORD_KEY]
-    teardown = CancelLocalJobsOperator(task_id="cleanup", run_task_id="train_job")
+    teardown = CancelRecordedJobs(driver=_driver(tmp_path), run_task_id="run")
     done = teardown.execute(_context(_TI({JOB_RECORD_KEY: recorded})))
-    assert done == [{"name": "train seed 1", "pid": recorded["pid"]}]
+    assert done == [{"job": "train", "cancelled": True}]
     assert adapter.state(LocalJob.from_ref(recorded)).ended
-    # the ended job's folder goes with the teardown (the temp folder does not fill up) ...
     folder = Path(recorded["output"]).parent
-    assert not folder.exists()
+    assert not folder.exists() and not folder.parent.exists()
     # ... and a job that ended is left alone
-    assert teardown.execute(_context(_TI({JOB_RECORD_KEY: recorded}))) == []
+    again = teardown.execute(_context(_TI({JOB_RECORD_KEY: recorded})))
+    assert again == [{"job": "train", "cancelled": False}]
 
 
 @pytest.mark.timeout(60)
 def test_a_program_that_cannot_start_fails_its_task_in_one_line_naming_it(tmp_path: Path) -> None:
     """On a worker (``dag.test()``) and on the triggerer alike: no output tail after it."""
-    from airflow.sdk.exceptions import AirflowException
-
-    from tasks.backends.local_operators import FINISHED, LocalJobOperator, LocalJobTrigger
-
     job = adapter.start(tmp_path / "m", "evaluate step 18", ["/nonexistent/evaluator"])
     state = ended(job)
-    pushed: dict[str, object] = {}
-    ti = type("TI", (), {"xcom_push": lambda self, key, value: pushed.update({key: value})})()
-    op = LocalJobOperator(task_id="t", role="evaluate", job="eval-18", argv=["x"])
-    trigger = LocalJobTrigger(job=job.ref(), poll_interval_s=1.0)
-    event = trigger.event(FINISHED, message=state.line, exit_code=state.exit_code)
+    op = RunJobOperator(task_id="t", driver=_driver(tmp_path), role="evaluate", label="eval-18")
     with pytest.raises(AirflowException) as raised:
-        op.job_ended({"ti": ti}, job.ref(), event)  # type: ignore[arg-type]
+        op.job_ended(_context(_TI()), job.ref(), state, {})
     said = str(raised.value)
     assert said.startswith("evaluate step 18: could not start '/nonexistent/evaluator': ")
     assert "\n" not in said
-    outcome = trigger.job_outcome(event)
+    trigger = _trigger(tmp_path, job)
+    outcome = trigger.job_outcome(trigger.event(ENDED, state=state))
     assert outcome is not None and outcome.ended == "failed" and outcome.line == said
