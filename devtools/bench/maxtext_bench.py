@@ -342,7 +342,7 @@ difference is noise |
 | recording call / recorded step time | {recording_s / med["recorded"]:.3f} | time in the job's \
 recording (timestamp, both fingerprints, MaxText's save call) |
 | recording call less the save / recorded step time | {own_s / med["recorded"]:.3f} | rcpflow's \
-own part of it (timestamp, the two fingerprints, the record, the stop-request check) |
+own part of it (timestamp, the two fingerprints, the record, the commit watch's hand-off) |
 | MaxText conversion / rcpflow views | {convert_s / views_s:.3g} | \
 `generate_param_only_checkpoint` vs per-layer views of the same scanned parameters in memory |
 | MaxText conversion + restore / scanned read + views | \
