@@ -67,9 +67,10 @@ demo: setup $(if $(filter slurm,$(BACKEND))$(filter celery,$(EXECUTOR))$(filter 
 ui: setup  # the finished demo's Airflow on 127.0.0.1 again (address and login printed), until Ctrl-C
 	$(PY) -m devtools.demo --ui-only --trainer $(or $(TRAINER),toy)
 
-bench: setup system-packages  # writes BENCHMARKS.md: recording overhead (toy, Tunix), time to verdict, the Slurm schedules, storage with and without retention
+bench: setup system-packages  # writes BENCHMARKS.md: recording overhead (toy, Tunix, MaxText; MaxText's conversion vs views), time to verdict, the Slurm schedules, storage with and without retention
 	$(PY) -m devtools.bench.checkpoint_bench
 	$(PY) -m devtools.bench.tunix_bench
+	$(PY) -m devtools.bench.maxtext_bench
 	$(PY) -m devtools.bench.verdict_bench
 	$(PY) -m devtools.bench.slurm_bench
 	$(PY) -m devtools.bench.storage_bench
