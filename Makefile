@@ -29,8 +29,9 @@ test: check system-packages
 # for the UI test; a private Slurm and an sshd standing in for its login node, for the Slurm
 # backend's tests: docs/slurm.md; debootstrap for the Debian 13 root holding Slurm 24.11,
 # docs/slurm-versions.md), installed when missing; CI runs as root. Slurm's packages
-# without their recommends (which pull ~30 more: hdf5, rocm, ...).
-SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server debootstrap redis-server
+# without their recommends (which pull ~30 more: hdf5, rocm, ...). docker.io, containerd and
+# runc build and run the images of docker/ and the real pods (docs/containers.md).
+SYSTEM_PACKAGES := postgresql chromium chromium-driver openssh-server debootstrap redis-server docker.io containerd runc
 SLURM_PACKAGES := slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin
 system-packages:
 	@missing() { for p in "$$@"; do \
@@ -66,9 +67,10 @@ demo: setup $(if $(filter slurm,$(BACKEND))$(filter celery,$(EXECUTOR))$(filter 
 ui: setup  # the finished demo's Airflow on 127.0.0.1 again (address and login printed), until Ctrl-C
 	$(PY) -m devtools.demo --ui-only --trainer $(or $(TRAINER),toy)
 
-bench: setup system-packages  # writes BENCHMARKS.md: recording overhead (toy, Tunix), time to verdict, the Slurm schedules, storage with and without retention
+bench: setup system-packages  # writes BENCHMARKS.md: recording overhead (toy, Tunix, MaxText; MaxText's conversion vs views), time to verdict, the Slurm schedules, storage with and without retention
 	$(PY) -m devtools.bench.checkpoint_bench
 	$(PY) -m devtools.bench.tunix_bench
+	$(PY) -m devtools.bench.maxtext_bench
 	$(PY) -m devtools.bench.verdict_bench
 	$(PY) -m devtools.bench.slurm_bench
 	$(PY) -m devtools.bench.storage_bench

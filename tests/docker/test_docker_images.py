@@ -103,7 +103,7 @@ def test_pip_installs_are_pinned_and_name_real_extras(name: str) -> None:
                 requirement = re.fullmatch(r"([^\[\]=<>!~ ]+)(?:\[([^\]]+)\])?", word)
                 assert requirement, f"{name}: cannot read requirement {word!r}"
                 if requirement[1] == ".":
-                    for extra in requirement[2].split(","):
+                    for extra in filter(None, (requirement[2] or "").split(",")):
                         assert extra.strip() in extras, (
                             f"{name}: extra {extra!r} is not in pyproject.toml ({sorted(extras)})"
                         )

@@ -57,7 +57,7 @@ from tpu_jobs.eval.shards import (
     resolve_sharding,
 )
 from tpu_jobs.eval.target import CheckpointLoader, Target
-from tpu_jobs.rcp import collectives, distributed
+from tpu_jobs.rcp import collectives, distributed, termination
 
 MAX_SHARD_TIMEOUT_S = 7 * 86400.0  # a week; inf would wait for ever
 
@@ -258,6 +258,11 @@ def main(
             "process per worker (give each worker a single host)"
         )
     distributed.initialize(layout)
+    # SIGTERM (a deleted JobSet, the verdict's cancel) exits 143 through `Terminated`, as the
+    # trainer does. Without a handler of its own, the default action `evaluating.held` falls
+    # back to is ignored by the kernel when the evaluator is PID 1 of a container: it removed
+    # the in-progress record and went on evaluating (found on real pods).
+    termination.exit_on_sigterm()
     if args.run_dir is not None:
         return same_code_on_all(lambda: run_step(loader, args.run_dir, args.step, sharding), prog)
     return same_code_on_all(

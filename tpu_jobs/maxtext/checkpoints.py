@@ -111,6 +111,31 @@ def read_record(step_folder: str) -> CheckpointRecord:
     return CheckpointRecord.from_json(custom[RCPFLOW_KEY], where=where)
 
 
+def read_scanned_params(step_folder: str) -> dict[str, Any]:
+    """The model parameters of a scanned training checkpoint as host numpy arrays, read with
+    Orbax from MaxText's on-disk layout (``items/params.params.<tree>``: float32, the decoder's
+    layers stacked on the scan axis); the optimizer state is not read. For the tests and the
+    bench (`devtools.bench.maxtext_bench`): the evaluator reads a step through MaxText's
+    converter instead."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+    from etils import epath
+
+    item = epath.Path(items_path(step_folder))
+    reader = ocp.PyTreeCheckpointer()
+    wanted = {"params": reader.metadata(item).item_metadata.tree["params"]}
+    restored = reader.restore(
+        item,
+        args=ocp.args.PyTreeRestore(
+            item=wanted,
+            restore_args=jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), wanted),
+            partial_restore=True,
+        ),
+    )
+    return restored["params"]["params"]
+
+
 class WithRecord:
     """MaxText's checkpointer for one save, with `record` added to the step's custom metadata.
 

@@ -24,8 +24,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-from etils import epath
 
 from rcpflow.files.layout import RunLayout
 from rcpflow.files.storage import storage_for
@@ -34,30 +32,11 @@ from rcpflow.records.mllog import read_events, run_start_ms
 from rcpflow.trainer.recorder import TrainingRecorder
 from rcpflow.verdict import stop_request
 from tpu_jobs.maxtext import evaluate, layout, model, train
-from tpu_jobs.maxtext.checkpoints import items_path, read_record
+from tpu_jobs.maxtext.checkpoints import read_record, read_scanned_params
 from tpu_jobs.maxtext.config import PARAM_SCAN_AXIS, ModelConfig
 from tpu_jobs.rcp.fingerprint import FingerprintMismatchError, weights_fingerprint
 
 GBS = 32
-
-
-def _scanned_params(step_folder: str) -> dict[str, Any]:
-    """The params of a scanned training checkpoint, as numpy, from MaxText's on-disk layout
-    (``params.params.<tree>``, each leaf a plain array)."""
-    item = epath.Path(items_path(step_folder))
-    reader = ocp.PyTreeCheckpointer()
-    tree = reader.metadata(item).item_metadata.tree
-    restored = reader.restore(
-        item,
-        args=ocp.args.PyTreeRestore(
-            item={"params": tree["params"]},
-            restore_args=jax.tree.map(
-                lambda _: ocp.RestoreArgs(restore_type=np.ndarray), {"params": tree["params"]}
-            ),
-            partial_restore=True,
-        ),
-    )
-    return restored["params"]["params"]
 
 
 def _bits(a: Any) -> np.ndarray:
@@ -67,7 +46,7 @@ def _bits(a: Any) -> np.ndarray:
 
 def scanned(run_dir: str, step: int) -> dict[str, Any]:
     folder = RunLayout(run_dir).checkpoint(step)
-    params = _scanned_params(folder)
+    params = read_scanned_params(folder)
     return {
         "shapes": model.tree_shapes(params),
         "fingerprint": weights_fingerprint(params),
@@ -80,7 +59,7 @@ def convert(run_dir: str, step: int) -> dict[str, Any]:
     folder = RunLayout(run_dir).checkpoint(step)
     record = read_record(folder)
     size = ModelConfig.from_json(record.model, where=folder)
-    expected = layout.unstack(layout.as_bf16(_scanned_params(folder)), axis=PARAM_SCAN_AXIS)
+    expected = layout.unstack(layout.as_bf16(read_scanned_params(folder)), axis=PARAM_SCAN_AXIS)
     with tempfile.TemporaryDirectory() as work:
         started = time.perf_counter()
         items = model.convert(size, folder, f"{work}/unscanned")
