@@ -140,12 +140,16 @@ class GkeDriver:
 
     # --- on the worker ----------------------------------------------------------------------
 
-    def submit_or_adopt(self, request: JobRequest, log: Any) -> Submitted:
-        jobset = render_jobset(
+    def render(self, request: JobRequest) -> dict[str, Any]:
+        """The JobSet of `request` (with env values: never log or return it)."""
+        return render_jobset(
             self.settings, role=request.role, dag_id=request.dag_id, run_id=request.run_id,
             job=request.label, command=request.argv, image=self.images.get(request.role),
             env=request.env, secret_env=self.secret_envs.get(request.role),
         )  # fmt: skip
+
+    def submit_or_adopt(self, request: JobRequest, log: Any) -> Submitted:
+        jobset = self.render(request)
         hook = jobset_hook(self.cluster)
         check_api(hook, jobset)
         existing = create_or_adopt(hook, jobset, log)

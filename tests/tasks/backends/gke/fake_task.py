@@ -1,5 +1,6 @@
-"""`FakeTI`: the part of a running task instance the GKE operators use (XCom push and pull, task
-id, map index), for calling an operator's `execute` without a scheduler."""
+"""`FakeTI`: the part of a running task instance the run-job operator, the evaluate operator and
+the teardown use (XCom push and pull, task id, map index), for calling an operator's `execute`
+without a scheduler."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""jobset_task_group (tasks.backends.gke.backend) in real Airflow: its shape, and `dag.test()`
-runs where the JobSet succeeds and fails (run deferred, the trigger polled in line, cleanup as
-teardown), against the stand-in Kubernetes API. Also: importing the backends and plugins
-stays cheap."""
+"""The GKE driver's job nodes in real Airflow: their shape (`tasks.run.job_nodes.JobNodes` on a
+GKE deployment: the run task, its teardown, the queue of the cluster's tasks), and `dag.test()`
+runs of the run task and its teardown where the JobSet succeeds, fails, and outlives an API
+outage (run deferred, the watch trigger polled in line, cleanup as teardown), against the
+stand-in Kubernetes API. Also: importing the backends and plugins stays cheap."""
 
 from __future__ import annotations
 
@@ -15,9 +16,14 @@ from pathlib import Path
 import pytest
 from repo_paths import REPO
 
-from tasks.backends.gke.settings import GkeSettings
-
 PYTHON = sys.executable
+GKE_DEPLOYMENT = """
+backend = "gke"
+cluster_queue = "tpu-cluster"
+[gke]
+image = "i:1"
+kubernetes_conn_id = "rcp_k8s"
+"""
 
 
 def _python(
@@ -30,54 +36,64 @@ def _python(
     )
 
 
-def test_group_shape_run_then_cleanup_as_teardown() -> None:
-    from airflow.sdk import DAG, task, task_group
+def test_the_job_nodes_on_gke_run_then_cleanup_as_teardown(tmp_path: Path) -> None:
+    from airflow.sdk import DAG, task
 
-    from tasks.backends.gke.backend import jobset_task_group
+    from tasks.backend_api.job_operator import RunJobOperator
+    from tasks.backend_api.teardown import CancelRecordedJobs
+    from tasks.backends.gke.driver import GkeDriver
+    from tasks.deployment import parse_deployment
+    from tasks.run.evaluate_operator import EvaluateOperator
+    from tasks.run.job_nodes import nodes_for
 
+    deployment = parse_deployment(GKE_DEPLOYMENT, source="d.toml", base_dir=tmp_path)
+    nodes = nodes_for(deployment)
+    assert isinstance(nodes.driver, GkeDriver)
     with DAG("shape", schedule=None) as dag:
 
-        @task
-        def render() -> list[str]:
-            return ["python"]
+        @task(multiple_outputs=True)
+        def plan_run() -> dict[str, str]:
+            return {"run_dir": "gs://b/r"}
 
         @task
         def after() -> None:
             pass
 
-        settings = GkeSettings()
-        group = jobset_task_group(
-            "train_job", settings, role="train", job="train", command=render()
-        )
-        group >> after()
+        @task
+        def rows() -> list[dict[str, int]]:
+            return [{"step": 18}]
 
-        @task_group
-        def evaluate(step: int) -> None:
-            @task
-            def render_eval(step: int) -> list[str]:
-                return ["python", str(step)]
-
-            jobset_task_group(
-                "job", settings, role="evaluate", job="eval", command=render_eval(step)
-            )
-
-        evaluate.expand(step=[18, 19])
+        spec = plan_run()
+        nodes.train_job(spec) >> after()
+        nodes.evaluate(spec["run_dir"], rows())
 
     tasks = {t.task_id: t for t in dag.tasks}
-    assert tasks["train_job.run"].upstream_task_ids == {"render"}
-    assert tasks["train_job.cleanup"].is_teardown
-    assert tasks["train_job.cleanup"].upstream_task_ids == {"train_job.run"}
+    run, cleanup = tasks["job.run"], tasks["job.cleanup"]
+    assert isinstance(run, RunJobOperator) and isinstance(cleanup, CancelRecordedJobs)
+    assert run.upstream_task_ids == {"train_command", "plan_run"}
+    assert cleanup.is_teardown and cleanup.upstream_task_ids == {"job.run"}
+    assert (cleanup.run_task_id, cleanup.mapped) == ("job.run", False)
     # Downstream of the group waits for the work, not for the teardown.
-    assert tasks["after"].upstream_task_ids == {"train_job.run"}
-    assert tasks["evaluate.job.cleanup"].is_teardown
-    assert tasks["evaluate.job.run"].upstream_task_ids == {"evaluate.render_eval"}
+    assert tasks["after"].upstream_task_ids == {"job.run"}
+    # a task error is retried (a retry adopts the JobSet); the JobSet's restarts are its own
+    assert run.retries == nodes.driver.run_retries == 2
+    assert run.driver is cleanup.driver is nodes.driver
+    evaluate, eval_cleanup = tasks["evaluate"], tasks["cleanup"]
+    assert eval_cleanup.is_teardown and eval_cleanup.upstream_task_ids == {"evaluate"}
+    assert eval_cleanup.mapped is True  # every instance's JobSet
+    assert evaluate.operator_class is EvaluateOperator  # type: ignore[attr-defined]
+    # every task that talks to the cluster goes to its queue
+    assert {run.queue, cleanup.queue, eval_cleanup.queue} == {"tpu-cluster"}
 
 
 DAG_FILE = '''
-"""Test DAGs: a command rendered at run time, its JobSet run through jobset_task_group."""
-from airflow.sdk import dag, task
+"""Test DAGs: a command rendered at run time, its JobSet run by the run task and its teardown
+as the job nodes build them (`tasks.run.job_nodes`)."""
+from airflow.sdk import TaskGroup, dag, task
 
-from tasks.backends.gke.backend import jobset_task_group
+from tasks.backend_api.job_operator import RunJobOperator
+from tasks.backend_api.teardown import CancelRecordedJobs, with_cleanup
+from tasks.backends.gke.driver import GkeDriver
 from tasks.backends.gke.settings import GkeSettings
 
 # A watch with a 0.3 s error budget, so that a test outage outlasts it many times.
@@ -97,10 +113,13 @@ def build(dag_id, retries=0):
         def after() -> str:
             return "after ran"
 
-        group = jobset_task_group(
-            "eval_job", SETTINGS, role="evaluate", job="eval-1", command=render(),
-            env={"XLA_FLAGS": "env-value-in-the-pod-only"}, retries=retries,
-        )
+        driver, command = GkeDriver(SETTINGS), render()
+        with TaskGroup(group_id="eval_job") as group:
+            run = RunJobOperator(
+                task_id="run", driver=driver, role="evaluate", label="eval-1", argv=command,
+                env={"XLA_FLAGS": "env-value-in-the-pod-only"}, retries=retries,
+            )
+            with_cleanup(run, CancelRecordedJobs(driver=driver, run_task_id=run.task_id))
         group >> after()
 
     return jobset_dag()
@@ -222,7 +241,9 @@ def test_dag_test_runs_the_group_to_success_and_to_failure(
     output = proc.stdout + proc.stderr
     assert output.count("running trigger in line") >= 4  # ok, fail once, the outage 2+ times
     assert "ReachedMaxRestarts" in output
-    assert "the watch goes on" in output and "could not follow" not in output
+    # the outage never became a watch error (a job left to a retry to adopt)
+    assert "the watch goes on" in output and "unreadable status" not in output
+    assert "a retry (or clearing the task) adopts it" not in output
     assert "env-value-in-the-pod-only" not in output  # only the cluster has it
     assert all("env-value-in-the-pod-only" in json.dumps(b) for b in fake_kube_api.created)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from env_helpers import set_env
 
+from tasks.backends.gke.driver import GkeDriver, cluster_from_kwargs, cluster_kwargs
 from tasks.backends.gke.hooks import (
     AsyncJobSetHook,
     AsyncKubeconfigJobSetHook,
@@ -22,7 +23,6 @@ from tasks.backends.gke.hooks import (
 from tasks.backends.gke.render import jobset_ref, render_jobset
 from tasks.backends.gke.settings import GkeSettings
 from tasks.backends.gke.status import JobSetGone
-from tasks.backends.gke.triggers import cluster_from_kwargs, cluster_kwargs
 
 
 def _kubeconfig(path: Path, server: str) -> Path:
@@ -107,3 +107,6 @@ def test_the_trigger_kwargs_carry_the_whole_cluster(settings: GkeSettings) -> No
     kwargs = cluster_kwargs(settings.cluster)
     assert json.loads(json.dumps(kwargs)) == kwargs
     assert cluster_from_kwargs(kwargs) == settings.cluster
+    # the driver's args (what a watch trigger's kwargs hold) rebuild the same cluster
+    args = json.loads(json.dumps(GkeDriver(settings).args()))
+    assert GkeDriver.from_args(args).cluster == settings.cluster

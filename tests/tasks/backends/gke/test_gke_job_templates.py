@@ -100,8 +100,10 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
 ) -> None:
     from airflow.sdk.exceptions import TaskDeferred
 
-    from tasks.backends.gke.evaluate_operators import EvaluateJobSetOperator
+    from tasks.backend_api.job_state import JobState
+    from tasks.backends.gke.driver import GkeDriver
     from tasks.backends.gke.settings import GkeSettings
+    from tasks.run.evaluate_operator import EvaluateOperator
 
     run_dir = tmp_path / "run"
     argv = [sys.executable, str(TRAINER), "--run-dir", str(run_dir)]
@@ -117,8 +119,10 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
         result=EvalResult("tunix-tree", "{run_dir}/tunix_eval"),
     )
     settings = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.01)
-    op = EvaluateJobSetOperator(
-        task_id="evaluation.evaluate", settings=settings, eval_job=job, run_dir=str(run_dir),
+    # the deployment's driver: the evaluation image is its [jobs.evaluate] image
+    driver = GkeDriver(settings, images={"evaluate": job.image})
+    op = EvaluateOperator(
+        task_id="evaluation.evaluate", driver=driver, eval_job=job, run_dir=str(run_dir),
         row=dataclasses.asdict(row),
     )  # fmt: skip
     ti = FakeTI(task_id="evaluation.evaluate", map_index=0)  # step 2 of 2..6
@@ -134,8 +138,10 @@ def test_the_evaluate_operator_imports_a_foreign_result_after_its_jobset(
     assert ti.pushed["eval_start"]["baseline"] == {"attempts": [], "digest": None}
     # What the pod would do: the evaluator, on the checkpoint, into the Tunix tree.
     subprocess.run([sys.executable, *command[1:]], check=True, capture_output=True)
-    event = {"name": "n", "namespace": "default", "phase": "Succeeded", "progress": "1/1",
-             "reason": "", "message": "", "pods": [], "kwargs": None}  # fmt: skip
+    ref = {"name": created["metadata"]["name"], "namespace": "default"}
+    succeeded = JobState("succeeded [1/1]", "succeeded").as_json()
+    event = {"phase": "ended", "reason": "", "message": "", "ref": ref, "budget": {},
+             "state": succeeded, "kwargs": None}  # fmt: skip
     passed = op.execute_complete(context, event)  # skill 0.8 at step 2: it passes
     assert passed["step"] == 2 and passed["target_reached"] is True
     summary = read_summary(layout.summary(2))
@@ -155,20 +161,22 @@ def test_a_nemo_rl_train_jobset_gets_the_run_folders_mllog(tmp_path: Path) -> No
     from foreign.deployment import write_nemo_deployment
 
     from tasks.backend_api.job_inputs import train_inputs
-    from tasks.backends.gke.operators import RunJobSetOperator
+    from tasks.backend_api.job_operator import RunJobOperator
+    from tasks.backends.gke.driver import GkeDriver
 
     path = write_nemo_deployment(tmp_path / "d.toml")
     job = parse_deployment(path.read_text(), source=str(path), base_dir=tmp_path).jobs.train
     run = RunSpec("gs://b/runs/seed_1", 1, 16, 6, 2, "open")
     inputs = train_inputs(job, run.job_values(), "python")
-    op = RunJobSetOperator(
-        task_id="train.job.run", settings=GkeSettings(use_dns_endpoint=True), role="train",
-        job="train", command=inputs["argv"], env={"A": "1"}, run_env=inputs["env"],
+    op = RunJobOperator(
+        task_id="train.job.run", driver=GkeDriver(GkeSettings(use_dns_endpoint=True)),
+        role="train", label="train", argv=inputs["argv"], env={"A": "1"}, run_env=inputs["env"],
     )  # fmt: skip
     context: Any = {
         "ti": FakeTI(task_id="train.job.run"),
         "dag_run": SimpleNamespace(dag_id="mlperf_grpo_run", run_id=RUN_ID),
     }
-    env = {e["name"]: e.get("value") for e in _container(op.render(context))["env"]}
+    rendered = op.driver.render(op.request(context))  # the JobSet the driver creates
+    env = {e["name"]: e.get("value") for e in _container(rendered)["env"]}
     assert env["MLPERF_MLLOG_FILE"] == "gs://b/runs/seed_1/mllog/seed_1.out"
     assert env["A"] == "1" and env["RCPFLOW_RUN_OWNER"]

@@ -122,9 +122,9 @@ def test_the_tunix_evaluator_is_refused_a_multi_host_shape_naming_why() -> None:
     check_evaluate_job(GkeSettings(), TUNIX, "d.toml")  # single-host workers: one process
 
 
-def test_the_refusal_comes_when_the_dag_builds_its_backend(tmp_path: Path) -> None:
+def test_the_refusal_comes_when_the_dag_builds_its_driver(tmp_path: Path) -> None:
     pytest.importorskip("airflow")
-    from tasks.backend_api.protocol import backend_for
+    from tasks.backend_api.protocol import driver_for
     from tasks.backends.registry import registered
 
     assert "gke" in registered()
@@ -136,6 +136,6 @@ def test_the_refusal_comes_when_the_dag_builds_its_backend(tmp_path: Path) -> No
     )
     deployment = parse_deployment(text, source="f.toml", base_dir=tmp_path)
     with pytest.raises(DeploymentError, match=r"^f.toml: gke.evaluate.topology: 2x2x2 has 2"):
-        backend_for(deployment)
+        driver_for(deployment)
     toy = parse_deployment(text.split("[jobs.evaluate]")[0], source="f.toml", base_dir=tmp_path)
-    assert backend_for(toy).name == "gke"
+    assert driver_for(toy).name == "gke"

@@ -116,12 +116,12 @@ storage_root = "runs"
 [jobs.train]
 secret_env = { HF_TOKEN = { secret = "s", key = "k" } }
 """
-    from tasks.backends.registry import backend_for
+    from tasks.backends.registry import driver_for
 
     # The deployment is read; the backend it names refuses what it does not run.
     deployment = parse_deployment(text, source="t.toml", base_dir=Path("."))
     with pytest.raises(DeploymentError) as refused:
-        backend_for(deployment)
+        driver_for(deployment)
     assert str(refused.value) == (
         "t.toml: jobs.train.secret_env: only the gke backend takes Secret envs (backend is 'local')"
     )
@@ -137,15 +137,18 @@ def test_no_env_value_reaches_an_xcom_a_template_field_or_a_log(
 
     from airflow.sdk.exceptions import TaskDeferred
 
-    from tasks.backends.gke.operators import DeleteJobSetOperator, RunJobSetOperator
+    from tasks.backend_api.job_operator import RunJobOperator
+    from tasks.backend_api.teardown import CancelRecordedJobs
+    from tasks.backends.gke.driver import GkeDriver
 
     sentinel = "sentinel-value-7f3a"
     settings = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.01)
     job = TrainJob(env={"XLA_FLAGS": sentinel}, secret_env={"HF_TOKEN": SecretKeyRef("hf", "t")})
     fake_gke.statuses = [None, recorded_status("status_succeeded.json")["status"]]
-    op = RunJobSetOperator(
-        task_id="train.job.run", settings=settings, role="train", job="train",
-        command=["python", "-m", "tpu_jobs.train"], env=job.env, secret_env=job.secret_env,
+    driver = GkeDriver(settings, secret_envs={"train": job.secret_env})
+    op = RunJobOperator(
+        task_id="train.job.run", driver=driver, role="train", label="train",
+        argv=["python", "-m", "tpu_jobs.train"], env=driver.job_env(job),
     )  # fmt: skip
     ti = FakeTI(task_id="train.job.run")
     ctx: Any = {"ti": ti, "dag_run": SimpleNamespace(dag_id="d", run_id="r")}
@@ -162,13 +165,13 @@ def test_no_env_value_reaches_an_xcom_a_template_field_or_a_log(
     [event] = asyncio.run(run())
     seen += [event, op.execute_complete(ctx, event), ti.pushed]
     seen += [{f: getattr(op, f) for f in op.template_fields}]  # what the UI renders
-    teardown = DeleteJobSetOperator(
-        task_id="train.job.cleanup", run_task_id="train.job.run", cluster=settings.cluster
-    )
+    teardown = CancelRecordedJobs(driver=driver, run_task_id="train.job.run")
     seen.append(teardown.execute({"ti": ti}))
 
+    assert seen[2]["outcome"] == "succeeded" and seen[-1][0]["cancelled"] is True
     [created] = fake_gke.created
     assert sentinel in json.dumps(created)  # the cluster has it
+    assert '"secretKeyRef": {"name": "hf", "key": "t"}' in json.dumps(created)
     out = capsys.readouterr()
     airflow_side = json.dumps(seen, default=str) + caplog.text + out.out + out.err
     assert sentinel not in airflow_side

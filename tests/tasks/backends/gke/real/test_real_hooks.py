@@ -1,4 +1,4 @@
-"""The GKE backend's own hooks and trigger against the real control plane, through the Google
+"""The GKE driver's own hooks and watch against the real control plane, through the Google
 connection path a deployment uses: the cluster lookup returns the control plane's URL and CA,
 the Google credentials a fixed token the API server knows as a user whom RBAC grants exactly
 what docs/gke.md says the connection's account needs (get CRDs; create, get, delete JobSets;
@@ -28,6 +28,7 @@ from k8s_real import (
 )
 
 from devtools.k8s.control_plane import ControlPlane
+from tasks.backend_api.job_state import JobState
 from tasks.backends.gke.crd import check_crd
 from tasks.backends.gke.settings import GkeSettings
 
@@ -72,16 +73,16 @@ def jobsets(kube: Any, control_plane: ControlPlane) -> JobSets:
 def _trigger_events(
     kwargs: dict[str, Any], *, during: Any = None, timeout_s: float = 120
 ) -> list[dict[str, Any]]:
-    """Run the JobSetTrigger as the operator does (deferring again with each Watching event's
+    """Run the watch trigger as the operator does (deferring again with each Watching event's
     kwargs, through JSON) until an event that is not Watching; `during(events)` is called
     after each event (in a thread) to drive the cluster."""
-    from tasks.backends.gke.triggers import JobSetTrigger
+    from tasks.backend_api.watch_trigger import WatchTrigger
 
     async def collect() -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         state = kwargs
         while True:
-            trigger = JobSetTrigger(**json.loads(json.dumps(state)))
+            trigger = WatchTrigger(**json.loads(json.dumps(state)))
             async for event in trigger.run():
                 events.append(event.payload)
             if during is not None:
@@ -119,19 +120,26 @@ def _create(s: GkeSettings, **render_kw: Any) -> _Created:
 
 
 def _kwargs(created: _Created, **extra: Any) -> dict[str, Any]:
-    """The JobSetTrigger's kwargs for `created`, as the operator defers with them."""
-    from tasks.backends.gke.triggers import cluster_kwargs
+    """The watch trigger's kwargs for `created`, as the operator defers with them (the GKE
+    driver's args and memo)."""
+    from tasks.backends.gke.driver import GkeDriver
 
     s = created.settings
     return {
-        "name": created.name,
-        "namespace": s.namespace,
-        "cluster": cluster_kwargs(s.cluster),
-        "uid": created.uid,
+        "driver": "gke",
+        "driver_args": GkeDriver(s).args(),
+        "ref": {"name": created.name, "namespace": s.namespace},
+        "memo": {"uid": created.uid, "running_since": None, "suspended_since": None},
         "poll_interval_s": 0.5,
         "backoff_max_s": 2.0,
         **extra,
     }
+
+
+def _state(event: dict[str, Any]) -> JobState:
+    """The job state an ended event carries."""
+    assert event["phase"] == "ended", event
+    return JobState.from_json(event["state"])
 
 
 def test_hooks_create_read_and_check_the_crd_with_the_documented_rights(
@@ -151,9 +159,9 @@ def test_hooks_create_read_and_check_the_crd_with_the_documented_rights(
     assert hook.delete_jobset(namespace, jobset["metadata"]["name"]) is True
 
 
-@pytest.mark.parametrize(("code", "phase"), [(0, "Succeeded"), (5, "Failed")])
+@pytest.mark.parametrize(("code", "outcome"), [(0, "succeeded"), (5, "fail_now")])
 def test_the_trigger_reports_what_the_real_controllers_decided(
-    code: int, phase: str, gke: ControlPlane, jobsets: JobSets, namespace: str
+    code: int, outcome: str, gke: ControlPlane, jobsets: JobSets, namespace: str
 ) -> None:
     created = _create(settings(namespace, train=shape("2x2x1")), run_id=f"manual__trigger_{code}")
     name = created.name
@@ -164,10 +172,13 @@ def test_the_trigger_reports_what_the_real_controllers_decided(
             gke.end_pod(namespace, pod["metadata"]["name"], code)
 
     events = _trigger_events(_kwargs(created), during=during)
-    last = events[-1]
-    assert last["phase"] == phase, last
-    if phase == "Failed":
-        assert any(f"exit code {code}" in line for line in last["pods"]), last["pods"]
+    state = _state(events[-1])
+    assert state.outcome == outcome, state
+    if outcome == "fail_now":
+        # exit code 5 is one of the deterministic user errors: the JobSet fails at once, with
+        # the controller's reason
+        assert state.reason and f"failed ({state.reason})" in state.line, state
+        assert any(f"exit code {code}" in line for line in state.detail), state.detail
 
 
 def test_the_trigger_rides_out_an_api_server_outage(
@@ -189,7 +200,7 @@ def test_the_trigger_rides_out_an_api_server_outage(
             gke.end_pod(namespace, pod["metadata"]["name"], 0)
 
     events = _trigger_events(_kwargs(created), during=during, timeout_s=240)
-    assert events[-1]["phase"] == "Succeeded", events[-1]
+    assert _state(events[-1]).outcome == "succeeded", events[-1]
     assert jobsets.get(namespace, name)["metadata"]["uid"] == created.uid
 
 
@@ -231,7 +242,7 @@ def test_the_trigger_watches_through_a_minutes_long_api_server_outage(
     finally:
         driver.join()
     assert back.is_set()
-    assert events[-1]["phase"] == "Succeeded", events[-1]
+    assert _state(events[-1]).outcome == "succeeded", events[-1]
     watching = [e for e in events if e["phase"] == "watching"]
     outages = {e["kwargs"]["outage_since"] for e in watching} - {None}
     # re-deferred at least twice through the outage, one outage clock kept across them
@@ -253,8 +264,9 @@ def test_the_trigger_names_a_replaced_jobset(
 
     gke.wait_for(recreated, what="the JobSet created again", timeout_s=60)
     events = _trigger_events(_kwargs(created))
-    assert events[-1]["phase"] == "error"
-    assert events[-1]["reason"] == "Replaced"
+    state = _state(events[-1])
+    assert (state.outcome, state.reason) == ("foreign", "Replaced"), state
+    assert created.uid in state.line
 
 
 def test_the_teardowns_delete_leaves_nothing_behind(
@@ -327,12 +339,13 @@ def test_on_kill_deletes_the_jobset_its_task_created(
     from airflow.sdk.exceptions import TaskDeferred
     from fake_task import FakeTI
 
+    from tasks.backend_api.job_operator import RunJobOperator
     from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY
-    from tasks.backends.gke.operators import RunJobSetOperator
+    from tasks.backends.gke.driver import GkeDriver
 
-    task = RunJobSetOperator(
-        task_id="train.run", settings=settings(namespace), role="train", job="train",
-        command=["python", "-m", "tpu_jobs.toy.train"],
+    task = RunJobOperator(
+        task_id="train.run", driver=GkeDriver(settings(namespace)), role="train", label="train",
+        argv=["python", "-m", "tpu_jobs.toy.train"],
     )  # fmt: skip
     ti = FakeTI(task_id="train.run")
     context: Any = {"ti": ti, "dag_run": SimpleNamespace(dag_id=SHORT_DAG_ID, run_id="kill")}

@@ -115,11 +115,13 @@ def test_a_queued_jobset_is_admitted_by_a_tpu_cluster_queue(
 
 
 def test_a_jobset_never_admitted_fails_after_max_suspended(
-    kueue_plane: ControlPlane, namespace: str
+    kueue_plane: ControlPlane, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import asyncio
 
-    from tasks.backends.gke.triggers import JobSetTrigger
+    from tasks.backend_api.job_state import JobState
+    from tasks.backend_api.watch_trigger import WatchTrigger
+    from tasks.backends.gke.driver import GkeDriver
 
     jobsets = JobSets.for_plane(kueue_plane)
     s = settings(namespace, queue_name="nobody-serves-this", train=shape("2x2x1"))
@@ -136,29 +138,46 @@ def test_a_jobset_never_admitted_fails_after_max_suspended(
     assert interpret_status(status).suspended
     assert jobsets.pods(namespace, name) == []
 
-    # the project's trigger, reading the real JobSet through a kubeconfig-less stand-in of the
-    # hook (the GKE connection path is test_real_hooks.py's): the suspended clock runs out
-    class Reader(JobSetTrigger):
-        async def read_jobset(self) -> dict[str, Any]:
-            return jobsets.get(namespace, name)
+    # the project's watch and driver, reading the real JobSet through a kubeconfig-less
+    # stand-in of the hook (the GKE connection path is test_real_hooks.py's): the suspended
+    # clock runs out
+    class Reader:
+        async def get_jobset(self, ns: str, jobset_name: str) -> dict[str, Any]:
+            return await asyncio.to_thread(jobsets.get, ns, jobset_name)
+
+    async def reader(self: GkeDriver) -> Reader:
+        return Reader()
+
+    monkeypatch.setattr(GkeDriver, "_hook", reader)
 
     async def events() -> list[dict[str, Any]]:
         state: dict[str, Any] = {
-            "name": name,
-            "namespace": namespace,
-            "cluster": {},
-            "uid": created["metadata"]["uid"],
+            "driver": "gke",
+            "driver_args": GkeDriver(s).args(),
+            "ref": {"name": name, "namespace": namespace},
+            "memo": {
+                "uid": created["metadata"]["uid"],
+                "running_since": None,
+                "suspended_since": None,
+                "max_suspended_s": 3.0,
+            },
             "poll_interval_s": 0.5,
-            "max_suspended_s": 3.0,
         }
         seen: list[dict[str, Any]] = []
         while True:
-            async for event in Reader(**json.loads(json.dumps(state))).run():
+            async for event in WatchTrigger(**json.loads(json.dumps(state))).run():
                 seen.append(event.payload)
             if seen[-1]["phase"] != "watching":
                 return seen
             state = seen[-1]["kwargs"]
 
-    last = asyncio.run(asyncio.wait_for(events(), timeout=60))[-1]
-    assert last["phase"] == "Failed"
-    assert last["reason"] == "SuspendedTooLong"
+    seen = asyncio.run(asyncio.wait_for(events(), timeout=60))
+    # the first read started the suspended clock (a change the next defer persists)
+    assert seen[0]["phase"] == "watching" and seen[0]["kwargs"]["memo"]["suspended_since"]
+    last = seen[-1]
+    assert last["phase"] == "ended", last
+    state = JobState.from_json(last["state"])
+    assert (state.outcome, state.reason) == ("fail_now", "SuspendedTooLong"), state
+    assert "not admitted" in state.line
+    # the watch gave up on it; the cluster has not failed it: the teardown deletes it
+    assert interpret_status(jobsets.get(namespace, name)).suspended

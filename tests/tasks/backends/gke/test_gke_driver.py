@@ -1,5 +1,7 @@
-"""tasks.backends.gke operators and trigger: the trigger's status handling, its classpaths, and
-the operators driving the Google provider's real GKE operators and hooks against a stand-in
+"""The GKE driver (`tasks.backends.gke.driver.GkeDriver`) under the one lifecycle: the watch
+(`WatchTrigger` reading through the driver: its status handling, its clocks in the trigger's
+memo, its classpath), the run operator (`RunJobOperator`) and the teardown
+(`CancelRecordedJobs`) driving the Google provider's real GKE hooks against a stand-in
 Kubernetes API (`fake_gke`: only the cluster lookup and the Google credentials are replaced)."""
 
 from __future__ import annotations
@@ -14,12 +16,21 @@ from urllib.parse import unquote
 import pytest
 from fake_task import FakeTI
 
+from tasks.backend_api.job_state import JobState
+from tasks.backend_api.lifecycle_names import ENDED, STOPPED, WATCHING
+from tasks.backends.gke.driver import GkeDriver
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings
 
 SETTINGS = GkeSettings(use_dns_endpoint=True, poll_interval_s=0.01)
 JOBSETS = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/default/jobsets"
 DAG_ID, RUN_ID = "mlperf_grpo_run", "manual__2026-05-01T12:00:00+00:00"
+REF = {"name": "js", "namespace": "default"}
+# The watch's memo keys (`GkeDriver.submit_or_adopt`); a `_trigger` override of one goes there.
+MEMO_KEYS = (
+    "uid", "running_since", "suspended_since", "running_s", "submitted_at", "max_suspended_s",
+    "max_running_s",
+)  # fmt: skip
 
 
 def _command(step: int = 18) -> list[str]:
@@ -34,11 +45,11 @@ def _jobset(settings: GkeSettings = SETTINGS, step: int = 18) -> dict[str, Any]:
 
 
 def _op(settings: GkeSettings = SETTINGS, step: int = 18, **kwargs: Any) -> Any:
-    from tasks.backends.gke.operators import RunJobSetOperator
+    from tasks.backend_api.job_operator import RunJobOperator
 
-    return RunJobSetOperator(
-        task_id="g.run", settings=settings, role=kwargs.pop("role", "evaluate"),
-        job=kwargs.pop("job", f"eval-{step}"), command=kwargs.pop("command", _command(step)),
+    return RunJobOperator(
+        task_id="g.run", driver=GkeDriver(settings), role=kwargs.pop("role", "evaluate"),
+        label=kwargs.pop("label", f"eval-{step}"), argv=kwargs.pop("argv", _command(step)),
         **kwargs,
     )  # fmt: skip
 
@@ -47,11 +58,18 @@ def _ctx(ti: FakeTI | None = None) -> dict[str, Any]:
     return {"ti": ti or FakeTI(), "dag_run": SimpleNamespace(dag_id=DAG_ID, run_id=RUN_ID)}
 
 
-def _events(trigger) -> list[dict[str, Any]]:
+def _events(trigger: Any) -> list[dict[str, Any]]:
     async def collect() -> list[dict[str, Any]]:
         return [event.payload async for event in trigger.run()]
 
     return asyncio.run(asyncio.wait_for(collect(), timeout=60))
+
+
+def _resolve(classpath: str) -> Any:
+    """The class as the triggerer finds it (Airflow's own import_string)."""
+    from airflow.sdk.module_loading import import_string
+
+    return import_string(classpath)
 
 
 def _restarted(trigger: Any) -> Any:
@@ -63,8 +81,7 @@ def _restarted(trigger: Any) -> Any:
 def _follow(trigger: Any) -> list[dict[str, Any]]:
     """Run `trigger`, and each trigger a watching event asks for (through JSON, like a
     re-defer), until an event that is not watching; every event in order."""
-    from tasks.backend_api.lifecycle_names import WATCHING
-    from tasks.backends.gke.triggers import JobSetTrigger
+    from tasks.backend_api.watch_trigger import WatchTrigger
 
     seen: list[dict[str, Any]] = []
     while True:
@@ -72,7 +89,7 @@ def _follow(trigger: Any) -> list[dict[str, Any]]:
         seen.append(event)
         if event["phase"] != WATCHING:
             return seen
-        trigger = _restarted(JobSetTrigger(**event["kwargs"]))
+        trigger = _restarted(WatchTrigger(**event["kwargs"]))
 
 
 def _finish(op: Any, ctx: dict[str, Any], trigger: Any) -> tuple[Any, list[dict[str, Any]]]:
@@ -90,40 +107,64 @@ def _finish(op: Any, ctx: dict[str, Any], trigger: Any) -> tuple[Any, list[dict[
             trigger = deferred.trigger
 
 
-def _trigger(**overrides: Any):
-    from tasks.backends.gke.triggers import JobSetTrigger, cluster_kwargs
+def _trigger(**overrides: Any) -> Any:
+    """A watch of JobSet default/js (seen running at the start, as the operator's read-back
+    says); an override of a memo key (`MEMO_KEYS`) goes into the memo."""
+    from tasks.backend_api.watch_trigger import WatchTrigger
 
+    memo = {"running_since": 0.0}
+    memo.update({k: overrides.pop(k) for k in MEMO_KEYS if k in overrides})
     kwargs = {
-        "name": "js",
-        "namespace": "default",
-        "cluster": cluster_kwargs(SETTINGS.cluster),
+        "driver": "gke",
+        "driver_args": GkeDriver(SETTINGS).args(),
+        "ref": dict(REF),
         "poll_interval_s": 0.0,
         "outage_budget_s": 60.0,
-        "running_since": 0.0,  # seen running at the start, as the operator's read-back says
+        "memo": memo,
     }
     kwargs.update(overrides)
-    return JobSetTrigger(**kwargs)
+    return WatchTrigger(**kwargs)
 
 
-def _scripted(monkeypatch: pytest.MonkeyPatch, responses: list[Any]) -> list[int]:
-    """Make JobSetTrigger.read_jobset return (or raise) `responses` in order; returns a list
-    that counts the reads."""
-    from tasks.backends.gke.triggers import JobSetTrigger
+def _state(event: dict[str, Any]) -> JobState:
+    """The job state an ended event carries."""
+    assert event["phase"] == ENDED, event
+    return JobState.from_json(event["state"])
 
-    reads: list[int] = []
 
-    async def read_jobset(self) -> dict[str, Any]:
-        item = responses[min(len(reads), len(responses) - 1)]
-        reads.append(1)
+class _ScriptedHook:
+    """The triggerer's JobSet hook, its reads scripted (`_scripted`)."""
+
+    def __init__(self, responses: list[Any], reads: list[int], pods: dict[str, Any]) -> None:
+        self.responses, self.reads, self.pods = responses, reads, pods
+
+    async def get_jobset(self, namespace: str, name: str) -> dict[str, Any]:
+        item = self.responses[min(len(self.reads), len(self.responses) - 1)]
+        self.reads.append(1)
         if isinstance(item, BaseException):
             raise item
-        return item
+        return dict(item)
 
-    monkeypatch.setattr(JobSetTrigger, "read_jobset", read_jobset)
+    async def list_jobset_pods(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.pods
+
+
+def _scripted(
+    monkeypatch: pytest.MonkeyPatch, responses: list[Any], pods: dict[str, Any] | None = None
+) -> list[int]:
+    """Make the GKE driver's watch read (or fail with) `responses` in order; returns a list
+    that counts the reads."""
+    reads: list[int] = []
+    hook = _ScriptedHook(responses, reads, pods or {"items": []})
+
+    async def scripted(self: GkeDriver) -> _ScriptedHook:
+        return hook
+
+    monkeypatch.setattr(GkeDriver, "_hook", scripted)
     return reads
 
 
-# --- trigger: status handling with a scripted status source --------------------------------
+# --- the watch: status handling with a scripted status source ----------------------------
 
 
 def test_trigger_waits_through_running_and_suspended(
@@ -142,8 +183,12 @@ def test_trigger_waits_through_running_and_suspended(
     events = _follow(_trigger())
     assert len(reads) == 5
     # running -> suspended -> running: each change deferred again with the state
-    assert [e["phase"] for e in events] == ["watching", "watching", "Succeeded"]
-    assert "16 succeeded" in events[-1]["progress"]
+    assert [e["phase"] for e in events] == ["watching", "watching", "ended"]
+    assert [e["reason"] for e in events[:2]] == ["StateChanged"] * 2
+    assert events[0]["kwargs"]["memo"]["suspended_since"] is not None
+    assert events[1]["kwargs"]["memo"]["suspended_since"] is None
+    state = _state(events[-1])
+    assert state.outcome == "succeeded" and "16 succeeded" in state.line
 
 
 @pytest.mark.parametrize(
@@ -156,8 +201,9 @@ def test_trigger_waits_through_running_and_suspended(
 def test_trigger_reports_failure_with_reason(monkeypatch, recorded_status, fixture, reason) -> None:
     _scripted(monkeypatch, [recorded_status("status_running.json"), recorded_status(fixture)])
     [event] = _events(_trigger())
-    assert (event["phase"], event["reason"]) == ("Failed", reason)
-    assert "first failed job" in event["message"]
+    state = _state(event)
+    assert (state.outcome, state.reason) == ("fail_now", reason)
+    assert "first failed job" in state.line
 
 
 class SimClock:
@@ -198,7 +244,7 @@ def test_trigger_rides_out_a_few_read_errors(monkeypatch, recorded_status, sim_c
         ],
     )
     [event] = _events(_trigger(poll_interval_s=30.0, outage_budget_s=1200.0))
-    assert event["phase"] == "Succeeded" and len(reads) == 5
+    assert _state(event).outcome == "succeeded" and len(reads) == 5
     # backoff doubles from the poll interval and starts afresh after a good read
     assert sim_clock.sleeps == [30.0, 60.0, 30.0, 30.0]
 
@@ -220,31 +266,35 @@ def test_an_outage_longer_than_the_budget_defers_again_and_never_fails(
 
 
 def test_trigger_deleted_jobset_and_malformed_status(monkeypatch, recorded_status) -> None:
-    from tasks.backends.gke.triggers import JobSetGone
+    from tasks.backends.gke.status import JobSetGone
 
     _scripted(monkeypatch, [JobSetGone("JobSet default/js not found")])
     [event] = _events(_trigger())
-    assert (event["phase"], event["reason"]) == ("Failed", "NotFound")
+    state = _state(event)
+    assert (state.outcome, state.reason) == ("fail_now", "NotFound")
+    assert "not found" in state.line
 
     _scripted(monkeypatch, [recorded_status("status_contradictory.json")])
     [event] = _events(_trigger())
-    assert event["phase"] == "error" and "contradictory" in event["message"]
+    state = _state(event)
+    assert state.outcome == "lost" and "contradictory" in state.line
 
 
 def test_a_jobset_created_again_under_the_name_is_a_named_error(
     monkeypatch, recorded_status
 ) -> None:
+    from tasks.backend_api.job_operator import JobReplacedError
+
     running = recorded_status("status_running.json")
     other = {**running, "metadata": {**running["metadata"], "uid": "uid-2"}}
     _scripted(monkeypatch, [other])
     [event] = _events(_trigger(uid="uid-1"))
-    assert (event["phase"], event["reason"]) == ("error", "Replaced")
-    assert "'uid-2'" in event["message"] and "'uid-1'" in event["message"]
-
-    from tasks.backends.gke.operators import JobSetReplacedError
+    state = _state(event)
+    assert (state.outcome, state.reason) == ("foreign", "Replaced")
+    assert "'uid-2'" in state.line and "'uid-1'" in state.line
 
     ti = FakeTI()
-    with pytest.raises(JobSetReplacedError, match="deleted and created again"):
+    with pytest.raises(JobReplacedError, match="deleted and created again"):
         _op().execute_complete(_ctx(ti), event)
     assert ti.pushed["cluster_job"]["cancel"] is False  # not ours: the teardown leaves it
 
@@ -252,52 +302,78 @@ def test_a_jobset_created_again_under_the_name_is_a_named_error(
 def test_trigger_serializes_to_an_importable_classpath() -> None:
     trigger = _trigger(uid="u", suspended_since=5.0)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "tasks.backends.gke.triggers.JobSetTrigger"
+    assert classpath == "tasks.backend_api.watch_trigger.WatchTrigger"
     json.dumps(kwargs)  # what the triggerer stores must be JSON
     again = _resolve(classpath)(**kwargs)
     assert again.serialize() == (classpath, kwargs)
+    assert kwargs["driver"] == "gke" and kwargs["ref"] == REF
+    assert kwargs["memo"] == {"running_since": 0.0, "uid": "u", "suspended_since": 5.0}
     # the cluster by name, never its endpoint: that is looked up when the trigger runs
-    assert set(kwargs["cluster"]) == {
+    args = kwargs["driver_args"]
+    assert set(args) == {"cluster", "namespace"}
+    assert set(args["cluster"]) == {
         "location", "cluster_name", "project_id", "gcp_conn_id", "impersonation_chain",
         "use_internal_ip", "use_dns_endpoint", "kubernetes_conn_id",
     }  # fmt: skip
-    assert not {"cluster_url", "ssl_ca_cert"} & set(kwargs)
+    assert not {"cluster_url", "ssl_ca_cert"} & {*kwargs, *args, *args["cluster"]}
 
 
-def _resolve(classpath: str) -> Any:
-    """The class as the triggerer finds it (Airflow's own import_string)."""
-    from airflow.sdk.module_loading import import_string
+def test_the_driver_is_rebuilt_from_its_args_on_the_triggerer() -> None:
+    from tasks.backend_api.watch_trigger import load_driver
 
-    return import_string(classpath)
+    settings = GkeSettings(
+        namespace="ml", project_id="p", location="europe-west4", cluster_name="c",
+        impersonation_chain=("a@p.iam.gserviceaccount.com",), use_internal_ip=True,
+    )  # fmt: skip
+    driver = GkeDriver(settings)
+    args = json.loads(json.dumps(driver.args()))
+    again = load_driver("gke", args)
+    assert isinstance(again, GkeDriver)
+    assert again.cluster == settings.cluster and again.settings.namespace == "ml"
+    assert again.args() == driver.args()
+    assert again.describe({"name": "js", "namespace": "ml"}) == "JobSet ml/js"
+    # restarts are the JobSet's failurePolicy, on the cluster: the lifecycle submits none
+    assert driver.max_restarts("train") == driver.max_restarts("evaluate") == 0
+    with pytest.raises(NotImplementedError, match="failurePolicy"):
+        driver.restart(None, None)  # type: ignore[arg-type]
+    assert driver.output_tail(REF, JobState("failed", "fail_now")) == ""
+    assert (driver.poll_interval_s, driver.run_retries) == (30.0, 2)
 
 
-# --- operators, without a cluster ----------------------------------------------------------
-
-BASE_EVENT = {
-    "name": "js", "namespace": "default", "reason": "", "message": "", "progress": "p",
-    "pods": [], "kwargs": None,
-}  # fmt: skip
+# --- the run operator's outcome, without a cluster -----------------------------------------
 
 
-def test_execute_complete_maps_events_to_task_outcomes() -> None:
+def _ended(state: JobState) -> dict[str, Any]:
+    """The event the watch of JobSet default/js ends with in `state`."""
+    return dict(_trigger().event(ENDED, state=state))
+
+
+def test_execute_complete_maps_job_states_to_task_outcomes() -> None:
     from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     op = _op()
     ti = FakeTI()
-    done = op.execute_complete(_ctx(ti), {**BASE_EVENT, "phase": "Succeeded"})
-    assert done == {"name": "js", "namespace": "default", "phase": "Succeeded", "progress": "p"}
+    done = op.execute_complete(_ctx(ti), _ended(JobState("succeeded [p]", "succeeded")))
+    assert done == {
+        "name": "js", "namespace": "default", "outcome": "succeeded", "exit_code": None,
+        "restarts": {"counted": 0, "uncounted": 0},
+    }  # fmt: skip
     assert ti.pushed["cluster_job"]["cancel"] is True
 
-    failed = {**BASE_EVENT, "phase": "Failed", "reason": "ReachedMaxRestarts", "message": "m"}
-    with pytest.raises(AirflowFailException, match=r"default/js failed \(ReachedMaxRestarts\): m"):
-        op.execute_complete(_ctx(ti), failed)
+    failed = JobState("failed (ReachedMaxRestarts): m [p]", "fail_now", reason="ReachedMaxRestarts")
+    with pytest.raises(
+        AirflowFailException, match=r"JobSet default/js: failed \(ReachedMaxRestarts\): m"
+    ):
+        op.execute_complete(_ctx(ti), _ended(failed))
     assert ti.pushed["cluster_job"]["cancel"] is True
 
-    with pytest.raises(AirflowException, match="could not follow") as excinfo:
-        op.execute_complete(_ctx(ti), {**BASE_EVENT, "phase": "error", "message": "bad status"})
+    lost = JobState("unreadable status: bad status", "lost")
+    with pytest.raises(AirflowException, match="the job is left as it is") as excinfo:
+        op.execute_complete(_ctx(ti), _ended(lost))
     assert not isinstance(excinfo.value, AirflowFailException)  # retryable
     assert ti.pushed["cluster_job"] == {
-        "name": "js", "namespace": "default", "cancel": False, "why": "watch error: bad status",
+        "name": "js", "namespace": "default", "cancel": False,
+        "why": "watch error: unreadable status: bad status",
     }  # fmt: skip
 
 
@@ -307,35 +383,46 @@ def _container_env(jobset: dict[str, Any]) -> list[dict[str, Any]]:
     return [entry for pod in pods for c in pod["containers"] for entry in c.get("env", [])]
 
 
+def _rendered(op: Any, ctx: dict[str, Any]) -> dict[str, Any]:
+    """The JobSet the operator's driver would create in this task (`GkeDriver.render`)."""
+    rendered: dict[str, Any] = op.driver.render(op.request(ctx))
+    return rendered
+
+
 def test_the_training_pods_carry_the_dag_runs_owner_identity_and_evaluations_do_not() -> None:
     from rcpflow.trainer.ownership import OWNER_ENV, airflow_owner
 
-    train = _op(role="train", job="train").render(_ctx())
+    train = _rendered(_op(role="train", label="train"), _ctx())
     owner = [e for e in _container_env(train) if e["name"] == OWNER_ENV]
     assert owner and all(e["value"] == airflow_owner(DAG_ID, RUN_ID, "g.run") for e in owner)
-    evaluate = _op().render(_ctx())
+    evaluate = _rendered(_op(), _ctx())
     assert [e for e in _container_env(evaluate) if e["name"] == OWNER_ENV] == []
 
 
 def test_a_bad_command_is_refused_before_anything_is_recorded() -> None:
+    from airflow.sdk.exceptions import AirflowException
+
     ti = FakeTI()
-    op = _op(command=["python", "bad\x00arg"])
-    with pytest.raises(ValueError, match=r"command\[1\] contains a NUL"):
+    op = _op(argv=["python", "bad\x00arg"])
+    with pytest.raises(
+        AirflowException, match=r"eval-18: render_jobset: command\[1\] contains a NUL"
+    ):
         op.execute(_ctx(ti))
     assert ti.pushed == {}
 
 
 def test_cleanup_without_a_recorded_jobset_does_nothing(fake_gke) -> None:
-    from tasks.backends.gke.operators import DeleteJobSetOperator
+    from tasks.backend_api.teardown import CancelRecordedJobs
 
-    op = DeleteJobSetOperator(task_id="cleanup", run_task_id="g.run", cluster=SETTINGS.cluster)
+    op = CancelRecordedJobs(driver=GkeDriver(SETTINGS), run_task_id="g.run")
+    assert op.task_id == "cleanup"
     ti = FakeTI(map_index=3)
-    assert op.execute({"ti": ti}) is None
+    assert op.execute({"ti": ti}) == []
     assert ti.pulls == [("g.run", "cluster_job", 3)]
     assert fake_gke.requests == []
 
 
-# --- operators and trigger through the provider's GKE operators/hooks ----------------------
+# --- the lifecycle through the provider's GKE hooks -----------------------------------------
 
 CRD = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
 
@@ -360,7 +447,7 @@ def test_run_checks_the_crd_creates_strictly_defers_and_follows(fake_gke, record
     trigger = _deferred_trigger(op, ti)
 
     assert ti.pushed == {
-        "cluster_job": {"name": name, "namespace": "default", "cancel": None, "why": "pending"}
+        "cluster_job": {"name": name, "namespace": "default", "cancel": None, "why": "running"}
     }
     # the CRD is read before the create, and the create is strict
     assert [(m, path.split("?")[0]) for m, path, _ in fake_gke.requests[:2]] == [
@@ -371,12 +458,17 @@ def test_run_checks_the_crd_creates_strictly_defers_and_follows(fake_gke, record
     stored = json.loads(json.dumps(fake_gke.objects[("default", name)]))
     uid = stored["metadata"].pop("uid")
     assert stored == jobset  # the rendered object, unchanged
-    assert (trigger.name, trigger.uid) == (name, uid)
+    assert (trigger.driver, trigger.ref, trigger.memo["uid"]) == ("gke", {**REF, "name": name}, uid)
+    # the watch's bounds: the deployment's suspended bound, no running bound without a timeout
+    assert trigger.memo["max_suspended_s"] == SETTINGS.max_suspended_minutes * 60.0
+    assert trigger.memo["max_running_s"] is None
+    assert trigger.poll_interval_s == SETTINGS.poll_interval_s and trigger.settle_s == 0.0
 
     gets_before = fake_gke.methods().count("GET")
     result, events = _finish(op, _ctx(ti), trigger)  # kubernetes_asyncio, GKEKubernetesAsyncHook
     assert fake_gke.methods().count("GET") > gets_before
-    assert result["phase"] == "Succeeded" and [e["phase"] for e in events] == ["Succeeded"]
+    assert result["outcome"] == "succeeded" and [e["phase"] for e in events] == ["ended"]
+    assert result["name"] == name
 
 
 def test_an_older_jobset_crd_is_refused_before_anything_is_created(
@@ -392,7 +484,7 @@ def test_an_older_jobset_crd_is_refused_before_anything_is_created(
     assert "spec.failurePolicy.rules[0].onJobFailureMessagePatterns (JobSet v0.10)" in message
     assert "older than JobSet v0.10" in message and "Install JobSet v0.10 or newer" in message
     assert fake_gke.objects == {} and "POST" not in fake_gke.methods()
-    assert ti.pushed["cluster_job"]["cancel"] is False
+    assert ti.pushed == {}  # nothing started: nothing for the teardown to cancel
 
     fake_gke.crd = None  # JobSet not installed at all
     with pytest.raises(AirflowFailException, match=r"jobsets\.jobset\.x-k8s\.io is not installed"):
@@ -417,30 +509,35 @@ def test_a_create_the_cluster_would_prune_is_an_error_not_a_silent_change(
 
 
 def test_run_retry_adopts_its_own_jobset_and_refuses_a_foreign_one(fake_gke) -> None:
+    from airflow.sdk.exceptions import AirflowException
+
     from tasks.backends.gke.render import JobSetConflictError
 
     jobset = _jobset()
     op = _op()
-    uids = [_deferred_trigger(op).uid for _ in range(2)]  # the second try finds the first's
+    uids = [_deferred_trigger(op).memo["uid"] for _ in range(2)]  # the second finds the first's
     assert len(fake_gke.objects) == 1 and uids[0] == uids[1] is not None
     assert fake_gke.methods().count("POST") == 2
 
     other = _op(GkeSettings(use_dns_endpoint=True, image="rcpflow-tpu:other"))
-    assert other.render(_ctx())["metadata"]["name"] == jobset["metadata"]["name"]
+    assert _rendered(other, _ctx())["metadata"]["name"] == jobset["metadata"]["name"]
     ti = FakeTI()
-    with pytest.raises(JobSetConflictError, match="not rendered from this spec"):
+    with pytest.raises(AirflowException, match="not rendered from this spec") as excinfo:
         other.execute(_ctx(ti))
-    assert ti.pushed["cluster_job"]["cancel"] is False  # a foreign JobSet: never deleted
+    assert isinstance(excinfo.value.__cause__, JobSetConflictError)
+    assert ti.pushed == {}  # a foreign JobSet: never recorded, so never deleted
+    assert fake_gke.deleted == [] and len(fake_gke.objects) == 1
 
 
 def test_run_never_defers_on_a_jobset_the_cluster_does_not_have(fake_gke) -> None:
-    from airflow.sdk.exceptions import AirflowException
+    from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
     jobset = _jobset()
     fake_gke.fail_posts = [503]  # the create fails and the apiserver did not apply it
     op = _op()
-    with pytest.raises(AirflowException, match=r"not on the cluster after the create call fa"):
+    with pytest.raises(AirflowException, match=r"not on the cluster after the create call fa") as e:
         op.execute(_ctx())
+    assert not isinstance(e.value, AirflowFailException)  # a retry creates it
     assert fake_gke.objects == {}
     assert fake_gke.methods() == ["GET", "POST", "GET"]  # CRD, one create, the read that tells
     _deferred_trigger(op)  # what Airflow's retry does: now it is created
@@ -448,39 +545,40 @@ def test_run_never_defers_on_a_jobset_the_cluster_does_not_have(fake_gke) -> Non
 
 
 def test_trigger_on_a_deleted_jobset_fails_it(fake_gke) -> None:
-    [event] = _events(_trigger(name="gone", poll_interval_s=0.01))  # GET -> 404
-    assert (event["phase"], event["reason"]) == ("Failed", "NotFound")
+    [event] = _events(_trigger(ref={**REF, "name": "gone"}, poll_interval_s=0.01))  # GET -> 404
+    state = _state(event)
+    assert (state.outcome, state.reason) == ("fail_now", "NotFound")
 
 
 def _cleanup(ti: FakeTI) -> Any:
-    from tasks.backends.gke.operators import DeleteJobSetOperator
+    from tasks.backend_api.teardown import CancelRecordedJobs
 
-    op = DeleteJobSetOperator(task_id="g.cleanup", run_task_id="g.run", cluster=SETTINGS.cluster)
+    op = CancelRecordedJobs(driver=GkeDriver(SETTINGS), run_task_id="g.run")
     ti.xcoms[("g.run", "cluster_job", ti.map_index)] = ti.pushed["cluster_job"]
     return op.execute({"ti": ti})
 
 
 def test_cleanup_deletes_after_an_outcome_or_a_users_mark(fake_gke, recorded_status) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
     ti = FakeTI(map_index=2)
     trigger = _deferred_trigger(_op(), ti)
-    name = trigger.name
-    ref = {"name": name, "namespace": "default"}
+    name = trigger.ref["name"]
+    where = f"JobSet default/{name}"
     # deferred, then marked failed by hand: the task never decided; the teardown deletes
     assert ti.pushed["cluster_job"]["cancel"] is None
-    assert _cleanup(ti) == {**ref, "deleted": True}
+    assert _cleanup(ti) == [{"job": where, "cancelled": True}]
     assert fake_gke.objects == {}
     assert fake_gke.requests[-1] == ("DELETE", f"{JOBSETS}/{name}", "Bearer test-token")
-    assert _cleanup(ti) == {**ref, "deleted": False}  # already gone: fine
+    assert _cleanup(ti) == [{"job": where, "cancelled": False}]  # already gone: fine
 
     fake_gke.statuses = [recorded_status("status_failed_jobs.json")["status"]]
     op = _op()
     trigger = _deferred_trigger(op, ti)
-    from airflow.sdk.exceptions import AirflowFailException
-
     with pytest.raises(AirflowFailException):
         _finish(op, _ctx(ti), trigger)
     assert ti.pushed["cluster_job"]["cancel"] is True  # a real failure
-    assert _cleanup(ti) == {**ref, "deleted": True}
+    assert _cleanup(ti) == [{"job": where, "cancelled": True}]
 
 
 def test_cleanup_leaves_a_jobset_whose_watch_failed(fake_gke, recorded_status) -> None:
@@ -491,9 +589,10 @@ def test_cleanup_leaves_a_jobset_whose_watch_failed(fake_gke, recorded_status) -
     ti = FakeTI()
     op = _op()
     trigger = _deferred_trigger(op, ti)
-    with pytest.raises(AirflowException, match="the JobSet is left running"):
+    with pytest.raises(AirflowException, match="the job is left as it is"):
         _finish(op, _ctx(ti), trigger)
-    assert _cleanup(ti) == {"name": trigger.name, "namespace": "default", "deleted": False}
+    name = trigger.ref["name"]
+    assert _cleanup(ti) == [{"job": f"JobSet default/{name}", "cancelled": False}]
     assert fake_gke.deleted == [] and len(fake_gke.objects) == 1
 
 
@@ -503,10 +602,10 @@ def test_on_kill_deletes_the_jobset_the_task_owns(fake_gke) -> None:
     assert "DELETE" not in fake_gke.methods()
     trigger = _deferred_trigger(op)
     op.on_kill()
-    assert fake_gke.deleted == [trigger.name] and fake_gke.objects == {}
+    assert fake_gke.deleted == [trigger.ref["name"]] and fake_gke.objects == {}
 
 
-# --- watch under API trouble, with pod detail ------------------------------------------------
+# --- the watch under API trouble, with pod detail ------------------------------------------
 
 REAL_WATCH = GkeSettings(use_dns_endpoint=True)  # the default watch: 30 s polls, 20 min budget
 
@@ -521,12 +620,13 @@ def test_a_60_minute_api_outage_during_training_leaves_it_running_and_the_task_r
     the task goes on to the training's success with its running clock intact."""
     running = recorded_status("status_running.json")["status"]
     succeeded = recorded_status("status_succeeded.json")["status"]
-    op = _op(REAL_WATCH, role="train", job="train", job_timeout=timedelta(hours=24))
+    op = _op(REAL_WATCH, role="train", label="train", job_timeout=timedelta(hours=24))
     ti = FakeTI()
     trigger = _deferred_trigger(op, ti)
-    name = trigger.name
+    name = trigger.ref["name"]
     created = json.loads(json.dumps(fake_gke.objects[("default", name)]))
-    assert trigger.running_since == 0.0  # the operator's read-back: running since submit
+    assert trigger.memo["running_since"] == 0.0  # the operator's read-back: running since submit
+    assert trigger.memo["max_running_s"] == 24 * 3600.0
 
     def answer(path: str) -> int | None:
         if "/jobsets/" in path and sim_clock.now < 40 * 60:
@@ -546,14 +646,14 @@ def test_a_60_minute_api_outage_during_training_leaves_it_running_and_the_task_r
     fake_gke.scripts = {name: [running, running, succeeded]}
 
     result, events = _finish(op, _ctx(ti), trigger)
-    assert result["phase"] == "Succeeded", events
+    assert result["outcome"] == "succeeded", events
     assert [e["reason"] for e in events[:-1]] == ["Unreachable"] * 2  # at 20 and 40 min
     assert sim_clock.now >= 60 * 60 and fake_gke.failed_gets >= 10 and refused_lookups
     assert max(sim_clock.sleeps) == 120.0  # the backoff is capped
     # the JobSet was never deleted or changed, and the outage counted as running time
     assert fake_gke.deleted == [] and "DELETE" not in fake_gke.methods()
     assert fake_gke.objects[("default", name)] == created
-    assert events[-2]["kwargs"]["running_since"] == 0.0
+    assert events[-2]["kwargs"]["memo"]["running_since"] == 0.0
     assert ti.pushed["cluster_job"]["cancel"] is True  # succeeded: the teardown may clean up
 
 
@@ -568,10 +668,10 @@ def test_a_triggerer_restart_keeps_every_clock(monkeypatch, recorded_status, sim
     [admitted] = _events(trigger)  # suspended 4 reads, then running: a change, persisted
     assert admitted["phase"] == "watching"
     state = admitted["kwargs"]
-    assert (state["suspended_since"], state["running_since"]) == (None, 120.0)
+    assert (state["memo"]["suspended_since"], state["memo"]["running_since"]) == (None, 120.0)
     sim_clock.now += 100.0  # the triggerer was down 100 s: the JobSet ran meanwhile
-    [event] = _events(_restarted(_trigger(**state)))
-    assert (event["phase"], event["reason"]) == ("Failed", "RunningTooLong")
+    [event] = _events(_restarted(_resolve(trigger.serialize()[0])(**state)))
+    assert (_state(event).outcome, _state(event).reason) == ("fail_now", "RunningTooLong")
     # at the first poll after 300 s of running since admission at 120 s, the restart's 100 s
     # included (a trigger whose clock started afresh would go on until 520 s)
     assert sim_clock.now == 430.0
@@ -584,10 +684,12 @@ def test_a_failed_jobset_fails_without_retry_naming_its_pods(fake_gke, recorded_
     fake_gke.pods = recorded_status("pods_failed.json")
     op = _op()
     [event] = _events(_deferred_trigger(op))
-    assert (event["phase"], event["reason"]) == ("Failed", "FailedJobs")
-    assert any("exit code 2 (Error)" in line for line in event["pods"]), event["pods"]
+    state = _state(event)
+    assert (state.outcome, state.reason) == ("fail_now", "FailedJobs")
+    assert any("exit code 2 (Error)" in line for line in state.detail), state.detail
+    assert all(line.startswith("failed pod ") for line in state.detail), state.detail
     pod_reads = [path for m, path, _ in fake_gke.requests if "/pods?" in path]
-    name = event["name"]
+    name = event["ref"]["name"]
     assert [unquote(p.split("labelSelector=")[1]) for p in pod_reads] == [
         f"jobset.sigs.k8s.io/jobset-name={name}"
     ]
@@ -596,6 +698,22 @@ def test_a_failed_jobset_fails_without_retry_naming_its_pods(fake_gke, recorded_
     message = str(excinfo.value)
     assert "failed pod mlperf-grpo-run-train-61da75ec61-slice-0-0-a1b2c: container job " in message
     assert "exit code 137 (OOMKilled)" in message and "disrupted (TerminationByKubelet)" in message
+    assert f"JobSet default/{name}: failed (FailedJobs)" in message
+
+
+def test_a_failed_jobset_whose_pods_cannot_be_read_still_fails_naming_why(
+    monkeypatch, recorded_status
+) -> None:
+    _scripted(monkeypatch, [recorded_status("status_failed_jobs.json")])
+
+    async def no_pods(self: Any, namespace: str, name: str) -> dict[str, Any]:
+        raise PermissionError("403 list pods")
+
+    monkeypatch.setattr(_ScriptedHook, "list_jobset_pods", no_pods)
+    [event] = _events(_trigger())
+    state = _state(event)
+    assert (state.outcome, state.reason) == ("fail_now", "FailedJobs")
+    assert state.detail == ("(could not read the JobSet's pods: PermissionError('403 list pods'))",)
 
 
 def test_suspended_time_is_bounded_apart_from_running_time(monkeypatch, recorded_status, sim_clock):
@@ -607,7 +725,9 @@ def test_suspended_time_is_bounded_apart_from_running_time(monkeypatch, recorded
         suspended_since=0.0,
     )  # fmt: skip
     events = _follow(trigger)
-    assert (events[-1]["phase"], events[-1]["reason"]) == ("Failed", "RunningTooLong")
+    assert (_state(events[-1]).outcome, _state(events[-1]).reason) == (
+        "fail_now", "RunningTooLong",
+    )  # fmt: skip
     assert sim_clock.now >= 150 + 100  # the suspended time did not count as running
 
     _scripted(monkeypatch, [suspended])
@@ -616,25 +736,49 @@ def test_suspended_time_is_bounded_apart_from_running_time(monkeypatch, recorded
         _trigger(poll_interval_s=30.0, max_suspended_s=600.0, running_since=None,
                  suspended_since=start)
     )  # fmt: skip
-    assert (event["phase"], event["reason"]) == ("Failed", "SuspendedTooLong")
+    state = _state(event)
+    assert (state.outcome, state.reason) == ("fail_now", "SuspendedTooLong")
     assert sim_clock.now - start == 600.0
-    assert "not admitted" in event["message"]
+    assert "not admitted" in state.line
 
     from airflow.sdk.exceptions import AirflowFailException
 
     ti = FakeTI()
-    with pytest.raises(AirflowFailException, match=r"\(SuspendedTooLong\): suspended \(not ad"):
+    with pytest.raises(AirflowFailException, match=r"SuspendedTooLong: suspended \(not ad"):
         _op().execute_complete(_ctx(ti), event)
     assert ti.pushed["cluster_job"]["cancel"] is True  # a bound the deployment set
 
 
 def test_defer_timeout_is_an_outer_net_behind_the_bounds(sim_clock) -> None:
-    op = _op(REAL_WATCH, job_timeout=timedelta(hours=24))
-    trigger = _trigger(submitted_at=0.0)
+    driver = GkeDriver(REAL_WATCH)
+    memo = {"submitted_at": 0.0}
     bounds = timedelta(hours=24, minutes=REAL_WATCH.max_suspended_minutes)
-    assert op.defer_timeout(trigger) == bounds + timedelta(minutes=10)
+    assert driver.defer_timeout(timedelta(hours=24), memo) == bounds + timedelta(minutes=10)
     sim_clock.now = 3600.0  # a re-defer an hour later: the net does not move
-    assert op.defer_timeout(trigger) == bounds + timedelta(minutes=10) - timedelta(hours=1)
+    later = bounds + timedelta(minutes=10) - timedelta(hours=1)
+    assert driver.defer_timeout(timedelta(hours=24), memo) == later
+    assert driver.defer_timeout(None, memo) is None  # no timeout: no net
+    sim_clock.now = 1e9  # long past: the least timeout, never a negative one
+    assert driver.defer_timeout(timedelta(hours=24), memo) == timedelta(seconds=1)
+
+
+def test_the_operator_defers_again_with_the_memo_and_the_net(
+    fake_gke, recorded_status, sim_clock
+) -> None:
+    """A watching event: the operator defers again with the watch's kwargs (its memo kept) and
+    Airflow's timeout computed from the memo's submission time, not from the re-defer."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    op = _op(REAL_WATCH, job_timeout=timedelta(hours=1))
+    trigger = _deferred_trigger(op)
+    sim_clock.now = 600.0
+    event = trigger.event(WATCHING, reason="StateChanged")
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute_complete(_ctx(), event)
+    again = deferred.value
+    assert again.trigger.memo == trigger.memo and again.method_name == "execute_complete"
+    net = timedelta(hours=1, minutes=REAL_WATCH.max_suspended_minutes + 10) - timedelta(minutes=10)
+    assert again.timeout == net
 
 
 def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_path) -> None:
@@ -648,13 +792,14 @@ def test_training_still_running_after_a_stop_request_is_deleted(fake_gke, tmp_pa
     op = _op(stop_run_dir=run.run_dir, stop_grace=timedelta(0))
     ti = FakeTI()
     trigger = _deferred_trigger(op, ti)
-    name = trigger.name
+    name = trigger.ref["name"]
     assert request_stop(run.run_dir) is not None
 
     result, events = _finish(op, _ctx(ti), trigger)  # the JobSet has no status: still running
-    assert (events[-1]["phase"], events[-1]["reason"]) == ("stopped", "StopRequest")
+    assert (events[-1]["phase"], events[-1]["reason"]) == (STOPPED, "StopRequest")
     assert fake_gke.deleted == [name] and fake_gke.objects == {}
-    assert result["phase"] == "Stopped"
+    assert result["outcome"] == "stopped" and result["name"] == name
+    assert ti.pushed["cluster_job"]["cancel"] is True
 
 
 def test_a_stop_request_of_another_run_deletes_nothing(
@@ -669,4 +814,5 @@ def test_a_stop_request_of_another_run_deletes_nothing(
     _scripted(monkeypatch, [recorded_status("status_running.json")] * 3
               + [recorded_status("status_succeeded.json")])  # fmt: skip
     [event] = _events(_trigger(stop_run_dir=run.run_dir, stop_grace_s=0))
-    assert event["phase"] == "Succeeded"
+    assert _state(event).outcome == "succeeded"
+    assert fake_gke.deleted == []
