@@ -16,6 +16,7 @@ for it first (`waits_for`).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -121,6 +122,10 @@ class SlurmDriver:
             train=replace(base.train, **shapes["train"]),
             evaluate=replace(base.evaluate, **shapes["evaluate"]),
         )
+        # What `read` imports, imported here: a trigger builds its driver in a thread
+        # (`watch_trigger.load_driver`), and its reads run on the triggerer's event loop.
+        for module in ("hooks", "outcome"):
+            importlib.import_module(f"tasks.backends.slurm.{module}")
         return cls(settings)
 
     def job_env(self, job: TrainJob | EvaluateJob) -> dict[str, str]:
@@ -181,13 +186,17 @@ class SlurmDriver:
         return Submitted(job_ref(job), line=line)
 
     def cancel(self, ref: Mapping[str, Any]) -> bool:
-        from tasks.backends.slurm.hooks import SlurmError, SubmittedJob
+        """scancel the job of `ref` if it is still ours (its id, name, submit time, account
+        and comment) and has not ended; False when it had ended, is forgotten, or its id names
+        another's job now. A cluster that does not answer raises (`ClusterUnreachable`): the
+        job may still run, and no caller may take it for gone."""
+        from tasks.backends.slurm.hooks import JobForgotten, JobIdReused, SubmittedJob
 
         expected = SubmittedJob(ref["job_id"], ref["name"], ref["submit_time"])
         hook = hook_for(self.settings)
         try:
             info = hook.job(expected.job_id, expected)
-        except SlurmError:
+        except (JobForgotten, JobIdReused):  # NotOurJob too
             return False  # gone, or its id names another job now: not ours to cancel
         if info.finished:
             return False
@@ -205,9 +214,12 @@ class SlurmDriver:
         return f"Slurm job {ref['job_id']} ({ref['name']})"
 
     def output_tail(self, ref: Mapping[str, Any], state: JobState) -> str:
+        """The end of the job's output file (its whole lines), wherever long its output."""
         path = output_file(self.settings.log_dir, str(ref["name"]), str(ref["job_id"]))
-        text, _ = hook_for(self.settings).read_output(path, 0)
-        return text[-_TAIL_BYTES:]
+        text = hook_for(self.settings).read_tail(path, _TAIL_BYTES)
+        if len(text.encode()) >= _TAIL_BYTES and "\n" in text:
+            text = text[text.index("\n") + 1 :]  # the first line cut: left out
+        return text
 
     def remove(self, ref: Mapping[str, Any]) -> None:
         """Nothing: the job's output file stays on the cluster, beside its accounting."""

@@ -368,6 +368,13 @@ class SlurmHook(_OwnJobs):
         data = result.stdout
         return data, offset + len(data.encode())
 
+    def read_tail(self, path: str, size: int) -> str:
+        """The last `size` bytes of the job's output file (at most 1 MiB); "" when it is not
+        there."""
+        size = min(size, _OUTPUT_CHUNK)
+        result = self._run("sh", "-c", 'tail -c "$1" -- "$2"', "rcpflow", str(size), path)
+        return result.stdout if result.returncode == 0 else ""
+
 
 # slurmrestd's word for an id slurmctld does not know (every version). Not the CLI's "Unable to
 # find JobId": 22.05's slurmrestd says that of a job it could not read for a token slurmctld
@@ -532,6 +539,15 @@ class RestSlurmHook(_OwnJobs):
         except OSError:
             return "", offset
         return data.decode(errors="replace"), offset + len(data)
+
+    def read_tail(self, path: str, size: int) -> str:
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - min(size, _OUTPUT_CHUNK)))
+                data = f.read()
+        except OSError:
+            return ""
+        return data.decode(errors="replace")
 
 
 def _in_order(jobs: list[JobInfo]) -> list[JobInfo]:

@@ -1,6 +1,6 @@
-"""Running a Slurm operator as Airflow would, without a scheduler: `execute`, then each
-deferral's trigger on an event loop until its event, then the method it named; a `FakeTI` for
-XComs."""
+"""Running a job operator on the Slurm driver as Airflow would, without a scheduler: `execute`,
+then each deferral's trigger (the one `WatchTrigger`) on an event loop until its event, then the
+method it named; a `FakeTI` for XComs."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def drive(
             deferred = d
     while True:
         trigger = deferred.trigger
-        driven.job_ids.append(trigger.job["job_id"])
+        driven.job_ids.append(trigger.ref["job_id"])
         event = asyncio.run(first_event(trigger, timeout_s))
         driven.events.append(event)
         try:

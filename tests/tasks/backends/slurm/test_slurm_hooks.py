@@ -482,3 +482,23 @@ def test_each_version_gets_the_job_as_sbatch_would(tmp_path: Path) -> None:
     assert (cancel_query("v0.0.38", "TERM"), cancel_query("v0.0.42", None)) == ("?signal=TERM", "")
     with pytest.raises(SlurmError, match="extra_sbatch_args cannot be sent through slurmrestd"):
         submit_body(batch(tmp_path, "x", ["true"], extra_sbatch_args=("--x=1",)), "v0.0.42", {})
+
+
+def test_the_tail_of_a_long_output_is_its_end(tmp_path: Path) -> None:
+    """What a failed job's task error quotes (`SlurmDriver.output_tail`): the file's last
+    bytes, however long the output (no cluster: the CLI hook's shell, the REST hook's file)."""
+    path = tmp_path / "job.out"
+    path.write_text("".join(f"line {i}\n" for i in range(300_000)))  # ~3.4 MB
+    rest = SlurmSettings(
+        working_dir="/w", log_dir="/l", transport="rest", rest_url="http://x", rest_conn_id="c"
+    )
+    hooks = [
+        SlurmHook(SlurmSettings(working_dir="/w", log_dir="/l")),
+        RestSlurmHook(rest, credentials=("u", "t")),
+    ]
+    for hook in hooks:
+        tail = hook.read_tail(str(path), 20)
+        assert tail == " 299998\nline 299999\n", hook
+        assert hook.read_tail(str(path), 10 << 20).endswith("line 299999\n")
+        assert len(hook.read_tail(str(path), 10 << 20)) == 1 << 20  # bounded
+        assert hook.read_tail(str(tmp_path / "none.out"), 20) == "", hook

@@ -7,6 +7,7 @@ holds; the CLI and REST hooks give the same outcome for every operation."""
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import io
 import json
@@ -23,8 +24,10 @@ from slurm_driver import context, drive
 from slurm_jobs import foreign_jobs, other_user, submit_held  # noqa: F401 (fixtures)
 
 from devtools.servers.slurm_cluster import SlurmCluster
+from tasks.backend_api.job_operator import RunJobOperator
 from tasks.backends.slurm import hooks
-from tasks.backends.slurm.adapter import cancel_step_job, job_name
+from tasks.backends.slurm.adapter import job_name
+from tasks.backends.slurm.driver import SlurmDriver
 from tasks.backends.slurm.hooks import (
     AnyHook,
     CommandResult,
@@ -35,7 +38,6 @@ from tasks.backends.slurm.hooks import (
     SubmittedJob,
     client_env,
 )
-from tasks.backends.slurm.operators import SlurmJobOperator
 from tasks.backends.slurm.script import BatchJob, job_comment
 from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings
 
@@ -142,12 +144,14 @@ def test_a_job_of_our_name_that_is_not_ours_is_never_adopted(
     unmarked = submit_held(slurm_env, name=name, output=str(secret_file))  # ours, no comment
     foreign_jobs += [theirs, unmarked]
     s = settings(jobs_dir)
-    task = SlurmJobOperator(
-        task_id="run", settings=s, role="train", job="train", argv=[PY, "-c", "print('mine')"]
-    )
+    driver = SlurmDriver(s)
+    task = RunJobOperator(
+        task_id="run", driver=driver, role="train", label="train",
+        argv=[PY, "-c", "print('mine')"],
+    )  # fmt: skip
     driven = drive(task, context(run_id), timeout_s=60)
     logged = "".join(capsys.readouterr())
-    assert driven.result["state"] == "COMPLETED"
+    assert driven.result["outcome"] == "succeeded"
     assert theirs not in driven.job_ids and unmarked not in driven.job_ids
     assert f"Slurm job {theirs} ({name}) belongs to '{other_user}'" in logged
     assert f"Slurm job {unmarked} ({name}) lacks rcpflow's comment" in logged
@@ -156,10 +160,17 @@ def test_a_job_of_our_name_that_is_not_ours_is_never_adopted(
     with pytest.raises(NotOurJob, match=rf"belongs to '{other_user}', not rcpflow's account"):
         hook.job(theirs, SubmittedJob(theirs, name, 0))
     assert hook.job(theirs).stdout_path == f"{s.log_dir}/{name}-{theirs}.out"  # not its -o
+    # the driver neither cancels nor reads it, given its id with our name (a record, a watch)
+    for job_id in (theirs, unmarked):
+        ref = {"job_id": job_id, "name": name, "submit_time": 0}
+        assert driver.cancel(ref) is False
+        state = asyncio.run(SlurmDriver.from_args(driver.args()).read(ref, memo := {}, 0.0))
+        assert (state.outcome, state.output, memo) == ("foreign", (), {}), state
+        assert hook.job(job_id).state == "PENDING"
     # a step's cancel leaves another's job of the step's name alone
     step_name = job_name(DAG_ID, run_id, "eval-3")
     foreign_jobs.append(submit_held(slurm_env, name=step_name, output="/dev/null", user=other_user))
-    assert cancel_step_job(s, DAG_ID, run_id, 3) is False
+    assert driver.cancel_step(DAG_ID, run_id, str(jobs_dir / "run"), 3) is False
     assert hook.job(foreign_jobs[-1]).state == "PENDING"
 
 

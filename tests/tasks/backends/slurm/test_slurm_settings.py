@@ -148,7 +148,7 @@ def test_the_example_deployment_parses() -> None:
     from repo_paths import REPO
 
     import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
-    from tasks.backend_api.protocol import backend_for
+    from tasks.backend_api.protocol import driver_for
     from tasks.deployment import parse_deployment
 
     path = REPO / "docker" / "deployment.slurm.example.toml"
@@ -161,13 +161,13 @@ def test_the_example_deployment_parses() -> None:
         8,
     )
     assert settings.train.secret_env["HF_TOKEN"].file.endswith("hf_token")
-    assert backend_for(deployment).name == "slurm"
+    assert driver_for(deployment).name == "slurm"
 
 
 def test_a_job_image_or_kubernetes_secret_on_slurm_names_the_slurm_setting() -> None:
     from pathlib import Path
 
-    from tasks.backends.registry import backend_for
+    from tasks.backends.registry import driver_for
     from tasks.deployment import DeploymentError, parse_deployment
 
     text = (
@@ -175,7 +175,7 @@ def test_a_job_image_or_kubernetes_secret_on_slurm_names_the_slurm_setting() -> 
         '[jobs.train]\nimage = "img"\n'
     )
     with pytest.raises(DeploymentError, match=r"jobs\.train\.image.*slurm\.train\.container_image"):
-        backend_for(parse_deployment(text, source="d.toml", base_dir=Path("/")))
+        driver_for(parse_deployment(text, source="d.toml", base_dir=Path("/")))
 
 
 @pytest.mark.parametrize(
@@ -197,7 +197,7 @@ def test_evaluation_in_the_allocation_refuses_what_it_cannot_do(extra: str, word
     from pathlib import Path
 
     import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
-    from tasks.backend_api.protocol import backend_for
+    from tasks.backend_api.protocol import driver_for
     from tasks.deployment import DeploymentError, parse_deployment
 
     text = (
@@ -206,7 +206,7 @@ def test_evaluation_in_the_allocation_refuses_what_it_cannot_do(extra: str, word
     )
     deployment = parse_deployment(text, source="d.toml", base_dir=Path("/"))
     with pytest.raises(DeploymentError, match="eval_in_training_allocation") as caught:
-        backend_for(deployment)
+        driver_for(deployment)
     assert words in str(caught.value)
 
 
@@ -219,7 +219,8 @@ def test_a_foreign_result_is_imported_in_the_allocation_by_the_evaluate_steps_ru
     from repo_paths import REPO
 
     import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
-    from tasks.backend_api.protocol import backend_for
+    from tasks.backend_api.protocol import driver_for
+    from tasks.backends.slurm.driver import SlurmDriver
     from tasks.backends.slurm.in_allocation import in_allocation_eval, in_allocation_fields
     from tasks.backends.slurm.script import BatchJob, render_script
     from tasks.deployment import parse_deployment
@@ -230,15 +231,20 @@ def test_a_foreign_result_is_imported_in_the_allocation_by_the_evaluate_steps_ru
         "eval_in_training_allocation = true\n"
     )
     deployment = parse_deployment(text, source="d.toml", base_dir=Path("/"))
-    backend = backend_for(deployment)  # accepted: the import is the script's
-    values = {"run_dir": "/runs/r1", "seed": 1, "val_start_at": 18, "max_steps": 30}
-    fields = in_allocation_fields(deployment.jobs.evaluate, backend.settings, values)
+    driver = driver_for(deployment)  # accepted: the import is the script's
+    assert isinstance(driver, SlurmDriver)
+    values: dict[str, str | int] = {
+        "run_dir": "/runs/r1", "seed": 1, "val_start_at": 18, "max_steps": 30,
+    }  # fmt: skip
+    fields = driver.train_extra(values)  # what the run DAG's train_command returns
+    assert fields is not None
+    assert fields == in_allocation_fields(deployment.jobs.evaluate, driver.settings, values)
     assert (fields["result_format"], fields["result_path"]) == (
         "tunix-tree",
         "/runs/r1/rehearsal_eval",
     )
     then = in_allocation_eval(fields)
-    job = BatchJob("n", ("/py",), backend.settings.train, "/w", "/l", then_evaluate=then)
+    job = BatchJob("n", ("/py",), driver.settings.train, "/w", "/l", then_evaluate=then)
     script = render_script(job)
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     start = (
@@ -265,7 +271,7 @@ def test_the_nemo_rl_example_deployment_parses() -> None:
     import tasks.backends.registry  # noqa: F401  (registers the [slurm] table)
     from rcpflow.files.layout import RunLayout
     from tasks.backend_api.job_inputs import train_inputs
-    from tasks.backend_api.protocol import backend_for
+    from tasks.backend_api.protocol import driver_for
     from tasks.deployment import parse_deployment
 
     path = REPO / "docker" / "deployment.nemo-rl.example.toml"
@@ -273,7 +279,7 @@ def test_the_nemo_rl_example_deployment_parses() -> None:
     settings = deployment.tables["slurm"]
     assert isinstance(settings, SlurmSettings)
     assert (settings.transport, settings.train.nodes, settings.train.max_restarts) == ("ssh", 64, 0)
-    assert backend_for(deployment).name == "slurm"
+    assert driver_for(deployment).name == "slurm"
     train = deployment.jobs.train
     assert train.result.imported
     run_dir = f"{deployment.storage_root}/r1"

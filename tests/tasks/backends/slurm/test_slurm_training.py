@@ -1,6 +1,6 @@
-"""The toy trainer on two slurmd nodes of the private Slurm, through the Slurm operator: one
-`jax.distributed` system of two processes (one per node, srun), each saving its own shards of
-every checkpoint; process 0 alone writes the manifest."""
+"""The toy trainer on two slurmd nodes of the private Slurm, through the run-job operator on
+the Slurm driver: one `jax.distributed` system of two processes (one per node, srun), each
+saving its own shards of every checkpoint; process 0 alone writes the manifest."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from slurm_driver import context, drive
 from devtools.servers.slurm_cluster import SlurmCluster
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
-from tasks.backends.slurm.operators import SlurmJobOperator
+from tasks.backend_api.job_operator import RunJobOperator
+from tasks.backends.slurm.driver import SlurmDriver
 from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings
 from tasks.jobs.command import TRAIN_JOB
 from tasks.jobs.values import train_values
@@ -44,11 +45,12 @@ def test_two_node_training_saves_each_process_shards(
     }
     argv = TRAIN_JOB.render(train_values(run, sys.executable))
     env = {"JAX_PLATFORMS": "cpu", "PATH": os.environ["PATH"]}
-    task = SlurmJobOperator(
-        task_id="run", settings=settings, role="train", job="train", argv=argv, env=env
-    )
+    task = RunJobOperator(
+        task_id="run", driver=SlurmDriver(settings), role="train", label="train", argv=argv,
+        env=env,
+    )  # fmt: skip
     driven = drive(task, context("two-nodes"), timeout_s=360)
-    assert driven.result["state"] == "COMPLETED", driven.events
+    assert driven.result["outcome"] == "succeeded", driven.events
     rows = load(RunLayout(str(run_dir)).manifest).rows
     assert [r.step for r in rows] == [2, 3]
     for row in rows:
