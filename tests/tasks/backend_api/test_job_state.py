@@ -71,7 +71,9 @@ def test_the_watch_logs_a_state_line_once_until_it_changes_and_every_output_line
     said: list[str] = []
     log = SimpleNamespace(info=lambda fmt, *args: said.append(fmt % args))
     monkeypatch.setattr(WatchTrigger, "log", property(lambda self: log))
-    trigger = WatchTrigger(driver="local", driver_args={"jobs_root": "/x"}, ref={"name": "j"}, poll_interval_s=1)
+    trigger = WatchTrigger(
+        driver="local", driver_args={"jobs_root": "/x"}, ref={"name": "j"}, poll_interval_s=1
+    )
     for line in ("Running", "Running", "Failed", "Running"):
         trigger.log_state("here", JobState(line, output=(f"out {line}",)))
     assert said == [

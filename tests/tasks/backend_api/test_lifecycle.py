@@ -48,7 +48,9 @@ def test_the_trigger_serializes_under_its_pinned_classpath_and_each_driver_under
 
     cls = import_string(names.WATCH_TRIGGER)
     assert cls is WatchTrigger
-    trigger = WatchTrigger(driver="local", driver_args={"jobs_root": "/x"}, ref={"name": "j"}, poll_interval_s=1)
+    trigger = WatchTrigger(
+        driver="local", driver_args={"jobs_root": "/x"}, ref={"name": "j"}, poll_interval_s=1
+    )
     assert trigger.serialize()[0] == names.WATCH_TRIGGER
     for name, module in DRIVER_MODULES.items():
         found = driver_type(name)
