@@ -226,7 +226,9 @@ class GkeDriver:
             return JobState(f"unreadable status: {exc}", "lost")
         progress = f" [{status.progress}]" if status.progress else ""
         if status.phase == "Succeeded":
-            return JobState(f"succeeded{progress}", "succeeded", reason=status.reason)
+            # every pod of its last attempt exited 0: a child Job completes only so (its
+            # backoffLimit is 0) and the JobSet only when all its Jobs have
+            return JobState(f"succeeded{progress}", "succeeded", 0, reason=status.reason)
         if status.phase == "Failed":
             pods = await self._failed_pod_lines(ref)
             line = f"failed ({status.reason}): {status.message}{progress}"

@@ -468,7 +468,7 @@ def test_run_checks_the_crd_creates_strictly_defers_and_follows(fake_gke, record
     result, events = _finish(op, _ctx(ti), trigger)  # kubernetes_asyncio, GKEKubernetesAsyncHook
     assert fake_gke.methods().count("GET") > gets_before
     assert result["outcome"] == "succeeded" and [e["phase"] for e in events] == ["ended"]
-    assert result["name"] == name
+    assert result["name"] == name and result["exit_code"] == 0
 
 
 def test_an_older_jobset_crd_is_refused_before_anything_is_created(

@@ -174,6 +174,8 @@ def test_the_trigger_reports_what_the_real_controllers_decided(
     events = _trigger_events(_kwargs(created), during=during)
     state = _state(events[-1])
     assert state.outcome == outcome, state
+    if outcome == "succeeded":
+        assert state.exit_code == 0, state
     if outcome == "fail_now":
         # exit code 5 is one of the deterministic user errors: the JobSet fails at once, with
         # the controller's reason
