@@ -6,7 +6,7 @@ running evaluation by the PID another task recorded, so every task of a run must
 host: under the LocalExecutor (or the SequentialExecutor), never under a distributed one
 (Celery, Kubernetes, Edge), where a job would start on whichever worker took the task and a
 stop would signal a PID on another machine. Such a deployment is refused in one line when the
-run DAG chooses its backend (`tasks.backend_api.protocol.backend_for`); the cluster backends
+run DAG chooses its backend (`tasks.backend_api.protocol.driver_for`); the cluster backends
 (slurm, gke) run anywhere.
 Why and how to deploy: docs/deploy.md.
 """

@@ -1,5 +1,6 @@
-"""The one run-job operator (`RunJobOperator`), for every driver: it records the job it is
-about to start (`lifecycle_names.JOB_RECORD_KEY`, the rule of `teardown`), starts it or adopts
+"""The one run-job operator (`RunJobOperator`), for every driver: it records the job it starts
+(`lifecycle_names.JOB_RECORD_KEY`, the rule of `teardown`; before the submit where the driver
+knows its reference then: `JobDriver.planned_ref`), starts it or adopts
 the one an earlier try left running (`JobDriver.submit_or_adopt`), defers to the one
 `WatchTrigger` and again on every `WATCHING` event, ends on a stop request's `STOPPED` event,
 decides the task's outcome from the job's (`job_ended`: the restart policy is applied here,
@@ -126,12 +127,18 @@ class RunJobOperator(BaseOperator):
 
     def execute(self, context: Context) -> Any:
         request = self.request(context)
+        planned: Mapping[str, Any] | None = None
         try:
+            planned = self.driver.planned_ref(request)
+            if planned is not None:  # recorded before the submit: see `JobDriver.planned_ref`
+                self.record(context, planned, None, "pending")
             submitted = self.driver.submit_or_adopt(request, self.log)
-        except AirflowException:
-            raise
-        except Exception as exc:  # one line naming the job, its retries apply
-            raise AirflowException(f"{request.label}: {exc}") from exc
+        except Exception as exc:
+            if planned is not None:  # nothing of ours to cancel: a retry adopts what landed
+                self.record(context, planned, False, f"not created or adopted: {exc}")
+            if isinstance(exc, AirflowException):
+                raise
+            raise AirflowException(f"{request.label}: {exc}") from exc  # one line; retries apply
         self.record(context, submitted.ref, None, "running")
         if submitted.line:
             self.log.info("%s", submitted.line)
@@ -241,7 +248,8 @@ class RunJobOperator(BaseOperator):
         if outcome == "lost":
             self.record(context, ref, False, f"watch error: {state.line}")
             raise AirflowException(
-                f"{said}; the job is left as it is, and a retry (or clearing the task) adopts it"
+                f"{said}; the job is left as it is: a retry (or clearing the task) adopts it "
+                "if it still runs, else starts it again"
             )
         if outcome in ("restart", "restart_uncounted"):
             limit = self.driver.max_restarts(self.role)

@@ -167,6 +167,13 @@ class JobDriver(Protocol):
 
     # --- on the worker ----------------------------------------------------------------------
 
+    def planned_ref(self, request: JobRequest) -> Mapping[str, Any] | None:
+        """The reference the job of `request` will have, where it is known before it is
+        submitted (a JobSet's name): the task records it first, so that a worker lost between
+        the submit and the record leaves no job its teardown cannot find. None: not known
+        before (a Slurm job's id)."""
+        ...
+
     def submit_or_adopt(self, request: JobRequest, log: Any) -> Submitted:
         """The job of `request`: the one an earlier try left running (adopted, only if it is
         this deployment's own), else one started now. Raise for a job that cannot start."""

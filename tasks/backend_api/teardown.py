@@ -77,19 +77,26 @@ class CancelRecordedJobs(BaseOperator):
         refs = recorded_jobs(context, self.run_task_id, mapped=self.mapped)
         if not refs:
             self.log.info("%s recorded no job: nothing to cancel", self.run_task_id)
-        done = []
+        done, failed = [], []
         for record in refs:
             ref = {k: v for k, v in record.items() if k not in (RECORD_DECISION, "why")}
             where = self.driver.describe(ref)
             wanted, why = should_cancel(record)
             cancelled = False
-            if wanted:
-                cancelled = self.driver.cancel(ref)
-                self.log.info("%s %s (%s)", where, "cancelled" if cancelled else "had ended", why)
-            else:
-                self.log.warning("%s is left as it is: %s", where, why)
-            self.driver.remove(ref)  # what an ended job left (a running one keeps it)
+            try:
+                if wanted:
+                    cancelled = self.driver.cancel(ref)
+                    said = "cancelled" if cancelled else "had ended"
+                    self.log.info("%s %s (%s)", where, said, why)
+                else:
+                    self.log.warning("%s is left as it is: %s", where, why)
+                self.driver.remove(ref)  # what an ended job left (a running one keeps it)
+            except Exception as exc:  # the others are still cancelled; this one is named
+                self.log.error("%s: not cancelled: %r", where, exc)
+                failed.append(f"{where}: {exc}")
             done.append({"job": where, "cancelled": cancelled})
+        if failed:
+            raise RuntimeError(f"{len(failed)} job(s) not cancelled: {'; '.join(failed)}")
         return done
 
 

@@ -266,7 +266,12 @@ class WatchTrigger(BaseTrigger):
                 return
             stop = await self.stop_request(where)
             if stop is not None:
-                await asyncio.to_thread(driver.cancel, self.ref)
+                try:
+                    await asyncio.to_thread(driver.cancel, self.ref)
+                except Exception as exc:  # the cluster did not answer: the next poll tries again
+                    self.log.warning("%s: %s: the cancel failed (%r); again", where, stop, exc)
+                    await _sleep(self.poll_interval_s)
+                    continue
                 self.log.warning("%s: %s: cancelled", where, stop)
                 yield TriggerEvent(self.event(STOPPED, reason=STOP_REQUEST, message=stop))
                 return

@@ -148,6 +148,9 @@ class GkeDriver:
             env=request.env, secret_env=self.secret_envs.get(request.role),
         )  # fmt: skip
 
+    def planned_ref(self, request: JobRequest) -> Mapping[str, Any] | None:
+        return jobset_ref(self.render(request))  # the name is the DAG run's and the label's
+
     def submit_or_adopt(self, request: JobRequest, log: Any) -> Submitted:
         jobset = self.render(request)
         hook = jobset_hook(self.cluster)

@@ -89,6 +89,9 @@ class LocalDriver:
             self.jobs_root, request.dag_id, request.run_id, request.run_dir, label
         )
 
+    def planned_ref(self, request: JobRequest) -> Mapping[str, Any] | None:
+        return None  # a job is its process: known once started
+
     def submit_or_adopt(self, request: JobRequest, log: Any) -> Submitted:
         name = _job_name(request)
         folder = self.folder(request, request.label)

@@ -161,6 +161,9 @@ class SlurmDriver:
             export_env=s.export_env,
         )
 
+    def planned_ref(self, request: JobRequest) -> Mapping[str, Any] | None:
+        return None  # a job's id is Slurm's answer to the submit
+
     def submit_or_adopt(self, request: JobRequest, log: Any) -> Submitted:
         from tasks.backends.slurm.hooks import JobInfo
 

@@ -108,6 +108,9 @@ class FakeDriver:
     ) -> timedelta | None:
         return job_timeout
 
+    def planned_ref(self, request: JobRequest) -> Mapping[str, Any] | None:
+        return None
+
     def submit_or_adopt(self, request: JobRequest, log: Any) -> Submitted:
         name = job_name(request.dag_id, request.run_id, request.label)
         ours = [j for j in CLUSTER.running(name) if j.owner == OURS]

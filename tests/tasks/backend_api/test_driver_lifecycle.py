@@ -125,3 +125,59 @@ def test_a_job_to_restart_starts_again_within_the_budget_then_fails_without_retr
     with pytest.raises(AirflowFailException, match="no restart left"):
         op.execute_complete(context_of(case, ti), event)
     assert len(fake_cluster.jobs) == 2
+
+
+def test_a_cancel_the_cluster_does_not_answer_is_tried_again_at_the_next_poll(
+    fake_cluster: fake_driver.FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the stop request's grace the watch cancels the job; a cluster that does not
+    answer that call fails neither the watch nor the task: the next poll cancels again."""
+    from types import SimpleNamespace
+
+    from tasks.backend_api.lifecycle_names import STOPPED
+
+    monkeypatch.setattr(watch_trigger, "current", lambda run_dir: SimpleNamespace(reason="x"))
+    case = _fake_case(tmp_path)
+    trigger = start(case, operator_for(case, "long"), TaskInstance())
+    trigger.stop_grace_s = 0.0
+    calls: list[int] = []
+    cancel = fake_driver.FakeDriver.cancel
+
+    def flaky(self: fake_driver.FakeDriver, ref: Mapping[str, Any]) -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("no answer")
+        return cancel(self, ref)
+
+    monkeypatch.setattr(fake_driver.FakeDriver, "cancel", flaky)
+    event = until_ended(trigger)
+    assert event["phase"] == STOPPED and len(calls) == 2 and not case.alive(trigger.ref)
+
+
+def test_a_teardown_cancels_every_job_it_can_then_fails_naming_the_one_it_could_not(
+    fake_cluster: fake_driver.FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from tasks.backend_api.teardown import CancelRecordedJobs
+
+    case = _fake_case(tmp_path)
+    first = start(case, operator_for(case, "long", label="eval-18"), TaskInstance())
+    second = start(case, operator_for(case, "long", label="eval-19"), TaskInstance())
+    cancel = fake_driver.FakeDriver.cancel
+
+    def flaky(self: fake_driver.FakeDriver, ref: Mapping[str, Any]) -> bool:
+        if ref["job_id"] == first.ref["job_id"]:
+            raise ConnectionError("no answer")
+        return cancel(self, ref)
+
+    monkeypatch.setattr(fake_driver.FakeDriver, "cancel", flaky)
+    records = [
+        {**first.ref, "cancel": None, "why": "x"},
+        {**second.ref, "cancel": None, "why": "x"},
+    ]
+    ti = SimpleNamespace(xcom_pull=lambda **kw: records, map_index=-1)
+    teardown = CancelRecordedJobs(driver=case.driver, run_task_id="evaluate", mapped=True)
+    with pytest.raises(RuntimeError, match=r"1 job\(s\) not cancelled: fake job 1: no answer"):
+        teardown.execute({"ti": ti})
+    assert case.alive(first.ref) and not case.alive(second.ref)

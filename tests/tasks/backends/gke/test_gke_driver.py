@@ -484,7 +484,7 @@ def test_an_older_jobset_crd_is_refused_before_anything_is_created(
     assert "spec.failurePolicy.rules[0].onJobFailureMessagePatterns (JobSet v0.10)" in message
     assert "older than JobSet v0.10" in message and "Install JobSet v0.10 or newer" in message
     assert fake_gke.objects == {} and "POST" not in fake_gke.methods()
-    assert ti.pushed == {}  # nothing started: nothing for the teardown to cancel
+    assert ti.pushed["cluster_job"]["cancel"] is False  # recorded first, left alone
 
     fake_gke.crd = None  # JobSet not installed at all
     with pytest.raises(AirflowFailException, match=r"jobsets\.jobset\.x-k8s\.io is not installed"):
@@ -525,7 +525,7 @@ def test_run_retry_adopts_its_own_jobset_and_refuses_a_foreign_one(fake_gke) -> 
     with pytest.raises(AirflowException, match="not rendered from this spec") as excinfo:
         other.execute(_ctx(ti))
     assert isinstance(excinfo.value.__cause__, JobSetConflictError)
-    assert ti.pushed == {}  # a foreign JobSet: never recorded, so never deleted
+    assert ti.pushed["cluster_job"]["cancel"] is False  # a foreign JobSet: never deleted
     assert fake_gke.deleted == [] and len(fake_gke.objects) == 1
 
 
