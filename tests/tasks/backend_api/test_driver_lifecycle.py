@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import fake_driver
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from lifecycle_suite import (
@@ -30,9 +31,6 @@ from tasks.backend_api import protocol, watch_trigger
 from tasks.backend_api.protocol import JobRequest
 from tasks.backends.local import processes
 from tasks.backends.local.driver import LocalDriver
-
-sys.path.insert(0, str(Path(__file__).parent))
-import fake_driver
 
 
 @pytest.fixture

@@ -14,16 +14,6 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
-from slurm_jobs import foreign_jobs, submit_held  # noqa: F401 (fixtures)
-
-from devtools.servers.slurm_cluster import SlurmCluster
-from tasks.backend_api.protocol import JobRequest
-from tasks.backends.slurm.adapter import job_name
-from tasks.backends.slurm.driver import SlurmDriver
-from tasks.backends.slurm.hooks import SlurmHook
-from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings
-
-sys.path.insert(0, str(Path(__file__).parents[2] / "backend_api"))
 from lifecycle_suite import (  # tests/tasks/backend_api
     Case,
     LifecycleSuite,
@@ -33,6 +23,14 @@ from lifecycle_suite import (  # tests/tasks/backend_api
     start,
     until_ended,
 )
+from slurm_jobs import foreign_jobs, submit_held  # noqa: F401 (fixtures)
+
+from devtools.servers.slurm_cluster import SlurmCluster
+from tasks.backend_api.protocol import JobRequest
+from tasks.backends.slurm.adapter import job_name
+from tasks.backends.slurm.driver import SlurmDriver
+from tasks.backends.slurm.hooks import SlurmHook
+from tasks.backends.slurm.settings import SlurmJobShape, SlurmSettings
 
 PY = sys.executable
 ARGV = {
