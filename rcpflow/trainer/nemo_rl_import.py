@@ -58,6 +58,14 @@ class CheckpointTreeImport:
         return text + (f"; ignored: {', '.join(self.ignored)}" if self.ignored else "")
 
 
+def _no_checkpoint_yet(root: str) -> bool:
+    """Whether the tree at `root` holds no ``step_<N>`` checkpoint (or is not there yet)."""
+    try:
+        return not list_tree(as_given(root)).steps
+    except FileNotFoundError:
+        return True
+
+
 def import_checkpoint_tree(
     run_dir: str,
     root: str,
@@ -69,7 +77,8 @@ def import_checkpoint_tree(
 ) -> CheckpointTreeImport:
     """Verify NeMo-RL's tree at `root` and append its new checkpoints to `run_dir`'s manifest.
     `val_start_at`: default the manifest's, else the recipe's. `allow_empty`: a tree without a
-    checkpoint yet is no error (a poll while training runs). `eval_schedule` ``after_training``:
+    checkpoint yet is no error (a poll while training runs, or before the trainer has written
+    its MLLOG). `eval_schedule` ``after_training``:
     a tree whose config's keep_top_k would delete a checkpoint before its evaluation is refused
     (`check_keeps_all`). Raises `NemoRLError`."""
     layout = RunLayout(run_dir)
@@ -79,11 +88,15 @@ def import_checkpoint_tree(
     except RecorderError as e:
         raise NemoRLError(str(e)) from e
     except FileNotFoundError as e:
+        if allow_empty and _no_checkpoint_yet(root):  # a poll before the trainer started
+            return CheckpointTreeImport(root, (), 0, ())
         raise NemoRLError(f"{layout.mllog(seed or 0)}: no MLLOG (MLPERF_MLLOG_FILE)") from e
     except MLLogError as e:
         raise NemoRLError(str(e)) from e
     starts = [e for e in events if e.key == "run_start"]
     if not starts:
+        if allow_empty and _no_checkpoint_yet(root):
+            return CheckpointTreeImport(root, (), 0, ())
         raise NemoRLError(f"{log_path}: no run_start: training has not started")
     with refused_as(NemoRLError, RecorderError):
         header = {

@@ -3,7 +3,8 @@ on the local backend) and their tasks end skipped naming the passing step; nothi
 the passing step is ever stopped, whichever evaluation finishes first.
 
 The evaluations are the one evaluate operator (`EvaluateOperator`) holding the local driver,
-driven as a task runner would: execute until it defers, its trigger until it fires, then execute_complete. The jobs
+driven as a task runner would: execute until it defers, its trigger until it fires, then
+execute_complete. The jobs
 are real processes (an interpreter wrapper that sleeps instead of evaluating); the decision
 comes from the summaries on storage.
 """
@@ -26,8 +27,8 @@ from tasks.backend_api import watch_trigger
 from tasks.backend_api.lifecycle_names import eval_label
 from tasks.backends.local import processes as local_adapter
 from tasks.backends.local.driver import LocalDriver
-from tasks.run.evaluate_operator import EvaluateOperator
 from tasks.deployment import _load
+from tasks.run.evaluate_operator import EvaluateOperator
 from tasks.run.stages import cancel_above
 
 # The passing step's job ends at once (its summary is the test's); every other one sleeps.
@@ -157,7 +158,7 @@ def test_a_pass_stops_the_running_higher_evaluations_and_nothing_below(
     assert evaluations[19].is_alive()
     # and a stop asked for at or below the passing step is refused by cancel_above's rule
     assert cancel_above(run.run_dir, PASSING, lambda d, s: s <= PASSING) == []
-    evaluations[19].op.cancel_step("d", "r", 19)  # clean up (the test's own job)
+    evaluations[19].op.driver.cancel_step("d", "r", run.run_dir, 19)  # clean up (our own job)
     evaluations[19].join(timeout=60)
 
 
@@ -171,4 +172,4 @@ def test_a_higher_step_started_after_the_pass_launches_nothing(tmp_path: Path) -
     assert str(late.outcome).startswith("step 23: skipped, not evaluated: step 19 already passed")
     folder = local_adapter.job_folder(jobs, "d", "r", run.run_dir, eval_label(23))
     assert local_adapter.recorded(folder) is None  # nothing was started
-    assert not late.op.cancel_step("d", "r", 23)  # nothing is running
+    assert not late.op.driver.cancel_step("d", "r", run.run_dir, 23)  # nothing is running

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from devtools import demo
-from tasks.run.job_nodes import nodes_for
 from tasks.deployment import Deployment, parse_deployment
+from tasks.run.job_nodes import nodes_for
 from tasks.settings import SettingError
 
 

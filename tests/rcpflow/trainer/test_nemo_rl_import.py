@@ -134,6 +134,19 @@ def test_a_tmp_step_only_is_named(tmp_path, monkeypatch):
     )
 
 
+def test_a_poll_before_the_trainer_started_finds_nothing_yet(tmp_path, monkeypatch):
+    """No MLLOG and no checkpoint yet: a wait's poll (`allow_empty`) is no error; a tree with a
+    checkpoint but no MLLOG is, and so is any import that wants checkpoints."""
+    run_dir, ckpt = tmp_path / "run", tmp_path / "run" / "ckpt"
+    found = import_checkpoint_tree(str(run_dir), str(ckpt), seed=1, allow_empty=True)
+    assert found.added == () and found.rows == 0
+    with pytest.raises(NemoRLError, match="no MLLOG"):
+        import_checkpoint_tree(str(run_dir), str(ckpt), seed=1)
+    _, tree = train_nemo(tmp_path / "t", monkeypatch, max_steps=2)
+    with pytest.raises(NemoRLError, match="no MLLOG"):  # checkpoints without their MLLOG
+        import_checkpoint_tree(str(run_dir), str(tree), seed=1, allow_empty=True)
+
+
 def test_no_weights_and_missing_keys_are_named(tmp_path, monkeypatch):
     run_dir, ckpt = train_nemo(tmp_path, monkeypatch)
     shutil.rmtree(ckpt / "step_4" / "policy" / "weights")

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from repo_paths import REPO
 
-from tasks.run.job_nodes import nodes_for
 from tasks.deployment import DeploymentError, parse_deployment
 from tasks.jobs.command import EVALUATE_JOB, TRAIN_JOB
 from tasks.jobs.templates import EvalResult
+from tasks.run.job_nodes import nodes_for
 
 
 def _parse(text: str, tmp_path: Path):
