@@ -99,6 +99,14 @@ def until_ended(trigger: watch_trigger.WatchTrigger) -> dict[str, Any]:
     raise AssertionError("the job never ended")
 
 
+def run_to_end(case: Case, kind: str) -> tuple[RunJobOperator, TaskInstance, dict[str, Any]]:
+    """A job of `kind` started by its run operator and watched to its end: the operator, the
+    task instance and the last event."""
+    ti = TaskInstance()
+    op = operator_for(case, kind)
+    return op, ti, until_ended(start(case, op, ti))
+
+
 class _Failing:
     """A driver whose first `failures` reads fail (None: every read)."""
 
@@ -154,9 +162,7 @@ class LifecycleSuite:
         self,
         case: Case,
     ) -> None:
-        ti = TaskInstance()
-        op = operator_for(case, "ok")
-        event = until_ended(start(case, op, ti))
+        op, ti, event = run_to_end(case, "ok")
         assert event["phase"] == ENDED and event["state"]["outcome"] == "succeeded"
         result = op.execute_complete(context_of(case, ti), event)
         assert result["outcome"] == "succeeded" and result["exit_code"] == 0
@@ -165,9 +171,7 @@ class LifecycleSuite:
     def test_a_job_that_fails_fails_its_task_naming_it_and_quoting_its_output(
         self, case: Case
     ) -> None:
-        ti = TaskInstance()
-        op = operator_for(case, "fail")
-        event = until_ended(start(case, op, ti))
+        op, ti, event = run_to_end(case, "fail")
         assert event["state"]["outcome"] == "failed"
         with pytest.raises(AirflowException) as failed:
             op.execute_complete(context_of(case, ti), event)

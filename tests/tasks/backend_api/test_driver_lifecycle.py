@@ -23,6 +23,7 @@ from lifecycle_suite import (
     TaskInstance,
     context_of,
     operator_for,
+    run_to_end,
     start,
     until_ended,
 )
@@ -110,9 +111,8 @@ def test_a_job_to_restart_starts_again_within_the_budget_then_fails_without_retr
 ) -> None:
     """The restart policy is applied once, in the run operator, for a driver that restarts
     (the fake, with one restart; Slurm's tests run it on a real cluster)."""
-    case, ti = _fake_case(tmp_path), TaskInstance()
-    op = operator_for(case, "restart")
-    event = until_ended(start(case, op, ti))
+    case = _fake_case(tmp_path)
+    op, ti, event = run_to_end(case, "restart")
     assert event["state"]["outcome"] == "restart"
     with pytest.raises(TaskDeferred) as deferred:
         op.execute_complete(context_of(case, ti), event)

@@ -14,15 +14,7 @@ from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
-from lifecycle_suite import (  # tests/tasks/backend_api
-    Case,
-    LifecycleSuite,
-    TaskInstance,
-    context_of,
-    operator_for,
-    start,
-    until_ended,
-)
+from lifecycle_suite import Case, LifecycleSuite, context_of, run_to_end  # tests/tasks/backend_api
 from slurm_jobs import foreign_jobs, submit_held  # noqa: F401 (fixtures)
 
 from devtools.servers.slurm_cluster import SlurmCluster
@@ -79,9 +71,7 @@ class TestSlurmLifecycle(LifecycleSuite):
     ) -> None:
         """Slurm's contract: exit code 1 is a counted restart; none is left (max_restarts 0),
         so the task fails without retries, naming the job and quoting its output."""
-        ti = TaskInstance()
-        op = operator_for(case, "fail")
-        event = until_ended(start(case, op, ti))
+        op, ti, event = run_to_end(case, "fail")
         assert event["state"]["outcome"] == "restart"
         with pytest.raises(AirflowFailException, match=r"no restart left") as failed:
             op.execute_complete(context_of(case, ti), event)
