@@ -11,15 +11,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import fake_driver
 import pytest
 
 from devtools.synthetic_run import SyntheticRun, make_run, rows_of, write_eval
 from rcpflow.files.layout import RunLayout
+from tasks.backend_api import protocol
 from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY
 from tasks.backend_api.task_end import JobOutcome, TaskEnd, TaskEndSpec, end_task
 from tasks.deployment import RetentionSettings
 from tasks.jobs.templates import TrainResult
-from tasks.run import evaluation_end
 from tasks.run.evaluation_end import evaluation_end_args
 
 REF = {"name": "evaluate step 19", "pid": 1}
@@ -27,18 +28,22 @@ OK = JobOutcome(REF, "succeeded", "evaluate step 19: finished")
 FAILED = JobOutcome(REF, "failed", "evaluate step 19 exited with status 1")
 
 
-# The steps whose evaluation an end stopped, through the canceller named "test".
-CANCELLED: list[tuple[Mapping[str, Any], int]] = []
+# The steps whose evaluation an end stopped (the DAG run, the step), through the driver it
+# named ("recording", rebuilt from its JSON args on the triggerer).
+CANCELLED: list[tuple[tuple[str, str], int]] = []
 
 
-def _cancel(args: Mapping[str, Any], step: int) -> bool:
-    CANCELLED.append((args, step))
-    return True
+class _Recording(fake_driver.FakeDriver):
+    name = "recording"
+
+    def cancel_step(self, dag_id: str, run_id: str, run_dir: str, step: int) -> bool:
+        CANCELLED.append(((dag_id, run_id), step))
+        return True
 
 
 @pytest.fixture
-def cancelled(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Mapping[str, Any], int]]:
-    monkeypatch.setitem(evaluation_end.STEP_CANCELS, "test", f"{__name__}:_cancel")  # type: ignore[attr-defined]
+def cancelled(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[str, str], int]]:
+    monkeypatch.setitem(protocol._DRIVERS, "recording", _Recording)  # type: ignore[arg-type]
     CANCELLED.clear()
     return CANCELLED
 
@@ -48,7 +53,7 @@ def _args(run: SyntheticRun, step: int, *, planned: bool = False, **kw: Any) -> 
     row = None if planned else rows[step]
     kw.setdefault("retention", None)
     return evaluation_end_args(
-        REF, run.run_dir, row=row, step=step, cancel=("test", {"k": 1}), **kw
+        REF, run.run_dir, row=row, step=step, cancel=("recording", {"restarts": 0}, "d", "r"), **kw
     )
 
 
@@ -59,7 +64,7 @@ def _end(args: Mapping[str, Any], outcome: JobOutcome = OK) -> TaskEnd:
 
 
 def test_a_pass_collects_the_summary_and_stops_only_the_higher_steps(
-    tmp_path: Path, cancelled: list[tuple[Mapping[str, Any], int]]
+    tmp_path: Path, cancelled: list[tuple[tuple[str, str], int]]
 ) -> None:
     run = make_run(str(tmp_path / "run"), max_steps=22, accuracies={18: 0.5, 19: 0.8})
     end = _end(_args(run, 19))
@@ -67,11 +72,11 @@ def test_a_pass_collects_the_summary_and_stops_only_the_higher_steps(
     result = end.xcoms["return_value"]
     assert result["target_reached"] is True and result["step"] == 19
     assert end.xcoms[JOB_RECORD_KEY] == {**REF, "cancel": True, "why": "succeeded"}
-    assert cancelled == [({"k": 1}, 20), ({"k": 1}, 21), ({"k": 1}, 22)]
+    assert cancelled == [(("d", "r"), 20), (("d", "r"), 21), (("d", "r"), 22)]
 
 
 def test_a_step_below_the_target_stops_nothing(
-    tmp_path: Path, cancelled: list[tuple[Mapping[str, Any], int]]
+    tmp_path: Path, cancelled: list[tuple[tuple[str, str], int]]
 ) -> None:
     run = make_run(str(tmp_path / "run"), max_steps=22, accuracies={18: 0.5})
     end = _end(_args(run, 18, planned=True))
