@@ -1,8 +1,9 @@
 """The cluster calls of a JobSet's life that the GKE driver (`tasks.backends.gke.driver`) makes
 on the worker, each through `tasks.backends.gke.hooks.JobSetHook` (imported in the function: DAG
 parsing stays cheap): create it after checking the cluster's JobSet CRD has every field of it,
-or adopt the identical one an earlier try created (`create_or_adopt`); delete one step's
-evaluation JobSet when it still runs (`cancel_step_jobset`)."""
+or adopt the identical one an earlier try created (`create_or_adopt`); delete a JobSet that
+still runs, only the object the task created (`cancel_jobset`; one step's evaluation:
+`cancel_step_jobset`), and one that has finished (`remove_finished_jobset`)."""
 
 from __future__ import annotations
 
@@ -100,15 +101,57 @@ def cancel_step_jobset(
     hook: JobSetHook, namespace: str, dag_id: str, run_id: str, step: int
 ) -> bool:
     """Delete the evaluation JobSet of `step` in that DAG run if it still runs (its pods go
-    with it); False when there is none, or it has finished."""
+    with it); False when there is none, or it has finished (`cancel_jobset`)."""
+    return cancel_jobset(hook, namespace, jobset_name(dag_id, run_id, eval_label(step)))
+
+
+def cancel_jobset(hook: JobSetHook, namespace: str, name: str, uid: str | None = None) -> bool:
+    """Delete the JobSet `namespace`/`name` if it still runs (its pods go with it) and, given
+    `uid`, only when it is that object (one created again under the name is another's: never
+    deleted); False, nothing deleted, when it is gone or being deleted, is another object, or
+    has finished. Read first, then deleted with the UID it was read with as the API's
+    precondition, so that an object replaced between the two calls is not deleted either. A
+    status this version cannot read counts as running: the cancel was asked for."""
     from tasks.backends.gke.status import JobSetStatusError, interpret_status
 
-    name = jobset_name(dag_id, run_id, eval_label(step))
-    try:
-        if interpret_status(hook.get_jobset(namespace, name)).phase != "Running":
-            return False
-    except JobSetGone:
+    found = _own(hook, namespace, name, uid)
+    if found is None:
         return False
+    try:
+        if interpret_status(found).terminal:
+            return False
     except JobSetStatusError:
-        pass  # a status this version cannot read: the step is useless either way
-    return hook.delete_jobset(namespace, name)
+        pass
+    return hook.delete_jobset(namespace, name, found["metadata"].get("uid"))
+
+
+def remove_finished_jobset(hook: JobSetHook, namespace: str, name: str, uid: str) -> bool:
+    """Delete the JobSet of `uid` when it has finished (its completed pods and Service with
+    it, before the cluster's ``ttlSecondsAfterFinished`` does); False, nothing deleted, when
+    it is gone, another object, still running, or its status unreadable (left as it is)."""
+    from tasks.backends.gke.status import JobSetStatusError, interpret_status
+
+    found = _own(hook, namespace, name, uid)
+    if found is None:
+        return False
+    try:
+        if not interpret_status(found).terminal:
+            return False
+    except JobSetStatusError:
+        return False
+    return hook.delete_jobset(namespace, name, uid)
+
+
+def _own(hook: JobSetHook, namespace: str, name: str, uid: str | None) -> dict[str, Any] | None:
+    """The JobSet `namespace`/`name` when it exists, is not being deleted and (given `uid`) is
+    the object of that UID; else None."""
+    try:
+        found = hook.get_jobset(namespace, name)
+    except JobSetGone:
+        return None
+    metadata = found.get("metadata")
+    if not isinstance(metadata, Mapping) or metadata.get("deletionTimestamp"):
+        return None
+    if uid is not None and metadata.get("uid") != uid:
+        return None
+    return found

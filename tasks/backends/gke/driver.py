@@ -9,10 +9,12 @@ field or log line ever holds it), checked against the cluster's JobSet CRD
 (`tasks.backends.gke.crd`) and created with strict field validation; an existing one (a retry)
 is adopted only when it was rendered from the same spec. Restarts are the JobSet's
 failurePolicy (docs/exit-codes.md), so a Failed JobSet fails its task without retries. The
-watch's memo holds the JobSet's UID (one replaced under the same name is never the task's)
-and its clocks (running since, suspended since, running time so far): time spent suspended,
-waiting for Kueue to admit it, is bounded on its own and does not count against the job's
-running time (`read`).
+reference (``{name, namespace, uid}``) and the watch's memo hold the JobSet's UID: one replaced
+under the same name is never the task's, neither to follow nor to delete (`cancel` and
+`remove` delete with the UID as the API's precondition; a finished JobSet is not cancelled,
+the teardown's `remove` deletes it). The memo holds its clocks (running since, suspended
+since, running time so far): time spent suspended, waiting for Kueue to admit it, is bounded on
+its own and does not count against the job's running time (`read`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from tasks.backend_api.job_state import JobState
 from tasks.backend_api.protocol import FormDefaults, JobKeys, JobRequest, Submitted, register
 from tasks.backend_api.watch_trigger import wall_clock
-from tasks.backends.gke.adapter import cancel_step_jobset, check_api, create_or_adopt, jobset_hook
+from tasks.backends.gke.adapter import (
+    cancel_jobset,
+    cancel_step_jobset,
+    check_api,
+    create_or_adopt,
+    jobset_hook,
+    remove_finished_jobset,
+)
 from tasks.backends.gke.render import jobset_ref, render_jobset
 from tasks.backends.gke.settings import TABLE, GkeCluster, GkeSettings, check_evaluate_job
 from tasks.backends.gke.status import (
@@ -160,8 +169,9 @@ class GkeDriver:
             interpret_status(existing).suspended
         )
         now = wall_clock()
+        uid = existing.get("metadata", {}).get("uid")
         memo = {
-            "uid": existing.get("metadata", {}).get("uid"),
+            "uid": uid,
             "running_since": None if suspended else now,
             "suspended_since": now if suspended else None,
             "running_s": 0.0,
@@ -169,7 +179,8 @@ class GkeDriver:
             "max_suspended_s": self.settings.max_suspended_minutes * 60.0,
             "max_running_s": request.timeout_s,
         }
-        ref = jobset_ref(jobset)
+        # The UID names this object, not the name's next one: a cancel deletes only it.
+        ref: dict[str, Any] = {**jobset_ref(jobset), "uid": uid}
         return Submitted(ref, memo, f"{self.describe(ref)} submitted; waiting for it to finish")
 
     def restart(self, request: JobRequest, log: Any) -> Submitted:
@@ -179,7 +190,13 @@ class GkeDriver:
         return None
 
     def cancel(self, ref: Mapping[str, Any]) -> bool:
-        return jobset_hook(self.cluster).delete_jobset(ref["namespace"], ref["name"])
+        """Delete the JobSet of `ref` if it still runs, and only the object of its UID (one
+        created again under the name is someone else's): False, nothing deleted, when it has
+        finished, is gone or is another object. A reference recorded before the create
+        (`planned_ref`, a worker lost before the create's record) has no UID: the object the
+        name holds is cancelled then."""
+        hook = jobset_hook(self.cluster)
+        return cancel_jobset(hook, ref["namespace"], ref["name"], ref.get("uid"))
 
     def cancel_step(self, dag_id: str, run_id: str, run_dir: str, step: int) -> bool:
         hook = jobset_hook(self.cluster)
@@ -192,7 +209,12 @@ class GkeDriver:
         return ""  # its failed pods' reasons and exit codes are the state's detail
 
     def remove(self, ref: Mapping[str, Any]) -> None:
-        """Nothing: deleting the JobSet removed its pods."""
+        """Delete the JobSet of `ref` once it has finished (its pods and Service with it; the
+        cluster would after `ttl_after_finished_s`), only the object of its UID; a running one,
+        a foreign one, or one known by name alone (no UID) is left."""
+        if ref.get("uid") is not None:
+            hook = jobset_hook(self.cluster)
+            remove_finished_jobset(hook, ref["namespace"], ref["name"], str(ref["uid"]))
 
     # --- on the triggerer -------------------------------------------------------------------
 
@@ -215,6 +237,8 @@ class GkeDriver:
             self._async_hook = None  # the next read looks the endpoint up again
             raise
         uid = (jobset.get("metadata") or {}).get("uid")
+        if memo.get("uid") is None and ref.get("uid") is not None:
+            memo["uid"] = ref["uid"]  # the reference's: the object the task created
         if memo.get("uid") is not None and uid != memo["uid"]:
             line = (
                 f"is another object now (uid {uid!r}, created as {memo['uid']!r}): it was "

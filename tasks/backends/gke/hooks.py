@@ -60,6 +60,29 @@ def _gone_on_404(namespace: str, name: str) -> Iterator[None]:
         raise
 
 
+class _OtherObject(RuntimeError):
+    """A delete's UID precondition failed: the name holds another object now."""
+
+
+@contextlib.contextmanager
+def _other_on_409(uid: str | None) -> Iterator[None]:
+    """A delete with a UID precondition answered 409 (the apiserver's "Precondition failed:
+    UID in precondition ...", either client's) as _OtherObject."""
+    try:
+        yield
+    except (ApiException, AsyncApiException) as exc:
+        if uid is not None and exc.status == 409:
+            raise _OtherObject(f"not the object of uid {uid}") from exc
+        raise
+
+
+def _delete_options(uid: str | None) -> dict[str, Any]:
+    """A delete call's DeleteOptions body: the UID precondition when `uid` is given."""
+    if uid is None:
+        return {}
+    return {"body": {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}}
+
+
 def cluster_endpoint(cluster: GkeCluster) -> tuple[str, str]:
     """The URL and CA certificate of `cluster`'s API, looked up as the provider's GKE
     operators do (`GKEClusterAuthDetails`: the GKE API through the Google connection)."""
@@ -162,17 +185,20 @@ class JobSetHook:
         found: dict[str, Any] = json.loads(response.data)
         return found
 
-    def delete_jobset(self, namespace: str, name: str) -> bool:
-        """Delete the JobSet (and so its pods); False when it did not exist."""
+    def delete_jobset(self, namespace: str, name: str, uid: str | None = None) -> bool:
+        """Delete the JobSet (and so its pods); False when it did not exist. With `uid`, only
+        the object of that UID (the API's precondition: one created again under the name is
+        another object): False, nothing deleted, when the name holds another."""
         try:
-            with _gone_on_404(namespace, name):
+            with _gone_on_404(namespace, name), _other_on_409(uid):
                 self.custom_object_client.delete_namespaced_custom_object(
                     **_JOBSET_RESOURCE,
                     name=name,
                     namespace=namespace,
+                    **_delete_options(uid),
                     _preload_content=False,
                 )
-        except JobSetGone:
+        except (JobSetGone, _OtherObject):
             return False
         return True
 
@@ -216,22 +242,24 @@ class AsyncJobSetHook:
                 found: dict[str, Any] = await response.json()
         return found
 
-    async def delete_jobset(self, namespace: str, name: str) -> bool:
-        """Delete the JobSet (and so its pods); False when it did not exist."""
+    async def delete_jobset(self, namespace: str, name: str, uid: str | None = None) -> bool:
+        """Delete the JobSet (and so its pods); False when it did not exist, or (with `uid`)
+        when the name holds another object than that UID's (`JobSetHook.delete_jobset`)."""
         try:
             async with self.get_conn() as api_client:
-                with _gone_on_404(namespace, name):
+                with _gone_on_404(namespace, name), _other_on_409(uid):
                     response: Any = await CustomObjectsApi(
                         api_client
                     ).delete_namespaced_custom_object(
                         **_JOBSET_RESOURCE,
                         namespace=namespace,
                         name=name,
+                        **_delete_options(uid),
                         _preload_content=False,
                     )
                     response.release()
                     _raise_for_status(response)
-        except JobSetGone:
+        except (JobSetGone, _OtherObject):
             return False
         return True
 

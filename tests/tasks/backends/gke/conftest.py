@@ -198,7 +198,8 @@ class FakeKubeApi:
 
     It answers what the provider's GKE operators and hooks send (create, get, delete of
     ``/apis/jobset.x-k8s.io/v1alpha2/namespaces/<ns>/jobsets[/<name>]``) like the apiserver
-    does (201, 409 AlreadyExists, 404 NotFound), and serves each JobSet's ``status`` from a
+    does (201, 409 AlreadyExists, 404 NotFound; a DELETE whose DeleteOptions' UID precondition
+    names another object: 409, nothing deleted), and serves each JobSet's ``status`` from a
     script: the i-th GET of a JobSet gets ``statuses[i]`` (the last one repeats), or from
     ``scripts[prefix]`` for JobSets whose name starts with that prefix. `requests` records
     (method, path, Authorization header) in order; `deleted` the names deleted.
@@ -237,6 +238,7 @@ class FakeKubeApi:
         self.statuses: list[dict[str, Any] | None] = [None]
         self.scripts: dict[str, list[dict[str, Any] | None]] = {}
         self.deleted: list[str] = []
+        self.delete_preconditions: list[str | None] = []  # each DELETE's UID precondition
         self.requests: list[tuple[str, str, str | None]] = []
         self.fail_posts: list[int] = []  # status codes for the next POSTs, consumed in order
         self.get_failure: Callable[[str], int | None] = lambda path: None
@@ -334,10 +336,19 @@ class FakeKubeApi:
 
             def do_DELETE(self) -> None:
                 route = self._route()
+                length = int(self.headers.get("Content-Length") or 0)
+                options = json.loads(self.rfile.read(length) or b"{}") if length else {}
+                want = (options.get("preconditions") or {}).get("uid")
                 with api._lock:
                     api.requests.append(("DELETE", self.path, self.headers.get("Authorization")))
-                    if route is None or api.objects.pop(route, None) is None:
+                    api.delete_preconditions.append(want)
+                    if route is None or route not in api.objects:
                         return self._status(404, "NotFound")
+                    have = api.objects[route]["metadata"].get("uid")
+                    if want is not None and want != have:
+                        said = f"UID in precondition: {want}, UID in object meta: {have}"
+                        return self._status(409, "Conflict", f"Precondition failed: {said}")
+                    del api.objects[route]
                     api.deleted.append(route[1])
                 self._reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 

@@ -446,9 +446,13 @@ def test_run_checks_the_crd_creates_strictly_defers_and_follows(fake_gke, record
     ti = FakeTI()
     trigger = _deferred_trigger(op, ti)
 
+    uid = fake_gke.objects[("default", name)]["metadata"]["uid"]
+    # the reference names the object created (its UID), not only the name
     assert ti.pushed == {
-        "cluster_job": {"name": name, "namespace": "default", "cancel": None, "why": "running"}
-    }
+        "cluster_job": {
+            "name": name, "namespace": "default", "uid": uid, "cancel": None, "why": "running"
+        }
+    }  # fmt: skip
     # the CRD is read before the create, and the create is strict
     assert [(m, path.split("?")[0]) for m, path, _ in fake_gke.requests[:2]] == [
         ("GET", CRD), ("POST", JOBSETS),
@@ -456,9 +460,10 @@ def test_run_checks_the_crd_creates_strictly_defers_and_follows(fake_gke, record
     assert fake_gke.requests[1][2] == "Bearer test-token"
     assert fake_gke.field_validation == ["Strict"] and fake_gke.pruned == []
     stored = json.loads(json.dumps(fake_gke.objects[("default", name)]))
-    uid = stored["metadata"].pop("uid")
+    assert stored["metadata"].pop("uid") == uid
     assert stored == jobset  # the rendered object, unchanged
-    assert (trigger.driver, trigger.ref, trigger.memo["uid"]) == ("gke", {**REF, "name": name}, uid)
+    ref = {**REF, "name": name, "uid": uid}
+    assert (trigger.driver, trigger.ref, trigger.memo["uid"]) == ("gke", ref, uid)
     # the watch's bounds: the deployment's suspended bound, no running bound without a timeout
     assert trigger.memo["max_suspended_s"] == SETTINGS.max_suspended_minutes * 60.0
     assert trigger.memo["max_running_s"] is None
@@ -568,9 +573,13 @@ def test_cleanup_deletes_after_an_outcome_or_a_users_mark(fake_gke, recorded_sta
     # deferred, then marked failed by hand: the task never decided; the teardown deletes
     assert ti.pushed["cluster_job"]["cancel"] is None
     assert _cleanup(ti) == [{"job": where, "cancelled": True}]
-    assert fake_gke.objects == {}
-    assert fake_gke.requests[-1] == ("DELETE", f"{JOBSETS}/{name}", "Bearer test-token")
+    assert fake_gke.objects == {} and fake_gke.deleted == [name]
+    deletes = [(path, auth) for m, path, auth in fake_gke.requests if m == "DELETE"]
+    assert deletes == [(f"{JOBSETS}/{name}", "Bearer test-token")]
+    # only the object the task created: the delete's UID precondition
+    assert fake_gke.delete_preconditions == [trigger.ref["uid"]]
     assert _cleanup(ti) == [{"job": where, "cancelled": False}]  # already gone: fine
+    assert fake_gke.methods().count("DELETE") == 1  # read first: nothing to delete
 
     fake_gke.statuses = [recorded_status("status_failed_jobs.json")["status"]]
     op = _op()
@@ -578,7 +587,10 @@ def test_cleanup_deletes_after_an_outcome_or_a_users_mark(fake_gke, recorded_sta
     with pytest.raises(AirflowFailException):
         _finish(op, _ctx(ti), trigger)
     assert ti.pushed["cluster_job"]["cancel"] is True  # a real failure
-    assert _cleanup(ti) == [{"job": where, "cancelled": True}]
+    # it had ended: not cancelled, but removed (its pods and Service with it)
+    assert _cleanup(ti) == [{"job": where, "cancelled": False}]
+    assert fake_gke.objects == {} and fake_gke.deleted == [name, name]
+    assert fake_gke.delete_preconditions[-1] == trigger.ref["uid"]
 
 
 def test_cleanup_leaves_a_jobset_whose_watch_failed(fake_gke, recorded_status) -> None:
@@ -603,6 +615,69 @@ def test_on_kill_deletes_the_jobset_the_task_owns(fake_gke) -> None:
     trigger = _deferred_trigger(op)
     op.on_kill()
     assert fake_gke.deleted == [trigger.ref["name"]] and fake_gke.objects == {}
+
+
+def test_a_jobset_replaced_under_its_name_is_never_deleted(fake_gke) -> None:
+    """Someone deleted the task's JobSet and created another under its name: the reference's
+    UID names the task's object, so neither its cancel, nor on_kill, nor the teardown deletes
+    the other one (the delete carries the UID as the API's precondition, so a replacement
+    between the read and the delete is refused by the apiserver too)."""
+    from tasks.backend_api.teardown import CancelRecordedJobs
+
+    ti = FakeTI()
+    op = _op()
+    trigger = _deferred_trigger(op, ti)
+    ref, key = trigger.ref, ("default", trigger.ref["name"])
+    assert ref["uid"] == fake_gke.objects[key]["metadata"]["uid"]
+    fake_gke.objects[key]["metadata"]["uid"] = "someone-elses"  # deleted and created again
+
+    driver = GkeDriver(SETTINGS)
+    assert driver.cancel(ref) is False
+    op.on_kill()
+    teardown = CancelRecordedJobs(driver=driver, run_task_id="g.run")
+    ti.xcoms[("g.run", "cluster_job", -1)] = ti.pushed["cluster_job"]  # undecided: cancel
+    assert teardown.execute({"ti": ti}) == [{"job": driver.describe(ref), "cancelled": False}]
+    assert "DELETE" not in fake_gke.methods() and key in fake_gke.objects
+
+    # the apiserver's own check, for a replacement between the read and the delete
+    from tasks.backends.gke.hooks import JobSetHook
+
+    hook = JobSetHook.for_cluster(SETTINGS.cluster)
+    assert hook.delete_jobset("default", ref["name"], ref["uid"]) is False
+    assert key in fake_gke.objects and fake_gke.delete_preconditions == [ref["uid"]]
+
+    async def from_the_triggerer() -> bool:
+        from tasks.backends.gke.hooks import AsyncJobSetHook
+
+        ahook = await AsyncJobSetHook.for_cluster(SETTINGS.cluster)
+        return await ahook.delete_jobset("default", ref["name"], ref["uid"])
+
+    assert asyncio.run(from_the_triggerer()) is False and key in fake_gke.objects
+    assert hook.delete_jobset("default", ref["name"], "someone-elses") is True
+    assert fake_gke.objects == {}
+
+
+def test_a_finished_jobset_is_not_cancelled_but_removed_by_the_teardown(
+    fake_gke, recorded_status
+) -> None:
+    """`cancel` of a JobSet that has finished answers False (the protocol's "it had ended")
+    and deletes nothing; `remove` (after the teardown) deletes it, only the object of the
+    reference's UID, and leaves a running one and one known by name alone."""
+    driver = GkeDriver(SETTINGS)
+    trigger = _deferred_trigger(_op())
+    ref, key = trigger.ref, ("default", trigger.ref["name"])
+    driver.remove(ref)  # running: left
+    driver.remove({k: v for k, v in ref.items() if k != "uid"})  # not known to be ours
+    assert "DELETE" not in fake_gke.methods()
+    fake_gke.statuses = [recorded_status("status_succeeded.json")["status"]]
+    assert driver.cancel(ref) is False and key in fake_gke.objects
+    assert driver.cancel_step(DAG_ID, RUN_ID, "", 18) is False and key in fake_gke.objects
+    driver.remove({**ref, "uid": "another"})
+    assert "DELETE" not in fake_gke.methods()
+    driver.remove(ref)
+    assert fake_gke.objects == {} and fake_gke.delete_preconditions == [ref["uid"]]
+    driver.remove(ref)  # gone: nothing
+    assert fake_gke.methods().count("DELETE") == 1
 
 
 # --- the watch under API trouble, with pod detail ------------------------------------------
