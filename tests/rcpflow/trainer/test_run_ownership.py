@@ -262,9 +262,7 @@ def test_an_airflow_tasks_identity_is_the_same_for_every_try(monkeypatch):
         ownership._AIRFLOW_ENV, ("d", "manual__1", "train.job.run"), strict=True
     ):
         monkeypatch.setenv(name, value)
-    assert ownership.owner_from_env() == ownership.airflow_owner(
-        "d", "manual__1", "train.job.run"
-    )
+    assert ownership.owner_from_env() == ownership.airflow_owner("d", "manual__1", "train.job.run")
     assert ownership.owner_from_env() == "airflow:d/manual__1/train.job.run"
     monkeypatch.setenv(ownership.OWNER_ENV, "given")
     assert ownership.owner_from_env() == "given"

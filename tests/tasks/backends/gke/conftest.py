@@ -416,3 +416,15 @@ class FixedTokenCredentials(google.auth.credentials.Credentials):
 
     def refresh(self, request: Any) -> None:
         self.token = "test-token"
+
+
+@pytest.fixture
+def sim_clock(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from jobset_watch import SimClock
+
+    from tasks.backend_api import watch_trigger
+
+    clock = SimClock()
+    monkeypatch.setattr(watch_trigger, "_now", clock.time)
+    monkeypatch.setattr(watch_trigger, "_sleep", clock.sleep)
+    return clock
