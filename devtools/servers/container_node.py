@@ -27,18 +27,21 @@ creates (``/run/containerd``, ``/var/run/netns``) removed when empty.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
 import signal
 import subprocess
+import tarfile
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from devtools.k8s.control_plane import ControlPlane
 from devtools.k8s.kwok_nodes import (
@@ -48,6 +51,7 @@ from devtools.k8s.kwok_nodes import (
     TPU_TOPOLOGY_LABEL,
 )
 from devtools.k8s.processes import Component, wait_until
+from devtools.servers.container_images import CACHE
 from tasks.jobs.processes import Server, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +62,7 @@ K8S_NAMESPACE = "k8s.io"  # containerd's namespace of the CRI
 START_TIMEOUT_S = 90.0
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/var/run/netns")
+_LABEL = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"  # one DNS label (RFC 1123)
 # A CNI plugin of a few lines: the pod's network namespace gets its loopback up and nothing
 # else. containerd's CRI calls a plugin named "loopback" (for lo) and the configured network
 # (for eth0), and reads the pod's address from the eth0 result: both are this script, and the
@@ -118,6 +123,10 @@ class KubeNode(Server):
     _owns_workdir: bool = False
     _created: list[Path] = field(default_factory=list)
     _netns_before: set[str] = field(default_factory=set)
+    # containerd's root under the cache (None: always one of the node's own)
+    cache: Path | None = CACHE
+    _content_root: Path | None = None
+    _lock_handle: IO[str] | None = None
 
     def __post_init__(self) -> None:
         self.name = self.name or f"gke-{self.pool}-{uuid.uuid4().hex[:6]}"
@@ -170,10 +179,39 @@ class KubeNode(Server):
             if not path.exists():
                 self._created.append(path)
         self._netns_before = set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else set()
+        self._content_root = self._claim_content_root()
         self._start_containerd()
-        for archive in self.images:
-            self.ctr("image", "import", str(archive), timeout_s=600)
+        self._import_images()
         self._start_kubelet(kubelet)
+
+    def _claim_content_root(self) -> Path:
+        """containerd's root (images, layers): the cached one when no other node uses it (its
+        images survive to the next run: no import, no unpack), else one of this node's own."""
+        if self.cache is not None:
+            self.cache.mkdir(parents=True, exist_ok=True)
+            handle = (self.cache / "containerd-root.lock").open("w")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+            else:
+                self._lock_handle = handle
+                return self.cache / "containerd-root"
+        return self.root / "containerd" / "root"
+
+    def _import_images(self) -> None:
+        """The archives' images into containerd's k8s.io namespace, unless there already;
+        other rcpflow images in a cached root are removed (their layers with them)."""
+        wanted: set[str] = set()
+        present = set((self.ctr("images", "list", "--quiet") or "").split())
+        for archive in self.images:
+            tags = {_full_name(t) for t in archive_tags(archive)}
+            wanted |= tags
+            if not tags <= present:
+                self.ctr("image", "import", str(archive), timeout_s=900)
+        for name in present - wanted:
+            if name.startswith("docker.io/library/rcpflow-"):
+                self.ctr("images", "remove", name, check=False)
 
     def _start_containerd(self) -> None:
         cni_bin = self.root / "cni" / "bin"
@@ -197,7 +235,7 @@ class KubeNode(Server):
         config = self.root / "containerd.toml"
         config.write_text(
             f"""version = 2
-root = "{self.root / "containerd" / "root"}"
+root = "{self._content_root}"
 state = "{self.root / "containerd" / "state"}"
 [grpc]
   address = "{self.socket}"
@@ -350,7 +388,8 @@ state = "{self.root / "containerd" / "state"}"
 
     def set_tpu_chips(self, chips: int) -> None:
         """Advertise `chips` of ``google.com/tpu`` (an extended resource: the node status's
-        capacity, as a device plugin would)."""
+        capacity, as a device plugin would) and wait until the kubelet has made them
+        allocatable (the scheduler reads that)."""
         self.plane.api.request(
             "PATCH",
             f"/api/v1/nodes/{self.name}/status",
@@ -358,6 +397,17 @@ state = "{self.root / "containerd" / "state"}"
             content_type="application/merge-patch+json",
         )
         self.tpu_chips = chips
+
+        def allocatable() -> bool | None:
+            status = self.plane.api.get(f"/api/v1/nodes/{self.name}")["status"]
+            return True if status.get("allocatable", {}).get(TPU_RESOURCE) == str(chips) else None
+
+        wait_until(
+            allocatable,
+            timeout_s=self.timeout_s,
+            what=f"{chips} {TPU_RESOURCE} allocatable on {self.name}",
+            component=self.components.get("kubelet"),
+        )
 
     def relabel(self, labels: Mapping[str, str]) -> None:
         self.plane.api.request(
@@ -395,6 +445,9 @@ state = "{self.root / "containerd" / "state"}"
             self._created.clear()
             if self._owns_workdir and self.workdir is not None:
                 shutil.rmtree(self.workdir, ignore_errors=True)
+            if self._lock_handle is not None:
+                self._lock_handle.close()
+                self._lock_handle = None
 
     def _remove_containers(self) -> None:
         for _ in range(2):
@@ -466,6 +519,118 @@ state = "{self.root / "containerd" / "state"}"
     def tail(self, name: str = "kubelet", lines: int = 30) -> str:
         component = self.components.get(name)
         return component.tail(lines) if component else "(not started)"
+
+
+@dataclass
+class ClusterDns(Server):
+    """Cluster DNS on a loopback address for the pods of `plane`: CoreDNS (its kubernetes
+    plugin, ``cluster.local``) on ``address:53``, and the EndpointSlice controller (a
+    kube-controller-manager of that one controller: the harness's runs without it) that gives
+    CoreDNS the addresses of a headless Service's pods, e.g. the JobSet's
+    ``<jobset>-slice-0-0.<jobset>`` of a multi-host training. Names outside the cluster are
+    refused (no forwarding: nothing leaves the machine).
+
+    The API server refuses EndpointSlice addresses in 127.0.0.0/8, so a host-network pod of
+    this loopback node never gets its ``<hostname>.<subdomain>.<namespace>.svc.cluster.local``
+    record from them: those names (a pod's hostname in its subdomain: four labels below
+    ``svc.cluster.local``) are answered with `pod_address`, the one node's address, which is
+    what the EndpointSlice would hold. Service names go to the kubernetes plugin as usual."""
+
+    plane: ControlPlane
+    address: str = ""
+    pod_address: str = "127.0.0.1"
+    workdir: Path | None = None
+    timeout_s: float = START_TIMEOUT_S
+    components: dict[str, Component] = field(default_factory=dict)
+    _owns_workdir: bool = False
+
+    def __post_init__(self) -> None:
+        # 127.0.53.x: port 53 of 127.0.0.1 may be another resolver's
+        self.address = self.address or f"127.0.53.{2 + int(uuid.uuid4().int % 250)}"
+
+    def start(self) -> None:
+        coredns = NODE_BIN / "coredns"
+        if not coredns.is_file():
+            raise NodeError(f"no CoreDNS at {coredns}")
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="rcpflow-dns-"))
+            self._owns_workdir = True
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        health = free_port()
+        corefile = self.workdir / "Corefile"
+        corefile.write_text(
+            f"""cluster.local:53 {{
+    bind {self.address}
+    health 127.0.0.1:{health}
+    template IN A cluster.local {{
+        match "^{_LABEL}[.]{_LABEL}[.]{_LABEL}[.]svc[.]cluster[.]local[.]$"
+        answer "{{{{ .Name }}}} 5 IN A {self.pod_address}"
+        fallthrough
+    }}
+    kubernetes cluster.local {{
+        kubeconfig {self.plane.kubeconfig}
+    }}
+}}
+.:53 {{
+    bind {self.address}
+    template ANY ANY {{
+        rcode REFUSED
+    }}
+}}
+"""
+        )
+        slices = Component(
+            "endpointslice-controller",
+            [
+                self.plane.binary("kube-controller-manager"),
+                f"--kubeconfig={self.plane.kubeconfig}",
+                "--controllers=endpointslice-controller",
+                "--leader-elect=false",
+                "--secure-port=0",
+            ],
+            logs,
+        )
+        self.components[slices.name] = slices
+        slices.start()
+        dns = Component("coredns", [str(coredns), f"-conf={corefile}"], logs)
+        self.components[dns.name] = dns
+        dns.start()
+
+        def healthy() -> bool | None:
+            url = f"http://127.0.0.1:{health}/health"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return True if resp.status == 200 else None
+
+        wait_until(healthy, timeout_s=self.timeout_s, what="CoreDNS /health", component=dns)
+        time.sleep(0.5)
+        if not slices.running():
+            raise slices.failure("exited at start")
+
+    def stop(self) -> None:
+        for component in reversed(list(self.components.values())):
+            component.stop()
+        if self._owns_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def archive_tags(archive: Path) -> list[str]:
+    """The image names a ``docker save`` archive holds (its manifest.json's RepoTags)."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("manifest.json")
+        if member is None:
+            raise NodeError(f"{archive}: no manifest.json (not a docker save archive)")
+        return [tag for image in json.load(member) for tag in image.get("RepoTags") or []]
+
+
+def _full_name(tag: str) -> str:
+    """A docker tag as containerd names it (``rcpflow-tpu:x`` -> docker.io/library/...)."""
+    first = tag.split("/", 1)[0]
+    if "/" not in tag:
+        return f"docker.io/library/{tag}"
+    if "." in first or ":" in first or first == "localhost":
+        return tag
+    return f"docker.io/{tag}"
 
 
 def _mounts_under(folder: Path) -> list[str]:

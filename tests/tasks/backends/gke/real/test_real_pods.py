@@ -34,7 +34,7 @@ from k8s_real import JobSets, fresh_namespace
 
 from devtools.k8s.control_plane import ControlPlane
 from devtools.servers.container_images import NodeImages, node_images
-from devtools.servers.container_node import NODE_BIN, KubeNode, kubelet_binary
+from devtools.servers.container_node import NODE_BIN, ClusterDns, KubeNode, kubelet_binary
 from tasks.backends.gke.render import render_jobset
 from tasks.backends.gke.settings import GkeSettings, TpuJobShape
 
@@ -92,9 +92,18 @@ def plane(planes: Planes, images: NodeImages) -> ControlPlane:
 
 
 @pytest.fixture(scope="module")
-def node(plane: ControlPlane, images: NodeImages) -> Iterator[KubeNode]:
+def dns(plane: ControlPlane) -> Iterator[ClusterDns]:
+    with ClusterDns(plane) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def node(plane: ControlPlane, images: NodeImages, dns: ClusterDns) -> Iterator[KubeNode]:
     with KubeNode(
-        plane, images=[images.archive], pause_image=f"docker.io/library/{images.pause}"
+        plane,
+        images=[images.archive],
+        pause_image=f"docker.io/library/{images.pause}",
+        cluster_dns=dns.address,
     ) as running:
         yield running
 
@@ -393,3 +402,69 @@ def test_secrets_environment_and_logs_through_the_api(
     assert found["cwd"] == "/opt/rcpflow" and found["uid"] == 0
     assert found["attempt"] == f"{created['metadata']['uid']}/0"
     assert found["ifaces"] == ["lo"], "a pod off the host network has only loopback"
+
+
+def test_multi_host_training_two_pods_find_their_coordinator_by_the_jobsets_name(
+    plane: ControlPlane,
+    node: KubeNode,
+    namespace: str,
+    jobsets: JobSets,
+    pod_watch: PodWatch,
+    runs: Path,
+    images: NodeImages,
+) -> None:
+    """Two pods of one replicated Job (topology 2x2x2: two hosts of 4 chips), on the host
+    network, initialise jax.distributed through the coordinator name JobSet gives them
+    (``<jobset>-slice-0-0.<jobset>``, resolved by the cluster DNS from the headless Service's
+    EndpointSlice) and train together."""
+    node.relabel({"cloud.google.com/gke-tpu-topology": "2x2x2"})
+    node.set_tpu_chips(8)  # both hosts' chips on the one node
+    try:
+        s = gke_settings(namespace, images.job, runs, train=shape("2x2x2"))
+        # 32 generations: 2 prompt rows a step, one per process
+        train = [*TRAIN, "--run-dir", "/runs/seed_1", "--max-steps", "3", "--val-start-at", "1"]
+        train[train.index("--global-batch-size") + 1] = "32"
+        jobset = _render(s, "train", "mh", train)
+        name = jobset["metadata"]["name"]
+        jobsets.create(jobset)
+        try:
+            done = jobsets.wait_status(
+                namespace,
+                name,
+                lambda st: any(
+                    c["type"] in ("Completed", "Failed") and c["status"] == "True"
+                    for c in st.get("conditions") or []
+                ),
+                "finished",
+                timeout_s=240,
+            )
+        except Exception:
+            state = [
+                (p["metadata"]["name"], p["spec"].get("nodeSelector"), p.get("status"))
+                for p in plane.pods(namespace)
+            ]
+            job_log = "\n".join(
+                line
+                for line in plane.components["kube-controller-manager"].tail(400).splitlines()
+                if "job" in line.lower()
+            )[-3000:]
+            raise AssertionError(f"{json.dumps(state)[:4000]}\n{job_log}") from None
+        pods = jobsets.pods(namespace, name)
+        logs = {
+            p["metadata"]["name"]: plane.api.request(
+                "GET", f"/api/v1/namespaces/{namespace}/pods/{p['metadata']['name']}/log"
+            )
+            for p in pods
+        }
+        finished = [c["type"] for c in done["status"]["conditions"] if c["status"] == "True"]
+        assert "Completed" in finished, (finished, logs, node.tail())
+        assert len(pods) == 2 and all(p["spec"]["hostNetwork"] for p in pods)
+        coordinator = f"{name}-slice-0-0.{name}"
+        assert {p["metadata"]["annotations"]["jobset.sigs.k8s.io/coordinator"] for p in pods} == {
+            coordinator
+        }
+        assert sorted(t["exit_code"] for t in pod_watch.terminated.values()) == [0, 0]
+        assert [int(row["step"]) for row in _manifest(runs / "seed_1")] == [1, 2, 3]
+    finally:
+        node.relabel({"cloud.google.com/gke-tpu-topology": node.topology})
+        node.set_tpu_chips(4)
