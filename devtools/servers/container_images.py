@@ -377,6 +377,16 @@ def _mounts_under(folders: Sequence[Path]) -> list[str]:
     return found
 
 
+def _remove_empty_dirs(top: Path) -> None:
+    if not top.is_dir():
+        return
+    for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+    with contextlib.suppress(OSError):
+        top.rmdir()
+
+
 @dataclass
 class Docker(Server):
     """``with Docker() as docker:`` a private dockerd (see the module doc): `client` runs
@@ -418,7 +428,8 @@ class Docker(Server):
             self._owns_workdir = True
         self.logs.mkdir(parents=True, exist_ok=True)
         self._lock.enter_context(file_lock(self.cache / "docker-root.lock"))
-        for path in (Path("/run/docker"), Path("/etc/docker/key.json")):
+        # /run/containerd/s holds the shims' sockets of dockerd's containerd
+        for path in (Path("/run/docker"), Path("/etc/docker/key.json"), Path("/run/containerd")):
             if not path.exists():
                 self._created.append(path)
         config = self.root / "daemon.json"
@@ -465,7 +476,9 @@ class Docker(Server):
                 ):
                     subprocess.run(["umount", "-l", point], check=False, capture_output=True)
             for path in self._created:
-                if path.is_dir():
+                if path == Path("/run/containerd"):
+                    _remove_empty_dirs(path)  # a kubelet's containerd may use it too
+                elif path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     with contextlib.suppress(OSError):
