@@ -67,6 +67,10 @@ def held(run_dir: str, step: int, checkpoint_path: str, *, remove: bool) -> Iter
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
             store.delete(path)
             signal.signal(signal.SIGTERM, restore)
+            if restore == signal.SIG_DFL and os.getpid() == 1:
+                # a container's PID 1: the kernel ignores a signal's default action there, so
+                # end as the default would have (128 + SIGTERM), not go on without the record
+                raise SystemExit(128 + signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)  # now the earlier handler, or the default death
 
         signal.signal(signal.SIGTERM, on_sigterm)

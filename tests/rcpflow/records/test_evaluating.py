@@ -4,6 +4,7 @@ does not persist the summary."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -52,6 +53,33 @@ def test_sigterm_removes_the_record_and_still_ends_the_process(tmp_path: Path) -
         assert running(str(tmp_path), 18) is not None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == -signal.SIGTERM  # died of it, as without the record
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert running(str(tmp_path), 18) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of its own needs root (CI is root)")
+def test_sigterm_to_pid_1_of_a_container_ends_it_without_its_record(tmp_path: Path) -> None:
+    """In a container the evaluator is PID 1, where the kernel ignores a signal's default
+    action: re-raising SIGTERM would leave it evaluating with its record gone (found on the
+    real pods of issue 46). It ends with 143 instead."""
+    proc = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", HOLD, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1  # the evaluator, PID 1 of its namespace
+        status = Path(f"/proc/{children[0]}/status").read_text().splitlines()
+        nspid = next(line for line in status if line.startswith("NSpid:")).split()
+        assert nspid[-1] == "1"  # its pid in its own namespace
+        os.kill(int(children[0]), signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()
