@@ -31,7 +31,7 @@ PINNED = [
 # In modules that import JAX (the training jobs' images): imported only by this test.
 PINNED_WITH_JAX = [
     ("tpu_jobs.rcp.checkpoint_format", "META_FORMAT", 1),
-    ("tpu_jobs.tunix.checkpoints", "RECORD_FORMAT", 1),
+    ("tpu_jobs.rcp.native_checkpoints", "RECORD_FORMAT", 1),  # MaxText's and Tunix's
 ]
 
 

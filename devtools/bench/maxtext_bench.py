@@ -51,10 +51,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from devtools.bench import trainer_variants
 from devtools.servers import maxtext_env
 from rcpflow.files.markdown_sections import write_section
 
-VARIANTS = ("plain", "checkpoints", "recorded")
+SAVE_MEANING = "MaxText's own async save of the full train state (scanned) each step"
 SECTION_START = "<!-- maxtext_bench: start -->"
 SECTION_END = "<!-- maxtext_bench: end -->"
 NEW_BEFORE = "<!-- verdict-bench:start -->"  # after the Tunix job's section
@@ -208,7 +209,7 @@ def measure(args: argparse.Namespace) -> int:
     from tpu_jobs.maxtext.checkpoints import complete_steps
     from tpu_jobs.maxtext.config import ModelConfig
 
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in trainer_variants.VARIANTS}
     recording: list[float] = []
     saves: dict[str, list[float]] = {"checkpoints": [], "recorded": []}
     own: list[float] = []
@@ -216,9 +217,8 @@ def measure(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="maxtext-bench-") as work:
         last_recorded = ""
         for r in range(args.rounds):
-            order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
             medians = {}
-            for variant in order:
+            for variant in trainer_variants.round_order(r):
                 run_dir = f"{work}/{r}-{variant}"
                 block = _block(variant, args.steps, args.warmup, run_dir)
                 times[variant].extend(block["step_s"])
@@ -301,12 +301,12 @@ def run_in_env(args: argparse.Namespace) -> dict[str, Any]:
 
 def section(res: dict[str, Any], args: argparse.Namespace, where: str) -> str:
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    med = {v: statistics.median(res["step_s"][v]) for v in VARIANTS}
+    med = {v: statistics.median(res["step_s"][v]) for v in trainer_variants.VARIANTS}
     recording_s = statistics.median(res["recording_s"])
     own_s = statistics.median(res["own_s"])
     save_ckpt_s = statistics.median(res["save_s"]["checkpoints"])
     save_rec_s = statistics.median(res["save_s"]["recorded"])
-    rounds = ", ".join(f"{m['recorded'] / m['checkpoints']:.2f}" for m in res["per_round"])
+    per_round = [m["recorded"] / m["checkpoints"] for m in res["per_round"]]
     conv = res["conversion"]
     convert_s, restore_s = (
         statistics.median(conv["convert_s"]),
@@ -332,13 +332,7 @@ def section(res: dict[str, Any], args: argparse.Namespace, where: str) -> str:
 
 | ratio | value | meaning |
 | --- | --- | --- |
-| step time, MaxText checkpoint every step / none | {med["checkpoints"] / med["plain"]:.3f} | \
-MaxText's own async save of the full train state (scanned) each step |
-| step time, recorded / MaxText checkpoints | {med["recorded"] / med["checkpoints"]:.3f} | \
-what rcpflow's recording adds (goal: at most 1.05) |
-| step time, recorded / none | {med["recorded"] / med["plain"]:.3f} | both together |
-| recorded / checkpoints, per round | {rounds} | its spread over the rounds: how much of the \
-difference is noise |
+{trainer_variants.ratio_rows("MaxText", med, per_round, SAVE_MEANING)}
 | recording call / recorded step time | {recording_s / med["recorded"]:.3f} | time in the job's \
 recording (timestamp, both fingerprints, MaxText's save call) |
 | recording call less the save / recorded step time | {own_s / med["recorded"]:.3f} | rcpflow's \
@@ -351,10 +345,7 @@ memory vs rcpflow's, both from the same committed checkpoint |
 
 | quantity | value |
 | --- | --- |
-| median step time, no checkpoints | {med["plain"] * 1e3:.1f} ms |
-| median step time, MaxText checkpoint every step | {med["checkpoints"] * 1e3:.1f} ms |
-| median step time, checkpoints + rcpflow recording | {med["recorded"] * 1e3:.1f} ms |
-| median time in the recording call per update | {recording_s * 1e3:.1f} ms |
+{trainer_variants.step_time_rows("MaxText", med, recording_s)}
 | of which rcpflow's own (the call less MaxText's save), median | {own_s * 1e3:.1f} ms |
 | median time in MaxText's save call, checkpoints / recorded | {save_ckpt_s * 1e3:.1f} ms / \
 {save_rec_s * 1e3:.1f} ms |
@@ -383,15 +374,11 @@ ratios show how much of a difference is noise.
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m devtools.bench.maxtext_bench")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=24)
-    ap.add_argument("--warmup", type=int, default=3)
+    trainer_variants.add_block_flags(ap, steps=24)
     ap.add_argument("--conversions", type=int, default=3)
-    ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file of the section")
     ap.add_argument("--in-env", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.steps < args.warmup + 2:
-        ap.error("--steps must leave at least two timed steps after --warmup")
+    trainer_variants.check_block_flags(ap, args)
     if args.rounds < 1 or args.conversions < 1:
         ap.error("--rounds and --conversions must be at least 1")
     if args.in_env:
@@ -400,15 +387,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     where = machine()
     res = run_in_env(args)
-    med = {v: statistics.median(res["step_s"][v]) for v in VARIANTS}
+    med = {v: statistics.median(res["step_s"][v]) for v in trainer_variants.VARIANTS}
     conv = res["conversion"]
     print(
         json.dumps(
             {
-                "median_step_s": {v: round(m, 4) for v, m in med.items()},
-                "checkpoints/plain": round(med["checkpoints"] / med["plain"], 3),
-                "recorded/checkpoints": round(med["recorded"] / med["checkpoints"], 3),
-                "recorded/plain": round(med["recorded"] / med["plain"], 3),
+                **trainer_variants.ratios(med),
                 "recording_call_s": round(statistics.median(res["recording_s"]), 4),
                 "convert_s": round(statistics.median(conv["convert_s"]), 3),
                 "restore_s": round(statistics.median(conv["restore_s"]), 3),

@@ -43,17 +43,17 @@ import jax
 import orbax.checkpoint
 from tunix.rl import rl_cluster as rlc
 
+from devtools.bench import trainer_variants
 from devtools.bench.checkpoint_bench import TUNIX_SECTION_START, machine
 from rcpflow import recipe
 from rcpflow.files.layout import CHECKPOINTS_DIR
 from rcpflow.files.markdown_sections import write_section
-from rcpflow.records.mllog import SystemInfo
-from rcpflow.trainer.recorder import TrainingRecorder
+from tpu_jobs.rcp.job_cli import run_recorder
 from tpu_jobs.tunix import train
 from tpu_jobs.tunix.recording import StepRecording
 
-VARIANTS = ("plain", "checkpoints", "recorded")
 SECTION_START = TUNIX_SECTION_START
+SAVE_MEANING = "Tunix's own async Orbax save of each step"
 SECTION_END = "<!-- tunix_bench: end -->"
 
 
@@ -91,13 +91,7 @@ def one_block(variant: str, steps: int, warmup: int) -> Block:
             recording = None
             if variant == "recorded":
                 assert root is not None
-                recorder = TrainingRecorder(
-                    run_dir,
-                    seed=0,
-                    hyperparameters=hp,
-                    val_start_at=1,
-                    system=SystemInfo(micro_batch_size=hp.global_batch_size),
-                )
+                recorder = run_recorder(config, hp, 1)
                 recorder.on_init_start()
                 recording = StepRecording(
                     recorder,
@@ -136,7 +130,6 @@ def section(
             ("orbax-checkpoint", orbax.checkpoint.__version__),
         )
     )
-    rounds = ", ".join(f"{x:.2f}" for x in per_round)
     load_end = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return f"""{SECTION_START}
 ## Tunix job (`python -m devtools.bench.tunix_bench`)
@@ -149,22 +142,13 @@ def section(
 
 | ratio | value | meaning |
 | --- | --- | --- |
-| step time, Tunix checkpoint every step / none | {med["checkpoints"] / med["plain"]:.3f} | \
-Tunix's own async Orbax save of each step |
-| step time, recorded / Tunix checkpoints | {med["recorded"] / med["checkpoints"]:.3f} | \
-what rcpflow's recording adds (goal: at most 1.05) |
-| step time, recorded / none | {med["recorded"] / med["plain"]:.3f} | both together |
-| recorded / checkpoints, per round | {rounds} | \
-its spread over the rounds: how much of the difference is noise |
+{trainer_variants.ratio_rows("Tunix", med, per_round, SAVE_MEANING)}
 | recording call / recorded step time | {recording_s / med["recorded"]:.3f} | \
 time in the loop's recording call (block on the update, timestamp, fingerprint) |
 
 | quantity | value |
 | --- | --- |
-| median step time, no checkpoints | {med["plain"] * 1e3:.1f} ms |
-| median step time, Tunix checkpoint every step | {med["checkpoints"] * 1e3:.1f} ms |
-| median step time, checkpoints + rcpflow recording | {med["recorded"] * 1e3:.1f} ms |
-| median time in the recording call per update | {recording_s * 1e3:.1f} ms |
+{trainer_variants.step_time_rows("Tunix", med, recording_s)}
 
 A step is timed from one rollout's start to the next's, so the recording call (run by Tunix
 right after dispatching the update, before the save) is inside it; the wait there for the new
@@ -178,20 +162,15 @@ averages above: a ratio below 1 means the noise was larger than the recording's 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m devtools.bench.tunix_bench")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--output", default="BENCHMARKS.md", help="markdown file of the section")
+    trainer_variants.add_block_flags(ap, steps=20)
     args = ap.parse_args(argv)
-    if args.steps < args.warmup + 2:
-        ap.error("--steps must leave at least two timed steps after --warmup")
+    trainer_variants.check_block_flags(ap, args)
     where = machine()
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in trainer_variants.VARIANTS}
     block_medians: dict[tuple[int, str], float] = {}
     recording: list[float] = []
     for r in range(args.rounds):
-        order = VARIANTS[r % 3 :] + VARIANTS[: r % 3]
-        for variant in order:
+        for variant in trainer_variants.round_order(r):
             block = one_block(variant, args.steps, args.warmup)
             times[variant].extend(block.step_s)
             recording.extend(block.recording_s)
@@ -203,10 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         json.dumps(
             {
-                "median_step_s": {v: round(m, 4) for v, m in med.items()},
-                "checkpoints/plain": round(med["checkpoints"] / med["plain"], 3),
-                "recorded/checkpoints": round(med["recorded"] / med["checkpoints"], 3),
-                "recorded/plain": round(med["recorded"] / med["plain"], 3),
+                **trainer_variants.ratios(med),
                 "recording_call_s": round(recording_s, 4),
                 "steps_timed_per_variant": len(times["plain"]),
                 "gbs": recipe.REFERENCE_BATCH_SIZE,

@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rcpflow import recipe
 from rcpflow.files import jsonio, logtext
@@ -66,6 +66,9 @@ class _Capture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+LogKind = Literal["event", "start", "end"]  # mlperf_logging's calls: point in time, interval
+
+
 class EventRenderer:
     """Renders events to MLLOG lines with the official MLLogger, without touching a file."""
 
@@ -82,7 +85,7 @@ class EventRenderer:
 
     def render(
         self,
-        kind: str,
+        kind: LogKind,
         key: str,
         value: Any = None,
         metadata: Mapping[str, Any] | None = None,
@@ -217,46 +220,21 @@ class TrainingLog:
     def events(self) -> list[Event]:
         return parse("\n".join(self._lines), where=self.path)
 
-    def _log(
+    def log(
         self,
-        kind: str,
+        kind: LogKind,
         key: str,
-        value: Any,
-        metadata: Mapping[str, Any] | None,
-        time_ms: int | None,
+        value: Any = None,
+        metadata: Mapping[str, Any] | None = None,
+        time_ms: int | None = None,
     ) -> None:
+        """One training event, mlperf_logging's `kind` of call (``event``, ``start``, ``end``),
+        persisted with the rest."""
         if key in EVAL_SECTION_KEYS:
             raise MLLogError(f"{key!r} belongs to the eval section that `rcpflow finalize` writes")
-        # depth 3: _log <- event/start/end <- the trainer's line that logged it
-        self._lines.append(self._renderer.render(kind, key, value, metadata, time_ms, 3))
+        # depth 2: log <- the trainer's line that logged it
+        self._lines.append(self._renderer.render(kind, key, value, metadata, time_ms, 2))
         self._storage.write_atomic(self.path, logtext.encode("\n".join(self._lines) + "\n"))
-
-    def event(
-        self,
-        key: str,
-        value: Any = None,
-        metadata: Mapping[str, Any] | None = None,
-        time_ms: int | None = None,
-    ) -> None:
-        self._log("event", key, value, metadata, time_ms)
-
-    def start(
-        self,
-        key: str,
-        value: Any = None,
-        metadata: Mapping[str, Any] | None = None,
-        time_ms: int | None = None,
-    ) -> None:
-        self._log("start", key, value, metadata, time_ms)
-
-    def end(
-        self,
-        key: str,
-        value: Any = None,
-        metadata: Mapping[str, Any] | None = None,
-        time_ms: int | None = None,
-    ) -> None:
-        self._log("end", key, value, metadata, time_ms)
 
     def training_header(
         self,
@@ -272,8 +250,8 @@ class TrainingLog:
         keys it derives from it (learning rate, clip norm, generations, eval_accuracy), and
         ``num_prompts_per_step`` must precede ``num_generations_per_prompt``.
         """
-        self.event("cache_clear", True, time_ms=time_ms)
-        self.start("init_start", time_ms=time_ms)
+        self.log("event", "cache_clear", True, time_ms=time_ms)
+        self.log("start", "init_start", time_ms=time_ms)
         for key, value in (
             ("submission_benchmark", recipe.BENCHMARK),
             ("submission_org", system.org),
@@ -313,21 +291,27 @@ class TrainingLog:
             ("micro_batch_size", system.micro_batch_size),
             ("config_filename", system.config_filename),
         ):
-            self.event(key, value, time_ms=time_ms)
+            self.log("event", key, value, time_ms=time_ms)
 
     def init_stop(self, time_ms: int | None = None) -> None:
-        self.end("init_stop", time_ms=time_ms)
+        self.log("end", "init_stop", time_ms=time_ms)
 
     def run_start(self, time_ms: int | None = None) -> None:
-        self.start("run_start", time_ms=time_ms)
+        self.log("start", "run_start", time_ms=time_ms)
 
     def block_start(self, samples_count: int, step: int, time_ms: int | None = None) -> None:
-        self.start(
-            "block_start", metadata={"samples_count": samples_count, "step": step}, time_ms=time_ms
+        self.log(
+            "start",
+            "block_start",
+            metadata={"samples_count": samples_count, "step": step},
+            time_ms=time_ms,
         )
 
     def block_stop(self, samples_count: int, step: int, time_ms: int) -> None:
         """End of training, backdated to the last weight update (`time_ms` is required)."""
-        self.end(
-            "block_stop", metadata={"samples_count": samples_count, "step": step}, time_ms=time_ms
+        self.log(
+            "end",
+            "block_stop",
+            metadata={"samples_count": samples_count, "step": step},
+            time_ms=time_ms,
         )

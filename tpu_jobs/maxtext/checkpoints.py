@@ -12,24 +12,24 @@ checkpoint never exists without the update time and fingerprints it was recorded
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from rcpflow.files.layout import join
 from rcpflow.files.storage import storage_for
-from tpu_jobs.rcp.checkpoint_format import COMMIT_MARKER, CheckpointError, is_complete
+from tpu_jobs.rcp.checkpoint_format import CheckpointError, is_complete
+from tpu_jobs.rcp.native_checkpoints import (
+    RCPFLOW_KEY,
+    StepRecord,
+    metadata_path,
+    read_custom_metadata,
+    wait_for_commit,
+)
 from tpu_jobs.rcp.saver import OrderedSaveQueue
 
 ITEMS = "items"
-STEP_METADATA = "_CHECKPOINT_METADATA"
-RCPFLOW_KEY = "rcpflow"
-RECORD_FORMAT = 1
 COMMIT_TIMEOUT_S = 1800.0
-POLL_START_S = 0.005
-POLL_MAX_S = 0.1
 
 
 def step_path(checkpoints_dir: str, step: int) -> str:
@@ -49,7 +49,7 @@ def complete_steps(checkpoints_dir: str) -> list[int]:
 
 
 @dataclass(frozen=True)
-class CheckpointRecord:
+class CheckpointRecord(StepRecord):
     """What this job writes into a checkpoint's metadata about its step.
 
     `weights_fingerprint` is of the scanned parameters as trained (float32: the checkpoint's own
@@ -58,57 +58,25 @@ class CheckpointRecord:
     evaluator's unscanned weights, put back in the scanned layout, must fingerprint to.
     """
 
-    step: int
-    timestamp_ms: int
-    weights_fingerprint: str
     weights_fingerprint_bf16: str
-    run: Mapping[str, Any]  # seed, global_batch_size, val_start_at, max_steps
     model: Mapping[str, int]  # `tpu_jobs.maxtext.config.ModelConfig` fields
 
-    def to_json(self) -> dict[str, Any]:
-        return {"format": RECORD_FORMAT, **asdict(self)}
-
     @classmethod
-    def from_json(cls, d: Any, where: str) -> CheckpointRecord:
-        if not isinstance(d, dict) or d.get("format") != RECORD_FORMAT:
-            raise CheckpointError(f"{where}: no rcpflow record of format {RECORD_FORMAT}: {d!r}")
-        try:
-            return cls(
-                step=int(d["step"]),
-                timestamp_ms=int(d["timestamp_ms"]),
-                weights_fingerprint=str(d["weights_fingerprint"]),
-                weights_fingerprint_bf16=str(d["weights_fingerprint_bf16"]),
-                run=dict(d["run"]),
-                model=dict(d["model"]),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{where}: malformed rcpflow record ({e!r})") from e
-
-
-def read_metadata(step_folder: str) -> dict[str, Any]:
-    """The ``custom_metadata`` of a committed MaxText step folder."""
-    if not is_complete(step_folder):
-        raise CheckpointError(f"{step_folder}: not a complete checkpoint (no {COMMIT_MARKER})")
-    path = join(step_folder, STEP_METADATA)
-    try:
-        custom = json.loads(storage_for(path).read_text(path))["custom_metadata"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path}: unreadable step metadata ({e!r})") from e
-    if not isinstance(custom, dict):
-        raise CheckpointError(f"{path}: custom_metadata is not an object: {custom!r}")
-    return custom
+    def own_fields(cls, d: Mapping[str, Any]) -> dict[str, Any]:
+        return {
+            "weights_fingerprint_bf16": str(d["weights_fingerprint_bf16"]),
+            "model": dict(d["model"]),
+        }
 
 
 def read_record(step_folder: str) -> CheckpointRecord:
     """This job's record of a committed step folder; MaxText's own `scan_layers` must say the
     checkpoint is scanned."""
-    custom = read_metadata(step_folder)
-    where = join(step_folder, STEP_METADATA)
+    custom = read_custom_metadata(step_folder)
+    where = metadata_path(step_folder)
     if custom.get("scan_layers") is not True:
         raise CheckpointError(f"{where}: not a scanned MaxText checkpoint ({custom!r})")
-    if RCPFLOW_KEY not in custom:
-        raise CheckpointError(f"{where}: custom_metadata has no {RCPFLOW_KEY!r} record")
-    return CheckpointRecord.from_json(custom[RCPFLOW_KEY], where=where)
+    return CheckpointRecord.in_metadata(custom, where)
 
 
 def read_scanned_params(step_folder: str) -> dict[str, Any]:
@@ -175,16 +143,6 @@ class WithRecord:
 class CommittedStep:
     step: int
     path: str
-
-
-def wait_for_commit(path: str, step: int, timeout_s: float = COMMIT_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    wait = POLL_START_S
-    while not is_complete(path):
-        if time.monotonic() > deadline:
-            raise CheckpointError(f"step {step}: {path} did not commit within {timeout_s:.0f} s")
-        time.sleep(wait)
-        wait = min(wait * 2, POLL_MAX_S)
 
 
 class CommitWatch:

@@ -25,10 +25,8 @@ from typing import ClassVar
 
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
-from rcpflow.records.mllog import SystemInfo
 from rcpflow.records.run_identity import RunIdentity
 from rcpflow.trainer.job_exit import EXIT_SIGTERM
-from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs.maxtext import config, model
 from tpu_jobs.maxtext.checkpoints import (
     CheckpointRecord,
@@ -40,7 +38,7 @@ from tpu_jobs.maxtext.checkpoints import (
 )
 from tpu_jobs.maxtext.layout import as_bf16
 from tpu_jobs.rcp import collectives, distributed, job_cli, job_errors, termination
-from tpu_jobs.rcp.callbacks import Committed, resume_recorder, run_mismatch
+from tpu_jobs.rcp.callbacks import Committed, resume_committed, run_mismatch
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.fingerprint import start_fingerprint
 from tpu_jobs.rcp.job_cli import RunConfig, TrainResult, say
@@ -93,24 +91,11 @@ def train(cfg: TrainConfig) -> TrainResult:
     val_start = recipe.val_start_at(hp.global_batch_size, cfg.val_start_at)
     checkpoints_dir = RunLayout(cfg.run_dir).checkpoints_dir
     identity = RunIdentity.of_run(cfg.seed, hp, val_start)
-    recorder = TrainingRecorder(
-        cfg.run_dir,
-        seed=cfg.seed,
-        hyperparameters=hp,
-        val_start_at=val_start,
-        # One update consumes the whole global batch at once, on one device.
-        system=SystemInfo(micro_batch_size=hp.global_batch_size),
-        rcp_logging=cfg.rcp_logging,
-    )
+    recorder = job_cli.run_recorder(cfg, hp, val_start)  # one update, the whole batch, one device
     committed = committed_checkpoints(checkpoints_dir, identity, val_start)
-    resumed = None
-    if committed:
-        resumed = resume_recorder(
-            recorder,
-            sorted(committed),
-            path_of=lambda step: step_path(checkpoints_dir, step),
-            committed=committed.__getitem__,
-        )
+    resumed = resume_committed(
+        recorder, committed, path_of=lambda step: step_path(checkpoints_dir, step)
+    )
     ended = resumed is not None and resumed.finished
     newest = max(committed, default=0)
     recorder.on_init_start()

@@ -125,6 +125,21 @@ def resume_recorder(
         raise CheckpointError(str(e)) from e
 
 
+def resume_committed(
+    recorder: TrainingRecorder,
+    committed: Mapping[int, Committed],
+    *,
+    path_of: Callable[[int], str],
+) -> Resumed | None:
+    """`resume_recorder` for a trainer that has read its run's complete checkpoints already
+    (`committed`, by step); None, nothing resumed, when there is none (a fresh run)."""
+    if not committed:
+        return None
+    return resume_recorder(
+        recorder, sorted(committed), path_of=path_of, committed=committed.__getitem__
+    )
+
+
 def is_full_state_step(step: int, val_start_at: int, every: int) -> bool:
     """Whether step `step`'s checkpoint holds the train state: every `every`-th from
     val_start_at (the others hold the weights the evaluator needs, and meta)."""

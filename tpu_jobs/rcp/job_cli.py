@@ -1,5 +1,6 @@
 """The command line every training job shares: the run flags and their checks (`RunConfig`,
-`add_run_flags`, `parse_run_args`), its progress lines (`say`) and the `main` tail (`run_job`).
+`add_run_flags`, `parse_run_args`), its progress lines (`say`), the recorder of a trainer that
+records around its own loop (`run_recorder`) and the `main` tail (`run_job`).
 
 A trainer adds its own flags and fields; the exit codes are `tpu_jobs.rcp.job_errors`'.
 """
@@ -17,7 +18,8 @@ from typing import Any, ClassVar, TypeVar
 import jax
 
 from rcpflow import recipe
-from rcpflow.records.mllog import require_mlperf_logging
+from rcpflow.records.mllog import SystemInfo, require_mlperf_logging
+from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs.rcp import job_errors
 
 DEFAULT_GLOBAL_BATCH_SIZE = 256
@@ -59,6 +61,19 @@ class TrainResult:
 
 
 C = TypeVar("C", bound=RunConfig)
+
+
+def run_recorder(config: RunConfig, hp: recipe.Hyperparameters, val_start: int) -> TrainingRecorder:
+    """The run's recorder, for a trainer whose update consumes the whole global batch at once
+    (its micro-batch size)."""
+    return TrainingRecorder(
+        config.run_dir,
+        seed=config.seed,
+        hyperparameters=hp,
+        val_start_at=val_start,
+        system=SystemInfo(micro_batch_size=hp.global_batch_size),
+        rcp_logging=config.rcp_logging,
+    )
 
 
 def say(record: dict[str, object]) -> None:

@@ -9,12 +9,10 @@ committed. Why the options and the polling watcher: docs/tpu_jobs.md.
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -24,20 +22,18 @@ from etils import epath
 
 from rcpflow.files.layout import join
 from rcpflow.files.storage import storage_for
-from tpu_jobs.rcp.checkpoint_format import (
-    COMMIT_MARKER,
-    CheckpointError,
-    is_complete,
-    update_fields,
+from tpu_jobs.rcp.checkpoint_format import COMMIT_MARKER, CheckpointError
+from tpu_jobs.rcp.native_checkpoints import (
+    StepRecord,
+    metadata_path,
+    read_custom_metadata,
+    require_complete,
+    wait_for_commit,
 )
 
 ACTOR_DIR = "actor"  # Tunix puts the actor's checkpoints under this folder of the root
 PARAMS_ITEM = "model_params"
-STEP_METADATA = "_CHECKPOINT_METADATA"
-RCPFLOW_KEY = "rcpflow"
-RECORD_FORMAT = 1
-POLL_START_S = 0.005
-POLL_MAX_S = 0.1
+TUNIX_CHECKPOINT = "Tunix checkpoint"  # what the errors call a step folder
 
 
 def options(val_start_at: int, max_steps: int) -> ocp.CheckpointManagerOptions:
@@ -73,40 +69,20 @@ def complete_steps(checkpoint_root: str) -> list[int]:
 
 
 @dataclass(frozen=True)
-class CheckpointRecord:
+class CheckpointRecord(StepRecord):
     """What this job writes into a checkpoint's custom metadata about its step."""
 
-    step: int
-    timestamp_ms: int
-    weights_fingerprint: str
-    run: Mapping[str, Any]  # seed, global_batch_size, val_start_at, max_steps
     policy: Mapping[str, int]  # `tpu_jobs.tunix.policy.ModelConfig` fields
 
-    def to_json(self) -> dict[str, Any]:
-        return {"format": RECORD_FORMAT, **asdict(self)}
-
     @classmethod
-    def from_json(cls, d: Any, where: str) -> CheckpointRecord:
-        if not isinstance(d, dict) or d.get("format") != RECORD_FORMAT:
-            raise CheckpointError(f"{where}: no rcpflow record of format {RECORD_FORMAT}: {d!r}")
-        try:
-            return cls(**update_fields(d), run=dict(d["run"]), policy=dict(d["policy"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{where}: malformed rcpflow record ({e!r})") from e
+    def own_fields(cls, d: Mapping[str, Any]) -> dict[str, Any]:
+        return {"policy": dict(d["policy"])}
 
 
 def read_record(path: str) -> tuple[int, CheckpointRecord]:
     """(Tunix's global_step, this job's record) from a committed step folder."""
-    if not is_complete(path):
-        raise CheckpointError(f"{path}: not a complete Tunix checkpoint (no {COMMIT_MARKER})")
-    meta_path = join(path, STEP_METADATA)
-    try:
-        custom = json.loads(storage_for(meta_path).read_text(meta_path))["custom_metadata"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{meta_path}: unreadable step metadata ({e!r})") from e
-    if RCPFLOW_KEY not in custom:
-        raise CheckpointError(f"{meta_path}: custom_metadata has no {RCPFLOW_KEY!r} record")
-    record = CheckpointRecord.from_json(custom[RCPFLOW_KEY], where=meta_path)
+    custom = read_custom_metadata(path, TUNIX_CHECKPOINT)
+    record = CheckpointRecord.in_metadata(custom, metadata_path(path))
     return int(custom["global_step"]), record
 
 
@@ -121,8 +97,7 @@ def _unwrap(tree: Any) -> Any:
 
 def restore_params(path: str) -> dict[str, Any]:
     """The actor's parameters of a committed step folder, as a nested dict of numpy arrays."""
-    if not is_complete(path):
-        raise CheckpointError(f"{path}: not a complete Tunix checkpoint (no {COMMIT_MARKER})")
+    require_complete(path, TUNIX_CHECKPOINT)
     item = epath.Path(path) / PARAMS_ITEM
     reader = ocp.PyTreeCheckpointer()
     try:
@@ -178,15 +153,7 @@ class CommitWatcher:
                 step = self._queue[0]
             try:
                 path = step_path(self.checkpoint_root, step)
-                deadline = time.monotonic() + self._timeout_s
-                wait = POLL_START_S
-                while not is_complete(path):
-                    if time.monotonic() > deadline:
-                        raise CheckpointError(
-                            f"step {step}: {path} did not commit within {self._timeout_s:.0f} s"
-                        )
-                    time.sleep(wait)
-                    wait = min(wait * 2, POLL_MAX_S)
+                wait_for_commit(path, step, self._timeout_s)
                 self._on_commit(step, path)
             except BaseException as e:
                 with self._cond:

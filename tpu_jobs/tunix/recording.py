@@ -21,6 +21,7 @@ from tpu_jobs.rcp.callbacks import Committed, run_mismatch
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.fingerprint import weights_fingerprint
 from tpu_jobs.rcp.job_cli import say
+from tpu_jobs.rcp.native_checkpoints import RCPFLOW_KEY
 from tpu_jobs.tunix import checkpoints, policy
 
 
@@ -94,7 +95,7 @@ class StepRecording:
                 policy=self.policy_config.to_json(),
             )
             self._records[step] = record
-            self._current = {checkpoints.RCPFLOW_KEY: record.to_json()}
+            self._current = {RCPFLOW_KEY: record.to_json()}
             self.watcher.expect(step)
 
     def _committed(self, step: int, path: str) -> None:

@@ -23,12 +23,10 @@ from tunix.rl.rollout import base_rollout
 
 from rcpflow import recipe
 from rcpflow.files.layout import RunLayout
-from rcpflow.records.mllog import SystemInfo
 from rcpflow.records.run_identity import RunIdentity
-from rcpflow.trainer.recorder import TrainingRecorder
 from tpu_jobs import task
 from tpu_jobs.rcp import collectives, distributed, job_cli, job_errors
-from tpu_jobs.rcp.callbacks import resume_recorder
+from tpu_jobs.rcp.callbacks import resume_committed
 from tpu_jobs.rcp.checkpoint_format import CheckpointError
 from tpu_jobs.rcp.job_cli import RunConfig, TrainResult, say
 from tpu_jobs.rcp.optimizer import make_optimizer
@@ -163,24 +161,14 @@ def train(config: TrainConfig) -> TrainResult:
     layout = RunLayout(config.run_dir)
     root = layout.checkpoints_dir
     identity = run_identity(config, hp, val_start)
-    recorder = TrainingRecorder(
-        config.run_dir,
-        seed=config.seed,
-        hyperparameters=hp,
-        val_start_at=val_start,
-        system=SystemInfo(micro_batch_size=hp.global_batch_size),
-        rcp_logging=config.rcp_logging,
-    )
+    recorder = job_cli.run_recorder(config, hp, val_start)
     # One recorder: process 0's (every process trains and saves its shards).
     primary = jax.process_index() == 0
     committed = {c.step: c for c in committed_checkpoints(root, identity, val_start)}
     resumed = None
-    if committed and primary:
-        resumed = resume_recorder(
-            recorder,
-            sorted(committed),
-            path_of=lambda step: checkpoints.step_path(root, step),
-            committed=committed.__getitem__,
+    if primary:
+        resumed = resume_committed(
+            recorder, committed, path_of=lambda step: checkpoints.step_path(root, step)
         )
     # The log already has its block_stop (a finished or stopped run started again): no training.
     [ended_flag] = collectives.from_primary([int(resumed is not None and resumed.finished)])

@@ -60,7 +60,7 @@ def test_header_order_the_closed_checker_needs(tmp_path):
 def test_append_continues_a_log(tmp_path):
     path, _ = _log(tmp_path)
     before = Path(path).read_text()
-    TrainingLog(path, append=True).event("train_loss", 0.5, {"step": 31}, time_ms=1000)
+    TrainingLog(path, append=True).log("event", "train_loss", 0.5, {"step": 31}, time_ms=1000)
     after = Path(path).read_text()
     assert after.startswith(before) and after.count("\n") == before.count("\n") + 1
 
@@ -69,7 +69,7 @@ def test_training_never_writes_eval_section(tmp_path):
     log = TrainingLog(str(tmp_path / "x.out"))
     for key in ("run_stop", "eval_accuracy", "eval_start"):
         with pytest.raises(MLLogError, match="finalize"):
-            log.event(key, 1.0)
+            log.log("event", key, 1.0)
 
 
 def test_parse_names_the_bad_line():

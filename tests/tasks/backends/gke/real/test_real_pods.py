@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 from k8s_planes import Planes
 from k8s_real import JobSets, fresh_namespace
+from repo_paths import REPO
 
 from devtools.k8s.control_plane import ControlPlane
 from devtools.servers.container_images import NodeImages, node_images
@@ -468,3 +469,85 @@ def test_multi_host_training_two_pods_find_their_coordinator_by_the_jobsets_name
     finally:
         node.relabel({"cloud.google.com/gke-tpu-topology": node.topology})
         node.set_tpu_chips(4)
+
+
+@pytest.mark.slow
+def test_a_whole_run_of_the_gke_path_on_real_pods(
+    plane: ControlPlane,
+    node: KubeNode,
+    namespace: str,
+    pod_watch: PodWatch,
+    images: NodeImages,
+    tmp_path: Path,
+) -> None:
+    """The rehearsal submission (docker/deployment.rehearsal.toml's jobs on the GKE backend,
+    three seeds) under a real Airflow scheduler, every job a JobSet of the job image run as real
+    pods on the node: each run DAG trains, evaluates, stops at its first passing step (the
+    higher steps' evaluations deleted: their pods SIGTERMed) and tears everything down; every
+    checker passes."""
+    from k8s_real import (
+        CONN_ID,
+        SEEDS,
+        connection_kubeconfig,
+        gke_rehearsal_deployment,
+        rehearsal_conf,
+        wait_namespace_empty,
+    )
+
+    from devtools.servers.airflow_server import LocalAirflow, repo_config
+    from rcpflow.files.layout import RunLayout
+    from rcpflow.records.mllog import read_events
+    from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
+    from tasks.results.verdicts import read_verdict
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    text = gke_rehearsal_deployment(runs, namespace).replace("rcpflow-rehearsal:test", images.job)
+    text = text.replace('cpu_request = "1"', 'cpu_request = "100m"')
+    text = text.replace('memory_request = "1Gi"', 'memory_request = "256Mi"')
+    mount = (
+        f'volumes = [{{ name = "runs", hostPath = {{ path = "{runs}", type = "Directory" }} }}]\n'
+        f'volume_mounts = [{{ name = "runs", mountPath = "{runs}" }}]\n'
+    )
+    text = text.replace("ttl_after_finished_s = 600\n", "ttl_after_finished_s = 600\n" + mount)
+    deployment = tmp_path / "deployment.toml"
+    deployment.write_text(text)
+    kubeconfig = connection_kubeconfig(plane, namespace)
+    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
+    env = {
+        "RCPFLOW_DEPLOYMENT": str(deployment),
+        f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn),
+        "PYTHONPATH": str(REPO),
+    }
+    conf = rehearsal_conf(runs, "real")  # the submission's three seeds
+    airflow = LocalAirflow(repo_config(tmp_path / "airflow", parallelism=4, env=env))
+    with airflow:
+        for dag_id in (RUN_DAG_ID, SUBMISSION_DAG_ID):
+            airflow.wait_for_dag(dag_id)
+        run_id = airflow.trigger(SUBMISSION_DAG_ID, conf)
+        airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, timeout_s=900)
+        runs_state = {s: airflow.dag_run(RUN_DAG_ID, f"real__seed_{s}")["state"] for s in SEEDS}
+        states = {
+            (t["task_id"], t["map_index"]): t["state"]
+            for t in airflow.task_instances(SUBMISSION_DAG_ID, run_id)
+        }
+        wait_namespace_empty(plane, namespace)
+    assert runs_state == {s: "success" for s in SEEDS}, (runs_state, states)
+    out = runs / "real"
+    for seed in SEEDS:
+        run_dir = out / "runs" / f"seed_{seed}"
+        layout = RunLayout(str(run_dir))
+        (stop,) = [e for e in read_events(layout.mllog(seed)) if e.key == "run_stop"]
+        assert stop.metadata["status"] == "success"
+        verdict = read_verdict(str(run_dir), "compliance_checker")
+        assert verdict is not None and verdict.ok, verdict
+    for tool in ("rcp_checker", "package_checker", "result_summarizer"):
+        verdict = read_verdict(str(out), tool)
+        assert verdict is not None and verdict.ok, verdict
+    assert "**Verdict: PASS**" in (out / "report.md").read_text()
+    # Every job ran as a real container: each training ended 0, each evaluation 0 or 143 (a
+    # higher step's evaluation deleted at the pass, its SIGTERM handled by the job).
+    exits = {pod: t["exit_code"] for pod, t in pod_watch.terminated.items()}
+    trainings = [code for pod, code in exits.items() if "-train-" in pod]
+    assert trainings == [0, 0, 0], exits
+    assert len(exits) > 3 and set(exits.values()) <= {0, 143}, exits
