@@ -81,6 +81,9 @@ class GCSEmulator:
 # starts an Airflow of its own (its deployment is not the Slurm tests') but runs on the real
 # control plane, which it shares with the real-control-plane tests (`k8s_planes.planes`).
 _SHARED_SERVER_GROUPS = {
+    # the real pods need a node of their own (a kubelet on containerd): a plane of their own,
+    # on another worker than the rest of the control-plane tests (they are as long)
+    "tests/tasks/backends/gke/real/test_real_pods.py": "k8s-real-pods",
     "tests/airflow/distributed/test_distributed_gke.py": "k8s-control-plane",
     "tests/tasks/backends/gke/real/": "k8s-control-plane",
     "tests/tasks/backends/slurm/": "slurm",

@@ -480,24 +480,24 @@ def test_a_whole_run_of_the_gke_path_on_real_pods(
     images: NodeImages,
     tmp_path: Path,
 ) -> None:
-    """The rehearsal submission (docker/deployment.rehearsal.toml's jobs on the GKE backend,
-    three seeds) under a real Airflow scheduler, every job a JobSet of the job image run as real
-    pods on the node: each run DAG trains, evaluates, stops at its first passing step (the
-    higher steps' evaluations deleted: their pods SIGTERMed) and tears everything down; every
-    checker passes."""
+    """A whole run (one seed) of the rehearsal jobs (docker/deployment.rehearsal.toml's, on the
+    GKE backend) under a real Airflow scheduler, every job a JobSet of the job image run as
+    real pods on the node: the run DAG trains, evaluates, stops at its first passing step (the
+    higher steps' evaluations deleted: their pods SIGTERMed), tears everything down, and its
+    MLLOG passes the compliance checker. (The three-seed submission and its checkers run on
+    kwok's pods: test_real_submission.py.)"""
     from k8s_real import (
+        CONF,
         CONN_ID,
-        SEEDS,
         connection_kubeconfig,
         gke_rehearsal_deployment,
-        rehearsal_conf,
         wait_namespace_empty,
     )
 
     from devtools.servers.airflow_server import LocalAirflow, repo_config
     from rcpflow.files.layout import RunLayout
     from rcpflow.records.mllog import read_events
-    from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
+    from tasks.names import RUN_DAG_ID
     from tasks.results.verdicts import read_verdict
 
     runs = tmp_path / "runs"
@@ -519,35 +519,26 @@ def test_a_whole_run_of_the_gke_path_on_real_pods(
         f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn),
         "PYTHONPATH": str(REPO),
     }
-    conf = rehearsal_conf(runs, "real")  # the submission's three seeds
+    run_dir = runs / "seed_1"
+    conf = {**CONF, "seed": 1, "run_dir": str(run_dir), "division": "open"}
     airflow = LocalAirflow(repo_config(tmp_path / "airflow", parallelism=4, env=env))
     with airflow:
-        for dag_id in (RUN_DAG_ID, SUBMISSION_DAG_ID):
-            airflow.wait_for_dag(dag_id)
-        run_id = airflow.trigger(SUBMISSION_DAG_ID, conf)
-        airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, timeout_s=900)
-        runs_state = {s: airflow.dag_run(RUN_DAG_ID, f"real__seed_{s}")["state"] for s in SEEDS}
+        airflow.wait_for_dag(RUN_DAG_ID)
+        run_id = airflow.trigger(RUN_DAG_ID, conf)
+        state = airflow.wait_for_run(RUN_DAG_ID, run_id, timeout_s=900)
         states = {
             (t["task_id"], t["map_index"]): t["state"]
-            for t in airflow.task_instances(SUBMISSION_DAG_ID, run_id)
+            for t in airflow.task_instances(RUN_DAG_ID, run_id)
         }
         wait_namespace_empty(plane, namespace)
-    assert runs_state == {s: "success" for s in SEEDS}, (runs_state, states)
-    out = runs / "real"
-    for seed in SEEDS:
-        run_dir = out / "runs" / f"seed_{seed}"
-        layout = RunLayout(str(run_dir))
-        (stop,) = [e for e in read_events(layout.mllog(seed)) if e.key == "run_stop"]
-        assert stop.metadata["status"] == "success"
-        verdict = read_verdict(str(run_dir), "compliance_checker")
-        assert verdict is not None and verdict.ok, verdict
-    for tool in ("rcp_checker", "package_checker", "result_summarizer"):
-        verdict = read_verdict(str(out), tool)
-        assert verdict is not None and verdict.ok, verdict
-    assert "**Verdict: PASS**" in (out / "report.md").read_text()
-    # Every job ran as a real container: each training ended 0, each evaluation 0 or 143 (a
+    assert state == "success", states
+    (stop,) = [e for e in read_events(RunLayout(str(run_dir)).mllog(1)) if e.key == "run_stop"]
+    assert stop.metadata["status"] == "success"
+    verdict = read_verdict(str(run_dir), "compliance_checker")
+    assert verdict is not None and verdict.ok, verdict
+    # Every job ran as a real container: the training ended 0, each evaluation 0 or 143 (a
     # higher step's evaluation deleted at the pass, its SIGTERM handled by the job).
     exits = {pod: t["exit_code"] for pod, t in pod_watch.terminated.items()}
     trainings = [code for pod, code in exits.items() if "-train-" in pod]
-    assert trainings == [0, 0, 0], exits
-    assert len(exits) > 3 and set(exits.values()) <= {0, 143}, exits
+    assert trainings == [0], exits
+    assert len(exits) > 1 and set(exits.values()) <= {0, 143}, exits
