@@ -20,13 +20,11 @@ import orbax.checkpoint as ocp
 import pytest
 from airflow_harness import REPO, failures, launched_jobs, recording_python, run_dag_test
 from etils import epath
+from maxtext_ready import ensure_maxtext_env
+from passing_runs import check_passed
 
 from devtools.servers import maxtext_env
-from rcpflow.files.layout import RunLayout
-from rcpflow.records.manifest import load
-from rcpflow.records.mllog import read_events
 from tasks.deployment import parse_deployment
-from tasks.results.verdicts import read_verdict
 from tpu_jobs.maxtext.checkpoints import items_path, read_record
 from tpu_jobs.maxtext.config import PARAM_SCAN_AXIS, ModelConfig
 from tpu_jobs.rcp.checkpoint_format import COMMIT_MARKER
@@ -50,14 +48,8 @@ MAXTEXT_RUN = {
 @pytest.fixture(scope="module")
 def maxtext_python() -> Path:
     """MaxText's job Python (the wrapper `devtools.servers.maxtext_env` writes), the
-    environment built first if missing, as tests/tpu_jobs/maxtext/conftest.py does."""
-    missing = maxtext_env.missing_tools()
-    if missing:
-        pytest.skip(
-            "MaxText's environment (devtools/servers/maxtext_env.py, a Debian 13 root) cannot be "
-            f"built or entered here: missing {', '.join(missing)}"
-        )
-    maxtext_env.ensure_env()
+    environment built first if missing, as for tests/tpu_jobs/maxtext/ (`maxtext_ready`)."""
+    ensure_maxtext_env()
     return maxtext_env.write_wrapper()
 
 
@@ -108,13 +100,10 @@ def test_run_dag_with_the_maxtext_jobs_ends_compliant(
     evaluated = [int(j[j.index("--step") + 1]) for j in jobs if j[1] == EVALUATE]
     assert len(evaluated) == len(set(evaluated))  # no checkpoint evaluated twice
 
-    layout = RunLayout(str(run_dir))
-    rows = load(layout.manifest).rows
-    first, last, gbs = VAL_START, MAX_STEPS, GBS
-    events = read_events(layout.mllog(SEED))
-    (stop,) = [e for e in events if e.key == "run_stop"]
-    assert stop.metadata["status"] == "success"
-    passed = stop.metadata["samples_count"] // gbs
+    first, last = VAL_START, MAX_STEPS
+    passed, rows = check_passed(
+        result, run_dir, seed=SEED, gbs=GBS, first=first, evaluated=evaluated
+    )
     assert first < passed <= last  # it learns: a step below the target first
     # A checkpoint per update from the validation start (training may stop early, after the
     # stop request that the passing step brings, but not before that step).
@@ -144,25 +133,9 @@ def test_run_dag_with_the_maxtext_jobs_ends_compliant(
         "float32",
     )
     assert params["decoder"]["decoder_norm"]["scale"] == ((emb,), "float32")  # not stacked
-    # run_stop backdated to the passing checkpoint's weight update, block_stop to the last one
-    assert stop.time_ms == next(r.timestamp_ms for r in rows if r.step == passed)
-    (block_stop,) = [e for e in events if e.key == "block_stop"]
-    assert block_stop.time_ms == rows[-1].timestamp_ms
-    logged = {
-        e.metadata["samples_count"] // gbs: float(e.value)
-        for e in events
-        if e.key == "eval_accuracy"
-    }
-    assert sorted(logged) == list(range(first, passed + 1))
-    assert all(acc <= 0.69 for step, acc in logged.items() if step < passed)
-    assert logged[passed] > 0.69
-    assert set(range(first, passed + 1)) <= set(evaluated)
     # instances for steps after the passing one are skipped unless they ran first
     states = result.mapped("evaluation.checkpoint.evaluate")
     assert len(states) == last - first + 1
     by_step = dict(zip(range(first, last + 1), states, strict=True))
     assert all(by_step[s] == "success" for s in range(first, passed + 1))
     assert all(by_step[s] in ("skipped", "success") for s in range(passed + 1, last + 1))
-    verdict = read_verdict(str(run_dir), "compliance_checker")
-    assert verdict is not None and verdict.ok, verdict
-    assert result.states[("evaluation.check", -1)] == "success"

@@ -11,12 +11,9 @@ from pathlib import Path
 
 import pytest
 from airflow_harness import REPO, failures, launched_jobs, recording_python, run_dag_test
+from passing_runs import check_passed
 
-from rcpflow.files.layout import RunLayout
-from rcpflow.records.manifest import load
-from rcpflow.records.mllog import read_events
 from tasks.deployment import parse_deployment
-from tasks.results.verdicts import read_verdict
 
 TUNIX_DEPLOYMENT = REPO / "docker" / "deployment.tunix.toml"
 # Seed 0 of the Tunix policy at gbs 256 passes pass@4 > 0.69 at step 20 (measured on CPU, one
@@ -62,32 +59,18 @@ def test_run_dag_with_the_tunix_jobs_ends_compliant(airflow_db: str, tmp_path: P
     assert all(j[1] in ("tpu_jobs.tunix_train", "tpu_jobs.tunix_evaluate") for j in jobs), jobs
     assert len(evaluated) == len(set(evaluated))  # no checkpoint evaluated twice
 
-    layout = RunLayout(str(run_dir))
-    rows = load(layout.manifest).rows
     first, last = TUNIX_RUN["val_start_at"], TUNIX_RUN["max_steps"]
+    passed, rows = check_passed(
+        result,
+        run_dir,
+        seed=TUNIX_RUN["seed"],
+        gbs=TUNIX_RUN["global_batch_size"],
+        first=first,
+        evaluated=evaluated,
+    )
     assert [r.step for r in rows] == list(range(first, last + 1))
     # Tunix's own checkpoints (its actor/<step> layout), one per row.
     for r in rows:
         assert r.checkpoint_path == str(run_dir / "checkpoints" / "actor" / str(r.step))
         assert Path(r.checkpoint_path, "commit_success.txt").exists()
-    events = read_events(layout.mllog(TUNIX_RUN["seed"]))
-    (stop,) = [e for e in events if e.key == "run_stop"]
-    assert stop.metadata["status"] == "success"
-    passed = stop.metadata["samples_count"] // TUNIX_RUN["global_batch_size"]
     assert first <= passed < last
-    # run_stop backdated to the passing checkpoint's weight update, block_stop to the last one
-    assert stop.time_ms == next(r.timestamp_ms for r in rows if r.step == passed)
-    (block_stop,) = [e for e in events if e.key == "block_stop"]
-    assert block_stop.time_ms == rows[-1].timestamp_ms
-    logged = {
-        e.metadata["samples_count"] // TUNIX_RUN["global_batch_size"]: float(e.value)
-        for e in events
-        if e.key == "eval_accuracy"
-    }
-    assert sorted(logged) == list(range(first, passed + 1))
-    assert all(acc <= 0.69 for step, acc in logged.items() if step < passed)
-    assert logged[passed] > 0.69
-    assert set(range(first, passed + 1)) <= set(evaluated)
-    verdict = read_verdict(str(run_dir), "compliance_checker")
-    assert verdict is not None and verdict.ok, verdict
-    assert result.states[("evaluation.check", -1)] == "success"
