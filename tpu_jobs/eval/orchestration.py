@@ -22,6 +22,7 @@ from rcpflow import recipe
 from rcpflow.files.layout import join
 from rcpflow.files.storage import storage_for
 from rcpflow.records.summary import AttemptResult, EvalSummary, build_summary, write_summary
+from rcpflow.trainer.job_exit import EXIT_SIGTERM
 from tpu_jobs.eval.attempts import sampling_settings
 from tpu_jobs.eval.shards import (
     SINGLE,
@@ -36,7 +37,7 @@ from tpu_jobs.eval.shards import (
     write_shard,
 )
 from tpu_jobs.eval.target import CheckpointFacts, CheckpointLoader, Target, checked_facts
-from tpu_jobs.rcp import collectives
+from tpu_jobs.rcp import collectives, termination
 
 ATTEMPTS_FILE = "attempts.jsonl"
 OTHER_PROCESS_FAILED = "another process of this worker failed (its error line says why)"
@@ -85,6 +86,8 @@ def _evaluate_shard(
         facts = checked_facts(target, loaded.facts)
         records = loaded.attempts(sharding.instances(recipe.EVAL_SAMPLES))
     except Exception as e:
+        if termination.received():  # a SIGTERM some library wrapped: no summary, exit 143
+            raise termination.Terminated(EXIT_SIGTERM) from e
         fatal = f"{type(e).__name__}: {e}"
         records = []
     # The worker's processes agree: one that failed alone would leave no valid shard anyway.

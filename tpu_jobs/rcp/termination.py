@@ -19,10 +19,21 @@ class Terminated(SystemExit):
     """SIGTERM arrived; the process exits with `EXIT_SIGTERM` once it has unwound."""
 
 
+_received: list[bool] = []  # SIGTERM arrived (`received`): set once, by the handler
+
+
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     # Once: a second SIGTERM while unwinding must not cut the save queue's drain short.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _received.append(True)
     raise Terminated(EXIT_SIGTERM)
+
+
+def received() -> bool:
+    """Whether `exit_on_sigterm`'s SIGTERM arrived: a library the `Terminated` was raised
+    through (Orbax's restore, TensorStore's reads) may have turned it into an error of its own,
+    which must then end the process as the signal would, not as that error."""
+    return bool(_received)
 
 
 def exit_on_sigterm() -> None:

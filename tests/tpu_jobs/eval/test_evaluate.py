@@ -216,6 +216,37 @@ def test_the_evaluation_is_recorded_while_it_reads_the_checkpoint_and_not_after(
     assert Path(layout.summary(4)).exists() and evaluating.running(run_dir, 4) is None
 
 
+def test_a_sigterm_a_library_wrapped_during_the_restore_ends_with_143_and_no_summary(
+    built_run, tmp_path, monkeypatch
+) -> None:
+    """On real pods (issue 46) a cancelled evaluation's SIGTERM landed in Orbax's restore, whose
+    TensorStore read turned the `Terminated` into an error of its own: the evaluator wrote a
+    fatal summary and exited 3. The signal decides: exit 143, no summary, no record."""
+    import signal
+
+    from tpu_jobs.rcp import termination
+
+    monkeypatch.setattr(termination, "_received", [])
+    run_dir, layout = swapped_fingerprint_run(built_run, tmp_path)
+
+    def reading(self, path: str, expected: str | None):  # the hook: SIGTERM mid-restore
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+        except termination.Terminated as e:  # what Orbax did with it
+            raise Exception(f"Encountered error while reading array index: {e!r}") from None
+        raise AssertionError("SIGTERM was not raised")
+
+    monkeypatch.setattr(evaluate.ToyCheckpoints, "load", reading)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(termination.Terminated) as ended:
+            evaluate.main(["--run-dir", run_dir, "--step", "4"])
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert ended.value.code == 143
+    assert not Path(layout.summary(4)).exists() and evaluating.running(run_dir, 4) is None
+
+
 def test_corrupted_weights_give_fatal_summary_then_a_fixed_checkpoint_is_re_evaluated(
     built_run, tmp_path
 ) -> None:
