@@ -20,7 +20,6 @@ its own and does not count against the job's running time (`read`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib
 from collections.abc import Mapping
 from datetime import timedelta
@@ -38,12 +37,20 @@ from tasks.backends.gke.adapter import (
     remove_finished_jobset,
 )
 from tasks.backends.gke.render import jobset_ref, render_jobset
-from tasks.backends.gke.settings import TABLE, GkeCluster, GkeSettings, check_evaluate_job
+from tasks.backends.gke.settings import (
+    TABLE,
+    GkeCluster,
+    GkeSettings,
+    check_evaluate_job,
+    cluster_from_kwargs,
+    cluster_kwargs,
+)
 from tasks.backends.gke.status import (
     JobSetGone,
     JobSetStatusError,
     failed_pods,
     interpret_status,
+    over_bound,
 )
 from tasks.deployment import BackendName, Deployment
 
@@ -52,27 +59,12 @@ if TYPE_CHECKING:
     from tasks.jobs.command import Role
     from tasks.jobs.templates import EvaluateJob, SecretKeyRef, TrainJob
 
-# Reasons of a JobSet the watch gave up on (the cluster has not failed it).
-SUSPENDED_TOO_LONG = "SuspendedTooLong"
-RUNNING_TOO_LONG = "RunningTooLong"
 # Reason of a JobSet that is another object now than the one created (`JobState.reason`).
 REPLACED = "Replaced"
 # The cluster calls of the triggerer, imported on a watch's first read (`GkeDriver._hook`).
 HOOKS_MODULE = "tasks.backends.gke.hooks"
 # Airflow's deferral timeout is an outer net behind the watch's own bounds: this much later.
 _DEFER_SLACK = timedelta(minutes=10)
-
-
-def cluster_kwargs(cluster: GkeCluster) -> dict[str, Any]:
-    """`cluster` as JSON: every field (`cluster_from_kwargs` is the inverse)."""
-    kwargs = dataclasses.asdict(cluster)
-    kwargs["impersonation_chain"] = list(cluster.impersonation_chain)
-    return kwargs
-
-
-def cluster_from_kwargs(kwargs: Mapping[str, Any]) -> GkeCluster:
-    """The cluster `cluster_kwargs` wrote."""
-    return GkeCluster(**{**kwargs, "impersonation_chain": tuple(kwargs["impersonation_chain"])})
 
 
 @register
@@ -260,7 +252,7 @@ class GkeDriver:
             pods = await self._failed_pod_lines(ref)
             line = f"failed ({status.reason}): {status.message}{progress}"
             return JobState(line, "fail_now", reason=status.reason, detail=tuple(pods))
-        over, changed = _over_bound(memo, status.suspended, now, changed)
+        over, changed = over_bound(memo, status.suspended, now, changed)
         if over is not None:
             reason, said = over
             line = f"{reason}: {said}{': ' + status.message if status.suspended else ''}"
@@ -277,34 +269,3 @@ class GkeDriver:
             return [f"failed pod {line}" for line in failed_pods(pods)]
         except Exception as exc:
             return [f"(could not read the JobSet's pods: {exc!r})"]
-
-
-def _over_bound(
-    memo: dict[str, Any], suspended: bool, now: float, changed: bool
-) -> tuple[tuple[str, str] | None, bool]:
-    """Move the watch's clocks (`memo`) to a read at `now`: the bound passed (its reason and
-    what it says), and whether a clock changed."""
-    running_since, running_s = memo.get("running_since"), float(memo.get("running_s", 0.0))
-    if suspended:
-        if running_since is not None:
-            memo["running_s"], memo["running_since"] = running_s + now - running_since, None
-            changed = True
-        if memo.get("suspended_since") is None:
-            memo["suspended_since"], changed = now, True
-        suspended_s, bound = now - memo["suspended_since"], memo.get("max_suspended_s")
-        if bound is not None and suspended_s >= bound:
-            said = f"suspended (not admitted) for {suspended_s:.0f}s, the bound is {bound:.0f}s"
-            return (SUSPENDED_TOO_LONG, said), changed
-        return None, changed
-    if memo.get("suspended_since") is not None:
-        memo["suspended_since"], changed = None, True
-    if running_since is None:
-        memo["running_since"], running_since, changed = now, now, True
-    ran, bound = running_s + now - running_since, memo.get("max_running_s")
-    if bound is not None and ran >= bound:
-        said = (
-            f"still running after {ran:.0f}s (not counting time suspended), the bound is "
-            f"{bound:.0f}s"
-        )
-        return (RUNNING_TOO_LONG, said), changed
-    return None, changed

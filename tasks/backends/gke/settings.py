@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from rcpflow.trainer import job_exit
 from tasks.deployment import DeploymentError, register_table
@@ -184,6 +185,19 @@ class GkeCluster:
     use_internal_ip: bool = False
     use_dns_endpoint: bool = False
     kubernetes_conn_id: str | None = None
+
+
+def cluster_kwargs(cluster: GkeCluster) -> dict[str, Any]:
+    """`cluster` as JSON (a trigger's driver args): every field (`cluster_from_kwargs` is the
+    inverse)."""
+    kwargs = dataclasses.asdict(cluster)
+    kwargs["impersonation_chain"] = list(cluster.impersonation_chain)
+    return kwargs
+
+
+def cluster_from_kwargs(kwargs: Mapping[str, Any]) -> GkeCluster:
+    """The cluster `cluster_kwargs` wrote."""
+    return GkeCluster(**{**kwargs, "impersonation_chain": tuple(kwargs["impersonation_chain"])})
 
 
 @dataclass(frozen=True)

@@ -199,3 +199,41 @@ def failed_pods(pod_list: Mapping[str, Any], limit: int = 5) -> list[str]:
     if len(failed) > limit:
         lines.append(f"... and {len(failed) - limit} more failed pods")
     return lines
+
+
+# Reasons of a JobSet the watch gave up on (the cluster has not failed it).
+SUSPENDED_TOO_LONG = "SuspendedTooLong"
+RUNNING_TOO_LONG = "RunningTooLong"
+
+
+def over_bound(
+    memo: dict[str, Any], suspended: bool, now: float, changed: bool
+) -> tuple[tuple[str, str] | None, bool]:
+    """Move a watch's clocks (`memo`: running since, running time so far, suspended since, and
+    the bounds `max_running_s`, `max_suspended_s`) to a read at `now` of a JobSet `suspended`
+    or not: the bound passed (its reason and what it says), and whether a clock changed. Time
+    suspended (waiting for admission) is bounded on its own, never counted as running."""
+    running_since, running_s = memo.get("running_since"), float(memo.get("running_s", 0.0))
+    if suspended:
+        if running_since is not None:
+            memo["running_s"], memo["running_since"] = running_s + now - running_since, None
+            changed = True
+        if memo.get("suspended_since") is None:
+            memo["suspended_since"], changed = now, True
+        suspended_s, bound = now - memo["suspended_since"], memo.get("max_suspended_s")
+        if bound is not None and suspended_s >= bound:
+            said = f"suspended (not admitted) for {suspended_s:.0f}s, the bound is {bound:.0f}s"
+            return (SUSPENDED_TOO_LONG, said), changed
+        return None, changed
+    if memo.get("suspended_since") is not None:
+        memo["suspended_since"], changed = None, True
+    if running_since is None:
+        memo["running_since"], running_since, changed = now, now, True
+    ran, bound = running_s + now - running_since, memo.get("max_running_s")
+    if bound is not None and ran >= bound:
+        said = (
+            f"still running after {ran:.0f}s (not counting time suspended), the bound is "
+            f"{bound:.0f}s"
+        )
+        return (RUNNING_TOO_LONG, said), changed
+    return None, changed

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from env_helpers import set_env
 
-from tasks.backends.gke.driver import GkeDriver, cluster_from_kwargs, cluster_kwargs
+from tasks.backends.gke.driver import GkeDriver
 from tasks.backends.gke.hooks import (
     AsyncJobSetHook,
     AsyncKubeconfigJobSetHook,
@@ -21,7 +21,7 @@ from tasks.backends.gke.hooks import (
     KubeconfigJobSetHook,
 )
 from tasks.backends.gke.render import jobset_ref, render_jobset
-from tasks.backends.gke.settings import GkeSettings
+from tasks.backends.gke.settings import GkeSettings, cluster_from_kwargs, cluster_kwargs
 from tasks.backends.gke.status import JobSetGone
 
 
