@@ -9,7 +9,8 @@ The JobSet controller (jobset.x-k8s.io/v1alpha2) reports:
 
 A contradictory or malformed status raises JobSetStatusError (naming the field) rather than
 being guessed at. `failed_pods` summarises the pods of a failed JobSet (core/v1 PodList): which
-ones failed, why, and with which exit code, for the task's error. Pure standard library.
+ones failed, why, and with which exit code, for the task's error; `over_bound` moves a watch's
+clocks to a read and says which bound of the deployment it passed. Pure standard library.
 """
 
 from __future__ import annotations
