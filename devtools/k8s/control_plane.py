@@ -40,7 +40,6 @@ import json
 import os
 import shutil
 import ssl
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -63,7 +62,7 @@ from devtools.k8s.kwok_nodes import (
     tpu_nodes,
 )
 from devtools.k8s.pki import Pki, make_pki
-from devtools.k8s.processes import Component, wait_until
+from devtools.k8s.processes import Component, WorkFolder, wait_until
 from devtools.k8s.rbac import grant
 from tasks.jobs.processes import Server, free_port
 
@@ -83,7 +82,7 @@ def _started(value: T | None) -> T:
 
 
 @dataclass
-class ControlPlane(Server):
+class ControlPlane(WorkFolder, Server):
     """``with ControlPlane(binaries()) as cp:`` a running control plane (see the module doc).
 
     `kubeconfig` is the admin kubeconfig; `api` a stdlib client with the same identity."""
@@ -130,16 +129,8 @@ class ControlPlane(Server):
         return f"https://127.0.0.1:{self.apiserver_port}"
 
     @property
-    def root(self) -> Path:
-        return _started(self.workdir)
-
-    @property
     def kubeconfig(self) -> Path:
         return self.root / "kubeconfig"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
 
     @property
     def api(self) -> Api:
@@ -162,10 +153,7 @@ class ControlPlane(Server):
     # -- start and stop
 
     def start(self) -> None:
-        if self.workdir is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="rcpflow-k8s-"))
-            self._owns_workdir = True
-        self.logs.mkdir(parents=True, exist_ok=True)
+        self.make_workdir("rcpflow-k8s-")
         self._pki = make_pki(self.root / "pki")
         self._write_kubeconfig(
             self.kubeconfig,
@@ -202,8 +190,8 @@ class ControlPlane(Server):
                 with contextlib.suppress(OSError):
                     folder.rmdir()  # only when empty
             self._created_kueue_certs = False
-        if self._owns_workdir and self.workdir is not None and not self.keep_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        if not self.keep_workdir:
+            self.remove_workdir()
 
     def _add(
         self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None

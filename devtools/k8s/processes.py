@@ -1,12 +1,14 @@
 """The control plane's processes: each component started in its own session with its output in a
-log file, stopped by its PID; and the one wait every start uses (its error ends with the
-component's log tail)."""
+log file, stopped by its PID; the working folder of a server that starts them; and the one wait
+every start uses (its error ends with the component's log tail)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -77,6 +79,41 @@ class Component:
         return ControlPlaneError(
             f"{self.name} ({state}): {what}; last lines of {self.log}:\n{self.tail()}"
         )
+
+
+class WorkFolder:
+    """The working folder of a server started here (a mixin): `workdir` when given, else a
+    fresh one that the server owns and removes at its stop; its components' logs in `logs`."""
+
+    workdir: Path | None
+    _owns_workdir: bool
+
+    def not_started(self) -> Exception:
+        """What `root` raises before the start made the folder."""
+        return ControlPlaneError(f"{type(self).__name__} is not started")
+
+    @property
+    def root(self) -> Path:
+        if self.workdir is None:
+            raise self.not_started()
+        return self.workdir
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def make_workdir(self, prefix: str, parent: str | None = None) -> None:
+        """`workdir`, a fresh folder under `parent` (the system's temporary folder by default)
+        when none was given, with its `logs`."""
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+            self._owns_workdir = True
+        self.logs.mkdir(parents=True, exist_ok=True)
+
+    def remove_workdir(self) -> None:
+        """The folder removed, if `make_workdir` made it."""
+        if self._owns_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def wait_until(

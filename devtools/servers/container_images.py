@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -46,12 +45,13 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from devtools.k8s.processes import Component, wait_until
+from devtools.k8s.processes import Component, WorkFolder, wait_until
+from devtools.servers.slurm_root import file_lock, run_logged
 from tasks.jobs.processes import Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,14 +108,6 @@ def missing_tools() -> list[str]:
     return missing
 
 
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
 def _run_logged(
     argv: Sequence[str],
     log: Path,
@@ -125,24 +117,7 @@ def _run_logged(
     stdin: IO[bytes] | None = None,
     env: Mapping[str, str] | None = None,
 ) -> None:
-    with log.open("a") as out:
-        out.write(f"\n$ {shlex.join(argv)}\n")
-        out.flush()
-        try:
-            proc = subprocess.run(
-                list(argv),
-                stdin=stdin if stdin is not None else subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                timeout=timeout_s,
-                check=False,
-                env=None if env is None else dict(env),
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ContainerError(f"{what}: {exc}; log {log}") from None
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        raise ContainerError(f"{what} exited {proc.returncode}; log {log}:\n{tail}")
+    run_logged(argv, log, what, error=ContainerError, timeout_s=timeout_s, stdin=stdin, env=env)
 
 
 # -- the base image
@@ -367,17 +342,20 @@ def build_context(name: str, target: Path) -> str:
 # -- the daemon
 
 
-def _mounts_under(folders: Sequence[Path]) -> list[str]:
+def mounts_under(folders: Sequence[Path]) -> list[str]:
+    """The mount points in or under `folders`, deepest first (the order to unmount them)."""
     found = []
     with open("/proc/self/mountinfo") as info:
         for line in info:
             point = line.split()[4].replace("\\040", " ")
             if any(point == str(f) or point.startswith(f"{f}/") for f in folders):
                 found.append(point)
-    return found
+    return sorted(found, key=len, reverse=True)
 
 
-def _remove_empty_dirs(top: Path) -> None:
+def remove_empty_dirs(top: Path) -> None:
+    """`top` and the folders under it, those that are empty (what another daemon still uses
+    stays)."""
     if not top.is_dir():
         return
     for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
@@ -388,7 +366,7 @@ def _remove_empty_dirs(top: Path) -> None:
 
 
 @dataclass
-class Docker(Server):
+class Docker(WorkFolder, Server):
     """``with Docker() as docker:`` a private dockerd (see the module doc): `client` runs
     Debian's docker client against it."""
 
@@ -404,29 +382,19 @@ class Docker(Server):
     def data_root(self) -> Path:
         return self.cache / "docker-root"
 
-    @property
-    def root(self) -> Path:
-        if self.workdir is None:
-            raise ContainerError("dockerd is not started")
-        return self.workdir
+    def not_started(self) -> Exception:
+        return ContainerError("dockerd is not started")
 
     @property
     def socket(self) -> Path:
         return self.root / "docker.sock"
 
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
     def start(self) -> None:
         missing = missing_tools()
         if missing:
             raise ContainerError(f"cannot run dockerd: missing {', '.join(missing)}")
-        if self.workdir is None:
-            # short: dockerd's containerd puts sockets under it (108-byte socket paths)
-            self.workdir = Path(tempfile.mkdtemp(prefix="rcpd-", dir="/tmp"))
-            self._owns_workdir = True
-        self.logs.mkdir(parents=True, exist_ok=True)
+        # short: dockerd's containerd puts sockets under it (108-byte socket paths)
+        self.make_workdir("rcpd-", "/tmp")
         self._lock.enter_context(file_lock(self.cache / "docker-root.lock"))
         # /run/containerd/s holds the shims' sockets of dockerd's containerd
         for path in (Path("/run/docker"), Path("/etc/docker/key.json"), Path("/run/containerd")):
@@ -471,13 +439,11 @@ class Docker(Server):
             if self.component is not None:
                 self.component.stop(grace_s=20)
             if self.workdir is not None:
-                for point in sorted(
-                    _mounts_under([self.workdir, self.data_root]), key=len, reverse=True
-                ):
+                for point in mounts_under([self.workdir, self.data_root]):
                     subprocess.run(["umount", "-l", point], check=False, capture_output=True)
             for path in self._created:
                 if path == Path("/run/containerd"):
-                    _remove_empty_dirs(path)  # a kubelet's containerd may use it too
+                    remove_empty_dirs(path)  # a kubelet's containerd may use it too
                 elif path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
                 else:
@@ -486,8 +452,7 @@ class Docker(Server):
             self._created.clear()
         finally:
             self._lock.close()
-            if self._owns_workdir and self.workdir is not None:
-                shutil.rmtree(self.workdir, ignore_errors=True)
+            self.remove_workdir()
 
     def client(
         self,

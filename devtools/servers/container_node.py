@@ -34,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import tarfile
-import tempfile
 import time
 import urllib.request
 import uuid
@@ -50,8 +49,8 @@ from devtools.k8s.kwok_nodes import (
     TPU_RESOURCE,
     TPU_TOPOLOGY_LABEL,
 )
-from devtools.k8s.processes import Component, wait_until
-from devtools.servers.container_images import CACHE
+from devtools.k8s.processes import Component, WorkFolder, wait_until
+from devtools.servers.container_images import CACHE, mounts_under, remove_empty_dirs
 from tasks.jobs.processes import Server, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +102,7 @@ def _run(argv: Sequence[str], what: str, timeout_s: float = 300) -> str:
 
 
 @dataclass
-class KubeNode(Server):
+class KubeNode(WorkFolder, Server):
     """One kubelet + containerd node of `plane` (see the module doc). `labels` are added to
     the TPU host's; `tpu_chips` is the ``google.com/tpu`` capacity."""
 
@@ -136,19 +135,12 @@ class KubeNode(Server):
 
     # -- paths
 
-    @property
-    def root(self) -> Path:
-        if self.workdir is None:
-            raise NodeError("the node is not started")
-        return self.workdir
+    def not_started(self) -> Exception:
+        return NodeError("the node is not started")
 
     @property
     def socket(self) -> Path:
         return self.root / "containerd.sock"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
 
     @property
     def pod_logs(self) -> Path:
@@ -170,11 +162,8 @@ class KubeNode(Server):
         kubelet = kubelet_binary()
         if kubelet is None:
             raise NodeError(f"no kubelet at {NODE_BIN / 'kubelet'}")
-        if self.workdir is None:
-            # short: containerd's sockets live under it (108-byte socket paths)
-            self.workdir = Path(tempfile.mkdtemp(prefix="rcpn-", dir="/tmp"))
-            self._owns_workdir = True
-        self.logs.mkdir(parents=True, exist_ok=True)
+        # short: containerd's sockets live under it (108-byte socket paths)
+        self.make_workdir("rcpn-", "/tmp")
         for path in (Path("/run/containerd"), NETNS_DIR):
             if not path.exists():
                 self._created.append(path)
@@ -430,7 +419,7 @@ state = "{self.root / "containerd" / "state"}"
                 self.plane.api.request("DELETE", f"/api/v1/nodes/{self.name}")
         finally:
             if self.workdir is not None:
-                for point in _mounts_under(self.workdir):
+                for point in mounts_under([self.workdir]):
                     subprocess.run(["umount", "-l", point], check=False, capture_output=True)
             # the network namespaces of sandboxes that were not torn down (bind mounts)
             for name in set(os.listdir(NETNS_DIR)) if NETNS_DIR.is_dir() else set():
@@ -441,10 +430,9 @@ state = "{self.root / "containerd" / "state"}"
                     with contextlib.suppress(OSError):
                         (NETNS_DIR / name).unlink()
             for path in self._created:
-                _remove_empty_dirs(path)
+                remove_empty_dirs(path)
             self._created.clear()
-            if self._owns_workdir and self.workdir is not None:
-                shutil.rmtree(self.workdir, ignore_errors=True)
+            self.remove_workdir()
             if self._lock_handle is not None:
                 self._lock_handle.close()
                 self._lock_handle = None
@@ -522,7 +510,7 @@ state = "{self.root / "containerd" / "state"}"
 
 
 @dataclass
-class ClusterDns(Server):
+class ClusterDns(WorkFolder, Server):
     """Cluster DNS on a loopback address for the pods of `plane`: CoreDNS (its kubernetes
     plugin, ``cluster.local``) on ``address:53``, and the EndpointSlice controller (a
     kube-controller-manager of that one controller: the harness's runs without it) that gives
@@ -552,13 +540,10 @@ class ClusterDns(Server):
         coredns = NODE_BIN / "coredns"
         if not coredns.is_file():
             raise NodeError(f"no CoreDNS at {coredns}")
-        if self.workdir is None:
-            self.workdir = Path(tempfile.mkdtemp(prefix="rcpflow-dns-"))
-            self._owns_workdir = True
-        logs = self.workdir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        self.make_workdir("rcpflow-dns-")
+        logs = self.logs
         health = free_port()
-        corefile = self.workdir / "Corefile"
+        corefile = self.root / "Corefile"
         corefile.write_text(
             f"""cluster.local:53 {{
     bind {self.address}
@@ -610,8 +595,7 @@ class ClusterDns(Server):
     def stop(self) -> None:
         for component in reversed(list(self.components.values())):
             component.stop()
-        if self._owns_workdir and self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.remove_workdir()
 
 
 def archive_tags(archive: Path) -> list[str]:
@@ -631,23 +615,3 @@ def _full_name(tag: str) -> str:
     if "." in first or ":" in first or first == "localhost":
         return tag
     return f"docker.io/{tag}"
-
-
-def _mounts_under(folder: Path) -> list[str]:
-    found = []
-    with open("/proc/self/mountinfo") as info:
-        for line in info:
-            point = line.split()[4].replace("\\040", " ")
-            if point == str(folder) or point.startswith(f"{folder}/"):
-                found.append(point)
-    return sorted(found, key=len, reverse=True)
-
-
-def _remove_empty_dirs(top: Path) -> None:
-    if not top.is_dir():
-        return
-    for folder in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        with contextlib.suppress(OSError):
-            folder.rmdir()
-    with contextlib.suppress(OSError):
-        top.rmdir()

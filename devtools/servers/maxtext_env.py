@@ -24,7 +24,6 @@ import hashlib
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -99,23 +98,9 @@ def _enter_missing() -> list[str]:
 
 
 def _run_logged(argv: Sequence[str], log: Path, what: str, env: Mapping[str, str]) -> None:
-    with log.open("a") as out:
-        out.write(f"\n$ {shlex.join(argv)}\n")
-        out.flush()
-        try:
-            proc = subprocess.run(
-                list(argv),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=dict(env),
-                timeout=INSTALL_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise MaxTextEnvError(f"{what} took over {INSTALL_TIMEOUT_S:.0f} s; log {log}") from e
-    if proc.returncode != 0:
-        tail = log.read_text(errors="replace")[-3000:]
-        raise MaxTextEnvError(f"{what} exited {proc.returncode}; log {log}:\n{tail}")
+    slurm_root.run_logged(
+        argv, log, what, error=MaxTextEnvError, timeout_s=INSTALL_TIMEOUT_S, env=env, tail_lines=40
+    )
 
 
 @contextlib.contextmanager
@@ -152,7 +137,7 @@ def ensure_env(cache: Path | None = None) -> Path:
     root = root_dir(cache)
     if is_built(cache):
         return root
-    with slurm_root._lock(root.with_name(root.name + ".lock")):
+    with slurm_root.file_lock(root.with_name(root.name + ".lock")):
         if is_built(cache):
             return root
         missing = missing_tools(cache)

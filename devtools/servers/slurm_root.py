@@ -23,8 +23,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 SUITE = "trixie"
 MIRROR = "http://deb.debian.org/debian"
@@ -83,12 +84,47 @@ def is_built(cache: Path | None = None) -> bool:
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     """One builder at a time (several test sessions may start at once)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def run_logged(
+    argv: Sequence[str],
+    log: Path,
+    what: str,
+    *,
+    error: type[Exception],
+    timeout_s: float = 600.0,
+    stdin: IO[bytes] | None = None,
+    env: Mapping[str, str] | None = None,
+    tail_lines: int = 25,
+) -> None:
+    """Run `argv` with its output appended to `log` (after a ``$ argv`` line); `error` naming
+    `what`, the log and its last `tail_lines` lines when it fails, times out or cannot start."""
+    with log.open("a") as out:
+        out.write(f"\n$ {shlex.join(argv)}\n")
+        out.flush()
+        try:
+            proc = subprocess.run(
+                list(argv),
+                stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout_s,
+                check=False,
+                env=None if env is None else dict(env),
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise error(f"{what} took over {timeout_s:.0f} s; log {log}") from exc
+        except OSError as exc:
+            raise error(f"{what}: {exc}; log {log}") from exc
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-tail_lines:])
+        raise error(f"{what} exited {proc.returncode}; log {log}:\n{tail}")
 
 
 def ensure_root(cache: Path | None = None, log: Path | None = None) -> Path:
@@ -97,7 +133,7 @@ def ensure_root(cache: Path | None = None, log: Path | None = None) -> Path:
     root = root_dir(cache)
     if is_built(cache):
         return root
-    with _lock(root.with_name(root.name + ".lock")):
+    with file_lock(root.with_name(root.name + ".lock")):
         if is_built(cache):
             return root
         debootstrap = _find("debootstrap")

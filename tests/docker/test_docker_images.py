@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.servers.container_images import dockerfile_instructions
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 DOCKERFILES = ["Dockerfile.tpu", "Dockerfile.airflow"]
@@ -23,18 +25,6 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
 def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
-    lines = [ln for ln in dockerfile.read_text().splitlines() if not ln.lstrip().startswith("#")]
-    joined = re.sub(r"\\\n", " ", "\n".join(lines))
-    found = []
-    for line in joined.splitlines():
-        if line.strip():
-            op, _, rest = line.strip().partition(" ")
-            found.append((op.upper(), rest.strip()))
-    return found
 
 
 def _pins() -> dict[str, str]:
@@ -64,7 +54,7 @@ def test_copied_sources_exist_and_are_not_ignored(name: str) -> None:
     dockerfile = DOCKER / name
     ignored = _ignored(dockerfile)
     assert ".venv" in ignored and ".git" in ignored
-    copies = [args for op, args in _instructions(dockerfile) if op == "COPY"]
+    copies = [args for op, args in dockerfile_instructions(dockerfile) if op == "COPY"]
     assert copies
     for args in copies:
         *sources, _dest = [a for a in shlex.split(args) if not a.startswith("--")]
@@ -83,7 +73,7 @@ def test_pip_installs_are_pinned_and_name_real_extras(name: str) -> None:
     extras = set(PYPROJECT["project"]["optional-dependencies"])
     copied: set[str] = set()
     installs = 0
-    for op, args in _instructions(DOCKER / name):
+    for op, args in dockerfile_instructions(DOCKER / name):
         if op == "COPY":
             copied.update(Path(a).name for a in shlex.split(args)[:-1])
         if op != "RUN" or "pip install" not in args:
@@ -116,7 +106,7 @@ def test_pip_installs_are_pinned_and_name_real_extras(name: str) -> None:
 
 @pytest.mark.parametrize("name", DOCKERFILES)
 def test_base_python_matches_pyproject(name: str) -> None:
-    [base] = [args for op, args in _instructions(DOCKER / name) if op == "FROM"]
+    [base] = [args for op, args in dockerfile_instructions(DOCKER / name) if op == "FROM"]
     version = re.search(r"python:?(3\.\d+)", base)
     assert version, f"{name}: FROM {base} does not name a Python version"
     assert f">={version[1]}" in PYPROJECT["project"]["requires-python"], base
@@ -141,7 +131,7 @@ def test_job_image_entry_points_exist() -> None:
 
 
 def test_airflow_image_points_airflow_at_the_copied_folders() -> None:
-    instructions = _instructions(DOCKER / "Dockerfile.airflow")
+    instructions = dockerfile_instructions(DOCKER / "Dockerfile.airflow")
     [workdir] = [args for op, args in instructions if op == "WORKDIR"]
     env = dict(
         re.findall(r"(\w+)=(\S+)", " ".join(args for op, args in instructions if op == "ENV"))
@@ -164,7 +154,7 @@ def test_the_images_leave_the_developer_tools_out(name: str) -> None:
     assert (REPO / "devtools" / "demo.py").is_file()  # what the pattern names exists
     copied = {
         source.rstrip("/")
-        for op, args in _instructions(DOCKER / name)
+        for op, args in dockerfile_instructions(DOCKER / name)
         if op == "COPY"
         for source in shlex.split(args)[:-1]
     }

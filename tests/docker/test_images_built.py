@@ -11,6 +11,7 @@ of their build contexts and build nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -50,6 +51,14 @@ def airflow_image(docker: Docker) -> str:
     return docker.ensure_image("airflow")
 
 
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    """The folder mounted at /runs in the job containers."""
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    return folder
+
+
 def _manifest(run: Path) -> list[dict[str, object]]:
     path = run / "mllog" / "eval_checkpoints.jsonl"
     if not path.is_file():
@@ -70,6 +79,27 @@ def _wait(check: object, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout_s:.0f}s")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def _detached(docker: Docker, name: str, *argv: str) -> Iterator[str]:
+    """``docker run --detach`` of `argv` (no network) as container `name`, removed at the end."""
+    docker.client("run", "--detach", f"--name={name}", "--network=none", *argv)
+    try:
+        yield name
+    finally:
+        docker.client("rm", "-f", name, check=False)
+
+
+def _stop_by_sigterm(docker: Docker, name: str) -> float:
+    """``docker stop`` (SIGTERM to PID 1, the job's python as in a pod; SIGKILL after 60 s): the
+    job exits 143 (its log in the error); the seconds the stop took."""
+    started = time.monotonic()
+    docker.client("stop", "--time=60", name)
+    stopped_s = time.monotonic() - started
+    logs = docker.client("logs", name).stdout
+    assert _exit_code(docker, name) == 143, logs
+    return stopped_s
 
 
 def test_build_context_is_what_the_ignore_file_leaves(tmp_path: Path) -> None:
@@ -95,10 +125,8 @@ def test_dockerfiles_pull_no_frontend_image() -> None:
 
 
 def test_job_image_trains_two_steps_and_evaluates(
-    docker: Docker, job_image: str, tmp_path: Path
+    docker: Docker, job_image: str, runs: Path
 ) -> None:
-    runs = tmp_path / "runs"
-    runs.mkdir()
     volume = f"--volume={runs}:/runs"
     train = [*TRAIN, "--run-dir", "/runs/seed_1", "--max-steps", "2", "--val-start-at", "1"]
     out = docker.client("run", "--rm", "--network=none", volume, job_image, *train).stdout
@@ -122,26 +150,15 @@ def test_job_image_trains_two_steps_and_evaluates(
 
 
 def test_job_image_trainer_stops_on_sigterm_with_its_last_row(
-    docker: Docker, job_image: str, tmp_path: Path
+    docker: Docker, job_image: str, runs: Path, tmp_path: Path
 ) -> None:
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    name = f"rcpflow-train-{tmp_path.name}"
-    docker.client(
-        "run", "--detach", f"--name={name}", "--network=none", f"--volume={runs}:/runs",
+    with _detached(
+        docker, f"rcpflow-train-{tmp_path.name}", f"--volume={runs}:/runs",
         job_image, *TRAIN, "--run-dir", "/runs/seed_1", "--max-steps", "400",
         "--val-start-at", "1",
-    )  # fmt: skip
-    try:
+    ) as name:  # fmt: skip
         _wait(lambda: len(_manifest(runs / "seed_1")) >= 2, 120, "two manifest rows")
-        # docker stop: SIGTERM to PID 1 (the job's python, as in a pod), SIGKILL after 60 s
-        started = time.monotonic()
-        docker.client("stop", "--time=60", name)
-        assert time.monotonic() - started < 30, "PID 1 did not act on SIGTERM"
-        logs = docker.client("logs", name).stdout
-        assert _exit_code(docker, name) == 143, logs
-    finally:
-        docker.client("rm", "-f", name, check=False)
+        assert _stop_by_sigterm(docker, name) < 30, "PID 1 did not act on SIGTERM"
     rows = _manifest(runs / "seed_1")
     steps = [int(str(row["step"])) for row in rows]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 400
@@ -150,30 +167,22 @@ def test_job_image_trainer_stops_on_sigterm_with_its_last_row(
 
 
 def test_job_image_evaluator_cancelled_removes_its_in_progress_record(
-    docker: Docker, job_image: str, tmp_path: Path
+    docker: Docker, job_image: str, runs: Path, tmp_path: Path
 ) -> None:
-    runs = tmp_path / "runs"
-    runs.mkdir()
     volume = f"--volume={runs}:/runs"
     # a policy large enough that evaluating its checkpoint takes about 10 s here
     docker.client(
         "run", "--rm", "--network=none", volume, job_image, *TRAIN, "--run-dir", "/runs/seed_1",
         "--max-steps", "1", "--val-start-at", "1", *BIG_POLICY,
     )  # fmt: skip
-    name = f"rcpflow-eval-{tmp_path.name}"
     evaluating = runs / "seed_1" / "eval" / "step_1" / "evaluating.json"
-    docker.client(
-        "run", "--detach", f"--name={name}", "--network=none", volume, job_image,
+    with _detached(
+        docker, f"rcpflow-eval-{tmp_path.name}", volume, job_image,
         "python", "-m", "tpu_jobs.evaluate", "--run-dir", "/runs/seed_1", "--step", "1",
-    )  # fmt: skip
-    try:
+    ) as name:  # fmt: skip
         _wait(evaluating.exists, 120, "evaluating.json written")
         time.sleep(0.5)
-        docker.client("stop", "--time=60", name)
-        logs = docker.client("logs", name).stdout
-        assert _exit_code(docker, name) == 143, logs
-    finally:
-        docker.client("rm", "-f", name, check=False)
+        _stop_by_sigterm(docker, name)
     assert not evaluating.exists(), "the cancelled evaluation left its in-progress record"
     assert not (evaluating.parent / "summary.json").exists()
 

@@ -206,6 +206,14 @@ class JobSets:
             check, what=f"JobSet {namespace}/{name}: {what}", timeout_s=timeout_s
         )
 
+    def wait_condition(
+        self, namespace: str, name: str, kind: str, timeout_s: float = 60
+    ) -> dict[str, Any]:
+        """The JobSet once its condition `kind` (Completed, Failed, ...) is True."""
+        return self.wait_status(
+            namespace, name, lambda st: condition(st, kind) is not None, kind, timeout_s
+        )
+
 
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any] | None:
     for c in status.get("conditions") or []:
@@ -297,6 +305,18 @@ def connection_kubeconfig(plane: ControlPlane, namespace: str) -> Path:
     subject = {"kind": "ServiceAccount", "name": ACCOUNT, "namespace": namespace}
     plane.grant(f"rcpflow-airflow-{namespace}", DOCUMENTED_RULES, subject)
     return plane.service_account_kubeconfig(namespace, ACCOUNT)
+
+
+def airflow_env(plane: ControlPlane, namespace: str, deployment: Path) -> dict[str, str]:
+    """What Airflow's processes need to run `deployment` on `namespace`: the connection as the
+    documented service account (`connection_kubeconfig`) and the repository importable."""
+    kubeconfig = connection_kubeconfig(plane, namespace)
+    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
+    return {
+        "RCPFLOW_DEPLOYMENT": str(deployment),
+        f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn),
+        "PYTHONPATH": str(REPO),
+    }
 
 
 def rehearsal_conf(storage_root: str | Path, name: str) -> dict[str, Any]:

@@ -24,14 +24,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from k8s_planes import Planes
 from k8s_real import JobSets, fresh_namespace
-from repo_paths import REPO
 
 from devtools.k8s.control_plane import ControlPlane
 from devtools.servers.container_images import NodeImages, node_images
@@ -125,6 +124,12 @@ def runs(tmp_path: Path) -> Path:
     folder = tmp_path / "runs"
     folder.mkdir()
     return folder
+
+
+@pytest.fixture
+def run_settings(namespace: str, images: NodeImages, runs: Path) -> GkeSettings:
+    """The test namespace's settings running the job image, `runs` mounted at /runs."""
+    return gke_settings(namespace, images.job, runs)
 
 
 class PodWatch:
@@ -226,6 +231,29 @@ def _render(s: GkeSettings, role: str, job: str, command: list[str], **kw: Any) 
     )
 
 
+def _delete_when(
+    jobsets: JobSets,
+    pod_watch: PodWatch,
+    node: KubeNode,
+    jobset: dict[str, Any],
+    ready: Callable[[], object],
+    what: str,
+) -> float:
+    """Create `jobset`, wait for its pod running and then for `ready`, delete the JobSet
+    (Foreground: the Jobs, then their pods): its pod must exit 143, SIGTERM handled (137: killed
+    after the grace). The seconds from the delete to the pod's end."""
+    namespace, name = jobset["metadata"]["namespace"], jobset["metadata"]["name"]
+    jobsets.create(jobset)
+    pod = _running_pod(jobsets, namespace, name, node)
+    _wait(ready, 120, what, node)
+    started = time.monotonic()
+    jobsets.delete(namespace, name)
+    ended = pod_watch.wait_terminated(pod["metadata"]["name"], GRACE_S + 30)
+    stopped_s = time.monotonic() - started
+    assert ended["exit_code"] == 143, ended
+    return stopped_s
+
+
 def test_the_node_is_a_tpu_host_of_the_real_control_plane(
     plane: ControlPlane, node: KubeNode
 ) -> None:
@@ -241,26 +269,15 @@ def test_the_node_is_a_tpu_host_of_the_real_control_plane(
 
 
 def test_deleting_a_training_jobset_sigterms_the_trainer_which_writes_its_last_row(
-    plane: ControlPlane,
-    node: KubeNode,
-    namespace: str,
-    jobsets: JobSets,
-    pod_watch: PodWatch,
-    runs: Path,
-    images: NodeImages,
+    node: KubeNode, jobsets: JobSets, pod_watch: PodWatch, runs: Path, run_settings: GkeSettings
 ) -> None:
-    s = gke_settings(namespace, images.job, runs)
+    s = run_settings
     train = [*TRAIN, "--run-dir", "/runs/seed_1", "--max-steps", "400", "--val-start-at", "1"]
-    jobset = _render(s, "train", "train", train)
-    name = jobset["metadata"]["name"]
-    jobsets.create(jobset)
-    pod = _running_pod(jobsets, namespace, name, node)
-    _wait(lambda: len(_manifest(runs / "seed_1")) >= 2, 120, "two manifest rows", node)
-    started = time.monotonic()
-    jobsets.delete(namespace, name)  # Foreground: the Jobs, then their pods
-    ended = pod_watch.wait_terminated(pod["metadata"]["name"], GRACE_S + 30)
-    assert time.monotonic() - started < GRACE_S, "the trainer waited for SIGKILL"
-    assert ended["exit_code"] == 143, ended  # SIGTERM handled (137: killed after the grace)
+    stopped_s = _delete_when(
+        jobsets, pod_watch, node, _render(s, "train", "train", train),
+        lambda: len(_manifest(runs / "seed_1")) >= 2, "two manifest rows",
+    )  # fmt: skip
+    assert stopped_s < GRACE_S, "the trainer waited for SIGKILL"
     steps = [int(row["step"]) for row in _manifest(runs / "seed_1")]
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < 400
     saved = {int(p.name) for p in (runs / "seed_1" / "checkpoints").iterdir() if p.name.isdigit()}
@@ -268,38 +285,20 @@ def test_deleting_a_training_jobset_sigterms_the_trainer_which_writes_its_last_r
 
 
 def test_a_cancelled_evaluation_removes_its_in_progress_record(
-    plane: ControlPlane,
-    node: KubeNode,
-    namespace: str,
-    jobsets: JobSets,
-    pod_watch: PodWatch,
-    runs: Path,
-    images: NodeImages,
+    node: KubeNode, jobsets: JobSets, pod_watch: PodWatch, runs: Path, run_settings: GkeSettings
 ) -> None:
-    s = gke_settings(namespace, images.job, runs)
+    s = run_settings
     # a policy large enough that evaluating its checkpoint takes about 10 s here
     train = [*TRAIN, "--run-dir", "/runs/seed_1", "--max-steps", "1", "--val-start-at", "1"]
     trained = _render(s, "train", "train", [*train, *BIG_POLICY])
     jobsets.create(trained)
-    jobsets.wait_status(
-        namespace,
-        trained["metadata"]["name"],
-        lambda st: any(
-            c["type"] == "Completed" and c["status"] == "True" for c in st.get("conditions") or []
-        ),
-        "Completed",
-        timeout_s=180,
-    )
+    jobsets.wait_condition(s.namespace, trained["metadata"]["name"], "Completed", timeout_s=180)
     evaluate = ["python", "-m", "tpu_jobs.evaluate", "--run-dir", "/runs/seed_1", "--step", "1"]
-    jobset = _render(s, "evaluate", "eval-1", evaluate)
-    name = jobset["metadata"]["name"]
-    jobsets.create(jobset)
-    pod = _running_pod(jobsets, namespace, name, node)
     evaluating = runs / "seed_1" / "eval" / "step_1" / "evaluating.json"
-    _wait(evaluating.exists, 120, "evaluating.json written", node)
-    jobsets.delete(namespace, name)
-    ended = pod_watch.wait_terminated(pod["metadata"]["name"], GRACE_S + 30)
-    assert ended["exit_code"] == 143, ended
+    _delete_when(
+        jobsets, pod_watch, node, _render(s, "evaluate", "eval-1", evaluate),
+        evaluating.exists, "evaluating.json written",
+    )  # fmt: skip
     assert not evaluating.exists(), "the cancelled evaluation left its in-progress record"
     assert not (evaluating.parent / "summary.json").exists()
 
@@ -323,15 +322,7 @@ def test_an_oom_killed_container_exits_137_and_restarts_counted_until_max_restar
     container["resources"]["requests"]["memory"] = "64Mi"
     name = jobset["metadata"]["name"]
     jobsets.create(jobset)
-    failed = jobsets.wait_status(
-        namespace,
-        name,
-        lambda st: any(
-            c["type"] == "Failed" and c["status"] == "True" for c in st.get("conditions") or []
-        ),
-        "Failed",
-        timeout_s=240,
-    )["status"]
+    failed = jobsets.wait_condition(namespace, name, "Failed", timeout_s=240)["status"]
     assert failed["restarts"] == 1 and int(failed.get("restartsCountTowardsMax") or 0) == 1
     [reason] = [c for c in failed["conditions"] if c["type"] == "Failed"]
     assert reason["reason"] == "ReachedMaxRestarts", reason
@@ -381,15 +372,7 @@ def test_secrets_environment_and_logs_through_the_api(
     )
     name = jobset["metadata"]["name"]
     created = jobsets.create(jobset)
-    jobsets.wait_status(
-        namespace,
-        name,
-        lambda st: any(
-            c["type"] == "Completed" and c["status"] == "True" for c in st.get("conditions") or []
-        ),
-        "Completed",
-        timeout_s=120,
-    )
+    jobsets.wait_condition(namespace, name, "Completed", timeout_s=120)
     [pod] = jobsets.pods(namespace, name)
     log = plane.api.request(
         "GET", f"/api/v1/namespaces/{namespace}/pods/{pod['metadata']['name']}/log"
@@ -488,8 +471,7 @@ def test_a_whole_run_of_the_gke_path_on_real_pods(
     kwok's pods: test_real_submission.py.)"""
     from k8s_real import (
         CONF,
-        CONN_ID,
-        connection_kubeconfig,
+        airflow_env,
         gke_rehearsal_deployment,
         wait_namespace_empty,
     )
@@ -512,13 +494,7 @@ def test_a_whole_run_of_the_gke_path_on_real_pods(
     text = text.replace("ttl_after_finished_s = 600\n", "ttl_after_finished_s = 600\n" + mount)
     deployment = tmp_path / "deployment.toml"
     deployment.write_text(text)
-    kubeconfig = connection_kubeconfig(plane, namespace)
-    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
-    env = {
-        "RCPFLOW_DEPLOYMENT": str(deployment),
-        f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn),
-        "PYTHONPATH": str(REPO),
-    }
+    env = airflow_env(plane, namespace, deployment)
     run_dir = runs / "seed_1"
     conf = {**CONF, "seed": 1, "run_dir": str(run_dir), "division": "open"}
     airflow = LocalAirflow(repo_config(tmp_path / "airflow", parallelism=4, env=env))

@@ -8,7 +8,6 @@ deployment without the GKE lookup takes (`gke.kubernetes_conn_id`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,9 @@ from typing import Any
 import pytest
 from k8s_real import (
     CONF,
-    CONN_ID,
     POOLS,
     SEEDS,
-    connection_kubeconfig,
+    airflow_env,
     fresh_namespace,
     gke_rehearsal_deployment,
     rehearsal_conf,
@@ -63,13 +61,7 @@ def test_the_rehearsal_submission_passes_every_checker_on_the_control_plane(
     namespace = kwok_namespace
     deployment = tmp_path / "deployment.toml"
     deployment.write_text(gke_rehearsal_deployment(tmp_path / "runs", namespace))
-    kubeconfig = connection_kubeconfig(plane, namespace)
-    conn = {"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}
-    env = {
-        "RCPFLOW_DEPLOYMENT": str(deployment),
-        f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(conn),
-        "PYTHONPATH": str(REPO),
-    }
+    env = airflow_env(plane, namespace, deployment)
     conf = rehearsal_conf(tmp_path / "runs", "kwok")
     runner = PodRunner(plane, namespace, workdir=REPO, log_dir=tmp_path / "pods")
     airflow = LocalAirflow(repo_config(tmp_path / "airflow", parallelism=4, env=env))
