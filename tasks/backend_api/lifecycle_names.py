@@ -1,6 +1,6 @@
-"""Names of the cluster-job lifecycle that outlive a process, in one home: the XCom key of a run
-task's job record, the events a watch trigger ends with, the classpaths under which the
-triggers are stored in Airflow's database, the grace after a stop request, and the label of a
+"""Names of the job lifecycle that outlive a process, in one home: the XCom key of a run task's
+job record, the phases the watch trigger's events have, the classpath under which the trigger
+is stored in Airflow's database, the grace after a stop request, and the label of a
 step's evaluation job. Airflow (or the cluster) stores each of them: renaming one strands a
 running task, so `tests/tasks/backend_api/test_lifecycle.py` pins every value; none follows a
 module move. (rcpflow has had no release: the names of earlier versions are not read.)"""

@@ -13,9 +13,8 @@ worker start.
 How: the operator names what ends its task (`TaskEndSpec`: a name of `TASK_ENDS` and JSON
 arguments) in its trigger's kwargs; once the job has ended the trigger calls that function in
 a thread (`end_task`), with the job's outcome (`JobOutcome`), and yields its `TaskEnd`; where
-the outcome needs a worker (a restart to submit, a failure the backend fails without retries,
-an error of the watch) the function gives None and the task resumes with the event as before.
-The
+the outcome needs a worker (a restart to submit, a failure without retries, a job the watch
+cannot follow) the function gives None and the task resumes with the event as before. The
 functions are found by name in `TASK_ENDS` (the names live in Airflow's database with the
 trigger's kwargs: pinned by `tests/tasks/backend_api/test_lifecycle.py`), never by a path read
 from the kwargs. A trigger run outside a triggerer (``dag.test()``, which resumes every
@@ -40,8 +39,8 @@ from airflow.triggers.base import (
 from tasks.backend_api.lifecycle_names import JOB_RECORD_KEY, RECORD_DECISION
 
 # How a job ended, in the lifecycle's terms: it succeeded; it failed (a retry of the task may
-# run it again); it was cancelled after the run's stop request; anything else, which the
-# backend's operator decides on a worker (a restart, a failure without retries, a watch error).
+# run it again); it was cancelled after the run's stop request; anything else, which the run
+# operator decides on a worker (a restart, a failure without retries, a job it cannot follow).
 JobEnded = Literal["succeeded", "failed", "stopped", "other"]
 TaskState = Literal["success", "skipped", "failed"]
 

@@ -55,8 +55,9 @@ class JobNodes:
         self.driver = driver
         self.deployment = deployment
         # every task that talks to a cluster goes to its queue; a worker's own jobs stay put
-        queue = {} if driver.jobs_run_on_worker else deployment.cluster_task_kwargs()
-        self.queue: dict[str, Any] = dict(queue)
+        self.queue: dict[str, Any] = (
+            {} if driver.jobs_run_on_worker else dict(deployment.cluster_task_kwargs())
+        )
 
     def train_job(self, spec: XComArg) -> DependencyMixin:
         """Task ``train_command`` (the job's argument list, what the run adds to its env and
