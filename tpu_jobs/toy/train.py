@@ -11,6 +11,7 @@ docs/tpu_jobs.md (0 done, 2 bad flags, 1 a run folder that cannot be resumed, 14
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -273,18 +274,27 @@ class AbandonedRestoreReads(logging.Filter):
     Orbax deserializations, raises the first failure (the one-line error) and abandons the
     others; asyncio logs each abandoned failure with its traceback ("Task exception was never
     retrieved") when its task is collected. Only those raised inside Orbax's checkpoint code are
-    dropped; every other asyncio record is kept."""
+    dropped, and tensorstore reads that Orbax handed asyncio as they are (their traceback holds
+    asyncio's frames alone; their error names the tensorstore spec); every other asyncio record
+    is kept."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.getMessage().startswith("Task exception was never retrieved"):
             return True
+        error = record.exc_info[1] if record.exc_info else None
         tb = record.exc_info[2] if record.exc_info else None
-        frames = traceback.extract_tb(tb) if tb is not None else []
-        return not any(ORBAX_CHECKPOINT_CODE in f.filename for f in frames)
+        files = [f.filename for f in traceback.extract_tb(tb)] if tb is not None else []
+        if any(ORBAX_CHECKPOINT_CODE in f for f in files):
+            return False
+        bare_read = bool(files) and all(f.startswith(ASYNCIO_CODE) for f in files)
+        return not (bare_read and TENSORSTORE_ERROR_MARK in str(error))
 
 
 # Where Orbax's checkpoint code lives in a traceback's file names.
 ORBAX_CHECKPOINT_CODE = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
+# asyncio's own files, and what every tensorstore read error carries.
+ASYNCIO_CODE = os.path.dirname(asyncio.__file__) + os.sep
+TENSORSTORE_ERROR_MARK = "[tensorstore_spec="
 
 
 def main(argv: Sequence[str] | None = None) -> int:

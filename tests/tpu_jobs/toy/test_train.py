@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -209,16 +210,17 @@ def test_a_stop_request_ends_training_after_the_current_step(
     check_run(run_dir, 1, list(range(2, last + 1)))  # complete checkpoints, rows, block_stop
 
 
-def _abandoned(filename: str) -> logging.LogRecord:
-    """asyncio's record of a task whose exception nobody retrieved, raised in code at
-    `filename`."""
-    code = compile("def read():\n    raise ValueError('DATA_LOSS')\n", filename, "exec")
+def _abandoned(filename: str, message: str = "DATA_LOSS") -> logging.LogRecord:
+    """asyncio's record of a task whose exception (`message`) nobody retrieved, raised in code
+    at `filename`."""
+    code = compile(f"def read():\n    raise ValueError({message!r})\n", filename, "exec")
     scope: dict[str, Any] = {}
     exec(code, scope)
     try:
         scope["read"]()
     except ValueError as e:
-        exc_info = (ValueError, e, e.__traceback__)
+        assert e.__traceback__ is not None
+        exc_info = (ValueError, e, e.__traceback__.tb_next)  # from `read` on, as asyncio logs it
     return logging.LogRecord(
         "asyncio", logging.ERROR, "base_events.py", 1,
         "Task exception was never retrieved\nfuture: <Task finished>", None, exc_info,
@@ -232,5 +234,10 @@ def test_only_abandoned_orbax_reads_are_dropped_from_asyncio_s_log() -> None:
     orbax = os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py")
     assert not quiet.filter(_abandoned(orbax))
     assert quiet.filter(_abandoned(os.path.join(os.sep, "work", "mine.py")))  # not Orbax's
+    # a tensorstore read Orbax handed asyncio as is: asyncio's frames alone, the spec named
+    wrapped = os.path.join(os.path.dirname(asyncio.__file__), "tasks.py")
+    read_error = "DATA_LOSS: Error opening \"zarr\" driver [tensorstore_spec='{}']"
+    assert not quiet.filter(_abandoned(wrapped, read_error))
+    assert quiet.filter(_abandoned(wrapped))  # asyncio's frames, but no tensorstore read
     other = logging.LogRecord("asyncio", logging.ERROR, "x.py", 1, "Executing <Task>", None, None)
     assert quiet.filter(other)
