@@ -454,6 +454,15 @@ class Docker(WorkFolder, Server):
             self._lock.close()
             self.remove_workdir()
 
+    def command(self, *args: str) -> list[str]:
+        """The argument list of ``docker ARGS`` against this daemon, for a process of its own
+        (a container run in the foreground); its environment adds `client_env`."""
+        return [DOCKER_CLIENT, f"--host=unix://{self.socket}", *args]
+
+    def client_env(self) -> dict[str, str]:
+        """What the docker client needs in its environment besides the caller's."""
+        return {"DOCKER_BUILDKIT": "1", "DOCKER_CONFIG": str(self.root / "cli")}
+
     def client(
         self,
         *args: str,
@@ -463,16 +472,14 @@ class Docker(WorkFolder, Server):
         stdout: IO[bytes] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """``docker ARGS`` against this daemon; check: ContainerError with its output."""
-        env = {**os.environ, "DOCKER_BUILDKIT": "1", "DOCKER_CONFIG": str(self.root / "cli")}
-        argv = [DOCKER_CLIENT, f"--host=unix://{self.socket}", *args]
         try:
             proc = subprocess.run(
-                argv,
+                self.command(*args),
                 stdin=stdin if stdin is not None else subprocess.DEVNULL,
                 stdout=stdout if stdout is not None else subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=stdout is None,
-                env=env,
+                env={**os.environ, **self.client_env()},
                 timeout=timeout_s,
                 check=False,
             )
@@ -513,19 +520,13 @@ class Docker(WorkFolder, Server):
             log.write_text(f"building {tag}\n")
             started = time.monotonic()
             _run_logged(
-                [
-                    DOCKER_CLIENT,
-                    f"--host=unix://{self.socket}",
-                    "build",
-                    "--network=host",
-                    "--progress=plain",
-                    f"--tag={tag}",
-                    str(context),
-                ],
+                self.command(
+                    "build", "--network=host", "--progress=plain", f"--tag={tag}", str(context)
+                ),
                 log,
                 f"docker build of {DOCKERFILES[name]}",
                 timeout_s=BUILD_TIMEOUT_S,
-                env={**os.environ, "DOCKER_BUILDKIT": "1", "DOCKER_CONFIG": str(self.root / "cli")},
+                env={**os.environ, **self.client_env()},
             )
             with log.open("a") as out:
                 out.write(f"built {tag} in {time.monotonic() - started:.1f} s\n")

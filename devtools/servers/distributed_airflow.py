@@ -20,7 +20,18 @@ too (as on two hosts), which its Job row carries: `scheduler_of` names the one t
 task instance. `answering_workers` asks the workers over the broker (Celery's ``inspect ping``,
 the Helm chart's worker liveness probe). Every component is stopped by the PID we hold
 (`LocalAirflow.stop`), then Redis and PostgreSQL.
-Needs root (mounts), ``unshare`` (util-linux), ``redis-server`` and PostgreSQL's server.
+
+A worker whose `WorkerSpec.image` names the Airflow image (docker/Dockerfile.airflow, built by
+`container_images.Docker.ensure_image`) runs instead as a container of it, as the Helm chart
+runs its workers: ``docker run --network host`` on the caller's private daemon (no bridge: it
+reaches the rest over loopback as the namespace workers do), the image's own rcpflow, DAGs and
+plugins, uid 50000, its own AIRFLOW_HOME, and bound into it only the `shared` folders (a
+deployment file's, a hook's), at their paths; nothing of this checkout or its venv
+(`image_worker_args`, `image_worker_env`). Killing it (`kill`) is ``docker kill``: SIGKILL to
+the container's init, which takes every process of the container with it (a host lost); it is
+removed then, and on `stop` (``docker rm -f``), so no container is left.
+Needs root (mounts), ``unshare`` (util-linux), ``redis-server`` and PostgreSQL's server; an
+image worker, a started `container_images.Docker` (root too).
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devtools.servers.airflow_server import (
     COMPONENTS,
@@ -51,6 +62,9 @@ from devtools.servers.redis_server import LocalRedis
 from devtools.servers.redis_server import missing_binary as missing_redis
 from tasks.deployment import REPO_ROOT
 from tasks.jobs.processes import send_signal
+
+if TYPE_CHECKING:  # the daemon is the caller's: this module never starts one
+    from devtools.servers.container_images import Docker
 
 # The environment variable `component_hostname` reads; unset: the host's own loopback.
 HOSTNAME_VAR = "RCPFLOW_AIRFLOW_HOSTNAME"
@@ -67,6 +81,22 @@ TRIGGERER_LOG_SERVER = "log-server-2"
 CELERY_APP = "airflow.providers.celery.executors.celery_executor.app"
 # A worker announces itself in its log with this once it consumes its queues (Celery's banner).
 _READY = b" ready."
+# An image worker's `[core] hostname_callable`: the container's hostname, which `docker run
+# --hostname` sets to the worker's loopback address (the image holds no devtools, so not
+# `component_hostname`; the Helm chart's workers report their pod's hostname the same way).
+IMAGE_HOSTNAME_CALLABLE = "socket.gethostname"
+# What the image sets itself (its AIRFLOW_HOME, DAG and plugin folders, PATH) or names a path of
+# this checkout or of the Airflow home here: never passed into an image worker.
+_IMAGE_OWN = frozenset(
+    {
+        "AIRFLOW_HOME",
+        "AIRFLOW__CORE__DAGS_FOLDER",
+        "AIRFLOW__CORE__PLUGINS_FOLDER",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE",
+        "PATH",
+        "PYTHONPATH",
+    }
+)
 
 
 def component_hostname() -> str:
@@ -91,8 +121,13 @@ class WorkerSpec:
     host: str  # its hostname: a loopback address of its own, where its log server listens
     queues: tuple[str, ...] = ("default",)
     concurrency: int = 2
-    # Extra environment of this worker alone (e.g. a PATH with a test's hook first).
+    # Extra environment of this worker alone (e.g. a PATH with a test's hook first); for an
+    # image worker, its whole environment beyond the Airflow settings (`image_worker_env`).
     env: Mapping[str, str] = field(default_factory=dict)
+    # The Airflow image's tag: the worker runs as a container of it (module doc), not in a
+    # namespace over this checkout. It runs as uid 50000 (gid 0): the shared folders it reads
+    # or writes must let it.
+    image: str | None = None
 
 
 WORKERS = (WorkerSpec("worker-1", "127.0.0.2"), WorkerSpec("worker-2", "127.0.0.3"))
@@ -147,13 +182,66 @@ def namespace_script(
     return "\n".join(lines)
 
 
-class DistributedAirflow(LocalAirflow):
-    """``with DistributedAirflow(config) as af: af.trigger(...)``; stops on exit."""
+def image_worker_env(
+    settings: Mapping[str, str], extra: Mapping[str, str], spec: WorkerSpec
+) -> dict[str, str]:
+    """The environment of image worker `spec`'s container: the Airflow settings every component
+    gets (the ``AIRFLOW*`` variables of `settings`: database, broker, executor, secrets, the
+    Execution API's URL, log port, connections), `extra` (the Airflow's own environment: the
+    deployment file, a storage emulator's variables) and the spec's `env`, less what the image
+    sets itself (`_IMAGE_OWN`); its hostname callable `IMAGE_HOSTNAME_CALLABLE`."""
+    env = {k: v for k, v in settings.items() if k.startswith("AIRFLOW") and k not in _IMAGE_OWN}
+    env.update((k, v) for k, v in extra.items() if k not in _IMAGE_OWN)
+    env.update(spec.env)
+    env[HOSTNAME_VAR] = spec.host
+    env["AIRFLOW__CORE__HOSTNAME_CALLABLE"] = IMAGE_HOSTNAME_CALLABLE
+    return env
 
-    def __init__(self, config: DistributedConfig) -> None:
+
+def image_worker_args(
+    spec: WorkerSpec, container: str, env: Sequence[str], shared: Sequence[Path], log_port: int
+) -> list[str]:
+    """The ``docker run`` arguments of image worker `spec` as container `container`: the
+    variables `env` names taken from the client's environment (no value on a command line),
+    each `shared` folder bound at its own path, and the Helm chart's worker command."""
+    if spec.image is None:
+        raise AirflowServerError(f"worker {spec.name} has no image")
+    # Airflow's own log server would bind every interface at the log port, which the host
+    # network shares with the other components' log servers: the same app runs on the
+    # worker's own address instead, as for the namespace workers. The container's init
+    # (``--init``: a PID 1 that reaps and forwards signals, as the official image's dumb-init)
+    # forwards the stop signal to the worker, the shell's `exec`.
+    log_server = [
+        "python", "-m", "uvicorn", LOG_SERVER_APP, "--factory",
+        "--host", spec.host, "--port", str(log_port), "--no-access-log",
+    ]  # fmt: skip
+    worker = [
+        "airflow", "celery", "worker", "--skip-serve-logs",
+        "--celery-hostname", f"{spec.name}@{spec.host}",
+        "--queues", ",".join(spec.queues), "--concurrency", str(spec.concurrency),
+    ]  # fmt: skip
+    script = f"{shlex.join(log_server)} &\nexec {shlex.join(worker)}"
+    return [
+        "run", f"--name={container}", "--init", "--pull=never",
+        "--network=host", f"--hostname={spec.host}", "--stop-signal=SIGINT",
+        *(f"--env={name}" for name in sorted(env)),
+        *(f"--volume={folder}:{folder}" for folder in shared),
+        "--entrypoint=sh", spec.image, "-c", script,
+    ]  # fmt: skip
+
+
+class DistributedAirflow(LocalAirflow):
+    """``with DistributedAirflow(config) as af: af.trigger(...)``; stops on exit. `docker`: the
+    started daemon that runs the image workers (needed only if a worker has an image)."""
+
+    def __init__(self, config: DistributedConfig, docker: Docker | None = None) -> None:
         super().__init__(config.airflow)
         self.distributed = config
         self.workers = {w.name: w for w in config.workers}
+        self.docker = docker
+        images = [w.name for w in config.workers if w.image is not None]
+        if images and docker is None:
+            raise AirflowServerError(f"image workers {images} need a Docker daemon")
         self.components = (
             *COMPONENTS,
             SCHEDULERS[1],
@@ -208,7 +296,12 @@ class DistributedAirflow(LocalAirflow):
         if name in TRIGGERER_HOSTS:
             env = {**env, HOSTNAME_VAR: TRIGGERER_HOSTS[name]}
         spec = self.workers.get(name)
-        if spec is not None:
+        if spec is not None and spec.image is not None:
+            # the client's environment carries the container's values (`image_worker_args`)
+            self._remove_container(name)
+            container = image_worker_env(env, self.config.env, spec)
+            env = {**os.environ, **self._docker().client_env(), **container}
+        elif spec is not None:
             env = {**env, **spec.env, HOSTNAME_VAR: spec.host}
             (self.worker_root(name) / "tmp").mkdir(parents=True, exist_ok=True)
             (self.worker_root(name) / "tmp").chmod(0o1777)
@@ -228,6 +321,16 @@ class DistributedAirflow(LocalAirflow):
         spec = self.workers.get(component)
         if spec is None:
             return super()._command(component)
+        if spec.image is not None:
+            env = image_worker_env(self.environment(), self.config.env, spec)
+            args = image_worker_args(
+                spec,
+                self.container(component),
+                list(env),
+                self.distributed.shared,
+                self.config.log_port,
+            )
+            return self._docker().command(*args)
         log_server = [
             sys.executable, "-m", "uvicorn", LOG_SERVER_APP, "--factory",
             "--host", spec.host, "--port", str(self.config.log_port), "--no-access-log",
@@ -248,6 +351,19 @@ class DistributedAirflow(LocalAirflow):
             "unshare", "--mount", "--propagation", "private", "--pid", "--fork",
             "--mount-proc", "--kill-child", "sh", "-c", script,
         ]  # fmt: skip
+
+    def container(self, name: str) -> str:
+        """The container name of image worker `name` (one Airflow per API port here)."""
+        return f"rcpflow-airflow-{self.config.port}-{name}"
+
+    def _docker(self) -> Docker:
+        if self.docker is None:
+            raise AirflowServerError("image workers need a Docker daemon")
+        return self.docker
+
+    def _remove_container(self, name: str) -> None:
+        """``docker rm -f`` of image worker `name`'s container (SIGKILL if it still runs)."""
+        self._docker().client("rm", "--force", self.container(name), check=False)
 
     def wait_worker(self, name: str, timeout_s: float, offset: int = 0) -> None:
         """Wait until worker `name` consumes its queues: its banner's ``ready.`` in its log
@@ -323,9 +439,18 @@ class DistributedAirflow(LocalAirflow):
                 raise AirflowServerError(f"workers not answering after {timeout_s}s: {missing}")
 
     def kill(self, name: str) -> None:
-        """SIGKILL component `name` with its process group (a worker: its whole namespace);
-        it stays down until `restart` (and `check_alive` no longer asks after it)."""
+        """SIGKILL component `name` with its process group (a worker: its whole namespace; an
+        image worker: its container, ``docker kill``, then removed); it stays down until
+        `restart` (and `check_alive` no longer asks after it)."""
         proc = self.processes.pop(name)
+        spec = self.workers.get(name)
+        if spec is not None and spec.image is not None:
+            # SIGKILL to the container's init ends every process in it; the client attached
+            # to it (`proc`) ends with it
+            self._docker().client("kill", self.container(name), check=False)
+            proc.wait(timeout=30)
+            self._remove_container(name)
+            return
         send_signal(proc.pid, signal.SIGKILL, group=True)
         proc.wait(timeout=30)
 
@@ -338,13 +463,23 @@ class DistributedAirflow(LocalAirflow):
 
     def stop(self, grace_s: float = 30.0) -> None:
         # `unshare` blocks SIGINT while it waits for its namespace: the worker in it gets the
-        # signal through the group (then the namespace ends, and `unshare` with it)
+        # signal through the group (then the namespace ends, and `unshare` with it); an image
+        # worker gets it from the daemon (its stop signal), its client ending with it
+        images = [n for n, w in self.workers.items() if w.image is not None]
         for name in self.workers:
             proc = self.processes.get(name)
-            if proc is not None and proc.poll() is None:
+            if proc is None or proc.poll() is not None:
+                continue
+            if name in images:
+                self._docker().client("kill", "--signal=SIGINT", self.container(name), check=False)
+            else:
                 send_signal(proc.pid, signal.SIGINT, group=True)
         try:
             super().stop(grace_s)
         finally:
-            self.redis.stop()
-            self.postgres.stop()
+            try:
+                for name in images:  # what outlived the grace, and every stopped one: removed
+                    self._remove_container(name)
+            finally:
+                self.redis.stop()
+                self.postgres.stop()

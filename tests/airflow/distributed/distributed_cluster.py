@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow_harness import DAGS, PLUGINS, REPO, alive
@@ -27,6 +27,9 @@ from tasks.backends.slurm.adapter import job_name
 from tasks.jobs.processes import free_port
 from tasks.names import COMPLIANCE_TOOL, RUN_DAG_ID, SUBMISSION_DAG_ID
 from tasks.results.verdicts import read_verdict
+
+if TYPE_CHECKING:
+    from devtools.servers.container_images import Docker
 
 CLUSTER_QUEUE = "slurm-login"
 SUBMISSION_TOOLS = ("rcp_checker", "package_checker", "result_summarizer")
@@ -54,10 +57,11 @@ def build_airflow(
     env: Mapping[str, str],
     shared: Sequence[Path],
     workers: tuple[WorkerSpec, ...] = WORKERS,
+    docker: Docker | None = None,
 ) -> DistributedAirflow:
     """A distributed Airflow (not started) on this checkout's DAGs and plugins, `env` on top of
     what every one here has; its workers share `shared` with the rest (a deployment file's
-    folder, a local storage root, a cluster's files)."""
+    folder, a local storage root, a cluster's files); `docker` runs its image workers."""
     config = ServerConfig(
         home=home,
         dags_folder=DAGS,
@@ -71,7 +75,7 @@ def build_airflow(
             **env,
         },
     )
-    return DistributedAirflow(DistributedConfig(config, tuple(shared), workers, SETTINGS))
+    return DistributedAirflow(DistributedConfig(config, tuple(shared), workers, SETTINGS), docker)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """The GKE backend on the distributed Airflow: the rehearsal deployment of the real-control-plane
 test (``tests/tasks/backends/gke/real/test_real_submission.py``, its helpers in
 ``k8s_real.py``) under the CeleryExecutor (`distributed_cluster.build_airflow`: two schedulers,
-two Celery workers each in a mount and PID namespace of its own), every job a JobSet the real
+two Celery workers: worker-1 in a mount and PID namespace of its own over this checkout,
+worker-2 a container of the Airflow image, `IMAGE_WORKER`), every job a JobSet the real
 JobSet controller runs on kwok's TPU v5p nodes, each pod's container run here by
 `devtools.k8s.kwok_pods.PodRunner`: its whole 3-seed submission, then the faults of
 `fault_scenarios` against its seed 1.
@@ -11,7 +12,16 @@ What the workers share is what a GKE deployment's workers share: the run folders
 component and every pod), the database, the broker, and the cluster through a Kubernetes
 connection whose kubeconfig is held inline in the connection (its CA inlined too): no file of
 the control plane's folder is visible to a worker. Only the deployment file's folder and the
-hook's are bound into the workers' private /tmp.
+hook's are bound into the workers' private /tmp (into the image worker's container at their
+paths: it sees nothing of this checkout).
+
+The image worker runs the image's own rcpflow, DAGs and plugins as the Helm chart's workers do
+(``docker run --network host`` of docker/Dockerfile.airflow's image on a private dockerd,
+`container_images.Docker`, started before the Airflow and stopped after it), on the default
+queue beside worker-1: the submission test asserts from the task instances' hostnames that
+tasks ran and succeeded in it. It takes the faults too: the hook is on its PYTHONPATH (the
+hook's folder bound in, writable by its uid 50000), so when it holds the training it is the
+worker killed, by ``docker kill`` (a host lost), and started again as a new container.
 
 The faults' hook point is the JobSet create (`CREATE_HOOK`, a ``sitecustomize`` first on the
 workers' PYTHONPATH, as the Slurm tests' is a ``sbatch`` first on their PATH): when the test
@@ -41,6 +51,7 @@ from distributed_cluster import (
     assert_every_checker_passed,
     build_airflow,
     running,
+    unavailable,
 )
 from fault_scenarios import (
     EVALUATE,
@@ -67,6 +78,8 @@ from repo_paths import REPO
 from devtools.k8s.binaries import NEWEST_JOBSET
 from devtools.k8s.control_plane import ControlPlane
 from devtools.k8s.kwok_pods import PodRunner
+from devtools.servers import container_images
+from devtools.servers.container_images import Docker
 from devtools.servers.distributed_airflow import WORKERS, DistributedAirflow, WorkerSpec
 from rcpflow.files.layout import RunLayout
 from rcpflow.records.manifest import load
@@ -83,6 +96,8 @@ from tasks.names import RUN_DAG_ID, SUBMISSION_DAG_ID
 
 NAME = "kwok-celery"
 TIMEOUT_S = 1500
+# The worker that runs from the Airflow image (module doc): the second of the two.
+IMAGE_WORKER = WORKERS[1]
 
 
 def inline_kubeconfig(path: Path) -> dict[str, Any]:
@@ -158,20 +173,41 @@ class GkeSubmission:
 
 
 @pytest.fixture(scope="module")
+def docker() -> Iterator[Docker]:
+    """The private dockerd that runs the image worker, for the whole module (the Airflow's
+    start to its stop). One daemon per data root: another module's (tests/docker/ on another
+    xdist worker) waits for its lock until this module ends, and this one for theirs."""
+    unavailable(container_images.missing_tools(), "the Airflow image's worker")
+    with Docker() as daemon:
+        yield daemon
+
+
+@pytest.fixture(scope="module")
 def gke(
-    planes: Planes, gcs_server: Any, tmp_path_factory: pytest.TempPathFactory
+    planes: Planes, gcs_server: Any, docker: Docker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GkeDeployment]:
     from devtools.servers.distributed_airflow import HOSTNAME_VAR
 
+    image = docker.ensure_image("airflow")
     plane = planes(NEWEST_JOBSET, pools=POOLS)
     storage = f"gs://{gcs_server.bucket}/distributed-gke-{uuid.uuid4().hex[:8]}"
     shared = tmp_path_factory.mktemp("gke-deployment")
     hooks = tmp_path_factory.mktemp("gke-hooks")
+    # the image worker runs as uid 50000: it reads the deployment file, and the hook writes
+    # and takes its files in the hook's folder
+    shared.chmod(0o755)
+    hooks.chmod(0o777)
     (hooks / "sitecustomize.py").write_text(
         CREATE_HOOK.format(hooks=str(hooks), hostname_var=HOSTNAME_VAR)
     )
     path = {"PYTHONPATH": f"{hooks}{os.pathsep}{REPO}"}
-    workers = tuple(WorkerSpec(w.name, w.host, w.queues, w.concurrency, path) for w in WORKERS)
+    workers = tuple(
+        # the image worker's rcpflow is the image's: only the hook on its PYTHONPATH
+        WorkerSpec(w.name, w.host, w.queues, w.concurrency, {"PYTHONPATH": str(hooks)}, image)
+        if w == IMAGE_WORKER
+        else WorkerSpec(w.name, w.host, w.queues, w.concurrency, path)
+        for w in WORKERS
+    )
     with pytest.MonkeyPatch.context() as mp, fresh_namespace(plane) as namespace:
         for key, value in gcs_server.env.items():  # this process reads the run folders too
             mp.setenv(key, value)
@@ -187,11 +223,13 @@ def gke(
         pods = tmp_path_factory.mktemp("gke-pods")
         runner = PodRunner(plane, namespace, workdir=REPO, log_dir=pods, env=gcs_server.env)
         airflow = build_airflow(
-            tmp_path_factory.mktemp("gke-airflow"), env, (shared, hooks), workers
+            tmp_path_factory.mktemp("gke-airflow"), env, (shared, hooks), workers, docker
         )
         with runner, running(airflow):
             yield GkeDeployment(airflow, plane, namespace, runner, storage, hooks)
         assert runner.errors == []
+    # the image worker's container, however it ended (killed, restarted, stopped), is gone
+    assert docker.client("ps", "--all", "--quiet").stdout.split() == []
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +268,19 @@ def test_a_three_seed_gke_submission_under_celery_on_gcs_passes_every_checker(
     for run_dir in run_dirs:  # the manifest the workers' tasks read lies on gs:// too
         assert load(RunLayout(run_dir).manifest).rows, run_dir
     assert_evaluations_on_every_worker(gke.airflow, s.run_tis)
+    # the image worker ran tasks, and none failed (a wait or evaluation past a passing step
+    # ends skipped): its image holds what they need
+    in_image = [t for t in s.run_tis if t["hostname"] == IMAGE_WORKER.host]
+    states = collections.Counter(t["state"] for t in in_image)
+    assert states["success"] and set(states) <= {"success", "skipped"}, [
+        (t["dag_run_id"], t["task_id"], t["map_index"], t["state"]) for t in in_image
+    ]
+    # its log server serves their logs to the API server, at its address (its hostname)
+    ti = next(t for t in in_image if t["state"] == "success")
+    text = gke.airflow.task_log(
+        RUN_DAG_ID, ti["dag_run_id"], ti["task_id"], ti["map_index"], ti["try_number"]
+    )
+    assert text and "Could not read served logs" not in text, text[-2000:]
     # Exactly one JobSet per job name: a JobSet is named for its DAG run and job, and each ran
     # one pod (single-host slices, no restart); a JobSet submitted twice under one name, or a
     # restarted one, would show a second pod of that name. The trainings ended 0; an
@@ -239,6 +290,22 @@ def test_a_three_seed_gke_submission_under_celery_on_gcs_passes_every_checker(
     trainings = [code for pod, code in s.exits if "-train-" in pod]
     assert trainings == [0] * len(SEEDS), s.exits
     assert {code for _, code in s.exits} <= {0, 143}, s.exits
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(10 * 60)
+def test_the_image_worker_killed_leaves_no_container_and_comes_back(
+    gke: GkeDeployment, docker: Docker, gke_submission: GkeSubmission
+) -> None:
+    """Whichever worker the fault below finds holding the training, the image worker's own
+    kill (``docker kill``: a host lost) and restart are shown here, once the submission is
+    over (no task of it runs)."""
+    airflow, name = gke.airflow, IMAGE_WORKER.name
+    airflow.kill(name)
+    assert docker.client("ps", "--all", "--quiet").stdout.split() == []
+    assert name not in airflow.answering_workers()
+    airflow.restart(name)
+    airflow.wait_workers_answer()
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""The distributed harness's own parts, without the cluster: a worker namespace's mounts, and
-the private Redis (answers, comes back on its port after a restart, stopped by PID)."""
+"""The distributed harness's own parts, without the cluster: a worker namespace's mounts, an
+image worker's ``docker run`` and environment, and the private Redis (answers, comes back on its
+port after a restart, stopped by PID)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from pathlib import Path
 import pytest
 from airflow_harness import alive
 
-from devtools.servers.distributed_airflow import namespace_script
+from devtools.servers.distributed_airflow import (
+    HOSTNAME_VAR,
+    WorkerSpec,
+    image_worker_args,
+    image_worker_env,
+    namespace_script,
+)
 from devtools.servers.redis_server import LocalRedis, missing_binary
 
 
@@ -85,6 +92,71 @@ def test_the_image_folders_are_the_checkout_and_the_interpreters_environment() -
     assert folders[0] == REPO_ROOT.resolve()
     assert any(Path(sys.prefix).resolve().is_relative_to(f) for f in folders)
     assert len(folders) == len(set(folders)) <= 2
+
+
+IMAGE_WORKER = WorkerSpec(
+    "worker-2", "127.0.0.3", ("default",), 2, {"PYTHONPATH": "/tmp/hooks"}, "rcpflow-airflow:abc"
+)
+
+
+def test_an_image_worker_runs_the_charts_worker_command_on_the_host_network() -> None:
+    args = image_worker_args(
+        IMAGE_WORKER,
+        "rcpflow-airflow-8080-worker-2",
+        ["AIRFLOW__CORE__EXECUTOR", "RCPFLOW_DEPLOYMENT"],
+        (Path("/tmp/deployment"), Path("/tmp/hooks")),
+        8793,
+    )
+    # host network (no bridge), the worker's loopback address as its hostname, the stop
+    # signal Celery's warm shutdown; variables by name only; the shared folders at their paths
+    *options, script = args
+    assert options == [
+        "run",
+        "--name=rcpflow-airflow-8080-worker-2",
+        "--init",
+        "--pull=never",
+        "--network=host",
+        "--hostname=127.0.0.3",
+        "--stop-signal=SIGINT",
+        "--env=AIRFLOW__CORE__EXECUTOR",
+        "--env=RCPFLOW_DEPLOYMENT",
+        "--volume=/tmp/deployment:/tmp/deployment",
+        "--volume=/tmp/hooks:/tmp/hooks",
+        "--entrypoint=sh",
+        "rcpflow-airflow:abc",
+        "-c",
+    ]
+    log_server, worker = script.splitlines()
+    assert log_server.endswith(" &") and "--host 127.0.0.3 --port 8793" in log_server
+    # the worker is the shell's exec: the init's signals reach it
+    assert worker == (
+        "exec airflow celery worker --skip-serve-logs --celery-hostname worker-2@127.0.0.3"
+        " --queues default --concurrency 2"
+    )
+    assert not any("/work" in a or ".venv" in a for a in args)  # nothing of a checkout
+
+
+def test_an_image_workers_environment_is_the_airflow_settings_less_the_images_own() -> None:
+    settings = {
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__CELERY__BROKER_URL": "redis://127.0.0.1:1/0",
+        "AIRFLOW__CORE__DAGS_FOLDER": "/work/dags",
+        "AIRFLOW__CORE__HOSTNAME_CALLABLE": "devtools.servers.distributed_airflow.x",
+        "AIRFLOW_HOME": "/tmp/home",
+        "AIRFLOW_CONN_GKE": "{}",
+        "PATH": "/work/.venv/bin",
+        "HOME": "/root",
+    }
+    extra = {"RCPFLOW_DEPLOYMENT": "/tmp/deployment/d.toml", "PYTHONPATH": "/work"}
+    assert image_worker_env(settings, extra, IMAGE_WORKER) == {
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__CELERY__BROKER_URL": "redis://127.0.0.1:1/0",
+        "AIRFLOW_CONN_GKE": "{}",
+        "RCPFLOW_DEPLOYMENT": "/tmp/deployment/d.toml",
+        "PYTHONPATH": "/tmp/hooks",  # the spec's: the checkout's is never passed
+        HOSTNAME_VAR: "127.0.0.3",
+        "AIRFLOW__CORE__HOSTNAME_CALLABLE": "socket.gethostname",
+    }
 
 
 def test_the_private_redis_restarts_on_its_port_and_stops_by_pid() -> None:
