@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 # modules sharing a session server, on one worker). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 test: check system-packages
-	$(PY) -m pytest -n $(TEST_WORKERS) --durations=40
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=40 --tb=short
 
 # Debian packages the tests need (PostgreSQL for the Airflow metadata DB, Redis for the Celery
 # broker of the distributed Airflow, Chromium and its driver

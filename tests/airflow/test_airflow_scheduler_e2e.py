@@ -1,7 +1,8 @@
 """End to end under a real scheduler: Airflow on 127.0.0.1 started by the test, a run triggered
 through the REST API with conf, followed to completion, stopped by PID. Every test runs twice:
 with Airflow's metadata DB on SQLite and on PostgreSQL (a private server started by the test,
-as a deployment has it)."""
+as a deployment has it), but the three-seed submission, on PostgreSQL here (on SQLite it is the
+demo's: tests/devtools/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -138,6 +139,9 @@ def test_run_dag_under_the_scheduler(
         assert earlier["end_date"] <= later["start_date"]
 
 
+# On PostgreSQL alone: the three-seed submission on SQLite is the demo's (tests/devtools/
+# test_demo.py runs `make demo`'s and asserts the same outcome from its folders).
+@pytest.mark.parametrize("metadata_db", ["postgresql"], indirect=True)
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_submission_of_three_seeds_passes_every_checker(

@@ -16,6 +16,7 @@ from devtools.demo import HOME, NAME, STORAGE_ROOT, demo_conf, main
 from rcpflow import recipe
 from rcpflow.records.mllog import read_events
 from tasks.deployment import DEFAULT_TOML, parse_deployment
+from tasks.results.verdicts import read_verdict
 from tasks.submission.spec import submission_params, submission_spec
 
 
@@ -87,8 +88,22 @@ def test_the_demo_passes_every_checker_with_the_embedded_default() -> None:
     assert "**Verdict: PASS**" in done.stdout, tail
     for checker in ("rcp_checker", "package_checker", "result_summarizer"):
         assert f"- {checker}: PASS" in done.stdout, tail
+    out = STORAGE_ROOT / NAME
     for seed in (1, 2, 3):
-        log = STORAGE_ROOT / NAME / "runs" / f"seed_{seed}" / "mllog" / f"seed_{seed}.out"
+        log = out / "runs" / f"seed_{seed}" / "mllog" / f"seed_{seed}.out"
         stops = [e for e in read_events(str(log)) if e.key == "run_stop"]
         assert [s.metadata["status"] for s in stops] == ["success"], (seed, tail)
+        run_check = read_verdict(str(out / "runs" / f"seed_{seed}"), "compliance_checker")
+        assert run_check is not None and run_check.ok, (seed, run_check)
+    # The three-seed submission on SQLite under the real scheduler: what
+    # tests/airflow/test_airflow_scheduler_e2e.py asserts of it on PostgreSQL, from the folders.
+    (system,) = (out / "submission" / "systems").iterdir()
+    results = out / "submission" / "results" / system.stem / "qwen35_397b_grpo"
+    assert sorted(p.name for p in results.iterdir()) == [f"result_{i}.txt" for i in range(3)]
+    for tool in ("rcp_checker", "package_checker", "result_summarizer"):
+        verdict = read_verdict(str(out), tool)
+        assert verdict is not None and verdict.ok, verdict
+    summary = read_verdict(str(out), "result_summarizer")
+    assert summary is not None and summary.score_minutes is not None and summary.score_minutes > 0
+    assert "**Verdict: PASS**" in (out / "report.md").read_text()
     assert "Airflow stopped" in done.stdout, tail

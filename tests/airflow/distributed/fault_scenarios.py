@@ -143,7 +143,13 @@ def wait_for_tis(
         tis: TaskInstances = airflow.task_instances(RUN_DAG_ID, run_id)
         if moment(tis):
             return tis
-        assert time.monotonic() < deadline, (what, [(t["task_id"], t["state"]) for t in tis])
+        assert time.monotonic() < deadline, (
+            f"{what}: not within 600 s",
+            [
+                (t["task_id"], t["map_index"], t["state"], t["try_number"], t["hostname"])
+                for t in tis
+            ],
+        )
         time.sleep(1.0)
 
 
