@@ -18,7 +18,6 @@ those long groups are handed out first so that none of them starts last.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -36,22 +35,6 @@ from env_helpers import set_env
 from polling import wait_until
 
 from tasks.jobs.processes import stop_processes
-
-# JAX's persistent compilation cache for every JAX process the suite starts (this one, its
-# jobs, the Airflow components' jobs: they inherit the environment): the suite runs the same
-# small trainers and evaluators hundreds of times, and a warm cache cut a 4-step toy training
-# from 8.4 s to 3.4 s here (CONTRIBUTING.md). Compiled code is what XLA would compile again: no
-# result changes. Keyed by JAX's version and backend, so the MaxText environment's JAX shares it
-# safely; a size bound turns on the cache's file lock (its readers and writers are the
-# side-by-side workers' processes). Set already: left as it is.
-JAX_COMPILATION_CACHE = {
-    "JAX_COMPILATION_CACHE_DIR": str(Path(__file__).resolve().parent.parent / ".cache" / "jax"),
-    "JAX_COMPILATION_CACHE_MAX_SIZE": str(4 * 1024**3),
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-}
-for _name, _value in JAX_COMPILATION_CACHE.items():
-    os.environ.setdefault(_name, _value)
 
 # The real Kubernetes control plane's session fixtures (`k8s_bin`, `planes`), shared by every
 # folder whose tests run on it (one start per xdist worker).
