@@ -13,7 +13,8 @@ Fixtures:
 Side by side: ``make test`` runs the suite on several pytest-xdist workers (CONTRIBUTING.md).
 Each test module stays on one worker (its module fixtures start once), the modules that share
 a costly session server (the Kubernetes control plane, the private Slurm) share one worker, and
-those long groups are handed out first so that none of them starts last.
+their tests come first in the collection (xdist's scheduler then hands groups out by their
+number of tests, most first).
 """
 
 from __future__ import annotations
@@ -93,8 +94,9 @@ _SHARED_SERVER_GROUPS = {
     "tests/tasks/backends/slurm/": "slurm",
     "tests/airflow/distributed/": "distributed-airflow",
 }
-# Handed out first (longest first): the groups above (the images' tests first: see above), then
-# the Airflow end-to-end modules.
+# The collection's order (longest first): the groups above (the images' tests before the real
+# pods in their group: see above), then the Airflow end-to-end modules. Within a group the tests
+# run in this order; xdist's `loadscope` hands the groups out by their number of tests.
 _LONG_FIRST = (
     "tests/docker/",
     "tests/tasks/backends/gke/real/",

@@ -16,6 +16,7 @@ from devtools.demo import HOME, NAME, STORAGE_ROOT, demo_conf, main
 from rcpflow import recipe
 from rcpflow.records.mllog import read_events
 from tasks.deployment import DEFAULT_TOML, parse_deployment
+from tasks.names import CHECK_TOOLS
 from tasks.results.verdicts import read_verdict
 from tasks.submission.spec import submission_params, submission_spec
 
@@ -86,7 +87,7 @@ def test_the_demo_passes_every_checker_with_the_embedded_default() -> None:
     tail = done.stdout[-6000:] + done.stderr[-3000:]
     assert done.returncode == 0, tail
     assert "**Verdict: PASS**" in done.stdout, tail
-    for checker in ("rcp_checker", "package_checker", "result_summarizer"):
+    for checker in CHECK_TOOLS:
         assert f"- {checker}: PASS" in done.stdout, tail
     out = STORAGE_ROOT / NAME
     for seed in (1, 2, 3):
@@ -100,10 +101,9 @@ def test_the_demo_passes_every_checker_with_the_embedded_default() -> None:
     (system,) = (out / "submission" / "systems").iterdir()
     results = out / "submission" / "results" / system.stem / "qwen35_397b_grpo"
     assert sorted(p.name for p in results.iterdir()) == [f"result_{i}.txt" for i in range(3)]
-    for tool in ("rcp_checker", "package_checker", "result_summarizer"):
-        verdict = read_verdict(str(out), tool)
-        assert verdict is not None and verdict.ok, verdict
-    summary = read_verdict(str(out), "result_summarizer")
-    assert summary is not None and summary.score_minutes is not None and summary.score_minutes > 0
+    verdicts = {t: read_verdict(str(out), t) for t in CHECK_TOOLS}
+    assert all(v is not None and v.ok for v in verdicts.values()), verdicts
+    score = verdicts["result_summarizer"].score_minutes  # type: ignore[union-attr]
+    assert score is not None and score > 0
     assert "**Verdict: PASS**" in (out / "report.md").read_text()
     assert "Airflow stopped" in done.stdout, tail
