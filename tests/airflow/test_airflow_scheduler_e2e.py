@@ -1,8 +1,9 @@
 """End to end under a real scheduler: Airflow on 127.0.0.1 started by the test, a run triggered
 through the REST API with conf, followed to completion, stopped by PID. Every test runs twice:
 with Airflow's metadata DB on SQLite and on PostgreSQL (a private server started by the test,
-as a deployment has it), but the three-seed submission, on PostgreSQL here (on SQLite it is the
-demo's: tests/devtools/test_demo.py)."""
+as a deployment has it). The three-seed submission runs elsewhere, once per metadata DB: on
+SQLite it is the demo's (tests/devtools/test_demo.py), on PostgreSQL the distributed Airflow's
+(tests/airflow/distributed/test_distributed_submission.py)."""
 
 from __future__ import annotations
 
@@ -137,44 +138,3 @@ def test_run_dag_under_the_scheduler(
     assert all(waits[t["map_index"]]["state"] == "skipped" for t in above)
     for earlier, later in itertools.pairwise(ran):
         assert earlier["end_date"] <= later["start_date"]
-
-
-# On PostgreSQL alone: the three-seed submission on SQLite is the demo's (tests/devtools/
-# test_demo.py runs `make demo`'s and asserts the same outcome from its folders).
-@pytest.mark.parametrize("metadata_db", ["postgresql"], indirect=True)
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_submission_of_three_seeds_passes_every_checker(
-    server: LocalAirflow, tmp_path: Path
-) -> None:
-    conf = {
-        "seeds": [1, 2, 3],
-        "global_batch_size": 256,
-        "max_steps": 30,
-        "val_start_at": None,  # the recipe's 18
-        "target": 0.69,
-        "division": "open",
-        "backend": "local",
-        "storage_root": str(tmp_path),
-        "submission_name": "e2e",
-        "system": {"system_name": "e2e-cpu"},
-    }
-    run = run_under_scheduler(server, "mlperf_grpo_submission", conf, timeout_s=840)
-
-    states = run.states
-    assert run.state == "success", failures(run, server)
-    assert [states[("run_seed", i)] for i in range(3)] == ["success"] * 3
-    out = tmp_path / "e2e"
-    for seed in (1, 2, 3):
-        run_state = server.dag_run("mlperf_grpo_run", f"e2e__seed_{seed}")["state"]
-        assert run_state == "success"
-        assert read_verdict(str(out / "runs" / f"seed_{seed}"), "compliance_checker").ok
-    results = out / "submission" / "results" / "e2e-cpu" / "qwen35_397b_grpo"
-    assert sorted(p.name for p in results.iterdir()) == [f"result_{i}.txt" for i in range(3)]
-    assert (out / "submission" / "systems" / "e2e-cpu.json").exists()
-    for tool in ("rcp_checker", "package_checker", "result_summarizer"):
-        verdict = read_verdict(str(out), tool)
-        assert verdict is not None and verdict.ok, verdict
-    assert read_verdict(str(out), "result_summarizer").score_minutes > 0
-    report = (out / "report.md").read_text()
-    assert "**Verdict: PASS**" in report

@@ -33,7 +33,7 @@ from tpu_jobs.rcp import distributed
 from tpu_jobs.rcp.checkpoint_restore import restore_params
 from tpu_jobs.rcp.fingerprint import leaf_name
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("no_jax_compilation_cache")]
 
 REPO = Path(__file__).resolve().parents[3]
 DRIVER = Path(__file__).with_name("multihost_eval_driver.py")

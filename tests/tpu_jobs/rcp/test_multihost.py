@@ -31,7 +31,7 @@ from tpu_jobs.rcp.checkpoint_format import is_complete
 from tpu_jobs.rcp.checkpoint_restore import restore_params
 from tpu_jobs.toy.train import SLOW_AFTER_UPDATE_ENV
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("no_jax_compilation_cache")]
 
 REPO = Path(__file__).resolve().parents[3]
 SEED = 3

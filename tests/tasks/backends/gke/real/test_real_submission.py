@@ -4,7 +4,11 @@ scheduler on 127.0.0.1, every job a JobSet the real JobSet controller runs on kw
 nodes, each pod's container run here by `devtools.k8s.kwok_pods.PodRunner` and completed
 by kwok with its process's exit code. The cluster is reached through a Kubernetes connection
 (a kubeconfig of a service account whom RBAC grants what docs/gke.md lists), the path a
-deployment without the GKE lookup takes (`gke.kubernetes_conn_id`)."""
+deployment without the GKE lookup takes (`gke.kubernetes_conn_id`).
+
+The submission runs on the newest JobSet; on the oldest the README supports, one seed's run
+DAG: every JobSet call of a submission is a run's (the training's, each evaluation's, the
+deletion at the pass), and the submission's own tasks never reach the cluster."""
 
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from k8s_real import (
 )
 from repo_paths import REPO
 
-from devtools.k8s.binaries import JOBSET_VERSIONS
+from devtools.k8s.binaries import NEWEST_JOBSET, OLDEST_JOBSET
 from devtools.k8s.control_plane import ControlPlane
 from devtools.k8s.kwok_pods import PodRunner
 from devtools.servers.airflow_server import LocalAirflow, repo_config
@@ -39,18 +43,46 @@ from tasks.results.verdicts import read_verdict
 CURVE = load_curve(str(REPO / "tpu_jobs" / "rehearsal" / "curve.csv"))
 
 
-@pytest.fixture(params=JOBSET_VERSIONS)
-def plane(planes: Any, request: pytest.FixtureRequest) -> ControlPlane:
-    """The control plane with eight single-host pools, per JobSet version (the README's
-    minimum and the newest)."""
-    plane: ControlPlane = planes(request.param, pools=POOLS)
+def _plane(planes: Any, version: str) -> ControlPlane:
+    """The control plane of JobSet `version` with eight single-host pools."""
+    plane: ControlPlane = planes(version, pools=POOLS)
     return plane
+
+
+@pytest.fixture
+def plane(planes: Any) -> ControlPlane:
+    return _plane(planes, NEWEST_JOBSET)
+
+
+@pytest.fixture
+def oldest_plane(planes: Any) -> ControlPlane:
+    return _plane(planes, OLDEST_JOBSET)
 
 
 @pytest.fixture
 def kwok_namespace(plane: ControlPlane) -> Iterator[str]:
     with fresh_namespace(plane) as name:
         yield name
+
+
+@pytest.fixture
+def oldest_namespace(oldest_plane: ControlPlane) -> Iterator[str]:
+    with fresh_namespace(oldest_plane) as name:
+        yield name
+
+
+def _assert_run_stopped_at_the_curves_pass(run_dir: Path, seed: int) -> None:
+    """The run's run_stop is a success at the update of the step where the rehearsal curve
+    first passes, and its compliance checker passed."""
+    layout = RunLayout(str(run_dir))
+    rows = load(layout.manifest).rows
+    passing = CURVE.first_pass(seed, 18, CONF["max_steps"])
+    assert passing is not None
+    (stop,) = [e for e in read_events(layout.mllog(seed)) if e.key == "run_stop"]
+    assert stop.metadata["status"] == "success"
+    assert stop.time_ms == next(r.timestamp_ms for r in rows if r.step == passing)
+    verdict = read_verdict(str(run_dir), "compliance_checker")
+    assert verdict is not None and verdict.ok, verdict
 
 
 @pytest.mark.slow
@@ -84,16 +116,7 @@ def test_the_rehearsal_submission_passes_every_checker_on_the_control_plane(
     assert runs == {seed: "success" for seed in SEEDS}
     out = tmp_path / "runs" / "kwok"
     for seed in SEEDS:
-        run_dir = out / "runs" / f"seed_{seed}"
-        layout = RunLayout(str(run_dir))
-        rows = load(layout.manifest).rows
-        passing = CURVE.first_pass(seed, 18, CONF["max_steps"])
-        assert passing is not None
-        (stop,) = [e for e in read_events(layout.mllog(seed)) if e.key == "run_stop"]
-        assert stop.metadata["status"] == "success"
-        assert stop.time_ms == next(r.timestamp_ms for r in rows if r.step == passing)
-        verdict = read_verdict(str(run_dir), "compliance_checker")
-        assert verdict is not None and verdict.ok, verdict
+        _assert_run_stopped_at_the_curves_pass(out / "runs" / f"seed_{seed}", seed)
     # One training pod per seed and one pod per evaluated step ran here; each ended with the
     # job's own exit code: 0, or 143 for a higher step's evaluation deleted at a pass.
     trainings = [code for pod, code in runner.exits if "-train-" in pod]
@@ -103,3 +126,35 @@ def test_the_rehearsal_submission_passes_every_checker_on_the_control_plane(
         verdict = read_verdict(str(out), tool)
         assert verdict is not None and verdict.ok, verdict
     assert "**Verdict: PASS**" in (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_rehearsal_run_passes_its_checker_on_the_oldest_jobset(
+    oldest_plane: ControlPlane, oldest_namespace: str, tmp_path: Path
+) -> None:
+    namespace = oldest_namespace
+    deployment = tmp_path / "deployment.toml"
+    deployment.write_text(gke_rehearsal_deployment(tmp_path / "runs", namespace))
+    env = airflow_env(oldest_plane, namespace, deployment)
+    run_dir = tmp_path / "runs" / "seed_1"
+    conf = {**CONF, "seed": 1, "run_dir": str(run_dir), "division": "open"}
+    runner = PodRunner(oldest_plane, namespace, workdir=REPO, log_dir=tmp_path / "pods")
+    airflow = LocalAirflow(repo_config(tmp_path / "airflow", parallelism=4, env=env))
+    with runner, airflow:
+        airflow.wait_for_dag(RUN_DAG_ID)
+        run_id = airflow.trigger(RUN_DAG_ID, conf)
+        state = airflow.wait_for_run(RUN_DAG_ID, run_id, timeout_s=600)
+        states = {
+            (t["task_id"], t["map_index"]): t["state"]
+            for t in airflow.task_instances(RUN_DAG_ID, run_id)
+        }
+        wait_namespace_empty(oldest_plane, namespace)
+
+    assert runner.errors == []
+    assert state == "success", states
+    _assert_run_stopped_at_the_curves_pass(run_dir, 1)
+    trainings = [code for pod, code in runner.exits if "-train-" in pod]
+    assert trainings == [0], runner.exits
+    # evaluations ran as JobSets too, and a higher step's was deleted at the pass or ended 0
+    assert len(runner.exits) > 1 and {code for _, code in runner.exits} <= {0, 143}
