@@ -13,8 +13,9 @@ Fixtures:
 Side by side: ``make test`` runs the suite on several pytest-xdist workers (CONTRIBUTING.md).
 Each test module stays on one worker (its module fixtures start once), the modules that share
 a costly session server (the Kubernetes control plane, the private Slurm) share one worker, and
-their tests come first in the collection (xdist's scheduler then hands groups out by their
-number of tests, most first).
+the groups are handed out longest first (`_LONG_FIRST`), the short modules last.
+
+Fixtures also: ``no_jax_compilation_cache`` (function) for multi-process JAX programs.
 """
 
 from __future__ import annotations
@@ -113,15 +114,24 @@ _SHARED_SERVER_GROUPS = {
     "tests/tasks/backends/slurm/": "slurm",
     "tests/airflow/distributed/": "distributed-airflow",
 }
-# The collection's order (longest first): the groups above (the images' tests before the real
-# pods in their group: see above), then the Airflow end-to-end modules. Within a group the tests
-# run in this order; xdist's `loadscope` hands the groups out by their number of tests.
+# The collection's order, which is the order the groups are handed out in (`ByServerGroup`):
+# the longest first, by their work measured in a fresh-clone run (CONTRIBUTING.md), so that the
+# last ones handed out are the short modules and both workers end together. The images' tests
+# come before the real pods in their group (see above); within a group the tests run in this
+# order.
 _LONG_FIRST = (
-    "tests/docker/",
-    "tests/tasks/backends/gke/real/",
-    "tests/airflow/distributed/",
-    "tests/tasks/backends/slurm/",
+    "tests/docker/",  # with the real pods: ~950 s
+    "tests/tasks/backends/gke/real/",  # with the GKE distributed test: ~1,500 s
+    "tests/airflow/distributed/",  # ~850 s
+    "tests/tasks/backends/slurm/",  # ~450 s
+    "tests/airflow/test_airflow_scheduler_e2e.py",
+    "tests/devtools/test_demo.py",
+    "tests/tpu_jobs/rcp/test_multihost.py",
+    "tests/tpu_jobs/rcp/test_trainer_user_errors.py",
+    "tests/ui/test_browser_rcp_view.py",
+    "tests/tpu_jobs/maxtext/",
     "tests/airflow/",
+    "tests/tpu_jobs/",
 )
 _ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,9 +156,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """pytest-xdist's scheduler by scope, the scope being the group of the test's file
-    (`_group_of`). Not its ``loadgroup``: that renames items (``item._nodeid``), which pytest 9
-    no longer reads."""
+    (`_group_of`), handing the groups out in the collection's order (`_LONG_FIRST`): xdist
+    would reorder them by their number of tests, which put the long groups of few tests (the
+    distributed Airflow, the demo) last. Not its ``loadgroup``: that renames items
+    (``item._nodeid``), which pytest 9 no longer reads."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
 
     class ByServerGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
