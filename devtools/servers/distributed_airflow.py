@@ -24,12 +24,13 @@ the Helm chart's worker liveness probe). Every component is stopped by the PID w
 A worker whose `WorkerSpec.image` names the Airflow image (docker/Dockerfile.airflow, built by
 `container_images.Docker.ensure_image`) runs instead as a container of it, as the Helm chart
 runs its workers: ``docker run --network host`` on the caller's private daemon (no bridge: it
-reaches the rest over loopback as the namespace workers do), the image's own rcpflow, DAGs and
-plugins, uid 50000, its own AIRFLOW_HOME, and bound into it only the `shared` folders (a
-deployment file's, a hook's), at their paths; nothing of this checkout or its venv
-(`image_worker_args`, `image_worker_env`). Killing it (`kill`) is ``docker kill``: SIGKILL to
-the container's init, which takes every process of the container with it (a host lost); it is
-removed then, and on `stop` (``docker rm -f``), so no container is left.
+reaches the rest over loopback as the namespace workers do) under the image's own init (tini,
+PID 1), the image's own rcpflow, DAGs and plugins, uid 50000, its own AIRFLOW_HOME, and bound
+into it only the `shared` folders (a deployment file's, a hook's), at their paths; nothing of
+this checkout or its venv (`image_worker_args`, `image_worker_env`). Killing it (`kill`) is
+``docker kill``: SIGKILL to the container's init, which takes every process of the container
+with it (a host lost); it is removed then, and on `stop` (``docker rm -f``), so no container
+is left.
 Needs root (mounts), ``unshare`` (util-linux), ``redis-server`` and PostgreSQL's server; an
 image worker, a started `container_images.Docker` (root too).
 """
@@ -85,6 +86,9 @@ _READY = b" ready."
 # --hostname` sets to the worker's loopback address (the image holds no devtools, so not
 # `component_hostname`; the Helm chart's workers report their pod's hostname the same way).
 IMAGE_HOSTNAME_CALLABLE = "socket.gethostname"
+# The Airflow image's init (docker/Dockerfile.airflow's entrypoint: ``tini -- airflow``): an
+# image worker runs its shell under it, as PID 1.
+IMAGE_INIT = "tini"
 # What the image sets itself (its AIRFLOW_HOME, DAG and plugin folders, PATH) or names a path of
 # this checkout or of the Airflow home here: never passed into an image worker.
 _IMAGE_OWN = frozenset(
@@ -208,9 +212,9 @@ def image_worker_args(
         raise AirflowServerError(f"worker {spec.name} has no image")
     # Airflow's own log server would bind every interface at the log port, which the host
     # network shares with the other components' log servers: the same app runs on the
-    # worker's own address instead, as for the namespace workers. The container's init
-    # (``--init``: a PID 1 that reaps and forwards signals, as the official image's dumb-init)
-    # forwards the stop signal to the worker, the shell's `exec`.
+    # worker's own address instead, as for the namespace workers. The image's own init (tini,
+    # its entrypoint's first word: PID 1, reaping and passing signals on) runs the two, and
+    # passes the stop signal to the worker, the shell's `exec`.
     log_server = [
         "python", "-m", "uvicorn", LOG_SERVER_APP, "--factory",
         "--host", spec.host, "--port", str(log_port), "--no-access-log",
@@ -222,11 +226,11 @@ def image_worker_args(
     ]  # fmt: skip
     script = f"{shlex.join(log_server)} &\nexec {shlex.join(worker)}"
     return [
-        "run", f"--name={container}", "--init", "--pull=never",
+        "run", f"--name={container}", "--pull=never",
         "--network=host", f"--hostname={spec.host}", "--stop-signal=SIGINT",
         *(f"--env={name}" for name in sorted(env)),
         *(f"--volume={folder}:{folder}" for folder in shared),
-        "--entrypoint=sh", spec.image, "-c", script,
+        f"--entrypoint={IMAGE_INIT}", spec.image, "--", "sh", "-c", script,
     ]  # fmt: skip
 
 

@@ -15,6 +15,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,24 @@ def test_airflow_image_runs_rcpflow_and_has_every_deployments_provider(
         "run", "--rm", "--network=none", "--entrypoint=python", airflow_image, "-c",
         "import airflow.providers.celery.executors.celery_executor, redis, psycopg2",
     )  # fmt: skip
+
+
+def test_airflow_image_runs_its_component_under_an_init(docker: Docker, airflow_image: str) -> None:
+    """A component must not be PID 1 (no reaping; SIGTERM ignored without a handler): the
+    entrypoint is tini, which runs `airflow` as its child; a command is Airflow's."""
+    entrypoint = docker.client(
+        "image", "inspect", "--format", "{{json .Config.Entrypoint}}", airflow_image
+    ).stdout
+    assert json.loads(entrypoint) == ["tini", "--", "airflow"], entrypoint
+    out = docker.client("run", "--rm", "--network=none", airflow_image, "version").stdout
+    # the image pins Airflow by the same constraints.txt as this venv
+    assert out.strip().splitlines()[-1] == metadata.version("apache-airflow"), out
+    # tini is PID 1 when it is the entrypoint, and its child sees it as its parent
+    pids = docker.client(
+        "run", "--rm", "--network=none", "--entrypoint=tini", airflow_image, "--",
+        "sh", "-c", 'echo "$$ $PPID $(tr "\\0" " " < /proc/1/cmdline)"',
+    ).stdout.split()  # fmt: skip
+    assert pids[1:3] == ["1", "tini"], pids
 
 
 def test_a_failing_docker_command_is_one_line_error(docker: Docker) -> None:

@@ -301,6 +301,9 @@ def test_the_image_worker_killed_leaves_no_container_and_comes_back(
     kill (``docker kill``: a host lost) and restart are shown here, once the submission is
     over (no task of it runs)."""
     airflow, name = gke.airflow, IMAGE_WORKER.name
+    # the worker runs under the image's init, as the chart runs it (no docker --init)
+    init = docker.client("exec", airflow.container(name), "cat", "/proc/1/cmdline").stdout
+    assert init.split("\0")[:4] == ["tini", "--", "sh", "-c"], init
     airflow.kill(name)
     assert docker.client("ps", "--all", "--quiet").stdout.split() == []
     assert name not in airflow.answering_workers()

@@ -113,7 +113,6 @@ def test_an_image_worker_runs_the_charts_worker_command_on_the_host_network() ->
     assert options == [
         "run",
         "--name=rcpflow-airflow-8080-worker-2",
-        "--init",
         "--pull=never",
         "--network=host",
         "--hostname=127.0.0.3",
@@ -122,13 +121,16 @@ def test_an_image_worker_runs_the_charts_worker_command_on_the_host_network() ->
         "--env=RCPFLOW_DEPLOYMENT",
         "--volume=/tmp/deployment:/tmp/deployment",
         "--volume=/tmp/hooks:/tmp/hooks",
-        "--entrypoint=sh",
+        # the image's init as PID 1 (no docker --init): the shell under it
+        "--entrypoint=tini",
         "rcpflow-airflow:abc",
+        "--",
+        "sh",
         "-c",
     ]
     log_server, worker = script.splitlines()
     assert log_server.endswith(" &") and "--host 127.0.0.3 --port 8793" in log_server
-    # the worker is the shell's exec: the init's signals reach it
+    # the worker is the shell's exec: tini's signals reach it
     assert worker == (
         "exec airflow celery worker --skip-serve-logs --celery-hostname worker-2@127.0.0.3"
         " --queues default --concurrency 2"
