@@ -18,11 +18,13 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 # What CI runs (.ci/run): lint, formatting, types, then the whole suite on TEST_WORKERS pytest-xdist
-# workers side by side (most tests wait on servers; tests/conftest.py keeps a module, and the
-# modules sharing a session server, on one worker). TEST_WORKERS=0 runs it in this process.
+# workers side by side (tests/conftest.py keeps a module, and the modules sharing a session
+# server, on one worker). Three on 2 cores: an Airflow test leaves a core idle part of the
+# time, waiting on its scheduler and jobs (CONTRIBUTING.md). TEST_WORKERS=0 runs it in this
+# process.
 # The checks and the system's setup run side by side (mypy is CPU, the Debian roots mostly
 # network and disk): a fresh clone's setup is a minute shorter.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target check system-packages
 	$(PY) -m pytest -n $(TEST_WORKERS) --durations=40 --tb=short

@@ -64,7 +64,7 @@ def _children(pid: int) -> dict[int, int]:
 
 def _wait_for_row(run_dir: Path, step: int, proc: subprocess.Popen[str]) -> None:
     path = RunLayout(str(run_dir)).manifest
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + 360  # generous: 2 cores shared with two other workers
     while time.monotonic() < deadline and proc.poll() is None:
         if storage_for(path).exists(path) and step in [r.step for r in written_rows(run_dir)]:
             return
