@@ -115,10 +115,10 @@ _SHARED_SERVER_GROUPS = {
     "tests/airflow/distributed/": "distributed-airflow",
 }
 # The collection's order, which is the order the groups are handed out in (`ByServerGroup`):
-# the longest first, by their work measured in a fresh-clone run (CONTRIBUTING.md), so that the
-# last ones handed out are the short modules and both workers end together. The images' tests
-# come before the real pods in their group (see above); within a group the tests run in this
-# order.
+# the longest first, by their work measured in a fresh-clone run (CONTRIBUTING.md; the first
+# three start at once, one per worker), so that the last ones handed out are the short modules
+# and the workers end together. The images' tests come before the real pods in their group
+# (see above); within a group the tests run in this order.
 _LONG_FIRST = (
     "tests/docker/",  # with the real pods: ~950 s
     "tests/tasks/backends/gke/real/",  # with the GKE distributed test: ~1,500 s

@@ -12,6 +12,7 @@ deletion at the pass), and the submission's own tasks never reach the cluster.""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,20 +44,12 @@ from tasks.results.verdicts import read_verdict
 CURVE = load_curve(str(REPO / "tpu_jobs" / "rehearsal" / "curve.csv"))
 
 
-def _plane(planes: Any, version: str) -> ControlPlane:
-    """The control plane of JobSet `version` with eight single-host pools."""
-    plane: ControlPlane = planes(version, pools=POOLS)
+@pytest.fixture(params=[NEWEST_JOBSET, OLDEST_JOBSET])
+def plane(planes: Any, request: pytest.FixtureRequest) -> ControlPlane:
+    """The control plane with eight single-host pools, per JobSet version: the submission's
+    test asks for the newest, the run's for the oldest (`pytest.mark.parametrize`)."""
+    plane: ControlPlane = planes(request.param, pools=POOLS)
     return plane
-
-
-@pytest.fixture
-def plane(planes: Any) -> ControlPlane:
-    return _plane(planes, NEWEST_JOBSET)
-
-
-@pytest.fixture
-def oldest_plane(planes: Any) -> ControlPlane:
-    return _plane(planes, OLDEST_JOBSET)
 
 
 @pytest.fixture
@@ -65,10 +58,22 @@ def kwok_namespace(plane: ControlPlane) -> Iterator[str]:
         yield name
 
 
-@pytest.fixture
-def oldest_namespace(oldest_plane: ControlPlane) -> Iterator[str]:
-    with fresh_namespace(oldest_plane) as name:
-        yield name
+@contextlib.contextmanager
+def _rehearsal_airflow(
+    plane: ControlPlane, namespace: str, tmp_path: Path
+) -> Iterator[tuple[PodRunner, LocalAirflow]]:
+    """The rehearsal deployment on the GKE backend in `namespace` (run folders under
+    ``tmp_path/runs``) under a real Airflow, its pods run here; on a clean exit nothing of the
+    runs is left on the cluster: every JobSet torn down, with its Jobs and pods."""
+    deployment = tmp_path / "deployment.toml"
+    deployment.write_text(gke_rehearsal_deployment(tmp_path / "runs", namespace))
+    env = airflow_env(plane, namespace, deployment)
+    runner = PodRunner(plane, namespace, workdir=REPO, log_dir=tmp_path / "pods")
+    airflow = LocalAirflow(repo_config(tmp_path / "airflow", parallelism=4, env=env))
+    with runner, airflow:
+        yield runner, airflow
+        wait_namespace_empty(plane, namespace)
+    assert runner.errors == []
 
 
 def _assert_run_stopped_at_the_curves_pass(run_dir: Path, seed: int) -> None:
@@ -87,32 +92,20 @@ def _assert_run_stopped_at_the_curves_pass(run_dir: Path, seed: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
+@pytest.mark.parametrize("plane", [NEWEST_JOBSET], indirect=True)
 def test_the_rehearsal_submission_passes_every_checker_on_the_control_plane(
     plane: ControlPlane, kwok_namespace: str, tmp_path: Path
 ) -> None:
-    namespace = kwok_namespace
-    deployment = tmp_path / "deployment.toml"
-    deployment.write_text(gke_rehearsal_deployment(tmp_path / "runs", namespace))
-    env = airflow_env(plane, namespace, deployment)
     conf = rehearsal_conf(tmp_path / "runs", "kwok")
-    runner = PodRunner(plane, namespace, workdir=REPO, log_dir=tmp_path / "pods")
-    airflow = LocalAirflow(repo_config(tmp_path / "airflow", parallelism=4, env=env))
-    with runner, airflow:
+    with _rehearsal_airflow(plane, kwok_namespace, tmp_path) as (runner, airflow):
         for dag_id in (RUN_DAG_ID, SUBMISSION_DAG_ID):
             airflow.wait_for_dag(dag_id)
         run_id = airflow.trigger(SUBMISSION_DAG_ID, conf)
         state = airflow.wait_for_run(SUBMISSION_DAG_ID, run_id, timeout_s=1200)
-        states = {(t["task_id"], t["map_index"]): t["state"] for t in airflow.task_instances(
-            SUBMISSION_DAG_ID, run_id
-        )}  # fmt: skip
+        report = airflow.failure_report(SUBMISSION_DAG_ID, run_id)
         runs = {seed: airflow.dag_run(RUN_DAG_ID, f"kwok__seed_{seed}")["state"] for seed in SEEDS}
 
-        # Nothing of the runs is left on the cluster: every JobSet was torn down, with its
-        # Jobs and pods.
-        wait_namespace_empty(plane, namespace)
-
-    assert runner.errors == []
-    assert state == "success", states
+    assert state == "success", report
     assert runs == {seed: "success" for seed in SEEDS}
     out = tmp_path / "runs" / "kwok"
     for seed in SEEDS:
@@ -130,29 +123,19 @@ def test_the_rehearsal_submission_passes_every_checker_on_the_control_plane(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("plane", [OLDEST_JOBSET], indirect=True)
 def test_a_rehearsal_run_passes_its_checker_on_the_oldest_jobset(
-    oldest_plane: ControlPlane, oldest_namespace: str, tmp_path: Path
+    plane: ControlPlane, kwok_namespace: str, tmp_path: Path
 ) -> None:
-    namespace = oldest_namespace
-    deployment = tmp_path / "deployment.toml"
-    deployment.write_text(gke_rehearsal_deployment(tmp_path / "runs", namespace))
-    env = airflow_env(oldest_plane, namespace, deployment)
     run_dir = tmp_path / "runs" / "seed_1"
     conf = {**CONF, "seed": 1, "run_dir": str(run_dir), "division": "open"}
-    runner = PodRunner(oldest_plane, namespace, workdir=REPO, log_dir=tmp_path / "pods")
-    airflow = LocalAirflow(repo_config(tmp_path / "airflow", parallelism=4, env=env))
-    with runner, airflow:
+    with _rehearsal_airflow(plane, kwok_namespace, tmp_path) as (runner, airflow):
         airflow.wait_for_dag(RUN_DAG_ID)
         run_id = airflow.trigger(RUN_DAG_ID, conf)
         state = airflow.wait_for_run(RUN_DAG_ID, run_id, timeout_s=600)
-        states = {
-            (t["task_id"], t["map_index"]): t["state"]
-            for t in airflow.task_instances(RUN_DAG_ID, run_id)
-        }
-        wait_namespace_empty(oldest_plane, namespace)
+        report = airflow.failure_report(RUN_DAG_ID, run_id)
 
-    assert runner.errors == []
-    assert state == "success", states
+    assert state == "success", report
     _assert_run_stopped_at_the_curves_pass(run_dir, 1)
     trainings = [code for pod, code in runner.exits if "-train-" in pod]
     assert trainings == [0], runner.exits
