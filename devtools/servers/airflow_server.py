@@ -47,6 +47,30 @@ _NOT_WELL = frozenset({"failed", "upstream_failed", "up_for_retry"})
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
+# How long one REST call may wait for its answer, and how often a read is asked (`_request`).
+_REQUEST_TIMEOUT_S = 30.0
+_READ_TRIES = 4
+
+
+def _is_stall(exc: BaseException) -> bool:
+    """A call the server did not answer in time, or a connection it dropped while busy: not an
+    HTTP error (an answer), nor a refused connection (nothing listens: not up, or gone)."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, ConnectionRefusedError):
+        return False
+    return isinstance(reason, (TimeoutError, ConnectionError))
+
+
+def machine_load() -> str:
+    """The load average and the memory available, as one line (what a stall report says)."""
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    meminfo = dict(
+        line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line
+    )
+    available = int(meminfo.get("MemAvailable", "0 kB").split()[0]) // 1024
+    return f"load {load}, {available} MiB available"
+
+
 def loopback_hostname() -> str:
     """The ``[core] hostname_callable`` of a local Airflow: where its log server listens."""
     return HOST
@@ -234,17 +258,34 @@ class LocalAirflow(Server):
     # ---- REST ----------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, body: Any = None, *, auth: bool = True) -> Any:
+        """One REST call. A read (GET) the API server does not answer in time is asked again,
+        up to `_READ_TRIES` times, as Airflow's own clients do (the task SDK's retries its
+        execution-API calls): on an oversubscribed machine its one worker can fall behind for
+        tens of seconds, which is not what a test that polls a run's state is about. Each stall
+        goes to stderr with the machine's load and free memory; a write is never repeated."""
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {self.token()}"
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                text = response.read().decode()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:2000]
-            raise AirflowServerError(f"{method} {path}: HTTP {exc.code}: {detail}") from exc
+        tries = _READ_TRIES if method == "GET" else 1
+        for attempt in range(1, tries + 1):
+            try:
+                with urllib.request.urlopen(request, timeout=_REQUEST_TIMEOUT_S) as response:
+                    text = response.read().decode()
+                break
+            except urllib.error.HTTPError as exc:
+                detail = exc.read().decode(errors="replace")[:2000]
+                raise AirflowServerError(f"{method} {path}: HTTP {exc.code}: {detail}") from exc
+            except (TimeoutError, urllib.error.URLError, ConnectionError) as exc:
+                if attempt == tries or not _is_stall(exc):
+                    raise
+                print(
+                    f"{time.strftime('%H:%M:%S')} Airflow API {self.url}: {method} {path} "
+                    f"unanswered ({exc}), try {attempt} of {tries}; {machine_load()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return json.loads(text) if text else None
 
     def token(self) -> str:
