@@ -15,12 +15,6 @@ COVERED_ELSEWHERE = {
         "registry.py and the backends' settings tables in "
         "tests/tasks/test_deployment_and_jobs.py; each backend in its own folder"
     ),
-    "devtools/servers": (
-        "each server is started by the tests that need it: airflow_server by tests/ui/ and "
-        "tests/airflow/, postgres_server by tests/airflow/test_airflow_scheduler_e2e.py, "
-        "slurm_cluster and sshd_server by tests/tasks/backends/slurm/, redis_server and "
-        "distributed_airflow by tests/airflow/distributed/"
-    ),
     "tasks/results": (
         "the verdict files and assets every run and submission DAG test of tests/airflow/ "
         "writes and reads back, and the RCP view's tests (tests/airflow/test_rcp_view_*.py)"

@@ -1,5 +1,10 @@
 """The local Airflow's REST client (`LocalAirflow._request`) through a server that stalls: a
-read is asked again, a write never is, a refused connection is no stall."""
+read is asked again, a write never is, a refused connection is no stall.
+
+Each server of devtools/servers is started by the tests that need it: airflow_server by tests/ui/
+and tests/airflow/, postgres_server by tests/airflow/test_airflow_scheduler_e2e.py, slurm_cluster
+and sshd_server by tests/tasks/backends/slurm/, redis_server and distributed_airflow by
+tests/airflow/distributed/."""
 
 from __future__ import annotations
 
