@@ -47,6 +47,8 @@ _NOT_WELL = frozenset({"failed", "upstream_failed", "up_for_retry"})
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
+# Airflow's own `[dag_processor] min_file_process_interval`.
+AIRFLOW_REPARSE_S = 30
 # How long one REST call may wait for its answer, and how often a read is asked (`_request`).
 _REQUEST_TIMEOUT_S = 30.0
 _READ_TRIES = 4
@@ -88,6 +90,10 @@ class ServerConfig:
     port: int  # the API server's
     log_port: int = field(default_factory=free_port)  # the log server's
     parallelism: int = 4
+    # How often the dag-processor parses each DAG file again, in seconds. Airflow's default (30)
+    # is for editing DAGs while it runs; the demo, tests and benches never do, and the re-parses
+    # were most of an idle Airflow's CPU (docs/airflow.md). `make ui` keeps the default.
+    reparse_s: int = 600
     # Extra environment for every component (and so for the tasks and jobs they run).
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -149,6 +155,7 @@ class LocalAirflow(Server):
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": str(c.parallelism),
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": str(c.reparse_s),
             # The task supervisor reaps a finished task process only at its next select
             # timeout, this interval, when the process's sockets closed before it could be
             # reaped: 5 s (the default) of every second workload, 1 s now (docs/airflow.md).
@@ -466,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         dags_folder=args.dags_folder.resolve(),
         plugins_folder=args.plugins_folder.resolve(),
         port=args.port or free_port(),
+        reparse_s=AIRFLOW_REPARSE_S,  # a DAG edited under `make ui` shows up as in a deployment
         env={"JAX_PLATFORMS": "cpu"},
     )
     airflow = LocalAirflow(config)

@@ -1,5 +1,6 @@
 """The local Airflow's REST client (`LocalAirflow._request`) through a server that stalls: a
-read is asked again, a write never is, a refused connection is no stall.
+read is asked again, a write never is, a refused connection is no stall; and the settings its
+components get.
 
 Each server of devtools/servers is started by the tests that need it: airflow_server by tests/ui/
 and tests/airflow/, postgres_server by tests/airflow/test_airflow_scheduler_e2e.py, slurm_cluster
@@ -104,3 +105,8 @@ def test_a_refused_connection_is_not_a_stall(tmp_path: Path) -> None:
     with pytest.raises(OSError) as raised:
         _client(tmp_path, port)._request("GET", "/api/v2/x", auth=False)
     assert isinstance(getattr(raised.value, "reason", raised.value), ConnectionRefusedError)
+
+
+def test_the_harness_parses_dags_again_only_every_ten_minutes(tmp_path: Path) -> None:
+    env = _client(tmp_path, 1).environment()
+    assert env["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] == "600"
