@@ -107,6 +107,7 @@ def test_a_refused_connection_is_not_a_stall(tmp_path: Path) -> None:
     assert isinstance(getattr(raised.value, "reason", raised.value), ConnectionRefusedError)
 
 
-def test_the_harness_parses_dags_again_only_every_ten_minutes(tmp_path: Path) -> None:
+def test_the_harness_parses_dags_every_ten_minutes_and_waits_on_a_busy_api(tmp_path: Path) -> None:
     env = _client(tmp_path, 1).environment()
     assert env["AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL"] == "600"
+    assert env["AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT"] == "30"
