@@ -274,7 +274,8 @@ class LocalAirflow(Server):
         up to `_READ_TRIES` times, as Airflow's own clients do (the task SDK's retries its
         execution-API calls): on an oversubscribed machine its one worker can fall behind for
         tens of seconds, which is not what a test that polls a run's state is about. Each stall
-        goes to stderr with the machine's load and free memory; a write is never repeated."""
+        is reported with the machine's load and free memory (`_report_stall`); a write is never
+        repeated."""
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {self.token()}"
@@ -292,13 +293,19 @@ class LocalAirflow(Server):
             except (TimeoutError, urllib.error.URLError, ConnectionError) as exc:
                 if attempt == tries or not _is_stall(exc):
                     raise
-                print(
+                self._report_stall(
                     f"{time.strftime('%H:%M:%S')} Airflow API {self.url}: {method} {path} "
-                    f"unanswered ({exc}), try {attempt} of {tries}; {machine_load()}",
-                    file=sys.stderr,
-                    flush=True,
+                    f"unanswered ({exc}), try {attempt} of {tries}; {machine_load()}"
                 )
         return json.loads(text) if text else None
+
+    def _report_stall(self, line: str) -> None:
+        """To stderr, and to ``component-logs/api-stalls.log`` beside the components' logs."""
+        print(line, file=sys.stderr, flush=True)
+        logs = self.config.home / "component-logs"
+        if logs.is_dir():
+            with open(logs / "api-stalls.log", "a") as out:
+                out.write(line + "\n")
 
     def token(self) -> str:
         if self._token is None:

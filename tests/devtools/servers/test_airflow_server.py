@@ -77,6 +77,7 @@ def short_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_unanswered_read_is_asked_again_and_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    (tmp_path / "component-logs").mkdir()
     with StallingServer(stall=2).running() as server:
         answer = _client(tmp_path, server.port)._request("GET", "/api/v2/x", auth=False)
     assert answer == {"state": "running"}
@@ -85,6 +86,7 @@ def test_an_unanswered_read_is_asked_again_and_reported(
     assert len(stalls) == 2
     assert "GET /api/v2/x unanswered" in stalls[0] and "try 1 of 4" in stalls[0]
     assert "load " in stalls[0] and "MiB available" in stalls[0]
+    assert (tmp_path / "component-logs" / "api-stalls.log").read_text().splitlines() == stalls
 
 
 def test_a_read_unanswered_every_time_fails_after_its_tries(tmp_path: Path) -> None:
