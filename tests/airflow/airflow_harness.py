@@ -7,8 +7,10 @@ home, the tests would write into the wrong database, so that is refused loudly.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +30,9 @@ PLUGINS = REPO / "plugins"
 PYTHON = sys.executable
 
 HOME = tempfile.mkdtemp(prefix="rcpflow-airflow-home-")
+# Removed when the process that made it ends (each xdist worker imports this module): the
+# folders were left in the system temp folder, four a run.
+atexit.register(shutil.rmtree, HOME, ignore_errors=True)
 AIRFLOW_ENV = {
     "AIRFLOW_HOME": HOME,
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
