@@ -207,6 +207,14 @@ class LocalAirflow(Server):
         for name in self.components:
             self.launch(name, env)
         self.wait_healthy(timeout_s)
+        self.warm_execution_api()
+
+    def warm_execution_api(self) -> None:
+        """Ask the execution API once, before any task does. Airflow 3.3's execution API (a
+        Cadwyn app) builds its versioned routers on its first request, on the API server's
+        event loop: every request waits for it, 3.5 s on a quiet core and up to 45 s at a load
+        of 20 (the first task's start, measured: docs/airflow.md). Here nothing waits on it."""
+        self._request("GET", "/execution/health", auth=False)
 
     def launch(self, name: str, env: Mapping[str, str]) -> None:
         """Start component `name` (again), its output appended to its log file."""

@@ -63,6 +63,10 @@ def test_two_local_airflows_listen_on_loopback_at_different_free_ports(tmp_path:
         assert not {port for _, port in a} & {port for _, port in b}
         # Airflow's own fixed log-server ports are not taken
         assert not {port for _, port in a | b} & {8793, 8794}
+        # the execution API was built by the start's own request, before any task's
+        for airflow in (first, second):
+            log = airflow.log_file("api-server").read_text()
+            assert "path=/execution/health " in log, log[-2000:]
     for airflow in (first, second):
         assert all(p.poll() is not None for p in airflow.processes.values())
 
