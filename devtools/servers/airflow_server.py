@@ -160,10 +160,11 @@ class LocalAirflow(Server):
             # timeout, this interval, when the process's sockets closed before it could be
             # reaped: 5 s (the default) of every second workload, 1 s now (docs/airflow.md).
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "1",
-            # A task's calls to the execution API wait 30 s for their answer, not 5: on a machine
-            # at a load of 20 (the suite's first minutes on 2 cores) the API server's one
-            # worker falls behind, and a call given up at 5 s is sent again while the server
-            # still works on it, which only lengthens its queue (Airflow's advice for high load).
+            # A task's calls to the execution API wait 30 s for their answer, not 5: at a load of
+            # 20 (the suite's first minutes on 2 cores) one request on the API server's event
+            # loop can hold every other for tens of seconds (docs/airflow.md), five tries of 5 s
+            # fit inside that, and each call given up stays queued there (Airflow's advice for
+            # high load).
             "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "30",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{USER}:admin",
