@@ -63,13 +63,17 @@ def _is_stall(exc: BaseException) -> bool:
     return isinstance(reason, (TimeoutError, ConnectionError))
 
 
-def machine_load() -> str:
+def _machine_load() -> str:
     """The load average and the memory available, as one line (what a stall report says)."""
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    meminfo = dict(
-        line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    available = next(
+        (
+            int(line.split()[1]) // 1024
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemAvailable:")
+        ),
+        0,
     )
-    available = int(meminfo.get("MemAvailable", "0 kB").split()[0]) // 1024
     return f"load {load}, {available} MiB available"
 
 
@@ -304,7 +308,7 @@ class LocalAirflow(Server):
                     raise
                 self._report_stall(
                     f"{time.strftime('%H:%M:%S')} Airflow API {self.url}: {method} {path} "
-                    f"unanswered ({exc}), try {attempt} of {tries}; {machine_load()}"
+                    f"unanswered ({exc}), try {attempt} of {tries}; {_machine_load()}"
                 )
         return json.loads(text) if text else None
 

@@ -101,12 +101,15 @@ def test_an_unanswered_write_is_never_repeated(tmp_path: Path) -> None:
     assert server.requests == [b"POST /api/v2/x HTTP/1.1"]
 
 
-def test_a_refused_connection_is_not_a_stall(tmp_path: Path) -> None:
+def test_a_refused_connection_is_not_a_stall(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with socket.create_server(("127.0.0.1", 0)) as sock:
         port = sock.getsockname()[1]
     with pytest.raises(OSError) as raised:
         _client(tmp_path, port)._request("GET", "/api/v2/x", auth=False)
     assert isinstance(getattr(raised.value, "reason", raised.value), ConnectionRefusedError)
+    assert capsys.readouterr().err == ""  # raised at once: no stall reported, no try again
 
 
 def test_the_harness_parses_dags_every_ten_minutes_and_waits_on_a_busy_api(tmp_path: Path) -> None:
